@@ -1,0 +1,1 @@
+"""zephon: deterministic, elastic LLM data loading."""

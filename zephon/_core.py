@@ -1,0 +1,411 @@
+"""The operator protocol, stateless operators, named chains, and state encoding by reference.
+
+An operator is a frozen configuration object with three pure functions (optax's shape)::
+
+    init(key) -> state
+    step(state, chunk) -> (state, outputs)
+    flush(state) -> (state, outputs)
+
+``chunk`` is a sequence of :class:`~zephon.types.Record`; outputs are records (or, for
+``batch``, :class:`~zephon.types.SampleBatch`). State is a frozen ``msgspec.Struct``; the inputs
+are never mutated. Any split of a stream into chunks gives the same concatenated outputs.
+
+Checkpoints store records *by reference*: a record in a state is encoded as its
+:class:`~zephon.types.Meta` (source pointers and token ranges) and rebuilt on decode by asking the
+upstream operators to rematerialize it (``rebuild``). Records held in an operator's state are
+always records at that operator's *input*, so decoding an operator's state resolves them with the
+resolver of its input.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar, Iterable, Sequence
+
+import attrs
+import msgspec
+
+from ._records import Meta, Record, SampleBatch, Segment
+
+#: Rebuilds records from their metas at one point of a chain (bulk, order-preserving).
+Resolver = Callable[[Sequence[Any]], list]
+
+#: Multiplier that keeps child numbers of nested fan-outs distinct.
+CHILD_BASE = 1 << 16
+
+
+class Empty(msgspec.Struct, frozen=True, tag="empty", forbid_unknown_fields=True):
+    """The state of a stateless operator."""
+
+
+EMPTY = Empty()
+
+
+class _Unresolved:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<unresolved>"
+
+
+UNRESOLVED = _Unresolved()
+
+
+def config_field(*, default: Any = attrs.NOTHING, data: bool = True, validator=None, converter=None):
+    """An attrs field; ``data=False`` marks settings that cannot change the output (performance)."""
+    return attrs.field(default=default, validator=validator, converter=converter, metadata={"data": data})
+
+
+class Operator:
+    """Base class of operators. Subclasses are ``@attrs.frozen`` and module-level (picklable).
+
+    Class attributes:
+        kind: the default name of the operator in a pipeline ("tokenize", "shuffle", ...).
+        state_type: the msgspec Struct type of its state.
+        fans_out: whether one input may produce several outputs (children get new child numbers).
+    """
+
+    kind: ClassVar[str] = "op"
+    state_type: ClassVar[type] = Empty
+    fans_out: ClassVar[bool] = False
+
+    def init(self, key: int) -> Any:
+        return EMPTY
+
+    def step(self, state: Any, chunk: Sequence[Any]) -> tuple[Any, list]:
+        raise NotImplementedError
+
+    def flush(self, state: Any) -> tuple[Any, list]:
+        return state, []
+
+    # -- rematerialization ------------------------------------------------------------------------
+    def rebuild(self, refs: Sequence[Any], upstream: Resolver) -> list:
+        """Rebuild outputs of this operator from their refs, using ``upstream`` for its inputs.
+
+        The default suits operators whose outputs are their inputs (shuffles, filters).
+        """
+        return upstream(refs)
+
+    # -- state encoding -----------------------------------------------------------------------------
+    def encode_state(self, state: Any) -> Any:
+        """The state as builtins (JSON- and msgpack-safe); records become their metas."""
+        return msgspec.to_builtins(state, enc_hook=_enc_hook)
+
+    def decode_state(self, data: Any, upstream: Resolver) -> Any:
+        """Inverse of :meth:`encode_state`; held records are rebuilt with ``upstream``."""
+        state = msgspec.convert(data, self.state_type, dec_hook=_dec_hook)
+        return resolve_tree(state, upstream)
+
+    # -- identity -------------------------------------------------------------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        """Every setting that decides the output (``data=False`` fields are left out)."""
+        out: dict[str, Any] = {"op": type(self).__name__}
+        for f in attrs.fields(type(self)):
+            if f.metadata.get("data", True):
+                out[f.name] = describe(getattr(self, f.name))
+        return out
+
+
+def describe(value: Any) -> Any:
+    """A stable, JSON-friendly description of a configuration value."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [describe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): describe(v) for k, v in value.items()}
+    fp = getattr(value, "fingerprint", None)
+    if callable(fp):
+        return fp()
+    qual = getattr(value, "__qualname__", None) or type(value).__qualname__
+    module = getattr(value, "__module__", None) or type(value).__module__
+    return f"{module}.{qual}"
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, Record):
+        return obj.meta
+    if isinstance(obj, SampleBatch):
+        return [r.meta for r in obj.records]
+    raise TypeError(f"cannot encode {type(obj).__name__} in operator state; keep state to ints, tuples and records")
+
+
+def _dec_hook(typ: type, obj: Any) -> Any:
+    if typ is Record:
+        return Record(UNRESOLVED, msgspec.convert(obj, Meta))
+    if typ is SampleBatch:
+        return SampleBatch(tuple(Record(UNRESOLVED, msgspec.convert(m, Meta)) for m in obj))
+    raise TypeError(f"cannot decode {typ!r}")
+
+
+def _collect(tree: Any, out: list) -> None:
+    if isinstance(tree, Record):
+        if tree.payload is UNRESOLVED:
+            out.append(tree.meta)
+    elif isinstance(tree, SampleBatch):
+        for r in tree.records:
+            _collect(r, out)
+    elif isinstance(tree, msgspec.Struct):
+        for name in tree.__struct_fields__:
+            _collect(getattr(tree, name), out)
+    elif isinstance(tree, (tuple, list)):
+        for x in tree:
+            _collect(x, out)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            _collect(x, out)
+
+
+def _substitute(tree: Any, it) -> Any:
+    if isinstance(tree, Record):
+        return next(it) if tree.payload is UNRESOLVED else tree
+    if isinstance(tree, SampleBatch):
+        return SampleBatch(tuple(_substitute(r, it) for r in tree.records))
+    if isinstance(tree, msgspec.Struct):
+        changes = {n: _substitute(getattr(tree, n), it) for n in tree.__struct_fields__}
+        return msgspec.structs.replace(tree, **changes) if changes else tree
+    if isinstance(tree, tuple):
+        return tuple(_substitute(x, it) for x in tree)
+    if isinstance(tree, list):
+        return [_substitute(x, it) for x in tree]
+    if isinstance(tree, dict):
+        return {k: _substitute(v, it) for k, v in tree.items()}
+    return tree
+
+
+def resolve_tree(tree: Any, upstream: Resolver) -> Any:
+    """Rebuild every unresolved record in ``tree`` with one bulk call to ``upstream``."""
+    metas: list = []
+    _collect(tree, metas)
+    if not metas:
+        return tree
+    records = upstream(metas)
+    if len(records) != len(metas):
+        raise RuntimeError(f"rebuild returned {len(records)} records for {len(metas)} references")
+    for meta, rec in zip(metas, records):
+        if rec.meta != meta:
+            raise RuntimeError(
+                f"checkpoint restore rebuilt a different record: expected {meta!r}, got {rec.meta!r}; "
+                "the data or a per-sample function changed since the checkpoint was taken"
+            )
+    return _substitute(tree, iter(records))
+
+
+# -- stateless operators ------------------------------------------------------------------------------
+
+
+class StatelessOp(Operator):
+    """An operator applied to each payload independently.
+
+    Subclasses implement :meth:`apply_many`: a list of payloads to, per payload, a list of output
+    payloads (empty drops it, several split it when ``fans_out``). One call per chunk lets
+    expensive work (batch tokenization) see many payloads at once.
+    """
+
+    def apply_many(self, payloads: list) -> list[list]:
+        raise NotImplementedError
+
+    def step(self, state: Any, chunk: Sequence[Record]) -> tuple[Any, list]:
+        return state, self._apply_records(chunk)
+
+    def _apply_records(self, chunk: Sequence[Record]) -> list[Record]:
+        if not chunk:
+            return []
+        results = self.apply_many([r.payload for r in chunk])
+        if len(results) != len(chunk):
+            raise RuntimeError(f"{self.kind}: apply_many returned {len(results)} results for {len(chunk)} inputs")
+        out: list[Record] = []
+        for rec, outs in zip(chunk, results):
+            if not self.fans_out:
+                if len(outs) > 1:
+                    raise RuntimeError(f"{self.kind}: produced {len(outs)} outputs for one input but does not fan out")
+                if outs:
+                    out.append(rec if outs[0] is rec.payload else Record(outs[0], rec.meta))
+                continue
+            for i, payload in enumerate(outs):
+                out.append(Record(payload, child_meta(rec.meta, i)))
+        return out
+
+    def rebuild(self, refs: Sequence[Meta], upstream: Resolver) -> list[Record]:
+        parents = [parent_meta(m) for m in refs] if self.fans_out else list(refs)
+        unique = list(dict.fromkeys(parents))
+        produced = {}
+        for rec in self._apply_records(upstream(unique)):
+            produced[rec.meta] = rec
+        missing = [m for m in refs if m not in produced]
+        if missing:
+            raise RuntimeError(
+                f"{self.kind}: could not rebuild {len(missing)} record(s) (first: {missing[0]!r}); "
+                "a per-sample function is not deterministic or the data changed"
+            )
+        return [produced[m] for m in refs]
+
+
+def child_meta(meta: Meta, i: int) -> Meta:
+    (seg,) = meta.segments
+    return Meta(meta.lane, (seg._replace(child=seg.child * CHILD_BASE + i),), meta.padding_length)
+
+
+def parent_meta(meta: Meta) -> Meta:
+    (seg,) = meta.segments
+    return Meta(meta.lane, (seg._replace(child=seg.child // CHILD_BASE),), meta.padding_length)
+
+
+@attrs.frozen
+class FunctionOp(StatelessOp):
+    """``stateless(fn)``: lift a per-payload function into an operator.
+
+    ``fn(payload)`` returns a new payload, or ``None`` to drop the record. ``fn`` must be a
+    module-level function (or other picklable callable) and deterministic.
+    """
+
+    fn: Callable[[Any], Any]
+    kind: ClassVar[str] = "map"
+
+    def apply_many(self, payloads: list) -> list[list]:
+        out = []
+        for p in payloads:
+            r = self.fn(p)
+            out.append([] if r is None else [r])
+        return out
+
+
+@attrs.frozen
+class MapOp(FunctionOp):
+    """``Pipeline.map(fn)``: replace each payload with ``fn(payload)``; ``None`` drops it."""
+
+    kind: ClassVar[str] = "map"
+
+
+@attrs.frozen
+class FilterOp(StatelessOp):
+    """``Pipeline.filter(predicate)``: keep payloads for which ``predicate(payload)`` is true."""
+
+    predicate: Callable[[Any], bool]
+    kind: ClassVar[str] = "filter"
+
+    def apply_many(self, payloads: list) -> list[list]:
+        return [[p] if self.predicate(p) else [] for p in payloads]
+
+
+def stateless(fn: Callable[[Any], Any]) -> FunctionOp:
+    """Lift a per-payload function into an operator (``None`` results drop the record)."""
+    return FunctionOp(fn)
+
+
+# -- chains -------------------------------------------------------------------------------------------
+
+
+class ChainState(msgspec.Struct, frozen=True, tag="chain", forbid_unknown_fields=True):
+    """The children's states, by name, in chain order."""
+
+    states: tuple[Any, ...]
+
+
+@attrs.frozen
+class Chain(Operator):
+    """A named chain of operators, itself an operator.
+
+    Outputs of child ``i`` feed child ``i + 1``; ``flush`` flushes children in order, passing
+    each one's flushed outputs through the rest. State: the children's states by name.
+
+    Examples:
+        >>> from zephon import ops
+        >>> chain = Chain((("double", ops.stateless(lambda p: p * 2)),))
+        >>> [n for n, _ in chain.children]
+        ['double']
+    """
+
+    children: tuple[tuple[str, Operator], ...] = attrs.field(converter=tuple)
+    kind: ClassVar[str] = "chain"
+    state_type: ClassVar[type] = ChainState
+
+    def __attrs_post_init__(self) -> None:
+        names = [n for n, _ in self.children]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"Chain: operator names must be unique, {dupes} repeat; name each step distinctly")
+        for name, op in self.children:
+            if not isinstance(op, Operator):
+                raise TypeError(f"Chain: step {name!r} is a {type(op).__name__}, not an operator")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.children)
+
+    def init(self, key: int) -> ChainState:
+        from ._keys import fold_in
+
+        return ChainState(tuple(op.init(fold_in(key, name)) for name, op in self.children))
+
+    def step(self, state: ChainState, chunk: Sequence[Any]) -> tuple[ChainState, list]:
+        return self._run(state, list(chunk), 0)
+
+    def _run(self, state: ChainState, items: list, start: int) -> tuple[ChainState, list]:
+        states = list(state.states)
+        for i in range(start, len(self.children)):
+            states[i], items = self.children[i][1].step(states[i], items)
+        return ChainState(tuple(states)), items
+
+    def flush(self, state: ChainState) -> tuple[ChainState, list]:
+        outputs: list = []
+        for i, (_, op) in enumerate(self.children):
+            states = list(state.states)
+            states[i], items = op.flush(states[i])
+            state, items = self._run(ChainState(tuple(states)), items, i + 1)
+            outputs.extend(items)
+        return state, outputs
+
+    def resolver_at(self, index: int, upstream: Resolver) -> Resolver:
+        """The resolver of child ``index``'s input, built on the chain's input resolver."""
+        resolver = upstream
+        for _, op in self.children[:index]:
+            resolver = _bind(op, resolver)
+        return resolver
+
+    def rebuild(self, refs: Sequence[Any], upstream: Resolver) -> list:
+        return self.resolver_at(len(self.children), upstream)(refs)
+
+    def encode_state(self, state: ChainState) -> dict[str, Any]:
+        return {name: op.encode_state(s) for (name, op), s in zip(self.children, state.states)}
+
+    def decode_state(self, data: Any, upstream: Resolver) -> ChainState:
+        if not isinstance(data, dict):
+            raise ValueError(f"chain state must be a mapping of operator names, got {type(data).__name__}")
+        missing = [n for n in self.names if n not in data]
+        unknown = [n for n in data if n not in self.names]
+        if missing or unknown:
+            raise ValueError(
+                f"checkpoint operators do not match the pipeline: missing {missing}, unknown {unknown}; "
+                f"the pipeline has {list(self.names)}"
+            )
+        states = []
+        resolver = upstream
+        for name, op in self.children:
+            try:
+                states.append(op.decode_state(data[name], resolver))
+            except (msgspec.ValidationError, ValueError, TypeError) as exc:
+                raise ValueError(f"cannot restore the state of operator {name!r}: {exc}") from exc
+            resolver = _bind(op, resolver)
+        return ChainState(tuple(states))
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"op": "Chain", "children": [[n, op.fingerprint()] for n, op in self.children]}
+
+
+def _bind(op: Operator, upstream: Resolver) -> Resolver:
+    def resolve(refs: Sequence[Any]) -> list:
+        return op.rebuild(refs, upstream) if refs else []
+
+    return resolve
+
+
+def sample_meta(lane: int, dataset: int, shard: int, row: int) -> Meta:
+    """The meta of a freshly read source sample."""
+    return Meta(lane, (Segment(dataset, shard, row, 0, 0, -1),), 0)
+
+
+def flatten_outputs(chunks: Iterable[list]) -> list:
+    out: list = []
+    for c in chunks:
+        out.extend(c)
+    return out

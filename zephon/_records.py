@@ -1,0 +1,155 @@
+"""Records, their provenance, and microbatches.
+
+A :class:`Record` is one item flowing through a lane: a ``payload`` (usually a dict of
+numpy arrays and strings) and a :class:`Meta` that says where it came from. The meta is
+small and exact; it is what checkpoints store instead of payloads, because every payload
+can be rebuilt from its source samples and token ranges (see ``docs/design/state.md``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import msgspec
+
+
+class Segment(NamedTuple):
+    """A token range ``[start, end)`` of one sample-level record.
+
+    ``(dataset, shard, row)`` is the source pointer, ``child`` the index of the record among
+    the outputs the per-sample operators produced for that source row (0 unless a sample was
+    split). ``end == -1`` means "the whole record".
+    """
+
+    dataset: int
+    shard: int
+    row: int
+    child: int
+    start: int
+    end: int
+
+    @property
+    def pointer(self) -> tuple[int, int, int]:
+        return (self.dataset, self.shard, self.row)
+
+    @property
+    def sample(self) -> tuple[int, int, int, int]:
+        """The sample-level record this segment is cut from."""
+        return (self.dataset, self.shard, self.row, self.child)
+
+
+class Meta(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """Provenance of a record.
+
+    Attributes:
+        lane: the lane that produced the record.
+        segments: the source samples and token ranges the record was built from, in order.
+        padding_length: trailing padding positions (masked by position in ``to_training``).
+    """
+
+    lane: int
+    segments: tuple[Segment, ...]
+    padding_length: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Real (non-padding) tokens covered by the segments, when every range is explicit."""
+        return sum(s.end - s.start for s in self.segments)
+
+
+class Record:
+    """One item of a lane: a payload and its provenance. Treat as immutable."""
+
+    __slots__ = ("payload", "meta")
+
+    def __init__(self, payload: Any, meta: Meta):
+        self.payload = payload
+        self.meta = meta
+
+    def __repr__(self) -> str:
+        return f"Record(meta={self.meta!r}, payload={_short(self.payload)})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Record):
+            return NotImplemented
+        return self.meta == other.meta and payload_equal(self.payload, other.payload)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class SampleBatch:
+    """A lane-pure microbatch of records, the output of ``batch``.
+
+    Attributes:
+        records: the records, in the lane's order.
+    """
+
+    __slots__ = ("records",)
+
+    def __init__(self, records: tuple[Record, ...]):
+        self.records = tuple(records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self):
+        return iter(self.records)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SampleBatch):
+            return NotImplemented
+        return self.records == other.records
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"SampleBatch(lane={self.lane}, size={len(self.records)})"
+
+    @property
+    def lane(self) -> int | None:
+        """The lane every record came from (``None`` for an empty batch)."""
+        return self.records[0].meta.lane if self.records else None
+
+    @property
+    def lane_ids(self) -> tuple[int, ...]:
+        return tuple(r.meta.lane for r in self.records)
+
+    @property
+    def ids(self) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+        """Source pointers ``(dataset, shard, row)`` of each record, in segment order."""
+        return tuple(tuple(s.pointer for s in r.meta.segments) for r in self.records)
+
+    def to_training(self, **kwargs: Any) -> dict[str, Any]:
+        """Convert to training tensors; see :func:`zephon.to_training` for every option."""
+        from ._training import to_training
+
+        return to_training(self, **kwargs)
+
+
+def payload_equal(a: Any, b: Any) -> bool:
+    """Exact structural equality of payloads holding numpy arrays, lists and scalars."""
+    import numpy as np
+
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(payload_equal(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and bool(np.array_equal(a, b))
+        )
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(payload_equal(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _short(payload: Any) -> str:
+    if isinstance(payload, dict):
+        parts = []
+        for k, v in payload.items():
+            shape = getattr(v, "shape", None)
+            parts.append(f"{k}: array{tuple(shape)}" if shape is not None else f"{k}: {type(v).__name__}")
+        return "{" + ", ".join(parts) + "}"
+    return type(payload).__name__
