@@ -1,0 +1,93 @@
+import numpy as np
+import pytest
+
+from _util import docs
+from zephon.ops import Batch, Shuffle
+from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance, run
+
+
+def rows_of(outputs):
+    return [r.meta.segments[0].row for r in outputs]
+
+
+def test_shuffle_is_a_permutation_that_actually_shuffles():
+    records = docs([1] * 200)
+    _, out = run(Shuffle(32, seed=0), [records])
+    assert sorted(rows_of(out)) == list(range(200))
+    assert rows_of(out) != list(range(200))
+
+
+def test_shuffle_depends_on_seed_and_key():
+    records = docs([1] * 50)
+    a = rows_of(run(Shuffle(16, seed=0), [records])[1])
+    b = rows_of(run(Shuffle(16, seed=1), [records])[1])
+    c = rows_of(run(Shuffle(16, seed=0), [records], key=7)[1])
+    assert a != b and a != c
+    assert a == rows_of(run(Shuffle(16, seed=0), [records])[1])
+
+
+def test_shuffle_warmup_emits_early():
+    op = Shuffle(1024)
+    assert op.warmup == 64
+    _, out = op.step(op.init(0), docs([1] * 65))
+    assert len(out) == 1  # the 65th arrival exceeds the warm-up window
+
+
+def test_shuffle_buffer_of_one_is_pass_through():
+    records = docs([1] * 10)
+    assert rows_of(run(Shuffle(1), [records])[1]) == list(range(10))
+
+
+def test_shuffle_window_never_exceeds_buffer_size():
+    op = Shuffle(8)
+    state = op.init(0)
+    for rec in docs([1] * 100):
+        state, _ = op.step(state, [rec])
+        assert len(state.buffer) <= 8
+
+
+def test_shuffle_golden_seed_42():
+    # Known-answer test: pins the exact order (changing it is a breaking change).
+    _, out = run(Shuffle(8, seed=42), [docs([1] * 20)])
+    assert rows_of(out) == GOLDEN_SHUFFLE
+
+
+GOLDEN_SHUFFLE = [0, 2, 4, 3, 1, 6, 8, 10, 14, 9, 7, 12, 16, 13, 19, 17, 15, 5, 18, 11]
+
+
+@pytest.mark.parametrize("cuts", [[1], [5, 6], [3, 9, 17]])
+def test_shuffle_chunking_invariance(cuts):
+    assert_chunking_invariance(Shuffle(8, seed=3), docs([1] * 20), cuts)
+
+
+def test_shuffle_checkpoint_equivalence():
+    records = docs([2] * 30)
+    assert_checkpoint_equivalence(Shuffle(8, seed=5), [records[:3], records[3:4], records[4:20], records[20:]])
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_shuffle_rejects_bad_sizes(bad):
+    with pytest.raises(ValueError, match="buffer_size"):
+        Shuffle(bad)
+
+
+def test_batch_groups_and_drops_last_counted():
+    op = Batch(3)
+    state, out = run(op, [docs([1] * 8)])
+    assert [rows_of(b.records) for b in out] == [[0, 1, 2], [3, 4, 5]]
+    assert op.report(state) == {"batches": 2, "dropped_records_at_end": 2}
+
+
+def test_batch_keep_last():
+    _, out = run(Batch(3, drop_last=False), [docs([1] * 8)])
+    assert [len(b) for b in out] == [3, 3, 2]
+
+
+def test_batch_checkpoint_equivalence():
+    records = docs([1] * 11)
+    assert_checkpoint_equivalence(Batch(4, drop_last=False), [records[:3], records[3:9], records[9:]])
+
+
+def test_batch_rejects_bad_size():
+    with pytest.raises(ValueError, match="microbatch_size"):
+        Batch(0)

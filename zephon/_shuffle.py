@@ -1,0 +1,102 @@
+"""A per-lane streaming shuffle buffer, deterministic and restorable.
+
+The buffer first fills to a warm-up window ``w = max(1, min(128, buffer_size // 16))``; after that
+each arrival that pushes it past ``min(buffer_size, w + emitted)`` evicts one record chosen by the
+``draws``-th counter-based draw of the operator's key (swap-pop). So the first outputs come early
+and the window grows to ``buffer_size``. ``flush`` drains the rest in draw order. The output is a
+permutation of the input and independent of how the input is chunked.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Sequence
+
+import attrs
+import msgspec
+
+from ._core import Operator, config_field
+from ._keys import fold_in, randbelow
+from ._records import Record
+
+
+class ShuffleState(msgspec.Struct, frozen=True, tag="shuffle", forbid_unknown_fields=True):
+    """The buffered records (by reference), the draw counter and the number emitted."""
+
+    key: int
+    buffer: tuple[Record, ...] = ()
+    draws: int = 0
+    emitted: int = 0
+
+
+def _positive_int(name: str):
+    def check(instance, attribute, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"shuffle: {name} must be an int >= 1, got {value!r}")
+
+    return check
+
+
+def _int(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"shuffle: seed must be an int, got {value!r}")
+
+
+@attrs.frozen
+class Shuffle(Operator):
+    """Shuffle each lane's records through a buffer of ``buffer_size``.
+
+    Args:
+        buffer_size: records held at most; larger mixes better and costs memory.
+        seed: the shuffle's seed; the key is ``fold_in(lane key, "shuffle", seed)``.
+
+    State: the buffer by reference (restored by rebuilding its records), two counters and the key.
+
+    Examples:
+        >>> op = Shuffle(4, seed=1)
+        >>> op.warmup
+        1
+    """
+
+    buffer_size: int = config_field(validator=_positive_int("buffer_size"))
+    seed: int = config_field(default=0, validator=_int)
+
+    kind: ClassVar[str] = "shuffle"
+    state_type: ClassVar[type] = ShuffleState
+
+    @property
+    def warmup(self) -> int:
+        return 0 if self.buffer_size == 1 else max(1, min(128, self.buffer_size // 16))
+
+    def init(self, key: int) -> ShuffleState:
+        return ShuffleState(key=fold_in(key, self.seed))
+
+    def step(self, state: ShuffleState, chunk: Sequence[Record]) -> tuple[ShuffleState, list[Record]]:
+        buffer = list(state.buffer)
+        draws, emitted = state.draws, state.emitted
+        key, size, warmup = state.key, self.buffer_size, self.warmup
+        out: list[Record] = []
+        for rec in chunk:
+            buffer.append(rec)
+            if len(buffer) > min(size, warmup + emitted) or size == 1:
+                i = randbelow(key, draws, len(buffer))
+                draws += 1
+                out.append(buffer[i])
+                buffer[i] = buffer[-1]
+                buffer.pop()
+                emitted += 1
+        return ShuffleState(key, tuple(buffer), draws, emitted), out
+
+    def flush(self, state: ShuffleState) -> tuple[ShuffleState, list[Record]]:
+        buffer = list(state.buffer)
+        draws = state.draws
+        out: list[Record] = []
+        while buffer:
+            i = randbelow(state.key, draws, len(buffer))
+            draws += 1
+            out.append(buffer[i])
+            buffer[i] = buffer[-1]
+            buffer.pop()
+        return ShuffleState(state.key, (), draws, state.emitted + len(out)), out
+
+    def report(self, state: ShuffleState) -> dict[str, int]:
+        return {"buffered": len(state.buffer), "emitted": state.emitted}

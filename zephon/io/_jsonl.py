@@ -1,0 +1,531 @@
+"""JSONL shards: line-offset indexes, their on-disk cache, decompression and fast row decoding.
+
+A JSONL shard is read by random access: a line-offset index (``int64`` byte offsets, one per
+non-blank line, then the end of the data) maps a row number to a byte range, which is sliced out
+of an ``mmap`` and decoded with ``msgspec``. The index is built once per file by a numpy scan for
+``b"\\n"`` and cached on disk under ``<cache>/index/``; compressed shards are decompressed once
+into ``<cache>/decompressed/`` and then read like plain files.
+
+Everything written to the cache goes through a temporary file and ``os.replace``, so processes
+that race to build the same entry all end up reading a complete one. When the cache folder
+cannot be written, indexes and decompressed text are kept in memory instead (one warning per
+folder and process).
+
+Open files are process-local state: a shard holds only its description (path, size, mtime, row
+count), pickles without its mapping, and maps the file again on first use in a new process. At
+most :data:`MAX_OPEN_SHARDS` shards are kept mapped per process (least recently used first out),
+so datasets with thousands of shards stay under the open-file limit.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import mmap
+import os
+import tempfile
+import threading
+import warnings
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable
+
+import msgspec
+import numpy as np
+
+#: File name endings read as JSONL, and the compression each implies.
+SUFFIXES: dict[str, str | None] = {".jsonl": None, ".jsonl.gz": "gzip", ".jsonl.zst": "zstd"}
+
+#: Shards kept mapped per process; older ones are unmapped and reopened on their next read.
+MAX_OPEN_SHARDS = 128
+
+_INDEX_MAGIC = b"ZPHIDX01"
+_INDEX_HEADER = 32  # magic, then little-endian int64 size, mtime_ns, rows
+_SCAN_BLOCK = 1 << 26  # bytes compared per numpy pass while looking for newlines
+_COPY_BLOCK = 1 << 20
+_BOM = b"\xef\xbb\xbf"
+_JSON_WS = b" \t\r\n"
+_SNIPPET = 120
+
+_DECODE = msgspec.json.Decoder(dict)
+_DECODE_ANY = msgspec.json.Decoder()
+
+
+# -- cache folder -------------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> str:
+    """The cache folder: ``$ZEPHON_CACHE_DIR`` if set, else ``~/.cache/zephon``."""
+    return os.environ.get("ZEPHON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "zephon")
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> str:
+    """An absolute cache folder from an explicit value or the default."""
+    root = default_cache_dir() if cache_dir is None else os.fspath(cache_dir)
+    return os.path.abspath(os.path.expanduser(root))
+
+
+def _path_key(path: str) -> str:
+    return hashlib.blake2b(os.path.realpath(path).encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+
+
+_warned_dirs: set[str] = set()
+
+
+def _warn_unwritable(folder: str, err: OSError) -> None:
+    if folder in _warned_dirs:
+        return
+    _warned_dirs.add(folder)
+    warnings.warn(
+        f"zephon cache folder {folder} cannot be written ({err.__class__.__name__}: {err}); keeping JSONL "
+        "indexes and decompressed shards in memory, so every process rebuilds them. Pass cache_dir= or set "
+        "ZEPHON_CACHE_DIR to a writable folder to build them once.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+def _atomic_write(target: str, write: Callable[[Any], None]) -> bool:
+    """Write ``target`` through a temporary file and ``os.replace``; False if the folder is unwritable.
+
+    Errors raised by ``write`` other than ``OSError`` (for instance a corrupt compressed source)
+    propagate after the temporary file is removed.
+    """
+    folder = os.path.dirname(target)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".part")
+    except OSError as err:
+        _warn_unwritable(folder, err)
+        return False
+    try:
+        with os.fdopen(fd, "wb") as out:
+            write(out)
+        os.replace(tmp, target)
+        return True
+    except OSError as err:
+        _discard(tmp)
+        if isinstance(err, _SourceError):
+            raise
+        _warn_unwritable(folder, err)
+        return False
+    except BaseException:
+        _discard(tmp)
+        raise
+
+
+def _discard(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+# -- line index ---------------------------------------------------------------------------------------
+
+
+def build_line_index(buf: Any) -> np.ndarray:
+    """Byte offsets of every non-blank line of ``buf``, followed by ``len(buf)``.
+
+    A line holding only JSON whitespace (spaces, tabs, ``\\r``) is blank and gets no entry; a final
+    line without a trailing newline counts; a UTF-8 byte-order mark at the start is skipped. Row
+    ``i`` is ``buf[offsets[i]:offsets[i + 1]]`` (trailing newline and blank lines included, which
+    the JSON decoder ignores).
+
+    Args:
+        buf: the file contents (``bytes``, a read-only ``mmap`` or a ``memoryview``).
+
+    Returns:
+        An ``int64`` array of ``rows + 1`` offsets.
+
+    Example:
+        >>> build_line_index(b'{"a": 1}\\n\\n  \\n{"a": 2}').tolist()
+        [0, 13, 21]
+    """
+    size = len(buf)
+    if size == 0:
+        return np.zeros(1, dtype=np.int64)
+    data = np.frombuffer(buf, dtype=np.uint8)
+    newlines = [np.flatnonzero(data[lo : lo + _SCAN_BLOCK] == 10) + lo for lo in range(0, size, _SCAN_BLOCK)]
+    nl = np.concatenate(newlines).astype(np.int64, copy=False)
+    first = 3 if size >= 3 and bytes(buf[:3]) == _BOM else 0
+    starts = np.concatenate((np.array([first], dtype=np.int64), nl + 1))
+    ends = np.concatenate((nl, np.array([size], dtype=np.int64)))
+    keep = ends > starts
+    # Only lines that start with whitespace can be blank; check those few one by one.
+    head = data[np.minimum(starts, size - 1)]
+    maybe_blank = keep & ((head == 32) | (head == 9) | (head == 13))
+    for i in np.flatnonzero(maybe_blank).tolist():
+        if not bytes(buf[starts[i] : ends[i]]).strip(_JSON_WS):
+            keep[i] = False
+    return np.concatenate((starts[keep], np.array([size], dtype=np.int64)))
+
+
+def _index_file(cache_dir: str, data_path: str) -> str:
+    return os.path.join(cache_dir, "index", _path_key(data_path) + ".idx")
+
+
+def load_index(cache_dir: str, data_path: str, size: int, mtime_ns: int, *, rows_only: bool = False) -> Any:
+    """The cached index of ``data_path`` if it matches ``size`` and ``mtime_ns``, else ``None``.
+
+    With ``rows_only`` only the header is read and the row count is returned.
+    """
+    try:
+        with open(_index_file(cache_dir, data_path), "rb") as f:
+            head = f.read(_INDEX_HEADER)
+            if len(head) != _INDEX_HEADER or head[:8] != _INDEX_MAGIC:
+                return None
+            c_size, c_mtime, rows = (int(x) for x in np.frombuffer(head, dtype="<i8", offset=8))
+            if c_size != size or c_mtime != mtime_ns or rows < 0:
+                return None
+            if rows_only:
+                return rows
+            offsets = np.fromfile(f, dtype="<i8", count=rows + 1)
+    except (OSError, ValueError):
+        return None
+    if offsets.shape[0] != rows + 1 or int(offsets[-1]) != size:
+        return None
+    return offsets.astype(np.int64, copy=False)
+
+
+def save_index(cache_dir: str, data_path: str, size: int, mtime_ns: int, offsets: np.ndarray) -> bool:
+    """Cache ``offsets`` for ``data_path`` (atomically); False when the cache cannot be written."""
+    header = _INDEX_MAGIC + np.array([size, mtime_ns, offsets.shape[0] - 1], dtype="<i8").tobytes()
+
+    def write(out: Any) -> None:
+        out.write(header)
+        out.write(offsets.astype("<i8", copy=False).tobytes())
+
+    return _atomic_write(_index_file(cache_dir, data_path), write)
+
+
+# -- decompression ------------------------------------------------------------------------------------
+
+
+class _SourceError(OSError):
+    """A compressed source could not be read (kept apart from cache-write failures)."""
+
+
+def _zstandard() -> Any:
+    try:
+        import zstandard
+    except ImportError:
+        raise ImportError(
+            "reading .jsonl.zst shards needs the optional zstandard package: pip install zstandard "
+            "(or pip install zephon[zstd])"
+        ) from None
+    return zstandard
+
+
+def _chunks(source: str, compression: str):
+    """Decompressed blocks of ``source``; unreadable input raises :class:`_SourceError`."""
+    if compression == "gzip":
+        opener: Callable[[], Any] = lambda: gzip.open(source, "rb")
+        hint = f"gzip -t {source}"
+    else:
+        zstd = _zstandard()
+        opener = lambda: zstd.ZstdDecompressor().stream_reader(open(source, "rb"), read_across_frames=True)
+        hint = f"zstd -t {source}"
+    try:
+        with opener() as reader:
+            while True:
+                block = reader.read(_COPY_BLOCK)
+                if not block:
+                    return
+                yield block
+    except Exception as err:  # gzip raises OSError/EOFError, zstandard its own ZstdError
+        raise _SourceError(
+            f"could not decompress {source} ({err.__class__.__name__}: {err}); check the file is complete "
+            f"and really {compression}-compressed (for example with `{hint}`), or re-create it"
+        ) from err
+
+
+def _decompressed_file(cache_dir: str, source: str, size: int, mtime_ns: int) -> str:
+    version = hashlib.blake2b(f"{size}:{mtime_ns}".encode(), digest_size=8).hexdigest()
+    return os.path.join(cache_dir, "decompressed", f"{_path_key(source)}-{version}.jsonl")
+
+
+def decompress(cache_dir: str, source: str, compression: str, size: int, mtime_ns: int) -> str | bytes:
+    """The decompressed text of ``source``: a cache file path, or bytes if the cache is unwritable.
+
+    The cache entry is keyed by the source path, size and mtime, so a changed source is
+    decompressed again (older copies of the same source are removed).
+    """
+    target = _decompressed_file(cache_dir, source, size, mtime_ns)
+    if os.path.isfile(target):
+        return target
+
+    def write(out: Any) -> None:
+        for block in _chunks(source, compression):
+            out.write(block)
+
+    try:
+        written = _atomic_write(target, write)
+    except _SourceError as err:
+        raise ValueError(str(err)) from err.__cause__
+    if written:
+        prefix = os.path.basename(target).split("-")[0] + "-"
+        folder = os.path.dirname(target)
+        for name in os.listdir(folder):
+            if name.startswith(prefix) and name != os.path.basename(target):
+                _discard(os.path.join(folder, name))
+        return target
+    try:
+        return b"".join(_chunks(source, compression))
+    except _SourceError as err:
+        raise ValueError(str(err)) from err.__cause__
+
+
+# -- open shards --------------------------------------------------------------------------------------
+
+_lock = threading.RLock()
+_open_shards: OrderedDict[int, weakref.ref] = OrderedDict()
+
+
+def _reset_after_fork() -> None:
+    global _lock
+    _lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _remember(shard: JsonlShard) -> None:
+    key = id(shard)
+    if key in _open_shards:
+        _open_shards.move_to_end(key)
+        return
+    _open_shards[key] = weakref.ref(shard, lambda _ref, key=key: _open_shards.pop(key, None))
+    while len(_open_shards) > MAX_OPEN_SHARDS:
+        _, ref = _open_shards.popitem(last=False)
+        old = ref()
+        if old is not None:
+            old._state = None
+
+
+def _map(path: str) -> tuple[memoryview, int, int]:
+    """``(buffer, size, mtime_ns)`` of a file mapped read-only.
+
+    The buffer is a ``memoryview`` so that slices passed to the decoder are not copied.
+    """
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_size == 0:
+            return memoryview(b""), 0, st.st_mtime_ns
+        mapped = mmap.mmap(f.fileno(), st.st_size, access=mmap.ACCESS_READ)
+        return memoryview(mapped), st.st_size, st.st_mtime_ns
+
+
+class JsonlShard:
+    """One JSONL file (plain, gzip or zstd) read by random access.
+
+    Attributes:
+        path: absolute path of the source file.
+        shard_id: its path relative to the dataset root, with ``/`` separators.
+        compression: ``None``, ``"gzip"`` or ``"zstd"``.
+        size: size in bytes of the source file when the dataset was opened.
+        mtime_ns: its modification time then.
+        num_rows: its non-blank lines.
+        cache_dir: folder for indexes and decompressed copies.
+    """
+
+    __slots__ = ("path", "shard_id", "compression", "size", "mtime_ns", "num_rows", "cache_dir", "_state", "__weakref__")
+    _fields = ("path", "shard_id", "compression", "size", "mtime_ns", "num_rows", "cache_dir")
+
+    def __init__(self, path: str, shard_id: str, compression: str | None, cache_dir: str):
+        st = os.stat(path)
+        self.path = path
+        self.shard_id = shard_id
+        self.compression = compression
+        self.size = st.st_size
+        self.mtime_ns = st.st_mtime_ns
+        self.cache_dir = cache_dir
+        self.num_rows = -1
+        self._state: tuple[Any, np.ndarray] | None = None
+
+    def count_rows(self, dataset: str) -> int:
+        """Count rows once (at dataset creation), from a cached index header when there is one."""
+        rows = self._cached_rows()
+        if rows is None:
+            with _lock:
+                state = self._load(dataset)
+                self._state = state
+                _remember(self)
+            rows = state[1].shape[0] - 1
+        self.num_rows = rows
+        return rows
+
+    def _cached_rows(self) -> int | None:
+        if self.compression is None:
+            return load_index(self.cache_dir, self.path, self.size, self.mtime_ns, rows_only=True)
+        plain = _decompressed_file(self.cache_dir, self.path, self.size, self.mtime_ns)
+        try:
+            st = os.stat(plain)
+        except OSError:
+            return None
+        return load_index(self.cache_dir, plain, st.st_size, st.st_mtime_ns, rows_only=True)
+
+    def _check_unchanged(self, dataset: str, size: int, mtime_ns: int) -> None:
+        if (size, mtime_ns) != (self.size, self.mtime_ns):
+            raise ValueError(
+                f"dataset {dataset!r}: shard file {self.path} changed after the dataset was opened "
+                f"(size {self.size} -> {size} bytes, mtime_ns {self.mtime_ns} -> {mtime_ns}). Row counts are "
+                "fixed when a dataset is opened, so reading the changed file would shift samples; open the "
+                "dataset again with Dataset.from_path and leave its files untouched while it is in use."
+            )
+
+    def _load(self, dataset: str) -> tuple[Any, np.ndarray]:
+        try:
+            if self.compression is None:
+                buf, size, mtime_ns = _map(self.path)
+                self._check_unchanged(dataset, size, mtime_ns)
+                plain: str | None = self.path
+            else:
+                st = os.stat(self.path)
+                self._check_unchanged(dataset, st.st_size, st.st_mtime_ns)
+                text = decompress(self.cache_dir, self.path, self.compression, self.size, self.mtime_ns)
+                if isinstance(text, str):
+                    plain = text
+                    buf, size, mtime_ns = _map(plain)
+                else:
+                    plain, buf, size, mtime_ns = None, memoryview(text), len(text), 0
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"dataset {dataset!r}: shard file {self.path} no longer exists; it was there when the dataset "
+                "was opened. Restore the file or open the dataset again."
+            ) from None
+        offsets = None if plain is None else load_index(self.cache_dir, plain, size, mtime_ns)
+        if offsets is None:
+            offsets = build_line_index(buf)
+            if plain is not None:
+                save_index(self.cache_dir, plain, size, mtime_ns, offsets)
+        if self.num_rows >= 0 and offsets.shape[0] - 1 != self.num_rows:
+            raise ValueError(
+                f"dataset {dataset!r}: shard file {self.path} now has {offsets.shape[0] - 1} rows, not the "
+                f"{self.num_rows} it had when the dataset was opened; open the dataset again."
+            )
+        return buf, offsets
+
+    def read(self, rows: np.ndarray, dataset: str) -> list:
+        """Decode ``rows`` (validated ``int64``, any order, repeats allowed), in the order given."""
+        state = self._state
+        if state is None:
+            with _lock:
+                state = self._state
+                if state is None:
+                    state = self._load(dataset)
+                    self._state = state
+                _remember(self)
+        else:
+            try:
+                _open_shards.move_to_end(id(self))
+            except KeyError:
+                pass
+        buf, offsets = state
+        return _decode_rows(buf, offsets, rows, lambda r, err: self._bad_row(buf, offsets, r, err, dataset))
+
+    def _bad_row(self, buf: Any, offsets: np.ndarray, row: int, err: Exception, dataset: str) -> ValueError:
+        a, b = int(offsets[row]), int(offsets[row + 1])
+        line = int(np.count_nonzero(np.frombuffer(buf[:a], dtype=np.uint8) == 10)) + 1
+        raw = bytes(buf[a:b]).strip(_JSON_WS)
+        snippet = raw[:_SNIPPET].decode("utf-8", "replace") + ("..." if len(raw) > _SNIPPET else "")
+        where = f"dataset {dataset!r}: {self.path}, line {line} (row {row})"
+        if isinstance(err, msgspec.ValidationError):
+            kind = _json_kind(_DECODE_ANY.decode(raw))
+            return ValueError(
+                f"{where} holds a JSON {kind}, not an object: {snippet!r}. Each line of a JSONL shard must be "
+                'one JSON object such as {"text": "..."}; wrap the value in an object under a field name.'
+            )
+        return ValueError(
+            f"{where} is not valid JSON ({err}): {snippet!r}. Each non-blank line of a JSONL shard must be one "
+            "complete JSON object on a single line; fix or remove that line (blank lines are skipped)."
+        )
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "path": self.shard_id,
+            "bytes": self.size,
+            "rows": self.num_rows,
+            "identity": f"size={self.size},mtime_ns={self.mtime_ns}",
+        }
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._fields}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name in self._fields:
+            setattr(self, name, state[name])
+        self._state = None
+
+    def __repr__(self) -> str:
+        return f"JsonlShard({self.shard_id!r}, rows={self.num_rows})"
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"
+
+
+class _Miscount(Exception):
+    """A byte range decoded to more values than lines (two objects on one line)."""
+
+
+def _decode_rows(buf: Any, offsets: np.ndarray, rows: np.ndarray, bad: Callable[[int, Exception], Exception]) -> list:
+    """Decode ``rows`` of a JSONL buffer in the order given.
+
+    Rows are visited in sorted order (sequential through the mapping); each run of consecutive
+    rows is decoded with one ``decode_lines`` call. Repeated rows are decoded again, so no two
+    returned payloads share objects.
+    """
+    n = rows.shape[0]
+    if n == 0:
+        return []
+    if n == 1:
+        r = int(rows[0])
+        try:
+            return [_DECODE.decode(buf[offsets[r] : offsets[r + 1]])]
+        except msgspec.DecodeError as err:
+            raise bad(r, err) from None
+    step = np.diff(rows)
+    order = None
+    if (step < 0).any():
+        order = np.argsort(rows, kind="stable")
+        rows = rows[order]
+        step = np.diff(rows)
+    cut = np.flatnonzero(step != 1) + 1
+    first = np.concatenate(([0], cut))
+    last = np.concatenate((cut, [n])) - 1
+    lo = offsets[rows[first]].tolist()
+    hi = offsets[rows[last] + 1].tolist()
+    count = (last - first + 1).tolist()
+    out: list = []
+    try:
+        for a, b, k in zip(lo, hi, count):
+            if k == 1:
+                out.append(_DECODE.decode(buf[a:b]))
+            else:
+                values = _DECODE.decode_lines(buf[a:b])
+                if len(values) != k:
+                    raise _Miscount
+                out.extend(values)
+    except (msgspec.DecodeError, _Miscount):
+        out = []
+        for r in rows.tolist():
+            try:
+                out.append(_DECODE.decode(buf[offsets[r] : offsets[r + 1]]))
+            except msgspec.DecodeError as err:
+                raise bad(r, err) from None
+    if order is None:
+        return out
+    result: list = [None] * n
+    for i, payload in zip(order.tolist(), out):
+        result[i] = payload
+    return result

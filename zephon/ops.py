@@ -1,0 +1,41 @@
+"""Operators, for composing transforms functionally outside a ``Pipeline``.
+
+Each is a frozen configuration object with pure ``init(key)``, ``step(state, chunk)`` and
+``flush(state)``; see ``docs/design/operators.md``.
+"""
+
+from ._batch import Batch as Batch
+from ._core import EMPTY as EMPTY
+from ._core import Chain as Chain
+from ._core import FilterOp as FilterOp
+from ._core import FunctionOp as FunctionOp
+from ._core import MapOp as MapOp
+from ._core import Operator as Operator
+from ._core import StatelessOp as StatelessOp
+from ._core import config_field as config_field
+from ._core import stateless as stateless
+from ._pack import PackFlat as PackFlat
+from ._shuffle import Shuffle as Shuffle
+
+__all__ = [
+    "EMPTY",
+    "Batch",
+    "Chain",
+    "FilterOp",
+    "FunctionOp",
+    "MapOp",
+    "Operator",
+    "PackFlat",
+    "Shuffle",
+    "StatelessOp",
+    "config_field",
+    "stateless",
+]
+
+
+def __getattr__(name: str):
+    if name == "Tokenize":
+        from ._tokenize import Tokenize
+
+        return Tokenize
+    raise AttributeError(name)
