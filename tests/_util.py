@@ -19,3 +19,14 @@ def docs(lengths, **kw):
     return [doc(i, n, **kw) for i, n in enumerate(lengths)]
 
 
+
+
+def toks_to_ids(payload):
+    """Module-level (picklable) map for pipelines run in worker processes."""
+    return {"input_ids": np.asarray(payload["toks"], dtype=np.int32)}
+
+
+def fail_on_row_7(payload):
+    if payload.get("id") == 7:
+        raise ValueError("row 7 is bad")
+    return payload

@@ -91,6 +91,15 @@ class Plan:
             return LaneState(source, chain, (), state.delivered, True), None
         return LaneState(source, chain, pending[1:], state.delivered + 1, done), pending[0]
 
+    def reports(self, state: LaneState) -> dict[str, dict[str, int]]:
+        """Each operator's counters (drops, rows, ...) for one lane state."""
+        out = {}
+        for (name, op), s in zip(self.chain.children, state.chain.states):
+            report = getattr(op, "report", None)
+            if report is not None:
+                out[name] = report(s)
+        return out
+
     def _check_lane(self, lane: int) -> None:
         if not 0 <= lane < self.lanes:
             raise ValueError(f"lane {lane} outside [0, {self.lanes}) (canonical_replicas={self.lanes})")

@@ -16,24 +16,49 @@ import attrs
 
 from ._batch import Batch
 from ._core import Chain, FilterOp, MapOp, Operator
-from ._lanes import FORMAT, LaneState, Plan
+from ._distributed import Topology, checkpoint_to_state_dict, resolve_topology, select_lanes as _select_lanes, state_dict_to_checkpoint
+from ._executor import InlineExecutor, ProcessExecutor
+from ._lanes import FORMAT, Plan
+from ._records import SampleBatch
 from ._pack import PackFlat
 from ._shuffle import Shuffle
 from .work._source import make_source
 
 
+def _opt_int(minimum: int):
+    def check(instance, attribute, value):
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"options: {attribute.name} must be an int >= {minimum}, got {value!r}")
+
+    return check
+
+
 @attrs.frozen
 class Options:
-    """Run settings. ``canonical_replicas`` decides the data; the others only performance."""
+    """Run settings.
 
-    canonical_replicas: int = 1
-    read_size: int = 64
+    Attributes:
+        canonical_replicas: L, the number of lanes. Decides the data; keep it fixed for a run and
+            choose a common multiple of every data-parallel size you may use.
+        dp_degree: D, data-parallel ranks sharing the lanes (L/D each). ``None``: from
+            ``torch.distributed`` when initialized, else ``WORLD_SIZE``, else 1.
+        dp_rank: this rank's data-parallel index. ``None``: from ``torch.distributed``, else
+            ``RANK``, else 0. Tensor/pipeline-parallel peers pass their shared DP rank explicitly.
+        workers: worker processes that run this rank's lanes ahead (0: in the calling thread).
+        prefetch: outputs each lane may run ahead of the caller when ``workers > 0``.
+        read_size: source samples read per lane step (tokenizer batch size).
+        global_batch_size: optional check: records per global step must equal L x microbatch.
+    """
 
-    def __attrs_post_init__(self) -> None:
-        for name in ("canonical_replicas", "read_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"options: {name} must be an int >= 1, got {v!r}")
+    canonical_replicas: int = attrs.field(default=1, validator=_opt_int(1))
+    dp_degree: int | None = attrs.field(default=None, validator=_opt_int(1))
+    dp_rank: int | None = attrs.field(default=None, validator=_opt_int(0))
+    workers: int = attrs.field(default=0, validator=_opt_int(0))
+    prefetch: int = attrs.field(default=4, validator=_opt_int(1))
+    read_size: int = attrs.field(default=64, validator=_opt_int(1))
+    global_batch_size: int | None = attrs.field(default=None, validator=_opt_int(1))
 
 
 class Pipeline:
@@ -60,7 +85,9 @@ class Pipeline:
 
     # -- building -------------------------------------------------------------------------------------
     def options(self, **kwargs: Any) -> "Pipeline":
-        """Set run options: ``canonical_replicas`` (L lanes, data-deciding), ``read_size``."""
+        """Set run options (see :class:`Options`); ``num_workers`` is accepted for ``workers``."""
+        if "num_workers" in kwargs:
+            kwargs["workers"] = kwargs.pop("num_workers")
         unknown = sorted(set(kwargs) - {f.name for f in attrs.fields(Options)})
         if unknown:
             raise TypeError(f"options: unknown option(s) {unknown}; known: {[f.name for f in attrs.fields(Options)]}")
@@ -127,41 +154,129 @@ class Pipeline:
         """Everything that decides the data: source, operators, lane count."""
         return self.plan.fingerprint()
 
+    # -- topology -------------------------------------------------------------------------------------
+    def topology(self) -> Topology:
+        """This process's data-parallel degree and rank and the lanes it owns (validated)."""
+        return resolve_topology(self._options, self._microbatch_size())
+
+    def _microbatch_size(self) -> int | None:
+        last = self._steps[-1][1] if self._steps else None
+        return last.microbatch_size if isinstance(last, Batch) else None
+
     # -- running ----------------------------------------------------------------------------------------
     def __iter__(self) -> "PipelineIterator":
-        plan = self.plan
+        if self._iterator is not None:
+            self._iterator.close()
+        plan, topo = self.plan, self.topology()
+        encoded = None
         if self._pending_restore is not None:
-            states = _restore_states(plan, self._pending_restore)
+            encoded = _select_lanes(self._pending_restore, topo.lanes)
             self._pending_restore = None
-        else:
-            states = {lane: plan.init(lane) for lane in range(plan.lanes)}
-        self._iterator = PipelineIterator(plan, states)
+        self._iterator = PipelineIterator(plan, topo, encoded, workers=self._options.workers, prefetch=self._options.prefetch)
         return self._iterator
 
-    def checkpoint(self) -> dict[str, Any]:
-        """The state after the last output delivered by the current iterator (JSON/msgpack-safe).
+    def steps(self, *, concat: bool = False) -> Iterator[Any]:
+        """Iterate by optimizer step: this rank's L/D microbatches of each global step, in lane order.
 
-        Before iteration it is the start (or the pending restore).
+        Args:
+            concat: yield one :class:`~zephon.types.SampleBatch` holding the step's records
+                instead of a list of microbatches.
+        """
+        it = iter(self)
+        per_step = len(it.topology.lanes)
+        while True:
+            group = []
+            for _ in range(per_step):
+                try:
+                    group.append(next(it))
+                except StopIteration:
+                    return
+            yield SampleBatch(tuple(r for b in group for r in b.records)) if concat else group
+
+    def checkpoint(self) -> dict[str, Any]:
+        """This rank's lane states after the last output delivered (JSON/msgpack-safe).
+
+        Lanes are keyed by global lane id, so checkpoints of every rank can be merged with
+        :func:`merge_checkpoints` and restored on any number of ranks dividing L. Before
+        iteration it is the start (or the pending restore).
         """
         if self._iterator is not None:
             return self._iterator.checkpoint()
+        topo = self.topology()
         if self._pending_restore is not None:
-            return copy.deepcopy(self._pending_restore)
+            lanes = _select_lanes(self._pending_restore, topo.lanes)
+            return {**self._pending_restore, "lanes": {str(k): v for k, v in lanes.items()}}
         plan = self.plan
-        return _checkpoint(plan, {lane: plan.init(lane) for lane in range(plan.lanes)})
+        return _checkpoint(plan, {lane: plan.encode(plan.init(lane)) for lane in topo.lanes})
 
     def restore(self, checkpoint: dict[str, Any]) -> "Pipeline":
-        """Resume from ``checkpoint`` at the next ``iter()``; fails loudly if the data settings differ."""
+        """Resume from ``checkpoint`` (one rank's, merged, or full) at the next ``iter()``.
+
+        Fails loudly, listing the differing fields, if the data settings differ; performance
+        settings (workers, prefetch, read size, the number of ranks) may change freely.
+        """
         _validate(self.plan, checkpoint)
-        self._pending_restore = checkpoint
+        self._pending_restore = copy.deepcopy(checkpoint)
+        if self._iterator is not None:
+            self._iterator.close()
         self._iterator = None
         return self
+
+    # torch.distributed.checkpoint ``Stateful`` protocol: one key per lane, so DCP can save each
+    # rank's lanes and load them back on any data-parallel size.
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint as a DCP-friendly mapping (``{"fingerprint": ..., "lane_00003": ...}``)."""
+        return checkpoint_to_state_dict(self.checkpoint())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict` output (possibly loaded on another number of ranks)."""
+        self.restore(state_dict_to_checkpoint(state_dict))
 
     def stats(self) -> dict[str, Any]:
         """Counters of the current iterator: outputs per lane and every operator's drops."""
         if self._iterator is None:
             return {"delivered": 0, "lanes": {}, "operators": {}}
         return self._iterator.stats()
+
+    def describe_step(self, step: int) -> list[dict[str, Any]]:
+        """Which source samples and token ranges make up global step ``step``, lane by lane.
+
+        Runs every lane (in this process, from the start) up to that step; no training needed.
+        Returns one entry per lane: its records' segments as
+        ``(dataset name, shard id, row, start, end)`` and their padding.
+        """
+        plan = self.plan
+        out = []
+        for lane in range(plan.lanes):
+            state, item = plan.init(lane), None
+            for _ in range(step + 1):
+                state, item = plan.next(lane, state)
+                if item is None:
+                    break
+            records = [] if item is None else (item.records if isinstance(item, SampleBatch) else [item])
+            out.append({"lane": lane, "records": [_describe_record(plan, r) for r in records]})
+        return out
+
+    def close(self) -> None:
+        """Stop worker processes (also done when the pipeline is garbage collected)."""
+        if self._iterator is not None:
+            self._iterator.close()
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _describe_record(plan: Plan, rec: Any) -> dict[str, Any]:
+    ds = plan.source.datasets
+    return {
+        "segments": [
+            (ds[s.dataset].name, ds[s.dataset].shard_ids[s.shard], s.row, s.start, s.end) for s in rec.meta.segments
+        ],
+        "padding_length": rec.meta.padding_length,
+    }
 
 
 def _is_stateless(op: Operator) -> bool:
@@ -171,56 +286,71 @@ def _is_stateless(op: Operator) -> bool:
 
 
 class PipelineIterator(Iterator[Any]):
-    """Yields lane outputs round-robin; ``checkpoint()`` covers exactly what it has yielded."""
+    """Yields this rank's lane outputs round-robin; ``checkpoint()`` covers exactly what it yielded."""
 
-    def __init__(self, plan: Plan, states: dict[int, LaneState]):
+    def __init__(self, plan: Plan, topology: Topology, encoded: dict[int, Any] | None, *, workers: int = 0, prefetch: int = 4):
         self.plan = plan
-        self.states = dict(states)
+        self.topology = topology
+        lanes = list(topology.lanes)
+        self.delivered = {lane: (encoded[lane]["delivered"] if encoded else 0) for lane in lanes}
+        if workers > 0:
+            self.executor: Any = ProcessExecutor(plan, lanes, workers, encoded=encoded, credit=prefetch)
+        else:
+            states = {lane: (plan.decode(lane, encoded[lane]) if encoded else plan.init(lane)) for lane in lanes}
+            self.executor = InlineExecutor(plan, states)
         self.finished = False
+        self._final_states: dict[int, Any] | None = None
+        self._final_reports: dict[int, Any] | None = None
 
     def __iter__(self) -> "PipelineIterator":
         return self
 
     def next_lane(self) -> int:
-        return min(self.states, key=lambda lane: (self.states[lane].delivered, lane))
+        return min(self.delivered, key=lambda lane: (self.delivered[lane], lane))
 
     def __next__(self) -> Any:
         if self.finished:
             raise StopIteration
         lane = self.next_lane()
-        state, out = self.plan.next(lane, self.states[lane])
+        out = self.executor.next(lane)
         if out is None:
             self.finished = True
+            self.close()
             raise StopIteration
-        self.states[lane] = state
+        self.delivered[lane] += 1
         return out
 
     def checkpoint(self) -> dict[str, Any]:
-        return _checkpoint(self.plan, self.states)
+        if self._final_states is not None:
+            return _checkpoint(self.plan, self._final_states)
+        return _checkpoint(self.plan, self.executor.lane_states())
+
+    def close(self) -> None:
+        """Stop the workers, keeping the final states so ``checkpoint()`` still works."""
+        if isinstance(self.executor, ProcessExecutor) and not self.executor.closed:
+            try:
+                self._final_states = self.executor.lane_states()
+                self._final_reports = self.executor.reports()
+            finally:
+                self.executor.close()
 
     def stats(self) -> dict[str, Any]:
+        reports = self._final_reports if self._final_reports is not None else self.executor.reports()
         ops: dict[str, dict[str, int]] = {}
-        for state in self.states.values():
-            for (name, op), s in zip(self.plan.chain.children, state.chain.states):
-                report = getattr(op, "report", None)
-                if report is None:
-                    continue
+        for lane_report in reports.values():
+            for name, counters in lane_report.items():
                 agg = ops.setdefault(name, {})
-                for k, v in report(s).items():
+                for k, v in counters.items():
                     agg[k] = agg.get(k, 0) + v
         return {
-            "delivered": sum(s.delivered for s in self.states.values()),
-            "lanes": {lane: {"delivered": s.delivered, "done": s.done, "undelivered": len(s.pending)} for lane, s in self.states.items()},
+            "delivered": sum(self.delivered.values()),
+            "lanes": {lane: {"delivered": n} for lane, n in self.delivered.items()},
             "operators": ops,
         }
 
 
-def _checkpoint(plan: Plan, states: dict[int, LaneState]) -> dict[str, Any]:
-    return {
-        "format": FORMAT,
-        "fingerprint": plan.fingerprint(),
-        "lanes": {str(lane): plan.encode(s) for lane, s in sorted(states.items())},
-    }
+def _checkpoint(plan: Plan, encoded: dict[int, Any]) -> dict[str, Any]:
+    return {"format": FORMAT, "fingerprint": plan.fingerprint(), "lanes": {str(lane): encoded[lane] for lane in sorted(encoded)}}
 
 
 def _validate(plan: Plan, checkpoint: Any) -> None:
@@ -239,14 +369,6 @@ def _validate(plan: Plan, checkpoint: Any) -> None:
             "cannot restore: the checkpoint was taken with different data settings; these differ:\n"
             f"{lines}{more}\nRebuild the pipeline with the checkpoint's settings (performance options may differ)."
         )
-
-
-def _restore_states(plan: Plan, checkpoint: dict[str, Any]) -> dict[int, LaneState]:
-    lanes = checkpoint["lanes"]
-    want = {str(lane) for lane in range(plan.lanes)}
-    if set(lanes) != want:
-        raise ValueError(f"checkpoint has lanes {sorted(lanes, key=int)}, the pipeline needs {sorted(want, key=int)}")
-    return {int(lane): plan.decode(int(lane), data) for lane, data in lanes.items()}
 
 
 def fingerprint_diff(a: Any, b: Any, path: str = "") -> list[tuple[str, str, str]]:

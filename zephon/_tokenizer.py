@@ -86,8 +86,7 @@ class TokenizerHandle:
         >>> vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "hello": 3, "world": 4}
         >>> tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
         >>> tok.pre_tokenizer = pre_tokenizers.Whitespace()
-        >>> tok.add_special_tokens(["<s>", "</s>"])
-        0
+        >>> _ = tok.add_special_tokens(["<s>", "</s>"])
         >>> handle = load_tokenizer(tok)
         >>> handle.bos_token_id, handle.eos_token_id, handle.pad_token_id
         (1, 2, None)
@@ -102,15 +101,20 @@ class TokenizerHandle:
     backend: str = "tokenizers"
     encode_special_tokens: bool = False
     source: str = ""
+    _content: str = attrs.field(init=False)
     _digest: str = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.backend not in ("tokenizers", "tiktoken"):
             raise ValueError(f"TokenizerHandle: backend must be 'tokenizers' or 'tiktoken', got {self.backend!r}")
-        ids = json.dumps([self.bos_token_id, self.eos_token_id, self.pad_token_id, self.encode_special_tokens])
-        h = hashlib.sha256(self.tokenizer_json.encode("utf-8"))
-        h.update(b"\0" + ids.encode("ascii"))
-        object.__setattr__(self, "_digest", h.hexdigest())
+        # _content names what encodes text (shared by handles that differ only in special ids);
+        # _digest adds the ids, which decide the bracketing.
+        content = hashlib.sha256(self.tokenizer_json.encode("utf-8")).hexdigest()
+        if self.encode_special_tokens:
+            content += "+encode_special_tokens"
+        ids = json.dumps([self.bos_token_id, self.eos_token_id, self.pad_token_id])
+        object.__setattr__(self, "_content", content)
+        object.__setattr__(self, "_digest", hashlib.sha256(f"{content}\0{ids}".encode("ascii")).hexdigest())
 
     # -- identity -----------------------------------------------------------------------------------
     def fingerprint(self) -> str:
@@ -155,7 +159,7 @@ class TokenizerHandle:
     @property
     def tokenizer(self) -> Any:
         """The live ``tokenizers.Tokenizer`` of this process (built on first use, then shared)."""
-        return _live(("tokenizer", self._digest), self._build_tokenizer)
+        return _live(("tokenizer", self._content), self._build_tokenizer)
 
     @property
     def vocab_size(self) -> int:
@@ -175,13 +179,13 @@ class TokenizerHandle:
         return tok
 
     def _encoding(self) -> Any:
-        return _live(("tiktoken", self._digest), self._build_encoding)
+        return _live(("tiktoken", self._content), self._build_encoding)
 
     def _build_encoding(self) -> Any:
         plan, reason = _tiktoken_plan(json.loads(self.tokenizer_json))
         if plan is None:  # cannot happen for a handle made by load_tokenizer
             raise RuntimeError(f"tokenizer cannot use the tiktoken backend: {reason}")
-        return _build_tiktoken(plan, self._digest)
+        return _build_tiktoken(plan, self._content)
 
     def with_backend(self, backend: str) -> TokenizerHandle:
         """This handle with the encoder chosen again for ``backend`` (``auto``, ``tokenizers``, ``tiktoken``)."""
@@ -434,8 +438,8 @@ def _from_path(path: Path) -> TokenizerHandle:
         ) from exc
     if not path.is_dir():
         # A file stands alone: sibling config files are read only when the folder is passed.
-        return _make_handle(tok, {}, str(file))
-    return _make_handle(tok, _config_ids(tok, _read_special_config(folder), folder), str(folder))
+        return _make_handle(tok, {}, str(file), owned=True)
+    return _make_handle(tok, _config_ids(tok, _read_special_config(folder), folder), str(folder), owned=True)
 
 
 def _read_special_config(folder: Path) -> dict[str, Any]:
@@ -504,10 +508,11 @@ def _canonical_json(tok: Any) -> str:
     return json.dumps(spec, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
-def _make_handle(tok: Any, ids: dict[str, int | None], source: str) -> TokenizerHandle:
+def _make_handle(tok: Any, ids: dict[str, int | None], source: str, *, owned: bool = False) -> TokenizerHandle:
+    """The handle of ``tok``; ``owned`` when no one else holds ``tok``, so it may serve as the live copy."""
     guessed = _guess_ids(tok)
     resolved = {role: ids[role] if role in ids else guessed[role] for role in ("bos", "eos", "pad")}
-    return TokenizerHandle(
+    handle = TokenizerHandle(
         _canonical_json(tok),
         resolved["bos"],
         resolved["eos"],
@@ -516,6 +521,13 @@ def _make_handle(tok: Any, ids: dict[str, int | None], source: str) -> Tokenizer
         bool(getattr(tok, "encode_special_tokens", False)),
         source,
     )
+    if owned:
+        # Saves rebuilding it from the JSON in this process; a caller's object is never reused,
+        # since the caller may still change it.
+        tok.no_truncation()
+        tok.no_padding()
+        _live(("tokenizer", handle._content), lambda: tok)
+    return handle
 
 
 # -- Hugging Face hub ----------------------------------------------------------------------------------
@@ -660,16 +672,22 @@ def _tiktoken_plan(spec: dict) -> tuple[dict | None, str]:
         for b in contents:
             if a != b and b.startswith(a):
                 return None, f"added tokens {a!r} and {b!r} overlap"
-    decoder = _byte_decoder()
+    # Map each byte-level char to the latin-1 char of its byte; chars outside the alphabet are
+    # deleted (U+0000-U+00FF) or fail to encode (above), and either way the entry is rejected.
+    table = {c: None for c in range(256)}
+    table.update({ord(ch): chr(b) for ch, b in _byte_decoder().items()})
     vocab: dict[str, int] = model.get("vocab") or {}
     added_ids = {t["content"]: t["id"] for t in added}
     ranks: dict[bytes, int] = {}
     for token, tid in vocab.items():
         if token in added_ids:
             continue
+        mapped = token.translate(table)
         try:
-            ranks[bytes(decoder[c] for c in token)] = tid
-        except KeyError:
+            if len(mapped) != len(token):
+                raise UnicodeError
+            ranks[mapped.encode("latin-1")] = tid
+        except UnicodeError:
             return None, f"vocabulary entry {token!r} is not byte-level"
     if len(ranks) != len(vocab) - sum(1 for t in vocab if t in added_ids):
         return None, "two vocabulary entries decode to the same bytes"
@@ -776,7 +794,7 @@ def _choose_backend(handle: TokenizerHandle, backend: str) -> str:
     if not _tiktoken_available():
         log("tokenizer %s: tiktoken is not installed; using tokenizers", handle.source)
         return "tokenizers"
-    key = handle.fingerprint()
+    key = handle._content
     if key not in _VERIFIED:
         plan, reason = _tiktoken_plan(json.loads(handle.tokenizer_json))
         if plan is not None:

@@ -250,8 +250,10 @@ def to_training(
         raise ValueError(f"to_training: padding_side must be 'right' or 'left', got {padding_side!r}")
     if pad_token_id is not None and (not _is_int(pad_token_id) or pad_token_id < 0):
         raise ValueError(f"to_training: pad_token_id must be a nonnegative integer or None, got {pad_token_id!r}")
-    if return_attention_mask not in (None, True, False):
-        raise ValueError(f"to_training: return_attention_mask must be None, True or False, got {return_attention_mask!r}")
+    if return_attention_mask is not None and not isinstance(return_attention_mask, bool):
+        raise ValueError(
+            f"to_training: return_attention_mask must be None, True or False, got {return_attention_mask!r}"
+        )
     emit_attention = (pad_mode is not None) if return_attention_mask is None else bool(return_attention_mask)
 
     generated = {"ids", "texts", "input_ids"} | ({"labels"} if return_labels else set())
@@ -345,9 +347,8 @@ def to_training(
     left = (T - n) if padding_side == "left" else np.zeros(B, dtype=np.int64)
     padded = bool((n != T).any())
     cols = np.arange(T, dtype=np.int64)
-    start = left + 0
     stop = left + n
-    real = (cols >= start[:, None]) & (cols < (stop - pad_len)[:, None])  # real tokens, by position
+    real = (cols >= left[:, None]) & (cols < (stop - pad_len)[:, None])  # real tokens, by position
 
     tok = _fill(rows.tokens, B, T, left, pad_token_id or 0, np.int64)
     pos = _fill(rows.positions, B, T, left, 0, np.int64) if rows.positions is not None else None
@@ -418,8 +419,8 @@ def to_training(
         seg = pos
         if padded:
             # Added padding blocks count up from 0, so each block is a segment of its own.
-            in_record = (cols >= start[:, None]) & (cols < stop[:, None])
-            block = np.where(cols < start[:, None], cols, cols - stop[:, None])
+            in_record = (cols >= left[:, None]) & (cols < stop[:, None])
+            block = np.where(cols < left[:, None], cols, cols - stop[:, None])
             seg = np.where(in_record, pos, block)
         cu = _cu_seqlens(seg[:, :W] == 0, flatten)
 

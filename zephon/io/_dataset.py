@@ -325,14 +325,17 @@ class Dataset:
         except TypeError:
             raise TypeError(f"dataset {self.name!r}: shard must be an integer index, got {shard!r}") from None
         if not 0 <= index < len(self._shards):
-            raise IndexError(f"dataset {self.name!r} has {len(self._shards)} shards (0..{len(self._shards) - 1}); got shard {index}")
+            count = len(self._shards)
+            raise IndexError(f"dataset {self.name!r} has {count} shards (0..{count - 1}); got shard {index}")
         target = self._shards[index]
         return target.read(self._row_array(rows, index, target.num_rows), self.name)
 
     def _row_array(self, rows: Any, shard: int, size: int) -> np.ndarray:
         array = np.asarray(rows)
         if array.ndim != 1:
-            raise ValueError(f"dataset {self.name!r}: rows must be a 1-d sequence of integers, got shape {array.shape}")
+            raise ValueError(
+                f"dataset {self.name!r}: rows must be a 1-d sequence of integers, got shape {array.shape}"
+            )
         if array.size == 0:
             return np.empty(0, dtype=np.int64)
         if array.dtype.kind not in "iu":
@@ -394,9 +397,8 @@ def as_dataset(obj: Any, name: str = "data") -> Dataset:
     if isinstance(obj, Dataset):
         return obj
     if isinstance(obj, (str, os.PathLike)):
-        raise TypeError(
-            f"as_dataset got the path {os.fspath(obj)!r}; open files with Dataset.from_path({name!r}, {os.fspath(obj)!r})"
-        )
+        where = os.fspath(obj)
+        raise TypeError(f"as_dataset got the path {where!r}; open files with Dataset.from_path({name!r}, {where!r})")
     if isinstance(obj, (list, tuple)):
         for i, row in enumerate(obj):
             if not isinstance(row, dict):
@@ -451,7 +453,9 @@ def _find_files(name: str, path: Any, *, forced: bool, recursive: bool) -> list[
         if not paths:
             raise ValueError(f"dataset {name!r}: the list of files is empty")
     else:
-        raise TypeError(f"dataset {name!r}: path must be a folder, a file or a list of files, got {type(path).__name__}")
+        raise TypeError(
+            f"dataset {name!r}: path must be a folder, a file or a list of files, got {type(path).__name__}"
+        )
     for p in paths:
         if not os.path.exists(p):
             raise _missing(name, p)
@@ -467,7 +471,10 @@ def _find_files(name: str, path: Any, *, forced: bool, recursive: bool) -> list[
         twice = sorted({p for p, r in zip(paths, real) if real.count(r) > 1})
         raise ValueError(f"dataset {name!r}: files listed more than once: {twice}")
     root = os.path.dirname(paths[0]) if len(paths) == 1 else os.path.commonpath([os.path.dirname(p) for p in paths])
-    found = [(p, os.path.relpath(p, root).replace(os.sep, "/"), _compression_of(os.path.basename(p), forced)[1]) for p in paths]
+    found = [
+        (p, os.path.relpath(p, root).replace(os.sep, "/"), _compression_of(os.path.basename(p), forced)[1])
+        for p in paths
+    ]
     return sorted(found, key=lambda item: item[1])
 
 
@@ -492,7 +499,7 @@ def _scan_folder(name: str, root: str, *, forced: bool, recursive: bool) -> list
             break
     if not found:
         listing = ", ".join(seen[:_LISTED]) + (f" and {len(seen) - _LISTED} more" if len(seen) > _LISTED else "")
-        hint = " Subfolders are not searched; pass recursive=True to include them." if subfolders and not recursive else ""
+        hint = " Subfolders are not searched; pass recursive=True to include them." if subfolders else ""
         raise ValueError(
             f"dataset {name!r}: no JSONL files in {root} (found: {listing or 'nothing'}); supported endings: "
             f"{', '.join(SUFFIXES)}. Pass fmt='jsonl' to read other files as JSONL.{hint}"

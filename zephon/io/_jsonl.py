@@ -88,8 +88,9 @@ def _warn_unwritable(folder: str, err: OSError) -> None:
 def _atomic_write(target: str, write: Callable[[Any], None]) -> bool:
     """Write ``target`` through a temporary file and ``os.replace``; False if the folder is unwritable.
 
-    Errors raised by ``write`` other than ``OSError`` (for instance a corrupt compressed source)
-    propagate after the temporary file is removed.
+    An ``OSError`` while writing means the cache cannot be used (False). Any other error from
+    ``write``, including :class:`_SourceError` (an unreadable compressed source), propagates after
+    the temporary file is removed.
     """
     folder = os.path.dirname(target)
     try:
@@ -330,8 +331,8 @@ class JsonlShard:
         cache_dir: folder for indexes and decompressed copies.
     """
 
-    __slots__ = ("path", "shard_id", "compression", "size", "mtime_ns", "num_rows", "cache_dir", "_state", "__weakref__")
     _fields = ("path", "shard_id", "compression", "size", "mtime_ns", "num_rows", "cache_dir")
+    __slots__ = _fields + ("_state", "__weakref__")
 
     def __init__(self, path: str, shard_id: str, compression: str | None, cache_dir: str):
         st = os.stat(path)
@@ -379,22 +380,18 @@ class JsonlShard:
         try:
             if self.compression is None:
                 buf, size, mtime_ns = _map(self.path)
-                self._check_unchanged(dataset, size, mtime_ns)
-                plain: str | None = self.path
             else:
                 st = os.stat(self.path)
-                self._check_unchanged(dataset, st.st_size, st.st_mtime_ns)
-                text = decompress(self.cache_dir, self.path, self.compression, self.size, self.mtime_ns)
-                if isinstance(text, str):
-                    plain = text
-                    buf, size, mtime_ns = _map(plain)
-                else:
-                    plain, buf, size, mtime_ns = None, memoryview(text), len(text), 0
+                size, mtime_ns = st.st_size, st.st_mtime_ns
         except FileNotFoundError:
             raise FileNotFoundError(
                 f"dataset {dataset!r}: shard file {self.path} no longer exists; it was there when the dataset "
                 "was opened. Restore the file or open the dataset again."
             ) from None
+        self._check_unchanged(dataset, size, mtime_ns)
+        plain: str | None = self.path
+        if self.compression is not None:
+            buf, plain, size, mtime_ns = self._decompressed()
         offsets = None if plain is None else load_index(self.cache_dir, plain, size, mtime_ns)
         if offsets is None:
             offsets = build_line_index(buf)
@@ -406,6 +403,20 @@ class JsonlShard:
                 f"{self.num_rows} it had when the dataset was opened; open the dataset again."
             )
         return buf, offsets
+
+    def _decompressed(self) -> tuple[memoryview, str | None, int, int]:
+        """``(buffer, cache path or None, size, mtime_ns)`` of the decompressed text."""
+        for attempt in range(2):
+            text = decompress(self.cache_dir, self.path, self.compression or "", self.size, self.mtime_ns)
+            if isinstance(text, bytes):
+                return memoryview(text), None, len(text), 0
+            try:
+                buf, size, mtime_ns = _map(text)
+                return buf, text, size, mtime_ns
+            except FileNotFoundError:  # removed from the cache meanwhile: decompress again, once
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
 
     def read(self, rows: np.ndarray, dataset: str) -> list:
         """Decode ``rows`` (validated ``int64``, any order, repeats allowed), in the order given."""
