@@ -30,3 +30,46 @@ def fail_on_row_7(payload):
     if payload.get("id") == 7:
         raise ValueError("row 7 is bad")
     return payload
+
+
+def toy_dataset(n=160, seed=0, name="web"):
+    """An in-memory dataset of rows {"toks": [...], "id": i} with random lengths (some empty)."""
+    from zephon.io import Dataset, InMemoryShard
+
+    rng = np.random.default_rng(seed)
+    rows = [{"toks": rng.integers(1, 1000, size=int(rng.integers(0, 40))).tolist(), "id": i} for i in range(n)]
+    return Dataset.from_dict(name, {"a": InMemoryShard(rows[: n // 2]), "b": InMemoryShard(rows[n // 2 :])})
+
+
+def toy_pipeline(lanes=1, *, workers=0, data=None, max_length=16, buffer=8, mbs=2, seed=0, policy="repeat", **options):
+    """map(toks_to_ids) -> pack_flat -> shuffle -> batch over a toy source (endless by default)."""
+    from zephon import Pipeline
+    from zephon.work import StaticMixtureWorkSource
+
+    src = StaticMixtureWorkSource([data or toy_dataset()], {"web": 1.0}, seed=seed, chunk_size=8, exhausted_policy=policy)
+    return (
+        Pipeline(src)
+        .options(canonical_replicas=lanes, workers=workers, **options)
+        .map(toks_to_ids)
+        .pack_flat(max_length)
+        .shuffle(buffer, seed=42)
+        .batch(mbs)
+    )
+
+
+def global_steps(make, lanes, dp, steps, restore=None):
+    """Run ``dp`` ranks (in this process) for ``steps`` global steps; returns (steps, rank pipelines).
+
+    Each global step is the list of L microbatches in lane order, assembled from the ranks.
+    """
+    pipes = []
+    for r in range(dp):
+        p = make().options(canonical_replicas=lanes, dp_degree=dp, dp_rank=r)
+        if restore is not None:
+            p.restore(restore)
+        pipes.append(p)
+    iters = [p.steps() for p in pipes]
+    out = []
+    for _ in range(steps):
+        out.append([b for it in iters for b in next(it)])
+    return out, pipes

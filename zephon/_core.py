@@ -210,7 +210,17 @@ class StatelessOp(Operator):
     def _apply_records(self, chunk: Sequence[Record]) -> list[Record]:
         if not chunk:
             return []
-        results = self.apply_many([r.payload for r in chunk])
+        try:
+            results = self.apply_many([r.payload for r in chunk])
+        except Exception as exc:
+            index = getattr(exc, "zephon_index", None)
+            if index is not None and hasattr(exc, "add_note"):
+                seg = chunk[index].meta.segments[0]
+                exc.add_note(
+                    f"zephon: raised by {self.kind} on the record from dataset {seg.dataset}, shard {seg.shard}, "
+                    f"row {seg.row} (lane {chunk[index].meta.lane})"
+                )
+            raise
         if len(results) != len(chunk):
             raise RuntimeError(f"{self.kind}: apply_many returned {len(results)} results for {len(chunk)} inputs")
         out: list[Record] = []
@@ -263,8 +273,12 @@ class FunctionOp(StatelessOp):
 
     def apply_many(self, payloads: list) -> list[list]:
         out = []
-        for p in payloads:
-            r = self.fn(p)
+        for i, p in enumerate(payloads):
+            try:
+                r = self.fn(p)
+            except Exception as exc:
+                exc.zephon_index = i  # type: ignore[attr-defined]
+                raise
             out.append([] if r is None else [r])
         return out
 
@@ -284,7 +298,15 @@ class FilterOp(StatelessOp):
     kind: ClassVar[str] = "filter"
 
     def apply_many(self, payloads: list) -> list[list]:
-        return [[p] if self.predicate(p) else [] for p in payloads]
+        out = []
+        for i, p in enumerate(payloads):
+            try:
+                keep = self.predicate(p)
+            except Exception as exc:
+                exc.zephon_index = i  # type: ignore[attr-defined]
+                raise
+            out.append([p] if keep else [])
+        return out
 
 
 def stateless(fn: Callable[[Any], Any]) -> FunctionOp:

@@ -1,33 +1,63 @@
-"""Packing: cut a lane's token stream into fixed-length rows.
+"""Packing: fit a lane's documents into rows of at most ``max_length`` tokens.
 
-``pack_flat(max_length, algorithm="wrap")`` concatenates the lane's documents and cuts rows of
-exactly ``max_length`` tokens. Unlike packers that drop or pad at periodic flushes, no token is
-lost mid-stream: the records not yet fully emitted stay in the state (by reference), so every
-input token appears exactly once, in order. Only at the end of the data is the final partial row
-padded (``pad_token_id`` given, ``padding_length`` recorded) or dropped and counted.
+Two operators share one engine and differ only in what a finished bin becomes:
 
-Each output row's meta lists its pieces as segments ``(dataset, shard, row, child, start, end)``,
-which is also how checkpoints rebuild rows without storing tokens.
+- :class:`PackFlat` (``pack_flat``) concatenates a bin into one fixed-length training row
+  (token field and every token-aligned field, padded to ``max_length``, plus ``positions``);
+- :class:`PackSequences` (``pack_sequences``) emits the bin as an envelope
+  ``{"packed_samples": [payload, ...]}`` for users who build their own tensors.
+
+Four algorithms decide which tokens share a bin (Zephon 0.2.0's semantics, see ``PackFlat``):
+``first_fit`` and ``best_fit`` place whole documents into up to ``num_bins`` open bins; ``wrap``
+cuts one token stream into consecutive rows; ``best_fit_wrap`` fills each row exactly from a pool
+of candidates with at most one split per row.
+
+Unlike packers that emit or drop partial bins at periodic flushes, nothing here depends on where
+the stream is cut into chunks: open bins, the wrap remainder and the candidate pool stay in the
+state across chunk boundaries, and only ``flush`` (the end of the data) closes partial bins. The
+state holds those documents *by reference* (their metas and token ranges), never token arrays.
+
+Every output's meta lists its pieces as segments ``(dataset, shard, row, child, start, end)`` and
+its ``padding_length``; that is all :meth:`~PackFlat.rebuild` needs to rebuild the row, through
+the same function that built it. Every token that is not emitted is counted in ``report()``.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+from collections import deque
 from typing import Any, ClassVar, Literal, Sequence
 
 import attrs
 import msgspec
 import numpy as np
 
-from ._core import Operator, Resolver, config_field
-from ._records import Meta, Record, Segment
+from ._core import Operator, Resolver
+from ._records import Meta, Record
+
+__all__ = ["ALGORITHMS", "OVERSIZED", "PackFlat", "PackSequences", "PackState", "packing_info"]
 
 TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
+#: The packing algorithms, as Zephon names them.
+ALGORITHMS = ("first_fit", "best_fit", "wrap", "best_fit_wrap")
+#: What to do with a document longer than ``max_length``.
+OVERSIZED = ("split", "drop", "truncate", "error")
+_WHOLE = ("first_fit", "best_fit")  # keep documents whole in open bins
 _ARANGE = np.arange(1 << 16, dtype=np.int32)
+
+#: A piece of a document: the record (whole, as its upstream produced it) and a token range.
+Piece = tuple  # (Record, start, end)
+
+
+def _data(default: Any = attrs.NOTHING, *, data: bool = True) -> Any:
+    return attrs.field(default=default, kw_only=True, metadata={"data": data})
 
 
 def _positions(lengths: Sequence[int]) -> np.ndarray:
+    if not lengths:
+        return np.zeros(0, np.int32)
     if max(lengths) <= len(_ARANGE):
-        return np.concatenate([_ARANGE[:n] for n in lengths]) if lengths else np.zeros(0, np.int32)
+        return np.concatenate([_ARANGE[:n] for n in lengths])
     return np.concatenate([np.arange(n, dtype=np.int32) for n in lengths])
 
 
@@ -47,175 +77,686 @@ def token_field_of(payload: Any, tokens_field: str, where: str) -> str:
             return name
     raise ValueError(
         f"{where}: no token field ({', '.join(TOKEN_FIELDS)}) in payload with keys {sorted(payload)[:8]}; "
-        "put tokenize() before pack_flat() or pass tokens_field="
+        f"put tokenize() before {where}() or pass tokens_field="
     )
 
 
-class PackState(msgspec.Struct, frozen=True, tag="pack_flat", forbid_unknown_fields=True):
-    """Records not yet fully emitted (``offset`` tokens of the first already are), and counters."""
-
-    pending: tuple[Record, ...] = ()
-    offset: int = 0
-    rows: int = 0
-    dropped_tokens: int = 0
-    dropped_records: int = 0
-
-
-@attrs.frozen
-class PackFlat(Operator):
-    """Pack documents into rows of exactly ``max_length`` tokens (the ``wrap`` algorithm).
-
-    Args:
-        max_length: tokens per row (pack ``context + 1`` when labels are shifted for training).
-        algorithm: ``"wrap"``: concatenate and cut; documents may span rows.
-        pad_token_id: pad the final partial row at the end of data with this id (its
-            ``padding_length`` is recorded); ``None`` drops that remainder and counts it.
-        emit_positions: add int32 ``positions`` that restart at 0 at every document start, at
-            every row start, and at the padding tail.
-        tokens_field: the token field, or ``"auto"`` (input_ids, tokens, token_ids, ids).
-
-    Output payload: the token field, every other array field of the same length (``loss_mask``
-    travels with its tokens; padded with 0), and ``positions``. State: the pending records (by
-    reference) and the offset into the first; restores exactly; per lane.
-    """
-
-    max_length: int = config_field()
-    algorithm: Literal["wrap"] = config_field(default="wrap")
-    pad_token_id: int | None = config_field(default=None)
-    emit_positions: bool = config_field(default=True)
-    tokens_field: str = config_field(default="auto")
-
-    kind: ClassVar[str] = "pack_flat"
-    state_type: ClassVar[type] = PackState
-
-    def __attrs_post_init__(self) -> None:
-        if isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 1:
-            raise ValueError(f"pack_flat: max_length must be an int >= 1, got {self.max_length!r}")
-        if self.algorithm != "wrap":
-            raise ValueError(
-                f"pack_flat: unknown algorithm {self.algorithm!r}; available: 'wrap' "
-                "(first_fit, best_fit and best_fit_wrap are separate packers)"
-            )
-        if self.pad_token_id is not None and (isinstance(self.pad_token_id, bool) or not isinstance(self.pad_token_id, int) or self.pad_token_id < 0):
-            raise ValueError(f"pack_flat: pad_token_id must be a non-negative int or None, got {self.pad_token_id!r}")
-
-    def init(self, key: int) -> PackState:
-        return PackState()
-
-    # -- stepping -------------------------------------------------------------------------------------
-    def step(self, state: PackState, chunk: Sequence[Record]) -> tuple[PackState, list[Record]]:
-        pending = list(state.pending)
-        offset, rows, dropped_records = state.offset, state.rows, state.dropped_records
-        avail = sum(self._length(r) for r in pending) - offset
-        head = 0  # index of the first pending record still needed
-        out: list[Record] = []
-        L = self.max_length
-        for rec in chunk:
-            n = self._length(rec)
-            if n == 0:
-                dropped_records += 1
-                continue
-            pending.append(rec)
-            avail += n
-            while avail >= L:
-                pieces, head, offset = self._take(pending, head, offset, L)
-                out.append(self._build(pieces, rec.meta.lane, 0))
-                avail -= L
-                rows += 1
-        return PackState(tuple(pending[head:]), offset, rows, state.dropped_tokens, dropped_records), out
-
-    def flush(self, state: PackState) -> tuple[PackState, list[Record]]:
-        avail = sum(self._length(r) for r in state.pending) - state.offset
-        if avail == 0:
-            return state, []
-        if self.pad_token_id is None:
-            return PackState((), 0, state.rows, state.dropped_tokens + avail, state.dropped_records), []
-        pieces, _, _ = self._take(list(state.pending), 0, state.offset, avail)
-        row = self._build(pieces, state.pending[0].meta.lane, self.max_length - avail)
-        return PackState((), 0, state.rows + 1, state.dropped_tokens, state.dropped_records), [row]
-
-    def _length(self, rec: Record) -> int:
-        field = token_field_of(rec.payload, self.tokens_field, "pack_flat")
-        if len(rec.meta.segments) != 1 or rec.meta.segments[0].end != -1:
-            raise ValueError(
-                "pack_flat: inputs must be whole documents, but a record built from "
-                f"{len(rec.meta.segments)} segment(s) arrived; put pack_flat before other packers"
-            )
-        return len(rec.payload[field])
-
-    def _take(self, pending: list[Record], head: int, offset: int, need: int):
-        pieces = []
-        while need:
-            rec = pending[head]
-            n = self._length(rec) - offset
-            take = min(n, need)
-            pieces.append((rec, offset, offset + take))
-            need -= take
-            if take == n:
-                head, offset = head + 1, 0
-            else:
-                offset += take
-        return pieces, head, offset
-
-    def _build(self, pieces: list[tuple[Record, int, int]], lane: int, padding: int) -> Record:
-        first = pieces[0][0].payload
-        tfield = token_field_of(first, self.tokens_field, "pack_flat")
-        keys = _aligned_keys(first, tfield)
-        payload: dict[str, Any] = {}
-        for key in keys:
-            parts = []
-            for rec, a, b in pieces:
-                value = rec.payload.get(key)
-                if value is None or set(_aligned_keys(rec.payload, tfield)) != set(keys):
-                    raise ValueError(
-                        f"pack_flat: records in one row have different fields: {sorted(keys)} vs "
-                        f"{sorted(_aligned_keys(rec.payload, tfield))} (record {rec.meta.segments[0].pointer}); "
-                        "give every record the same token-aligned fields"
-                    )
-                parts.append(np.asarray(value)[a:b])
-            arr = np.concatenate(parts)
-            if padding:
-                fill = self.pad_token_id if key == tfield else 0
-                info = np.iinfo(arr.dtype) if arr.dtype.kind in "iu" else None
-                if info is not None and not info.min <= fill <= info.max:
-                    raise ValueError(f"pack_flat: pad value {fill} does not fit field {key!r} of dtype {arr.dtype}")
-                arr = np.concatenate([arr, np.full(padding, fill, dtype=arr.dtype)])
-            payload[key] = arr
-        if self.emit_positions:
-            if "positions" in first:
-                raise ValueError("pack_flat: payload already has 'positions'; pass emit_positions=False")
-            lengths = [b - a for _, a, b in pieces] + ([padding] if padding else [])
-            payload["positions"] = _positions(lengths)
-        segments = tuple(rec.meta.segments[0]._replace(start=a, end=b) for rec, a, b in pieces)
-        return Record(payload, Meta(lane, segments, padding))
-
-    # -- checkpoints ------------------------------------------------------------------------------------
-    def rebuild(self, refs: Sequence[Meta], upstream: Resolver) -> list[Record]:
-        wanted = list(dict.fromkeys(Meta(m.lane, (s._replace(start=0, end=-1),), 0) for m in refs for s in m.segments))
-        docs = {r.meta.segments[0].sample: r for r in upstream(wanted)}
-        out = []
-        for m in refs:
-            pieces = [(docs[s.sample], s.start, s.end) for s in m.segments]
-            out.append(self._build(pieces, m.lane, m.padding_length))
-        return out
-
-    def report(self, state: PackState) -> dict[str, int]:
-        return {
-            "rows": state.rows,
-            "dropped_tokens": state.dropped_tokens,
-            "dropped_empty_records": state.dropped_records,
-            "pending_tokens": sum(self._length(r) for r in state.pending) - state.offset,
-        }
-
-
-def _aligned_keys(payload: dict, tfield: str) -> list[str]:
+def _aligned_keys(payload: dict, tfield: str, where: str, *, skip_positions: bool = True) -> list[str]:
+    """The token field, then every 1-D array field of the same length, in payload order."""
     n = len(payload[tfield])
     keys = [tfield]
     for k, v in payload.items():
-        if k == tfield or k == "positions":
+        if k == tfield or (skip_positions and k == "positions"):
             continue
         if isinstance(v, np.ndarray) and v.ndim == 1 and len(v) == n:
             keys.append(k)
         elif isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) != n and k in ("loss_mask", "labels", "attention_mask"):
-            raise ValueError(f"pack_flat: field {k!r} has length {len(v)} but the tokens have {n}; align it with the tokens")
+            raise ValueError(f"{where}: field {k!r} has length {len(v)} but the tokens have {n}; align it with the tokens")
     return keys
+
+
+def _slice(value: Any, a: int, b: int) -> Any:
+    part = value[a:b]
+    return part.copy() if isinstance(part, np.ndarray) else part
+
+
+class PackState(msgspec.Struct, frozen=True, tag="pack", forbid_unknown_fields=True):
+    """Open work (documents by reference, with token ranges) and counters.
+
+    Attributes:
+        bins: first_fit/best_fit open bins, oldest first; each a tuple of pieces
+            ``(record, start, end)``.
+        stream: wrap's pending pieces in order (the first may start mid-document).
+        pool: best_fit_wrap candidates ``(record, start, end, arrival)`` in arrival order.
+        arrivals: best_fit_wrap's count of candidates ever added (ages are measured in it).
+        rows, tokens, padding_tokens: outputs emitted, their real tokens and their padding.
+        empty_records: records without tokens (nothing to pack; counted).
+        oversized_dropped_records, oversized_dropped_tokens: ``oversized="drop"``.
+        truncated_records, truncated_tokens: ``oversized="truncate"`` (tokens cut off).
+        split_records: documents longer than ``max_length`` spread over several rows.
+        tail_dropped_tokens: uncapped flat wrap without ``pad_token_id``: the end-of-data remainder.
+    """
+
+    bins: tuple[tuple[tuple[Record, int, int], ...], ...] = ()
+    stream: tuple[tuple[Record, int, int], ...] = ()
+    pool: tuple[tuple[Record, int, int, int], ...] = ()
+    arrivals: int = 0
+    rows: int = 0
+    tokens: int = 0
+    padding_tokens: int = 0
+    empty_records: int = 0
+    oversized_dropped_records: int = 0
+    oversized_dropped_tokens: int = 0
+    truncated_records: int = 0
+    truncated_tokens: int = 0
+    split_records: int = 0
+    tail_dropped_tokens: int = 0
+
+
+_COUNTERS = tuple(n for n in PackState.__struct_fields__ if n not in ("bins", "stream", "pool", "arrivals"))
+
+
+class _Pool:
+    """best_fit_wrap's candidates: sorted by ``(length, arrival)`` and by arrival (for ages)."""
+
+    __slots__ = ("live", "keys", "order", "total", "arrivals", "max_age")
+
+    def __init__(self, items: Sequence[tuple], arrivals: int, max_age: int):
+        self.live = {arr: (rec, a, b) for rec, a, b, arr in items}  # insertion order = arrival order
+        self.keys = sorted((b - a, arr) for _, a, b, arr in items)
+        self.order = deque(arr for *_, arr in items)
+        self.total = sum(b - a for _, a, b, _ in items)
+        self.arrivals = arrivals
+        self.max_age = max_age
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def add(self, rec: Record, a: int, b: int) -> None:
+        self.arrivals += 1
+        self.live[self.arrivals] = (rec, a, b)
+        insort(self.keys, (b - a, self.arrivals))
+        self.order.append(self.arrivals)
+        self.total += b - a
+
+    def _take(self, length: int, arr: int) -> Piece:
+        del self.keys[bisect_left(self.keys, (length, arr))]
+        self.total -= length
+        return self.live.pop(arr)
+
+    def build(self, max_length: int, cap: int | None) -> list[Piece]:
+        """One bin: overdue candidates, then largest fits, then one split of the shortest."""
+        pieces: list[Piece] = []
+        gap = max_length
+        limit = len(self.live) if cap is None else min(len(self.live), cap)
+        while gap > 0 and len(pieces) < limit:
+            while self.order[0] not in self.live:
+                self.order.popleft()
+            arr = self.order[0]
+            rec, a, b = self.live[arr]
+            # Largest-first selection can pass over a candidate forever; age bounds its wait.
+            if self.arrivals - arr <= self.max_age or b - a > gap:
+                break
+            gap -= b - a
+            pieces.append(self._take(b - a, arr))
+        while gap > 0 and len(pieces) < limit:
+            i = bisect_left(self.keys, (gap + 1, -1))
+            if i:
+                length = self.keys[i - 1][0]
+                length, arr = self.keys[bisect_left(self.keys, (length, -1))]  # earliest of that length
+                gap -= length
+                pieces.append(self._take(length, arr))
+                continue
+            length, arr = self.keys[0]  # nothing fits: split the shortest (earliest on ties)
+            rec, a, b = self.live[arr]
+            # Cut the end that severs fewer tokens from a document's prefix; a suffix only splits forward.
+            if a == 0 and gap < length - gap:
+                pieces.append((rec, b - gap, b))
+                self.live[arr] = (rec, a, b - gap)
+            else:
+                pieces.append((rec, a, a + gap))
+                self.live[arr] = (rec, a + gap, b)
+            del self.keys[0]
+            insort(self.keys, (length - gap, arr))
+            self.total -= gap
+            gap = 0
+        return pieces
+
+    def drain(self) -> list[Piece]:
+        pieces = list(self.live.values())
+        self.live.clear()
+        self.keys.clear()
+        self.order.clear()
+        self.total = 0
+        return pieces
+
+    def freeze(self) -> tuple:
+        return tuple((rec, a, b, arr) for arr, (rec, a, b) in self.live.items())
+
+
+class _Work:
+    """The mutable working copy of a :class:`PackState` during one ``step`` or ``flush``."""
+
+    __slots__ = ("bins", "stream", "head", "avail", "pool", "counts")
+
+    def __init__(self, state: PackState, max_age: int):
+        self.bins = [[list(b), sum(e - s for _, s, e in b)] for b in state.bins]
+        self.stream = [list(p) for p in state.stream]
+        self.head = 0
+        self.avail = sum(e - s for _, s, e in state.stream)
+        self.pool = _Pool(state.pool, state.arrivals, max_age)
+        self.counts = {n: getattr(state, n) for n in _COUNTERS}
+
+    def freeze(self) -> PackState:
+        return PackState(
+            bins=tuple(tuple(b[0]) for b in self.bins),
+            stream=tuple(tuple(p) for p in self.stream[self.head :]),
+            pool=self.pool.freeze(),
+            arrivals=self.pool.arrivals,
+            **self.counts,
+        )
+
+
+@attrs.frozen
+class _Packer(Operator):
+    """The packing engine shared by :class:`PackFlat` and :class:`PackSequences`."""
+
+    max_length: int = attrs.field(metadata={"data": True})
+    algorithm: Literal["first_fit", "best_fit", "wrap", "best_fit_wrap"] = _data("wrap")
+    num_bins: int | None = _data(None)
+    max_sequences_per_bin: int | None = _data(None)
+    min_sequence_length: int = _data(1)
+    oversized: Literal["split", "drop", "truncate", "error"] | None = _data(None)
+    # Its meaning is carried into ``oversized`` on construction, so it does not decide data twice.
+    drop_oversized: bool | None = _data(None, data=False)
+    candidate_pool_size: int | None = _data(None)
+    max_candidate_age: int | None = _data(None)
+    tokens_field: str = _data("auto")
+    pad_token_id: int | None = _data(None)
+
+    state_type: ClassVar[type] = PackState
+    flat: ClassVar[bool] = True
+
+    # -- configuration ----------------------------------------------------------------------------------
+    def __attrs_post_init__(self) -> None:
+        k, alg = self.kind, self.algorithm
+        if not _is_int(self.max_length) or self.max_length < 1:
+            raise ValueError(f"{k}: max_length must be an int >= 1, got {self.max_length!r}")
+        if alg not in ALGORITHMS:
+            raise ValueError(f"{k}: unknown algorithm {alg!r}; choose one of {', '.join(map(repr, ALGORITHMS))}")
+        if alg in _WHOLE:
+            if self.num_bins is None:
+                raise ValueError(
+                    f"{k}: algorithm={alg!r} needs num_bins, how many bins stay open at once (more bins pack "
+                    f"tighter and hold more documents in the state); e.g. {k}({self.max_length}, algorithm={alg!r}, "
+                    "num_bins=8, ...)"
+                )
+            if not _is_int(self.num_bins) or self.num_bins < 1:
+                raise ValueError(f"{k}: num_bins must be an int >= 1, got {self.num_bins!r}")
+        elif self.num_bins is not None:
+            raise ValueError(
+                f"{k}: num_bins does not apply to algorithm={alg!r}, which keeps no open bins; omit num_bins "
+                "(or use algorithm='first_fit'/'best_fit')"
+            )
+        cap = self.max_sequences_per_bin
+        if cap is not None and (not _is_int(cap) or cap < 1):
+            raise ValueError(f"{k}: max_sequences_per_bin must be an int >= 1 or None, got {cap!r}")
+        if not _is_int(self.min_sequence_length) or self.min_sequence_length < 0:
+            raise ValueError(f"{k}: min_sequence_length must be an int >= 0, got {self.min_sequence_length!r}")
+        if alg not in _WHOLE and self.min_sequence_length != 1:
+            raise ValueError(
+                f"{k}: min_sequence_length only applies to first_fit/best_fit (a bin closes once less room than it "
+                f"remains); algorithm={alg!r} fills rows exactly, so leave it at 1"
+            )
+        if alg == "best_fit_wrap":
+            pool = 1024 if self.candidate_pool_size is None else self.candidate_pool_size
+            if not _is_int(pool) or pool < 1:
+                raise ValueError(f"{k}: candidate_pool_size must be an int >= 1, got {pool!r}")
+            age = 8 * pool if self.max_candidate_age is None else self.max_candidate_age
+            if not _is_int(age) or age < 1:
+                raise ValueError(f"{k}: max_candidate_age must be an int >= 1, got {age!r}")
+            object.__setattr__(self, "candidate_pool_size", pool)
+            object.__setattr__(self, "max_candidate_age", age)
+        else:
+            for name in ("candidate_pool_size", "max_candidate_age"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{k}: {name} only applies to algorithm='best_fit_wrap'; omit it for {alg!r}")
+        object.__setattr__(self, "oversized", self._resolve_oversized())
+        if not isinstance(self.tokens_field, str) or not self.tokens_field:
+            raise ValueError(f"{k}: tokens_field must be a field name or 'auto', got {self.tokens_field!r}")
+        pad = self.pad_token_id
+        if pad is not None and (not _is_int(pad) or pad < 0):
+            raise ValueError(f"{k}: pad_token_id must be a non-negative int or None, got {pad!r}")
+        self._check_output()
+
+    def _resolve_oversized(self) -> str:
+        k, alg, drop = self.kind, self.algorithm, self.drop_oversized
+        if drop is not None and not isinstance(drop, bool):
+            raise ValueError(f"{k}: drop_oversized must be True, False or None, got {drop!r}")
+        if drop is True and alg not in _WHOLE:
+            raise ValueError(
+                f"{k}: drop_oversized=True is not allowed with algorithm={alg!r}, which splits long documents "
+                "across rows; to discard them anyway pass oversized='drop'"
+            )
+        # Zephon's drop_oversized: first/best drop (True) or raise (False); the wrap kinds always split.
+        alias = None if drop is None else ("drop" if drop else ("error" if alg in _WHOLE else "split"))
+        if self.oversized is not None and self.oversized not in OVERSIZED:
+            raise ValueError(f"{k}: oversized must be one of {', '.join(map(repr, OVERSIZED))}, got {self.oversized!r}")
+        if alias is not None and self.oversized is not None and alias != self.oversized:
+            raise ValueError(
+                f"{k}: drop_oversized={drop} means oversized={alias!r} but oversized={self.oversized!r} was also "
+                "given; pass only oversized="
+            )
+        return self.oversized or alias or ("drop" if alg in _WHOLE else "split")
+
+    def _check_output(self) -> None:
+        raise NotImplementedError
+
+    def init(self, key: int) -> PackState:
+        return PackState()
+
+    # -- stepping -----------------------------------------------------------------------------------------
+    def step(self, state: PackState, chunk: Sequence[Record]) -> tuple[PackState, list[Record]]:
+        w = _Work(state, self.max_candidate_age or 0)
+        out: list[Record] = []
+        place = getattr(self, "_place_" + self.algorithm)
+        for rec in chunk:
+            for piece in self._admit(rec, w):
+                place(w, piece, out)
+        return w.freeze(), out
+
+    def flush(self, state: PackState) -> tuple[PackState, list[Record]]:
+        w = _Work(state, self.max_candidate_age or 0)
+        out: list[Record] = []
+        L, cap = self.max_length, self.max_sequences_per_bin
+        for pieces, _ in w.bins:  # oldest first
+            self._close(w, pieces, out)
+        w.bins = []
+        tail = [tuple(p) for p in w.stream[w.head :]]
+        w.stream, w.head, w.avail = [], 0, 0
+        if tail:
+            if cap is None and self.flat and self.pad_token_id is None:
+                w.counts["tail_dropped_tokens"] += sum(e - s for _, s, e in tail)
+            else:
+                self._close(w, tail, out)
+        pool = w.pool
+        while pool.total >= L or (cap is not None and len(pool) > cap):
+            self._close(w, pool.build(L, cap), out)
+        if len(pool):
+            self._close(w, pool.drain(), out)
+        return w.freeze(), out
+
+    def _measure(self, rec: Record) -> int:
+        field = token_field_of(rec.payload, self.tokens_field, self.kind)
+        segs = rec.meta.segments
+        if len(segs) != 1 or segs[0].end != -1:
+            raise ValueError(
+                f"{self.kind}: inputs must be whole documents, but a record built from {len(segs)} segment(s) "
+                f"{[tuple(s) for s in segs[:2]]} arrived; put {self.kind} before other packers"
+            )
+        return len(rec.payload[field])
+
+    def _admit(self, rec: Record, w: _Work) -> list[Piece]:
+        """The pieces of ``rec`` to pack, after the empty and oversized policies (all counted)."""
+        n, L, c = self._measure(rec), self.max_length, w.counts
+        if n == 0:
+            c["empty_records"] += 1
+            return []
+        if n <= L:
+            return [(rec, 0, n)]
+        policy = self.oversized
+        if policy == "split":
+            c["split_records"] += 1
+            if self.algorithm == "wrap":
+                return [(rec, 0, n)]  # the stream cuts it where the rows fall
+            return [(rec, a, min(a + L, n)) for a in range(0, n, L)]
+        if policy == "truncate":
+            c["truncated_records"] += 1
+            c["truncated_tokens"] += n - L
+            return [(rec, 0, L)]
+        if policy == "drop":
+            c["oversized_dropped_records"] += 1
+            c["oversized_dropped_tokens"] += n
+            return []
+        raise ValueError(
+            f"{self.kind}: document {rec.meta.segments[0].sample} has {n} tokens, more than max_length={L}; "
+            "pass oversized='split' (keep every token in max_length pieces), 'truncate' (keep the first "
+            "max_length, count the rest) or 'drop' (count and skip it)"
+        )
+
+    def _full(self, pieces: list, used: int) -> bool:
+        cap = self.max_sequences_per_bin
+        return self.max_length - used < self.min_sequence_length or (cap is not None and len(pieces) >= cap)
+
+    def _place_first_fit(self, w: _Work, piece: Piece, out: list) -> None:
+        m = piece[2] - piece[1]
+        for i, b in enumerate(w.bins):
+            if self.max_length - b[1] >= m:
+                self._add(w, i, piece, m, out)
+                return
+        self._open(w, piece, m, out)
+
+    def _place_best_fit(self, w: _Work, piece: Piece, out: list) -> None:
+        m, best, chosen = piece[2] - piece[1], self.max_length + 1, -1
+        for i, b in enumerate(w.bins):
+            room = self.max_length - b[1]
+            if m <= room < best:  # strict: ties go to the first such bin
+                best, chosen = room, i
+        if chosen >= 0:
+            self._add(w, chosen, piece, m, out)
+        else:
+            self._open(w, piece, m, out)
+
+    def _add(self, w: _Work, i: int, piece: Piece, m: int, out: list) -> None:
+        b = w.bins[i]
+        b[0].append(piece)
+        b[1] += m
+        if self._full(b[0], b[1]):
+            del w.bins[i]
+            self._close(w, b[0], out)
+
+    def _open(self, w: _Work, piece: Piece, m: int, out: list) -> None:
+        if self._full([piece], m):
+            self._close(w, [piece], out)  # full on its own: emitted without evicting another bin
+            return
+        while len(w.bins) >= self.num_bins:
+            self._close(w, w.bins.pop(0)[0], out)  # evict the oldest open bin
+        w.bins.append([[piece], m])
+
+    def _place_wrap(self, w: _Work, piece: Piece, out: list) -> None:
+        w.stream.append(list(piece))
+        w.avail += piece[2] - piece[1]
+        L, cap = self.max_length, self.max_sequences_per_bin
+        stream = w.stream
+        while w.avail >= L or (cap is not None and len(stream) - w.head >= cap):
+            need, head, pieces = L, w.head, []
+            limit = len(stream) - head if cap is None else min(len(stream) - head, cap)
+            while need and len(pieces) < limit:
+                item = stream[head]
+                rec, s, e = item
+                take = min(e - s, need)
+                pieces.append((rec, s, s + take))
+                need -= take
+                if s + take == e:
+                    head += 1
+                else:
+                    item[1] = s + take
+            w.head = head
+            w.avail -= L - need
+            self._close(w, pieces, out)
+        if w.head > 64:
+            del stream[: w.head]
+            w.head = 0
+
+    def _place_best_fit_wrap(self, w: _Work, piece: Piece, out: list) -> None:
+        rec, a, b = piece
+        L, cap, pool = self.max_length, self.max_sequences_per_bin, w.pool
+        if b - a == L:
+            self._close(w, [piece], out)  # a full window goes out directly
+            return
+        pool.add(rec, a, b)
+        while len(pool) >= self.candidate_pool_size and (pool.total >= L or (cap is not None and len(pool) >= cap)):
+            self._close(w, pool.build(L, cap), out)
+
+    def _close(self, w: _Work, pieces: list, out: list) -> None:
+        used = sum(e - s for _, s, e in pieces)
+        padding = self.max_length - used if self.flat else 0
+        out.append(self._row(pieces, pieces[0][0].meta.lane, padding))
+        c = w.counts
+        c["rows"] += 1
+        c["tokens"] += used
+        c["padding_tokens"] += padding
+
+    # -- rows -----------------------------------------------------------------------------------------------
+    def _row(self, pieces: Sequence[Piece], lane: int, padding: int) -> Record:
+        """The output record of one bin; ``step``, ``flush`` and ``rebuild`` all build rows here."""
+        segments = tuple(rec.meta.segments[0]._replace(start=a, end=b) for rec, a, b in pieces)
+        return Record(self._payload(pieces, padding), Meta(lane, segments, padding))
+
+    def _payload(self, pieces: Sequence[Piece], padding: int) -> Any:
+        raise NotImplementedError
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def rebuild(self, refs: Sequence[Meta], upstream: Resolver) -> list[Record]:
+        wanted = list(dict.fromkeys(Meta(m.lane, (s._replace(start=0, end=-1),), 0) for m in refs for s in m.segments))
+        docs = {r.meta.segments[0].sample: r for r in upstream(wanted)}
+        return [self._row([(docs[s.sample], s.start, s.end) for s in m.segments], m.lane, m.padding_length) for m in refs]
+
+    def report(self, state: PackState) -> dict[str, int]:
+        """Counters: rows, real and padding tokens, and every token not emitted, by cause.
+
+        ``dropped_tokens`` is the sum of the three causes (oversized drops, truncation cuts and
+        an unpadded wrap remainder); input tokens = ``tokens + dropped_tokens + pending_tokens``.
+        """
+        pending = (
+            sum(e - s for b in state.bins for _, s, e in b)
+            + sum(e - s for _, s, e in state.stream)
+            + sum(e - s for _, s, e, _ in state.pool)
+        )
+        return {
+            "rows": state.rows,
+            "tokens": state.tokens,
+            "padding_tokens": state.padding_tokens,
+            "dropped_tokens": state.oversized_dropped_tokens + state.truncated_tokens + state.tail_dropped_tokens,
+            "dropped_empty_records": state.empty_records,
+            "dropped_oversized_records": state.oversized_dropped_records,
+            "dropped_oversized_tokens": state.oversized_dropped_tokens,
+            "truncated_records": state.truncated_records,
+            "truncated_tokens": state.truncated_tokens,
+            "split_records": state.split_records,
+            "dropped_tail_tokens": state.tail_dropped_tokens,
+            "pending_tokens": pending,
+        }
+
+
+_COMMON_DOC = """
+    Algorithms (Zephon 0.2.0's semantics; Zephon defaults to ``first_fit``, zephon to ``wrap``):
+
+    - ``first_fit``: each document goes into the first open bin with room for it, else into a new
+      bin. Before a new bin opens while ``num_bins`` are open, the oldest open bin is emitted. A
+      bin is emitted as soon as its free room drops below ``min_sequence_length`` (1: exactly
+      full) or it holds ``max_sequences_per_bin`` documents; a document that fills a new bin on
+      its own is emitted at once, evicting nothing.
+    - ``best_fit``: the same, into the open bin with the least room that still fits (the first
+      such bin on ties).
+    - ``wrap``: one token stream, cut into consecutive rows of exactly ``max_length``; documents
+      span rows. With ``max_sequences_per_bin`` (capped wrap) a row also closes when it holds
+      that many pieces, short of ``max_length``.
+    - ``best_fit_wrap``: a document first emits its full ``max_length`` windows directly; its
+      remainder joins a pool of candidates. Once the pool holds ``candidate_pool_size``
+      candidates and either ``max_length`` tokens or ``max_sequences_per_bin`` candidates, a
+      row is built: candidates waiting more than ``max_candidate_age`` arrivals go first (oldest
+      first, while they fit), then the largest candidate that fits (earliest on ties),
+      repeatedly; if none fits, the shortest is split to fill the row exactly, cut from its tail
+      when it starts its document and the gap is less than half of it, else from its head (at
+      most one split per row, so a suffix may be emitted before its prefix).
+
+    Nothing is flushed at chunk boundaries: open bins, the wrap remainder and the pool wait in the
+    state, and only ``flush`` (the end of the data) closes them: open bins oldest first, full
+    best_fit_wrap rows while possible, then one last partial row with everything left.
+
+    Documents longer than ``max_length`` follow ``oversized``: ``"split"`` (first/best fit:
+    ``max_length`` pieces, each its own item, the last one packed like any document; wrap: the
+    stream cuts it; best_fit_wrap: full windows plus a candidate), ``"truncate"`` (keep the first
+    ``max_length`` tokens), ``"drop"`` or ``"error"``. Defaults: ``"drop"`` for first/best fit
+    (Zephon's ``drop_oversized=True``), ``"split"`` for the wrap kinds. Every dropped or cut token
+    is counted in :meth:`report`; empty documents are counted too.
+"""
+
+
+@attrs.frozen
+class PackFlat(_Packer):
+    """Pack documents into flat training rows of exactly ``max_length`` tokens.
+
+    Args:
+        max_length: tokens per row (pack ``context + 1`` when labels are shifted for training).
+        algorithm: ``"wrap"`` (default), ``"first_fit"``, ``"best_fit"`` or ``"best_fit_wrap"``.
+        num_bins: open bins; required for first_fit/best_fit, not allowed otherwise.
+        max_sequences_per_bin: the most pieces in a row (``None``: no limit).
+        min_sequence_length: first/best fit emit a bin whose free room is below this.
+        oversized: ``"split"``, ``"drop"``, ``"truncate"`` or ``"error"`` for documents longer
+            than ``max_length``; ``None`` picks the algorithm's default.
+        drop_oversized: Zephon's switch, kept as an alias: ``True`` is ``oversized="drop"``;
+            ``False`` is ``"error"`` for first/best fit and ``"split"`` for the wrap kinds.
+        candidate_pool_size: best_fit_wrap's pool size (default 1024).
+        max_candidate_age: best_fit_wrap's age limit in arrivals (default ``8 * pool``).
+        tokens_field: the token field, or ``"auto"`` (input_ids, tokens, token_ids, ids).
+        pad_token_id: fills the token field of rows shorter than ``max_length``; required for
+            first_fit, best_fit, best_fit_wrap and capped wrap. For uncapped wrap it only pads
+            the final remainder at the end of the data (``None``: that remainder is dropped and
+            counted as ``dropped_tail_tokens``).
+        emit_positions: add int32 ``positions`` restarting at 0 at every piece and at the
+            padding tail (document ids are ``cumsum(positions == 0) - 1``).
+    {common}
+    Output: the token field and every other 1-D array field of the same length (``loss_mask``
+    travels with its tokens), concatenated, padded with ``pad_token_id`` (other fields with 0);
+    ``positions``; ``meta.padding_length`` (what ``to_training`` masks). Other fields are left
+    out. :func:`packing_info` gives a row's number of sequences, real tokens and efficiency.
+
+    State: open bins, wrap remainder or candidate pool as ``(record, start, end)`` references
+    plus counters; outputs depend only on the order of the lane's documents (not on chunking);
+    restores exactly; per lane, so resharding moves states whole.
+
+    Raises:
+        ValueError: for settings that contradict each other (see each argument), an oversized
+            document under ``oversized="error"``, missing or misaligned token fields, fields that
+            differ between the documents of a row, an existing ``positions`` field, or a pad
+            value that does not fit the field's dtype.
+
+    Examples:
+        >>> import numpy as np
+        >>> from zephon.testing import run
+        >>> from zephon.types import Meta, Record, Segment
+        >>> docs = [Record({"input_ids": np.arange(n)}, Meta(0, (Segment(0, 0, i, 0, 0, -1),)))
+        ...         for i, n in enumerate([3, 5, 2, 7])]
+        >>> op = PackFlat(8, algorithm="first_fit", num_bins=2, pad_token_id=0)
+        >>> _, rows = run(op, [docs])
+        >>> [[(s.row, s.end - s.start) for s in r.meta.segments] for r in rows]
+        [[(0, 3), (1, 5)], [(2, 2)], [(3, 7)]]
+        >>> rows[1].payload["positions"].tolist()
+        [0, 1, 0, 1, 2, 3, 4, 5]
+        >>> packing_info(rows[2])
+        {'num_sequences': 1, 'total_length': 7, 'packing_efficiency': 0.875, 'padding_length': 1}
+    """
+
+    emit_positions: bool = _data(True)
+
+    kind: ClassVar[str] = "pack_flat"
+    flat: ClassVar[bool] = True
+
+    def _check_output(self) -> None:
+        if not isinstance(self.emit_positions, bool):
+            raise ValueError(f"pack_flat: emit_positions must be True or False, got {self.emit_positions!r}")
+        capped = self.max_sequences_per_bin is not None
+        if self.pad_token_id is None and (self.algorithm != "wrap" or capped):
+            why = "capped wrap closes rows short of" if self.algorithm == "wrap" else f"algorithm={self.algorithm!r} pads partial bins to"
+            raise ValueError(
+                f"pack_flat: {why} max_length, so pad_token_id is required (any id the model can embed: padding is "
+                "masked by position through meta.padding_length); e.g. pad_token_id=0, or the tokenizer's pad/EOS id"
+            )
+
+    def _payload(self, pieces: Sequence[Piece], padding: int) -> dict[str, Any]:
+        first = pieces[0][0].payload
+        tfield = token_field_of(first, self.tokens_field, self.kind)
+        keys = _aligned_keys(first, tfield, self.kind)
+        columns: dict[str, list] = {k: [] for k in keys}
+        for rec, a, b in pieces:
+            p = rec.payload
+            if p is not first:
+                other = _aligned_keys(p, token_field_of(p, self.tokens_field, self.kind), self.kind)
+                if set(other) != set(keys):
+                    raise ValueError(
+                        f"pack_flat: documents in one row have different token-aligned fields: {sorted(keys)} vs "
+                        f"{sorted(other)} (document {rec.meta.segments[0].pointer}); give every document the same fields"
+                    )
+            if self.emit_positions and "positions" in p:
+                raise ValueError("pack_flat: payload already has 'positions'; rename it or pass emit_positions=False")
+            for k in keys:
+                columns[k].append(np.asarray(p[k][a:b]))
+        payload: dict[str, Any] = {}
+        for k in keys:
+            arr = np.concatenate(columns[k])
+            if padding:
+                fill = self.pad_token_id if k == tfield else 0
+                if arr.dtype.kind in "iu" and not np.iinfo(arr.dtype).min <= fill <= np.iinfo(arr.dtype).max:
+                    raise ValueError(
+                        f"pack_flat: pad value {fill} does not fit field {k!r} of dtype {arr.dtype}; "
+                        "choose a pad_token_id inside the dtype's range or widen the dtype"
+                    )
+                arr = np.concatenate([arr, np.full(padding, fill, dtype=arr.dtype)])
+            payload[k] = arr
+        if self.emit_positions:
+            payload["positions"] = _positions([b - a for _, a, b in pieces] + ([padding] if padding else []))
+        return payload
+
+
+@attrs.frozen
+class PackSequences(_Packer):
+    """Pack documents into bins, emitted as envelopes ``{"packed_samples": [payload, ...]}``.
+
+    Same arguments and algorithms as :class:`PackFlat` (``algorithm`` defaults to ``"wrap"``
+    here too), without ``emit_positions``; ``pad_token_id`` is not allowed (envelopes are never
+    padded). For users who build their own tensors; ``to_training`` takes ``pack_flat`` rows.
+    {common}
+    Output: one envelope per bin. A piece that covers its whole document is that document's
+    payload unchanged (every field kept); a piece of a document is a dict of its token field and
+    token-aligned fields, sliced. ``meta.segments`` lists the pieces; ``padding_length`` is 0.
+    Unlike Zephon, uncapped wrap keeps its end-of-data remainder as a last, shorter envelope.
+
+    State, restore and resharding: as :class:`PackFlat`.
+
+    Examples:
+        >>> import numpy as np
+        >>> from zephon.testing import run
+        >>> from zephon.types import Meta, Record, Segment
+        >>> docs = [Record({"input_ids": np.arange(n), "id": i}, Meta(0, (Segment(0, 0, i, 0, 0, -1),)))
+        ...         for i, n in enumerate([3, 5, 2])]
+        >>> _, envs = run(PackSequences(4), [docs])
+        >>> for env in envs:
+        ...     print([(sorted(p), p["input_ids"].tolist()) for p in env.payload["packed_samples"]])
+        [(['id', 'input_ids'], [0, 1, 2]), (['input_ids'], [0])]
+        [(['input_ids'], [1, 2, 3, 4])]
+        [(['id', 'input_ids'], [0, 1])]
+    """
+
+    kind: ClassVar[str] = "pack_sequences"
+    flat: ClassVar[bool] = False
+
+    def _check_output(self) -> None:
+        if self.pad_token_id is not None:
+            raise ValueError(
+                "pack_sequences: pad_token_id does not apply: envelopes keep documents apart and are never padded; "
+                "omit it, or use pack_flat for fixed-length padded rows"
+            )
+
+    def _payload(self, pieces: Sequence[Piece], padding: int) -> dict[str, Any]:
+        samples = []
+        for rec, a, b in pieces:
+            p = rec.payload
+            tfield = token_field_of(p, self.tokens_field, self.kind)
+            if a == 0 and b == len(p[tfield]):
+                samples.append(p)
+            else:
+                samples.append({k: _slice(p[k], a, b) for k in _aligned_keys(p, tfield, self.kind, skip_positions=False)})
+        return {"packed_samples": samples}
+
+
+PackFlat.__doc__ = PackFlat.__doc__.replace("{common}", _COMMON_DOC)
+PackSequences.__doc__ = PackSequences.__doc__.replace("{common}", _COMMON_DOC)
+
+
+def packing_info(record: Record, max_length: int | None = None) -> dict[str, Any]:
+    """Packing metadata of an output of ``pack_flat`` or ``pack_sequences``, read from its meta.
+
+    Args:
+        record: a packed row (or envelope).
+        max_length: the packer's ``max_length``; for ``pack_flat`` rows it defaults to the row
+            length (real tokens plus padding); ``pack_sequences`` envelopes need it.
+
+    Returns:
+        ``num_sequences`` (pieces), ``total_length`` (real tokens), ``packing_efficiency``
+        (``total_length / max_length``) and ``padding_length`` (``None`` for envelopes), the
+        fields of Zephon's ``_packing_metadata``.
+
+    Raises:
+        ValueError: for an envelope without ``max_length``, or a record that is not packed.
+    """
+    meta = record.meta
+    if any(s.end < 0 for s in meta.segments):
+        raise ValueError("packing_info: the record is not an output of pack_flat or pack_sequences (no token ranges)")
+    envelope = isinstance(record.payload, dict) and "packed_samples" in record.payload
+    total = meta.num_tokens
+    if max_length is None:
+        if envelope:
+            raise ValueError("packing_info: pass max_length= for pack_sequences envelopes (they are not padded to it)")
+        max_length = total + meta.padding_length
+    return {
+        "num_sequences": len(meta.segments),
+        "total_length": total,
+        "packing_efficiency": total / max_length,
+        "padding_length": None if envelope else meta.padding_length,
+    }
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

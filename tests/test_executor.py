@@ -1,0 +1,107 @@
+"""Worker processes: same batches for any worker count, exact checkpoints, loud failures."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from _util import fail_on_row_7, toy_dataset, toy_pipeline
+from zephon import Pipeline, WorkerError
+from zephon.testing import outputs_equal
+from zephon.work import StaticMixtureWorkSource
+
+
+def finite(lanes, workers, **kw):
+    return toy_pipeline(lanes, workers=workers, policy=None, **kw)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 5])
+def test_worker_count_never_changes_the_batches(workers):
+    assert outputs_equal(list(finite(4, 0)), list(finite(4, workers)))
+
+
+def test_checkpoint_while_workers_run_ahead_covers_only_what_was_received():
+    reference = list(finite(3, 0))
+    pipe = finite(3, 2, prefetch=8)
+    it = iter(pipe)
+    got = [next(it) for _ in range(7)]
+    time.sleep(0.3)  # let the workers run ahead
+    ckpt = pipe.checkpoint()
+    assert {k: v["delivered"] for k, v in ckpt["lanes"].items()} == {"0": 3, "1": 2, "2": 2}
+    rest = list(finite(3, 0).restore(ckpt))
+    assert outputs_equal(got + rest, reference)
+    pipe.close()
+
+
+def test_restore_into_workers():
+    reference = list(finite(2, 0))
+    pipe = finite(2, 0)
+    it = iter(pipe)
+    for _ in range(5):
+        next(it)
+    assert outputs_equal(list(finite(2, 2).restore(pipe.checkpoint())), reference[5:])
+
+
+def test_checkpoint_after_the_end_with_workers():
+    pipe = finite(2, 2)
+    n = len(list(pipe))
+    ck = pipe.checkpoint()
+    assert sum(v["delivered"] for v in ck["lanes"].values()) == n
+    assert list(finite(2, 0).restore(ck)) == []
+    assert pipe.stats()["operators"]["pack_flat"]["rows"] > 0
+
+
+def _failing(workers):
+    src = StaticMixtureWorkSource([toy_dataset()], {"web": 1.0}, chunk_size=8, shuffle_shards=False)
+    return Pipeline(src).options(canonical_replicas=2, workers=workers).map(fail_on_row_7).batch(1)
+
+
+def test_exception_in_user_code_names_the_lane_and_cause():
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"lane [01] failed in a worker process: ValueError: row 7 is bad") as info:
+        list(_failing(2))
+    assert "raised by map on the record from dataset 0, shard 0, row 7" in str(info.value)
+    assert time.monotonic() - start < 30
+
+
+def test_same_exception_in_process():
+    with pytest.raises(ValueError, match="row 7 is bad") as info:
+        list(_failing(0))
+    assert any("shard 0, row 7" in note for note in info.value.__notes__)
+
+
+def test_killed_worker_is_reported_within_seconds_and_nothing_is_left_behind():
+    pipe = toy_pipeline(2, workers=2)
+    it = iter(pipe)
+    next(it)
+    procs = list(pipe._iterator.executor.procs)
+    os.kill(procs[1].pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"lanes \[1\] was killed by signal 9"):
+        for _ in range(10_000):
+            next(it)
+    assert time.monotonic() - start < 5
+    for p in procs:
+        p.join(timeout=5)
+        assert not p.is_alive()
+
+
+def test_close_and_context_manager_stop_workers():
+    with toy_pipeline(2, workers=2) as pipe:
+        it = iter(pipe)
+        next(it)
+        procs = list(pipe._iterator.executor.procs)
+    for p in procs:
+        p.join(timeout=5)
+        assert not p.is_alive()
+
+
+def test_lambdas_with_workers_get_a_clear_error():
+    pipe = Pipeline([{"a": 1}]).options(workers=1).map(lambda p: p)
+    with pytest.raises(TypeError, match="module-level function"):
+        iter(pipe)
+
+
+def test_num_workers_alias():
+    assert Pipeline([{"a": 1}]).options(num_workers=3)._options.workers == 3

@@ -1,0 +1,44 @@
+"""Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="zephon", description="Deterministic, elastic LLM data loading.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run a demo pipeline on a generated corpus with a locally trained tokenizer")
+    demo.add_argument("--lanes", type=int, default=4)
+    demo.add_argument("--workers", type=int, default=0)
+    ledger = sub.add_parser("ledger", help="batch ledgers")
+    lsub = ledger.add_subparsers(dest="ledger_command", required=True)
+    d = lsub.add_parser("diff", help="first step and lane where two ledgers diverge")
+    d.add_argument("a", help="a ledger file or a directory of per-rank ledger files")
+    d.add_argument("b")
+    show = lsub.add_parser("show", help="print the global digest of every complete step")
+    show.add_argument("path")
+    args = parser.parse_args(argv)
+
+    if args.command == "demo":
+        from ._demo import run_demo
+
+        return run_demo(lanes=args.lanes, workers=args.workers)
+    from . import ledger as L
+
+    try:
+        if args.ledger_command == "diff":
+            result = L.diff(args.a, args.b)
+            print(result)
+            return 0 if result.match else 1
+        for step, digest in L.global_digests(L.read_ledger(args.path)).items():
+            print(step, digest)
+        return 0
+    except (OSError, ValueError) as exc:
+        print(f"zephon ledger: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1184 @@
+"""Chat and prompt/completion tokenization: conversations to ``input_ids`` and an aligned ``loss_mask``.
+
+:class:`TokenizeChat` renders a conversation with a Jinja chat template in the Hugging Face form
+and marks the tokens the model must learn to produce: the assistant turns, their end-of-turn token
+included. Where those turns are in the rendered text comes from one of two span sources:
+
+* ``{% generation %}...{% endgeneration %}`` blocks in the template (as transformers'
+  ``return_assistant_tokens_mask``): the extension records the character span of each block while
+  the template renders, and the span is checked against the rendered text afterwards;
+* prefix rendering, for templates without such blocks: for an assistant message ``i``, the text of
+  ``messages[:i]`` with the generation prompt and the text of ``messages[:i + 1]`` must both start
+  the full conversation's text, and the difference between them (whitespace after the turn's end
+  token left out) is the reply. Templates that ignore ``add_generation_prompt`` are rejected,
+  because the assistant header would then be taken for part of the reply.
+
+Character spans become token masks through the tokenizer's own character offsets, from one
+``encode_batch`` call over the whole chunk: the conversation is tokenized as one text, exactly as it
+is trained on, never message by message. A token is supervised when its characters overlap a span.
+
+:class:`TokenizePromptCompletion` handles ``{"prompt": ..., "completion": ...}`` records: prompt
+tokens are kept with mask 0, completion tokens (and the EOS, when added) get mask 1.
+
+In both, ``loss_mask`` is unshifted and aligned with ``input_ids`` (1 on a token means "learn to
+produce this token"), and the first token of a record is never a target: in a packed row the token
+before it belongs to another document.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+import attrs
+import numpy as np
+
+from ._core import StatelessOp
+from ._tokenizer import BACKENDS, TokenizerHandle, load_tokenizer
+
+__all__ = [
+    "BUILTIN_TEMPLATES",
+    "CHATML_TEMPLATE",
+    "EMPTY_MASK_MODES",
+    "LLAMA3_TEMPLATE",
+    "LOSS_SCOPES",
+    "SPAN_SOURCES",
+    "TokenizeChat",
+    "TokenizePromptCompletion",
+    "has_generation_tags",
+    "render_chat",
+    "strip_generation_tags",
+]
+
+logger = logging.getLogger("zephon")
+
+#: Values of ``loss_scope``.
+LOSS_SCOPES = ("assistant", "last_assistant", "all")
+#: Values of ``span_source``.
+SPAN_SOURCES = ("auto", "generation_tags", "prefix")
+#: Values of ``empty_mask``.
+EMPTY_MASK_MODES = ("error", "drop")
+_SPECIAL_TOKEN_MODES = ("bos_eos", "bos", "eos", "none")
+
+# The variable through which a render passes its span recorder to the generation extension. It
+# lives in the render's own context, so one compiled template serves concurrent renders.
+_RECORDER = "_zephon_generation_recorder"
+#: Render variables a template receives from the operator; chat_template_kwargs cannot set them.
+RESERVED_KWARGS = frozenset(
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception", _RECORDER}
+)
+
+# -- built-in templates -------------------------------------------------------------------------------
+# Every tag and expression strips the whitespace before it ({%- / {{-), so only the quoted strings
+# produce output and the layout of the source does not matter.
+
+#: ChatML as Qwen writes it: ``<|im_start|>role\n...<|im_end|>\n`` turns; tools listed in the system
+#: turn; tool calls as ``<tool_call>`` JSON inside the assistant turn; tool results as ``tool`` turns.
+CHATML_TEMPLATE = r"""
+{%- set has_system = messages and messages[0]['role'] == 'system' %}
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if has_system %}
+        {{- messages[0]['content'] + '\n\n' }}
+    {%- endif %}
+    {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\n' + (tool | tojson) }}
+    {%- endfor %}
+    {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{%- elif has_system %}
+    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message['role'] == 'system' %}
+        {%- if not loop.first %}
+            {{- raise_exception('chatml: a system message may only come first') }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- '<|im_start|>assistant\n' }}
+        {%- generation %}
+            {%- if message['content'] %}
+                {{- message['content'] }}
+            {%- endif %}
+            {%- for call in message['tool_calls'] or [] %}
+                {%- if call['function'] is defined %}
+                    {%- set call = call['function'] %}
+                {%- endif %}
+                {%- if message['content'] or not loop.first %}
+                    {{- '\n' }}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": ' + (call['name'] | tojson) + ', "arguments": ' }}
+                {%- if call['arguments'] is string %}
+                    {{- call['arguments'] }}
+                {%- else %}
+                    {{- call['arguments'] | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+            {{- '<|im_end|>' }}
+        {%- endgeneration %}
+        {{- '\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message['role'] + '\n' }}
+        {%- if message['content'] is string %}
+            {{- message['content'] }}
+        {%- elif message['content'] %}
+            {{- message['content'] | tojson }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+#: Llama 3 style: ``bos_token``, then ``<|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>``
+#: turns with trimmed contents; tools listed in the system turn; tool calls as
+#: ``{"name": ..., "parameters": ...}`` JSON; tool results as ``ipython`` turns.
+LLAMA3_TEMPLATE = r"""
+{{- bos_token }}
+{%- set has_system = messages and messages[0]['role'] == 'system' %}
+{%- if has_system or tools %}
+    {{- '<|start_header_id|>system<|end_header_id|>\n\n' }}
+    {%- if has_system %}
+        {{- messages[0]['content'] | trim }}
+    {%- endif %}
+    {%- if tools %}
+        {%- if has_system %}
+            {{- '\n\n' }}
+        {%- endif %}
+        {{- 'You have access to the following functions. To call a function, respond with JSON of the form {"name": function name, "parameters": dictionary of argument name and its value}.\n' }}
+        {%- for tool in tools %}
+            {{- '\n' + (tool | tojson) }}
+        {%- endfor %}
+    {%- endif %}
+    {{- '<|eot_id|>' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message['role'] == 'system' %}
+        {%- if not loop.first %}
+            {{- raise_exception('llama3: a system message may only come first') }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+        {%- generation %}
+            {%- if message['content'] %}
+                {{- message['content'] | trim }}
+            {%- endif %}
+            {%- for call in message['tool_calls'] or [] %}
+                {%- if call['function'] is defined %}
+                    {%- set call = call['function'] %}
+                {%- endif %}
+                {%- if message['content'] or not loop.first %}
+                    {{- '\n' }}
+                {%- endif %}
+                {{- '{"name": ' + (call['name'] | tojson) + ', "parameters": ' }}
+                {%- if call['arguments'] is string %}
+                    {{- call['arguments'] }}
+                {%- else %}
+                    {{- call['arguments'] | tojson }}
+                {%- endif %}
+                {{- '}' }}
+            {%- endfor %}
+            {{- '<|eot_id|>' }}
+        {%- endgeneration %}
+    {%- else %}
+        {%- set role = 'ipython' if message['role'] == 'tool' else message['role'] %}
+        {{- '<|start_header_id|>' + role + '<|end_header_id|>\n\n' }}
+        {%- if message['content'] is string %}
+            {{- message['content'] | trim }}
+        {%- elif message['content'] %}
+            {{- message['content'] | tojson }}
+        {%- endif %}
+        {{- '<|eot_id|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+
+#: Built-in templates by name (each with ``{% generation %}`` blocks; see :func:`strip_generation_tags`).
+BUILTIN_TEMPLATES: dict[str, str] = {"chatml": CHATML_TEMPLATE, "llama3": LLAMA3_TEMPLATE}
+
+_TAG = re.compile(r"\{%([-+]?)(\s*)(end)?generation(\s*)([-+]?)%\}")
+
+
+def strip_generation_tags(template: str) -> str:
+    """``template`` with its ``{% generation %}`` blocks turned into plain, always-true blocks.
+
+    The tags become ``{% if true %}`` / ``{% endif %}`` with the same whitespace controls, so the
+    rendered text is unchanged; only the span information is gone. Useful to check that prefix
+    rendering finds the same spans as the tags.
+
+    Args:
+        template: Jinja chat template text.
+
+    Returns:
+        The template text without generation tags.
+
+    Examples:
+        >>> strip_generation_tags("{%- generation %}{{ x }}{% endgeneration -%}")
+        '{%- if true %}{{ x }}{% endif -%}'
+    """
+
+    def replace(m: re.Match) -> str:
+        left, lspace, end, rspace, right = m.groups()
+        word = "endif" if end else "if true"
+        return "{%" + left + (lspace or " ") + word + (rspace or " ") + right + "%}"
+
+    return _TAG.sub(replace, template)
+
+
+def has_generation_tags(template: str) -> bool:
+    """Whether ``template`` holds a ``{% generation %}`` block (comments and strings do not count).
+
+    Raises:
+        ValueError: ``template`` is not valid Jinja.
+    """
+    jinja2 = _jinja()
+    try:
+        ast = _environment().parse(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"the chat template is not valid Jinja: {exc} (line {exc.lineno})") from exc
+    return any(node.name == "_record" for node in ast.find_all(jinja2.nodes.ExtensionAttribute))
+
+
+# -- rendering ------------------------------------------------------------------------------------------
+
+
+def _jinja():
+    try:
+        import jinja2
+        import jinja2.ext
+        import jinja2.nodes
+        import jinja2.sandbox
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "chat templates need jinja2, which is not installed; install it with pip install 'zephon[chat]'"
+        ) from exc
+    return jinja2
+
+
+class _Recorder:
+    """Collects, during one render, the output length so far and each generation block's text."""
+
+    __slots__ = ("length", "blocks")
+
+    def __init__(self) -> None:
+        self.length = 0
+        self.blocks: list[tuple[int, str]] = []
+
+
+_ENV_LOCK = threading.Lock()
+_ENV: dict[int, Any] = {}
+_TEMPLATES: dict[tuple[int, str], Any] = {}
+
+
+def _environment() -> Any:
+    """The process's sandboxed environment, configured as transformers configures its own."""
+    pid = os.getpid()
+    env = _ENV.get(pid)
+    if env is not None:
+        return env
+    jinja2 = _jinja()
+
+    class GenerationExtension(jinja2.ext.Extension):
+        """``{% generation %}...{% endgeneration %}``: renders its body and records where it went.
+
+        The block's start is the length of the output yielded so far, which is exact when the
+        block is rendered straight into the template's output (not inside a macro, a
+        ``{% set %}`` block or a ``{% filter %}`` block); :func:`render_chat` checks it.
+        """
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            call = self.call_method("_record", [jinja2.nodes.ContextReference()])
+            return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+        def _record(self, context, caller):
+            text = caller()
+            recorder = context.get(_RECORDER)
+            if isinstance(recorder, _Recorder):
+                recorder.blocks.append((recorder.length, str(text)))
+            return text
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # As transformers: no HTML escaping, keyword options exposed.
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    # No strftime_now: a date in the data would make it depend on the day it was built; templates
+    # that test `strftime_now is defined` fall back to their fixed date.
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationExtension, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    with _ENV_LOCK:
+        for stale in [k for k in _ENV if k != pid]:
+            del _ENV[stale]
+        return _ENV.setdefault(pid, env)
+
+
+def _compiled(template: str) -> Any:
+    pid = os.getpid()
+    key = (pid, hashlib.sha256(template.encode("utf-8")).hexdigest())
+    compiled = _TEMPLATES.get(key)
+    if compiled is None:
+        jinja2 = _jinja()
+        try:
+            compiled = _environment().from_string(template)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ValueError(f"the chat template is not valid Jinja: {exc} (line {exc.lineno})") from exc
+        with _ENV_LOCK:
+            for stale in [k for k in _TEMPLATES if k[0] != pid]:
+                del _TEMPLATES[stale]
+            compiled = _TEMPLATES.setdefault(key, compiled)
+    return compiled
+
+
+def render_chat(
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    add_generation_prompt: bool = False,
+    tools: Any = None,
+    bos_token: str = "",
+    eos_token: str = "",
+    **kwargs: Any,
+) -> tuple[str, list[tuple[int, int]]]:
+    """Render a conversation and report the character spans of its ``{% generation %}`` blocks.
+
+    Args:
+        template: Jinja chat template text (Hugging Face form).
+        messages: the conversation.
+        add_generation_prompt: append the assistant header for the next turn.
+        tools: the tool schemas, passed to the template as ``tools``.
+        bos_token: the string the template sees as ``bos_token``.
+        eos_token: the string the template sees as ``eos_token``.
+        **kwargs: more template variables.
+
+    Returns:
+        The text and the ``[start, end)`` character span of each generation block, in order.
+
+    Raises:
+        ValueError: the template is not valid Jinja, or a generation block's recorded span does
+            not hold its text (the block sits inside a macro, a ``{% set %}`` or a ``{% filter %}``
+            block, whose output is buffered).
+        jinja2.TemplateError: the template raised (``raise_exception``) or failed.
+
+    Examples:
+        >>> text, spans = render_chat("chatml", [{"role": "user", "content": "hi"},
+        ...                                      {"role": "assistant", "content": "hello"}])
+        >>> text
+        '<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\nhello<|im_end|>\\n'
+        >>> [text[a:b] for a, b in spans]
+        ['hello<|im_end|>']
+    """
+    variables = dict(kwargs)
+    variables.update(
+        messages=messages,
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        bos_token=bos_token,
+        eos_token=eos_token,
+    )
+    return _render(BUILTIN_TEMPLATES.get(template, template), variables, track=True)
+
+
+def _render(template: str, variables: dict[str, Any], *, track: bool) -> tuple[str, list[tuple[int, int]]]:
+    """Render ``template``; with ``track``, also the checked spans of its generation blocks."""
+    compiled = _compiled(template)
+    if not track:
+        return compiled.render(variables), []
+    recorder = _Recorder()
+    variables = {**variables, _RECORDER: recorder}
+    parts = []
+    for piece in compiled.generate(variables):
+        parts.append(piece)
+        recorder.length += len(piece)
+    text = "".join(parts)
+    spans = []
+    for start, block in recorder.blocks:
+        end = start + len(block)
+        if text[start:end] != block:
+            raise ValueError(
+                "a {% generation %} block of the chat template is rendered inside a macro, a {% set %} block or a "
+                "{% filter %} block, so where its text lands cannot be tracked; move the generation tags out to "
+                "the template's main flow (around the text of each assistant turn), or strip them and use "
+                "span_source='prefix'"
+            )
+        spans.append((start, end))
+    return text, spans
+
+
+# -- the chat template of a tokenizer -------------------------------------------------------------------
+
+
+def _folder_template(folder: Path) -> tuple[str | None, str]:
+    jinja_file = folder / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+    config = folder / "tokenizer_config.json"
+    if config.is_file():
+        return _config_template(config), str(config)
+    return None, str(config)
+
+
+def _config_template(config: Path) -> str | None:
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"tokenize_chat: cannot read {str(config)!r}: {exc}; fix or remove it") from exc
+    value = data.get("chat_template") if isinstance(data, dict) else None
+    if isinstance(value, list):  # named templates, as transformers saves several
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        if "default" not in named:
+            raise ValueError(
+                f"tokenize_chat: {str(config)!r} holds named chat templates {sorted(map(str, named))} and none is "
+                "called 'default'; pass the one you want as chat_template="
+            )
+        value = named["default"]
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"tokenize_chat: 'chat_template' in {str(config)!r} is a {type(value).__name__}, not text")
+    return value
+
+
+def _tokenizer_template(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, list[str]]:
+    """The chat template shipped with the tokenizer, and where it was looked for."""
+    looked: list[str] = []
+    own = getattr(tokenizer, "chat_template", None)
+    if isinstance(own, str) and own:  # a transformers tokenizer object
+        return own, looked
+    for candidate in (tokenizer, tokenizer_id):
+        if isinstance(candidate, (str, os.PathLike)):
+            path = Path(os.fspath(candidate)).expanduser()
+            if path.exists():
+                text, where = _folder_template(path if path.is_dir() else path.parent)
+                if text is not None:
+                    return text, looked
+                looked.append(where)
+                return None, looked
+    if isinstance(tokenizer_id, str):
+        # A Hugging Face id: the snapshot load_tokenizer read the tokenizer from.
+        try:
+            from ._tokenizer import _cached_snapshot, _hub_cache_dir
+
+            snapshot = _cached_snapshot(tokenizer_id, _hub_cache_dir())
+        except (ImportError, ValueError):
+            snapshot = None
+        if snapshot is not None:
+            text, where = _folder_template(snapshot)
+            if text is not None:
+                return text, looked
+            looked.append(where)
+    return None, looked
+
+
+def _resolve_template(chat_template: Any, tokenizer: Any, tokenizer_id: Any) -> str:
+    names = ", ".join(repr(n) for n in BUILTIN_TEMPLATES)
+    usage = (
+        f"pass chat_template= as a built-in name ({names}), Jinja text, or a path to a .jinja file or a "
+        "tokenizer_config.json"
+    )
+    if chat_template is None:
+        text, looked = _tokenizer_template(tokenizer, tokenizer_id)
+        if text is None:
+            where = f" (looked in {', '.join(looked)})" if looked else ""
+            raise ValueError(
+                f"tokenize_chat: no chat template given and none ships with the tokenizer{where}; {usage}"
+            )
+        return text
+    if isinstance(chat_template, os.PathLike):
+        chat_template = os.fspath(chat_template)
+    if not isinstance(chat_template, str):
+        raise TypeError(f"tokenize_chat: chat_template must be a str or None, got {type(chat_template).__name__}; {usage}")
+    if chat_template in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[chat_template]
+    if "{{" in chat_template or "{%" in chat_template:
+        return chat_template
+    path = Path(chat_template).expanduser()
+    if path.is_dir():
+        text, where = _folder_template(path)
+        if text is None:
+            raise ValueError(f"tokenize_chat: chat_template={chat_template!r}: no chat template in {where}; {usage}")
+        return text
+    if path.is_file():
+        if path.suffix == ".json":
+            text = _config_template(path)
+            if text is None:
+                raise ValueError(f"tokenize_chat: {chat_template!r} has no 'chat_template' entry; {usage}")
+            return text
+        return path.read_text(encoding="utf-8")
+    raise ValueError(
+        f"tokenize_chat: chat_template={chat_template!r} is not a built-in name, not Jinja text and not an existing "
+        f"file; {usage}"
+    )
+
+
+# -- offsets --------------------------------------------------------------------------------------------
+
+_ENCODER_LOCK = threading.Lock()
+_ENCODERS: dict[tuple[int, str], Any] = {}
+
+
+def _offset_encoder(handle: TokenizerHandle) -> Any:
+    """A per-process ``tokenizers.Tokenizer`` of ``handle`` whose offsets are not trimmed.
+
+    Post-processors (ByteLevel with ``trim_offsets``, RoBERTa's) move token offsets off leading
+    spaces, which can leave a space token with an empty range at the next token's start. Without
+    special tokens added, a post-processor changes offsets only, never ids, so it is dropped here.
+    """
+    key = (os.getpid(), handle.fingerprint())
+    tok = _ENCODERS.get(key)
+    if tok is None:
+        from tokenizers import Tokenizer
+
+        with _ENCODER_LOCK:
+            tok = _ENCODERS.get(key)
+            if tok is None:
+                tok = Tokenizer.from_str(handle.tokenizer_json)
+                tok.post_processor = None
+                if handle.encode_special_tokens:
+                    tok.encode_special_tokens = True
+                for stale in [k for k in _ENCODERS if k[0] != key[0]]:
+                    del _ENCODERS[stale]
+                _ENCODERS[key] = tok
+    return tok
+
+
+def _reset_after_fork() -> None:
+    global _ENCODER_LOCK, _ENV_LOCK
+    _ENCODER_LOCK = threading.Lock()
+    _ENV_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def spans_to_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """uint8 mask of the tokens whose character range ``[start, end)`` overlaps a span.
+
+    Args:
+        offsets: ``[n, 2]`` character offsets of the tokens.
+        spans: ``[start, end)`` character spans.
+
+    Returns:
+        The mask, one entry per token.
+    """
+    mask = np.zeros(len(offsets), dtype=np.uint8)
+    if len(offsets) and spans:
+        starts, ends = offsets[:, 0], offsets[:, 1]
+        for a, b in spans:
+            if b > a:
+                mask[(starts < b) & (ends > a)] = 1
+    return mask
+
+
+# -- shared option checks --------------------------------------------------------------------------------
+
+
+def _option(default: Any, *, data: bool = True, **kwargs: Any) -> Any:
+    """A keyword-only config field (``data=False``: performance only, left out of the fingerprint)."""
+    return attrs.field(default=default, kw_only=True, metadata={"data": data}, **kwargs)
+
+
+def _check_choice(op: str, name: str, value: Any, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{op}: {name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def _check_length(op: str, max_length: Any, truncation: Any) -> None:
+    if not isinstance(truncation, bool):
+        raise TypeError(f"{op}: truncation must be True or False, got {truncation!r}")
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2):
+        raise ValueError(
+            f"{op}: max_length must be an int >= 2 or None, got {max_length!r} (a record needs an unsupervised "
+            "first token and at least one target)"
+        )
+    if truncation and max_length is None:
+        raise ValueError(f"{op}: truncation=True requires max_length (the longest output, in tokens)")
+
+
+def _finish(op: str, ids: np.ndarray, mask: np.ndarray, *, max_length: int | None, truncation: bool, what: str):
+    """Cut or reject long records; the first token is never a target."""
+    if max_length is not None and len(ids) > max_length:
+        if not truncation:
+            raise ValueError(
+                f"{op}: {what} is {len(ids)} tokens long, more than max_length={max_length}; pass truncation=True to "
+                "cut such records (the loss_mask is cut with them), raise max_length, or filter long records "
+                "before this step"
+            )
+        ids, mask = ids[:max_length].copy(), mask[:max_length].copy()
+    if len(mask):
+        mask[0] = 0
+    return ids, mask
+
+
+def _roles_of(messages: Sequence[Any]) -> str:
+    roles = [str(m.get("role", "?")) if isinstance(m, Mapping) else "?" for m in messages]
+    shown = roles[:16] + ([f"... ({len(roles)} messages)"] if len(roles) > 16 else [])
+    return "[" + ", ".join(shown) + "]"
+
+
+# -- tokenize_chat -----------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class TokenizeChat(StatelessOp):
+    """Render conversations with a chat template into ``input_ids`` and an assistant ``loss_mask``.
+
+    Each payload holds a conversation: a list of messages ``{"role", "content"}`` with optional
+    ``"tool_calls"``, ``"name"`` and ``"tool_call_id"``, as the template expects them. The output
+    payload is ``{"input_ids": int32 array, "loss_mask": uint8 array}``, aligned and unshifted:
+    ``loss_mask`` is 1 exactly on the tokens of the selected assistant turns, their end-of-turn
+    token included (``<|im_end|>`` in ChatML, ``<|eot_id|>`` in Llama 3), and 0 on system, user and
+    tool turns and on the template's assistant header. The first token is never a target.
+
+    The template is rendered as in transformers (sandboxed Jinja with ``trim_blocks`` and
+    ``lstrip_blocks``, ``tojson``, ``raise_exception``, ``loopcontrols``; variables ``messages``,
+    ``tools``, ``add_generation_prompt=False``, ``bos_token``, ``eos_token`` and
+    ``chat_template_kwargs``), and the text is tokenized as one piece, without added special
+    tokens, in one batch call per chunk. Assistant spans come from ``{% generation %}`` blocks or
+    from prefix rendering (see the module documentation); a token is supervised when its
+    characters overlap a span. Prefix rendering drops the whitespace after a turn's last
+    non-space character (the newline templates write after ``<|im_end|>``), so both sources agree
+    on templates that tag exactly the reply and its end token.
+
+    State: none (a stateless operator); it restores and reshards trivially. The output of a record
+    depends only on its payload, the tokenizer's content, the template text (its sha256 is in the
+    fingerprint) and the options below. After construction ``tokenizer`` holds the resolved
+    :class:`~zephon._tokenizer.TokenizerHandle`, ``tokenizer_id`` is ``None`` and ``chat_template``
+    holds the template text, so the operator pickles without the files it was loaded from.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to
+            ``tokenizer.json`` or its folder, or a ``TokenizerHandle``.
+        tokenizer_id: instead of ``tokenizer``: a local path or a Hugging Face id in the local cache.
+        field: the payload key holding the messages.
+        chat_template: a built-in name (``"chatml"``, ``"llama3"``), Jinja text, or a path to a
+            ``.jinja`` file, a ``tokenizer_config.json`` or a folder. ``None`` (default): the
+            template shipped with the tokenizer (``chat_template.jinja`` or the ``chat_template``
+            of ``tokenizer_config.json`` next to the tokenizer file, or a transformers tokenizer's
+            ``chat_template``).
+        loss_scope: ``"assistant"`` (every assistant turn), ``"last_assistant"`` (only the last
+            assistant message) or ``"all"`` (every token but the first).
+        max_length: the longest output in tokens (``>= 2``). Without ``truncation`` a longer
+            record raises; ``None``: no limit.
+        truncation: cut records to ``max_length`` tokens, the mask with them.
+        tools_field: the payload key holding tool schemas for the template's ``tools`` (absent:
+            ``None``); ``None`` passes no tools.
+        chat_template_kwargs: more template variables (e.g. ``{"enable_thinking": False}``); the
+            reserved names ``messages``, ``tools``, ``add_generation_prompt``, ``bos_token``,
+            ``eos_token`` and ``raise_exception`` cannot be set.
+        empty_mask: what to do with a record that has no supervised token (no assistant turn, a
+            template that marks none, or truncation that cut them all): ``"error"`` raises,
+            naming the record's roles; ``"drop"`` drops it (counted as a drop of this step).
+        span_source: ``"auto"`` (generation tags when the template has them, else prefix
+            rendering), ``"generation_tags"`` or ``"prefix"``.
+
+    Raises:
+        ValueError: an invalid option, no chat template, a template that is not valid Jinja,
+            generation tags requested from a template without them, or (prefix rendering) a
+            template that ignores ``add_generation_prompt``; and while tokenizing, a malformed
+            conversation, a template error, a template whose prefixes do not start the full
+            conversation, a record longer than ``max_length`` without ``truncation``, or an
+            all-zero mask with ``empty_mask="error"``.
+        TypeError: an option of the wrong type.
+
+    Examples:
+        >>> from tokenizers import Tokenizer, models, pre_tokenizers
+        >>> vocab = {"[UNK]": 0, "<|im_start|>": 1, "<|im_end|>": 2, "user": 3, "assistant": 4,
+        ...          "hi": 5, "hello": 6}
+        >>> tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        >>> tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        >>> _ = tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+        >>> op = TokenizeChat(tok, chat_template="chatml")
+        >>> [[out]] = op.apply_many([{"messages": [{"role": "user", "content": "hi"},
+        ...                                        {"role": "assistant", "content": "hello"}]}])
+        >>> out["input_ids"].tolist()
+        [1, 3, 5, 2, 1, 4, 6, 2]
+        >>> out["loss_mask"].tolist()
+        [0, 0, 0, 0, 0, 0, 1, 1]
+    """
+
+    tokenizer: Any = attrs.field(default=None, metadata={"data": True})
+    tokenizer_id: str | None = attrs.field(default=None, metadata={"data": False})
+    field: str = _option("messages")
+    chat_template: str | None = _option(None)
+    loss_scope: str = _option("assistant")
+    max_length: int | None = _option(None)
+    truncation: bool = _option(False)
+    tools_field: str | None = _option("tools")
+    chat_template_kwargs: dict | None = _option(None, hash=False)
+    empty_mask: str = _option("error")
+    span_source: str = _option("auto")
+
+    # Derived at construction (never passed): the span source in use, whether the template was
+    # seen to honour add_generation_prompt, and the BOS/EOS strings the template sees.
+    _spans_from: str = attrs.field(init=False, repr=False, eq=False, metadata={"data": False})
+    _prompt_checked: bool = attrs.field(init=False, repr=False, eq=False, metadata={"data": False})
+    _bos_token: str = attrs.field(init=False, repr=False, eq=False, metadata={"data": False})
+    _eos_token: str = attrs.field(init=False, repr=False, eq=False, metadata={"data": False})
+
+    kind: ClassVar[str] = "tokenize_chat"
+
+    def __attrs_post_init__(self) -> None:
+        op = "tokenize_chat"
+        if not isinstance(self.field, str) or not self.field:
+            raise TypeError(f"{op}: field must be a non-empty str naming the messages key, got {self.field!r}")
+        if self.tools_field is not None and (not isinstance(self.tools_field, str) or not self.tools_field):
+            raise TypeError(f"{op}: tools_field must be a non-empty str or None, got {self.tools_field!r}")
+        _check_choice(op, "loss_scope", self.loss_scope, LOSS_SCOPES)
+        _check_choice(op, "empty_mask", self.empty_mask, EMPTY_MASK_MODES)
+        _check_choice(op, "span_source", self.span_source, SPAN_SOURCES)
+        _check_length(op, self.max_length, self.truncation)
+        kwargs = self.chat_template_kwargs
+        if kwargs is not None:
+            if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+                raise TypeError(f"{op}: chat_template_kwargs must be a dict with str keys, got {kwargs!r}")
+            reserved = sorted(RESERVED_KWARGS.intersection(kwargs))
+            if reserved:
+                raise ValueError(
+                    f"{op}: chat_template_kwargs cannot set {reserved}: the operator passes them itself "
+                    f"(messages from field={self.field!r}, tools from tools_field={self.tools_field!r})"
+                )
+            object.__setattr__(self, "chat_template_kwargs", dict(kwargs))
+
+        text = _resolve_template(self.chat_template, self.tokenizer, self.tokenizer_id)
+        handle = load_tokenizer(self.tokenizer, self.tokenizer_id)
+        object.__setattr__(self, "tokenizer", handle)
+        object.__setattr__(self, "tokenizer_id", None)
+        object.__setattr__(self, "chat_template", text)
+        tok = handle.tokenizer
+        for name, tid in (("_bos_token", handle.bos_token_id), ("_eos_token", handle.eos_token_id)):
+            object.__setattr__(self, name, (tok.id_to_token(tid) or "") if tid is not None else "")
+
+        tagged = has_generation_tags(text)
+        if self.span_source == "generation_tags" and not tagged:
+            raise ValueError(
+                f"{op}: span_source='generation_tags' but the chat template has no {{% generation %}} blocks; wrap "
+                "each assistant reply (with its end-of-turn token) in {% generation %}...{% endgeneration %}, or "
+                "use span_source='auto' or 'prefix' to find replies by prefix rendering"
+            )
+        spans_from = "tags" if tagged and self.span_source != "prefix" else "prefix"
+        if self.loss_scope == "all":
+            spans_from = "none"
+        object.__setattr__(self, "_spans_from", spans_from)
+        object.__setattr__(self, "_prompt_checked", False)
+        if spans_from == "prefix":
+            if self.span_source == "auto":
+                logger.info("%s: the chat template has no {%% generation %%} blocks; finding replies by prefix rendering", op)
+            object.__setattr__(self, "_prompt_checked", self._probe_generation_prompt())
+
+    # -- identity -------------------------------------------------------------------------------------
+    @property
+    def handle(self) -> TokenizerHandle:
+        """The resolved tokenizer."""
+        return self.tokenizer
+
+    @property
+    def template_sha256(self) -> str:
+        """sha256 (hex) of the chat template text."""
+        return hashlib.sha256(self.chat_template.encode("utf-8")).hexdigest()
+
+    @property
+    def spans_from(self) -> str:
+        """Where assistant spans come from: ``"tags"``, ``"prefix"`` or ``"none"`` (``loss_scope="all"``)."""
+        return self._spans_from
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The data settings; the template enters as its sha256 (``"sha256:<hex>"``)."""
+        out = super().fingerprint()
+        out["chat_template"] = "sha256:" + self.template_sha256
+        return out
+
+    # -- rendering ------------------------------------------------------------------------------------
+    def _render(self, messages: Sequence[Any], tools: Any, add_generation_prompt: bool = False, *, track: bool = False):
+        variables = dict(self.chat_template_kwargs or {})
+        variables.update(
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self._bos_token,
+            eos_token=self._eos_token,
+        )
+        return _render(self.chat_template, variables, track=track)
+
+    def _probe_generation_prompt(self) -> bool:
+        """Reject a template that ignores add_generation_prompt; ``False`` if the probe was inconclusive."""
+        probe = [{"role": "user", "content": "Hello"}]
+        try:
+            with_prompt, _ = self._render(probe, None, True)
+            without, _ = self._render(probe, None, False)
+        except Exception:  # the template rejects the probe (e.g. it needs a system turn); check per record
+            return False
+        if with_prompt == without:
+            raise ValueError(self._ignores_prompt_message())
+        return True
+
+    def _ignores_prompt_message(self) -> str:
+        return (
+            "tokenize_chat: the chat template renders the same text with add_generation_prompt=True and False, so "
+            "prefix rendering cannot tell the assistant header from the reply. Make the template append the "
+            "assistant header under {% if add_generation_prompt %}...{% endif %}, wrap each assistant reply in "
+            "{% generation %}...{% endgeneration %}, or use a built-in template (chat_template='chatml' or "
+            "'llama3')"
+        )
+
+    def _messages_of(self, payload: Any) -> list:
+        if not isinstance(payload, Mapping):
+            raise TypeError(
+                f"tokenize_chat: payload is a {type(payload).__name__}, expected a dict with a {self.field!r} field "
+                "holding a list of messages"
+            )
+        if self.field not in payload:
+            keys = list(payload.keys())
+            shown = ", ".join(repr(k) for k in keys[:8]) + (f", ... ({len(keys)} keys)" if len(keys) > 8 else "")
+            raise ValueError(
+                f"tokenize_chat: payload has no field {self.field!r} (its keys: [{shown}]); set field= to the key "
+                "holding the list of messages"
+            )
+        messages = payload[self.field]
+        if isinstance(messages, np.ndarray):
+            messages = messages.tolist()
+        if not isinstance(messages, (list, tuple)):
+            raise TypeError(
+                f"tokenize_chat: field {self.field!r} holds a {type(messages).__name__}, expected a list of messages "
+                '[{"role": ..., "content": ...}, ...]'
+            )
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+                raise ValueError(
+                    f"tokenize_chat: message {i} of field {self.field!r} is {m!r:.80}; every message must be a dict "
+                    'with a str "role" (and usually "content")'
+                )
+        return list(messages)
+
+    def _spans(self, messages: list, tools: Any) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered conversation and the character spans of its selected assistant turns."""
+        assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if self._spans_from == "none":
+            return self._render(messages, tools)[0], []
+        if self._spans_from == "tags":
+            text, spans = self._render(messages, tools, track=True)
+            if spans and len(spans) != len(assistants):
+                raise ValueError(
+                    f"tokenize_chat: the chat template marked {len(spans)} {{% generation %}} block(s) in a record with "
+                    f"{len(assistants)} assistant message(s) (roles {_roles_of(messages)}), so blocks cannot be matched "
+                    "to turns; wrap every assistant turn in exactly one block, or use span_source='prefix' (with "
+                    "loss_scope='last_assistant' if the template rewrites earlier turns)"
+                )
+            if self.loss_scope == "last_assistant":
+                spans = spans[-1:]
+            return text, spans
+        text = self._render(messages, tools)[0]
+        selected = assistants[-1:] if self.loss_scope == "last_assistant" else assistants
+        spans = []
+        for i in selected:
+            before = self._render(messages[:i], tools, True)[0]
+            through = self._render(messages[: i + 1], tools)[0]
+            if not self._prompt_checked and before == self._render(messages[:i], tools)[0]:
+                raise ValueError(self._ignores_prompt_message())
+            if not (text.startswith(before) and text.startswith(through) and through.startswith(before)):
+                raise ValueError(
+                    f"tokenize_chat: prefix rendering failed for message {i} (roles {_roles_of(messages)}): the "
+                    "template renders the conversation up to that assistant turn (with the generation prompt, or "
+                    "through the turn) differently from the start of the full conversation, e.g. because it "
+                    "rewrites earlier turns or closes the last one differently. Wrap assistant replies in "
+                    "{% generation %}...{% endgeneration %}, or use loss_scope='last_assistant' on conversations "
+                    "that end with the assistant turn"
+                )
+            reply = through[len(before) :].rstrip()
+            spans.append((len(before), len(before) + len(reply)))
+        return text, spans
+
+    # -- the work -------------------------------------------------------------------------------------
+    def apply_many(self, payloads: list) -> list[list]:
+        """Render and tokenize a chunk of conversations (one tokenizer batch call).
+
+        Args:
+            payloads: dicts holding ``field`` (and optionally ``tools_field``).
+
+        Returns:
+            Per payload, ``[{"input_ids", "loss_mask"}]``, or ``[]`` when dropped (``empty_mask="drop"``).
+
+        Raises:
+            ValueError: see the class documentation.
+            TypeError: a payload that is not a dict, or messages that are not a list.
+        """
+        if not payloads:
+            return []
+        rendered = []
+        for payload in payloads:
+            messages = self._messages_of(payload)
+            tools = payload.get(self.tools_field) if self.tools_field is not None else None
+            try:
+                text, spans = self._spans(messages, tools)
+            except ValueError:
+                raise
+            except Exception as exc:
+                raise ValueError(
+                    f"tokenize_chat: the chat template failed on a record with roles {_roles_of(messages)}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            rendered.append((messages, text, spans))
+        encodings = _offset_encoder(self.tokenizer).encode_batch([t for _, t, _ in rendered], add_special_tokens=False)
+        out: list[list] = []
+        for (messages, _, spans), enc in zip(rendered, encodings):
+            ids = np.fromiter(enc.ids, dtype=np.int32, count=len(enc.ids))
+            if self._spans_from == "none":
+                mask = np.ones(len(ids), dtype=np.uint8)
+            else:
+                offsets = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
+                mask = spans_to_mask(offsets, spans)
+            full = len(ids)
+            ids, mask = _finish(
+                "tokenize_chat",
+                ids,
+                mask,
+                max_length=self.max_length,
+                truncation=self.truncation,
+                what=f"a record with roles {_roles_of(messages)}",
+            )
+            if not mask.any():
+                if self.empty_mask == "drop":
+                    out.append([])
+                    continue
+                raise ValueError(self._empty_message(messages, spans, full))
+            out.append([{"input_ids": ids, "loss_mask": mask}])
+        return out
+
+    def _empty_message(self, messages: list, spans: list, full: int) -> str:
+        roles = _roles_of(messages)
+        if self.loss_scope == "all":
+            reason = f"it is {full} token(s) long, and the first token is never a target"
+        elif not any(m["role"] == "assistant" for m in messages):
+            reason = "it has no assistant message"
+        elif not spans:
+            reason = "the chat template's {% generation %} blocks marked no text"
+        elif self.truncation and full > (self.max_length or 0):
+            reason = f"truncation to max_length={self.max_length} cut every assistant token"
+        else:
+            reason = "its assistant turns render as empty text"
+        return (
+            f"tokenize_chat: a record with roles {roles} has no supervised token (loss_scope={self.loss_scope!r}): "
+            f"{reason}. Training on it would silently teach nothing; fix or filter such records before "
+            "tokenize_chat, or pass empty_mask='drop' to drop them (they are counted as drops)"
+        )
+
+
+# -- prompt / completion -----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class TokenizePromptCompletion(StatelessOp):
+    """Tokenize ``{"prompt": str, "completion": str}`` records into ``input_ids`` and a completion ``loss_mask``.
+
+    The output is ``[BOS] + prompt + completion + [EOS]`` (specials per ``special_tokens``) with
+    ``loss_mask`` 0 on BOS and the prompt, 1 on the completion and the EOS. Prompt and completion
+    are tokenized separately, so the boundary between them is a token boundary, as at inference
+    where the prompt is encoded on its own and the model continues from it; all prompts and
+    completions of a chunk go to the tokenizer in one batch call. The first token is never a
+    target (it matters with an empty prompt and no BOS).
+
+    State: none (a stateless operator); it restores and reshards trivially. The output depends on
+    the payload, the tokenizer's content and the data options; ``parallelism`` and ``backend``
+    never change it.
+
+    Args:
+        tokenizer: as for :class:`TokenizeChat`.
+        tokenizer_id: as for :class:`TokenizeChat`.
+        prompt_field: the payload key of the prompt text.
+        completion_field: the payload key of the completion text.
+        special_tokens: ``"bos_eos"`` (default), ``"bos"``, ``"eos"`` or ``"none"``, as in
+            ``tokenize``. The EOS, when added, is supervised.
+        bos_token_id: overrides the tokenizer's BOS id.
+        eos_token_id: overrides the tokenizer's EOS id.
+        max_length: the longest output in tokens (``>= 2``); without ``truncation`` a longer
+            record raises.
+        truncation: keep the first ``max_length`` tokens (the completion is cut first).
+        empty_mask: ``"error"`` or ``"drop"`` a record with no supervised token (an empty
+            completion without EOS, or one truncation removed).
+        parallelism: threads for the tiktoken backend; performance only.
+        backend: ``"auto"``, ``"tokenizers"`` or ``"tiktoken"``; performance only.
+
+    Raises:
+        ValueError: an invalid option, a missing BOS/EOS id for the chosen mode, a missing field,
+            a record longer than ``max_length`` without ``truncation``, or an all-zero mask with
+            ``empty_mask="error"``.
+        TypeError: an option of the wrong type, or a field that is not a str.
+
+    Examples:
+        >>> from tokenizers import Tokenizer, models, pre_tokenizers
+        >>> vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "a": 3, "b": 4, "c": 5}
+        >>> tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        >>> tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        >>> _ = tok.add_special_tokens(["<s>", "</s>"])
+        >>> [[out]] = TokenizePromptCompletion(tok).apply_many([{"prompt": "a b", "completion": "c"}])
+        >>> out["input_ids"].tolist(), out["loss_mask"].tolist()
+        ([1, 3, 4, 5, 2], [0, 0, 0, 1, 1])
+    """
+
+    tokenizer: Any = attrs.field(default=None, metadata={"data": True})
+    tokenizer_id: str | None = attrs.field(default=None, metadata={"data": False})
+    prompt_field: str = _option("prompt")
+    completion_field: str = _option("completion")
+    special_tokens: str = _option("bos_eos")
+    bos_token_id: int | None = _option(None)
+    eos_token_id: int | None = _option(None)
+    max_length: int | None = _option(None)
+    truncation: bool = _option(False)
+    empty_mask: str = _option("error")
+    parallelism: int | None = _option(None, data=False)
+    backend: str = _option("auto", data=False)
+
+    kind: ClassVar[str] = "tokenize"
+
+    def __attrs_post_init__(self) -> None:
+        op = "tokenize"
+        for name in ("prompt_field", "completion_field"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise TypeError(f"{op}: {name} must be a non-empty str, got {value!r}")
+        if self.prompt_field == self.completion_field:
+            raise ValueError(f"{op}: prompt_field and completion_field are both {self.prompt_field!r}; name two keys")
+        _check_choice(op, "special_tokens", self.special_tokens, _SPECIAL_TOKEN_MODES)
+        _check_choice(op, "empty_mask", self.empty_mask, EMPTY_MASK_MODES)
+        _check_choice(op, "backend", self.backend, BACKENDS)
+        _check_length(op, self.max_length, self.truncation)
+        if self.parallelism is not None and (
+            isinstance(self.parallelism, bool) or not isinstance(self.parallelism, int) or self.parallelism < 1
+        ):
+            raise ValueError(f"{op}: parallelism must be a positive int or None, got {self.parallelism!r}")
+        handle = load_tokenizer(self.tokenizer, self.tokenizer_id, backend=self.backend)
+        object.__setattr__(self, "tokenizer", handle)
+        object.__setattr__(self, "tokenizer_id", None)
+        mode = self.special_tokens
+        for name, role, needed in (
+            ("bos_token_id", "BOS", mode in ("bos_eos", "bos")),
+            ("eos_token_id", "EOS", mode in ("bos_eos", "eos")),
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                if not needed:
+                    raise ValueError(f"{op}: {name} cannot be used with special_tokens={mode!r}, which adds no {role}")
+                if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                    raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__}")
+                if not 0 <= value < handle.vocab_size:
+                    raise ValueError(f"{op}: {name}={value} is outside the tokenizer's ids [0, {handle.vocab_size})")
+                object.__setattr__(self, name, int(value))
+            elif needed and getattr(handle, name) is None:
+                raise ValueError(
+                    f"{op}: special_tokens={mode!r} needs a {role} token, but the tokenizer ({handle.source}) has none; "
+                    f"pass {name}= explicitly or choose another special_tokens mode ('eos' suits tokenizers without "
+                    "a BOS)"
+                )
+
+    @property
+    def handle(self) -> TokenizerHandle:
+        """The resolved tokenizer."""
+        return self.tokenizer
+
+    def _specials(self) -> tuple[int | None, int | None]:
+        mode = self.special_tokens
+        bos = eos = None
+        if mode in ("bos_eos", "bos"):
+            bos = self.bos_token_id if self.bos_token_id is not None else self.tokenizer.bos_token_id
+        if mode in ("bos_eos", "eos"):
+            eos = self.eos_token_id if self.eos_token_id is not None else self.tokenizer.eos_token_id
+        return bos, eos
+
+    def _text(self, payload: Any, name: str) -> str:
+        field = getattr(self, name)
+        if not isinstance(payload, Mapping):
+            raise TypeError(
+                f"tokenize: payload is a {type(payload).__name__}, expected a dict with {self.prompt_field!r} and "
+                f"{self.completion_field!r} fields"
+            )
+        if field not in payload:
+            raise ValueError(
+                f"tokenize: payload has no field {field!r} (its keys: {sorted(map(str, payload))[:8]}); set "
+                f"{name}= to the key holding the text"
+            )
+        value = payload[field]
+        if not isinstance(value, str):
+            raise TypeError(f"tokenize: field {field!r} holds a {type(value).__name__}, expected str")
+        return value
+
+    def apply_many(self, payloads: list) -> list[list]:
+        """Tokenize a chunk of prompt/completion records (one tokenizer batch call).
+
+        Args:
+            payloads: dicts holding ``prompt_field`` and ``completion_field``.
+
+        Returns:
+            Per payload, ``[{"input_ids", "loss_mask"}]``, or ``[]`` when dropped.
+
+        Raises:
+            ValueError: see the class documentation.
+            TypeError: a payload that is not a dict, or a field that is not a str.
+        """
+        if not payloads:
+            return []
+        n = len(payloads)
+        texts = [self._text(p, "prompt_field") for p in payloads] + [self._text(p, "completion_field") for p in payloads]
+        try:
+            encoded = self.tokenizer.encode_batch(texts, num_threads=self.parallelism)
+        except ValueError as exc:
+            raise ValueError(f"tokenize: {exc}") from exc
+        bos, eos = self._specials()
+        head = 0 if bos is None else 1
+        out: list[list] = []
+        for i in range(n):
+            prompt, completion = encoded[i], encoded[n + i]
+            total = head + len(prompt) + len(completion) + (eos is not None)
+            ids = np.empty(total, dtype=np.int32)
+            mask = np.zeros(total, dtype=np.uint8)
+            if bos is not None:
+                ids[0] = bos
+            split = head + len(prompt)
+            ids[head:split] = prompt
+            ids[split : split + len(completion)] = completion
+            if eos is not None:
+                ids[-1] = eos
+            mask[split:] = 1
+            ids, mask = _finish(
+                "tokenize",
+                ids,
+                mask,
+                max_length=self.max_length,
+                truncation=self.truncation,
+                what=f"a prompt/completion record ({len(prompt)} prompt and {len(completion)} completion tokens)",
+            )
+            if not mask.any():
+                if self.empty_mask == "drop":
+                    out.append([])
+                    continue
+                cut = self.truncation and total > (self.max_length or 0)
+                reason = (
+                    f"truncation to max_length={self.max_length} cut the whole completion"
+                    if cut
+                    else "its completion is empty and no EOS is added"
+                )
+                raise ValueError(
+                    f"tokenize: a prompt/completion record ({len(prompt)} prompt tokens) has no supervised token: "
+                    f"{reason}. Fix or filter such records first, or pass empty_mask='drop' to drop them"
+                )
+            out.append([{"input_ids": ids, "loss_mask": mask}])
+        return out
