@@ -300,8 +300,15 @@ def test_rows_rebuild_from_metas_alone(name):
 
 # -- oversized policies ------------------------------------------------------------------------------
 
+ALL_ALGORITHMS = [
+    ("first_fit", {"num_bins": 2}),
+    ("best_fit", {"num_bins": 2}),
+    ("best_fit_wrap", {"candidate_pool_size": 1}),
+    ("wrap", {}),
+]
 
-@pytest.mark.parametrize("algorithm, kw", [("first_fit", {"num_bins": 2}), ("best_fit", {"num_bins": 2}), ("best_fit_wrap", {"candidate_pool_size": 1}), ("wrap", {})])
+
+@pytest.mark.parametrize("algorithm, kw", ALL_ALGORITHMS)
 def test_oversized_truncate_keeps_the_head_and_counts_the_cut(algorithm, kw):
     op = PackFlat(4, algorithm=algorithm, oversized="truncate", pad_token_id=0, **kw)
     state, rows = run(op, [docs([3, 10, 2])])
@@ -311,7 +318,7 @@ def test_oversized_truncate_keeps_the_head_and_counts_the_cut(algorithm, kw):
     assert (report["truncated_records"], report["truncated_tokens"], report["dropped_tokens"]) == (1, 6, 6)
 
 
-@pytest.mark.parametrize("algorithm, kw", [("first_fit", {"num_bins": 2}), ("best_fit", {"num_bins": 2}), ("best_fit_wrap", {"candidate_pool_size": 1}), ("wrap", {})])
+@pytest.mark.parametrize("algorithm, kw", ALL_ALGORITHMS)
 def test_oversized_drop_and_split(algorithm, kw):
     records = docs([3, 10, 2])
     state, rows = run(PackFlat(4, algorithm=algorithm, oversized="drop", pad_token_id=0, **kw), [records])
@@ -460,6 +467,10 @@ def test_pad_value_must_fit_dtype():
 # -- configuration errors ----------------------------------------------------------------------------
 
 
+FF = {"algorithm": "first_fit", "num_bins": 1, "pad_token_id": 0}
+BFW = {"algorithm": "best_fit_wrap", "pad_token_id": 0}
+
+
 @pytest.mark.parametrize(
     "cls, kwargs, message",
     [
@@ -468,24 +479,24 @@ def test_pad_value_must_fit_dtype():
         (PackFlat, {"max_length": 8, "pad_token_id": -1}, "pad_token_id must be a non-negative int"),
         (PackFlat, {"max_length": 8, "algorithm": "first_fit", "pad_token_id": 0}, "needs num_bins.*num_bins=8"),
         (PackFlat, {"max_length": 8, "algorithm": "best_fit", "pad_token_id": 0}, "needs num_bins"),
-        (PackFlat, {"max_length": 8, "algorithm": "first_fit", "num_bins": 0, "pad_token_id": 0}, "num_bins must be an int >= 1"),
+        (PackFlat, {"max_length": 8, **FF, "num_bins": 0}, "num_bins must be an int >= 1"),
         (PackFlat, {"max_length": 8, "num_bins": 2}, "num_bins does not apply to algorithm='wrap'"),
-        (PackFlat, {"max_length": 8, "algorithm": "best_fit_wrap", "num_bins": 2, "pad_token_id": 0}, "num_bins does not apply"),
+        (PackFlat, {"max_length": 8, **BFW, "num_bins": 2}, "num_bins does not apply"),
         (PackFlat, {"max_length": 8, "max_sequences_per_bin": 0, "pad_token_id": 0}, "max_sequences_per_bin must be an int >= 1"),
-        (PackFlat, {"max_length": 8, "algorithm": "first_fit", "num_bins": 1, "min_sequence_length": -1, "pad_token_id": 0}, "min_sequence_length must be an int >= 0"),
+        (PackFlat, {"max_length": 8, **FF, "min_sequence_length": -1}, "min_sequence_length must be an int >= 0"),
         (PackFlat, {"max_length": 8, "min_sequence_length": 2}, "min_sequence_length only applies to first_fit/best_fit"),
-        (PackFlat, {"max_length": 8, "algorithm": "first_fit", "num_bins": 2}, "algorithm='first_fit' pads partial bins.*pad_token_id is required"),
+        (PackFlat, {"max_length": 8, "algorithm": "first_fit", "num_bins": 2}, "'first_fit' pads partial bins.*pad_token_id is required"),
         (PackFlat, {"max_length": 8, "algorithm": "best_fit", "num_bins": 2}, "pad_token_id is required"),
         (PackFlat, {"max_length": 8, "algorithm": "best_fit_wrap"}, "pad_token_id is required"),
-        (PackFlat, {"max_length": 8, "max_sequences_per_bin": 2}, "capped wrap closes rows short of max_length, so pad_token_id is required"),
+        (PackFlat, {"max_length": 8, "max_sequences_per_bin": 2}, "capped wrap closes rows short of max_length, so pad_token_id"),
         (PackFlat, {"max_length": 8, "candidate_pool_size": 4}, "candidate_pool_size only applies to algorithm='best_fit_wrap'"),
         (PackFlat, {"max_length": 8, "max_candidate_age": 4}, "max_candidate_age only applies to algorithm='best_fit_wrap'"),
-        (PackFlat, {"max_length": 8, "algorithm": "best_fit_wrap", "candidate_pool_size": 0, "pad_token_id": 0}, "candidate_pool_size must be an int >= 1"),
-        (PackFlat, {"max_length": 8, "algorithm": "best_fit_wrap", "max_candidate_age": 0, "pad_token_id": 0}, "max_candidate_age must be an int >= 1"),
-        (PackFlat, {"max_length": 8, "drop_oversized": True}, "drop_oversized=True is not allowed with algorithm='wrap'.*oversized='drop'"),
-        (PackFlat, {"max_length": 8, "algorithm": "best_fit_wrap", "drop_oversized": True, "pad_token_id": 0}, "not allowed with algorithm='best_fit_wrap'"),
+        (PackFlat, {"max_length": 8, **BFW, "candidate_pool_size": 0}, "candidate_pool_size must be an int >= 1"),
+        (PackFlat, {"max_length": 8, **BFW, "max_candidate_age": 0}, "max_candidate_age must be an int >= 1"),
+        (PackFlat, {"max_length": 8, "drop_oversized": True}, "drop_oversized=True is not allowed with algorithm='wrap'.*'drop'"),
+        (PackFlat, {"max_length": 8, **BFW, "drop_oversized": True}, "not allowed with algorithm='best_fit_wrap'"),
         (PackFlat, {"max_length": 8, "oversized": "shrink"}, "oversized must be one of 'split', 'drop', 'truncate', 'error'"),
-        (PackFlat, {"max_length": 8, "algorithm": "first_fit", "num_bins": 1, "pad_token_id": 0, "drop_oversized": True, "oversized": "split"}, "pass only oversized="),
+        (PackFlat, {"max_length": 8, **FF, "drop_oversized": True, "oversized": "split"}, "pass only oversized="),
         (PackFlat, {"max_length": 8, "tokens_field": ""}, "tokens_field must be a field name"),
         (PackSequences, {"max_length": 8, "pad_token_id": 0}, "pack_sequences: pad_token_id does not apply"),
         (PackSequences, {"max_length": 8, "algorithm": "first_fit"}, "pack_sequences: algorithm='first_fit' needs num_bins"),

@@ -169,3 +169,28 @@ def test_batch_must_be_last_and_splitting_ops_come_first():
 def test_unknown_option_is_an_error():
     with pytest.raises(TypeError, match="unknown option"):
         Pipeline([{"a": 1}]).options(lanes=2)
+
+
+def test_finite_data_stops_at_the_first_incomplete_step_or_drains():
+    from _util import toy_pipeline
+
+    stopped = toy_pipeline(4, policy=None)
+    out = list(stopped)
+    stats = stopped.stats()
+    assert stats["complete_steps"] == len(out) // 4 or len(out) % 4 != 0
+    ended = [lane for lane, s in stats["lanes"].items() if s["ended"]]
+    assert len(ended) == 1  # the first lane to run out stops the iteration
+    drained = toy_pipeline(4, policy=None, drain=True)
+    more = list(drained)
+    assert outputs_equal(more[: len(out)], out)
+    assert all(s["ended"] for s in drained.stats()["lanes"].values())
+    # every lane's full stream is delivered when draining
+    plan = drained.plan
+    for lane in range(4):
+        state, n = plan.init(lane), 0
+        while True:
+            state, item = plan.next(lane, state)
+            if item is None:
+                break
+            n += 1
+        assert sum(1 for b in more if b.lane == lane) == n

@@ -58,7 +58,8 @@ def small_tok() -> Tokenizer:
     """A whitespace BPE with [PAD]=0, [BOS]=1, [EOS]=2, [UNK]=3 (not byte-level)."""
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["[PAD]", "[BOS]", "[EOS]", "[UNK]"], show_progress=False)
+    specials = ["[PAD]", "[BOS]", "[EOS]", "[UNK]"]
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials, show_progress=False)
     tok.train_from_iterator(_corpus_lines(), trainer=trainer)
     return tok
 
@@ -245,6 +246,8 @@ def test_load_argument_errors(small_tok, tmp_path):
         load_tokenizer(42)
     with pytest.raises(TokenizerLoadError, match="tokenizer_id='gpt2'"):
         load_tokenizer("gpt2")  # a name, not a path
+    with pytest.raises(TokenizerLoadError, match="no such file or folder"):
+        load_tokenizer(tokenizer_id=str(tmp_path / "nope" / "tokenizer.json"))
     (tmp_path / "vocab.json").write_text("{}")
     with pytest.raises(TokenizerLoadError, match="no tokenizer.json.*vocab.json"):
         load_tokenizer(tmp_path)
@@ -352,7 +355,10 @@ def test_apply_many_matches_per_document_and_calls_the_encoder_once(small_tok, m
     batch = op.apply_many([{"text": t} for t in lines])
     assert calls == [64]
     single = [op.apply_many([{"text": t}])[0] for t in lines]
-    assert [[p["input_ids"].tolist() for p in o] for o in batch] == [[p["input_ids"].tolist() for p in o] for o in single]
+    def lists(outs):
+        return [[p["input_ids"].tolist() for p in o] for o in outs]
+
+    assert lists(batch) == lists(single)
     assert op.apply_many([]) == []
 
 
@@ -524,7 +530,8 @@ def test_missing_bos_or_eos_fails_at_construction(small_tok):
         Tokenize(NoBos())
     with pytest.raises(ValueError, match="needs an EOS token"):
         Tokenize(NoBos(), special_tokens="eos")
-    assert Tokenize(NoBos(), special_tokens="none").apply_many(["a"])[0][0]["input_ids"].tolist() == ids_of(small_tok, "a")
+    bare = Tokenize(NoBos(), special_tokens="none")
+    assert bare.apply_many(["a"])[0][0]["input_ids"].tolist() == ids_of(small_tok, "a")
     assert Tokenize(NoBos(), bos_token_id=1, eos_token_id=2).apply_many([""])[0][0]["input_ids"].tolist() == [1, 2]
 
 
@@ -652,7 +659,9 @@ def test_tiktoken_plan_rejects_reordered_merges(bytelevel_tok):
 def test_tiktoken_verification_catches_differences(bytelevel_tok, small_tok):
     tiktoken = pytest.importorskip("tiktoken")
     plan, _ = _tiktoken_plan(json.loads(bytelevel_tok.to_str()))
-    enc = tiktoken.Encoding("t", pat_str=plan["pattern"], mergeable_ranks=plan["ranks"], special_tokens=plan["specials"])
+    enc = tiktoken.Encoding(
+        "t", pat_str=plan["pattern"], mergeable_ranks=plan["ranks"], special_tokens=plan["specials"]
+    )
     assert _verify_tiktoken(bytelevel_tok, enc, plan, False) == ""
     assert "differ" in _verify_tiktoken(small_tok, enc, plan, False)
 

@@ -49,11 +49,13 @@ __all__ = [
     "EMPTY_MASK_MODES",
     "LLAMA3_TEMPLATE",
     "LOSS_SCOPES",
+    "RESERVED_KWARGS",
     "SPAN_SOURCES",
     "TokenizeChat",
     "TokenizePromptCompletion",
     "has_generation_tags",
     "render_chat",
+    "spans_to_mask",
     "strip_generation_tags",
 ]
 
@@ -653,7 +655,8 @@ class TokenizeChat(StatelessOp):
     The template is rendered as in transformers (sandboxed Jinja with ``trim_blocks`` and
     ``lstrip_blocks``, ``tojson``, ``raise_exception``, ``loopcontrols``; variables ``messages``,
     ``tools``, ``add_generation_prompt=False``, ``bos_token``, ``eos_token`` and
-    ``chat_template_kwargs``), and the text is tokenized as one piece, without added special
+    ``chat_template_kwargs``; no ``strftime_now``, so templates fall back to their fixed date and
+    the data never depends on the day it is built), and the text is tokenized as one piece, without added special
     tokens, in one batch call per chunk. Assistant spans come from ``{% generation %}`` blocks or
     from prefix rendering (see the module documentation); a token is supervised when its
     characters overlap a span. Prefix rendering drops the whitespace after a turn's last

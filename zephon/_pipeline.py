@@ -50,6 +50,9 @@ class Options:
         prefetch: outputs each lane may run ahead of the caller when ``workers > 0``.
         read_size: source samples read per lane step (tokenizer batch size).
         global_batch_size: optional check: records per global step must equal L x microbatch.
+        drain: at the end of finite data, keep delivering the outputs of lanes that still have
+            some (round-robin) instead of stopping at the first incomplete global step. The
+            drained tail is not a whole global step, so it is the same only for the same D.
     """
 
     canonical_replicas: int = attrs.field(default=1, validator=_opt_int(1))
@@ -59,6 +62,7 @@ class Options:
     prefetch: int = attrs.field(default=4, validator=_opt_int(1))
     read_size: int = attrs.field(default=64, validator=_opt_int(1))
     global_batch_size: int | None = attrs.field(default=None, validator=_opt_int(1))
+    drain: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 class Pipeline:
@@ -172,7 +176,8 @@ class Pipeline:
         if self._pending_restore is not None:
             encoded = _select_lanes(self._pending_restore, topo.lanes)
             self._pending_restore = None
-        self._iterator = PipelineIterator(plan, topo, encoded, workers=self._options.workers, prefetch=self._options.prefetch)
+        opts = self._options
+        self._iterator = PipelineIterator(plan, topo, encoded, workers=opts.workers, prefetch=opts.prefetch, drain=opts.drain)
         return self._iterator
 
     def steps(self, *, concat: bool = False) -> Iterator[Any]:
@@ -288,8 +293,10 @@ def _is_stateless(op: Operator) -> bool:
 class PipelineIterator(Iterator[Any]):
     """Yields this rank's lane outputs round-robin; ``checkpoint()`` covers exactly what it yielded."""
 
-    def __init__(self, plan: Plan, topology: Topology, encoded: dict[int, Any] | None, *, workers: int = 0, prefetch: int = 4):
+    def __init__(self, plan: Plan, topology: Topology, encoded: dict[int, Any] | None, *, workers: int = 0, prefetch: int = 4, drain: bool = False):
         self.plan = plan
+        self.drain = drain
+        self.ended: dict[int, int] = {}
         self.topology = topology
         lanes = list(topology.lanes)
         self.delivered = {lane: (encoded[lane]["delivered"] if encoded else 0) for lane in lanes}
@@ -306,19 +313,21 @@ class PipelineIterator(Iterator[Any]):
         return self
 
     def next_lane(self) -> int:
-        return min(self.delivered, key=lambda lane: (self.delivered[lane], lane))
+        live = [lane for lane in self.delivered if lane not in self.ended]
+        return min(live, key=lambda lane: (self.delivered[lane], lane))
 
     def __next__(self) -> Any:
-        if self.finished:
-            raise StopIteration
-        lane = self.next_lane()
-        out = self.executor.next(lane)
-        if out is None:
-            self.finished = True
-            self.close()
-            raise StopIteration
-        self.delivered[lane] += 1
-        return out
+        while not self.finished:
+            lane = self.next_lane()
+            out = self.executor.next(lane)
+            if out is not None:
+                self.delivered[lane] += 1
+                return out
+            self.ended[lane] = self.delivered[lane]
+            if not self.drain or len(self.ended) == len(self.delivered):
+                self.finished = True
+                self.close()
+        raise StopIteration
 
     def checkpoint(self) -> dict[str, Any]:
         if self._final_states is not None:
@@ -344,7 +353,8 @@ class PipelineIterator(Iterator[Any]):
                     agg[k] = agg.get(k, 0) + v
         return {
             "delivered": sum(self.delivered.values()),
-            "lanes": {lane: {"delivered": n} for lane, n in self.delivered.items()},
+            "lanes": {lane: {"delivered": n, "ended": lane in self.ended} for lane, n in self.delivered.items()},
+            "complete_steps": min(self.delivered.values()),
             "operators": ops,
         }
 

@@ -135,8 +135,11 @@ class Tokenize(StatelessOp):
                 raise TypeError(f"tokenize: {name} must be True or False, got {getattr(self, name)!r}")
         for name in ("max_length", "parallelism"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"tokenize: {name} must be a positive int or None, got {value!r}")
+            object.__setattr__(self, name, int(value))
         if self.backend not in BACKENDS:
             raise ValueError(f"tokenize: backend must be one of {', '.join(map(repr, BACKENDS))}, got {self.backend!r}")
         if self.special_tokens == "none":

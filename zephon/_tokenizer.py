@@ -226,12 +226,9 @@ class TokenizerHandle:
         # encode_batch_fast skips the offsets, which we never use (same ids, ~25% faster).
         encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
         encodings = encode(texts, add_special_tokens=False)
-        # Encoding.ids builds a Python list; np.fromiter over it was the fastest conversion measured.
-        out = []
-        for enc in encodings:
-            ids = enc.ids
-            out.append(np.fromiter(ids, dtype=np.int32, count=len(ids)))
-        return out
+        # Encoding.ids builds a Python list (most of the cost); np.fromiter over it beat np.array,
+        # np.asarray and fromiter with count= in measurements (about 5% of the encode time).
+        return [np.fromiter(enc.ids, dtype=np.int32) for enc in encodings]
 
     def _encode_tiktoken(self, texts: Sequence[str], num_threads: int | None) -> list[np.ndarray]:
         enc = self._encoding()
@@ -377,7 +374,9 @@ def load_tokenizer(tokenizer: Any = None, tokenizer_id: str | None = None, *, ba
         handle = _from_object(tokenizer)
     else:
         if not isinstance(tokenizer_id, (str, os.PathLike)):
-            raise TypeError(f"tokenizer_id must be a str (a local path or a Hugging Face id), got {type(tokenizer_id).__name__}")
+            raise TypeError(
+                f"tokenizer_id must be a str (a local path or a Hugging Face id), got {type(tokenizer_id).__name__}"
+            )
         handle = _from_id(os.fspath(tokenizer_id))
     return handle.with_backend(backend)
 
@@ -579,6 +578,8 @@ def _from_id(tokenizer_id: str) -> TokenizerHandle:
     local = Path(tokenizer_id).expanduser()
     if local.exists():
         return _from_path(local)
+    if tokenizer_id.startswith(("/", "./", "../", "~")) or tokenizer_id.endswith(".json"):
+        raise TokenizerLoadError(f"tokenizer_id={tokenizer_id!r}: no such file or folder")
     cache = _hub_cache_dir()
     snapshot = _cached_snapshot(tokenizer_id, cache)
     if snapshot is not None:
@@ -596,7 +597,8 @@ def _from_id(tokenizer_id: str) -> TokenizerHandle:
             try:
                 file = Path(hf_hub_download(tokenizer_id, "tokenizer.json", cache_dir=str(cache)))
             except Exception as exc:
-                reason = f"the download failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                reason = f"the download failed ({type(exc).__name__}: {first}; HF_HUB_OFFLINE=1 skips the attempt)"
             else:
                 for extra in ("tokenizer_config.json", "special_tokens_map.json"):
                     try:
@@ -617,7 +619,7 @@ def _from_id(tokenizer_id: str) -> TokenizerHandle:
 
 def _byte_decoder() -> dict[str, int]:
     """The inverse of GPT-2's bytes-to-unicode table (each byte is shown as one printable char)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = printable[:]
     n = 0
     for b in range(256):

@@ -1,0 +1,291 @@
+"""Laws of single operators (pack_flat, shuffle, batch, and chains of them), on generated streams.
+
+Inputs are sample-level records made by ``_util.docs``: document ``row`` holds the tokens
+``1000 * row + [0, n)``, so every token of a stream is distinct (lengths stay below 1000) and
+where a token went is visible. Chunkings are random, empty chunks included.
+
+Laws:
+    * chunk-boundary invariance: any split of the input gives the same outputs;
+    * checkpoint equivalence: saving, encoding and restoring the state at any step boundary
+      (including after the flush) resumes with exactly the remaining outputs;
+    * state round trip: every state reached encodes to msgpack bytes that decode to an equal
+      state, which encodes to the same bytes;
+    * pack_flat (wrap) conserves tokens: every token appears once, in order, except the
+      end-of-data remainder, which is padded or counted;
+    * pack_flat (every algorithm) emits each token at most once, in rows whose metas name their
+      token ranges, and counts every token it does not emit;
+    * shuffle emits a permutation of its input and never holds more than its buffer;
+    * batch keeps order and only the very last batch may be short.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+import pytest
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+from _util import docs
+from zephon import _pack
+from zephon.ops import Batch, Chain, PackFlat, Shuffle
+from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance, input_resolver, outputs_equal, run
+
+
+#: The packing algorithms of this version of ``PackFlat`` (``wrap`` alone before the others existed).
+PACK_ALGORITHMS = tuple(getattr(_pack, "ALGORITHMS", ("wrap",)))
+
+
+# -- strategies -------------------------------------------------------------------------------------
+
+keys = st.integers(0, 2**64 - 1)
+seeds = st.integers(-(2**31), 2**40)
+lanes = st.integers(0, 7)
+lengths = st.lists(st.integers(0, 24), max_size=40)
+
+
+@st.composite
+def streams(draw, lengths=lengths):
+    """Sample-level records of one lane, with distinct tokens and distinct metas."""
+    return docs(draw(lengths), lane=draw(lanes))
+
+
+@st.composite
+def chunkings(draw, records):
+    """``records`` split at random cut points (repeated cuts give empty chunks)."""
+    cuts = sorted(draw(st.lists(st.integers(0, len(records)), max_size=8)))
+    bounds = [0, *cuts, len(records)]
+    return [records[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+@st.composite
+def pack_settings(draw, algorithm: str):
+    """Keyword arguments of a valid ``PackFlat`` for ``algorithm``, exploring every knob it has."""
+    kwargs = {"max_length": draw(st.integers(1, 16)), "algorithm": algorithm, "emit_positions": draw(st.booleans())}
+    pads = st.one_of(st.just(0), st.integers(1, 50_000))
+    if algorithm == "wrap":
+        kwargs["pad_token_id"] = draw(st.none() | pads)
+        if kwargs["pad_token_id"] is not None and draw(st.booleans()):  # capped wrap needs padding
+            kwargs["max_sequences_per_bin"] = draw(st.integers(1, 4))
+        return kwargs
+    # Every other algorithm pads partial bins, so it needs a pad id.
+    kwargs["pad_token_id"] = draw(pads)
+    kwargs["max_sequences_per_bin"] = draw(st.none() | st.integers(1, 4))
+    if algorithm in ("first_fit", "best_fit"):
+        kwargs["num_bins"] = draw(st.integers(1, 4))
+        kwargs["min_sequence_length"] = draw(st.integers(0, 3))
+        kwargs["oversized"] = draw(st.sampled_from(["split", "drop", "truncate"]))
+    elif algorithm == "best_fit_wrap":
+        kwargs["candidate_pool_size"] = draw(st.integers(1, 8))
+        kwargs["max_candidate_age"] = draw(st.none() | st.integers(1, 24))
+        kwargs["oversized"] = draw(st.sampled_from(["split", "drop", "truncate"]))
+    return kwargs
+
+
+def pack_flats(algorithm: str):
+    return pack_settings(algorithm).map(lambda kwargs: PackFlat(**kwargs))
+
+
+shuffles = st.builds(Shuffle, buffer_size=st.one_of(st.integers(1, 8), st.integers(9, 64)), seed=seeds)
+batches = st.builds(Batch, microbatch_size=st.integers(1, 6), drop_last=st.booleans())
+
+
+@st.composite
+def chains(draw):
+    """A named chain: pack_flat and an optional shuffle in either order, then an optional batch."""
+    body = [("pack", draw(pack_flats(draw(st.sampled_from(PACK_ALGORITHMS)))))]
+    if draw(st.booleans()):
+        shuffle = ("shuffle", draw(shuffles))
+        body = [shuffle, *body] if draw(st.booleans()) else [*body, shuffle]
+    if draw(st.booleans()):
+        body.append(("batch", draw(batches)))
+    return Chain(tuple(body))
+
+
+OPERATORS = {
+    **{f"pack_flat[{a}]": pack_flats(a) for a in PACK_ALGORITHMS},
+    "shuffle": shuffles,
+    "batch": batches,
+    "chain": chains(),
+}
+each_operator = pytest.mark.parametrize("kind", list(OPERATORS))
+
+
+def states_reached(op, chunks, key):
+    """Every state ``op`` passes through on ``chunks``: initial, after each chunk, after the flush."""
+    state = op.init(key)
+    states = [state]
+    for chunk in chunks:
+        state, _ = op.step(state, chunk)
+        states.append(state)
+    state, _ = op.flush(state)
+    states.append(state)
+    return states
+
+
+def real_tokens(row):
+    ids = row.payload["input_ids"]
+    return ids[: len(ids) - row.meta.padding_length]
+
+
+def concat(arrays):
+    arrays = list(arrays)
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int32)
+
+
+# -- laws for every operator --------------------------------------------------------------------------
+
+
+@each_operator
+@given(data=st.data(), records=streams(), key=keys)
+def test_chunk_boundaries_never_change_the_outputs(kind, data, records, key):
+    op = data.draw(OPERATORS[kind], label="operator")
+    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=8), label="cuts")
+    assert_chunking_invariance(op, records, cuts, key=key)
+
+
+@each_operator
+@given(data=st.data(), records=streams(), key=keys)
+def test_restoring_at_any_step_boundary_resumes_with_the_same_outputs(kind, data, records, key):
+    op = data.draw(OPERATORS[kind], label="operator")
+    chunks = data.draw(chunkings(records), label="chunks")
+    assert_checkpoint_equivalence(op, chunks, key=key)
+
+
+@each_operator
+@given(data=st.data(), records=streams(), key=keys)
+def test_every_state_round_trips_through_msgpack_bytes(kind, data, records, key):
+    op = data.draw(OPERATORS[kind], label="operator")
+    chunks = data.draw(chunkings(records), label="chunks")
+    resolve = input_resolver(chunks)
+    for i, state in enumerate(states_reached(op, chunks, key)):
+        wire = msgspec.msgpack.encode(op.encode_state(state))
+        decoded = op.decode_state(msgspec.msgpack.decode(wire), resolve)
+        assert msgspec.msgpack.encode(op.encode_state(decoded)) == wire, f"state {i} re-encodes differently"
+        assert decoded == state, f"state {i} decodes to a different state"
+
+
+@each_operator
+@given(data=st.data(), records=streams(), key=keys)
+def test_same_operator_same_input_same_outputs(kind, data, records, key):
+    op = data.draw(OPERATORS[kind], label="operator")
+    chunks = data.draw(chunkings(records), label="chunks")
+    _, first = run(op, chunks, key=key)
+    _, second = run(op, [list(c) for c in chunks], key=key)
+    assert outputs_equal(first, second)
+
+
+# -- pack_flat ------------------------------------------------------------------------------------------
+
+
+def check_rows(op, records, rows):
+    """Every row is ``max_length`` long, holds exactly the token ranges its meta names, padded at
+    the end with ``pad_token_id``, with positions restarting at every piece and at the padding."""
+    by_row = {r.meta.segments[0].row: r.payload["input_ids"] for r in records}
+    for r in rows:
+        ids, padding = r.payload["input_ids"], r.meta.padding_length
+        assert len(ids) == op.max_length and 0 <= padding < op.max_length
+        assert r.meta.lane == records[0].meta.lane
+        pieces = [by_row[s.row][s.start : s.end] for s in r.meta.segments]
+        assert all(len(p) == s.end - s.start > 0 for p, s in zip(pieces, r.meta.segments))
+        assert np.array_equal(concat(pieces), real_tokens(r))
+        assert (ids[len(ids) - padding :] == op.pad_token_id).all()
+        if op.max_sequences_per_bin is not None:
+            assert len(r.meta.segments) <= op.max_sequences_per_bin
+        if op.emit_positions:
+            restarts = [np.arange(len(p)) for p in pieces] + [np.arange(padding)]
+            assert np.array_equal(r.payload["positions"], concat(restarts))
+
+
+@given(data=st.data(), records=streams(), max_length=st.integers(1, 16), pad=st.one_of(st.none(), st.just(0), st.integers(1, 99)))
+def test_pack_flat_wrap_keeps_every_token_once_in_order(data, records, max_length, pad):
+    op = PackFlat(max_length, algorithm="wrap", pad_token_id=pad)
+    chunks = data.draw(chunkings(records), label="chunks")
+    state, rows = run(op, chunks)
+    stream = concat(r.payload["input_ids"] for r in records)
+    remainder = len(stream) % max_length
+    note(f"{len(stream)} tokens, {len(rows)} rows, remainder {remainder}")
+    check_rows(op, records, rows)
+
+    # Only the last row can be padded, and only with a pad id; without one the remainder is counted.
+    assert all(r.meta.padding_length == 0 for r in rows[:-1])
+    kept = concat(real_tokens(r) for r in rows)
+    report = op.report(state)
+    if pad is None:
+        assert np.array_equal(kept, stream[: len(stream) - remainder])
+        assert report["dropped_tokens"] == remainder
+    else:
+        assert np.array_equal(kept, stream)
+        assert report["dropped_tokens"] == 0
+        assert (rows[-1].meta.padding_length if rows else 0) == (max_length - remainder) % max_length
+    assert report["rows"] == len(rows)
+    assert report["dropped_empty_records"] == sum(len(r.payload["input_ids"]) == 0 for r in records)
+
+
+@pytest.mark.parametrize("algorithm", PACK_ALGORITHMS)
+@given(data=st.data(), records=streams())
+def test_pack_flat_emits_each_token_at_most_once_and_counts_the_rest(algorithm, data, records):
+    op = data.draw(pack_flats(algorithm), label="operator")
+    chunks = data.draw(chunkings(records), label="chunks")
+    state, rows = run(op, chunks)
+    check_rows(op, records, rows)
+
+    kept: dict[int, list[tuple[int, int]]] = {r.meta.segments[0].row: [] for r in records}
+    for r in rows:
+        for s in r.meta.segments:
+            kept[s.row].append((s.start, s.end))
+    tail_dropped = op.algorithm == "wrap" and op.pad_token_id is None and op.max_sequences_per_bin is None
+    for rec in records:
+        n, ranges = len(rec.payload["input_ids"]), sorted(kept[rec.meta.segments[0].row])
+        covered = [t for a, b in ranges for t in range(a, b)]
+        assert len(covered) == len(set(covered)), f"document {rec.meta.segments[0].row} has a token in two rows"
+        if tail_dropped:
+            continue  # the end-of-data remainder is dropped: see the wrap law above
+        keep = {"split": n, "truncate": min(n, op.max_length), "drop": n if n <= op.max_length else 0}[op.oversized]
+        assert covered == list(range(keep)), f"document {rec.meta.segments[0].row} ({n} tokens, oversized={op.oversized!r})"
+
+    report = op.report(state)
+    total = sum(len(r.payload["input_ids"]) for r in records)
+    assert report["pending_tokens"] == 0
+    assert report["tokens"] == sum(len(real_tokens(r)) for r in rows)
+    assert report["tokens"] + report["dropped_tokens"] == total
+    assert report["padding_tokens"] == sum(r.meta.padding_length for r in rows)
+    assert report["rows"] == len(rows)
+    assert report["dropped_empty_records"] == sum(len(r.payload["input_ids"]) == 0 for r in records)
+
+
+# -- shuffle ----------------------------------------------------------------------------------------------
+
+
+@given(data=st.data(), records=streams(st.lists(st.integers(0, 3), max_size=120)), key=keys)
+def test_shuffle_emits_a_permutation_and_respects_its_buffer(data, records, key):
+    op = data.draw(shuffles, label="shuffle")
+    chunks = data.draw(chunkings(records), label="chunks")
+    state, out, seen = op.init(key), [], 0
+    for chunk in chunks:
+        state, emitted = op.step(state, chunk)
+        out.extend(emitted)
+        seen += len(chunk)
+        assert len(state.buffer) <= op.buffer_size
+        assert state.emitted == len(out) and len(out) + len(state.buffer) == seen
+    state, emitted = op.flush(state)
+    out.extend(emitted)
+    assert sorted(r.meta.segments[0].row for r in out) == list(range(len(records)))
+    by_row = {r.meta.segments[0].row: r for r in records}
+    assert all(r is by_row[r.meta.segments[0].row] for r in out), "shuffle must pass records through unchanged"
+    assert op.report(state) == {"buffered": 0, "emitted": len(records)}
+
+
+# -- batch ------------------------------------------------------------------------------------------------
+
+
+@given(data=st.data(), records=streams(st.lists(st.integers(0, 3), max_size=60)))
+def test_batch_keeps_order_and_only_the_end_is_short(data, records):
+    op = data.draw(batches, label="batch")
+    chunks = data.draw(chunkings(records), label="chunks")
+    state, out = run(op, chunks)
+    full, rest = divmod(len(records), op.microbatch_size)
+    assert [len(b) for b in out] == [op.microbatch_size] * full + ([] if op.drop_last or not rest else [rest])
+    flat = [r for b in out for r in b.records]
+    assert all(x is y for x, y in zip(flat, records)) and len(flat) == len(records) - (rest if op.drop_last else 0)
+    assert op.report(state) == {"batches": len(out), "dropped_records_at_end": rest if op.drop_last else 0}
