@@ -73,3 +73,36 @@ def global_steps(make, lanes, dp, steps, restore=None):
     for _ in range(steps):
         out.append([b for it in iters for b in next(it)])
     return out, pipes
+
+
+WORDS = "the of and to in is it that for on with as was by this be are from at an not have or data lanes".split()
+
+
+def texts(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [" ".join(WORDS[j] for j in rng.integers(0, len(WORDS), size=int(rng.integers(0, 60)))) for _ in range(n)]
+
+
+def train_bytelevel(folder):
+    """Train a small byte-level BPE with <|endoftext|> (EOS) and <|bos|> (BOS); returns tokenizer.json."""
+    import json
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|bos|>"], show_progress=False)
+    tok.train_from_iterator(texts(300), trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|bos|>", "eos_token": "<|endoftext|>"}))
+    return folder / "tokenizer.json"
+
+
+def text_records(strings, lane=0):
+    from zephon.types import Meta, Record, Segment
+
+    return [Record({"text": t}, Meta(lane, (Segment(0, 0, i, 0, 0, -1),), 0)) for i, t in enumerate(strings)]

@@ -285,8 +285,8 @@ class _Packer(Operator):
             raise ValueError(f"{k}: min_sequence_length must be an int >= 0, got {self.min_sequence_length!r}")
         if alg not in _WHOLE and self.min_sequence_length != 1:
             raise ValueError(
-                f"{k}: min_sequence_length only applies to first_fit/best_fit (a bin closes once less room than it "
-                f"remains); algorithm={alg!r} fills rows exactly, so leave it at 1"
+                f"{k}: min_sequence_length only applies to first_fit/best_fit (a bin closes once its free room drops "
+                f"below it); algorithm={alg!r} fills rows exactly, so leave it at 1"
             )
         if alg == "best_fit_wrap":
             pool = 1024 if self.candidate_pool_size is None else self.candidate_pool_size
@@ -587,7 +587,9 @@ class PackFlat(_Packer):
             counted as ``dropped_tail_tokens``).
         emit_positions: add int32 ``positions`` restarting at 0 at every piece and at the
             padding tail (document ids are ``cumsum(positions == 0) - 1``).
+
     {common}
+
     Output: the token field and every other 1-D array field of the same length (``loss_mask``
     travels with its tokens), concatenated, padded with ``pad_token_id`` (other fields with 0);
     ``positions``; ``meta.padding_length`` (what ``to_training`` masks). Other fields are left
@@ -677,7 +679,9 @@ class PackSequences(_Packer):
     Same arguments and algorithms as :class:`PackFlat` (``algorithm`` defaults to ``"wrap"``
     here too), without ``emit_positions``; ``pad_token_id`` is not allowed (envelopes are never
     padded). For users who build their own tensors; ``to_training`` takes ``pack_flat`` rows.
+
     {common}
+
     Output: one envelope per bin. A piece that covers its whole document is that document's
     payload unchanged (every field kept); a piece of a document is a dict of its token field and
     token-aligned fields, sliced. ``meta.segments`` lists the pieces; ``padding_length`` is 0.
@@ -721,8 +725,8 @@ class PackSequences(_Packer):
         return {"packed_samples": samples}
 
 
-PackFlat.__doc__ = PackFlat.__doc__.replace("{common}", _COMMON_DOC)
-PackSequences.__doc__ = PackSequences.__doc__.replace("{common}", _COMMON_DOC)
+PackFlat.__doc__ = PackFlat.__doc__.replace("    {common}", _COMMON_DOC.strip("\n"))
+PackSequences.__doc__ = PackSequences.__doc__.replace("    {common}", _COMMON_DOC.strip("\n"))
 
 
 def packing_info(record: Record, max_length: int | None = None) -> dict[str, Any]:

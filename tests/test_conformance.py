@@ -1,0 +1,120 @@
+"""Every operator in the library passes the same checkpoint checks (the conformance registry).
+
+Adding an operator: add an entry to ``REGISTRY`` with a factory and its input. The checks run
+``zephon.testing.assert_checkpoint_equivalence`` (stop and restore at every step boundary,
+through JSON) and chunking invariance on it.
+"""
+
+import numpy as np
+import pytest
+
+from _util import docs, text_records, texts, train_bytelevel
+from zephon import ops
+from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return str(train_bytelevel(tmp_path_factory.mktemp("tok")).parent)
+
+
+def _lengths():
+    return [3, 5, 2, 7, 4, 1, 6, 9, 2, 11, 0, 8, 3]
+
+
+def double(payload):
+    return {"input_ids": payload["input_ids"] * 2}
+
+
+def is_even_length(payload):
+    return len(payload["input_ids"]) % 2 == 0
+
+
+def _masked(lengths):
+    return [
+        r.__class__({**r.payload, "loss_mask": (np.arange(len(r.payload["input_ids"])) % 2).astype(np.uint8)}, r.meta)
+        for r in docs(lengths)
+    ]
+
+
+REGISTRY = {
+    "map": (lambda tok: ops.MapOp(double), lambda: docs(_lengths())),
+    "filter": (lambda tok: ops.FilterOp(is_even_length), lambda: docs(_lengths())),
+    "tokenize": (lambda tok: ops.Tokenize(tokenizer=tok, special_tokens="eos"), lambda: text_records(texts(12))),
+    "tokenize_split": (
+        lambda tok: ops.Tokenize(tokenizer=tok, special_tokens="bos_eos", max_length=8, split_long_samples=True),
+        lambda: text_records(texts(12)),
+    ),
+    "pack_flat_wrap": (lambda tok: ops.PackFlat(8), lambda: docs(_lengths())),
+    "pack_flat_wrap_padded": (lambda tok: ops.PackFlat(8, pad_token_id=0), lambda: _masked(_lengths())),
+    "shuffle": (lambda tok: ops.Shuffle(5, seed=3), lambda: docs(_lengths())),
+    "batch": (lambda tok: ops.Batch(3, drop_last=False), lambda: docs(_lengths())),
+    "chain": (
+        lambda tok: ops.Chain((("pack", ops.PackFlat(6, pad_token_id=0)), ("shuffle", ops.Shuffle(4)), ("batch", ops.Batch(2)))),
+        lambda: docs(_lengths()),
+    ),
+}
+
+
+def register_optional():
+    for algo in ("first_fit", "best_fit", "best_fit_wrap"):
+        REGISTRY[f"pack_flat_{algo}"] = (
+            lambda tok, algo=algo: ops.PackFlat(8, algorithm=algo, pad_token_id=0, **({"num_bins": 2} if "fit" in algo and algo != "best_fit_wrap" else {"candidate_pool_size": 3})),
+            lambda: docs(_lengths()),
+        )
+    if hasattr(ops, "PackSequences"):
+        REGISTRY["pack_sequences"] = (lambda tok: ops.PackSequences(8, algorithm="first_fit", num_bins=2), lambda: docs(_lengths()))
+
+
+try:
+    ops.PackFlat(8, algorithm="first_fit", num_bins=2, pad_token_id=0)
+    register_optional()
+except (ValueError, TypeError):
+    pass
+
+
+def _chunkings(records):
+    n = len(records)
+    return [
+        [records],
+        [records[i : i + 1] for i in range(n)],
+        [records[:3], [], records[3:7], records[7:]],
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_checkpoint_equivalence(name, tokenizer):
+    make_op, make_input = REGISTRY[name]
+    op = make_op(tokenizer)
+    for chunks in _chunkings(make_input()):
+        assert_checkpoint_equivalence(op, chunks, key=11)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_chunking_invariance(name, tokenizer):
+    make_op, make_input = REGISTRY[name]
+    records = make_input()
+    for cuts in ([1], [2, 5], [4, 6, 9], list(range(1, len(records)))):
+        assert_chunking_invariance(make_op(tokenizer), records, cuts, key=5)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_fingerprint_is_stable_and_json_friendly(name, tokenizer):
+    import json
+
+    make_op, _ = REGISTRY[name]
+    a, b = make_op(tokenizer).fingerprint(), make_op(tokenizer).fingerprint()
+    assert a == b
+    json.dumps(a)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_operators_pickle(name, tokenizer):
+    import pickle
+
+    from zephon.testing import outputs_equal, run
+
+    make_op, make_input = REGISTRY[name]
+    op = make_op(tokenizer)
+    clone = pickle.loads(pickle.dumps(op))
+    assert outputs_equal(run(op, [make_input()])[1], run(clone, [make_input()])[1])
