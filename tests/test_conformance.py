@@ -56,21 +56,18 @@ REGISTRY = {
 }
 
 
-def register_optional():
-    for algo in ("first_fit", "best_fit", "best_fit_wrap"):
-        REGISTRY[f"pack_flat_{algo}"] = (
-            lambda tok, algo=algo: ops.PackFlat(8, algorithm=algo, pad_token_id=0, **({"num_bins": 2} if "fit" in algo and algo != "best_fit_wrap" else {"candidate_pool_size": 3})),
-            lambda: docs(_lengths()),
-        )
-    if hasattr(ops, "PackSequences"):
-        REGISTRY["pack_sequences"] = (lambda tok: ops.PackSequences(8, algorithm="first_fit", num_bins=2), lambda: docs(_lengths()))
-
-
-try:
-    ops.PackFlat(8, algorithm="first_fit", num_bins=2, pad_token_id=0)
-    register_optional()
-except (ValueError, TypeError):
-    pass
+for _algo, _extra in (
+    ("first_fit", {"num_bins": 2}),
+    ("best_fit", {"num_bins": 2}),
+    ("best_fit_wrap", {"candidate_pool_size": 3}),
+):
+    REGISTRY[f"pack_flat_{_algo}"] = (
+        lambda tok, algo=_algo, extra=_extra: ops.PackFlat(8, algorithm=algo, pad_token_id=0, **extra),
+        lambda: _masked(_lengths()),
+    )
+REGISTRY["pack_flat_wrap_capped"] = (lambda tok: ops.PackFlat(8, max_sequences_per_bin=2, pad_token_id=0), lambda: docs(_lengths()))
+REGISTRY["pack_sequences"] = (lambda tok: ops.PackSequences(8, algorithm="first_fit", num_bins=2), lambda: docs(_lengths()))
+REGISTRY["pack_sequences_wrap"] = (lambda tok: ops.PackSequences(8), lambda: docs(_lengths()))
 
 
 def _chunkings(records):

@@ -105,3 +105,22 @@ def test_lambdas_with_workers_get_a_clear_error():
 
 def test_num_workers_alias():
     assert Pipeline([{"a": 1}]).options(num_workers=3)._options.workers == 3
+
+
+def test_background_thread_gives_the_same_batches_and_exact_checkpoints():
+    reference = list(finite(3, 0))
+    assert outputs_equal(list(finite(3, 0, thread=True)), reference)
+    pipe = finite(3, 0, thread=True, prefetch=8)
+    it = iter(pipe)
+    got = [next(it) for _ in range(5)]
+    time.sleep(0.2)
+    rest = list(finite(3, 0).restore(pipe.checkpoint()))
+    assert outputs_equal(got + rest, reference)
+    pipe.close()
+
+
+def test_background_thread_surfaces_exceptions():
+    src = StaticMixtureWorkSource([toy_dataset()], {"web": 1.0}, chunk_size=8, shuffle_shards=False)
+    pipe = Pipeline(src).options(canonical_replicas=2, thread=True).map(fail_on_row_7).batch(1)
+    with pytest.raises(ValueError, match="row 7 is bad"):
+        list(pipe)

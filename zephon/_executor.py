@@ -54,6 +54,68 @@ class InlineExecutor:
         pass
 
 
+class ThreadExecutor:
+    """Runs lanes ahead in one background thread of this process (``workers=0, thread=True``).
+
+    The thread computes each lane's next outputs, paired with the state after them, up to
+    ``credit`` ahead per lane; the caller's view only advances when it takes an output, so the
+    checkpoint is exactly what it received. Tokenizers release the GIL while encoding, so the
+    caller's own work (tensor conversion, the training step) overlaps with reading ahead.
+    """
+
+    def __init__(self, plan: Plan, states: dict[int, LaneState], credit: int = 4):
+        import queue
+        import threading
+
+        self.plan = plan
+        self.states = dict(states)  # state after the last output the caller took
+        self.lanes = list(states)
+        self.queues = {lane: queue.Queue() for lane in self.lanes}
+        self.credits = {lane: threading.Semaphore(credit) for lane in self.lanes}
+        self.stop = threading.Event()
+        self.closed = False
+        self.thread = threading.Thread(target=self._run, args=(dict(states),), name="zephon-prefetch", daemon=True)
+        self.thread.start()
+
+    def _run(self, states: dict[int, LaneState]) -> None:
+        live = list(self.lanes)
+        try:
+            while live and not self.stop.is_set():
+                for lane in list(live):
+                    while not self.credits[lane].acquire(timeout=0.1):
+                        if self.stop.is_set():
+                            return
+                    state, out = self.plan.next(lane, states[lane])
+                    states[lane] = state
+                    self.queues[lane].put(("out", state, out))
+                    if out is None:
+                        live.remove(lane)
+        except BaseException as exc:  # hand the failure to the caller, whichever lane it waits on
+            for q in self.queues.values():
+                q.put(("error", exc, None))
+
+    def next(self, lane: int) -> Any:
+        kind, state, out = self.queues[lane].get()
+        if kind == "error":
+            self.queues[lane].put((kind, state, out))
+            raise state
+        self.credits[lane].release()
+        self.states[lane] = state
+        return out
+
+    def lane_states(self) -> dict[int, Any]:
+        return {lane: self.plan.encode(s) for lane, s in self.states.items()}
+
+    def reports(self) -> dict[int, Any]:
+        return {lane: self.plan.reports(s) for lane, s in self.states.items()}
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.stop.set()
+            self.thread.join(timeout=5)
+
+
 def _worker_main(conn, plan_bytes: bytes, lanes: list[int], encoded: dict[int, Any] | None, credit: int, threads: int) -> None:
     # Set before the plan (and with it the tokenizer library) is unpickled in this process.
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))

@@ -17,10 +17,10 @@ import attrs
 from ._batch import Batch
 from ._core import Chain, FilterOp, MapOp, Operator
 from ._distributed import Topology, checkpoint_to_state_dict, resolve_topology, select_lanes as _select_lanes, state_dict_to_checkpoint
-from ._executor import InlineExecutor, ProcessExecutor
+from ._executor import InlineExecutor, ProcessExecutor, ThreadExecutor
 from ._lanes import FORMAT, Plan
 from ._records import SampleBatch
-from ._pack import PackFlat
+from ._pack import PackFlat, PackSequences
 from ._shuffle import Shuffle
 from .work._source import make_source
 
@@ -50,6 +50,8 @@ class Options:
         prefetch: outputs each lane may run ahead of the caller when ``workers > 0``.
         read_size: source samples read per lane step (tokenizer batch size).
         global_batch_size: optional check: records per global step must equal L x microbatch.
+        thread: with ``workers=0``, run the lanes ahead in a background thread (``prefetch``
+            outputs per lane) so reading and tokenizing overlap with the caller's work.
         drain: at the end of finite data, keep delivering the outputs of lanes that still have
             some (round-robin) instead of stopping at the first incomplete global step. The
             drained tail is not a whole global step, so it is the same only for the same D.
@@ -63,6 +65,7 @@ class Options:
     read_size: int = attrs.field(default=64, validator=_opt_int(1))
     global_batch_size: int | None = attrs.field(default=None, validator=_opt_int(1))
     drain: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    thread: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 class Pipeline:
@@ -134,8 +137,16 @@ class Pipeline:
         return self.add(Tokenize(tokenizer=tokenizer, tokenizer_id=tokenizer_id, **kwargs), name=name)
 
     def pack_flat(self, max_length: int, *, name: str | None = None, **kwargs: Any) -> "Pipeline":
-        """Pack documents into rows of exactly ``max_length`` tokens; see :class:`zephon.ops.PackFlat`."""
+        """Pack documents into rows of at most ``max_length`` tokens; see :class:`zephon.ops.PackFlat`.
+
+        ``algorithm`` is ``"wrap"`` (the default here; Zephon's is ``"first_fit"``), ``"first_fit"``,
+        ``"best_fit"`` or ``"best_fit_wrap"``.
+        """
         return self.add(PackFlat(max_length, **kwargs), name=name)
+
+    def pack_sequences(self, max_length: int, *, name: str | None = None, **kwargs: Any) -> "Pipeline":
+        """Pack documents into envelopes ``{"packed_samples": [...]}``; see :class:`zephon.ops.PackSequences`."""
+        return self.add(PackSequences(max_length, **kwargs), name=name)
 
     def shuffle(self, buffer_size: int, *, seed: int = 0, name: str | None = None) -> "Pipeline":
         """Shuffle each lane through a buffer of ``buffer_size`` records."""
@@ -177,7 +188,7 @@ class Pipeline:
             encoded = _select_lanes(self._pending_restore, topo.lanes)
             self._pending_restore = None
         opts = self._options
-        self._iterator = PipelineIterator(plan, topo, encoded, workers=opts.workers, prefetch=opts.prefetch, drain=opts.drain)
+        self._iterator = PipelineIterator(plan, topo, encoded, workers=opts.workers, prefetch=opts.prefetch, drain=opts.drain, thread=opts.thread)
         return self._iterator
 
     def steps(self, *, concat: bool = False) -> Iterator[Any]:
@@ -293,7 +304,7 @@ def _is_stateless(op: Operator) -> bool:
 class PipelineIterator(Iterator[Any]):
     """Yields this rank's lane outputs round-robin; ``checkpoint()`` covers exactly what it yielded."""
 
-    def __init__(self, plan: Plan, topology: Topology, encoded: dict[int, Any] | None, *, workers: int = 0, prefetch: int = 4, drain: bool = False):
+    def __init__(self, plan: Plan, topology: Topology, encoded: dict[int, Any] | None, *, workers: int = 0, prefetch: int = 4, drain: bool = False, thread: bool = False):
         self.plan = plan
         self.drain = drain
         self.ended: dict[int, int] = {}
@@ -304,7 +315,7 @@ class PipelineIterator(Iterator[Any]):
             self.executor: Any = ProcessExecutor(plan, lanes, workers, encoded=encoded, credit=prefetch)
         else:
             states = {lane: (plan.decode(lane, encoded[lane]) if encoded else plan.init(lane)) for lane in lanes}
-            self.executor = InlineExecutor(plan, states)
+            self.executor = ThreadExecutor(plan, states, prefetch) if thread else InlineExecutor(plan, states)
         self.finished = False
         self._final_states: dict[int, Any] | None = None
         self._final_reports: dict[int, Any] | None = None
@@ -336,6 +347,8 @@ class PipelineIterator(Iterator[Any]):
 
     def close(self) -> None:
         """Stop the workers, keeping the final states so ``checkpoint()`` still works."""
+        if isinstance(self.executor, ThreadExecutor):
+            self.executor.close()
         if isinstance(self.executor, ProcessExecutor) and not self.executor.closed:
             try:
                 self._final_states = self.executor.lane_states()

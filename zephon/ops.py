@@ -15,6 +15,8 @@ from ._core import StatelessOp as StatelessOp
 from ._core import config_field as config_field
 from ._core import stateless as stateless
 from ._pack import PackFlat as PackFlat
+from ._pack import PackSequences as PackSequences
+from ._pack import packing_info as packing_info
 from ._shuffle import Shuffle as Shuffle
 
 __all__ = [
@@ -26,9 +28,11 @@ __all__ = [
     "MapOp",
     "Operator",
     "PackFlat",
+    "PackSequences",
     "Shuffle",
     "StatelessOp",
     "config_field",
+    "packing_info",
     "stateless",
 ]
 
