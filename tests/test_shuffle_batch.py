@@ -75,7 +75,7 @@ def test_batch_groups_and_drops_last_counted():
     op = Batch(3)
     state, out = run(op, [docs([1] * 8)])
     assert [rows_of(b.records) for b in out] == [[0, 1, 2], [3, 4, 5]]
-    assert op.report(state) == {"batches": 2, "dropped_records_at_end": 2}
+    assert op.report(state) == {"batches": 2, "dropped_records_at_end": 2, "real_tokens": 6, "padded_slots": 6}
 
 
 def test_batch_keep_last():
@@ -91,3 +91,35 @@ def test_batch_checkpoint_equivalence():
 def test_batch_rejects_bad_size():
     with pytest.raises(ValueError, match="microbatch_size"):
         Batch(0)
+
+
+def test_group_by_length_cuts_padding_and_keeps_every_record():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 200, size=256).tolist()
+    plain_op, grouped_op = Batch(4), Batch(4, group_by_length=True, buffer_size=64)
+    plain_state, plain = run(plain_op, [docs(lengths)])
+    grouped_state, grouped = run(grouped_op, [docs(lengths)])
+    assert sorted(r.meta.segments[0].row for b in grouped for r in b.records) == list(range(256))
+    waste = lambda bs: 1 - sum(sum(len(r.payload["input_ids"]) for r in b.records) for b in bs) / sum(4 * max(len(r.payload["input_ids"]) for r in b.records) for b in bs)
+    assert waste(grouped) < waste(plain) / 3
+    for op, state, batches in ((plain_op, plain_state, plain), (grouped_op, grouped_state, grouped)):
+        report = op.report(state)
+        assert abs((1 - report["real_tokens"] / report["padded_slots"]) - waste(batches)) < 1e-12
+    assert abs(grouped[0].padding_waste - (1 - sum(len(r.payload["input_ids"]) for r in grouped[0].records) / (4 * max(len(r.payload["input_ids"]) for r in grouped[0].records)))) < 1e-12
+    # groups are not emitted shortest-first
+    firsts = [max(len(r.payload["input_ids"]) for r in b.records) for b in grouped[:16]]
+    assert firsts != sorted(firsts)
+
+
+def test_group_by_length_restores_and_is_chunking_invariant():
+    records = docs([5, 1, 9, 3, 3, 7, 2, 8, 6, 4, 1, 1, 9])
+    op = Batch(2, group_by_length=True, buffer_size=4, drop_last=False)
+    assert_checkpoint_equivalence(op, [records[:3], records[3:9], records[9:]])
+    assert_chunking_invariance(op, records, [2, 7])
+
+
+def test_group_by_length_validation():
+    with pytest.raises(ValueError, match="multiple of microbatch_size"):
+        Batch(3, group_by_length=True, buffer_size=10)
+    with pytest.raises(ValueError, match="only applies"):
+        Batch(3, buffer_size=9)

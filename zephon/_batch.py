@@ -1,4 +1,12 @@
-"""Grouping records into lane-pure microbatches."""
+"""Grouping records into lane-pure microbatches, optionally grouped by length.
+
+``batch(microbatch_size)`` cuts each lane's stream into batches in arrival order.
+``batch(microbatch_size, group_by_length=True, buffer_size=N)`` collects ``N`` records, sorts
+them by length (ties by arrival), cuts batches of similar lengths and emits them in a
+pseudo-random order drawn from the operator's key, which cuts padding for ragged records (the
+``group_by_length`` of Hugging Face trainers) without a length curriculum. Both keep their
+records by reference, and count real tokens and padded slots so ``stats()`` reports waste.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +16,59 @@ import attrs
 import msgspec
 
 from ._core import Operator, Resolver, config_field
+from ._keys import fold_in, randbelow
 from ._records import Meta, Record, SampleBatch
+
+TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 
 
 class BatchState(msgspec.Struct, frozen=True, tag="batch", forbid_unknown_fields=True):
-    """The records of the batch being filled (by reference), and records dropped at the end."""
+    """Records waiting for a batch (by reference) and counters."""
 
+    key: int = 0
     partial: tuple[Record, ...] = ()
     batches: int = 0
     dropped_records: int = 0
+    real_tokens: int = 0
+    slots: int = 0
 
 
-def _check_size(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"batch: microbatch_size must be an int >= 1, got {value!r}")
+def _check_size(name: str):
+    def check(instance, attribute, value):
+        if value is None and name == "buffer_size":
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"batch: {name} must be an int >= 1, got {value!r}")
+
+    return check
+
+
+def record_length(rec: Record) -> int:
+    """Tokens in a record (its token field, or its first dimension for a bare array)."""
+    p = rec.payload
+    if isinstance(p, dict):
+        for k in TOKEN_FIELDS:
+            if k in p:
+                return len(p[k])
+        raise ValueError(f"batch: group_by_length needs a token field ({', '.join(TOKEN_FIELDS)}), payload keys {sorted(p)[:8]}")
+    return len(p)
+
+
+def _has_tokens(batch: SampleBatch) -> bool:
+    p = batch.records[0].payload if batch.records else None
+    return isinstance(p, dict) and any(k in p for k in TOKEN_FIELDS)
+
+
+def padding_waste(batch: SampleBatch) -> float:
+    """``1 - real tokens / (B x T_batch)`` for a batch padded to its longest record.
+
+    Packed padding (``meta.padding_length``) counts as waste too.
+    """
+    if not batch.records:
+        return 0.0
+    lengths = [record_length(r) for r in batch.records]
+    real = sum(n - r.meta.padding_length for n, r in zip(lengths, batch.records))
+    return 1.0 - real / (len(lengths) * max(lengths)) if max(lengths) else 0.0
 
 
 @attrs.frozen
@@ -31,39 +78,79 @@ class Batch(Operator):
     Args:
         microbatch_size: records per batch.
         drop_last: at the end of data, drop a short final batch (counted in ``stats()``)
-            instead of emitting it. There are no mid-stream flushes, so only the very end can
-            be short.
+            instead of emitting it. There are no mid-stream flushes: only the end can be short.
+        group_by_length: batch records of similar length together (see the module docstring).
+        buffer_size: records sorted together when grouping (default ``64 * microbatch_size``).
 
-    State: the partial batch, by reference.
+    State: the waiting records, by reference; a key (grouping order); counters.
     """
 
-    microbatch_size: int = config_field(validator=_check_size)
+    microbatch_size: int = config_field(validator=_check_size("microbatch_size"))
     drop_last: bool = config_field(default=True)
+    group_by_length: bool = config_field(default=False)
+    buffer_size: int | None = config_field(default=None, validator=_check_size("buffer_size"))
 
     kind: ClassVar[str] = "batch"
     state_type: ClassVar[type] = BatchState
 
+    def __attrs_post_init__(self) -> None:
+        if self.buffer_size is not None and not self.group_by_length:
+            raise ValueError("batch: buffer_size only applies with group_by_length=True")
+        if self.group_by_length and self.window % self.microbatch_size:
+            raise ValueError(
+                f"batch: buffer_size={self.window} must be a multiple of microbatch_size={self.microbatch_size} "
+                "so that every group fills whole batches"
+            )
+
+    @property
+    def window(self) -> int:
+        return self.buffer_size if self.buffer_size is not None else 64 * self.microbatch_size
+
     def init(self, key: int) -> BatchState:
-        return BatchState()
+        return BatchState(key=fold_in(key, "group"))
 
     def step(self, state: BatchState, chunk: Sequence[Record]) -> tuple[BatchState, list[SampleBatch]]:
         partial = list(state.partial)
-        batches = state.batches
+        size = self.window if self.group_by_length else self.microbatch_size
         out: list[SampleBatch] = []
         for rec in chunk:
             partial.append(rec)
-            if len(partial) == self.microbatch_size:
-                out.append(SampleBatch(tuple(partial)))
+            if len(partial) == size:
+                out.extend(self._emit(state, partial, len(out)))
                 partial = []
-                batches += 1
-        return BatchState(tuple(partial), batches, state.dropped_records), out
+        return self._advance(state, tuple(partial), out), out
 
     def flush(self, state: BatchState) -> tuple[BatchState, list[SampleBatch]]:
         if not state.partial:
             return state, []
-        if self.drop_last:
-            return BatchState((), state.batches, state.dropped_records + len(state.partial)), []
-        return BatchState((), state.batches + 1, state.dropped_records), [SampleBatch(state.partial)]
+        records = list(state.partial)
+        keep = len(records) - len(records) % self.microbatch_size if self.drop_last else len(records)
+        out = self._emit(state, records[:keep], 0) if keep else []
+        state = self._advance(state, (), out)
+        return msgspec.structs.replace(state, dropped_records=state.dropped_records + len(records) - keep), out
+
+    def _emit(self, state: BatchState, records: list[Record], already: int) -> list[SampleBatch]:
+        mbs = self.microbatch_size
+        if not self.group_by_length:
+            return [SampleBatch(tuple(records[i : i + mbs])) for i in range(0, len(records), mbs)]
+        order = sorted(range(len(records)), key=lambda i: (record_length(records[i]), i))
+        groups = [tuple(records[j] for j in order[i : i + mbs]) for i in range(0, len(order), mbs)]
+        # Emit the groups in a drawn order (counter = batches emitted before), not shortest first.
+        counter = state.batches + already
+        out = []
+        while groups:
+            out.append(SampleBatch(groups.pop(randbelow(state.key, counter, len(groups)))))
+            counter += 1
+        return out
+
+    def _advance(self, state: BatchState, partial: tuple, out: list[SampleBatch]) -> BatchState:
+        real = slots = 0
+        for b in out:
+            if _has_tokens(b):
+                lengths = [record_length(r) for r in b.records]
+                real += sum(n - r.meta.padding_length for n, r in zip(lengths, b.records))
+                slots += len(lengths) * max(lengths)
+        return BatchState(state.key, partial, state.batches + len(out), state.dropped_records, state.real_tokens + real, state.slots + slots)
 
     def rebuild(self, refs: Sequence[Any], upstream: Resolver) -> list[SampleBatch]:
         flat: list[Meta] = [m for ref in refs for m in ref]
@@ -71,4 +158,9 @@ class Batch(Operator):
         return [SampleBatch(tuple(next(records) for _ in ref)) for ref in refs]
 
     def report(self, state: BatchState) -> dict[str, int]:
-        return {"batches": state.batches, "dropped_records_at_end": state.dropped_records}
+        return {
+            "batches": state.batches,
+            "dropped_records_at_end": state.dropped_records,
+            "real_tokens": state.real_tokens,
+            "padded_slots": state.slots,
+        }

@@ -152,9 +152,21 @@ class Pipeline:
         """Shuffle each lane through a buffer of ``buffer_size`` records."""
         return self.add(Shuffle(buffer_size, seed=seed), name=name)
 
-    def batch(self, microbatch_size: int, *, drop_last: bool = True, name: str | None = None) -> "Pipeline":
-        """Group records into lane-pure :class:`~zephon.types.SampleBatch` of ``microbatch_size``."""
-        return self.add(Batch(microbatch_size, drop_last=drop_last), name=name)
+    def batch(
+        self,
+        microbatch_size: int,
+        *,
+        drop_last: bool = True,
+        group_by_length: bool = False,
+        buffer_size: int | None = None,
+        name: str | None = None,
+    ) -> "Pipeline":
+        """Group records into lane-pure :class:`~zephon.types.SampleBatch` of ``microbatch_size``.
+
+        ``group_by_length=True`` batches records of similar length (sorting ``buffer_size``
+        records at a time) to cut padding of ragged records; see :class:`zephon.ops.Batch`.
+        """
+        return self.add(Batch(microbatch_size, drop_last=drop_last, group_by_length=group_by_length, buffer_size=buffer_size), name=name)
 
     def _changed(self) -> "Pipeline":
         self._iterator = None

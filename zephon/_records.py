@@ -119,6 +119,13 @@ class SampleBatch:
         """Source pointers ``(dataset, shard, row)`` of each record, in segment order."""
         return tuple(tuple(s.pointer for s in r.meta.segments) for r in self.records)
 
+    @property
+    def padding_waste(self) -> float:
+        """``1 - real tokens / (B x T_batch)`` if padded to the longest record (packed padding included)."""
+        from ._batch import padding_waste
+
+        return padding_waste(self)
+
     def to_training(self, **kwargs: Any) -> dict[str, Any]:
         """Convert to training tensors; see :func:`zephon.to_training` for every option."""
         from ._training import to_training
