@@ -1,21 +1,27 @@
-"""Laws of single operators (pack_flat, shuffle, batch, and chains of them), on generated streams.
+"""Laws of single operators on generated streams.
 
-Inputs are sample-level records made by ``_util.docs``: document ``row`` holds the tokens
-``1000 * row + [0, n)``, so every token of a stream is distinct (lengths stay below 1000) and
-where a token went is visible. Chunkings are random, empty chunks included.
+The operators: ``pack_flat`` and ``pack_sequences`` with every packing algorithm, ``shuffle``,
+``batch`` (plain and grouped by length), and named chains of them. Inputs are sample-level records
+made by ``_util.docs``: document ``row`` holds the tokens ``1000 * row + [0, n)``, so every token
+of a stream is distinct (lengths stay below 1000) and where a token went is visible. Chunkings are
+random, empty chunks included.
 
-Laws:
+Laws for every operator:
     * chunk-boundary invariance: any split of the input gives the same outputs;
     * checkpoint equivalence: saving, encoding and restoring the state at any step boundary
       (including after the flush) resumes with exactly the remaining outputs;
     * state round trip: every state reached encodes to msgpack bytes that decode to an equal
       state, which encodes to the same bytes;
+    * determinism: the same input gives the same outputs.
+
+Laws of one operator:
     * pack_flat (wrap) conserves tokens: every token appears once, in order, except the
       end-of-data remainder, which is padded or counted;
     * pack_flat (every algorithm) emits each token at most once, in rows whose metas name their
       token ranges, and counts every token it does not emit;
     * shuffle emits a permutation of its input and never holds more than its buffer;
-    * batch keeps order and only the very last batch may be short.
+    * batch keeps order and only the very last batch may be short; grouped by length, each batch
+      is a run of its window sorted by length.
 """
 
 from __future__ import annotations
@@ -27,13 +33,15 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 from _util import docs
-from zephon import _pack
+from zephon import _pack, ops
 from zephon.ops import Batch, Chain, PackFlat, Shuffle
 from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance, input_resolver, outputs_equal, run
 
 
 #: The packing algorithms of this version of ``PackFlat`` (``wrap`` alone before the others existed).
 PACK_ALGORITHMS = tuple(getattr(_pack, "ALGORITHMS", ("wrap",)))
+#: The envelope packer, where this version has one.
+PackSequences = getattr(ops, "PackSequences", None)
 
 
 # -- strategies -------------------------------------------------------------------------------------
@@ -59,25 +67,25 @@ def chunkings(draw, records):
 
 
 @st.composite
-def pack_settings(draw, algorithm: str):
-    """Keyword arguments of a valid ``PackFlat`` for ``algorithm``, exploring every knob it has."""
-    kwargs = {"max_length": draw(st.integers(1, 16)), "algorithm": algorithm, "emit_positions": draw(st.booleans())}
+def pack_settings(draw, algorithm: str, *, flat: bool = True):
+    """Keyword arguments of a valid packer for ``algorithm``, exploring every knob it has:
+    ``PackFlat`` when ``flat``, else ``PackSequences`` (never padded)."""
+    kwargs = {"max_length": draw(st.integers(1, 16)), "algorithm": algorithm}
     pads = st.one_of(st.just(0), st.integers(1, 50_000))
-    if algorithm == "wrap":
-        kwargs["pad_token_id"] = draw(st.none() | pads)
-        if kwargs["pad_token_id"] is not None and draw(st.booleans()):  # capped wrap needs padding
-            kwargs["max_sequences_per_bin"] = draw(st.integers(1, 4))
-        return kwargs
-    # Every other algorithm pads partial bins, so it needs a pad id.
-    kwargs["pad_token_id"] = draw(pads)
-    kwargs["max_sequences_per_bin"] = draw(st.none() | st.integers(1, 4))
+    if flat:
+        kwargs["emit_positions"] = draw(st.booleans())
+        # Only uncapped wrap can do without a pad id: every other row may come out short.
+        kwargs["pad_token_id"] = draw(st.none() | pads) if algorithm == "wrap" else draw(pads)
+    padded = kwargs.get("pad_token_id") is not None
+    if algorithm != "wrap" or padded or not flat:
+        kwargs["max_sequences_per_bin"] = draw(st.none() | st.integers(1, 4))
     if algorithm in ("first_fit", "best_fit"):
         kwargs["num_bins"] = draw(st.integers(1, 4))
         kwargs["min_sequence_length"] = draw(st.integers(0, 3))
-        kwargs["oversized"] = draw(st.sampled_from(["split", "drop", "truncate"]))
     elif algorithm == "best_fit_wrap":
         kwargs["candidate_pool_size"] = draw(st.integers(1, 8))
         kwargs["max_candidate_age"] = draw(st.none() | st.integers(1, 24))
+    if algorithm != "wrap":
         kwargs["oversized"] = draw(st.sampled_from(["split", "drop", "truncate"]))
     return kwargs
 
@@ -86,8 +94,20 @@ def pack_flats(algorithm: str):
     return pack_settings(algorithm).map(lambda kwargs: PackFlat(**kwargs))
 
 
+def pack_sequences(algorithm: str):
+    return pack_settings(algorithm, flat=False).map(lambda kwargs: PackSequences(**kwargs))
+
+
 shuffles = st.builds(Shuffle, buffer_size=st.one_of(st.integers(1, 8), st.integers(9, 64)), seed=seeds)
-batches = st.builds(Batch, microbatch_size=st.integers(1, 6), drop_last=st.booleans())
+
+
+@st.composite
+def batches(draw):
+    """A ``Batch``, grouping by length or not (a grouping window is a multiple of the batch size)."""
+    mbs, drop_last = draw(st.integers(1, 6), label="microbatch_size"), draw(st.booleans(), label="drop_last")
+    if not draw(st.booleans(), label="group_by_length"):
+        return Batch(mbs, drop_last=drop_last)
+    return Batch(mbs, drop_last=drop_last, group_by_length=True, buffer_size=draw(st.none() | st.integers(1, 5).map(lambda k: k * mbs)))
 
 
 @st.composite
@@ -98,14 +118,15 @@ def chains(draw):
         shuffle = ("shuffle", draw(shuffles))
         body = [shuffle, *body] if draw(st.booleans()) else [*body, shuffle]
     if draw(st.booleans()):
-        body.append(("batch", draw(batches)))
+        body.append(("batch", draw(batches())))
     return Chain(tuple(body))
 
 
 OPERATORS = {
     **{f"pack_flat[{a}]": pack_flats(a) for a in PACK_ALGORITHMS},
+    **({f"pack_sequences[{a}]": pack_sequences(a) for a in PACK_ALGORITHMS} if PackSequences else {}),
     "shuffle": shuffles,
-    "batch": batches,
+    "batch": batches(),
     "chain": chains(),
 }
 each_operator = pytest.mark.parametrize("kind", list(OPERATORS))
@@ -279,13 +300,51 @@ def test_shuffle_emits_a_permutation_and_respects_its_buffer(data, records, key)
 # -- batch ------------------------------------------------------------------------------------------------
 
 
-@given(data=st.data(), records=streams(st.lists(st.integers(0, 3), max_size=60)))
+def check_batch_report(op, state, out, dropped):
+    report = op.report(state)
+    assert report["batches"] == len(out)
+    assert report["dropped_records_at_end"] == dropped
+    lengths = [[len(r.payload["input_ids"]) for r in b.records] for b in out]
+    assert report["real_tokens"] == sum(map(sum, lengths))
+    assert report["padded_slots"] == sum(len(ls) * max(ls) for ls in lengths)
+
+
+@given(data=st.data(), records=streams(st.lists(st.integers(0, 8), max_size=60)))
 def test_batch_keeps_order_and_only_the_end_is_short(data, records):
-    op = data.draw(batches, label="batch")
+    op = Batch(data.draw(st.integers(1, 6), label="microbatch_size"), drop_last=data.draw(st.booleans(), label="drop_last"))
     chunks = data.draw(chunkings(records), label="chunks")
     state, out = run(op, chunks)
     full, rest = divmod(len(records), op.microbatch_size)
     assert [len(b) for b in out] == [op.microbatch_size] * full + ([] if op.drop_last or not rest else [rest])
     flat = [r for b in out for r in b.records]
-    assert all(x is y for x, y in zip(flat, records)) and len(flat) == len(records) - (rest if op.drop_last else 0)
-    assert op.report(state) == {"batches": len(out), "dropped_records_at_end": rest if op.drop_last else 0}
+    assert len(flat) == len(records) - (rest if op.drop_last else 0)
+    assert all(x is y for x, y in zip(flat, records))
+    check_batch_report(op, state, out, rest if op.drop_last else 0)
+
+
+@given(data=st.data(), records=streams(st.lists(st.integers(0, 8), max_size=80)), key=keys)
+def test_batch_grouped_by_length_cuts_each_window_sorted_by_length(data, records, key):
+    mbs = data.draw(st.integers(1, 6), label="microbatch_size")
+    buffer_size = data.draw(st.none() | st.integers(1, 5).map(lambda k: k * mbs), label="buffer_size")
+    op = Batch(mbs, drop_last=data.draw(st.booleans(), label="drop_last"), group_by_length=True, buffer_size=buffer_size)
+    chunks = data.draw(chunkings(records), label="chunks")
+    state, out = run(op, chunks, key=key)
+
+    # Windows of `window` arrivals are grouped separately, in arrival order; at the end of data
+    # the last window loses its last `len % mbs` arrivals under drop_last.
+    windows = [records[i : i + op.window] for i in range(0, len(records), op.window)]
+    dropped = len(windows[-1]) % mbs if windows and op.drop_last else 0
+    if dropped:
+        windows[-1] = windows[-1][: len(windows[-1]) - dropped]
+    position = {id(r): i for i, r in enumerate(records)}
+    emitted = iter(out)
+    for w, window in enumerate(windows):
+        ranked = sorted(window, key=lambda r: (len(r.payload["input_ids"]), position[id(r)]))
+        mine = [next(emitted) for _ in range(-(-len(window) // mbs))]
+        # Each batch is a run of the window sorted by (length, arrival); only a final window's
+        # longest batch can be short.
+        mine.sort(key=lambda b: ranked.index(b.records[0]))
+        assert [r for b in mine for r in b.records] == ranked, f"window {w}"
+        assert all(len(b) == mbs for b in mine[:-1])
+    assert next(emitted, None) is None
+    check_batch_report(op, state, out, dropped)

@@ -194,3 +194,10 @@ def test_finite_data_stops_at_the_first_incomplete_step_or_drains():
                 break
             n += 1
         assert sum(1 for b in more if b.lane == lane) == n
+
+
+def test_filtered_records_are_counted_per_operator():
+    pipe = Pipeline([{"n": i} for i in range(10)]).filter(lambda p: p["n"] % 3 != 0).map(lambda p: None if p["n"] == 5 else p).batch(1)
+    assert len(list(pipe)) == 5
+    ops = pipe.stats()["operators"]
+    assert ops["filter"]["dropped_records"] == 4 and ops["map"]["dropped_records"] == 1

@@ -671,3 +671,40 @@ def test_tiktoken_missing_falls_back(bytelevel_tok, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="zephon"):
         h = load_tokenizer(bytelevel_tok, backend="tiktoken")
     assert h.backend == "tokenizers" and "not installed" in caplog.text
+
+
+# -- laws (hypothesis) --------------------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_LAWS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@_LAWS
+@given(
+    texts=st.lists(st.text(max_size=60), max_size=12),
+    cut=st.integers(0, 12),
+    max_length=st.integers(1, 9),
+    mode=st.sampled_from(["bos_eos", "bos", "eos", "none"]),
+)
+def test_law_chunk_boundaries_and_conservation(small_tok, texts, cut, max_length, mode):
+    split = Tokenize(small_tok, special_tokens=mode, max_length=max_length, split_long_samples=True)
+    whole = Tokenize(small_tok, special_tokens=mode)
+    # Any split of the input into chunks gives the same outputs.
+    together = split.apply_many(texts)
+    assert _same(together, split.apply_many(texts[:cut]) + split.apply_many(texts[cut:]))
+    # Splitting conserves every token of the bracketed sequence, in order.
+    for outs, (full,) in zip(together, whole.apply_many(texts)):
+        assert np.array_equal(np.concatenate([p["input_ids"] for p in outs]), full["input_ids"])
+
+
+def _same(a, b) -> bool:
+    return [[p["input_ids"].tolist() for p in o] for o in a] == [[p["input_ids"].tolist() for p in o] for o in b]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=200))
+def test_law_tiktoken_equals_tokenizers_on_gpt2(gpt2_handles, text):
+    slow, fast = gpt2_handles
+    assert fast.encode_batch([text], num_threads=1)[0].tolist() == slow.encode_batch([text])[0].tolist()

@@ -205,11 +205,12 @@ class StatelessOp(Operator):
         raise NotImplementedError
 
     def step(self, state: Any, chunk: Sequence[Record]) -> tuple[Any, list]:
-        return state, self._apply_records(chunk)
+        return state, self.apply_records(chunk)[0]
 
-    def _apply_records(self, chunk: Sequence[Record]) -> list[Record]:
+    def apply_records(self, chunk: Sequence[Record]) -> tuple[list[Record], int]:
+        """Apply to a chunk of records; returns the outputs and how many inputs produced none."""
         if not chunk:
-            return []
+            return [], 0
         try:
             results = self.apply_many([r.payload for r in chunk])
         except Exception as exc:
@@ -224,7 +225,9 @@ class StatelessOp(Operator):
         if len(results) != len(chunk):
             raise RuntimeError(f"{self.kind}: apply_many returned {len(results)} results for {len(chunk)} inputs")
         out: list[Record] = []
+        dropped = 0
         for rec, outs in zip(chunk, results):
+            dropped += not outs
             if not self.fans_out:
                 if len(outs) > 1:
                     raise RuntimeError(f"{self.kind}: produced {len(outs)} outputs for one input but does not fan out")
@@ -233,13 +236,13 @@ class StatelessOp(Operator):
                 continue
             for i, payload in enumerate(outs):
                 out.append(Record(payload, child_meta(rec.meta, i)))
-        return out
+        return out, dropped
 
     def rebuild(self, refs: Sequence[Meta], upstream: Resolver) -> list[Record]:
         parents = [parent_meta(m) for m in refs] if self.fans_out else list(refs)
         unique = list(dict.fromkeys(parents))
         produced = {}
-        for rec in self._apply_records(upstream(unique)):
+        for rec in self.apply_records(upstream(unique))[0]:
             produced[rec.meta] = rec
         missing = [m for m in refs if m not in produced]
         if missing:
@@ -318,9 +321,10 @@ def stateless(fn: Callable[[Any], Any]) -> FunctionOp:
 
 
 class ChainState(msgspec.Struct, frozen=True, tag="chain", forbid_unknown_fields=True):
-    """The children's states, by name, in chain order."""
+    """The children's states in chain order, and the records each stateless child dropped."""
 
     states: tuple[Any, ...]
+    drops: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -357,25 +361,42 @@ class Chain(Operator):
     def init(self, key: int) -> ChainState:
         from ._keys import fold_in
 
-        return ChainState(tuple(op.init(fold_in(key, name)) for name, op in self.children))
+        states = tuple(op.init(fold_in(key, name)) for name, op in self.children)
+        return ChainState(states, (0,) * len(states))
 
     def step(self, state: ChainState, chunk: Sequence[Any]) -> tuple[ChainState, list]:
         return self._run(state, list(chunk), 0)
 
     def _run(self, state: ChainState, items: list, start: int) -> tuple[ChainState, list]:
-        states = list(state.states)
+        states, drops = list(state.states), list(state.drops)
         for i in range(start, len(self.children)):
-            states[i], items = self.children[i][1].step(states[i], items)
-        return ChainState(tuple(states)), items
+            op = self.children[i][1]
+            if isinstance(op, StatelessOp):
+                items, dropped = op.apply_records(items)
+                drops[i] += dropped
+            else:
+                states[i], items = op.step(states[i], items)
+        return ChainState(tuple(states), tuple(drops)), items
 
     def flush(self, state: ChainState) -> tuple[ChainState, list]:
         outputs: list = []
         for i, (_, op) in enumerate(self.children):
             states = list(state.states)
             states[i], items = op.flush(states[i])
-            state, items = self._run(ChainState(tuple(states)), items, i + 1)
+            state, items = self._run(ChainState(tuple(states), state.drops), items, i + 1)
             outputs.extend(items)
         return state, outputs
+
+    def reports(self, state: ChainState) -> dict[str, dict[str, int]]:
+        """Each child's counters: its ``report(state)``, and records dropped by stateless children."""
+        out: dict[str, dict[str, int]] = {}
+        for (name, op), s, dropped in zip(self.children, state.states, state.drops):
+            if isinstance(op, StatelessOp):
+                out[name] = {"dropped_records": dropped}
+            report = getattr(op, "report", None)
+            if report is not None:
+                out[name] = {**out.get(name, {}), **report(s)}
+        return out
 
     def resolver_at(self, index: int, upstream: Resolver) -> Resolver:
         """The resolver of child ``index``'s input, built on the chain's input resolver."""
@@ -388,11 +409,17 @@ class Chain(Operator):
         return self.resolver_at(len(self.children), upstream)(refs)
 
     def encode_state(self, state: ChainState) -> dict[str, Any]:
-        return {name: op.encode_state(s) for (name, op), s in zip(self.children, state.states)}
+        return {
+            "states": {name: op.encode_state(s) for (name, op), s in zip(self.children, state.states)},
+            "drops": {name: d for (name, _), d in zip(self.children, state.drops)},
+        }
 
     def decode_state(self, data: Any, upstream: Resolver) -> ChainState:
-        if not isinstance(data, dict):
-            raise ValueError(f"chain state must be a mapping of operator names, got {type(data).__name__}")
+        if not isinstance(data, dict) or set(data) != {"states", "drops"}:
+            raise ValueError("chain state must be a mapping with 'states' and 'drops' by operator name")
+        drops_data, data = data["drops"], data["states"]
+        if not isinstance(data, dict) or set(drops_data) != set(data):
+            raise ValueError("chain state: 'states' and 'drops' must name the same operators")
         missing = [n for n in self.names if n not in data]
         unknown = [n for n in data if n not in self.names]
         if missing or unknown:
@@ -408,7 +435,7 @@ class Chain(Operator):
             except (msgspec.ValidationError, ValueError, TypeError) as exc:
                 raise ValueError(f"cannot restore the state of operator {name!r}: {exc}") from exc
             resolver = _bind(op, resolver)
-        return ChainState(tuple(states))
+        return ChainState(tuple(states), tuple(int(drops_data[n]) for n in self.names))
 
     def fingerprint(self) -> dict[str, Any]:
         return {"op": "Chain", "children": [[n, op.fingerprint()] for n, op in self.children]}

@@ -93,12 +93,7 @@ class Plan:
 
     def reports(self, state: LaneState) -> dict[str, dict[str, int]]:
         """Each operator's counters (drops, rows, ...) for one lane state."""
-        out = {}
-        for (name, op), s in zip(self.chain.children, state.chain.states):
-            report = getattr(op, "report", None)
-            if report is not None:
-                out[name] = report(s)
-        return out
+        return self.chain.reports(state.chain)
 
     def _check_lane(self, lane: int) -> None:
         if not 0 <= lane < self.lanes:

@@ -130,11 +130,50 @@ class Pipeline:
         """Keep only the payloads for which ``predicate(payload)`` is true (drops are counted)."""
         return self.add(FilterOp(predicate), name=name)
 
-    def tokenize(self, tokenizer: Any = None, tokenizer_id: str | None = None, *, name: str | None = None, **kwargs: Any) -> "Pipeline":
-        """Tokenize a text field into ``input_ids``; see :class:`zephon.ops.Tokenize`."""
-        from ._tokenize import Tokenize
+    def tokenize(
+        self,
+        tokenizer: Any = None,
+        tokenizer_id: str | None = None,
+        *,
+        prompt_field: str | None = None,
+        completion_field: str | None = None,
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> "Pipeline":
+        """Tokenize a text field into ``input_ids``; see :class:`zephon.ops.Tokenize`.
 
-        return self.add(Tokenize(tokenizer=tokenizer, tokenizer_id=tokenizer_id, **kwargs), name=name)
+        With ``prompt_field`` and ``completion_field``, tokenize prompt/completion records instead:
+        ``input_ids`` plus a ``loss_mask`` that is 1 on the completion (and its EOS) only; see
+        :class:`zephon.ops.TokenizePromptCompletion`.
+        """
+        if prompt_field is None and completion_field is None:
+            from ._tokenize import Tokenize
+
+            return self.add(Tokenize(tokenizer=tokenizer, tokenizer_id=tokenizer_id, **kwargs), name=name)
+        if prompt_field is None or completion_field is None:
+            raise ValueError(
+                "tokenize: prompt_field and completion_field go together; pass both (e.g. prompt_field='prompt', "
+                "completion_field='completion'), or neither to tokenize a single text field"
+            )
+        text_only = sorted(set(kwargs) & {"field", "split_long_samples", "missing_field", "preserve_upstream_payload"})
+        if text_only:
+            raise ValueError(f"tokenize: {text_only} apply to single-field tokenization only, not with prompt_field/completion_field")
+        from ._chat import TokenizePromptCompletion
+
+        op = TokenizePromptCompletion(
+            tokenizer=tokenizer, tokenizer_id=tokenizer_id, prompt_field=prompt_field, completion_field=completion_field, **kwargs
+        )
+        return self.add(op, name=name)
+
+    def tokenize_chat(self, tokenizer: Any = None, tokenizer_id: str | None = None, *, name: str | None = None, **kwargs: Any) -> "Pipeline":
+        """Render conversations with a chat template into ``input_ids`` and an assistant ``loss_mask``.
+
+        See :class:`zephon.ops.TokenizeChat` (``loss_scope``, built-in ``"chatml"``/``"llama3"``
+        templates, ``{% generation %}`` tags or prefix rendering, ``empty_mask``).
+        """
+        from ._chat import TokenizeChat
+
+        return self.add(TokenizeChat(tokenizer=tokenizer, tokenizer_id=tokenizer_id, **kwargs), name=name)
 
     def pack_flat(self, max_length: int, *, name: str | None = None, **kwargs: Any) -> "Pipeline":
         """Pack documents into rows of at most ``max_length`` tokens; see :class:`zephon.ops.PackFlat`.

@@ -49,7 +49,12 @@ class Tokenize(StatelessOp):
         field: the payload key holding the text; a dot path (``"meta.text"``) reaches nested
             dicts when no key has that exact name. A ``str`` payload is itself the text.
         special_tokens: ``"bos_eos"`` (default) puts BOS before and EOS after each document,
-            ``"bos"`` / ``"eos"`` only one of them, ``"none"`` neither.
+            ``"bos"`` / ``"eos"`` only one of them, ``"none"`` neither. A bare GPT-2
+            ``tokenizer.json`` has no BOS, so ``"bos_eos"`` fails at construction and says to use
+            ``"eos"`` (documents separated by ``<|endoftext|>``) or ``bos_token_id=``; GPT-2's
+            folder, whose ``tokenizer_config.json`` names ``<|endoftext|>`` as BOS too, works as in
+            transformers. Special tokens written in the text itself (a literal
+            ``<|endoftext|>``) are encoded as the special id, as Hugging Face does.
         bos_token_id: overrides the tokenizer's BOS id (not allowed with ``"none"``).
         eos_token_id: overrides the tokenizer's EOS id (not allowed with ``"none"``).
         max_length: the longest output, counting the added specials. Needs ``truncation`` or

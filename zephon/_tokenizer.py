@@ -769,7 +769,9 @@ def _verification_texts() -> list[str]:
 def _verify_tiktoken(tok: Any, encoding: Any, plan: dict, encode_special_tokens: bool) -> str:
     """``""`` when tiktoken reproduced ``tokenizers`` on the sample and every vocabulary entry."""
     texts = _verification_texts()
-    expected = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+    # One by one: a batch call would start tokenizers' thread pool in this (often the parent)
+    # process, and tokenizers then disables its parallelism in every forked child.
+    expected = [tok.encode(t, add_special_tokens=False).ids for t in texts]
     allowed = frozenset() if encode_special_tokens else encoding.special_tokens_set
     for text, ids in zip(texts, expected):
         got = encoding.encode(text, allowed_special=allowed, disallowed_special=())

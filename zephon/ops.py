@@ -42,4 +42,8 @@ def __getattr__(name: str):
         from ._tokenize import Tokenize
 
         return Tokenize
-    raise AttributeError(name)
+    if name in ("TokenizeChat", "TokenizePromptCompletion"):
+        from . import _chat
+
+        return getattr(_chat, name)
+    raise AttributeError(f"module 'zephon.ops' has no attribute {name!r}")
