@@ -26,3 +26,10 @@ def test_elastic_resume_example():
     proc = run("elastic_resume.py", "--steps", "3", "--resume-steps", "3")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("identical to the single-process run") == 2
+
+
+@pytest.mark.parametrize("name", ["sft_packed.py", "sft_padded.py"])
+def test_sft_examples(name):
+    proc = run(name)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "batches" in proc.stdout

@@ -301,6 +301,13 @@ def test_left_padding_unshifted_labels():
     assert out["attention_mask"] == [[1, 1, 1], [0, 1, 1]]
 
 
+def test_pad_to_multiple_of_rounds_the_shifted_length():
+    b = batch_of(rec([1, 2, 3, 4, 5, 6]), rec([7, 8], row=1))
+    out = b.to_training(dtype=np.int64, return_labels=True, padding="longest", pad_to_multiple_of=4)
+    assert out["input_ids"].shape == (2, 8)  # 6 tokens -> 5 inputs -> rounded to 8
+    assert out["labels"][1].tolist() == [8] + [-100] * 7
+
+
 def test_pad_to_multiple_of(array_dtype):
     b = batch_of(rec([1, 2, 3]), rec([4, 5, 6, 7, 8], row=1))
     out = b.to_training(dtype=array_dtype, padding="longest", pad_to_multiple_of=4)
@@ -757,8 +764,9 @@ def ragged_batches(draw):
 def reference_labels(specs, *, padding_side, shift_labels, pad_to_multiple_of, eos):
     """Labels written from the definitions, one slot at a time."""
     T = max(len(t) for t, _, _ in specs)
-    if pad_to_multiple_of:
-        T = -(-T // pad_to_multiple_of) * pad_to_multiple_of
+    if pad_to_multiple_of:  # the length the model sees is rounded: T - 1 when labels are shifted
+        shift = 1 if shift_labels else 0
+        T = -(-(T - shift) // pad_to_multiple_of) * pad_to_multiple_of + shift
     rows = []
     for tokens, mask, pad in specs:
         extra = T - len(tokens)

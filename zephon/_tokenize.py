@@ -73,7 +73,7 @@ class Tokenize(StatelessOp):
             backend uses its native pool (``RAYON_NUM_THREADS``). Performance only.
         backend: ``"auto"`` (default), ``"tokenizers"`` or ``"tiktoken"``. tiktoken is used only
             for GPT-2 style byte-level BPE after it reproduced the tokenizers ids at load time
-            (about 3x faster on GPT-2); performance only.
+            (about 4x faster on GPT-2); performance only.
 
     Raises:
         ValueError: an invalid option or combination (listed in the messages), a missing BOS/EOS

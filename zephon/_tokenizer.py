@@ -243,7 +243,7 @@ class TokenizerHandle:
             def one(text: str) -> np.ndarray:
                 return np.array(enc.encode(text, allowed_special=allowed, disallowed_special=()), dtype=np.int32)
 
-        threads = num_threads or os.cpu_count() or 1
+        threads = num_threads or _cpu_count()
         if threads == 1 or len(texts) == 1:
             return [one(t) for t in texts]
         return list(_thread_pool(threads).map(one, texts))
@@ -299,6 +299,14 @@ if hasattr(os, "register_at_fork"):
 
 def _thread_pool(threads: int) -> ThreadPoolExecutor:
     return _live(("pool", threads), lambda: ThreadPoolExecutor(threads, thread_name_prefix="zephon-tiktoken"))
+
+
+def _cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask, where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def _tiktoken_usable() -> bool:

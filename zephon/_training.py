@@ -138,7 +138,8 @@ def to_training(
         padding: ``None``/``False`` (records must have equal lengths), ``"longest"`` (or
             ``True``), or ``"max_length"``.
         max_length: the row length for ``padding="max_length"``.
-        pad_to_multiple_of: round the padded row length up to a multiple of this.
+        pad_to_multiple_of: round the padded length up to a multiple of this; with shifted
+            labels the rounded length is that of the returned ``input_ids`` (row length - 1).
         padding_side: ``"right"`` or ``"left"``; where added padding goes.
         pad_token_id: the token id written into added padding slots (default 0; it never
             matters for the loss, which masks padding by position).
@@ -343,7 +344,9 @@ def to_training(
                 )
             T = int(max_length)
         if pad_to_multiple_of:
-            T = -(-T // pad_to_multiple_of) * pad_to_multiple_of
+            # Round the length the model sees: with shifted labels that is T - 1.
+            shift = 1 if (return_labels and shift_labels) else 0
+            T = -(-(T - shift) // pad_to_multiple_of) * pad_to_multiple_of + shift
     left = (T - n) if padding_side == "left" else np.zeros(B, dtype=np.int64)
     padded = bool((n != T).any())
     cols = np.arange(T, dtype=np.int64)
