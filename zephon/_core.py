@@ -254,6 +254,8 @@ class StatelessOp(Operator):
 
 
 def child_meta(meta: Meta, i: int) -> Meta:
+    if i >= CHILD_BASE:
+        raise ValueError(f"one record produced more than {CHILD_BASE} children; split it upstream into smaller records")
     (seg,) = meta.segments
     return Meta(meta.lane, (seg._replace(child=seg.child * CHILD_BASE + i),), meta.padding_length)
 
