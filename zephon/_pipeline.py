@@ -15,8 +15,9 @@ from typing import Any, Callable, Iterator
 import attrs
 
 from ._batch import Batch
-from ._core import Chain, FilterOp, MapOp, Operator
-from ._distributed import Topology, checkpoint_to_state_dict, resolve_topology, select_lanes as _select_lanes, state_dict_to_checkpoint
+from ._core import Chain, FilterOp, MapOp, Operator, StatelessOp
+from ._distributed import Topology, checkpoint_to_state_dict, resolve_topology, state_dict_to_checkpoint
+from ._distributed import select_lanes as _select_lanes
 from ._executor import InlineExecutor, ProcessExecutor, ThreadExecutor
 from ._lanes import FORMAT, Plan
 from ._records import SampleBatch
@@ -107,10 +108,10 @@ class Pipeline:
             raise TypeError(f"add() takes an operator, got {type(op).__name__}; wrap functions with zephon.ops.stateless")
         if self._steps and isinstance(self._steps[-1][1], Batch):
             raise ValueError(f"{op.kind} cannot come after batch(); batch() must be the last step")
-        if getattr(op, "fans_out", False) and any(not _is_stateless(o) for _, o in self._steps):
+        if getattr(op, "fans_out", False) and any(not isinstance(o, StatelessOp) for _, o in self._steps):
             raise ValueError(
                 f"{op.kind} splits records, so it must come before every buffering operator "
-                f"(it follows {[n for n, o in self._steps if not _is_stateless(o)]})"
+                f"(it follows {[n for n, o in self._steps if not isinstance(o, StatelessOp)]})"
             )
         taken = {n for n, _ in self._steps}
         if name is None:
@@ -238,8 +239,7 @@ class Pipeline:
         if self._pending_restore is not None:
             encoded = _select_lanes(self._pending_restore, topo.lanes)
             self._pending_restore = None
-        opts = self._options
-        self._iterator = PipelineIterator(plan, topo, encoded, workers=opts.workers, prefetch=opts.prefetch, drain=opts.drain, thread=opts.thread)
+        self._iterator = PipelineIterator(plan, topo, encoded, self._options)
         return self._iterator
 
     def steps(self, *, concat: bool = False) -> Iterator[Any]:
@@ -346,27 +346,21 @@ def _describe_record(plan: Plan, rec: Any) -> dict[str, Any]:
     }
 
 
-def _is_stateless(op: Operator) -> bool:
-    from ._core import StatelessOp
-
-    return isinstance(op, StatelessOp)
-
-
 class PipelineIterator(Iterator[Any]):
     """Yields this rank's lane outputs round-robin; ``checkpoint()`` covers exactly what it yielded."""
 
-    def __init__(self, plan: Plan, topology: Topology, encoded: dict[int, Any] | None, *, workers: int = 0, prefetch: int = 4, drain: bool = False, thread: bool = False):
+    def __init__(self, plan: Plan, topology: Topology, encoded: dict[int, Any] | None, options: Options = Options()):
         self.plan = plan
-        self.drain = drain
+        self.drain = options.drain
         self.ended: dict[int, int] = {}
         self.topology = topology
         lanes = list(topology.lanes)
         self.delivered = {lane: (encoded[lane]["delivered"] if encoded else 0) for lane in lanes}
-        if workers > 0:
-            self.executor: Any = ProcessExecutor(plan, lanes, workers, encoded=encoded, credit=prefetch)
+        if options.workers > 0:
+            self.executor: Any = ProcessExecutor(plan, lanes, options.workers, encoded=encoded, credit=options.prefetch)
         else:
             states = {lane: (plan.decode(lane, encoded[lane]) if encoded else plan.init(lane)) for lane in lanes}
-            self.executor = ThreadExecutor(plan, states, prefetch) if thread else InlineExecutor(plan, states)
+            self.executor = ThreadExecutor(plan, states, options.prefetch) if options.thread else InlineExecutor(plan, states)
         self.finished = False
         self._final_states: dict[int, Any] | None = None
         self._final_reports: dict[int, Any] | None = None
