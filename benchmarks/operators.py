@@ -100,10 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
+    from zephon import _pack
     from zephon.ops import Batch, PackFlat, Shuffle
     from zephon.testing import input_resolver
-    from zephon._pack import ALGORITHMS
-    from zephon._training import to_training
+
+    algorithms = getattr(_pack, "ALGORITHMS", ("first_fit", "best_fit", "wrap", "best_fit_wrap"))
 
     load_start = C.load_average()
     t0 = time.perf_counter()
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     record("baseline: np.concatenate docs (per 64)", None, f"{n_docs} docs", doc_tokens, concat_docs)
 
     rows_by_step = None
-    for alg in ALGORITHMS:
+    for alg in algorithms:
         kwargs: dict[str, Any] = {"algorithm": alg}
         if alg in ("first_fit", "best_fit"):
             # "split" keeps every token (their default, "drop", would discard documents over 2049 tokens).
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     def training(dtype):
         def go():
             for b in batches:
-                to_training(b, return_labels=True, dtype=dtype)
+                b.to_training(return_labels=True, dtype=dtype)
 
         return go
 

@@ -87,7 +87,7 @@ def build_pipeline(task: dict[str, Any]):
 
     return (
         Pipeline(Dataset.from_path("corpus", task["corpus"]))
-        .options(canonical_replicas=task["lanes"], workers=task["workers"])
+        .options(canonical_replicas=task["lanes"], workers=task["workers"], drain=task.get("drain", False))
         .tokenize(tokenizer=task["tokenizer"], special_tokens="eos", backend=task["backend"])
         .pack_flat(ROW, algorithm="wrap")
         .shuffle(BUFFER, seed=42)
@@ -142,8 +142,22 @@ def child_run(task: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _shuffle_buffers(tree: Any) -> list:
+    """Every shuffle state's buffer in a lane's encoded operator states (found by its tag)."""
+    found = []
+    if isinstance(tree, dict):
+        if tree.get("type") == "shuffle" and "buffer" in tree:
+            found.append(tree["buffer"])
+        for value in tree.values():
+            found.extend(_shuffle_buffers(value))
+    elif isinstance(tree, list):
+        for value in tree:
+            found.extend(_shuffle_buffers(value))
+    return found
+
+
 def _buffered(ckpt: dict[str, Any]) -> int:
-    return sum(len(lane["ops"]["shuffle"]["buffer"]) for lane in ckpt["lanes"].values())
+    return sum(len(buf) for lane in ckpt["lanes"].values() for buf in _shuffle_buffers(lane.get("ops")))
 
 
 def child_checkpoint(task: dict[str, Any]) -> dict[str, Any]:
@@ -336,6 +350,9 @@ def select_configs(spec: str | None) -> list[str]:
 
 def summarize(name: str, rec: dict[str, Any]) -> dict[str, Any]:
     runs = rec["runs"]
+    if not runs:
+        return {"tokens": None, "tokens_per_s": None, "first_batch_s": None, "setup_s": None, "rss_mib": None,
+                "workers_rss_mib": None, "backend": None}
     out = {
         "tokens": runs[0]["tokens"] if runs else None,
         "tokens_per_s": C.median([r["tokens_per_s"] for r in runs]),
@@ -410,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-docs", type=int, default=None, help="use only the first N documents")
     ap.add_argument("--configs", default=None, help=f"comma-separated subset of: {', '.join(CONFIGS)}")
     ap.add_argument("--no-checkpoint", action="store_true", help="skip the checkpoint and restore columns")
+    ap.add_argument("--drain", action="store_true",
+                    help="options(drain=True): with several lanes, deliver every lane's batches to the end of the data "
+                         "instead of stopping at the first incomplete global step (the default)")
     ap.add_argument("--json", type=Path, default=None, help="also save every measurement here")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed for one child process")
     ap.add_argument("--profile", metavar="CONFIG", default=None, help="profile one pipeline run of CONFIG with cProfile")
@@ -434,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         from zephon.io import Dataset
 
         Dataset.from_path("corpus", corpus)  # builds the line index once, outside every measurement
-        common = {"corpus": str(corpus), "tokenizer": str(tokenizer)}
+        common = {"corpus": str(corpus), "tokenizer": str(tokenizer), "drain": args.drain}
 
         if args.profile:
             spec = CONFIGS.get(args.profile)
@@ -454,12 +474,14 @@ def main(argv: list[str] | None = None) -> int:
             "documents": docs,
             "tokenizer": str(tokenizer),
             "repeats": args.repeats,
+            "drain": args.drain,
             "machine": C.machine_info(),
             "configs": {n: {"spec": CONFIGS[n], "runs": []} for n in names},
         }
         print(f"corpus {args.corpus} ({docs} documents{', first ' + str(args.max_docs) if args.max_docs else ''}), "
               f"tokenizer {tokenizer}, {os.cpu_count()} CPUs, load average {C.load_average()}")
-        print(f"configurations: {', '.join(names)}; {args.repeats} fresh-process run(s) each\n")
+        print(f"configurations: {', '.join(names)}; {args.repeats} fresh-process run(s) each"
+              f"{'; drain=True' if args.drain else ''}\n")
         started = time.perf_counter()
         # Repeats go round-robin over the configurations so that changing background load
         # spreads over all of them instead of falling on one.
@@ -467,7 +489,12 @@ def main(argv: list[str] | None = None) -> int:
             for n in names:
                 spec = CONFIGS[n]
                 mode = "ceiling" if spec["kind"] == "ceiling" else "run"
-                res = run_child({**common, **spec, "name": n, "mode_child": mode}, env, args.timeout)
+                try:
+                    res = run_child({**common, **spec, "name": n, "mode_child": mode}, env, args.timeout)
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    results["configs"][n].setdefault("errors", []).append(str(exc))
+                    print(f"  [{rep + 1}/{args.repeats}] {n:26s} FAILED: {str(exc).strip().splitlines()[-1]}", flush=True)
+                    continue
                 results["configs"][n]["runs"].append(res)
                 print(f"  [{rep + 1}/{args.repeats}] {n:26s} {res['tokens_per_s']:>12,.0f} tokens/s  "
                       f"load {res['load_average'][0] if res['load_average'] else '?'}", flush=True)
@@ -478,11 +505,15 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 path = str(tmp_path / f"{n}.checkpoint.json")
                 task = {**common, **spec, "name": n, "checkpoint_path": path}
-                ck = run_child({**task, "mode_child": "checkpoint"}, env, args.timeout)
+                try:
+                    ck = run_child({**task, "mode_child": "checkpoint"}, env, args.timeout)
+                    restores = [run_child({**task, "mode_child": "restore"}, env, args.timeout) for _ in range(args.repeats)]
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    results["configs"][n].setdefault("errors", []).append(str(exc))
+                    print(f"  checkpoint {n:26s} FAILED: {str(exc).strip().splitlines()[-1]}", flush=True)
+                    continue
                 results["configs"][n]["checkpoint"] = ck
-                results["configs"][n]["restores"] = [
-                    run_child({**task, "mode_child": "restore"}, env, args.timeout) for _ in range(args.repeats)
-                ]
+                results["configs"][n]["restores"] = restores
                 print(f"  checkpoint {n:26s} {ck['bytes_per_lane'] / 1024:8.1f} KiB/lane after {ck['after_batches']} "
                       f"batches, shuffle {ck['buffered']}/{ck['buffer_target']}", flush=True)
         for n in names:

@@ -124,3 +124,11 @@ def test_background_thread_surfaces_exceptions():
     pipe = Pipeline(src).options(canonical_replicas=2, thread=True).map(fail_on_row_7).batch(1)
     with pytest.raises(ValueError, match="row 7 is bad"):
         list(pipe)
+
+
+def test_checkpoint_after_a_worker_failure_explains_itself():
+    pipe = _failing(2)
+    with pytest.raises(WorkerError):
+        list(pipe)
+    with pytest.raises(WorkerError, match="Restore the last checkpoint"):
+        pipe.checkpoint()

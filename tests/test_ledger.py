@@ -23,6 +23,14 @@ def test_batch_digest_sees_values_dtype_and_padding():
     assert base != batch_digest(SampleBatch((rec,)))
 
 
+def test_batch_digest_sees_list_and_string_fields():
+    def make(value):
+        return SampleBatch((Record({"input_ids": value, "text": "a"}, Meta(0, (), 0)),))
+
+    assert batch_digest(make([1, 2, 3])) != batch_digest(make([1, 2, 4]))
+    assert batch_digest(make([1, 2, 3])) == batch_digest(make([1, 2, 3]))
+
+
 def _write(tmp_path, name, steps, per_rank):
     folder = tmp_path / name
     lanes = len(steps[0])

@@ -201,3 +201,23 @@ def test_filtered_records_are_counted_per_operator():
     assert len(list(pipe)) == 5
     ops = pipe.stats()["operators"]
     assert ops["filter"]["dropped_records"] == 4 and ops["map"]["dropped_records"] == 1
+
+
+def test_a_lane_without_data_warns():
+    pipe = Pipeline([{"n": i} for i in range(5)]).options(canonical_replicas=2).batch(1)
+    with pytest.warns(RuntimeWarning, match=r"lane [01] has no data"):
+        assert len(list(pipe)) <= 1
+
+
+def test_changing_a_function_body_changes_the_fingerprint():
+    def f(p):
+        return p
+
+    def g(p):
+        return {"x": p}
+
+    g.__qualname__ = f.__qualname__
+    a = Pipeline([{"a": 1}]).map(f).fingerprint()
+    b = Pipeline([{"a": 1}]).map(g).fingerprint()
+    assert a != b
+    assert a == Pipeline([{"a": 1}]).map(f).fingerprint()

@@ -11,6 +11,7 @@ from ._executor import WorkerError as WorkerError
 from ._pipeline import Options as Options
 from ._pipeline import Pipeline as Pipeline
 from ._records import SampleBatch as SampleBatch
+from ._training import to_training as to_training
 
 __version__ = "0.1.0"
 
@@ -23,4 +24,5 @@ __all__ = [
     "load_checkpoint",
     "merge_checkpoints",
     "save_checkpoint",
+    "to_training",
 ]

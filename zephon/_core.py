@@ -118,7 +118,20 @@ def describe(value: Any) -> Any:
         return fp()
     qual = getattr(value, "__qualname__", None) or type(value).__qualname__
     module = getattr(value, "__module__", None) or type(value).__module__
+    code = getattr(value, "__code__", None)
+    if code is not None:  # a change to a function's body changes the fingerprint
+        return f"{module}.{qual}#{_code_digest(code)}"
     return f"{module}.{qual}"
+
+
+def _code_digest(code: Any) -> str:
+    import hashlib
+
+    h = hashlib.sha256(code.co_code)
+    for const in code.co_consts:
+        h.update(_code_digest(const).encode() if hasattr(const, "co_code") else repr(const).encode())
+    h.update(repr(code.co_names).encode())
+    return h.hexdigest()[:12]
 
 
 def _enc_hook(obj: Any) -> Any:

@@ -210,10 +210,16 @@ class ProcessExecutor:
         self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
 
     # -- receiving ---------------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.closed:
+            raise WorkerError(
+                "the worker processes have stopped (after an error or close()); there is no live state to read. "
+                "Restore the last checkpoint you saved into a new pipeline"
+            )
+
     def _pump(self, until) -> None:
         while not until():
-            if self.closed:
-                raise WorkerError("the executor is closed")
+            self._check_open()
             ready = wait(self.conns + [p.sentinel for p in self.procs], timeout=_POLL_S)
             for obj in ready:
                 if obj in self.conns:
@@ -266,6 +272,7 @@ class ProcessExecutor:
         return out
 
     def lane_states(self) -> dict[int, Any]:
+        self._check_open()
         self._states: dict[tuple[int, int], Any] = {}
         for lane in self.lanes:
             self.conns[self.owner[lane]].send(("state", lane, self.delivered[lane]))
@@ -274,6 +281,7 @@ class ProcessExecutor:
         return {lane: self._states[(lane, self.delivered[lane])] for lane in self.lanes}
 
     def reports(self) -> dict[int, Any]:
+        self._check_open()
         self._reports: dict[int, Any] = {}
         for conn in self.conns:
             conn.send(("reports",))

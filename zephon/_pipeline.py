@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from typing import Any, Callable, Iterator
 
 import attrs
@@ -48,9 +49,10 @@ class Options:
         dp_rank: this rank's data-parallel index. ``None``: from ``torch.distributed``, else
             ``RANK``, else 0. Tensor/pipeline-parallel peers pass their shared DP rank explicitly.
         workers: worker processes that run this rank's lanes ahead (0: in the calling thread).
-        prefetch: outputs each lane may run ahead of the caller when ``workers > 0``.
+        prefetch: outputs each lane may run ahead of the caller (with ``workers > 0`` or ``thread``).
         read_size: source samples read per lane step (tokenizer batch size).
-        global_batch_size: optional check: records per global step must equal L x microbatch.
+        global_batch_size: optional check: records per optimizer step must be a multiple of
+            L x microbatch_size (each global step takes one microbatch from every lane).
         thread: with ``workers=0``, run the lanes ahead in a background thread (``prefetch``
             outputs per lane) so reading and tokenizing overlap with the caller's work.
         drain: at the end of finite data, keep delivering the outputs of lanes that still have
@@ -380,6 +382,13 @@ class PipelineIterator(Iterator[Any]):
                 self.delivered[lane] += 1
                 return out
             self.ended[lane] = self.delivered[lane]
+            if self.delivered[lane] == 0:
+                warnings.warn(
+                    f"lane {lane} has no data at all: the source has fewer work chunks than lanes. Lower "
+                    "StaticMixtureWorkSource(chunk_size=...) or canonical_replicas, or pass options(drain=True)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             if not self.drain or len(self.ended) == len(self.delivered):
                 self.finished = True
                 self.close()

@@ -3,7 +3,7 @@
 A :class:`Record` is one item flowing through a lane: a ``payload`` (usually a dict of
 numpy arrays and strings) and a :class:`Meta` that says where it came from. The meta is
 small and exact; it is what checkpoints store instead of payloads, because every payload
-can be rebuilt from its source samples and token ranges (see ``docs/design/state.md``).
+can be rebuilt from its source samples and token ranges (see ``docs/design/state-by-reference.md``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ SHA-256 of the lane digests in lane order, so ranks never need to exchange batch
 and lane where two runs diverge, whatever the number of ranks each run had.
 
 Examples:
-    >>> import numpy as np
+    >>> import msgspec
+import numpy as np
     >>> from zephon.types import Meta, Record, SampleBatch, Segment
     >>> rec = Record({"input_ids": np.arange(4, dtype=np.int32)}, Meta(0, (Segment(0, 0, 0, 0, 0, 4),), 0))
     >>> len(batch_digest(SampleBatch((rec,))))
@@ -21,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+import msgspec
 import numpy as np
 
 from ._records import SampleBatch
@@ -29,9 +31,10 @@ __all__ = ["Ledger", "batch_digest", "step_digest", "read_ledger", "global_diges
 
 
 def batch_digest(batch: SampleBatch) -> str:
-    """SHA-256 of a microbatch's training fields: every array field of every record, in order.
+    """SHA-256 of a microbatch: every field of every record, in order.
 
-    Each field contributes its name, dtype, shape and bytes; each record its padding length.
+    Array fields contribute their name, dtype, shape and bytes; other fields (lists, strings,
+    numbers) their msgpack encoding; each record its padding length.
     """
     h = hashlib.sha256()
     for rec in batch.records:
@@ -43,7 +46,18 @@ def batch_digest(batch: SampleBatch) -> str:
                 arr = np.ascontiguousarray(value)
                 h.update(f"{key}:{arr.dtype.str}:{arr.shape};".encode())
                 h.update(arr.tobytes())
+            else:
+                h.update(f"{key}:py;".encode())
+                h.update(msgspec.msgpack.encode(value, enc_hook=_encode_other))
     return h.hexdigest()
+
+
+def _encode_other(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return [obj.dtype.str, list(obj.shape), obj.tobytes()]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return repr(obj)
 
 
 def step_digest(lane_digests: Sequence[str]) -> str:
