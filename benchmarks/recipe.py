@@ -348,6 +348,26 @@ def select_configs(spec: str | None) -> list[str]:
     return chosen
 
 
+def _ceiling_of(name: str) -> str:
+    spec = CONFIGS[name]
+    return spec.get("ceiling") or ("ceil-pack" if spec.get("encoder") == "tokenizers" else "ceil-tiktoken-pack")
+
+
+def paired_ratio(results: dict[str, Any], name: str) -> float | None:
+    """Median over rounds of tokens/s ÷ the ceiling's tokens/s in the same round.
+
+    Rounds run every configuration once, back to back, so a pair shares the background load of
+    that moment; the ratio is steadier than a ratio of medians when the load changes.
+    """
+    cfgs = results["configs"]
+    ceiling = cfgs.get(_ceiling_of(name))
+    if ceiling is None:
+        return None
+    base = {r["round"]: r["tokens_per_s"] for r in ceiling["runs"] if r.get("tokens_per_s")}
+    ratios = [r["tokens_per_s"] / base[r["round"]] for r in cfgs[name]["runs"] if r.get("tokens_per_s") and r["round"] in base]
+    return C.median(ratios)
+
+
 def summarize(name: str, rec: dict[str, Any]) -> dict[str, Any]:
     runs = rec["runs"]
     if not runs:
@@ -356,6 +376,8 @@ def summarize(name: str, rec: dict[str, Any]) -> dict[str, Any]:
     out = {
         "tokens": runs[0]["tokens"] if runs else None,
         "tokens_per_s": C.median([r["tokens_per_s"] for r in runs]),
+        "tokens_per_s_min": min(r["tokens_per_s"] for r in runs),
+        "tokens_per_s_max": max(r["tokens_per_s"] for r in runs),
         "first_batch_s": C.median([r.get("first_batch_s") for r in runs]),
         "setup_s": C.median([r.get("setup_s") for r in runs]),
         "rss_mib": C.median([r["rss_mib"] for r in runs]),
@@ -372,14 +394,13 @@ def summarize(name: str, rec: dict[str, Any]) -> dict[str, Any]:
 
 def print_results(results: dict[str, Any]) -> None:
     cfgs = results["configs"]
-    headers = ["configuration", "backend", "lanes", "workers", "tokens", "tokens/s", "x ceiling", "setup s",
+    headers = ["configuration", "backend", "lanes", "workers", "tokens", "tokens/s", "range M/s", "x ceiling", "setup s",
                "1st batch s", "RSS MiB", "wkr RSS MiB", "ckpt KiB/lane", "shuffle fill", "restore->1st s"]
     rows = []
     for name, rec in cfgs.items():
         spec, s = CONFIGS[name], rec["summary"]
-        ceiling = spec.get("ceiling") or ("ceil-pack" if spec.get("encoder") == "tokenizers" else "ceil-tiktoken-pack")
-        base = cfgs.get(ceiling, {}).get("summary", {}).get("tokens_per_s")
-        ratio = s["tokens_per_s"] / base if base and s["tokens_per_s"] else None
+        ratio = s.get("x_ceiling")
+        spread = "-" if s["tokens_per_s"] is None else f"{s['tokens_per_s_min'] / 1e6:.2f}-{s['tokens_per_s_max'] / 1e6:.2f}"
         ck = rec.get("checkpoint")
         restore = s.get("restore_first_s")
         restore_cell = C.fmt_num(restore, ".2f")
@@ -392,6 +413,7 @@ def print_results(results: dict[str, Any]) -> None:
             str(spec.get("workers", "-")),
             C.fmt_num(s["tokens"]),
             C.fmt_num(s["tokens_per_s"]),
+            spread,
             C.fmt_num(ratio, ".2f"),
             C.fmt_num(s["setup_s"], ".2f"),
             C.fmt_num(s["first_batch_s"], ".2f"),
@@ -495,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
                     results["configs"][n].setdefault("errors", []).append(str(exc))
                     print(f"  [{rep + 1}/{args.repeats}] {n:26s} FAILED: {str(exc).strip().splitlines()[-1]}", flush=True)
                     continue
+                res["round"] = rep
                 results["configs"][n]["runs"].append(res)
                 print(f"  [{rep + 1}/{args.repeats}] {n:26s} {res['tokens_per_s']:>12,.0f} tokens/s  "
                       f"load {res['load_average'][0] if res['load_average'] else '?'}", flush=True)
@@ -518,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"batches, shuffle {ck['buffered']}/{ck['buffer_target']}", flush=True)
         for n in names:
             results["configs"][n]["summary"] = summarize(n, results["configs"][n])
+            results["configs"][n]["summary"]["x_ceiling"] = paired_ratio(results, n)
         results["wall_s"] = time.perf_counter() - started
         results["load_average_end"] = C.load_average()
         print()

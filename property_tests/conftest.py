@@ -34,7 +34,7 @@ _SLOW_IS_EXPECTED = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile("dev", max_examples=20, deadline=None, suppress_health_check=_SLOW_IS_EXPECTED)
 settings.register_profile(
     "ci",
-    max_examples=25,
+    max_examples=50,
     derandomize=True,
     database=None,
     deadline=None,

@@ -36,13 +36,17 @@ from zephon.io import Dataset, InMemoryShard
 from zephon.testing import outputs_equal
 from zephon.work import SourceState, StaticMixtureWorkSource
 
-# The laws that spawn worker processes or run many pipelines per example get a fixed, small number
-# of examples under dev and ci, scaled up with the profile (nightly runs 20 times as many).
-_CI_EXAMPLES = 25
+# Tiny generated sources often leave a lane without data, which a pipeline warns about; here that
+# is a deliberate edge case, not a mistake.
+pytestmark = pytest.mark.filterwarnings("ignore:lane .* has no data at all:RuntimeWarning")
+
+_CI_EXAMPLES = 50
 
 
 def examples(n: int) -> int:
-    return max(1, n * settings.default.max_examples // _CI_EXAMPLES)
+    """``n`` examples for a law that spawns processes or runs many pipelines per example, under
+    dev and ci; proportionally more under a profile that asks for more than ci (nightly)."""
+    return max(n, n * settings.default.max_examples // _CI_EXAMPLES)
 
 
 #: The packing algorithms of this version of ``PackFlat`` (``wrap`` alone before the others existed).
@@ -275,7 +279,7 @@ def test_performance_settings_never_change_the_batches(spec, lanes, read_size, p
 # -- elasticity ----------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=examples(10))
+@settings(max_examples=examples(15))
 @given(spec=elastic_specs, read_size=read_sizes)
 def test_every_data_parallel_size_gives_the_same_global_steps(spec, read_size):
     for lanes in LANE_COUNTS:
@@ -286,8 +290,8 @@ def test_every_data_parallel_size_gives_the_same_global_steps(spec, read_size):
             assert_same_steps(elastic_run(spec, lanes, dp, read_size=read_size), reference)
 
 
-@settings(max_examples=examples(20))
-@given(spec=elastic_specs, lanes=st.sampled_from(LANE_COUNTS[1:]), codec=codecs, read_size=read_sizes, data=st.data())
+@settings(max_examples=examples(30))
+@given(spec=elastic_specs, lanes=st.sampled_from(LANE_COUNTS[1:]), codec=codecs | st.just("state_dict"), read_size=read_sizes, data=st.data())
 def test_stopping_on_d1_ranks_and_resuming_on_d2_ranks_continues_the_run(spec, lanes, codec, read_size, data):
     # One lane (one rank) is the single-rank restore law below.
     reference = elastic_run(spec, lanes, 1)
@@ -302,8 +306,15 @@ def test_stopping_on_d1_ranks_and_resuming_on_d2_ranks_continues_the_run(spec, l
         steps = pipe.steps()
         for _ in range(k):
             next(steps)
-    merged = over_the_wire(merge_checkpoints([pipe.checkpoint() for pipe in ranks]), codec)
-    resumed = [spec.build(lanes=lanes, dp_degree=after, dp_rank=r, read_size=read_size).restore(merged) for r in range(after)]
+    resumed = [spec.build(lanes=lanes, dp_degree=after, dp_rank=r, read_size=read_size) for r in range(after)]
+    if codec == "state_dict":  # torch.distributed.checkpoint keeps every rank's (distinct) keys
+        saved = {key: value for pipe in ranks for key, value in pipe.state_dict().items()}
+        for pipe in resumed:
+            pipe.load_state_dict(saved)
+    else:
+        merged = over_the_wire(merge_checkpoints([pipe.checkpoint() for pipe in ranks]), codec)
+        for pipe in resumed:
+            pipe.restore(merged)
     assert_same_steps(assemble([list(pipe.steps()) for pipe in resumed]), reference[k:])
 
 
@@ -448,6 +459,10 @@ class Saved:
     delivered: tuple
 
 
+# Run options a restart may change (performance settings only).
+restart_options = st.fixed_dictionaries({"read_size": read_sizes, "thread": st.booleans(), "prefetch": st.integers(1, 4)})
+
+
 @st.composite
 def lifecycles(draw):
     lanes = draw(st.sampled_from([1, 2, 4]), label="lanes")
@@ -474,11 +489,15 @@ class PipelineLifecycle(RuleBasedStateMachine):
         assert outputs_equal(self.reference, round_robin(lane_streams(pipe)))
         self.delivered: list = []
         self.restarts = 0
-        self._launch(dp, 64, None)
+        self.ranks: list[Pipeline] = []
+        self._launch(dp, None)
 
-    def _launch(self, dp: int, read_size: int, checkpoint: dict | None) -> None:
+    def _launch(self, dp: int, checkpoint: dict | None, **options) -> None:
+        """Start ``dp`` fresh ranks (from ``checkpoint``) with run ``options``, closing the old ones."""
+        for pipe in self.ranks:
+            pipe.close()
         self.dp = dp
-        self.ranks = [self.spec.build(lanes=self.lanes, dp_degree=dp, dp_rank=r, read_size=read_size) for r in range(dp)]
+        self.ranks = [self.spec.build(lanes=self.lanes, dp_degree=dp, dp_rank=r, **options) for r in range(dp)]
         if checkpoint is not None:
             for pipe in self.ranks:
                 pipe.restore(checkpoint)
@@ -506,22 +525,22 @@ class PipelineLifecycle(RuleBasedStateMachine):
     def checkpoint(self, codec):
         return Saved(over_the_wire(self._merged(), codec), tuple(self.delivered))
 
-    @rule(saved=checkpoints, data=st.data())
-    def restore(self, saved, data):
-        dp = data.draw(st.sampled_from(divisors(self.lanes)), label="dp_degree")
-        read_size = data.draw(read_sizes, label="read_size")
+    @rule(saved=checkpoints, dp=st.integers(0, 3), options=restart_options)
+    def restore(self, saved, dp, options):
+        """Restart from a saved checkpoint, forgetting what was delivered after it."""
         self.delivered = list(saved.delivered)
-        self._launch(dp, read_size, saved.checkpoint)
+        self._launch(divisors(self.lanes)[dp % len(divisors(self.lanes))], saved.checkpoint, **options)
 
-    @rule(data=st.data())
-    def reshard(self, data):
-        dp = data.draw(st.sampled_from(divisors(self.lanes)), label="dp_degree")
-        read_size = data.draw(read_sizes, label="read_size")
+    @rule(dp=st.integers(0, 3), options=restart_options)
+    def reshard(self, dp, options):
+        """Restart from the current state, on another number of ranks or with other run options."""
         ended = self.ended
-        self._launch(dp, read_size, self._merged())
+        self._launch(divisors(self.lanes)[dp % len(divisors(self.lanes))], self._merged(), **options)
         self.ended = ended
 
     def teardown(self):
+        for pipe in getattr(self, "ranks", []):
+            pipe.close()
         if hasattr(self, "reference"):
             event(f"restarts: {min(self.restarts, 3)}{'+' if self.restarts > 3 else ''}")
             event(f"reached the end: {self.ended}, reference outputs: {'0' if not self.reference else '1-9' if len(self.reference) < 10 else '10+'}")
@@ -535,22 +554,23 @@ class PipelineLifecycle(RuleBasedStateMachine):
             assert n == len(self.reference), f"ended after {n} outputs, the reference has {len(self.reference)}"
 
 
-PipelineLifecycle.TestCase.settings = settings(max_examples=examples(20), stateful_step_count=25)
+PipelineLifecycle.TestCase.settings = settings(max_examples=examples(30), stateful_step_count=30)
 TestPipelineLifecycle = PipelineLifecycle.TestCase
 
 
 # -- worker processes against the in-process executor -------------------------------------------------------------
 
 
-def assert_running_ahead_changes_nothing(spec: PipelineSpec, lanes: int, k: int, pause: float, **options) -> None:
+def assert_running_ahead_changes_nothing(spec: PipelineSpec, lanes: int, drain: bool, data, pause: float, **options) -> None:
     """The batches of a run that reads ahead (``options``), and its checkpoint after ``k`` of them,
     are exactly the in-process ones; the checkpoint resumes in-process to the same suffix."""
-    expected = list(spec.build(lanes=lanes))
-    inline = spec.build(lanes=lanes)
+    expected = list(spec.build(lanes=lanes, drain=drain))
+    k = data.draw(st.integers(0, len(expected)), label="batches before the checkpoint")
+    inline = spec.build(lanes=lanes, drain=drain)
     it = iter(inline)
     for _ in range(k):
         next(it)
-    with spec.build(lanes=lanes, **options) as pipe:
+    with spec.build(lanes=lanes, drain=drain, **options) as pipe:
         it = iter(pipe)
         got = [next(it) for _ in range(k)]
         time.sleep(pause)  # let the executor run ahead of the caller before the checkpoint
@@ -558,18 +578,16 @@ def assert_running_ahead_changes_nothing(spec: PipelineSpec, lanes: int, k: int,
         got.extend(it)
     assert outputs_equal(got, expected)
     assert checkpoint == inline.checkpoint(), "the checkpoint differs from the in-process one"
-    assert outputs_equal(list(spec.build(lanes=lanes).restore(checkpoint)), expected[k:])
+    assert outputs_equal(list(spec.build(lanes=lanes, drain=drain).restore(checkpoint)), expected[k:])
 
 
-@given(spec=pipeline_specs(), lanes=st.integers(1, 4), prefetch=st.integers(1, 4), data=st.data())
-def test_the_background_thread_delivers_exactly_the_in_process_batches(spec, lanes, prefetch, data):
-    k = data.draw(st.integers(0, len(list(spec.build(lanes=lanes)))), label="batches before the checkpoint")
-    assert_running_ahead_changes_nothing(spec, lanes, k, 0.01, thread=True, prefetch=prefetch)
+@given(spec=pipeline_specs(), lanes=st.integers(1, 4), drain=st.booleans(), prefetch=st.integers(1, 4), data=st.data())
+def test_the_background_thread_delivers_exactly_the_in_process_batches(spec, lanes, drain, prefetch, data):
+    assert_running_ahead_changes_nothing(spec, lanes, drain, data, 0.01, thread=True, prefetch=prefetch)
 
 
 # Worker processes are spawned (about 0.6 s each), hence few examples.
 @settings(max_examples=examples(4))
-@given(spec=pipeline_specs(), lanes=st.integers(1, 4), workers=st.integers(1, 3), prefetch=st.integers(1, 4), data=st.data())
-def test_worker_processes_deliver_exactly_the_in_process_batches(spec, lanes, workers, prefetch, data):
-    k = data.draw(st.integers(0, len(list(spec.build(lanes=lanes)))), label="batches before the checkpoint")
-    assert_running_ahead_changes_nothing(spec, lanes, k, 0.1, workers=workers, prefetch=prefetch)
+@given(spec=pipeline_specs(), lanes=st.integers(1, 4), drain=st.booleans(), workers=st.integers(1, 3), prefetch=st.integers(1, 4), data=st.data())
+def test_worker_processes_deliver_exactly_the_in_process_batches(spec, lanes, drain, workers, prefetch, data):
+    assert_running_ahead_changes_nothing(spec, lanes, drain, data, 0.1, workers=workers, prefetch=prefetch)

@@ -1099,13 +1099,9 @@ class TokenizePromptCompletion(StatelessOp):
         return self.tokenizer
 
     def _specials(self) -> tuple[int | None, int | None]:
-        mode = self.special_tokens
-        bos = eos = None
-        if mode in ("bos_eos", "bos"):
-            bos = self.bos_token_id if self.bos_token_id is not None else self.tokenizer.bos_token_id
-        if mode in ("bos_eos", "eos"):
-            eos = self.eos_token_id if self.eos_token_id is not None else self.tokenizer.eos_token_id
-        return bos, eos
+        from ._tokenize import special_ids
+
+        return special_ids(self.special_tokens, self.bos_token_id, self.eos_token_id, self.tokenizer)
 
     def _text(self, payload: Any, name: str) -> str:
         field = getattr(self, name)

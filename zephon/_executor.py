@@ -54,7 +54,7 @@ class InlineExecutor:
         pass
 
 
-class ThreadExecutor:
+class ThreadExecutor(InlineExecutor):
     """Runs lanes ahead in one background thread of this process (``workers=0, thread=True``).
 
     The thread computes each lane's next outputs, paired with the state after them, up to
@@ -102,12 +102,6 @@ class ThreadExecutor:
         self.credits[lane].release()
         self.states[lane] = state
         return out
-
-    def lane_states(self) -> dict[int, Any]:
-        return {lane: self.plan.encode(s) for lane, s in self.states.items()}
-
-    def reports(self) -> dict[int, Any]:
-        return {lane: self.plan.reports(s) for lane, s in self.states.items()}
 
     def close(self) -> None:
         if not self.closed:

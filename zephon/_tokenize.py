@@ -217,13 +217,7 @@ class Tokenize(StatelessOp):
 
     def _specials(self) -> tuple[int | None, int | None]:
         """The BOS and EOS ids to add (``None`` where the mode adds none)."""
-        mode = self.special_tokens
-        bos = eos = None
-        if mode in ("bos_eos", "bos"):
-            bos = self.bos_token_id if self.bos_token_id is not None else self.tokenizer.bos_token_id
-        if mode in ("bos_eos", "eos"):
-            eos = self.eos_token_id if self.eos_token_id is not None else self.tokenizer.eos_token_id
-        return bos, eos
+        return special_ids(self.special_tokens, self.bos_token_id, self.eos_token_id, self.tokenizer)
 
     # -- the work -----------------------------------------------------------------------------------
     def apply_many(self, payloads: list) -> list[list]:
@@ -317,6 +311,16 @@ class Tokenize(StatelessOp):
             out["input_ids"] = ids
             return out
         return {"input_ids": ids}
+
+
+def special_ids(mode: str, bos_token_id: int | None, eos_token_id: int | None, handle: TokenizerHandle) -> tuple[int | None, int | None]:
+    """The BOS and EOS ids a ``special_tokens`` mode adds: explicit ids win over the tokenizer's."""
+    bos = eos = None
+    if mode in ("bos_eos", "bos"):
+        bos = bos_token_id if bos_token_id is not None else handle.bos_token_id
+    if mode in ("bos_eos", "eos"):
+        eos = eos_token_id if eos_token_id is not None else handle.eos_token_id
+    return bos, eos
 
 
 def _bracket(ids: np.ndarray, bos: int | None, eos: int | None) -> np.ndarray:
