@@ -73,12 +73,10 @@ DEFAULT_CONFIGS = list(CONFIGS)
 # ==================================================================================================
 
 
-def _rss_mib() -> tuple[float, float]:
+def _rss_mib() -> float:
     import resource
 
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # largest waited-for child
-    return own, kids
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def build_pipeline(task: dict[str, Any]):
@@ -96,10 +94,14 @@ def build_pipeline(task: dict[str, Any]):
 
 
 def _backend_of(pipe) -> str:
-    for _, op in pipe.plan.chain.children:
-        handle = getattr(op, "handle", None)
-        if handle is not None:
-            return handle.backend
+    """The encoder the tokenize step resolved to (its ``handle.backend``)."""
+    try:
+        for _, op in pipe.plan.chain.children:
+            handle = getattr(op, "handle", None)
+            if handle is not None:
+                return handle.backend
+    except AttributeError:
+        pass
     return "?"
 
 
@@ -116,17 +118,20 @@ def child_run(task: dict[str, Any]) -> dict[str, Any]:
     t_built = time.perf_counter()
     first = None
     tokens = batches = 0
+    workers_peak: dict[int, float] = {}
     for batch in pipe:
         tensors = batch.to_training(return_labels=True, dtype=torch.long)
         tokens += _real_tokens(batch)
         batches += 1
+        if task["workers"]:  # workers stop with the last batch, so sample while they live
+            workers_peak.update(C.children_peak_rss_mib())
         if first is None:
             first = time.perf_counter()
             shape = list(tensors["input_ids"].shape)
     t_end = time.perf_counter()
     backend = _backend_of(pipe)
     pipe.close()
-    rss, kids = _rss_mib()
+    rss = _rss_mib()
     elapsed = t_end - t_built
     return {
         "tokens": tokens,
@@ -137,7 +142,7 @@ def child_run(task: dict[str, Any]) -> dict[str, Any]:
         "tokens_per_s": tokens / elapsed if elapsed > 0 else None,
         "first_batch_s": None if first is None else first - t0,
         "rss_mib": rss,
-        "workers_rss_mib": kids if task["workers"] else None,
+        "workers_rss_mib": max(workers_peak.values()) if workers_peak else None,
         "backend": backend,
     }
 
@@ -215,7 +220,7 @@ def child_restore(task: dict[str, Any]) -> dict[str, Any]:
     t1 = time.perf_counter()
     digest = None if batch is None else batch_digest(batch)
     pipe.close()
-    rss, _ = _rss_mib()
+    rss = _rss_mib()
     return {"restore_first_s": t1 - t0, "build_s": t_built - t0, "digest": digest, "rss_mib": rss}
 
 
@@ -278,7 +283,7 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
         if first is None:
             first = time.perf_counter()
     elapsed = time.perf_counter() - t0
-    rss, _ = _rss_mib()
+    rss = _rss_mib()
     return {
         "tokens": tokens,
         "rows": rows if mode == "pack" else None,

@@ -49,7 +49,9 @@ PackSequences = getattr(ops, "PackSequences", None)
 keys = st.integers(0, 2**64 - 1)
 seeds = st.integers(-(2**31), 2**40)
 lanes = st.integers(0, 7)
-lengths = st.lists(st.integers(0, 24), max_size=40)
+# Mostly short streams; sometimes long ones of short documents, so that one chunk completes many
+# documents (packers compact their pending work after dozens of them).
+lengths = st.one_of(st.lists(st.integers(0, 24), max_size=40), st.lists(st.integers(0, 6), min_size=65, max_size=150))
 
 
 @st.composite

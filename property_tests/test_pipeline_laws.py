@@ -8,8 +8,9 @@ rows ``{"toks": [...]}`` of random lengths, zero included), a mixture with rando
         -> batch(mbs, drop_last, [group_by_length])
 
 Token values are a running counter over the whole spec, so every token of the data is distinct.
-The number of lanes ``L`` (``canonical_replicas``) decides the data; the number of ranks ``D``,
-the worker processes and the read size must never change it.
+The number of lanes ``L`` (``canonical_replicas``) decides the data; the number of ranks ``D`` and
+the performance settings (read size, prefetch, a background thread, worker processes) must never
+change it.
 
 Global steps are assembled the way training sees them: step ``k`` is, for ranks ``r = 0..D-1`` in
 order, rank ``r``'s ``k``-th group of ``L/D`` microbatches (``Pipeline.steps()``), i.e. lanes
@@ -73,6 +74,7 @@ class SourceSpec:
     exhausted_policy: str | None
     chunk_size: int
     lane_assignment: str
+    passes: int = 1
 
     def datasets(self) -> list[Dataset]:
         out, token = [], 1
@@ -96,6 +98,7 @@ class SourceSpec:
             exhausted_policy=self.exhausted_policy,
             chunk_size=self.chunk_size,
             lane_assignment=self.lane_assignment,
+            passes=self.passes,
         )
         options.update(overrides)
         return StaticMixtureWorkSource(datasets, {d.name: w for d, w in zip(datasets, self.weights)}, **options)
@@ -146,15 +149,17 @@ def source_specs(draw, *, rows=st.integers(0, 8), lengths=st.integers(0, 12), ch
         if not any(per_dataset):
             per_dataset[0] = (draw(lengths),)
         shards.append(tuple(per_dataset))
+    policy = draw(st.sampled_from([None, "stop"]))
     return SourceSpec(
         shards=tuple(shards),
         weights=tuple(draw(weights) for _ in range(n)),
         seed=draw(st.integers(-(2**31), 2**40)),
         shuffle_shards=draw(st.booleans()),
         shuffle_within_shard=draw(st.booleans()),
-        exhausted_policy=draw(st.sampled_from([None, "stop"])),
+        exhausted_policy=policy,
         chunk_size=draw(chunk_sizes),
         lane_assignment=draw(st.sampled_from(["permute", "modulo"])),
+        passes=draw(st.integers(1, 2)) if policy is None else 1,
     )
 
 
@@ -377,7 +382,7 @@ def test_batches_never_mix_lanes_and_arrive_in_lane_order(spec, lanes, drain):
 
 @given(spec=source_specs())
 def test_each_epoch_of_a_dataset_visits_every_row_once(spec):
-    source = spec.source(exhausted_policy="repeat")
+    source = spec.source(exhausted_policy="repeat", passes=1)
     for j, d in enumerate(source.datasets):
         rows = sorted((s, r) for s, n in enumerate(d.shard_sizes) for r in range(n))
         epochs = 2
@@ -389,16 +394,16 @@ def test_each_epoch_of_a_dataset_visits_every_row_once(spec):
 
 
 @given(spec=source_specs())
-def test_finite_sources_end_after_one_pass(spec):
-    # None: every dataset completes its pass (faster ones repeat) and the stream ends right after
-    # the last dataset's last row; "stop": no row repeats and one dataset has just run out.
+def test_finite_sources_end_after_their_passes(spec):
+    # None: every dataset completes its passes (faster ones repeat) and the stream ends right
+    # after the slowest dataset's last row; "stop": no row repeats and one dataset has just run out.
     source = spec.source()
     counts = np.bincount(source.pointer_arrays(0, len(source))[0], minlength=len(source.datasets))
     sizes = np.array([d.num_rows for d in source.datasets])
     if spec.exhausted_policy is None:
-        assert (counts >= sizes).all()
+        assert (counts >= spec.passes * sizes).all()
         j = source.pointers(len(source) - 1, len(source))[0][0]
-        assert counts[j] == sizes[j]
+        assert counts[j] == spec.passes * sizes[j]
     else:
         assert (counts <= sizes).all() and (counts == sizes).any()
 
@@ -465,6 +470,7 @@ restart_options = st.fixed_dictionaries({"read_size": read_sizes, "thread": st.b
 
 @st.composite
 def lifecycles(draw):
+    """A case with enough data for a few steps, its lane count and the first number of ranks."""
     lanes = draw(st.sampled_from([1, 2, 4]), label="lanes")
     spec = draw(pipeline_specs(rows=st.integers(2, 12), lengths=st.integers(0, 16), chunk_sizes=st.integers(1, 4), max_lengths=st.integers(1, 8)))
     return spec, lanes, draw(st.sampled_from(divisors(lanes)), label="dp_degree")
@@ -472,7 +478,7 @@ def lifecycles(draw):
 
 class PipelineLifecycle(RuleBasedStateMachine):
     """Train-like use of a pipeline: take batches, checkpoint, restart (possibly on another number
-    of ranks and read size, possibly from an older checkpoint), reshard.
+    of ranks, with other performance settings, possibly from an older checkpoint), reshard.
 
     Outputs are taken in global order (the owner rank of lane ``i % L`` delivers output ``i``). The
     invariant: what was delivered since the last restart, plus what the restored checkpoint had
@@ -563,7 +569,8 @@ TestPipelineLifecycle = PipelineLifecycle.TestCase
 
 def assert_running_ahead_changes_nothing(spec: PipelineSpec, lanes: int, drain: bool, data, pause: float, **options) -> None:
     """The batches of a run that reads ahead (``options``), and its checkpoint after ``k`` of them,
-    are exactly the in-process ones; the checkpoint resumes in-process to the same suffix."""
+    are exactly the in-process ones; the checkpoint resumes to the same suffix, in-process or
+    reading ahead again."""
     expected = list(spec.build(lanes=lanes, drain=drain))
     k = data.draw(st.integers(0, len(expected)), label="batches before the checkpoint")
     inline = spec.build(lanes=lanes, drain=drain)
@@ -578,7 +585,9 @@ def assert_running_ahead_changes_nothing(spec: PipelineSpec, lanes: int, drain: 
         got.extend(it)
     assert outputs_equal(got, expected)
     assert checkpoint == inline.checkpoint(), "the checkpoint differs from the in-process one"
-    assert outputs_equal(list(spec.build(lanes=lanes, drain=drain).restore(checkpoint)), expected[k:])
+    resume_options = options if data.draw(st.booleans(), label="resume reading ahead") else {}
+    with spec.build(lanes=lanes, drain=drain, **resume_options).restore(checkpoint) as resumed:
+        assert outputs_equal(list(resumed), expected[k:])
 
 
 @given(spec=pipeline_specs(), lanes=st.integers(1, 4), drain=st.booleans(), prefetch=st.integers(1, 4), data=st.data())

@@ -285,7 +285,7 @@ def test_state_holds_references_not_tokens():
     encoded = json.loads(json.dumps(op.encode_state(state)))
     # Candidates: d0[24:30], d1, d2 as [meta, start, end, arrival]; metas point at the documents.
     assert [c[1:] for c in encoded["pool"]] == [[24, 30, 1], [0, 3, 2], [0, 5, 3]]
-    assert encoded["pool"][0][0] == [0, [[0, 0, 0, 0, 0, -1]], 0]
+    assert encoded["pool"][0][0] == [0, 0, 0, 0, 0, 0, 0, -1]  # [lane, padding, dataset, shard, row, child, start, end]
     assert "input_ids" not in json.dumps(encoded)
 
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, ClassVar, Iterable, Sequence
 import attrs
 import msgspec
 
-from ._records import Meta, Record, SampleBatch, Segment
+from ._records import Meta, Record, SampleBatch, Segment, meta_from_ints, meta_to_ints
 
 #: Rebuilds records from their metas at one point of a chain (bulk, order-preserving).
 Resolver = Callable[[Sequence[Any]], list]
@@ -136,17 +136,17 @@ def _code_digest(code: Any) -> str:
 
 def _enc_hook(obj: Any) -> Any:
     if isinstance(obj, Record):
-        return obj.meta
+        return meta_to_ints(obj.meta)
     if isinstance(obj, SampleBatch):
-        return [r.meta for r in obj.records]
+        return [meta_to_ints(r.meta) for r in obj.records]
     raise TypeError(f"cannot encode {type(obj).__name__} in operator state; keep state to ints, tuples and records")
 
 
 def _dec_hook(typ: type, obj: Any) -> Any:
     if typ is Record:
-        return Record(UNRESOLVED, msgspec.convert(obj, Meta))
+        return Record(UNRESOLVED, meta_from_ints(obj))
     if typ is SampleBatch:
-        return SampleBatch(tuple(Record(UNRESOLVED, msgspec.convert(m, Meta)) for m in obj))
+        return SampleBatch(tuple(Record(UNRESOLVED, meta_from_ints(m)) for m in obj))
     raise TypeError(f"cannot decode {typ!r}")
 
 

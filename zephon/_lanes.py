@@ -17,7 +17,7 @@ import numpy as np
 
 from ._core import Chain, ChainState, Resolver
 from ._keys import fold_in, seed_key
-from ._records import Meta, Record, SampleBatch, Segment
+from ._records import Meta, Record, SampleBatch, Segment, meta_from_ints
 from .work._source import SourceState, StaticMixtureWorkSource
 
 FORMAT = "zephon.checkpoint/1"
@@ -133,10 +133,10 @@ class Plan:
 
 
 def _decode_ref(ref: Any) -> Any:
-    """A pending output's reference: a meta ``[lane, segments, padding]``, or a batch (list of metas)."""
+    """A pending output's reference: a flat meta ``[lane, padding, ...]``, or a batch (list of metas)."""
     if isinstance(ref, (list, tuple)) and (not ref or not isinstance(ref[0], int)):
-        return [msgspec.convert(m, Meta) for m in ref]
-    return msgspec.convert(ref, Meta)
+        return [meta_from_ints(m) for m in ref]
+    return meta_from_ints(ref)
 
 
 def batch_tokens(item: Any) -> int:

@@ -57,6 +57,27 @@ class Meta(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=T
         return sum(s.end - s.start for s in self.segments)
 
 
+def meta_to_ints(meta: Meta) -> list[int]:
+    """A meta as one flat list ``[lane, padding, dataset, shard, row, child, start, end, ...]``.
+
+    The compact form checkpoints use: a shuffle buffer holds a thousand of these.
+    """
+    out = [meta.lane, meta.padding_length]
+    for seg in meta.segments:
+        out.extend(seg)
+    return out
+
+
+def meta_from_ints(data: Any) -> Meta:
+    """Inverse of :func:`meta_to_ints`; errors name what is malformed."""
+    if not isinstance(data, (list, tuple)) or len(data) < 2 or (len(data) - 2) % 6:
+        raise ValueError(f"a record reference is [lane, padding, 6 ints per segment...], got {data!r}")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in data):
+        raise ValueError(f"a record reference holds integers only, got {data!r}")
+    segments = tuple(Segment(*data[i : i + 6]) for i in range(2, len(data), 6))
+    return Meta(data[0], segments, data[1])
+
+
 class Record:
     """One item of a lane: a payload and its provenance. Treat as immutable."""
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import msgspec
 
 from ._core import Operator, _enc_hook
-from ._records import Meta, Record, SampleBatch, payload_equal
+from ._records import Meta, Record, SampleBatch, meta_from_ints, payload_equal
 
 __all__ = ["assert_checkpoint_equivalence", "assert_chunking_invariance", "input_resolver", "run", "outputs_equal"]
 
@@ -139,4 +139,4 @@ def _ref(x: Any) -> Any:
         return [r.meta for r in x.records]
     if isinstance(x, Record):
         return x.meta
-    return msgspec.convert(_enc_hook(x), Meta)
+    return meta_from_ints(_enc_hook(x))
