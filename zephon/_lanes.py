@@ -79,8 +79,11 @@ class Plan:
     def next(self, lane: int, state: LaneState) -> tuple[LaneState, Any]:
         """The lane's next output and the state after it; ``(state, None)`` when it has ended."""
         source, chain, pending, done = state.source, state.chain, state.pending, state.done
+        # Small reads until the lane's first output, so it arrives early (read sizes never change
+        # the data: every operator is chunking-invariant).
+        size = self.read_size if state.delivered else min(self.read_size, 16)
         while not pending and not done:
-            source, pointers, exhausted = self.source.read(source, self.lanes, lane, self.read_size)
+            source, pointers, exhausted = self.source.read(source, self.lanes, lane, size)
             chain, outs = self.chain.step(chain, self.fetch(lane, pointers))
             if exhausted:
                 chain, more = self.chain.flush(chain)
