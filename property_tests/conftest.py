@@ -1,6 +1,7 @@
 """Hypothesis profiles for the property suite, and access to the unit tests' helpers.
 
-Profiles (pick one with ``HYPOTHESIS_PROFILE``; the default is ``dev``):
+Profiles (pick one with ``HYPOTHESIS_PROFILE``; the default is ``ci`` when the ``CI`` environment
+variable is set, as on the CI runner, else ``dev``):
 
 * ``dev``: a modest number of examples, for the edit-test loop.
 * ``ci``: derandomized (the same examples on every run, no example database), no deadline, and
@@ -42,4 +43,4 @@ settings.register_profile(
     suppress_health_check=_SLOW_IS_EXPECTED,
 )
 settings.register_profile("nightly", max_examples=500, deadline=None, suppress_health_check=_SLOW_IS_EXPECTED)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
