@@ -245,6 +245,12 @@ class ProcessExecutor:
             self.close()
             raise WorkerError(f"lane {lane} failed in a worker process: {cause}\n--- worker traceback ---\n{tb}")
 
+    def _send(self, w: int, msg: tuple) -> None:
+        try:
+            self.conns[w].send(msg)
+        except OSError:  # the worker is gone: report what it sent last, or how it died
+            self._pump(lambda: False)
+
     def _died(self, w: int) -> None:
         proc = self.procs[w]
         proc.join(timeout=1)
@@ -262,14 +268,14 @@ class ProcessExecutor:
             return None
         count, out = buf.popleft()
         self.delivered[lane] = count
-        self.conns[self.owner[lane]].send(("delivered", lane, count))
+        self._send(self.owner[lane], ("delivered", lane, count))
         return out
 
     def lane_states(self) -> dict[int, Any]:
         self._check_open()
         self._states: dict[tuple[int, int], Any] = {}
         for lane in self.lanes:
-            self.conns[self.owner[lane]].send(("state", lane, self.delivered[lane]))
+            self._send(self.owner[lane], ("state", lane, self.delivered[lane]))
         want = {(lane, self.delivered[lane]) for lane in self.lanes}
         self._pump(lambda: want <= set(self._states))
         return {lane: self._states[(lane, self.delivered[lane])] for lane in self.lanes}
@@ -277,8 +283,8 @@ class ProcessExecutor:
     def reports(self) -> dict[int, Any]:
         self._check_open()
         self._reports: dict[int, Any] = {}
-        for conn in self.conns:
-            conn.send(("reports",))
+        for w in range(len(self.conns)):
+            self._send(w, ("reports",))
         self._pump(lambda: set(self._reports) >= set(self.lanes))
         return dict(self._reports)
 
