@@ -257,8 +257,14 @@ class ProcessExecutor:
         lanes = [lane for lane, o in self.owner.items() if o == w]
         code = proc.exitcode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        hint = (
+            "out of memory, or killed?"
+            if code is None or code < 0
+            else "its stderr says why; a script that starts workers must guard its entry point with "
+            "`if __name__ == '__main__':` (worker processes are spawned and import the main module)"
+        )
         self.close()
-        raise WorkerError(f"the worker process for lanes {lanes} {how} without reporting an error (out of memory, or killed?)")
+        raise WorkerError(f"the worker process for lanes {lanes} {how} without reporting an error ({hint})")
 
     # -- the executor interface -------------------------------------------------------------------------
     def next(self, lane: int) -> Any:
