@@ -110,10 +110,38 @@ class ThreadExecutor(InlineExecutor):
             self.thread.join(timeout=5)
 
 
+class _Outbox:
+    """Sends a worker's messages from a thread, so producing never waits for the pipe to drain."""
+
+    def __init__(self, conn) -> None:
+        import queue
+        import threading
+
+        self.conn = conn
+        self.queue: Any = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="zephon-outbox", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        for msg in iter(self.queue.get, None):
+            try:
+                self.conn.send(msg)
+            except OSError:  # the main process is gone
+                return
+
+    def send(self, msg: tuple) -> None:
+        self.queue.put(msg)
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=10)
+
+
 def _worker_main(conn, plan_bytes: bytes, lanes: list[int], encoded: dict[int, Any] | None, credit: int, threads: int) -> None:
     # Set before the plan (and with it the tokenizer library) is unpickled in this process.
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if threads > 1 else "false")
+    outbox = _Outbox(conn)
     current = None
     try:
         plan: Plan = pickle.loads(plan_bytes)
@@ -121,8 +149,7 @@ def _worker_main(conn, plan_bytes: bytes, lanes: list[int], encoded: dict[int, A
         for lane in lanes:
             current = lane
             states[lane] = plan.decode(lane, encoded[lane]) if encoded else plan.init(lane)
-        sent = {lane: states[lane].delivered for lane in lanes}
-        history = {lane: deque([(sent[lane], states[lane])]) for lane in lanes}
+        history = {lane: deque([(states[lane].delivered, states[lane])]) for lane in lanes}
         credits = {lane: credit for lane in lanes}
         ended: set[int] = set()
         order = deque(lanes)
@@ -143,9 +170,9 @@ def _worker_main(conn, plan_bytes: bytes, lanes: list[int], encoded: dict[int, A
                     match = [s for c, s in history[lane] if c == count]
                     if not match:
                         raise RuntimeError(f"no state kept for lane {lane} after {count} outputs")
-                    conn.send(("state", lane, count, plan.encode(match[0])))
+                    outbox.send(("state", lane, count, plan.encode(match[0])))
                 elif kind == "reports":
-                    conn.send(("reports", {lane: plan.reports(states[lane]) for lane in lanes}))
+                    outbox.send(("reports", {lane: plan.reports(states[lane]) for lane in lanes}))
             lane = next(lane for lane in order if credits[lane] > 0 and lane not in ended)
             order.remove(lane)
             order.append(lane)
@@ -154,18 +181,17 @@ def _worker_main(conn, plan_bytes: bytes, lanes: list[int], encoded: dict[int, A
             states[lane] = state
             if out is None:
                 ended.add(lane)
-                conn.send(("end", lane, state.delivered))
+                outbox.send(("end", lane, state.delivered))
                 continue
             credits[lane] -= 1
             history[lane].append((state.delivered, state))
-            conn.send(("out", lane, state.delivered, out))
+            outbox.send(("out", lane, state.delivered, out))
     except (KeyboardInterrupt, EOFError, BrokenPipeError):
         return
     except BaseException as exc:  # report every failure with its lane, then exit
-        try:
-            conn.send(("error", current, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-        except Exception:
-            pass
+        outbox.send(("error", current, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+    finally:
+        outbox.close()
 
 
 class ProcessExecutor:
