@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from _util import global_steps, toy_pipeline
-from zephon import Pipeline, load_checkpoint, merge_checkpoints, save_checkpoint
+from zephon import load_checkpoint, merge_checkpoints, save_checkpoint
 from zephon.ledger import batch_digest
 from zephon.testing import outputs_equal
 

@@ -19,7 +19,7 @@ resolver of its input.
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Iterable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import attrs
 import msgspec
@@ -466,10 +466,3 @@ def _bind(op: Operator, upstream: Resolver) -> Resolver:
 def sample_meta(lane: int, dataset: int, shard: int, row: int) -> Meta:
     """The meta of a freshly read source sample."""
     return Meta(lane, (Segment(dataset, shard, row, 0, 0, -1),), 0)
-
-
-def flatten_outputs(chunks: Iterable[list]) -> list:
-    out: list = []
-    for c in chunks:
-        out.extend(c)
-    return out

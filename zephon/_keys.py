@@ -145,14 +145,3 @@ def permute_np(indices: np.ndarray, n: int, key: int) -> np.ndarray:
 def permutation(n: int, key: int) -> np.ndarray:
     """The whole permutation of ``range(n)`` as an array (for small n: shard orders, lanes)."""
     return permute_np(np.arange(n, dtype=np.uint64), n, key) if n else np.zeros(0, dtype=np.int64)
-
-
-class Philox:
-    """A numpy ``Generator`` on Philox seeded from a key, for operators that want vector draws.
-
-    Build it fresh from ``fold_in(key, step)`` at each use; never store it in state.
-    """
-
-    @staticmethod
-    def generator(key: int) -> np.random.Generator:
-        return np.random.Generator(np.random.Philox(key=np.array([key & MASK64, mix64(key)], dtype=np.uint64)))

@@ -13,11 +13,10 @@ from typing import Any, Sequence
 
 import attrs
 import msgspec
-import numpy as np
 
 from ._core import Chain, ChainState, Resolver
 from ._keys import fold_in, seed_key
-from ._records import Meta, Record, SampleBatch, Segment, meta_from_ints
+from ._records import Meta, Record, Segment, meta_from_ints
 from .work._source import SourceState, StaticMixtureWorkSource
 
 FORMAT = "zephon.checkpoint/1"
@@ -140,19 +139,3 @@ def _decode_ref(ref: Any) -> Any:
     if isinstance(ref, (list, tuple)) and (not ref or not isinstance(ref[0], int)):
         return [meta_from_ints(m) for m in ref]
     return meta_from_ints(ref)
-
-
-def batch_tokens(item: Any) -> int:
-    """Real tokens in an output (a SampleBatch or a record), for throughput reports."""
-    records = item.records if isinstance(item, SampleBatch) else (item,)
-    total = 0
-    for r in records:
-        p = r.payload
-        if isinstance(p, dict):
-            for k in ("input_ids", "tokens", "token_ids", "ids"):
-                if k in p:
-                    total += len(p[k]) - r.meta.padding_length
-                    break
-        elif isinstance(p, np.ndarray):
-            total += len(p) - r.meta.padding_length
-    return total

@@ -405,7 +405,7 @@ def _from_object(obj: Any) -> TokenizerHandle:
             raise TokenizerLoadError(f"tokenizer={obj!r}: no such file or folder{hint}")
         return _from_path(path)
     if isinstance(obj, Tokenizer):
-        return _make_handle(obj, {}, f"tokenizers.Tokenizer object")
+        return _make_handle(obj, {}, "tokenizers.Tokenizer object")
     backend = getattr(obj, "backend_tokenizer", None)
     if isinstance(backend, Tokenizer):
         ids = {}

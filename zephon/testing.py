@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-import msgspec
 
 from ._core import Operator, _enc_hook
 from ._records import Meta, Record, SampleBatch, meta_from_ints, payload_equal

@@ -138,9 +138,6 @@ class StaticMixtureWorkSource:
         return seed_key(self.seed)
 
     # -- the order ----------------------------------------------------------------------------------------
-    def _epoch_layout(self, j: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        return _layout(self, j, epoch)
-
     def pointers(self, t0: int, t1: int) -> list[tuple[int, int, int]]:
         """Sample pointers ``(dataset, shard, row)`` of global positions ``[t0, t1)``."""
         ds, shards, rows = self.pointer_arrays(t0, t1)
@@ -160,7 +157,7 @@ class StaticMixtureWorkSource:
             for epoch in np.unique(epochs).tolist():
                 part = sel[epochs == epoch]
                 p = pos[epochs == epoch]
-                order, starts = self._epoch_layout(j, epoch)
+                order, starts = _layout(self, j, epoch)
                 slot = np.searchsorted(starts, p, side="right") - 1
                 shard = order[slot]
                 row = p - starts[slot]
@@ -231,12 +228,9 @@ def _inverse_block(key: int, lanes: int, block: int) -> tuple[int, ...]:
     return tuple(inv.tolist())
 
 
-def _layout(source: StaticMixtureWorkSource, j: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-    return _layout_cached(id(source), source, j, epoch)
-
-
 @functools.lru_cache(maxsize=256)
-def _layout_cached(_id: int, source: StaticMixtureWorkSource, j: int, epoch: int):
+def _layout(source: StaticMixtureWorkSource, j: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Dataset ``j``'s shard order in ``epoch`` and the first position of each shard in it."""
     d = source.datasets[j]
     sizes = np.asarray(d.shard_sizes, dtype=np.int64)
     if source.shuffle_shards and len(sizes) > 1:
