@@ -82,15 +82,9 @@ def eos_id(tokenizer: Any) -> int:
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's printable-character alphabet for bytes, inverted (character -> byte)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    from zephon._tokenizer import _byte_decoder as table
+
+    return table()
 
 
 def tiktoken_encoding(tokenizer_path: Path) -> Any:
