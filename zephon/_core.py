@@ -278,34 +278,31 @@ def parent_meta(meta: Meta) -> Meta:
     return Meta(meta.lane, (seg._replace(child=seg.child // CHILD_BASE),), meta.padding_length)
 
 
-@attrs.frozen
-class FunctionOp(StatelessOp):
-    """``stateless(fn)``: lift a per-payload function into an operator.
+def _each(fn: Callable[[Any], Any], payloads: list) -> list:
+    """``fn`` over payloads; an exception carries the failing index so the record can be named."""
+    out = []
+    for i, p in enumerate(payloads):
+        try:
+            out.append(fn(p))
+        except Exception as exc:
+            exc.zephon_index = i  # type: ignore[attr-defined]
+            raise
+    return out
 
-    ``fn(payload)`` returns a new payload, or ``None`` to drop the record. ``fn`` must be a
-    module-level function (or other picklable callable) and deterministic.
+
+@attrs.frozen
+class MapOp(StatelessOp):
+    """``Pipeline.map(fn)`` / ``stateless(fn)``: replace each payload with ``fn(payload)``.
+
+    ``None`` drops the record. ``fn`` must be deterministic, and a module-level function (or other
+    picklable callable) when the pipeline runs worker processes.
     """
 
     fn: Callable[[Any], Any]
     kind: ClassVar[str] = "map"
 
     def apply_many(self, payloads: list) -> list[list]:
-        out = []
-        for i, p in enumerate(payloads):
-            try:
-                r = self.fn(p)
-            except Exception as exc:
-                exc.zephon_index = i  # type: ignore[attr-defined]
-                raise
-            out.append([] if r is None else [r])
-        return out
-
-
-@attrs.frozen
-class MapOp(FunctionOp):
-    """``Pipeline.map(fn)``: replace each payload with ``fn(payload)``; ``None`` drops it."""
-
-    kind: ClassVar[str] = "map"
+        return [[] if r is None else [r] for r in _each(self.fn, payloads)]
 
 
 @attrs.frozen
@@ -316,20 +313,12 @@ class FilterOp(StatelessOp):
     kind: ClassVar[str] = "filter"
 
     def apply_many(self, payloads: list) -> list[list]:
-        out = []
-        for i, p in enumerate(payloads):
-            try:
-                keep = self.predicate(p)
-            except Exception as exc:
-                exc.zephon_index = i  # type: ignore[attr-defined]
-                raise
-            out.append([p] if keep else [])
-        return out
+        return [[p] if keep else [] for p, keep in zip(payloads, _each(self.predicate, payloads))]
 
 
-def stateless(fn: Callable[[Any], Any]) -> FunctionOp:
+def stateless(fn: Callable[[Any], Any]) -> MapOp:
     """Lift a per-payload function into an operator (``None`` results drop the record)."""
-    return FunctionOp(fn)
+    return MapOp(fn)
 
 
 # -- chains -------------------------------------------------------------------------------------------

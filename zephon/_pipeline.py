@@ -400,15 +400,14 @@ class PipelineIterator(Iterator[Any]):
         return _checkpoint(self.plan, self.executor.lane_states())
 
     def close(self) -> None:
-        """Stop the workers, keeping the final states so ``checkpoint()`` still works."""
-        if isinstance(self.executor, ThreadExecutor):
-            self.executor.close()
+        """Stop any worker thread or processes, keeping the final states so ``checkpoint()`` still works."""
         if isinstance(self.executor, ProcessExecutor) and not self.executor.closed:
-            try:
+            try:  # worker-held states are gone once the processes stop: read them first
                 self._final_states = self.executor.lane_states()
                 self._final_reports = self.executor.reports()
             finally:
                 self.executor.close()
+        self.executor.close()
 
     def stats(self) -> dict[str, Any]:
         reports = self._final_reports if self._final_reports is not None else self.executor.reports()

@@ -8,7 +8,6 @@ from ._batch import Batch as Batch
 from ._core import EMPTY as EMPTY
 from ._core import Chain as Chain
 from ._core import FilterOp as FilterOp
-from ._core import FunctionOp as FunctionOp
 from ._core import MapOp as MapOp
 from ._core import Operator as Operator
 from ._core import StatelessOp as StatelessOp
@@ -24,7 +23,6 @@ __all__ = [
     "Batch",
     "Chain",
     "FilterOp",
-    "FunctionOp",
     "MapOp",
     "Operator",
     "PackFlat",
