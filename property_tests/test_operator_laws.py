@@ -33,15 +33,9 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 from _util import docs
-from zephon import _pack, ops
-from zephon.ops import Batch, Chain, PackFlat, Shuffle
+from zephon._pack import ALGORITHMS as PACK_ALGORITHMS
+from zephon.ops import Batch, Chain, PackFlat, PackSequences, Shuffle
 from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance, input_resolver, outputs_equal, run
-
-
-#: The packing algorithms of this version of ``PackFlat`` (``wrap`` alone before the others existed).
-PACK_ALGORITHMS = tuple(getattr(_pack, "ALGORITHMS", ("wrap",)))
-#: The envelope packer, where this version has one.
-PackSequences = getattr(ops, "PackSequences", None)
 
 
 # -- strategies -------------------------------------------------------------------------------------
@@ -126,7 +120,7 @@ def chains(draw):
 
 OPERATORS = {
     **{f"pack_flat[{a}]": pack_flats(a) for a in PACK_ALGORITHMS},
-    **({f"pack_sequences[{a}]": pack_sequences(a) for a in PACK_ALGORITHMS} if PackSequences else {}),
+    **{f"pack_sequences[{a}]": pack_sequences(a) for a in PACK_ALGORITHMS},
     "shuffle": shuffles,
     "batch": batches(),
     "chain": chains(),
@@ -264,8 +258,8 @@ def test_pack_flat_emits_each_token_at_most_once_and_counts_the_rest(algorithm, 
         assert len(covered) == len(set(covered)), f"document {rec.meta.segments[0].row} has a token in two rows"
         if tail_dropped:
             continue  # the end-of-data remainder is dropped: see the wrap law above
-        keep = {"split": n, "truncate": min(n, op.max_length), "drop": n if n <= op.max_length else 0}[op.oversized]
-        assert covered == list(range(keep)), f"document {rec.meta.segments[0].row} ({n} tokens, oversized={op.oversized!r})"
+        keep = {"split": n, "truncate": min(n, op.max_length), "drop": n if n <= op.max_length else 0}[op.oversized_policy]
+        assert covered == list(range(keep)), f"document {rec.meta.segments[0].row} ({n} tokens, oversized={op.oversized_policy!r})"
 
     report = op.report(state)
     total = sum(len(r.payload["input_ids"]) for r in records)

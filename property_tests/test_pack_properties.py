@@ -61,9 +61,9 @@ def expected_tokens(op, sizes):
     kept, dropped = [], 0
     for i, n in enumerate(sizes):
         toks = list(range(1000 * i, 1000 * i + n))
-        if n > op.max_length and op.oversized == "drop":
+        if n > op.max_length and op.oversized_policy == "drop":
             dropped += n
-        elif n > op.max_length and op.oversized == "truncate":
+        elif n > op.max_length and op.oversized_policy == "truncate":
             kept += toks[: op.max_length]
             dropped += n - op.max_length
         else:

@@ -32,7 +32,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 from _util import toks_to_ids
-from zephon import Pipeline, _pack, merge_checkpoints
+from zephon import Pipeline, merge_checkpoints
+from zephon._pack import ALGORITHMS as PACK_ALGORITHMS
 from zephon.io import Dataset, InMemoryShard
 from zephon.testing import outputs_equal
 from zephon.work import SourceState, StaticMixtureWorkSource
@@ -50,8 +51,6 @@ def examples(n: int) -> int:
     return max(n, n * settings.default.max_examples // _CI_EXAMPLES)
 
 
-#: The packing algorithms of this version of ``PackFlat`` (``wrap`` alone before the others existed).
-PACK_ALGORITHMS = tuple(getattr(_pack, "ALGORITHMS", ("wrap",)))
 LANE_COUNTS = (1, 2, 4, 8)
 
 
@@ -487,6 +486,12 @@ class PipelineLifecycle(RuleBasedStateMachine):
 
     checkpoints = Bundle("checkpoints")
 
+    def __init__(self) -> None:
+        super().__init__()
+        # Set before any rule runs, so that teardown works when the initial rule itself failed.
+        self.ranks: list[Pipeline] = []
+        self.reference: list | None = None
+
     @initialize(case=lifecycles())
     def start(self, case):
         self.spec, self.lanes, dp = case
@@ -495,7 +500,6 @@ class PipelineLifecycle(RuleBasedStateMachine):
         assert outputs_equal(self.reference, round_robin(lane_streams(pipe)))
         self.delivered: list = []
         self.restarts = 0
-        self.ranks: list[Pipeline] = []
         self._launch(dp, None)
 
     def _launch(self, dp: int, checkpoint: dict | None, **options) -> None:
@@ -545,9 +549,9 @@ class PipelineLifecycle(RuleBasedStateMachine):
         self.ended = ended
 
     def teardown(self):
-        for pipe in getattr(self, "ranks", []):
+        for pipe in self.ranks:
             pipe.close()
-        if hasattr(self, "reference"):
+        if self.reference is not None:
             event(f"restarts: {min(self.restarts, 3)}{'+' if self.restarts > 3 else ''}")
             event(f"reached the end: {self.ended}, reference outputs: {'0' if not self.reference else '1-9' if len(self.reference) < 10 else '10+'}")
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("jinja2")
 
+from _shared import shared_path  # noqa: E402
 from zephon import Pipeline  # noqa: E402
 from zephon._chat import (  # noqa: E402
     BUILTIN_TEMPLATES,
@@ -31,6 +32,7 @@ from zephon._chat import (  # noqa: E402
     strip_generation_tags,
 )
 from zephon._records import Meta, Record, SampleBatch, Segment  # noqa: E402
+from zephon._templates import template_markers  # noqa: E402
 from zephon._tokenizer import TokenizerHandle  # noqa: E402
 from zephon.ops import Chain, PackFlat  # noqa: E402
 from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance  # noqa: E402
@@ -462,6 +464,160 @@ def test_generation_tag_checks(tok_dir):
     )
     with pytest.raises(ValueError, match="marked 1 \\{% generation %\\} block\\(s\\) in a record with 3 assistant"):
         TokenizeChat(tok_dir, chat_template=one_block).apply_many([{"messages": MULTI_TURN}])
+
+
+# -- special markers must be tokens ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def gpt2_like():
+    """A GPT-2 style byte-level BPE whose only special token is <|endoftext|>: no chat markers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=500, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(_training_text(), trainer)
+    return tok
+
+
+def copy_of(tok):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(tok.to_str())
+
+
+def test_markers_of_the_builtin_templates():
+    assert template_markers(CHATML_TEMPLATE) == ("<|im_start|>", "<|im_end|>")
+    # Llama 3's <|begin_of_text|> comes from bos_token, the tokenizer's own BOS: not a literal.
+    assert template_markers(LLAMA3_TEMPLATE) == ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+    for text in BUILTIN_TEMPLATES.values():
+        assert template_markers(strip_generation_tags(text)) == template_markers(text)
+
+
+def test_markers_of_a_user_template():
+    template = (
+        "{# <|in_a_comment|> #}{{ bos_token }}{% for m in messages %}[INST] <|user|>{{ m['content'] }}"
+        "{{ '<｜Assistant｜>' if m['role'] == 'assistant' }}</s>{% endfor %}<s> <tool_call> {{ eos_token }}"
+    )
+    # <|...|> (and the full-width form), <s> and </s>; not comments, variables, [INST] or XML-like tags.
+    assert template_markers(template) == ("<|user|>", "<｜Assistant｜>", "</s>", "<s>")
+    with pytest.raises(ValueError, match="not valid Jinja"):
+        template_markers("{% for %}")
+
+
+@pytest.mark.parametrize(
+    "template, markers",
+    [
+        ("chatml", ["<|im_start|>", "<|im_end|>"]),
+        ("llama3", ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]),
+    ],
+)
+def test_builtin_template_markers_missing_from_the_tokenizer_fail_at_construction(gpt2_like, template, markers):
+    with pytest.raises(ValueError) as err:
+        TokenizeChat(gpt2_like, chat_template=template)
+    message = str(err.value)
+    assert message.startswith("tokenize_chat: the chat template writes special tokens")
+    for marker in markers:
+        assert repr(marker) in message
+    assert "tokenizers.Tokenizer object" in message  # the tokenizer
+    assert f"tokenizer.add_special_tokens({markers!r})" in message and "pick a template" in message  # the fix
+    # In a pipeline it fails when the step is added, before any data is read.
+    with pytest.raises(ValueError, match="does not have as single tokens"):
+        Pipeline([{"messages": MULTI_TURN}]).tokenize_chat(gpt2_like, chat_template=template)
+
+
+def test_the_gpt2_tokenizer_cannot_render_chatml():
+    """The reported defect: <|im_start|> used to become 7 ordinary GPT-2 tokens, silently."""
+    gpt2 = shared_path("data", "gpt2", "tokenizer.json")
+    with pytest.raises(ValueError, match=r"'<\|im_start\|>' \(7 ids\), '<\|im_end\|>' \(7 ids\)") as err:
+        TokenizeChat(gpt2, chat_template="chatml")
+    assert str(gpt2) in str(err.value)
+
+
+def test_user_template_markers_are_checked(gpt2_like):
+    template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|endoftext|><|sep|>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    with pytest.raises(ValueError, match=r"'<\|sep\|>' \(\d+ ids\), '<\|assistant\|>' \(\d+ ids\)\.") as err:
+        TokenizeChat(gpt2_like, chat_template=template)
+    assert "<|endoftext|>" not in str(err.value)  # one token of this tokenizer
+    tok = copy_of(gpt2_like)
+    tok.add_special_tokens(["<|sep|>", "<|assistant|>"])
+    TokenizeChat(tok, chat_template=template)
+
+
+def test_markers_added_as_special_tokens_are_one_id_each(gpt2_like):
+    tok = copy_of(gpt2_like)
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    out = one(TokenizeChat(tok, chat_template="chatml"), CONVERSATIONS["multi_turn"])
+    ids = out["input_ids"].tolist()
+    start, end = tok.token_to_id("<|im_start|>"), tok.token_to_id("<|im_end|>")
+    assert ids.count(start) == ids.count(end) == len(MULTI_TURN)
+    text, _ = render_chat("chatml", MULTI_TURN)
+    assert tok.decode(ids, skip_special_tokens=False) == text
+    assert runs(tok, out["input_ids"], out["loss_mask"]) == expected_replies("chatml", MULTI_TURN)
+
+
+@pytest.mark.parametrize("template", sorted(BUILTIN_TEMPLATES))
+def test_markers_are_one_id_each_with_a_tokenizer_trained_with_them(ops, tok, template):
+    payload = CONVERSATIONS["tool_call"]
+    ids = one(ops[template]["tags"], payload)["input_ids"].tolist()
+    text, _ = render_chat(template, payload["messages"], tools=payload.get("tools"), bos_token="<|begin_of_text|>")
+    for marker in template_markers(BUILTIN_TEMPLATES[template]):
+        assert ids.count(tok.token_to_id(marker)) == text.count(marker) > 0
+
+
+def test_a_matching_builtin_template_is_suggested(gpt2_like):
+    tok = copy_of(gpt2_like)
+    tok.add_special_tokens(["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"])
+    with pytest.raises(ValueError, match=r"matches this tokenizer \(chat_template='llama3' does\)"):
+        TokenizeChat(tok, chat_template="chatml")
+    TokenizeChat(tok, chat_template="llama3")
+
+
+def test_a_marker_read_as_unknown_is_rejected():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "<|im_start|>": 1, "user": 2, "assistant": 3, "hi": 4}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    with pytest.raises(ValueError, match=r"'<\|im_end\|>' \(an unrelated id\)"):
+        TokenizeChat(tok, chat_template="chatml")
+
+
+def test_markers_written_as_text_by_encode_special_tokens(tok):
+    plain = copy_of(tok)
+    plain.encode_special_tokens = True
+    with pytest.raises(ValueError, match="encode_special_tokens=True"):
+        TokenizeChat(plain, chat_template="chatml")
+
+
+def test_prompt_completion_uses_no_template(gpt2_like):
+    [[out]] = TokenizePromptCompletion(gpt2_like, special_tokens="eos").apply_many([{"prompt": "Hi", "completion": " there"}])
+    assert out["loss_mask"][-1] == 1
+
+
+def test_template_names_stay_importable():
+    import ast
+    from pathlib import Path
+
+    import zephon._chat
+    import zephon._templates
+    import zephon.chat
+
+    for name in zephon.chat.__all__:
+        assert getattr(zephon.chat, name) is getattr(zephon._templates, name)
+    for name in ("BUILTIN_TEMPLATES", "CHATML_TEMPLATE", "LLAMA3_TEMPLATE", "RESERVED_KWARGS", "render_chat", "spans_to_mask"):
+        assert getattr(zephon._chat, name) is getattr(zephon._templates, name) and name in zephon._chat.__all__
+    # Templates sit below the operators: _templates never imports _chat.
+    source = (Path(__file__).resolve().parents[1] / "zephon" / "_templates.py").read_text(encoding="utf-8")
+    imported = {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom) and n.level}
+    assert "_chat" not in imported and "_cache" in imported
 
 
 # -- options, payloads ---------------------------------------------------------------------------------------------

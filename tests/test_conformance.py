@@ -2,20 +2,62 @@
 
 Adding an operator: add an entry to ``REGISTRY`` with a factory and its input. The checks run
 ``zephon.testing.assert_checkpoint_equivalence`` (stop and restore at every step boundary,
-through JSON) and chunking invariance on it.
+through JSON) and chunking invariance on it. A factory receives :class:`Tokenizers`, the folders
+of two small tokenizers trained here: one for plain text and one for chat templates.
 """
+
+import json
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 
-from _util import docs, text_records, texts, train_bytelevel
+from _util import WORDS, docs, text_records, texts, train_bytelevel
 from zephon import ops
 from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance
+from zephon.types import Meta, Record, Segment
+
+# The built-in templates' markers; each must be one special token of the tokenizer.
+CHAT_SPECIALS = [
+    "<|endoftext|>",
+    "<|begin_of_text|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+]
+
+
+class Tokenizers(NamedTuple):
+    text: str  # byte-level BPE with <|bos|> and <|endoftext|>
+    chat: str  # byte-level BPE with CHAT_SPECIALS, BOS <|begin_of_text|>, EOS <|endoftext|>
+
+
+def train_chat_tokenizer(folder):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=CHAT_SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts(300) + ["system user assistant"] * 20, trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|endoftext|>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return folder
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    return str(train_bytelevel(tmp_path_factory.mktemp("tok")).parent)
+    text = train_bytelevel(tmp_path_factory.mktemp("tok")).parent
+    chat = train_chat_tokenizer(tmp_path_factory.mktemp("chat-tok"))
+    return Tokenizers(str(text), str(chat))
 
 
 def _lengths():
@@ -30,6 +72,29 @@ def is_even_length(payload):
     return len(payload["input_ids"]) % 2 == 0
 
 
+def _records(payloads):
+    return [Record(p, Meta(0, (Segment(0, 0, i, 0, 0, -1),), 0)) for i, p in enumerate(payloads)]
+
+
+def _conversations(n=12):
+    """Conversations of one to three exchanges, some with a system turn, every fifth without a reply."""
+    words = texts(3 * n, seed=1)
+    out = []
+    for i in range(n):
+        messages = [{"role": "system", "content": "be brief"}] if i % 3 == 0 else []
+        for j in range(1 + i % 3):
+            messages.append({"role": "user", "content": words[(3 * i + j) % len(words)] or "hi"})
+            if i % 5 != 4 or j < i % 3:
+                messages.append({"role": "assistant", "content": WORDS[(i + j) % len(WORDS)] + " " + words[(3 * i + j + 1) % len(words)]})
+        out.append({"messages": messages})
+    return _records(out)
+
+
+def _prompt_completions(n=12):
+    words = texts(2 * n, seed=2)
+    return _records([{"prompt": words[2 * i], "completion": words[2 * i + 1]} for i in range(n)])
+
+
 def _masked(lengths):
     return [
         r.__class__({**r.payload, "loss_mask": (np.arange(len(r.payload["input_ids"])) % 2).astype(np.uint8)}, r.meta)
@@ -40,10 +105,26 @@ def _masked(lengths):
 REGISTRY = {
     "map": (lambda tok: ops.MapOp(double), lambda: docs(_lengths())),
     "filter": (lambda tok: ops.FilterOp(is_even_length), lambda: docs(_lengths())),
-    "tokenize": (lambda tok: ops.Tokenize(tokenizer=tok, special_tokens="eos"), lambda: text_records(texts(12))),
+    "tokenize": (lambda tok: ops.Tokenize(tokenizer=tok.text, special_tokens="eos"), lambda: text_records(texts(12))),
     "tokenize_split": (
-        lambda tok: ops.Tokenize(tokenizer=tok, special_tokens="bos_eos", max_length=8, split_long_samples=True),
+        lambda tok: ops.Tokenize(tokenizer=tok.text, special_tokens="bos_eos", max_length=8, split_long_samples=True),
         lambda: text_records(texts(12)),
+    ),
+    "tokenize_chat_chatml": (
+        lambda tok: ops.TokenizeChat(tok.chat, chat_template="chatml", empty_mask="drop"),
+        _conversations,
+    ),
+    "tokenize_chat_llama3_prefix_truncated": (
+        lambda tok: ops.TokenizeChat(
+            tok.chat, chat_template="llama3", span_source="prefix", loss_scope="last_assistant", max_length=100,
+            truncation=True, empty_mask="drop",
+        ),
+        _conversations,
+    ),
+    "tokenize_prompt_completion": (lambda tok: ops.TokenizePromptCompletion(tok.chat), _prompt_completions),
+    "tokenize_prompt_completion_truncated": (
+        lambda tok: ops.TokenizePromptCompletion(tok.chat, special_tokens="eos", max_length=40, truncation=True, empty_mask="drop"),
+        _prompt_completions,
     ),
     "pack_flat_wrap": (lambda tok: ops.PackFlat(8), lambda: docs(_lengths())),
     "pack_flat_wrap_padded": (lambda tok: ops.PackFlat(8, pad_token_id=0), lambda: _masked(_lengths())),

@@ -75,7 +75,7 @@ def test_killed_worker_is_reported_within_seconds_and_nothing_is_left_behind():
     pipe = toy_pipeline(2, workers=2)
     it = iter(pipe)
     next(it)
-    procs = list(pipe._iterator.executor.procs)
+    procs = list(it.executor.procs)
     os.kill(procs[1].pid, signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(WorkerError, match=r"lanes \[1\] was killed by signal 9"):
@@ -91,7 +91,7 @@ def test_close_and_context_manager_stop_workers():
     with toy_pipeline(2, workers=2) as pipe:
         it = iter(pipe)
         next(it)
-        procs = list(pipe._iterator.executor.procs)
+        procs = list(it.executor.procs)
     for p in procs:
         p.join(timeout=5)
         assert not p.is_alive()
@@ -104,7 +104,7 @@ def test_lambdas_with_workers_get_a_clear_error():
 
 
 def test_num_workers_alias():
-    assert Pipeline([{"a": 1}]).options(num_workers=3)._options.workers == 3
+    assert Pipeline([{"a": 1}]).options(num_workers=3).run_options.workers == 3
 
 
 def test_background_thread_gives_the_same_batches_and_exact_checkpoints():

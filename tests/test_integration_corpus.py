@@ -53,7 +53,7 @@ def test_recipe_shapes_labels_and_exact_resume_with_small_state():
     ckpt = json.loads(json.dumps(pipe.checkpoint()))
     per_lane = len(json.dumps(ckpt["lanes"]["0"]).encode())
     assert per_lane <= 64 * 1024, f"lane state is {per_lane} bytes"
-    assert len(ckpt["lanes"]["0"]["ops"]["states"]["shuffle"]["buffer"]) == 1024  # held by reference
+    assert len(ckpt["lanes"]["0"]["ops"]["shuffle"]["buffer"]) == 1024  # held by reference
 
     expected_next = [batch_digest(next(it)) for _ in range(10)]
     resumed = iter(recipe().restore(ckpt))

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from zephon.io import Dataset, InMemoryShard, as_dataset
 from zephon.io import _jsonl
 
-CORPUS = Path("/work/shared/data/corpus")
+from _shared import shared_path
 
 
 @pytest.fixture(autouse=True)
@@ -338,6 +338,49 @@ def test_from_dict_with_dict_rows_keeps_insertion_order():
     assert ds.read(1, [2, 0, 2]) == [rows_of(3, start=5)[i] for i in [2, 0, 2]]
 
 
+def test_from_dict_with_int_shard_ids_as_in_zephon_0_2():
+    ds = Dataset.from_dict("mem", {0: InMemoryShard(rows_of(2)), 1: InMemoryShard(rows_of(3, start=5))})
+    assert ds.shard_ids == (0, 1) and all(type(i) is int for i in ds.shard_ids)
+    assert ds.shard_sizes == (2, 3) and ds.read(1, [0]) == [rows_of(3, start=5)[0]]
+    # Insertion order decides shard order, not the id's value; numpy integers become ints.
+    flipped = Dataset.from_dict("mem", {np.int64(7): rows_of(1), 2: rows_of(1, start=1)})
+    assert flipped.shard_ids == (7, 2) and type(flipped.shard_ids[0]) is int
+    # Ids stay ints in the fingerprint (JSON-stable), so {0: rows} and {"0": rows} are different data.
+    fp = ds.fingerprint()
+    assert [s["id"] for s in fp["shards"]] == [0, 1] and json.loads(json.dumps(fp)) == fp
+    as_str = Dataset.from_dict("mem", {"0": InMemoryShard(rows_of(2)), "1": InMemoryShard(rows_of(3, start=5))})
+    assert as_str.shard_ids == ("0", "1") and as_str.fingerprint() != fp
+    assert Dataset.from_rows("mem", rows_of(2), shard_id=0).shard_ids == (0,)
+    # Pickles, and reports an int id in range errors.
+    assert pickle.loads(pickle.dumps(ds)).shard_ids == (0, 1)
+    with pytest.raises(IndexError, match=r"shard 1 \(1\) has 3 rows"):
+        ds.read(1, [3])
+
+
+@pytest.mark.parametrize(
+    "shards, message",
+    [
+        ({0: [{"a": 1}], "1": [{"a": 2}]}, "mix strings and integers"),
+        ({"a": [{"a": 1}], 1: [{"a": 2}]}, "mix strings and integers"),
+        ({True: [{"a": 1}]}, r"True \(bool\) is neither a string nor an integer"),
+        ({1.0: [{"a": 1}]}, r"1\.0 \(float\) is neither"),
+        ({(0, 1): [{"a": 1}]}, r"\(0, 1\) \(tuple\) is neither"),
+    ],
+)
+def test_from_dict_rejects_mixed_and_invalid_shard_ids(shards, message):
+    with pytest.raises(TypeError, match=message):
+        Dataset.from_dict("mem", shards)
+
+
+def test_int_shard_ids_through_a_source():
+    from zephon.work import StaticMixtureWorkSource
+
+    ds = Dataset.from_dict("mem", {0: rows_of(3), 1: rows_of(2, start=3)})
+    src = StaticMixtureWorkSource([ds], {"mem": 1}, shuffle_shards=False)
+    assert src.pointers(0, 5) == [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1)]
+    assert [s["id"] for s in src.fingerprint()["datasets"][0]["shards"]] == [0, 1]
+
+
 def test_from_dict_with_array_rows():
     ragged = [np.arange(n, dtype=np.int32) for n in (3, 1, 4)]
     block = np.arange(12, dtype=np.int64).reshape(4, 3)
@@ -359,8 +402,8 @@ def test_in_memory_rows_are_validated():
         InMemoryShard("text")
     with pytest.raises(ValueError, match="at least one shard"):
         Dataset.from_dict("mem", {})
-    with pytest.raises(TypeError, match="shard ids are strings"):
-        Dataset.from_dict("mem", {0: InMemoryShard([])})
+    with pytest.raises(TypeError, match="neither a string nor an integer"):
+        Dataset.from_dict("mem", {1.5: InMemoryShard([])})
     with pytest.raises(ValueError, match="non-empty string name"):
         Dataset.from_rows("", [{"a": 1}])
 
@@ -474,10 +517,10 @@ def test_read_returns_the_written_objects(rows, blanks, newline, final_newline, 
         assert ds.read(0, np.arange(len(rows))) == rows
 
 
-@pytest.mark.skipif(not CORPUS.is_dir(), reason="shared corpus not available")
 def test_shared_corpus():
-    files = sorted(CORPUS.glob("*.jsonl"))
-    ds = Dataset.from_path("corpus", CORPUS)
+    corpus = shared_path("data", "corpus")
+    files = sorted(corpus.glob("*.jsonl"))
+    ds = Dataset.from_path("corpus", corpus)
     assert ds.num_shards == 8 and ds.num_rows == 1975
     assert ds.shard_ids == tuple(f.name for f in files)
     rng = np.random.default_rng(0)

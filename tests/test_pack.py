@@ -348,17 +348,17 @@ def test_oversized_error_names_the_document_and_the_policies(algorithm, kw):
 
 def test_drop_oversized_is_zephons_alias():
     ff = dict(algorithm="first_fit", num_bins=2, pad_token_id=0)
-    assert PackFlat(8, **ff).oversized == "drop"
-    assert PackFlat(8, drop_oversized=True, **ff).oversized == "drop"
-    assert PackFlat(8, drop_oversized=False, **ff).oversized == "error"
-    assert PackFlat(8).oversized == "split" and PackFlat(8, drop_oversized=False).oversized == "split"
+    assert PackFlat(8, **ff).oversized_policy == "drop"
+    assert PackFlat(8, drop_oversized=True, **ff).oversized_policy == "drop"
+    assert PackFlat(8, drop_oversized=False, **ff).oversized_policy == "error"
+    assert PackFlat(8).oversized_policy == "split" and PackFlat(8, drop_oversized=False).oversized_policy == "split"
     assert PackFlat(8, drop_oversized=True, **ff).fingerprint() == PackFlat(8, oversized="drop", **ff).fingerprint()
 
 
 def test_best_fit_wrap_defaults_are_resolved():
     op = PackFlat(8, algorithm="best_fit_wrap", pad_token_id=0)
-    assert (op.candidate_pool_size, op.max_candidate_age) == (1024, 8192)
-    assert PackFlat(8, algorithm="best_fit_wrap", candidate_pool_size=4, pad_token_id=0).max_candidate_age == 32
+    assert (op.pool_size, op.candidate_age) == (1024, 8192)
+    assert PackFlat(8, algorithm="best_fit_wrap", candidate_pool_size=4, pad_token_id=0).candidate_age == 32
 
 
 # -- fields, positions, metadata ---------------------------------------------------------------------
@@ -435,7 +435,7 @@ def test_documents_in_one_row_must_share_fields():
 
 
 def test_misaligned_loss_mask_is_an_error():
-    with pytest.raises(ValueError, match="'loss_mask' has length 3 but the tokens have 2"):
+    with pytest.raises(ValueError, match=r"'loss_mask' in the record from dataset 0, shard 0, row 0 .* has 3 entries but the tokens \('input_ids'\) have 2"):
         run(PackFlat(4, algorithm="first_fit", num_bins=1, pad_token_id=0), [[doc(0, 2, loss_mask=np.ones(3, np.uint8))]])
 
 

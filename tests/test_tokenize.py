@@ -1,7 +1,8 @@
 """Tokenizer resolution (``zephon._tokenizer``) and the ``tokenize`` operator (``zephon._tokenize``).
 
 Two tokenizers are trained here (a whitespace BPE with [PAD]/[BOS]/[EOS]/[UNK] and a GPT-2 style
-byte-level BPE); the real GPT-2 tokenizer and corpus under /work/shared/data are used when present.
+byte-level BPE); the real GPT-2 tokenizer and corpus under ``<repo>/../shared/data`` are used when
+present (their tests skip without them, and fail under ``CI=true``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -18,22 +20,13 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from _shared import SHARED, shared_path
+from zephon._cache import ProcessCache
 from zephon._core import CHILD_BASE, EMPTY, sample_meta
 from zephon._records import Record
+from zephon._tiktoken import _tiktoken_plan, _verification_texts, _verify_tiktoken
 from zephon._tokenize import Tokenize
-from zephon._tokenizer import (
-    TokenizerHandle,
-    TokenizerLoadError,
-    _tiktoken_plan,
-    _verification_texts,
-    _verify_tiktoken,
-    load_tokenizer,
-)
-
-SHARED = Path("/work/shared/data")
-GPT2_DIR = SHARED / "gpt2"
-GPT2_FILE = GPT2_DIR / "tokenizer.json"
-CORPUS = SHARED / "corpus"
+from zephon._tokenizer import TokenizerHandle, TokenizerLoadError, load_tokenizer
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -95,9 +88,7 @@ def bytelevel_tok() -> Tokenizer:
 
 @pytest.fixture(scope="session")
 def gpt2_file() -> Path:
-    if not GPT2_FILE.is_file():
-        pytest.skip("GPT-2 tokenizer not available at /work/shared/data/gpt2")
-    return GPT2_FILE
+    return shared_path("data", "gpt2", "tokenizer.json")
 
 
 @pytest.fixture(scope="session")
@@ -611,9 +602,7 @@ def test_tiktoken_matches_tokenizers_on_gpt2(gpt2_handles):
 
 
 def test_tiktoken_matches_tokenizers_on_a_corpus_shard(gpt2_handles):
-    shard = CORPUS / "shard-00000.jsonl"
-    if not shard.is_file():
-        pytest.skip("shared corpus not available")
+    shard = shared_path("data", "corpus", "shard-00000.jsonl")
     texts = [json.loads(line)["text"] for line in shard.open(encoding="utf-8")]
     slow, fast = gpt2_handles
     for a, b in zip(fast.encode_batch(texts), slow.encode_batch(texts)):
@@ -671,6 +660,113 @@ def test_tiktoken_missing_falls_back(bytelevel_tok, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="zephon"):
         h = load_tokenizer(bytelevel_tok, backend="tiktoken")
     assert h.backend == "tokenizers" and "not installed" in caplog.text
+
+
+# -- per-process caches and module layout ----------------------------------------------------------------
+
+
+def test_process_cache_builds_each_entry_once_across_threads():
+    import threading
+
+    cache = ProcessCache()
+    calls = []
+
+    def build():
+        calls.append(1)
+        return object()
+
+    start = threading.Barrier(8)
+    got = []
+
+    def worker():
+        start.wait()
+        got.append(cache.get("k", build))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len({id(g) for g in got}) == 1
+    assert cache.peek("k") is got[0] and "k" in cache and cache.peek("other") is None
+    cache.discard("k")
+    assert "k" not in cache and len(cache) == 0
+
+
+def test_process_cache_bound_drops_the_least_recently_used():
+    limit = [2]
+    cache = ProcessCache(max_entries=lambda: limit[0])
+    for key in "abc":
+        cache.get(key, lambda key=key: key.upper())
+    assert list(cache._entries) == ["b", "c"]
+    cache.get("b", lambda: "never")  # a hit makes "b" the most recent
+    cache.get("d", lambda: "D")
+    assert list(cache._entries) == ["b", "d"]
+    limit[0] = 1  # read at each insertion
+    cache.get("e", lambda: "E")
+    assert list(cache._entries) == ["e"]
+
+
+def test_process_cache_build_error_leaves_no_entry():
+    cache = ProcessCache()
+
+    def boom():
+        raise RuntimeError("no")
+
+    with pytest.raises(RuntimeError):
+        cache.get("k", boom)
+    assert "k" not in cache and cache.get("k", lambda: 1) == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_process_caches_after_fork(small_tok):
+    from zephon import _tokenizer
+
+    h = load_tokenizer(small_tok)
+    h.tokenizer  # noqa: B018 - builds the live tokenizer in this process
+    cleared, kept = ProcessCache(), ProcessCache(clear_after_fork=False)
+    cleared.get("k", lambda: 1)
+    kept.get("k", lambda: 1)
+    assert len(_tokenizer._LIVE) >= 1
+    pid = os.fork()
+    if pid == 0:  # the child: live objects are rebuilt, mappings and verdicts kept
+        ok = "k" not in cleared and "k" in kept and len(_tokenizer._LIVE) == 0
+        ok = ok and h.encode_batch(["a b"])[0].tolist() == ids_of(small_tok, "a b") and len(_tokenizer._LIVE) >= 1
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    assert "k" in cleared  # the parent keeps its entries
+
+
+def _zephon_imports(module: str) -> set[str]:
+    """The zephon modules ``zephon/<module>.py`` imports (relative imports, at any depth of the file)."""
+    import ast
+
+    tree = ast.parse((Path(__file__).resolve().parents[1] / "zephon" / f"{module}.py").read_text(encoding="utf-8"))
+    return {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
+
+
+def test_module_layout_has_no_cycles():
+    # Loading imports the tiktoken path, never the reverse; the cache is below both.
+    assert "_tiktoken" in _zephon_imports("_tokenizer")
+    assert _zephon_imports("_tiktoken") == {"_cache"}
+    assert _zephon_imports("_cache") == set()
+
+
+def test_one_list_of_special_token_modes():
+    from zephon import _fields, _tokenize
+
+    assert _tokenize.SPECIAL_TOKEN_MODES is _fields.SPECIAL_TOKEN_MODES
+
+
+def test_shared_path(monkeypatch):
+    assert SHARED == Path(__file__).resolve().parents[1].parent / "shared"
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no-such-file"):
+        shared_path("data", "no-such-file")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="no-such-file.*CI=true"):
+        shared_path("data", "no-such-file")
 
 
 # -- laws (hypothesis) --------------------------------------------------------------------------------------

@@ -17,9 +17,8 @@ import msgspec
 
 from ._core import Operator, Resolver, config_field
 from ._keys import fold_in, randbelow
+from ._fields import TOKEN_FIELDS, payload_length
 from ._records import Meta, Record, SampleBatch
-
-TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 
 
 class BatchState(msgspec.Struct, frozen=True, tag="batch", forbid_unknown_fields=True):
@@ -29,6 +28,7 @@ class BatchState(msgspec.Struct, frozen=True, tag="batch", forbid_unknown_fields
     partial: tuple[Record, ...] = ()
     batches: int = 0
     dropped_records: int = 0
+    dropped_tokens: int = 0
     real_tokens: int = 0
     slots: int = 0
 
@@ -45,30 +45,18 @@ def _check_size(name: str):
 
 def record_length(rec: Record) -> int:
     """Tokens in a record (its token field, or its first dimension for a bare array)."""
-    p = rec.payload
-    if isinstance(p, dict):
-        for k in TOKEN_FIELDS:
-            if k in p:
-                return len(p[k])
-        raise ValueError(f"batch: group_by_length needs a token field ({', '.join(TOKEN_FIELDS)}), payload keys {sorted(p)[:8]}")
-    return len(p)
+    return payload_length(rec.payload, "batch: group_by_length")
 
 
-def _has_tokens(batch: SampleBatch) -> bool:
-    p = batch.records[0].payload if batch.records else None
+def _has_tokens(records: Sequence[Record]) -> bool:
+    p = records[0].payload if records else None
     return isinstance(p, dict) and any(k in p for k in TOKEN_FIELDS)
 
 
-def padding_waste(batch: SampleBatch) -> float:
-    """``1 - real tokens / (B x T_batch)`` for a batch padded to its longest record.
-
-    Packed padding (``meta.padding_length``) counts as waste too.
-    """
-    if not batch.records:
-        return 0.0
-    lengths = [record_length(r) for r in batch.records]
-    real = sum(n - r.meta.padding_length for n, r in zip(lengths, batch.records))
-    return 1.0 - real / (len(lengths) * max(lengths)) if max(lengths) else 0.0
+def _real_tokens(records: Sequence[Record]) -> int:
+    if not _has_tokens(records):
+        return 0
+    return sum(record_length(r) - r.meta.padding_length for r in records)
 
 
 @attrs.frozen
@@ -81,6 +69,9 @@ class Batch(Operator):
             instead of emitting it. There are no mid-stream flushes: only the end can be short.
         group_by_length: batch records of similar length together (see the module docstring).
         buffer_size: records sorted together when grouping (default ``64 * microbatch_size``).
+        pad_token_id: stamped on each :class:`~zephon.types.SampleBatch` for ``to_training``'s
+            dynamic padding; ``Pipeline.batch`` fills it from the pipeline's tokenizer (its pad
+            token, else its EOS). It never changes which records form a batch.
 
     State: the waiting records, by reference; a key (grouping order); counters.
     """
@@ -89,6 +80,7 @@ class Batch(Operator):
     drop_last: bool = config_field(default=True)
     group_by_length: bool = config_field(default=False)
     buffer_size: int | None = config_field(default=None, validator=_check_size("buffer_size"))
+    pad_token_id: int | None = config_field(default=None, data=False, kw_only=True)
 
     kind: ClassVar[str] = "batch"
     state_type: ClassVar[type] = BatchState
@@ -127,40 +119,51 @@ class Batch(Operator):
         keep = len(records) - len(records) % self.microbatch_size if self.drop_last else len(records)
         out = self._emit(state, records[:keep], 0) if keep else []
         state = self._advance(state, (), out)
-        return msgspec.structs.replace(state, dropped_records=state.dropped_records + len(records) - keep), out
+        dropped = records[keep:]
+        return (
+            msgspec.structs.replace(
+                state,
+                dropped_records=state.dropped_records + len(dropped),
+                dropped_tokens=state.dropped_tokens + _real_tokens(dropped),
+            ),
+            out,
+        )
 
     def _emit(self, state: BatchState, records: list[Record], already: int) -> list[SampleBatch]:
         mbs = self.microbatch_size
         if not self.group_by_length:
-            return [SampleBatch(tuple(records[i : i + mbs])) for i in range(0, len(records), mbs)]
+            return [SampleBatch(tuple(records[i : i + mbs]), self.pad_token_id) for i in range(0, len(records), mbs)]
         order = sorted(range(len(records)), key=lambda i: (record_length(records[i]), i))
         groups = [tuple(records[j] for j in order[i : i + mbs]) for i in range(0, len(order), mbs)]
         # Emit the groups in a drawn order (counter = batches emitted before), not shortest first.
         counter = state.batches + already
         out = []
         while groups:
-            out.append(SampleBatch(groups.pop(randbelow(state.key, counter, len(groups)))))
+            out.append(SampleBatch(groups.pop(randbelow(state.key, counter, len(groups))), self.pad_token_id))
             counter += 1
         return out
 
     def _advance(self, state: BatchState, partial: tuple, out: list[SampleBatch]) -> BatchState:
         real = slots = 0
         for b in out:
-            if _has_tokens(b):
+            if _has_tokens(b.records):
                 lengths = [record_length(r) for r in b.records]
                 real += sum(n - r.meta.padding_length for n, r in zip(lengths, b.records))
                 slots += len(lengths) * max(lengths)
-        return BatchState(state.key, partial, state.batches + len(out), state.dropped_records, state.real_tokens + real, state.slots + slots)
+        return msgspec.structs.replace(
+            state, partial=partial, batches=state.batches + len(out), real_tokens=state.real_tokens + real, slots=state.slots + slots
+        )
 
     def rebuild(self, refs: Sequence[Any], upstream: Resolver) -> list[SampleBatch]:
         flat: list[Meta] = [m for ref in refs for m in ref]
         records = iter(upstream(flat))
-        return [SampleBatch(tuple(next(records) for _ in ref)) for ref in refs]
+        return [SampleBatch(tuple(next(records) for _ in ref), self.pad_token_id) for ref in refs]
 
     def report(self, state: BatchState) -> dict[str, int]:
         return {
             "batches": state.batches,
             "dropped_records_at_end": state.dropped_records,
+            "dropped_tokens_at_end": state.dropped_tokens,
             "real_tokens": state.real_tokens,
             "padded_slots": state.slots,
         }

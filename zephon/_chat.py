@@ -16,6 +16,8 @@ included. Where those turns are in the rendered text comes from one of two span 
 Character spans become token masks through the tokenizer's own character offsets, from one
 ``encode_batch`` call over the whole chunk: the conversation is tokenized as one text, exactly as it
 is trained on, never message by message. A token is supervised when its characters overlap a span.
+Templates themselves (the built-ins, rendering, generation tags, the special-marker check) are in
+:mod:`zephon._templates`.
 
 :class:`TokenizePromptCompletion` handles ``{"prompt": ..., "completion": ...}`` records: prompt
 tokens are kept with mask 0, completion tokens (and the EOS, when added) get mask 1.
@@ -28,19 +30,25 @@ before it belongs to another document.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
-import re
-import threading
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 import attrs
 import numpy as np
 
-from ._core import StatelessOp
+from ._cache import ProcessCache
+from ._core import StatelessOp, config_field
+from ._fields import SPECIAL_TOKEN_MODES
+from ._templates import BUILTIN_TEMPLATES as BUILTIN_TEMPLATES
+from ._templates import CHATML_TEMPLATE as CHATML_TEMPLATE
+from ._templates import LLAMA3_TEMPLATE as LLAMA3_TEMPLATE
+from ._templates import RESERVED_KWARGS as RESERVED_KWARGS
+from ._templates import _render, _resolve_template, check_markers
+from ._templates import has_generation_tags as has_generation_tags
+from ._templates import render_chat as render_chat
+from ._templates import spans_to_mask as spans_to_mask
+from ._templates import strip_generation_tags as strip_generation_tags
 from ._tokenizer import BACKENDS, TokenizerHandle, load_tokenizer
 
 __all__ = [
@@ -67,475 +75,12 @@ LOSS_SCOPES = ("assistant", "last_assistant", "all")
 SPAN_SOURCES = ("auto", "generation_tags", "prefix")
 #: Values of ``empty_mask``.
 EMPTY_MASK_MODES = ("error", "drop")
-_SPECIAL_TOKEN_MODES = ("bos_eos", "bos", "eos", "none")
-
-# The variable through which a render passes its span recorder to the generation extension. It
-# lives in the render's own context, so one compiled template serves concurrent renders.
-_RECORDER = "_zephon_generation_recorder"
-#: Render variables a template receives from the operator; chat_template_kwargs cannot set them.
-RESERVED_KWARGS = frozenset(
-    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception", _RECORDER}
-)
-
-# -- built-in templates -------------------------------------------------------------------------------
-# Every tag and expression strips the whitespace before it ({%- / {{-), so only the quoted strings
-# produce output and the layout of the source does not matter.
-
-#: ChatML as Qwen writes it: ``<|im_start|>role\n...<|im_end|>\n`` turns; tools listed in the system
-#: turn; tool calls as ``<tool_call>`` JSON inside the assistant turn; tool results as ``tool`` turns.
-CHATML_TEMPLATE = r"""
-{%- set has_system = messages and messages[0]['role'] == 'system' %}
-{%- if tools %}
-    {{- '<|im_start|>system\n' }}
-    {%- if has_system %}
-        {{- messages[0]['content'] + '\n\n' }}
-    {%- endif %}
-    {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}
-    {%- for tool in tools %}
-        {{- '\n' + (tool | tojson) }}
-    {%- endfor %}
-    {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
-{%- elif has_system %}
-    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
-{%- endif %}
-{%- for message in messages %}
-    {%- if message['role'] == 'system' %}
-        {%- if not loop.first %}
-            {{- raise_exception('chatml: a system message may only come first') }}
-        {%- endif %}
-    {%- elif message['role'] == 'assistant' %}
-        {{- '<|im_start|>assistant\n' }}
-        {%- generation %}
-            {%- if message['content'] %}
-                {{- message['content'] }}
-            {%- endif %}
-            {%- for call in message['tool_calls'] or [] %}
-                {%- if call['function'] is defined %}
-                    {%- set call = call['function'] %}
-                {%- endif %}
-                {%- if message['content'] or not loop.first %}
-                    {{- '\n' }}
-                {%- endif %}
-                {{- '<tool_call>\n{"name": ' + (call['name'] | tojson) + ', "arguments": ' }}
-                {%- if call['arguments'] is string %}
-                    {{- call['arguments'] }}
-                {%- else %}
-                    {{- call['arguments'] | tojson }}
-                {%- endif %}
-                {{- '}\n</tool_call>' }}
-            {%- endfor %}
-            {{- '<|im_end|>' }}
-        {%- endgeneration %}
-        {{- '\n' }}
-    {%- else %}
-        {{- '<|im_start|>' + message['role'] + '\n' }}
-        {%- if message['content'] is string %}
-            {{- message['content'] }}
-        {%- elif message['content'] %}
-            {{- message['content'] | tojson }}
-        {%- endif %}
-        {{- '<|im_end|>\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}
-"""
-
-#: Llama 3 style: ``bos_token``, then ``<|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>``
-#: turns with trimmed contents; tools listed in the system turn; tool calls as
-#: ``{"name": ..., "parameters": ...}`` JSON; tool results as ``ipython`` turns.
-LLAMA3_TEMPLATE = r"""
-{{- bos_token }}
-{%- set has_system = messages and messages[0]['role'] == 'system' %}
-{%- if has_system or tools %}
-    {{- '<|start_header_id|>system<|end_header_id|>\n\n' }}
-    {%- if has_system %}
-        {{- messages[0]['content'] | trim }}
-    {%- endif %}
-    {%- if tools %}
-        {%- if has_system %}
-            {{- '\n\n' }}
-        {%- endif %}
-        {{- 'You have access to the following functions. To call a function, respond with JSON of the form {"name": function name, "parameters": dictionary of argument name and its value}.\n' }}
-        {%- for tool in tools %}
-            {{- '\n' + (tool | tojson) }}
-        {%- endfor %}
-    {%- endif %}
-    {{- '<|eot_id|>' }}
-{%- endif %}
-{%- for message in messages %}
-    {%- if message['role'] == 'system' %}
-        {%- if not loop.first %}
-            {{- raise_exception('llama3: a system message may only come first') }}
-        {%- endif %}
-    {%- elif message['role'] == 'assistant' %}
-        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
-        {%- generation %}
-            {%- if message['content'] %}
-                {{- message['content'] | trim }}
-            {%- endif %}
-            {%- for call in message['tool_calls'] or [] %}
-                {%- if call['function'] is defined %}
-                    {%- set call = call['function'] %}
-                {%- endif %}
-                {%- if message['content'] or not loop.first %}
-                    {{- '\n' }}
-                {%- endif %}
-                {{- '{"name": ' + (call['name'] | tojson) + ', "parameters": ' }}
-                {%- if call['arguments'] is string %}
-                    {{- call['arguments'] }}
-                {%- else %}
-                    {{- call['arguments'] | tojson }}
-                {%- endif %}
-                {{- '}' }}
-            {%- endfor %}
-            {{- '<|eot_id|>' }}
-        {%- endgeneration %}
-    {%- else %}
-        {%- set role = 'ipython' if message['role'] == 'tool' else message['role'] %}
-        {{- '<|start_header_id|>' + role + '<|end_header_id|>\n\n' }}
-        {%- if message['content'] is string %}
-            {{- message['content'] | trim }}
-        {%- elif message['content'] %}
-            {{- message['content'] | tojson }}
-        {%- endif %}
-        {{- '<|eot_id|>' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
-{%- endif %}
-"""
-
-#: Built-in templates by name (each with ``{% generation %}`` blocks; see :func:`strip_generation_tags`).
-BUILTIN_TEMPLATES: dict[str, str] = {"chatml": CHATML_TEMPLATE, "llama3": LLAMA3_TEMPLATE}
-
-_TAG = re.compile(r"\{%([-+]?)(\s*)(end)?generation(\s*)([-+]?)%\}")
-
-
-def strip_generation_tags(template: str) -> str:
-    """``template`` with its ``{% generation %}`` blocks turned into plain, always-true blocks.
-
-    The tags become ``{% if true %}`` / ``{% endif %}`` with the same whitespace controls, so the
-    rendered text is unchanged; only the span information is gone. Useful to check that prefix
-    rendering finds the same spans as the tags.
-
-    Args:
-        template: Jinja chat template text.
-
-    Returns:
-        The template text without generation tags.
-
-    Examples:
-        >>> strip_generation_tags("{%- generation %}{{ x }}{% endgeneration -%}")
-        '{%- if true %}{{ x }}{% endif -%}'
-    """
-
-    def replace(m: re.Match) -> str:
-        left, lspace, end, rspace, right = m.groups()
-        word = "endif" if end else "if true"
-        return "{%" + left + (lspace or " ") + word + (rspace or " ") + right + "%}"
-
-    return _TAG.sub(replace, template)
-
-
-def has_generation_tags(template: str) -> bool:
-    """Whether ``template`` holds a ``{% generation %}`` block (comments and strings do not count).
-
-    Raises:
-        ValueError: ``template`` is not valid Jinja.
-    """
-    jinja2 = _jinja()
-    try:
-        ast = _environment().parse(template)
-    except jinja2.TemplateSyntaxError as exc:
-        raise ValueError(f"the chat template is not valid Jinja: {exc} (line {exc.lineno})") from exc
-    return any(node.name == "_record" for node in ast.find_all(jinja2.nodes.ExtensionAttribute))
-
-
-# -- rendering ------------------------------------------------------------------------------------------
-
-
-def _jinja():
-    try:
-        import jinja2
-        import jinja2.ext
-        import jinja2.nodes
-        import jinja2.sandbox
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "chat templates need jinja2, which is not installed; install it with pip install 'zephon[chat]'"
-        ) from exc
-    return jinja2
-
-
-class _Recorder:
-    """Collects, during one render, the output length so far and each generation block's text."""
-
-    __slots__ = ("length", "blocks")
-
-    def __init__(self) -> None:
-        self.length = 0
-        self.blocks: list[tuple[int, str]] = []
-
-
-_ENV_LOCK = threading.Lock()
-_ENV: dict[int, Any] = {}
-_TEMPLATES: dict[tuple[int, str], Any] = {}
-
-
-def _environment() -> Any:
-    """The process's sandboxed environment, configured as transformers configures its own."""
-    pid = os.getpid()
-    env = _ENV.get(pid)
-    if env is not None:
-        return env
-    jinja2 = _jinja()
-
-    class GenerationExtension(jinja2.ext.Extension):
-        """``{% generation %}...{% endgeneration %}``: renders its body and records where it went.
-
-        The block's start is the length of the output yielded so far, which is exact when the
-        block is rendered straight into the template's output (not inside a macro, a
-        ``{% set %}`` block or a ``{% filter %}`` block); :func:`render_chat` checks it.
-        """
-
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            call = self.call_method("_record", [jinja2.nodes.ContextReference()])
-            return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
-
-        def _record(self, context, caller):
-            text = caller()
-            recorder = context.get(_RECORDER)
-            if isinstance(recorder, _Recorder):
-                recorder.blocks.append((recorder.length, str(text)))
-            return text
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        # As transformers: no HTML escaping, keyword options exposed.
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    # No strftime_now: a date in the data would make it depend on the day it was built; templates
-    # that test `strftime_now is defined` fall back to their fixed date.
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationExtension, jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    with _ENV_LOCK:
-        for stale in [k for k in _ENV if k != pid]:
-            del _ENV[stale]
-        return _ENV.setdefault(pid, env)
-
-
-def _compiled(template: str) -> Any:
-    pid = os.getpid()
-    key = (pid, hashlib.sha256(template.encode("utf-8")).hexdigest())
-    compiled = _TEMPLATES.get(key)
-    if compiled is None:
-        jinja2 = _jinja()
-        try:
-            compiled = _environment().from_string(template)
-        except jinja2.TemplateSyntaxError as exc:
-            raise ValueError(f"the chat template is not valid Jinja: {exc} (line {exc.lineno})") from exc
-        with _ENV_LOCK:
-            for stale in [k for k in _TEMPLATES if k[0] != pid]:
-                del _TEMPLATES[stale]
-            compiled = _TEMPLATES.setdefault(key, compiled)
-    return compiled
-
-
-def render_chat(
-    template: str,
-    messages: Sequence[Mapping[str, Any]],
-    *,
-    add_generation_prompt: bool = False,
-    tools: Any = None,
-    bos_token: str = "",
-    eos_token: str = "",
-    **kwargs: Any,
-) -> tuple[str, list[tuple[int, int]]]:
-    """Render a conversation and report the character spans of its ``{% generation %}`` blocks.
-
-    Args:
-        template: Jinja chat template text (Hugging Face form).
-        messages: the conversation.
-        add_generation_prompt: append the assistant header for the next turn.
-        tools: the tool schemas, passed to the template as ``tools``.
-        bos_token: the string the template sees as ``bos_token``.
-        eos_token: the string the template sees as ``eos_token``.
-        **kwargs: more template variables.
-
-    Returns:
-        The text and the ``[start, end)`` character span of each generation block, in order.
-
-    Raises:
-        ValueError: the template is not valid Jinja, or a generation block's recorded span does
-            not hold its text (the block sits inside a macro, a ``{% set %}`` or a ``{% filter %}``
-            block, whose output is buffered).
-        jinja2.TemplateError: the template raised (``raise_exception``) or failed.
-
-    Examples:
-        >>> text, spans = render_chat("chatml", [{"role": "user", "content": "hi"},
-        ...                                      {"role": "assistant", "content": "hello"}])
-        >>> text
-        '<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\nhello<|im_end|>\\n'
-        >>> [text[a:b] for a, b in spans]
-        ['hello<|im_end|>']
-    """
-    variables = dict(kwargs)
-    variables.update(
-        messages=messages,
-        tools=tools,
-        add_generation_prompt=add_generation_prompt,
-        bos_token=bos_token,
-        eos_token=eos_token,
-    )
-    return _render(BUILTIN_TEMPLATES.get(template, template), variables, track=True)
-
-
-def _render(template: str, variables: dict[str, Any], *, track: bool) -> tuple[str, list[tuple[int, int]]]:
-    """Render ``template``; with ``track``, also the checked spans of its generation blocks."""
-    compiled = _compiled(template)
-    if not track:
-        return compiled.render(variables), []
-    recorder = _Recorder()
-    variables = {**variables, _RECORDER: recorder}
-    parts = []
-    for piece in compiled.generate(variables):
-        parts.append(piece)
-        recorder.length += len(piece)
-    text = "".join(parts)
-    spans = []
-    for start, block in recorder.blocks:
-        end = start + len(block)
-        if text[start:end] != block:
-            raise ValueError(
-                "a {% generation %} block of the chat template is rendered inside a macro, a {% set %} block or a "
-                "{% filter %} block, so where its text lands cannot be tracked; move the generation tags out to "
-                "the template's main flow (around the text of each assistant turn), or strip them and use "
-                "span_source='prefix'"
-            )
-        spans.append((start, end))
-    return text, spans
-
-
-# -- the chat template of a tokenizer -------------------------------------------------------------------
-
-
-def _folder_template(folder: Path) -> tuple[str | None, str]:
-    jinja_file = folder / "chat_template.jinja"
-    if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
-    config = folder / "tokenizer_config.json"
-    if config.is_file():
-        return _config_template(config), str(config)
-    return None, str(config)
-
-
-def _config_template(config: Path) -> str | None:
-    try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"tokenize_chat: cannot read {str(config)!r}: {exc}; fix or remove it") from exc
-    value = data.get("chat_template") if isinstance(data, dict) else None
-    if isinstance(value, list):  # named templates, as transformers saves several
-        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
-        if "default" not in named:
-            raise ValueError(
-                f"tokenize_chat: {str(config)!r} holds named chat templates {sorted(map(str, named))} and none is "
-                "called 'default'; pass the one you want as chat_template="
-            )
-        value = named["default"]
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"tokenize_chat: 'chat_template' in {str(config)!r} is a {type(value).__name__}, not text")
-    return value
-
-
-def _tokenizer_template(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, list[str]]:
-    """The chat template shipped with the tokenizer, and where it was looked for."""
-    looked: list[str] = []
-    own = getattr(tokenizer, "chat_template", None)
-    if isinstance(own, str) and own:  # a transformers tokenizer object
-        return own, looked
-    for candidate in (tokenizer, tokenizer_id):
-        if isinstance(candidate, (str, os.PathLike)):
-            path = Path(os.fspath(candidate)).expanduser()
-            if path.exists():
-                text, where = _folder_template(path if path.is_dir() else path.parent)
-                if text is not None:
-                    return text, looked
-                looked.append(where)
-                return None, looked
-    if isinstance(tokenizer_id, str):
-        # A Hugging Face id: the snapshot load_tokenizer read the tokenizer from.
-        try:
-            from ._tokenizer import _cached_snapshot, _hub_cache_dir
-
-            snapshot = _cached_snapshot(tokenizer_id, _hub_cache_dir())
-        except (ImportError, ValueError):
-            snapshot = None
-        if snapshot is not None:
-            text, where = _folder_template(snapshot)
-            if text is not None:
-                return text, looked
-            looked.append(where)
-    return None, looked
-
-
-def _resolve_template(chat_template: Any, tokenizer: Any, tokenizer_id: Any) -> str:
-    names = ", ".join(repr(n) for n in BUILTIN_TEMPLATES)
-    usage = (
-        f"pass chat_template= as a built-in name ({names}), Jinja text, or a path to a .jinja file or a "
-        "tokenizer_config.json"
-    )
-    if chat_template is None:
-        text, looked = _tokenizer_template(tokenizer, tokenizer_id)
-        if text is None:
-            where = f" (looked in {', '.join(looked)})" if looked else ""
-            raise ValueError(
-                f"tokenize_chat: no chat template given and none ships with the tokenizer{where}; {usage}"
-            )
-        return text
-    if isinstance(chat_template, os.PathLike):
-        chat_template = os.fspath(chat_template)
-    if not isinstance(chat_template, str):
-        raise TypeError(f"tokenize_chat: chat_template must be a str or None, got {type(chat_template).__name__}; {usage}")
-    if chat_template in BUILTIN_TEMPLATES:
-        return BUILTIN_TEMPLATES[chat_template]
-    if "{{" in chat_template or "{%" in chat_template:
-        return chat_template
-    path = Path(chat_template).expanduser()
-    if path.is_dir():
-        text, where = _folder_template(path)
-        if text is None:
-            raise ValueError(f"tokenize_chat: chat_template={chat_template!r}: no chat template in {where}; {usage}")
-        return text
-    if path.is_file():
-        if path.suffix == ".json":
-            text = _config_template(path)
-            if text is None:
-                raise ValueError(f"tokenize_chat: {chat_template!r} has no 'chat_template' entry; {usage}")
-            return text
-        return path.read_text(encoding="utf-8")
-    raise ValueError(
-        f"tokenize_chat: chat_template={chat_template!r} is not a built-in name, not Jinja text and not an existing "
-        f"file; {usage}"
-    )
 
 
 # -- offsets --------------------------------------------------------------------------------------------
 
-_ENCODER_LOCK = threading.Lock()
-_ENCODERS: dict[tuple[int, str], Any] = {}
+# Per process, by tokenizer fingerprint: a tokenizer that reports untrimmed offsets.
+_ENCODERS = ProcessCache()
 
 
 def _offset_encoder(handle: TokenizerHandle) -> Any:
@@ -545,59 +90,20 @@ def _offset_encoder(handle: TokenizerHandle) -> Any:
     spaces, which can leave a space token with an empty range at the next token's start. Without
     special tokens added, a post-processor changes offsets only, never ids, so it is dropped here.
     """
-    key = (os.getpid(), handle.fingerprint())
-    tok = _ENCODERS.get(key)
-    if tok is None:
+
+    def build() -> Any:
         from tokenizers import Tokenizer
 
-        with _ENCODER_LOCK:
-            tok = _ENCODERS.get(key)
-            if tok is None:
-                tok = Tokenizer.from_str(handle.tokenizer_json)
-                tok.post_processor = None
-                if handle.encode_special_tokens:
-                    tok.encode_special_tokens = True
-                for stale in [k for k in _ENCODERS if k[0] != key[0]]:
-                    del _ENCODERS[stale]
-                _ENCODERS[key] = tok
-    return tok
+        tok = Tokenizer.from_str(handle.tokenizer_json)
+        tok.post_processor = None
+        if handle.encode_special_tokens:
+            tok.encode_special_tokens = True
+        return tok
 
-
-def _reset_after_fork() -> None:
-    global _ENCODER_LOCK, _ENV_LOCK
-    _ENCODER_LOCK = threading.Lock()
-    _ENV_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-def spans_to_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
-    """uint8 mask of the tokens whose character range ``[start, end)`` overlaps a span.
-
-    Args:
-        offsets: ``[n, 2]`` character offsets of the tokens.
-        spans: ``[start, end)`` character spans.
-
-    Returns:
-        The mask, one entry per token.
-    """
-    mask = np.zeros(len(offsets), dtype=np.uint8)
-    if len(offsets) and spans:
-        starts, ends = offsets[:, 0], offsets[:, 1]
-        for a, b in spans:
-            if b > a:
-                mask[(starts < b) & (ends > a)] = 1
-    return mask
+    return _ENCODERS.get(handle.fingerprint(), build)
 
 
 # -- shared option checks --------------------------------------------------------------------------------
-
-
-def _option(default: Any, *, data: bool = True, **kwargs: Any) -> Any:
-    """A keyword-only config field (``data=False``: performance only, left out of the fingerprint)."""
-    return attrs.field(default=default, kw_only=True, metadata={"data": data}, **kwargs)
 
 
 def _check_choice(op: str, name: str, value: Any, choices: Sequence[str]) -> None:
@@ -663,6 +169,11 @@ class TokenizeChat(StatelessOp):
     non-space character (the newline templates write after ``<|im_end|>``), so both sources agree
     on templates that tag exactly the reply and its end token.
 
+    The template's special markers (the ``<|...|>`` strings, ``<s>`` and ``</s>`` it writes, e.g.
+    ``<|im_start|>`` and ``<|im_end|>`` for ``"chatml"``) must each be one token of the tokenizer;
+    otherwise construction fails, since they would be split into ordinary text tokens (see
+    :func:`zephon._templates.check_markers`).
+
     State: none (a stateless operator); it restores and reshards trivially. The output of a record
     depends only on its payload, the tokenizer's content, the template text (its sha256 is in the
     fingerprint) and the options below. After construction ``tokenizer`` holds the resolved
@@ -696,9 +207,10 @@ class TokenizeChat(StatelessOp):
             rendering), ``"generation_tags"`` or ``"prefix"``.
 
     Raises:
-        ValueError: an invalid option, no chat template, a template that is not valid Jinja,
-            generation tags requested from a template without them, or (prefix rendering) a
-            template that ignores ``add_generation_prompt``; and while tokenizing, a malformed
+        ValueError: an invalid option, no chat template, a template that is not valid Jinja, a
+            template whose special markers are not single tokens of the tokenizer, generation tags
+            requested from a template without them, or (prefix rendering) a template that ignores
+            ``add_generation_prompt``; and while tokenizing, a malformed
             conversation, a template error, a template whose prefixes do not start the full
             conversation, a record longer than ``max_length`` without ``truncation``, or an
             all-zero mask with ``empty_mask="error"``.
@@ -720,17 +232,18 @@ class TokenizeChat(StatelessOp):
         [0, 0, 0, 0, 0, 0, 1, 1]
     """
 
-    tokenizer: Any = attrs.field(default=None, metadata={"data": True})
-    tokenizer_id: str | None = attrs.field(default=None, metadata={"data": False})
-    field: str = _option("messages")
-    chat_template: str | None = _option(None)
-    loss_scope: str = _option("assistant")
-    max_length: int | None = _option(None)
-    truncation: bool = _option(False)
-    tools_field: str | None = _option("tools")
-    chat_template_kwargs: dict | None = _option(None, hash=False)
-    empty_mask: str = _option("error")
-    span_source: str = _option("auto")
+    tokenizer: Any = config_field(default=None)
+    tokenizer_id: str | None = config_field(default=None, data=False)
+    field: str = config_field(default="messages", kw_only=True)
+    chat_template: str | None = config_field(default=None, kw_only=True)
+    loss_scope: str = config_field(default="assistant", kw_only=True)
+    max_length: int | None = config_field(default=None, kw_only=True)
+    truncation: bool = config_field(default=False, kw_only=True)
+    tools_field: str | None = config_field(default="tools", kw_only=True)
+    # A dict, so left out of the hash (config_field has no hash option).
+    chat_template_kwargs: dict | None = attrs.field(default=None, kw_only=True, hash=False, metadata={"data": True})
+    empty_mask: str = config_field(default="error", kw_only=True)
+    span_source: str = config_field(default="auto", kw_only=True)
 
     # Derived at construction (never passed): the span source in use, whether the template was
     # seen to honour add_generation_prompt, and the BOS/EOS strings the template sees.
@@ -769,6 +282,7 @@ class TokenizeChat(StatelessOp):
         object.__setattr__(self, "tokenizer_id", None)
         object.__setattr__(self, "chat_template", text)
         tok = handle.tokenizer
+        check_markers(text, tok, handle.source, op=op)
         for name, tid in (("_bos_token", handle.bos_token_id), ("_eos_token", handle.eos_token_id)):
             object.__setattr__(self, name, (tok.id_to_token(tid) or "") if tid is not None else "")
 
@@ -1038,18 +552,18 @@ class TokenizePromptCompletion(StatelessOp):
         ([1, 3, 4, 5, 2], [0, 0, 0, 1, 1])
     """
 
-    tokenizer: Any = attrs.field(default=None, metadata={"data": True})
-    tokenizer_id: str | None = attrs.field(default=None, metadata={"data": False})
-    prompt_field: str = _option("prompt")
-    completion_field: str = _option("completion")
-    special_tokens: str = _option("bos_eos")
-    bos_token_id: int | None = _option(None)
-    eos_token_id: int | None = _option(None)
-    max_length: int | None = _option(None)
-    truncation: bool = _option(False)
-    empty_mask: str = _option("error")
-    parallelism: int | None = _option(None, data=False)
-    backend: str = _option("auto", data=False)
+    tokenizer: Any = config_field(default=None)
+    tokenizer_id: str | None = config_field(default=None, data=False)
+    prompt_field: str = config_field(default="prompt", kw_only=True)
+    completion_field: str = config_field(default="completion", kw_only=True)
+    special_tokens: str = config_field(default="bos_eos", kw_only=True)
+    bos_token_id: int | None = config_field(default=None, kw_only=True)
+    eos_token_id: int | None = config_field(default=None, kw_only=True)
+    max_length: int | None = config_field(default=None, kw_only=True)
+    truncation: bool = config_field(default=False, kw_only=True)
+    empty_mask: str = config_field(default="error", kw_only=True)
+    parallelism: int | None = config_field(default=None, data=False, kw_only=True)
+    backend: str = config_field(default="auto", data=False, kw_only=True)
 
     kind: ClassVar[str] = "tokenize"
 
@@ -1061,7 +575,7 @@ class TokenizePromptCompletion(StatelessOp):
                 raise TypeError(f"{op}: {name} must be a non-empty str, got {value!r}")
         if self.prompt_field == self.completion_field:
             raise ValueError(f"{op}: prompt_field and completion_field are both {self.prompt_field!r}; name two keys")
-        _check_choice(op, "special_tokens", self.special_tokens, _SPECIAL_TOKEN_MODES)
+        _check_choice(op, "special_tokens", self.special_tokens, SPECIAL_TOKEN_MODES)
         _check_choice(op, "empty_mask", self.empty_mask, EMPTY_MASK_MODES)
         _check_choice(op, "backend", self.backend, BACKENDS)
         _check_length(op, self.max_length, self.truncation)

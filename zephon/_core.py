@@ -50,9 +50,13 @@ class _Unresolved:
 UNRESOLVED = _Unresolved()
 
 
-def config_field(*, default: Any = attrs.NOTHING, data: bool = True, validator=None, converter=None):
-    """An attrs field; ``data=False`` marks settings that cannot change the output (performance)."""
-    return attrs.field(default=default, validator=validator, converter=converter, metadata={"data": data})
+def config_field(*, default: Any = attrs.NOTHING, data: bool = True, validator=None, converter=None, kw_only: bool = False):
+    """An operator setting; ``data=False`` marks settings that cannot change the output (performance).
+
+    Normalise values in ``converter`` (never after construction), so ``attrs.evolve`` and the
+    constructor always agree.
+    """
+    return attrs.field(default=default, validator=validator, converter=converter, kw_only=kw_only, metadata={"data": data})
 
 
 class Operator:
@@ -206,19 +210,35 @@ def resolve_tree(tree: Any, upstream: Resolver) -> Any:
 # -- stateless operators ------------------------------------------------------------------------------
 
 
+class StatelessState(msgspec.Struct, frozen=True, tag="stateless", forbid_unknown_fields=True):
+    """The state of a per-payload operator: only its counter of inputs that produced nothing."""
+
+    dropped_records: int = 0
+
+
 class StatelessOp(Operator):
     """An operator applied to each payload independently.
 
     Subclasses implement :meth:`apply_many`: a list of payloads to, per payload, a list of output
     payloads (empty drops it, several split it when ``fans_out``). One call per chunk lets
-    expensive work (batch tokenization) see many payloads at once.
+    expensive work (batch tokenization) see many payloads at once. State: the number of inputs
+    that produced no output (``report()``), so drops are counted, checkpointed and restored.
     """
+
+    state_type: ClassVar[type] = StatelessState
 
     def apply_many(self, payloads: list) -> list[list]:
         raise NotImplementedError
 
-    def step(self, state: Any, chunk: Sequence[Record]) -> tuple[Any, list]:
-        return state, self.apply_records(chunk)[0]
+    def init(self, key: int) -> StatelessState:
+        return StatelessState()
+
+    def step(self, state: StatelessState, chunk: Sequence[Record]) -> tuple[StatelessState, list]:
+        out, dropped = self.apply_records(chunk)
+        return (StatelessState(state.dropped_records + dropped) if dropped else state), out
+
+    def report(self, state: StatelessState) -> dict[str, int]:
+        return {"dropped_records": state.dropped_records}
 
     def apply_records(self, chunk: Sequence[Record]) -> tuple[list[Record], int]:
         """Apply to a chunk of records; returns the outputs and how many inputs produced none."""
@@ -325,10 +345,9 @@ def stateless(fn: Callable[[Any], Any]) -> MapOp:
 
 
 class ChainState(msgspec.Struct, frozen=True, tag="chain", forbid_unknown_fields=True):
-    """The children's states in chain order, and the records each stateless child dropped."""
+    """The children's states, in chain order."""
 
     states: tuple[Any, ...]
-    drops: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -336,7 +355,8 @@ class Chain(Operator):
     """A named chain of operators, itself an operator.
 
     Outputs of child ``i`` feed child ``i + 1``; ``flush`` flushes children in order, passing
-    each one's flushed outputs through the rest. State: the children's states by name.
+    each one's flushed outputs through the rest. Every child is driven through its own
+    ``step``/``flush``. State: the children's states by name.
 
     Examples:
         >>> from zephon import ops
@@ -365,41 +385,33 @@ class Chain(Operator):
     def init(self, key: int) -> ChainState:
         from ._keys import fold_in
 
-        states = tuple(op.init(fold_in(key, name)) for name, op in self.children)
-        return ChainState(states, (0,) * len(states))
+        return ChainState(tuple(op.init(fold_in(key, name)) for name, op in self.children))
 
     def step(self, state: ChainState, chunk: Sequence[Any]) -> tuple[ChainState, list]:
-        return self._run(state, list(chunk), 0)
+        states = list(state.states)
+        items = self._run(states, list(chunk), 0)
+        return ChainState(tuple(states)), items
 
-    def _run(self, state: ChainState, items: list, start: int) -> tuple[ChainState, list]:
-        states, drops = list(state.states), list(state.drops)
+    def _run(self, states: list, items: list, start: int) -> list:
         for i in range(start, len(self.children)):
-            op = self.children[i][1]
-            if isinstance(op, StatelessOp):
-                items, dropped = op.apply_records(items)
-                drops[i] += dropped
-            else:
-                states[i], items = op.step(states[i], items)
-        return ChainState(tuple(states), tuple(drops)), items
+            states[i], items = self.children[i][1].step(states[i], items)
+        return items
 
     def flush(self, state: ChainState) -> tuple[ChainState, list]:
+        states = list(state.states)
         outputs: list = []
         for i, (_, op) in enumerate(self.children):
-            states = list(state.states)
             states[i], items = op.flush(states[i])
-            state, items = self._run(ChainState(tuple(states), state.drops), items, i + 1)
-            outputs.extend(items)
-        return state, outputs
+            outputs.extend(self._run(states, items, i + 1))
+        return ChainState(tuple(states)), outputs
 
     def reports(self, state: ChainState) -> dict[str, dict[str, int]]:
-        """Each child's counters: its ``report(state)``, and records dropped by stateless children."""
+        """Each child's counters (its ``report(state)``), by name."""
         out: dict[str, dict[str, int]] = {}
-        for (name, op), s, dropped in zip(self.children, state.states, state.drops):
-            if isinstance(op, StatelessOp):
-                out[name] = {"dropped_records": dropped}
+        for (name, op), s in zip(self.children, state.states):
             report = getattr(op, "report", None)
             if report is not None:
-                out[name] = {**out.get(name, {}), **report(s)}
+                out[name] = dict(report(s))
         return out
 
     def resolver_at(self, index: int, upstream: Resolver) -> Resolver:
@@ -413,17 +425,11 @@ class Chain(Operator):
         return self.resolver_at(len(self.children), upstream)(refs)
 
     def encode_state(self, state: ChainState) -> dict[str, Any]:
-        return {
-            "states": {name: op.encode_state(s) for (name, op), s in zip(self.children, state.states)},
-            "drops": {name: d for (name, _), d in zip(self.children, state.drops)},
-        }
+        return {name: op.encode_state(s) for (name, op), s in zip(self.children, state.states)}
 
     def decode_state(self, data: Any, upstream: Resolver) -> ChainState:
-        if not isinstance(data, dict) or set(data) != {"states", "drops"}:
-            raise ValueError("chain state must be a mapping with 'states' and 'drops' by operator name")
-        drops_data, data = data["drops"], data["states"]
-        if not isinstance(data, dict) or set(drops_data) != set(data):
-            raise ValueError("chain state: 'states' and 'drops' must name the same operators")
+        if not isinstance(data, dict):
+            raise ValueError("chain state must be a mapping of operator name to state")
         missing = [n for n in self.names if n not in data]
         unknown = [n for n in data if n not in self.names]
         if missing or unknown:
@@ -439,7 +445,7 @@ class Chain(Operator):
             except (msgspec.ValidationError, ValueError, TypeError) as exc:
                 raise ValueError(f"cannot restore the state of operator {name!r}: {exc}") from exc
             resolver = _bind(op, resolver)
-        return ChainState(tuple(states), tuple(int(drops_data[n]) for n in self.names))
+        return ChainState(tuple(states))
 
     def fingerprint(self) -> dict[str, Any]:
         return {"op": "Chain", "children": [[n, op.fingerprint()] for n, op in self.children]}

@@ -19,8 +19,6 @@ from ._keys import fold_in, seed_key
 from ._records import Meta, Record, Segment, meta_from_ints
 from .work._source import SourceState, StaticMixtureWorkSource
 
-FORMAT = "zephon.checkpoint/1"
-
 
 class LaneState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One lane: source cursor, operator states, outputs produced but not yet delivered."""
@@ -112,6 +110,17 @@ class Plan:
             "delivered": state.delivered,
             "done": state.done,
         }
+
+    def unread(self, encoded: dict[str, Any], outputs: Any) -> dict[str, Any]:
+        """An encoded lane state as it was before its last ``outputs`` (in order) were taken.
+
+        The outputs go back to the front of ``pending``, by reference, so a checkpoint can leave
+        out outputs that were computed and taken from the lane but never delivered.
+        """
+        from ._core import _enc_hook
+
+        refs = msgspec.to_builtins(list(outputs), enc_hook=_enc_hook)
+        return {**encoded, "pending": refs + list(encoded["pending"]), "delivered": encoded["delivered"] - len(refs)}
 
     def decode(self, lane: int, data: Any) -> LaneState:
         self._check_lane(lane)

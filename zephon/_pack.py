@@ -32,12 +32,12 @@ import attrs
 import msgspec
 import numpy as np
 
-from ._core import Operator, Resolver
-from ._records import Meta, Record
+from ._core import Operator, Resolver, config_field
+from ._fields import aligned_payload, find_token_field
+from ._records import Meta, Record, describe_meta
 
 __all__ = ["ALGORITHMS", "OVERSIZED", "PackFlat", "PackSequences", "PackState", "packing_info"]
 
-TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 #: The packing algorithms, as Zephon names them.
 ALGORITHMS = ("first_fit", "best_fit", "wrap", "best_fit_wrap")
 #: What to do with a document longer than ``max_length``.
@@ -50,7 +50,7 @@ Piece = tuple  # (Record, start, end)
 
 
 def _data(default: Any = attrs.NOTHING, *, data: bool = True) -> Any:
-    return attrs.field(default=default, kw_only=True, metadata={"data": data})
+    return config_field(default=default, data=data, kw_only=True)
 
 
 def _positions(lengths: Sequence[int]) -> np.ndarray:
@@ -59,26 +59,6 @@ def _positions(lengths: Sequence[int]) -> np.ndarray:
     if max(lengths) <= len(_ARANGE):
         return np.concatenate([_ARANGE[:n] for n in lengths])
     return np.concatenate([np.arange(n, dtype=np.int32) for n in lengths])
-
-
-def token_field_of(payload: Any, tokens_field: str, where: str) -> str:
-    """The name of the token field of ``payload`` (``"auto"``: the first of input_ids, tokens, token_ids, ids)."""
-    if not isinstance(payload, dict):
-        raise TypeError(f"{where}: payloads must be dicts with a token field, got {type(payload).__name__}")
-    if tokens_field != "auto":
-        if tokens_field not in payload:
-            raise ValueError(
-                f"{where}: token field {tokens_field!r} missing; payload keys are {sorted(payload)[:8]}; "
-                "tokenize first or pass tokens_field="
-            )
-        return tokens_field
-    for name in TOKEN_FIELDS:
-        if name in payload:
-            return name
-    raise ValueError(
-        f"{where}: no token field ({', '.join(TOKEN_FIELDS)}) in payload with keys {sorted(payload)[:8]}; "
-        f"put tokenize() before {where}() or pass tokens_field="
-    )
 
 
 def _aligned_keys(payload: dict, tfield: str, where: str, *, skip_positions: bool = True) -> list[str]:
@@ -289,25 +269,45 @@ class _Packer(Operator):
                 f"below it); algorithm={alg!r} fills rows exactly, so leave it at 1"
             )
         if alg == "best_fit_wrap":
-            pool = 1024 if self.candidate_pool_size is None else self.candidate_pool_size
-            if not _is_int(pool) or pool < 1:
-                raise ValueError(f"{k}: candidate_pool_size must be an int >= 1, got {pool!r}")
-            age = 8 * pool if self.max_candidate_age is None else self.max_candidate_age
-            if not _is_int(age) or age < 1:
-                raise ValueError(f"{k}: max_candidate_age must be an int >= 1, got {age!r}")
-            object.__setattr__(self, "candidate_pool_size", pool)
-            object.__setattr__(self, "max_candidate_age", age)
+            if not _is_int(self.pool_size) or self.pool_size < 1:
+                raise ValueError(f"{k}: candidate_pool_size must be an int >= 1, got {self.pool_size!r}")
+            if not _is_int(self.candidate_age) or self.candidate_age < 1:
+                raise ValueError(f"{k}: max_candidate_age must be an int >= 1, got {self.candidate_age!r}")
         else:
             for name in ("candidate_pool_size", "max_candidate_age"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{k}: {name} only applies to algorithm='best_fit_wrap'; omit it for {alg!r}")
-        object.__setattr__(self, "oversized", self._resolve_oversized())
+        self._resolve_oversized()
         if not isinstance(self.tokens_field, str) or not self.tokens_field:
             raise ValueError(f"{k}: tokens_field must be a field name or 'auto', got {self.tokens_field!r}")
         pad = self.pad_token_id
         if pad is not None and (not _is_int(pad) or pad < 0):
             raise ValueError(f"{k}: pad_token_id must be a non-negative int or None, got {pad!r}")
         self._check_output()
+
+    # The settings as given stay in the fields (so ``attrs.evolve`` equals construction); what
+    # they resolve to is derived here.
+    @property
+    def oversized_policy(self) -> str:
+        """The oversized policy in force: ``oversized``, else ``drop_oversized``'s meaning, else the default."""
+        return self._resolve_oversized()
+
+    @property
+    def pool_size(self) -> int:
+        """best_fit_wrap's candidate pool size (``candidate_pool_size``, default 1024)."""
+        return 1024 if self.candidate_pool_size is None else self.candidate_pool_size
+
+    @property
+    def candidate_age(self) -> int:
+        """best_fit_wrap's age limit in arrivals (``max_candidate_age``, default ``8 * pool``)."""
+        return 8 * self.pool_size if self.max_candidate_age is None else self.max_candidate_age
+
+    def fingerprint(self) -> dict[str, Any]:
+        out = super().fingerprint()
+        out["oversized"] = self.oversized_policy
+        if self.algorithm == "best_fit_wrap":
+            out["candidate_pool_size"], out["max_candidate_age"] = self.pool_size, self.candidate_age
+        return out
 
     def _resolve_oversized(self) -> str:
         k, alg, drop = self.kind, self.algorithm, self.drop_oversized
@@ -337,16 +337,16 @@ class _Packer(Operator):
 
     # -- stepping -----------------------------------------------------------------------------------------
     def step(self, state: PackState, chunk: Sequence[Record]) -> tuple[PackState, list[Record]]:
-        w = _Work(state, self.max_candidate_age or 0)
+        w = _Work(state, self.candidate_age)
         out: list[Record] = []
         place = getattr(self, "_place_" + self.algorithm)
         for rec in chunk:
-            for piece in self._admit(rec, w):
+            for piece in self._admit(self._normalize(rec), w):
                 place(w, piece, out)
         return w.freeze(), out
 
     def flush(self, state: PackState) -> tuple[PackState, list[Record]]:
-        w = _Work(state, self.max_candidate_age or 0)
+        w = _Work(state, self.candidate_age)
         out: list[Record] = []
         L, cap = self.max_length, self.max_sequences_per_bin
         for pieces, _ in w.bins:  # oldest first
@@ -366,15 +366,28 @@ class _Packer(Operator):
             self._close(w, pool.drain(), out)
         return w.freeze(), out
 
-    def _measure(self, rec: Record) -> int:
-        field = token_field_of(rec.payload, self.tokens_field, self.kind)
+    def _normalize(self, rec: Record) -> Record:
+        """The input record with its token field and token-aligned fields as 1-D numpy arrays.
+
+        Done once per document at the input (and when documents are rebuilt on restore), so
+        lists from JSON travel with the tokens exactly as arrays do; a misaligned field fails here,
+        naming the record.
+        """
         segs = rec.meta.segments
         if len(segs) != 1 or segs[0].end != -1:
             raise ValueError(
                 f"{self.kind}: inputs must be whole documents, but a record built from {len(segs)} segment(s) "
                 f"{[tuple(s) for s in segs[:2]]} arrived; put {self.kind} before other packers"
             )
-        return len(rec.payload[field])
+        field = find_token_field(rec.payload, self.tokens_field, self.kind)
+        payload, _ = aligned_payload(rec.payload, field, self.kind, describe_meta(rec.meta))
+        return rec if payload is rec.payload else Record(payload, rec.meta)
+
+    def _inputs(self, upstream: Resolver) -> Resolver:
+        return lambda metas: [self._normalize(r) for r in upstream(metas)]
+
+    def _measure(self, rec: Record) -> int:
+        return len(rec.payload[find_token_field(rec.payload, self.tokens_field, self.kind)])
 
     def _admit(self, rec: Record, w: _Work) -> list[Piece]:
         """The pieces of ``rec`` to pack, after the empty and oversized policies (all counted)."""
@@ -384,7 +397,7 @@ class _Packer(Operator):
             return []
         if n <= L:
             return [(rec, 0, n)]
-        policy = self.oversized
+        policy = self.oversized_policy
         if policy == "split":
             c["split_records"] += 1
             if self.algorithm == "wrap":
@@ -475,7 +488,7 @@ class _Packer(Operator):
             self._close(w, [piece], out)  # a full window goes out directly
             return
         pool.add(rec, a, b)
-        while len(pool) >= self.candidate_pool_size and (pool.total >= L or (cap is not None and len(pool) >= cap)):
+        while len(pool) >= self.pool_size and (pool.total >= L or (cap is not None and len(pool) >= cap)):
             self._close(w, pool.build(L, cap), out)
 
     def _close(self, w: _Work, pieces: list, out: list) -> None:
@@ -499,8 +512,11 @@ class _Packer(Operator):
     # -- checkpoints ----------------------------------------------------------------------------------------
     def rebuild(self, refs: Sequence[Meta], upstream: Resolver) -> list[Record]:
         wanted = list(dict.fromkeys(Meta(m.lane, (s._replace(start=0, end=-1),), 0) for m in refs for s in m.segments))
-        docs = {r.meta.segments[0].sample: r for r in upstream(wanted)}
+        docs = {r.meta.segments[0].sample: r for r in self._inputs(upstream)(wanted)}
         return [self._row([(docs[s.sample], s.start, s.end) for s in m.segments], m.lane, m.padding_length) for m in refs]
+
+    def decode_state(self, data: Any, upstream: Resolver) -> PackState:
+        return super().decode_state(data, self._inputs(upstream))
 
     def report(self, state: PackState) -> dict[str, int]:
         """Counters: rows, real and padding tokens, and every token not emitted, by cause.
@@ -639,13 +655,13 @@ class PackFlat(_Packer):
 
     def _payload(self, pieces: Sequence[Piece], padding: int) -> dict[str, Any]:
         first = pieces[0][0].payload
-        tfield = token_field_of(first, self.tokens_field, self.kind)
+        tfield = find_token_field(first, self.tokens_field, self.kind)
         keys = _aligned_keys(first, tfield, self.kind)
         columns: dict[str, list] = {k: [] for k in keys}
         for rec, a, b in pieces:
             p = rec.payload
             if p is not first:
-                other = _aligned_keys(p, token_field_of(p, self.tokens_field, self.kind), self.kind)
+                other = _aligned_keys(p, find_token_field(p, self.tokens_field, self.kind), self.kind)
                 if set(other) != set(keys):
                     raise ValueError(
                         f"pack_flat: documents in one row have different token-aligned fields: {sorted(keys)} vs "
@@ -717,7 +733,7 @@ class PackSequences(_Packer):
         samples = []
         for rec, a, b in pieces:
             p = rec.payload
-            tfield = token_field_of(p, self.tokens_field, self.kind)
+            tfield = find_token_field(p, self.tokens_field, self.kind)
             if a == 0 and b == len(p[tfield]):
                 samples.append(p)
             else:

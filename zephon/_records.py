@@ -57,6 +57,15 @@ class Meta(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=T
         return sum(s.end - s.start for s in self.segments)
 
 
+def describe_meta(meta: Meta) -> str:
+    """Where a record came from, for error messages: its first source pointer and lane."""
+    if not meta.segments:
+        return f"a record of lane {meta.lane}"
+    seg = meta.segments[0]
+    more = f" (and {len(meta.segments) - 1} more segments)" if len(meta.segments) > 1 else ""
+    return f"the record from dataset {seg.dataset}, shard {seg.shard}, row {seg.row} (lane {meta.lane}){more}"
+
+
 def meta_to_ints(meta: Meta) -> list[int]:
     """A meta as one flat list ``[lane, padding, dataset, shard, row, child, start, end, ...]``.
 
@@ -105,10 +114,13 @@ class SampleBatch:
         records: the records, in the lane's order.
     """
 
-    __slots__ = ("records",)
+    __slots__ = ("records", "pad_token_id")
 
-    def __init__(self, records: tuple[Record, ...]):
+    def __init__(self, records: tuple[Record, ...], pad_token_id: int | None = None):
         self.records = tuple(records)
+        #: The tokenizer's padding id (its pad token, else its EOS) when the pipeline knows it;
+        #: ``to_training`` pads with it unless told otherwise. Not part of equality.
+        self.pad_token_id = pad_token_id
 
     def __len__(self) -> int:
         return len(self.records)
@@ -143,9 +155,9 @@ class SampleBatch:
     @property
     def padding_waste(self) -> float:
         """``1 - real tokens / (B x T_batch)`` if padded to the longest record (packed padding included)."""
-        from ._batch import padding_waste
+        from ._fields import padding_waste
 
-        return padding_waste(self)
+        return padding_waste(self.records)
 
     def to_training(self, **kwargs: Any) -> dict[str, Any]:
         """Convert to training tensors; see :func:`zephon.to_training` for every option."""

@@ -8,20 +8,14 @@ from typing import Any, ClassVar
 import attrs
 import numpy as np
 
-from ._core import CHILD_BASE, StatelessOp
+from ._core import CHILD_BASE, StatelessOp, config_field
+from ._fields import SPECIAL_TOKEN_MODES as SPECIAL_TOKEN_MODES
 from ._tokenizer import BACKENDS, TokenizerHandle, load_tokenizer
 
 __all__ = ["SPECIAL_TOKEN_MODES", "Tokenize"]
 
-#: Values of ``special_tokens``: which of BOS/EOS zephon adds around each document.
-SPECIAL_TOKEN_MODES = ("bos_eos", "bos", "eos", "none")
 _MISSING_FIELD_MODES = ("error", "empty")
 _MISSING = object()
-
-
-def _option(default: Any, *, data: bool = True) -> Any:
-    """A keyword-only config field (``data=False``: performance only, left out of the fingerprint)."""
-    return attrs.field(default=default, kw_only=True, metadata={"data": data})
 
 
 @attrs.frozen
@@ -94,19 +88,19 @@ class Tokenize(StatelessOp):
         [[1, 3], [4, 5], [2]]
     """
 
-    tokenizer: Any = attrs.field(default=None, metadata={"data": True})
-    tokenizer_id: str | None = attrs.field(default=None, metadata={"data": False})
-    field: str = _option("text")
-    special_tokens: str = _option("bos_eos")
-    bos_token_id: int | None = _option(None)
-    eos_token_id: int | None = _option(None)
-    max_length: int | None = _option(None)
-    truncation: bool = _option(False)
-    split_long_samples: bool = _option(False)
-    missing_field: str = _option("error")
-    preserve_upstream_payload: bool = _option(False)
-    parallelism: int | None = _option(None, data=False)
-    backend: str = _option("auto", data=False)
+    tokenizer: Any = config_field(default=None)
+    tokenizer_id: str | None = config_field(default=None, data=False)
+    field: str = config_field(default="text", kw_only=True)
+    special_tokens: str = config_field(default="bos_eos", kw_only=True)
+    bos_token_id: int | None = config_field(default=None, kw_only=True)
+    eos_token_id: int | None = config_field(default=None, kw_only=True)
+    max_length: int | None = config_field(default=None, kw_only=True)
+    truncation: bool = config_field(default=False, kw_only=True)
+    split_long_samples: bool = config_field(default=False, kw_only=True)
+    missing_field: str = config_field(default="error", kw_only=True)
+    preserve_upstream_payload: bool = config_field(default=False, kw_only=True)
+    parallelism: int | None = config_field(default=None, data=False, kw_only=True)
+    backend: str = config_field(default="auto", data=False, kw_only=True)
 
     kind: ClassVar[str] = "tokenize"
 

@@ -6,12 +6,23 @@ SHA-256 of the lane digests in lane order, so ranks never need to exchange batch
 and lane where two runs diverge, whatever the number of ranks each run had.
 
 Examples:
-    >>> import msgspec
-import numpy as np
+    The digest covers the payload and the padding, not the provenance, so equal data gives
+    equal digests and any changed token gives a different one:
+
+    >>> import numpy as np
     >>> from zephon.types import Meta, Record, SampleBatch, Segment
-    >>> rec = Record({"input_ids": np.arange(4, dtype=np.int32)}, Meta(0, (Segment(0, 0, 0, 0, 0, 4),), 0))
-    >>> len(batch_digest(SampleBatch((rec,))))
-    64
+    >>> def one(tokens, lane=0, row=0):
+    ...     meta = Meta(lane, (Segment(0, 0, row, 0, 0, len(tokens)),))
+    ...     return SampleBatch((Record({"input_ids": np.array(tokens, dtype=np.int32)}, meta),))
+    >>> a = batch_digest(one([1, 2, 3, 4]))
+    >>> len(a), a == batch_digest(one([1, 2, 3, 4], row=7)), a == batch_digest(one([1, 2, 3, 5]))
+    (64, True, False)
+
+    A global step's digest depends on the lane digests and their order:
+
+    >>> b = batch_digest(one([9, 9], lane=1))
+    >>> step_digest([a, b]) == step_digest([a, b]), step_digest([a, b]) == step_digest([b, a])
+    (True, False)
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import numpy as np
 from ._jsonl import SUFFIXES, JsonlShard, resolve_cache_dir
 
 PathLike = Union[str, "os.PathLike[str]"]
+ShardId = Union[str, int]
 
 _FORMATS = ("jsonl",)
 _LISTED = 10
@@ -146,7 +147,8 @@ class Dataset:
     Attributes:
         name: the dataset's name (the mixture component name).
         format: ``"jsonl"`` or ``"inmem"``.
-        shard_ids: the shards' ids, in shard order (relative paths for files).
+        shard_ids: the shards' ids, in shard order: relative paths for files; for in-memory
+            shards the mapping's keys as given, all strings or all ints.
 
     Example:
         >>> ds = Dataset.from_rows("toy", [{"text": "a"}, {"text": "b"}, {"text": "c"}])
@@ -158,7 +160,7 @@ class Dataset:
 
     name: str
     format: str
-    shard_ids: tuple[str, ...] = attrs.field(converter=tuple)
+    shard_ids: tuple[ShardId, ...] = attrs.field(converter=tuple)
     _shards: tuple[Any, ...] = attrs.field(converter=tuple)
 
     def __attrs_post_init__(self) -> None:
@@ -229,8 +231,15 @@ class Dataset:
         return cls(name, "jsonl", [s.shard_id for s in shards], shards)
 
     @classmethod
-    def from_dict(cls, name: str, shards: Mapping[str, InMemoryShard | Sequence[Any]]) -> Dataset:
+    def from_dict(cls, name: str, shards: Mapping[ShardId, InMemoryShard | Sequence[Any]]) -> Dataset:
         """A dataset of in-memory shards, in the mapping's insertion order.
+
+        Shard ids are either all strings or all integers (as Zephon 0.2.0 takes them, for example
+        ``{0: InMemoryShard(rows), 1: InMemoryShard(more)}``). They are kept as given: integer ids
+        stay Python ints in :attr:`shard_ids`, in :meth:`fingerprint` and in
+        ``Pipeline.describe_step``, so ``{0: rows}`` and ``{"0": rows}`` are different datasets
+        (their fingerprints differ). Shard *order* is the insertion order either way; ids never
+        affect which sample comes where.
 
         Args:
             name: the dataset's name.
@@ -241,12 +250,15 @@ class Dataset:
 
         Raises:
             ValueError: no shards.
-            TypeError: a shard id that is not a string, or rows of an unsupported kind.
+            TypeError: a shard id that is neither a string nor an integer (``bool`` included),
+                string and integer ids mixed, or rows of an unsupported kind.
 
         Example:
             >>> ds = Dataset.from_dict("toy", {"a": InMemoryShard([{"x": 1}]), "b": InMemoryShard([{"x": 2}])})
             >>> ds.shard_ids, ds.shard_sizes
             (('a', 'b'), (1, 1))
+            >>> Dataset.from_dict("toy", {0: [{"x": 1}], 1: [{"x": 2}]}).shard_ids
+            (0, 1)
         """
         if not isinstance(shards, Mapping):
             raise TypeError(
@@ -255,22 +267,18 @@ class Dataset:
             )
         if not shards:
             raise ValueError(f"Dataset.from_dict({name!r}, ...) needs at least one shard")
-        ids, values = [], []
-        for key, value in shards.items():
-            if not isinstance(key, str):
-                raise TypeError(f"shard ids are strings; dataset {name!r} got {key!r} ({type(key).__name__})")
-            ids.append(key)
-            values.append(value if isinstance(value, InMemoryShard) else InMemoryShard(value))
+        ids = _shard_ids(name, list(shards))
+        values = [value if isinstance(value, InMemoryShard) else InMemoryShard(value) for value in shards.values()]
         return cls(name, "inmem", ids, values)
 
     @classmethod
-    def from_rows(cls, name: str, rows: Sequence[Any] | np.ndarray, *, shard_id: str = "0") -> Dataset:
+    def from_rows(cls, name: str, rows: Sequence[Any] | np.ndarray, *, shard_id: ShardId = "0") -> Dataset:
         """A dataset of one in-memory shard.
 
         Args:
             name: the dataset's name.
             rows: what :class:`InMemoryShard` accepts.
-            shard_id: the shard's id.
+            shard_id: the shard's id (a string or an integer, see :meth:`from_dict`).
 
         Returns:
             The dataset, with format ``"inmem"``.
@@ -375,6 +383,31 @@ class Dataset:
 
     def __repr__(self) -> str:
         return f"Dataset(name={self.name!r}, format={self.format!r}, shards={self.num_shards}, rows={self.num_rows})"
+
+
+def _shard_ids(name: str, keys: list[Any]) -> list[ShardId]:
+    """Validate in-memory shard ids: all strings or all integers (numpy integers become ints)."""
+    out: list[ShardId] = []
+    for key in keys:
+        if isinstance(key, str):
+            out.append(key)
+            continue
+        if not isinstance(key, (bool, np.bool_)):
+            try:
+                out.append(int(operator.index(key)))
+                continue
+            except TypeError:
+                pass
+        raise TypeError(
+            f"dataset {name!r}: shard id {key!r} ({type(key).__name__}) is neither a string nor an integer; "
+            'use {"a": rows, "b": more} or {0: rows, 1: more}'
+        )
+    if len({isinstance(i, str) for i in out}) > 1:
+        raise TypeError(
+            f"dataset {name!r}: shard ids mix strings and integers ({list(out)!r}); use all strings "
+            '({"0": rows, "1": more}) or all integers ({0: rows, 1: more})'
+        )
+    return out
 
 
 def as_dataset(obj: Any, name: str = "data") -> Dataset:

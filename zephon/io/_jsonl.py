@@ -24,14 +24,13 @@ import hashlib
 import mmap
 import os
 import tempfile
-import threading
 import warnings
-import weakref
-from collections import OrderedDict
 from typing import Any, Callable
 
 import msgspec
 import numpy as np
+
+from .._cache import ProcessCache
 
 #: File name endings read as JSONL, and the compression each implies.
 SUFFIXES: dict[str, str | None] = {".jsonl": None, ".jsonl.gz": "gzip", ".jsonl.zst": "zstd"}
@@ -279,30 +278,10 @@ def decompress(cache_dir: str, source: str, compression: str, size: int, mtime_n
 
 # -- open shards --------------------------------------------------------------------------------------
 
-_lock = threading.RLock()
-_open_shards: OrderedDict[int, weakref.ref] = OrderedDict()
-
-
-def _reset_after_fork() -> None:
-    global _lock
-    _lock = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-def _remember(shard: JsonlShard) -> None:
-    key = id(shard)
-    if key in _open_shards:
-        _open_shards.move_to_end(key)
-        return
-    _open_shards[key] = weakref.ref(shard, lambda _ref, key=key: _open_shards.pop(key, None))
-    while len(_open_shards) > MAX_OPEN_SHARDS:
-        _, ref = _open_shards.popitem(last=False)
-        old = ref()
-        if old is not None:
-            old._state = None
+# The mapped text and line offsets of each shard in use, by ``id(shard)`` (each shard drops its
+# entry when it is collected). Only the most recently used MAX_OPEN_SHARDS stay, the limit being
+# read at each insertion; read-only mappings stay valid in a forked child, so they are kept.
+_MAPS = ProcessCache(clear_after_fork=False, max_entries=lambda: MAX_OPEN_SHARDS)
 
 
 def _map(path: str) -> tuple[memoryview, int, int]:
@@ -332,7 +311,7 @@ class JsonlShard:
     """
 
     _fields = ("path", "shard_id", "compression", "size", "mtime_ns", "num_rows", "cache_dir")
-    __slots__ = _fields + ("_state", "__weakref__")
+    __slots__ = _fields + ("__weakref__",)
 
     def __init__(self, path: str, shard_id: str, compression: str | None, cache_dir: str):
         st = os.stat(path)
@@ -343,17 +322,26 @@ class JsonlShard:
         self.mtime_ns = st.st_mtime_ns
         self.cache_dir = cache_dir
         self.num_rows = -1
-        self._state: tuple[Any, np.ndarray] | None = None
+
+    def __del__(self) -> None:
+        # The mapping is keyed by id(self), which a later object may reuse: drop it with the shard.
+        if _MAPS is not None:  # None while the interpreter shuts down
+            _MAPS.discard(id(self))
+
+    @property
+    def _state(self) -> tuple[Any, np.ndarray] | None:
+        """``(buffer, offsets)`` while this process keeps the shard mapped, else ``None``."""
+        return _MAPS.peek(id(self))
+
+    def _mapped(self, dataset: str) -> tuple[Any, np.ndarray]:
+        """``(buffer, offsets)``, mapping the file on first use in this process."""
+        return _MAPS.get(id(self), lambda: self._load(dataset))
 
     def count_rows(self, dataset: str) -> int:
         """Count rows once (at dataset creation), from a cached index header when there is one."""
         rows = self._cached_rows()
         if rows is None:
-            with _lock:
-                state = self._load(dataset)
-                self._state = state
-                _remember(self)
-            rows = state[1].shape[0] - 1
+            rows = self._mapped(dataset)[1].shape[0] - 1
         self.num_rows = rows
         return rows
 
@@ -420,20 +408,7 @@ class JsonlShard:
 
     def read(self, rows: np.ndarray, dataset: str) -> list:
         """Decode ``rows`` (validated ``int64``, any order, repeats allowed), in the order given."""
-        state = self._state
-        if state is None:
-            with _lock:
-                state = self._state
-                if state is None:
-                    state = self._load(dataset)
-                    self._state = state
-                _remember(self)
-        else:
-            try:
-                _open_shards.move_to_end(id(self))
-            except KeyError:
-                pass
-        buf, offsets = state
+        buf, offsets = self._mapped(dataset)
         return _decode_rows(buf, offsets, rows, lambda r, err: self._bad_row(buf, offsets, r, err, dataset))
 
     def _bad_row(self, buf: Any, offsets: np.ndarray, row: int, err: Exception, dataset: str) -> ValueError:
@@ -467,7 +442,6 @@ class JsonlShard:
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name in self._fields:
             setattr(self, name, state[name])
-        self._state = None
 
     def __repr__(self) -> str:
         return f"JsonlShard({self.shard_id!r}, rows={self.num_rows})"

@@ -68,7 +68,9 @@ class StaticMixtureWorkSource:
             the faster ones repeating until the slowest finishes; ``"stop"``: stop as soon as any
             dataset runs out in its first pass; ``"repeat"``: never stop.
         passes: passes of the slowest dataset before stopping (with ``exhausted_policy=None``).
-        chunk_size: positions per work chunk; chunks are routed whole to lanes.
+        chunk_size: positions per work chunk; chunks are routed whole to lanes, except the last,
+            partial block of ``L`` chunks of a finite source, which is spread over the lanes (see
+            :meth:`lane_range`).
         lane_assignment: ``"permute"`` (a seeded permutation of each block of L chunks, which
             spreads periodic patterns over lanes) or ``"modulo"`` (chunk ``g`` to lane ``g % L``).
 
@@ -178,14 +180,40 @@ class StaticMixtureWorkSource:
         return k * lanes + _inverse_block(self._key, lanes, k)[lane]
 
     def lane_range(self, lanes: int, lane: int, k: int) -> tuple[int, int] | None:
-        """Global positions ``[t0, t1)`` of lane ``lane``'s ``k``-th chunk; ``None`` past the end."""
+        """Global positions ``[t0, t1)`` of lane ``lane``'s ``k``-th chunk; ``None`` past its end.
+
+        Block ``k`` (global chunks ``k*L .. k*L+L-1``) gives each lane one whole chunk. For a finite
+        source, the ``R = end - B`` positions from ``B``, the first position of the first block that
+        is not complete, are cut into ``L`` contiguous ranges, the first ``R % L`` of ``R // L + 1``
+        positions and the rest of ``R // L``; the lane in slot ``s`` of that block (the lane that
+        would get its chunk ``k*L + s``) gets range ``s``. An empty range ends the lane. So every
+        lane's total is within one position of every other's, and the layout depends only on
+        ``end``, ``chunk_size``, ``L`` and the routing, never on ranks, workers or reads.
+
+        Examples:
+            >>> from zephon.io import Dataset
+            >>> ds = Dataset.from_rows("d", [{"i": i} for i in range(20)])
+            >>> src = StaticMixtureWorkSource([ds], {"d": 1}, lane_assignment="modulo", chunk_size=4)
+            >>> [[src.lane_range(2, lane, k) for k in range(4)] for lane in range(2)]
+            [[(0, 4), (8, 12), (16, 18), None], [(4, 8), (12, 16), (18, 20), None]]
+        """
         g = self.lane_chunk(lanes, lane, k)
-        t0, t1 = g * self.chunk_size, (g + 1) * self.chunk_size
-        if self.end is not None:
-            if t0 >= self.end:
-                return None
-            t1 = min(t1, self.end)
-        return t0, t1
+        size = self.chunk_size
+        if self.end is None:
+            return g * size, (g + 1) * size
+        complete = self.end // (lanes * size)
+        if k < complete:
+            return g * size, (g + 1) * size
+        if k > complete:
+            return None
+        # The last, partial block: spread its positions so that no lane ends whole chunks early
+        # (a global step needs every lane, so those chunks would never be delivered).
+        base = complete * lanes * size
+        width, extra = divmod(self.end - base, lanes)
+        slot = g - k * lanes
+        t0 = base + slot * width + min(slot, extra)
+        t1 = t0 + width + (slot < extra)
+        return (t0, t1) if t1 > t0 else None
 
     def read(self, state: SourceState, lanes: int, lane: int, n: int) -> tuple[SourceState, list, bool]:
         """Up to ``n`` pointers of a lane from ``state``; returns (state, pointers, exhausted)."""

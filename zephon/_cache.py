@@ -1,0 +1,119 @@
+"""Per-process caches of built objects: live tokenizers, compiled chat templates, mapped files.
+
+Such objects are costly to build and cannot travel between processes, so each process builds
+them on first use, keyed by what they are built from, and shares them between its threads. A
+:class:`ProcessCache` builds an entry under its lock, so concurrent first uses build it once.
+
+After ``fork`` the child gets a new lock (a lock held by another thread at fork time would never
+be released there) and, unless the cache was made with ``clear_after_fork=False``, no entries:
+native tokenizers and thread pools do not survive ``fork`` in a usable state, whereas read-only
+file mappings do. The process id is checked too, for a ``fork`` that skips the at-fork hooks.
+
+A bounded cache (``max_entries``) keeps its most recently used entries and drops the others. This
+module imports nothing from zephon, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Hashable
+
+__all__ = ["ProcessCache"]
+
+_MISSING = object()
+_CACHES: weakref.WeakSet[ProcessCache] = weakref.WeakSet()
+
+
+class ProcessCache:
+    """Objects built once per process, by key, and shared between threads.
+
+    Args:
+        clear_after_fork: whether a forked child starts without entries (default). Use ``False``
+            only for objects that stay valid in a child (read-only memory mappings).
+        max_entries: keep at most this many entries, least recently used out first; an int or a
+            function returning one (read at each insertion, so a module constant can be patched).
+            ``None``: unbounded.
+
+    Examples:
+        >>> cache = ProcessCache(max_entries=2)
+        >>> cache.get("a", lambda: [1])
+        [1]
+        >>> cache.get("a", lambda: [2])  # built once
+        [1]
+        >>> _ = cache.get("b", list), cache.get("c", list)
+        >>> "a" in cache, len(cache)
+        (False, 2)
+    """
+
+    def __init__(self, *, clear_after_fork: bool = True, max_entries: int | Callable[[], int] | None = None) -> None:
+        self._clear_after_fork = clear_after_fork
+        self._max_entries = max_entries
+        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.RLock()  # reentrant: a build may use the same cache
+        self._pid = os.getpid()
+        _CACHES.add(self)
+
+    def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The entry for ``key``, made by ``build()`` on its first use in this process."""
+        if self._clear_after_fork and self._pid != os.getpid():
+            self._after_fork()
+        value = self._entries.get(key, _MISSING)
+        if value is _MISSING:
+            with self._lock:
+                value = self._entries.get(key, _MISSING)
+                if value is _MISSING:
+                    value = build()
+                    self._entries[key] = value
+                    self._trim()
+                    return value
+        if self._max_entries is not None:
+            try:  # without the lock, so that reads never wait for another entry's build
+                self._entries.move_to_end(key)
+            except KeyError:  # dropped meanwhile; the caller still holds the value
+                pass
+        return value
+
+    def peek(self, key: Hashable, default: Any = None) -> Any:
+        """The entry for ``key`` if this process holds one, else ``default``; never builds."""
+        if self._clear_after_fork and self._pid != os.getpid():
+            return default
+        return self._entries.get(key, default)
+
+    def discard(self, key: Hashable) -> None:
+        """Drop the entry for ``key``, if any."""
+        self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        self._entries.clear()
+
+    def __contains__(self, key: Hashable) -> bool:
+        return self.peek(key, _MISSING) is not _MISSING
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _trim(self) -> None:
+        limit = self._max_entries() if callable(self._max_entries) else self._max_entries
+        if limit is None:
+            return
+        while len(self._entries) > max(limit, 0):
+            self._entries.popitem(last=False)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.RLock()
+        self._pid = os.getpid()
+        if self._clear_after_fork:
+            self._entries = OrderedDict()
+
+
+def _reset_after_fork() -> None:
+    for cache in list(_CACHES):
+        cache._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)

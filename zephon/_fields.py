@@ -1,0 +1,151 @@
+"""Payload fields shared by every operator family: token fields and fields aligned with them.
+
+A payload is usually a dict holding a token field (``input_ids``, ...) and, often, fields with
+one entry per token (``loss_mask``, ``labels``, ...). Pre-tokenized data stores those as JSON
+lists, tokenizers emit numpy arrays; every operator that cuts, joins or pads tokens must carry the
+aligned fields along whatever their container. This module decides, in one place, which field
+holds the tokens, which fields are aligned with them, and turns both into 1-D numpy arrays once,
+at the operator's input. It imports nothing from zephon, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+#: Token field names tried in order when ``tokens_field="auto"``.
+TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
+#: Fields that must be aligned with the tokens whenever they are present (a wrong length is an error).
+ALIGNED_FIELDS = ("loss_mask", "labels", "attention_mask", "positions", "position_ids", "token_type_ids")
+#: Which special tokens ``tokenize`` adds around a text.
+SPECIAL_TOKEN_MODES = ("bos_eos", "bos", "eos", "none")
+
+
+def find_token_field(payload: Any, tokens_field: str, where: str) -> str:
+    """The name of the token field of ``payload``.
+
+    Args:
+        payload: a dict payload.
+        tokens_field: a field name, or ``"auto"``: the first of :data:`TOKEN_FIELDS` present.
+        where: the operator name, for error messages.
+
+    Raises:
+        TypeError: the payload is not a dict.
+        ValueError: the field is missing.
+    """
+    if not isinstance(payload, dict):
+        raise TypeError(f"{where}: payloads must be dicts with a token field, got {type(payload).__name__}")
+    if tokens_field != "auto":
+        if tokens_field not in payload:
+            raise ValueError(
+                f"{where}: token field {tokens_field!r} missing; payload keys are {sorted(payload)[:8]}; "
+                "tokenize first or pass tokens_field="
+            )
+        return tokens_field
+    for name in TOKEN_FIELDS:
+        if name in payload:
+            return name
+    raise ValueError(
+        f"{where}: no token field ({', '.join(TOKEN_FIELDS)}) in payload with keys {sorted(payload)[:8]}; "
+        f"put tokenize() before {where}() or pass tokens_field="
+    )
+
+
+def _is_sequence(value: Any) -> bool:
+    return isinstance(value, (list, tuple, np.ndarray)) and not (isinstance(value, np.ndarray) and value.ndim != 1)
+
+
+def _numeric(value: Sequence[Any]) -> np.ndarray | None:
+    """``value`` as a 1-D numeric array, or ``None`` when it does not hold numbers."""
+    if isinstance(value, np.ndarray):
+        return value if value.dtype.kind in "biuf" else None
+    if not all(isinstance(x, (int, float, bool, np.integer, np.floating, np.bool_)) for x in value):
+        return None
+    arr = np.asarray(value)
+    return arr if arr.ndim == 1 and arr.dtype.kind in "biuf" else None
+
+
+def aligned_payload(payload: dict, tfield: str, where: str, record: str = "") -> tuple[dict, tuple[str, ...]]:
+    """Normalise the token field and the token-aligned fields of ``payload`` to 1-D numpy arrays.
+
+    A field is aligned when it is a numeric list, tuple or 1-D array of the same length as the
+    tokens. A field named in :data:`ALIGNED_FIELDS` must be aligned: any other length is an error.
+
+    Args:
+        payload: the record's payload (not modified).
+        tfield: its token field.
+        where: the operator name, for errors.
+        record: a description of the record (where it came from), for errors.
+
+    Returns:
+        The payload (a new dict when a field was converted) and the aligned field names: the token
+        field first, then the others in payload order.
+
+    Raises:
+        ValueError: a token field that is not a 1-D integer sequence, or a field that must be
+            aligned but has another length or non-numeric values; the message names the record.
+    """
+    at = f" in {record}" if record else ""
+    tokens = payload[tfield]
+    converted: dict[str, Any] = {}
+    if not isinstance(tokens, np.ndarray):
+        arr = np.asarray(tokens if len(tokens) else np.zeros(0, np.int64))
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise ValueError(f"{where}: token field {tfield!r}{at} must be a 1-D sequence of integer ids, got {_brief(tokens)}")
+        converted[tfield] = arr
+    n = len(tokens)
+    keys = [tfield]
+    for k, v in payload.items():
+        if k == tfield:
+            continue
+        must = k in ALIGNED_FIELDS
+        if not _is_sequence(v):
+            if must and isinstance(v, np.ndarray):
+                raise ValueError(f"{where}: field {k!r}{at} has shape {v.shape}; it must be 1-D with one entry per token ({n})")
+            continue
+        if len(v) != n:
+            if must:
+                raise ValueError(
+                    f"{where}: field {k!r}{at} has {len(v)} entries but the tokens ({tfield!r}) have {n}; "
+                    f"{k!r} must have one entry per token"
+                )
+            continue
+        arr = _numeric(v)
+        if arr is None:
+            if must:
+                raise ValueError(f"{where}: field {k!r}{at} must hold numbers, got {_brief(v)}")
+            continue
+        if arr is not v:
+            converted[k] = arr
+        keys.append(k)
+    if converted:
+        payload = {**payload, **converted}
+    return payload, tuple(keys)
+
+
+def _brief(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def payload_length(payload: Any, where: str = "batch") -> int:
+    """Tokens in a payload: its token field's length, or a bare sequence's length."""
+    if isinstance(payload, dict):
+        for k in TOKEN_FIELDS:
+            if k in payload:
+                return len(payload[k])
+        raise ValueError(f"{where}: needs a token field ({', '.join(TOKEN_FIELDS)}), payload keys {sorted(payload)[:8]}")
+    return len(payload)
+
+
+def padding_waste(records: Sequence[Any]) -> float:
+    """``1 - real tokens / (B x T_batch)`` for records padded to the longest one.
+
+    Packed padding (``meta.padding_length``) counts as waste too.
+    """
+    if not records:
+        return 0.0
+    lengths = [payload_length(r.payload) for r in records]
+    real = sum(n - r.meta.padding_length for n, r in zip(lengths, records))
+    return 1.0 - real / (len(lengths) * max(lengths)) if max(lengths) else 0.0

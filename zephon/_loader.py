@@ -1,0 +1,303 @@
+"""The loader: what runs a pipeline.
+
+``iter(pipeline)`` builds a :class:`Loader` over the pipeline's plan for this rank's lanes. It
+owns the executor (inline, a background thread, or worker processes), yields the lanes' outputs
+round-robin in lane order, and is the one object with run-time state: ``checkpoint()`` /
+``restore()``, the DCP ``state_dict()``, ``stats()`` and ``close()``. The pipeline it came from is
+a value and never changes.
+
+At the end of finite data the loader stops at the first incomplete global step (every step holds
+one output of every lane), unless ``drain=True``. Whatever was produced and not delivered is
+counted, per lane and in total, in records and tokens, and reported once in a warning. With
+several data-parallel ranks, ``steps()`` agrees on the end through ``torch.distributed`` so that
+no rank waits forever in a collective its peers never enter.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import deque
+from typing import Any, Iterator
+
+from ._checkpoint import build, checkpoint_to_state_dict, select_lanes, state_dict_to_checkpoint, validate
+from ._distributed import Topology, all_ranks_have, distributed_group
+from ._executor import InlineExecutor, ProcessExecutor, ThreadExecutor
+from ._fields import payload_length
+from ._lanes import Plan
+from ._options import Options
+from ._records import SampleBatch
+
+
+def output_size(out: Any) -> tuple[int, int]:
+    """``(records, tokens)`` of one lane output (a record or a batch of records)."""
+    records = out.records if isinstance(out, SampleBatch) else (out,)
+    tokens = 0
+    for rec in records:
+        meta = rec.meta
+        if meta.segments and all(s.end >= 0 for s in meta.segments):
+            tokens += meta.num_tokens
+        else:
+            try:
+                tokens += payload_length(rec.payload) - meta.padding_length
+            except (TypeError, ValueError):
+                pass  # a payload without tokens has none to count
+    return len(records), tokens
+
+
+class Loader(Iterator[Any]):
+    """Runs a pipeline's lanes for one rank and yields their outputs in lane order.
+
+    Yields lane ``a``'s ``k``-th output before lane ``b``'s when ``(k, a) < (k, b)``, so the ``k``-th
+    group of ``len(topology.lanes)`` outputs is this rank's share of global step ``k``.
+    ``checkpoint()`` covers exactly the outputs yielded so far; ``restore()`` resumes exactly from
+    a checkpoint, in place, whatever has been yielded before.
+    """
+
+    def __init__(self, plan: Plan, topology: Topology, options: Options = Options(), encoded: dict[int, Any] | None = None):
+        if options.drain and options.agree_on_end:
+            raise ValueError(
+                "options: drain=True and agree_on_end=True exclude each other: a drained tail is not a whole "
+                "global step, so ranks cannot agree on it; pick one"
+            )
+        self.plan = plan
+        self.topology = topology
+        self.options = options
+        self._dist = None if options.agree_on_end is False else distributed_group()
+        self.executor: Any = None
+        self._start(encoded)
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def _start(self, encoded: dict[int, Any] | None) -> None:
+        lanes = list(self.topology.lanes)
+        opts = self.options
+        self.delivered = {lane: (int(encoded[lane]["delivered"]) if encoded else 0) for lane in lanes}
+        self._pulled = dict(self.delivered)  # outputs taken from the executor, yielded or not
+        self._unyielded: deque = deque()  # taken, not yet yielded (a step being agreed on)
+        self.ended: dict[int, int] = {}
+        self.finished = False
+        self._final_states: dict[int, Any] | None = None
+        self._final_reports: dict[int, Any] | None = None
+        self._undelivered = {lane: [0, 0, 0] for lane in lanes}  # outputs, records, tokens
+        if opts.workers > 0:
+            self.executor = ProcessExecutor(self.plan, lanes, opts.workers, encoded=encoded, credit=opts.prefetch)
+        else:
+            states = {lane: (self.plan.decode(lane, encoded[lane]) if encoded else self.plan.init(lane)) for lane in lanes}
+            self.executor = ThreadExecutor(self.plan, states, opts.prefetch) if opts.thread else InlineExecutor(self.plan, states)
+
+    def restore(self, checkpoint: dict[str, Any]) -> "Loader":
+        """Resume exactly from ``checkpoint`` (this rank's, merged, or full), in place.
+
+        Whatever this loader yielded before is irrelevant: the next output is the one after the
+        checkpoint. Fails loudly, listing the differing fields, if the data settings differ.
+        """
+        validate(self.plan.fingerprint(), checkpoint)
+        encoded = select_lanes(checkpoint, self.topology.lanes)
+        self.close()
+        self._start(encoded)
+        return self
+
+    def close(self) -> None:
+        """Stop any worker thread or processes, keeping the final states so ``checkpoint()`` still works."""
+        ex = self.executor
+        if isinstance(ex, ProcessExecutor) and not ex.closed:
+            try:  # worker-held states are gone once the processes stop: read them first
+                if self._final_states is None:
+                    self._final_states = ex.lane_states()
+                if self._final_reports is None:
+                    self._final_reports = ex.reports()
+            finally:
+                ex.close()
+        ex.close()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- iteration ------------------------------------------------------------------------------------
+    def __iter__(self) -> "Loader":
+        return self
+
+    def __next__(self) -> Any:
+        if self.options.agree_on_end and self._dist is not None:
+            if not self._unyielded:
+                if self._take_step() is None:
+                    raise StopIteration
+            out = self._unyielded.popleft()
+            self.delivered[out_lane(out)] += 1
+            return out
+        out = self._pull()
+        if out is None:
+            raise StopIteration
+        self.delivered[out_lane(out)] += 1
+        return out
+
+    def steps(self, *, concat: bool = False) -> Iterator[Any]:
+        """Iterate by optimizer step: this rank's L/D microbatches of each global step, in lane order.
+
+        At the end of finite data every rank stops at the same step when ``torch.distributed`` is
+        initialized with D > 1 (one all-reduce per step; ``options(agree_on_end=False)`` turns it
+        off). Without ``torch.distributed``, each rank stops at its own first incomplete step.
+
+        Args:
+            concat: yield one :class:`~zephon.types.SampleBatch` holding the step's records
+                instead of a list of microbatches.
+        """
+        while True:
+            group = self._take_step()
+            if group is None:
+                return
+            self._unyielded.clear()
+            for out in group:
+                self.delivered[out_lane(out)] += 1
+            if concat:
+                yield SampleBatch(tuple(r for b in group for r in b.records), getattr(group[0], "pad_token_id", None))
+            else:
+                yield group
+
+    def next_lane(self) -> int:
+        live = [lane for lane in self._pulled if lane not in self.ended]
+        return min(live, key=lambda lane: (self._pulled[lane], lane))
+
+    def _pull(self) -> Any:
+        """The next output in lane order, or ``None`` at the end of this rank's data (and finish)."""
+        while not self.finished:
+            lane = self.next_lane()
+            out = self.executor.next(lane)
+            if out is not None:
+                self._pulled[lane] += 1
+                return out
+            self.ended[lane] = self._pulled[lane]
+            if not self.options.drain or len(self.ended) == len(self._pulled):
+                self._finish()
+        return None
+
+    def _take_step(self) -> list | None:
+        """This rank's next whole global step, agreed with every rank when distributed; else ``None``."""
+        per_step = len(self.topology.lanes)
+        group: list = list(self._unyielded)
+        while len(group) < per_step and not self.finished:
+            out = self._pull()
+            if out is None:
+                break
+            group.append(out)
+            self._unyielded.append(out)
+        whole = len(group) == per_step
+        if self._dist is not None:
+            whole = all_ranks_have(whole, self._dist)
+        if whole:
+            return group
+        if not self.finished:
+            self._finish()
+        return None
+
+    def _finish(self) -> None:
+        """End of data: keep the delivered states, count what was produced and not delivered, stop."""
+        self.finished = True
+        ex = self.executor
+        if self._final_states is None:
+            self._final_states = ex.lane_states()
+        for out in self._unyielded:
+            self._count_undelivered(out)
+        live = [lane for lane in self._pulled if lane not in self.ended]
+        while live:  # what the lanes still had: counted, not delivered (round-robin, as executors run ahead)
+            for lane in list(live):
+                out = ex.next(lane)
+                if out is None:
+                    live.remove(lane)
+                else:
+                    self._count_undelivered(out)
+        if self._final_reports is None:
+            self._final_reports = ex.reports()
+        self.close()
+        self._warn_undelivered()
+
+    def _count_undelivered(self, out: Any) -> None:
+        records, tokens = output_size(out)
+        counts = self._undelivered[out_lane(out)]
+        counts[0] += 1
+        counts[1] += records
+        counts[2] += tokens
+
+    def _warn_undelivered(self) -> None:
+        outputs, records, tokens = (sum(c[i] for c in self._undelivered.values()) for i in range(3))
+        empty = [lane for lane, n in self.ended.items() if n == 0]
+        if not outputs:
+            return
+        lanes = [lane for lane, c in self._undelivered.items() if c[0]]
+        msg = (
+            f"end of data: {outputs} output(s) ({records} records, {tokens} tokens) of lanes {lanes} were produced "
+            "but not delivered, because iteration stops at the first incomplete global step (a step takes one "
+            "output from every lane)"
+        )
+        if empty:
+            msg += f"; lanes {empty} produced no output at all (fewer samples than lanes, or everything was dropped)"
+        if self._dist is not None:
+            msg += "; ranks stopped together at the last step every rank had whole"
+        msg += (
+            ". Pass options(drain=True) to receive the rest (the drained tail is the same only for the same "
+            "data-parallel size), use an endless source (exhausted_policy='repeat') with a fixed step count, or "
+            "lower canonical_replicas. stats()['undelivered'] has the counts per lane."
+        )
+        warnings.warn(msg, RuntimeWarning, stacklevel=5)
+
+    # -- state ----------------------------------------------------------------------------------------
+    def checkpoint(self) -> dict[str, Any]:
+        """This rank's lane states after the last output delivered (JSON/msgpack-safe).
+
+        Lanes are keyed by global lane id, so checkpoints of every rank can be merged with
+        :func:`~zephon.merge_checkpoints` and restored on any number of ranks dividing L.
+        """
+        states = self._final_states if self._final_states is not None else self.executor.lane_states()
+        if self._unyielded:  # taken from the lanes but not delivered: give them back
+            states = dict(states)
+            for lane in {out_lane(o) for o in self._unyielded}:
+                states[lane] = self.plan.unread(states[lane], [o for o in self._unyielded if out_lane(o) == lane])
+        return build(self.plan.fingerprint(), states)
+
+    # torch.distributed.checkpoint ``Stateful`` protocol: one key per lane, so DCP can save each
+    # rank's lanes and load them back on any data-parallel size.
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint as a DCP-friendly mapping (``{"zephon_fingerprint": ..., "lane_00003": ...}``)."""
+        return checkpoint_to_state_dict(self.checkpoint())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict` output (possibly saved on another number of ranks)."""
+        self.restore(state_dict_to_checkpoint(state_dict))
+
+    def stats(self) -> dict[str, Any]:
+        """Delivered outputs per lane, what the end of data left undelivered, and operator counters.
+
+        Returns:
+            ``delivered`` (total), ``complete_steps``, ``lanes`` (per lane: ``delivered``,
+            ``ended``: whether iteration saw the lane run out, ``undelivered`` as ``{"outputs", "records", "tokens"}``), ``undelivered``
+            (totals) and ``operators`` (each operator's counters summed over this rank's lanes).
+        """
+        reports = self._final_reports if self._final_reports is not None else self.executor.reports()
+        ops: dict[str, dict[str, int]] = {}
+        for lane_report in reports.values():
+            for name, counters in lane_report.items():
+                agg = ops.setdefault(name, {})
+                for k, v in counters.items():
+                    agg[k] = agg.get(k, 0) + v
+        names = ("outputs", "records", "tokens")
+        return {
+            "delivered": sum(self.delivered.values()),
+            "complete_steps": min(self.delivered.values()),
+            "lanes": {
+                lane: {"delivered": n, "ended": lane in self.ended, "undelivered": dict(zip(names, self._undelivered[lane]))}
+                for lane, n in self.delivered.items()
+            },
+            "undelivered": {k: sum(c[i] for c in self._undelivered.values()) for i, k in enumerate(names)},
+            "operators": ops,
+        }
+
+
+def out_lane(out: Any) -> int:
+    """The lane an output came from (every output is lane-pure)."""
+    return out.lane if isinstance(out, SampleBatch) else out.meta.lane
+
+
+#: The name this class had before pipelines became values.
+PipelineIterator = Loader

@@ -1,0 +1,73 @@
+"""Run settings of a pipeline: lanes, ranks, workers, reads, and what happens at the end of data.
+
+Only ``canonical_replicas`` decides the data; every other option is about where and how fast the
+lanes run, so it may change between a checkpoint and its restore.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+def _opt_int(minimum: int):
+    def check(instance, attribute, value):
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"options: {attribute.name} must be an int >= {minimum}, got {value!r}")
+
+    return check
+
+
+def _opt_bool(instance, attribute, value) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"options: {attribute.name} must be True, False or None, got {value!r}")
+
+
+@attrs.frozen
+class Options:
+    """Run settings.
+
+    Attributes:
+        canonical_replicas: L, the number of lanes. Decides the data; keep it fixed for a run and
+            choose a common multiple of every data-parallel size you may use.
+        dp_degree: D, data-parallel ranks sharing the lanes (L/D each). ``None``: from
+            ``torch.distributed`` when initialized, else ``WORLD_SIZE``, else 1.
+        dp_rank: this rank's data-parallel index. ``None``: from ``torch.distributed``, else
+            ``RANK``, else 0. Tensor/pipeline-parallel peers pass their shared DP rank explicitly.
+        workers: worker processes that run this rank's lanes ahead (0: in the calling thread).
+        prefetch: outputs each lane may run ahead of the caller (with ``workers > 0`` or ``thread``).
+        read_size: source samples read per lane step (tokenizer batch size).
+        global_batch_size: optional check: records per optimizer step must be a multiple of
+            L x microbatch_size (each global step takes one microbatch from every lane).
+        thread: with ``workers=0``, run the lanes ahead in a background thread (``prefetch``
+            outputs per lane) so reading and tokenizing overlap with the caller's work.
+        drain: at the end of finite data, keep delivering the outputs of lanes that still have
+            some (round-robin) instead of stopping at the first incomplete global step. The
+            drained tail is not a whole global step, so it is the same only for the same D.
+        agree_on_end: make every data-parallel rank stop at the same global step at the end of
+            finite data (one all-reduce of a flag per step through ``torch.distributed``).
+            ``None`` (default): ``steps()`` agrees when ``torch.distributed`` is initialized with
+            D > 1, plain iteration does not; ``True``: both agree; ``False``: neither.
+    """
+
+    canonical_replicas: int = attrs.field(default=1, validator=_opt_int(1))
+    dp_degree: int | None = attrs.field(default=None, validator=_opt_int(1))
+    dp_rank: int | None = attrs.field(default=None, validator=_opt_int(0))
+    workers: int = attrs.field(default=0, validator=_opt_int(0))
+    prefetch: int = attrs.field(default=4, validator=_opt_int(1))
+    read_size: int = attrs.field(default=64, validator=_opt_int(1))
+    global_batch_size: int | None = attrs.field(default=None, validator=_opt_int(1))
+    drain: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    thread: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    agree_on_end: bool | None = attrs.field(default=None, validator=_opt_bool)
+
+    def evolve(self, **changes) -> "Options":
+        """New options with ``changes`` (``num_workers`` is accepted for ``workers``)."""
+        if "num_workers" in changes:
+            changes["workers"] = changes.pop("num_workers")
+        known = [f.name for f in attrs.fields(Options)]
+        unknown = sorted(set(changes) - set(known))
+        if unknown:
+            raise TypeError(f"options: unknown option(s) {unknown}; known: {known}")
+        return attrs.evolve(self, **changes)
