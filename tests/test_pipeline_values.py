@@ -1,0 +1,172 @@
+"""Pipelines are values; loaders run them; operators and modules keep their shape."""
+
+import ast
+import warnings
+from pathlib import Path
+
+import attrs
+import numpy as np
+import pytest
+
+import zephon
+from zephon import Loader, Pipeline
+from zephon.ops import Chain, MapOp, stateless
+from zephon.testing import outputs_equal, run
+
+from _util import docs, toy_pipeline
+
+
+def _double(p):
+    return {**p, "n": p["n"] * 2}
+
+
+def _even(p):
+    return p["n"] % 2 == 0
+
+
+def _rows(n=20):
+    return [{"n": i} for i in range(n)]
+
+
+def test_builder_methods_return_new_pipelines_and_leave_the_receiver_unchanged():
+    base = Pipeline(_rows())
+    a = base.map(_double)
+    b = base.filter(_even)
+    assert a is not b and a is not base
+    assert [n for n, _ in a.operators] == ["map"] and [n for n, _ in b.operators] == ["filter"]
+    assert base.operators == ()
+    assert [r.payload["n"] for r in a] == [2 * i for i in range(20)]
+    assert [r.payload["n"] for r in b] == list(range(0, 20, 2))
+    c = base.options(canonical_replicas=2)
+    assert base.run_options.canonical_replicas == 1 and c.run_options.canonical_replicas == 2
+    assert base.map(_double) == a  # equal values
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        a.operators = ()
+
+
+def test_iterating_makes_separate_loaders_that_do_not_affect_each_other():
+    pipe = toy_pipeline(2)
+    one, two = iter(pipe), iter(pipe)
+    assert isinstance(one, Loader) and one is not two
+    first = [next(one) for _ in range(6)]
+    assert outputs_equal([next(two) for _ in range(6)], first)
+    assert one.stats()["delivered"] == two.stats()["delivered"] == 6
+
+
+@pytest.mark.parametrize("run_options", [{}, {"thread": True}, {"workers": 1}])
+def test_restore_into_a_loader_that_has_yielded_resumes_exactly(run_options):
+    reference = [b for _, b in zip(range(12), toy_pipeline(2))]
+    pipe = toy_pipeline(2, **run_options)
+    loader = iter(pipe)
+    for _ in range(4):
+        next(loader)
+    checkpoint = loader.checkpoint()
+    for _ in range(5):  # go past it, then come back
+        next(loader)
+    assert loader.restore(checkpoint) is loader
+    assert outputs_equal([next(loader) for _ in range(8)], reference[4:12])
+    # the pipeline shortcut restores its latest loader in place, and the next iter() starts there too
+    pipe.restore(checkpoint)
+    assert outputs_equal([next(loader) for _ in range(3)], reference[4:7])
+    assert outputs_equal([next(iter(pipe)) for _ in range(1)], reference[4:5])
+    loader.close()
+
+
+def test_loader_from_a_checkpoint_and_pipeline_shortcuts():
+    pipe = toy_pipeline(2)
+    reference = [b for _, b in zip(range(10), pipe)]
+    loader = pipe.loader()
+    for _ in range(3):
+        next(loader)
+    resumed = toy_pipeline(2).loader(loader.checkpoint())
+    assert outputs_equal([next(resumed) for _ in range(7)], reference[3:])
+    assert pipe.checkpoint() == loader.checkpoint()  # the pipeline speaks for its latest loader
+
+
+def test_chain_steps_every_child_and_stateless_counters_live_in_their_own_state():
+    calls = []
+
+    @attrs.frozen
+    class Tracing(MapOp):
+        def step(self, state, chunk):
+            calls.append(len(chunk))
+            return super().step(state, chunk)
+
+    chain = Chain((("trace", Tracing(lambda p: p)), ("drop", stateless(lambda p: None if p["input_ids"][0] % 2000 else p))))
+    state, out = run(chain, [docs([3, 4]), docs([5])])
+    assert calls == [2, 1]
+    # rows 0, 1 then row 0 again: row 1's tokens start at 1000, so it alone is dropped
+    assert chain.reports(state) == {"trace": {"dropped_records": 0}, "drop": {"dropped_records": 1}}
+    assert state.states[1].dropped_records == 1 and len(out) == 2
+
+
+def _zephon_imports(path: Path, package: Path) -> set[str]:
+    """Modules of zephon that ``path`` imports, at module level or inside functions."""
+    tree = ast.parse(path.read_text())
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    here = parts if path.name == "__init__.py" else parts[:-1]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - node.level + 1]
+                mod = ".".join(base + ((node.module,) if node.module else ()))
+                names = [f"{mod}.{a.name}" for a in node.names] if not node.module else []
+            else:
+                mod, names = node.module or "", []
+            for name in [mod, *names]:
+                if name.startswith("zephon") and (package.parent / (name.replace(".", "/") + ".py")).exists():
+                    out.add(name)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("zephon."))
+    return out
+
+
+def test_the_package_has_no_import_cycles():
+    package = Path(zephon.__file__).parent
+    graph = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            continue  # namespaces only re-export; they sit on top
+        graph[".".join(parts)] = {m for m in _zephon_imports(path, package) if not m.endswith("__init__")}
+    cycles = []
+
+    def visit(node, stack, done):
+        if node in stack:
+            cycles.append(stack[stack.index(node):] + [node])
+            return
+        if node in done:
+            return
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, stack + [node], done)
+        done.add(node)
+
+    done: set = set()
+    for node in sorted(graph):
+        visit(node, [], done)
+    assert not cycles, f"import cycles: {cycles[:3]}"
+
+
+def test_pad_token_id_comes_from_the_pipelines_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    texts = [" ".join(f"w{i * j % 31}" for j in range(5 + i % 9)) for i in range(60)]
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]", "<|endoftext|>"], show_progress=False))
+    eos = tok.token_to_id("<|endoftext|>")
+    pipe = Pipeline([{"text": t} for t in texts]).tokenize(tok, special_tokens="eos").batch(4)
+    batch = next(iter(pipe))
+    assert batch.pad_token_id == eos != 0
+    out = batch.to_training(padding="longest", dtype=np.int64)
+    lengths = [len(r.payload["input_ids"]) for r in batch.records]
+    for row, n in zip(out["input_ids"], lengths):
+        assert (row[n:] == eos).all()
+    with pytest.raises(ValueError, match="pad_token_id"):
+        next(iter(Pipeline([{"input_ids": [1, 2]}, {"input_ids": [3]}]).batch(2))).to_training(padding="longest")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert [b.pad_token_id for b in Pipeline([{"input_ids": [1]}] * 4).batch(2, pad_token_id=7)] == [7, 7]
