@@ -4,9 +4,6 @@ import numpy as np
 
 from zephon.types import Meta, Record, Segment
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-CORPUS = SHARED / "data" / "corpus"
-GPT2 = SHARED / "data" / "gpt2" / "tokenizer.json"
 
 
 def doc(row: int, n: int, *, lane: int = 0, dataset: int = 0, shard: int = 0, **fields) -> Record:

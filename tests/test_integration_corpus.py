@@ -1,19 +1,19 @@
-"""The seed-003 recipe on the shared corpus with the real GPT-2 tokenizer (skipped when absent)."""
+"""The seed-003 recipe on the shared corpus with the real GPT-2 tokenizer (``../shared``; fails under CI=true when absent)."""
 
 import json
 
 import pytest
 
-from _util import CORPUS, GPT2
+from _shared import shared_path
 from zephon import Pipeline
 from zephon.io import Dataset
 from zephon.ledger import batch_digest
 from zephon.work import StaticMixtureWorkSource
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(not (CORPUS.is_dir() and GPT2.is_file()), reason="shared corpus or GPT-2 tokenizer not present"),
-]
+pytestmark = pytest.mark.integration
+
+CORPUS = shared_path("data", "corpus")
+GPT2 = shared_path("data", "gpt2", "tokenizer.json")
 
 
 def recipe():

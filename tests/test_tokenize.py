@@ -94,7 +94,6 @@ def gpt2_file() -> Path:
 @pytest.fixture(scope="session")
 def gpt2_handles(gpt2_file):
     """(tokenizers backend, tiktoken backend) handles of the bare GPT-2 tokenizer.json."""
-    pytest.importorskip("tiktoken")
     return load_tokenizer(gpt2_file, backend="tokenizers"), load_tokenizer(gpt2_file, backend="tiktoken")
 
 
@@ -265,7 +264,6 @@ def test_handle_pickles_small_and_rebuilds_once(small_tok):
 
 
 def test_handle_in_spawned_process(bytelevel_tok):
-    pytest.importorskip("tiktoken")
     h = load_tokenizer(bytelevel_tok, backend="tiktoken")
     assert h.backend == "tiktoken"
     ctx = multiprocessing.get_context("spawn")
@@ -617,7 +615,6 @@ def test_auto_backend_picks_tiktoken_for_gpt2(gpt2_handles, gpt2_file):
 
 
 def test_tiktoken_on_a_trained_byte_level_bpe(bytelevel_tok):
-    pytest.importorskip("tiktoken")
     h = load_tokenizer(bytelevel_tok, backend="tiktoken")
     assert h.backend == "tiktoken"
     texts = _verification_texts() + _corpus_lines()[:50]
@@ -625,7 +622,6 @@ def test_tiktoken_on_a_trained_byte_level_bpe(bytelevel_tok):
 
 
 def test_tiktoken_falls_back_when_not_byte_level(small_tok, caplog):
-    pytest.importorskip("tiktoken")
     with caplog.at_level(logging.WARNING, logger="zephon"):
         h = load_tokenizer(small_tok, backend="tiktoken")
     assert h.backend == "tokenizers"
@@ -646,7 +642,7 @@ def test_tiktoken_plan_rejects_reordered_merges(bytelevel_tok):
 
 
 def test_tiktoken_verification_catches_differences(bytelevel_tok, small_tok):
-    tiktoken = pytest.importorskip("tiktoken")
+    import tiktoken
     plan, _ = _tiktoken_plan(json.loads(bytelevel_tok.to_str()))
     enc = tiktoken.Encoding(
         "t", pat_str=plan["pattern"], mergeable_ranks=plan["ranks"], special_tokens=plan["specials"]

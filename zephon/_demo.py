@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -85,29 +86,38 @@ def run_demo(*, lanes: int = 4, workers: int = 0) -> int:
         start = time.perf_counter()
         first = None
         batches, tokens = [], 0
-        for batch in pipe:
-            if first is None:
-                first = time.perf_counter() - start
-            batches.append(batch)
-            tokens += sum(len(r.payload["input_ids"]) - r.meta.padding_length for r in batch.records)
+        loader = iter(pipe)
+        with warnings.catch_warnings():  # the end-of-data accounting is printed below instead
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for batch in loader:
+                if first is None:
+                    first = time.perf_counter() - start
+                batches.append(batch)
+                tokens += sum(len(r.payload["input_ids"]) - r.meta.padding_length for r in batch.records)
         elapsed = time.perf_counter() - start
         tensors = batches[0].to_training(return_labels=True, return_loss_mask=True)
         shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in tensors.items() if hasattr(v, "shape"))
         print(f"lanes: {lanes} | batches: {len(batches)} | first batch: lane {batches[0].lane}, {shapes}")
         print(f"lane order of the first {2 * lanes} batches: {[b.lane for b in batches[: 2 * lanes]]}")
         print(f"throughput: {tokens / elapsed:,.0f} tokens/s ({tokens:,} tokens in {elapsed:.2f} s; first batch after {first:.3f} s)")
-        print(f"stats: {pipe.stats()['operators']}")
+        stats = loader.stats()
+        left = stats["undelivered"]
+        print(
+            f"end of data: {len(batches)} batches delivered; {left['outputs']} more ({left['tokens']:,} tokens) were "
+            f"produced but are not a whole global step (options(drain=True) delivers them); "
+            f"operators: {stats['operators']}"
+        )
 
         k = len(batches) // 3
-        pipe = build(paths, tokenizer, lanes)
-        it = iter(pipe)
+        it = iter(build(paths, tokenizer, lanes))
         for _ in range(k):
             next(it)
-        ckpt = json.loads(json.dumps(pipe.checkpoint()))
+        ckpt = json.loads(json.dumps(it.checkpoint()))
         size = len(json.dumps(ckpt)) / lanes
         t0 = time.perf_counter()
-        resumed = build(paths, tokenizer, lanes).restore(ckpt)
-        rest = list(resumed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            rest = list(build(paths, tokenizer, lanes).loader(ckpt))
         restore_s = time.perf_counter() - t0
         same = [batch_digest(b) for b in rest] == [batch_digest(b) for b in batches[k:]]
         print(
