@@ -44,6 +44,20 @@ def test_builder_methods_return_new_pipelines_and_leave_the_receiver_unchanged()
         a.operators = ()
 
 
+def test_a_pipeline_pickles_and_copies_as_a_value_without_its_loader():
+    import copy
+    import pickle
+
+    pipe = toy_pipeline(2)
+    loader = iter(pipe)
+    next(loader)
+    for clone in (pickle.loads(pickle.dumps(pipe)), copy.deepcopy(pipe)):
+        assert clone.fingerprint() == pipe.fingerprint()
+        assert clone.stats()["delivered"] == 0  # a fresh value: no loader came along
+        assert outputs_equal([next(iter(clone))], [next(iter(pipe))])
+    loader.close()
+
+
 def test_iterating_makes_separate_loaders_that_do_not_affect_each_other():
     pipe = toy_pipeline(2)
     one, two = iter(pipe), iter(pipe)

@@ -215,3 +215,11 @@ def test_two_gloo_ranks_whose_lanes_end_at_different_steps_stop_together(tmp_pat
 def test_agree_on_end_and_drain_exclude_each_other():
     with pytest.raises(ValueError, match="exclude each other"):
         iter(Pipeline(_five_token_rows(10)).options(drain=True, agree_on_end=True))
+
+
+def test_twenty_dicts_on_two_lanes_are_all_delivered():
+    rows = [{"n": i} for i in range(20)]
+    loader = iter(Pipeline(rows).options(canonical_replicas=2))
+    got = sorted(r.payload["n"] for r in loader)
+    assert got == list(range(20))
+    assert {lane: s["delivered"] for lane, s in loader.stats()["lanes"].items()} == {0: 10, 1: 10}

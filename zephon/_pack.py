@@ -49,10 +49,6 @@ _ARANGE = np.arange(1 << 16, dtype=np.int32)
 Piece = tuple  # (Record, start, end)
 
 
-def _data(default: Any = attrs.NOTHING, *, data: bool = True) -> Any:
-    return config_field(default=default, data=data, kw_only=True)
-
-
 def _positions(lengths: Sequence[int]) -> np.ndarray:
     if not lengths:
         return np.zeros(0, np.int32)
@@ -221,18 +217,18 @@ class _Work:
 class _Packer(Operator):
     """The packing engine shared by :class:`PackFlat` and :class:`PackSequences`."""
 
-    max_length: int = attrs.field(metadata={"data": True})
-    algorithm: Literal["first_fit", "best_fit", "wrap", "best_fit_wrap"] = _data("wrap")
-    num_bins: int | None = _data(None)
-    max_sequences_per_bin: int | None = _data(None)
-    min_sequence_length: int = _data(1)
-    oversized: Literal["split", "drop", "truncate", "error"] | None = _data(None)
+    max_length: int = config_field()
+    algorithm: Literal["first_fit", "best_fit", "wrap", "best_fit_wrap"] = config_field(default="wrap", kw_only=True)
+    num_bins: int | None = config_field(default=None, kw_only=True)
+    max_sequences_per_bin: int | None = config_field(default=None, kw_only=True)
+    min_sequence_length: int = config_field(default=1, kw_only=True)
+    oversized: Literal["split", "drop", "truncate", "error"] | None = config_field(default=None, kw_only=True)
     # Its meaning is carried into ``oversized`` on construction, so it does not decide data twice.
-    drop_oversized: bool | None = _data(None, data=False)
-    candidate_pool_size: int | None = _data(None)
-    max_candidate_age: int | None = _data(None)
-    tokens_field: str = _data("auto")
-    pad_token_id: int | None = _data(None)
+    drop_oversized: bool | None = config_field(default=None, data=False, kw_only=True)
+    candidate_pool_size: int | None = config_field(default=None, kw_only=True)
+    max_candidate_age: int | None = config_field(default=None, kw_only=True)
+    tokens_field: str = config_field(default="auto", kw_only=True)
+    pad_token_id: int | None = config_field(default=None, kw_only=True)
 
     state_type: ClassVar[type] = PackState
     flat: ClassVar[bool] = True
@@ -637,7 +633,7 @@ class PackFlat(_Packer):
         {'num_sequences': 1, 'total_length': 7, 'packing_efficiency': 0.875, 'padding_length': 1}
     """
 
-    emit_positions: bool = _data(True)
+    emit_positions: bool = config_field(default=True, kw_only=True)
 
     kind: ClassVar[str] = "pack_flat"
     flat: ClassVar[bool] = True

@@ -40,6 +40,9 @@ class _Latest:
         self.loader: Loader | None = None
         self.pending: dict[str, Any] | None = None
 
+    def __reduce__(self) -> tuple:  # a copied or pickled pipeline starts with no loader
+        return (_Latest, ())
+
 
 def _steps(value: Any) -> tuple[tuple[str, Operator], ...]:
     return tuple((str(name), op) for name, op in value)
