@@ -62,7 +62,10 @@ class Loader(Iterator[Any]):
         self.plan = plan
         self.topology = topology
         self.options = options
-        self._dist = None if options.agree_on_end is False else distributed_group()
+        # Automatic agreement only when the ranks are torch.distributed's whole world (D from it):
+        # with an explicit dp_degree (TP/PP layouts) some ranks may not iterate at all.
+        auto = options.agree_on_end is None and options.dp_degree is None
+        self._dist = distributed_group() if (options.agree_on_end or auto) else None
         self.executor: Any = None
         self._start(encoded)
 

@@ -48,7 +48,9 @@ class Options:
         agree_on_end: make every data-parallel rank stop at the same global step at the end of
             finite data (one all-reduce of a flag per step through ``torch.distributed``).
             ``None`` (default): ``steps()`` agrees when ``torch.distributed`` is initialized with
-            D > 1, plain iteration does not; ``True``: both agree; ``False``: neither.
+            more than one rank and D comes from it (``dp_degree=None``), plain iteration does not;
+            ``True``: both agree, over the default process group, so every rank of it must
+            iterate; ``False``: neither.
     """
 
     canonical_replicas: int = attrs.field(default=1, validator=_opt_int(1))

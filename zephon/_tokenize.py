@@ -1,8 +1,18 @@
-"""The ``tokenize`` operator: text field to ``input_ids``, with zephon's own BOS/EOS bracketing."""
+"""The ``tokenize`` operator: text field to ``input_ids``, with zephon's own BOS/EOS bracketing.
+
+It also holds what the three tokenizing operators (``Tokenize``, ``TokenizeChat``,
+``TokenizePromptCompletion``) share about their construction: the tokenizer they are given
+(``tokenizer=`` or ``tokenizer_id=``) is resolved into a :class:`~zephon._tokenizer.TokenizerHandle`
+*before* the attrs initializer stores the fields, and an :class:`Origin` records what the handle
+stands for, so that ``attrs.evolve(op, **changes)`` gives what the constructor gives for the
+arguments the operator was built with, changed by ``changes``.
+"""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import attrs
@@ -16,6 +26,115 @@ __all__ = ["SPECIAL_TOKEN_MODES", "Tokenize"]
 
 _MISSING_FIELD_MODES = ("error", "empty")
 _MISSING = object()
+
+
+# -- construction shared by the tokenizing operators ------------------------------------------------------
+
+
+class _Unset:
+    """``tokenizer_id`` not passed (``attrs.evolve`` never passes it; ``None`` is a value)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "None"
+
+    def __reduce__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+
+
+def int_like(value: Any) -> Any:
+    """A numpy integer as ``int``; any other value unchanged, so that the checks can name what is wrong."""
+    return int(value) if isinstance(value, np.integer) else value
+
+
+@attrs.frozen
+class Origin:
+    """What a tokenizing operator was built from, where its fields alone do not say it.
+
+    The fields hold the resolved tokenizer (and, for ``TokenizeChat``, the template text);
+    ``attrs.evolve`` passes them back together with this record, which tells the constructor
+    which arguments they stand for. It is never compared, hashed or fingerprinted, and needs no
+    files, so an operator evolves the same way after pickling.
+
+    Attributes:
+        handle: the handle the operator holds in ``tokenizer``; the constructor recognises it by
+            identity, so any other tokenizer passed in is a change.
+        tokenizer_id: the ``tokenizer_id`` the operator was given, ``None`` when it was given
+            ``tokenizer=``. The pair stays exclusive under ``attrs.evolve``: changing
+            ``tokenizer`` of an operator built from an id also needs ``tokenizer_id=None``.
+        template: ``TokenizeChat``: the template text held in ``chat_template``.
+        from_tokenizer: ``TokenizeChat``: the template is the one shipped with the tokenizer
+            (``chat_template=None``), so it follows the tokenizer when that changes.
+        shipped: ``TokenizeChat``: the template shipped with the tokenizer, or ``None``.
+        missing: ``TokenizeChat``: what ``chat_template=None`` raises when none ships.
+    """
+
+    handle: TokenizerHandle
+    tokenizer_id: Any = None
+    template: str | None = None
+    from_tokenizer: bool = False
+    shipped: str | None = None
+    missing: BaseException | None = None
+
+
+def origin_field() -> Any:
+    """The private ``_origin`` field (keyword ``_origin``, passed only by ``attrs.evolve``)."""
+    return attrs.field(default=None, kw_only=True, alias="_origin", eq=False, repr=False, metadata={"data": False})
+
+
+def given_settings(cls: type, options: dict[str, Any], *, skip: tuple[str, ...] = ("tokenizer",)) -> SimpleNamespace:
+    """The settings ``cls.__attrs_init__`` will store for ``options``: defaults filled in, converters applied.
+
+    The checks that must fail before the tokenizer is loaded run on these. An unknown keyword
+    raises ``TypeError`` first, as a generated ``__init__`` would.
+    """
+    fields = {f.alias: f for f in attrs.fields(cls) if f.init and f.name not in skip}
+    for name in options:
+        if name not in fields:
+            raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword argument {name!r}")
+    values = {}
+    for alias, f in fields.items():
+        value = options.get(alias, f.default)
+        values[f.name] = f.converter(value) if f.converter is not None else value
+    return SimpleNamespace(**values)
+
+
+def given_tokenizer(tokenizer: Any, tokenizer_id: Any, origin: Origin | None) -> tuple[Any, Any, bool]:
+    """The ``tokenizer=`` and ``tokenizer_id=`` a construction stands for, and whether they are unchanged.
+
+    A direct call passes what the user gave. ``attrs.evolve`` passes the operator's own handle
+    (recognised through ``origin``), which then stands for what the operator was given, and
+    ``tokenizer_id`` only when it is among the changes. Unchanged (third item ``True``): the
+    origin's handle is reused, without loading anything.
+    """
+    if origin is not None and tokenizer is origin.handle:
+        if tokenizer_id is UNSET:
+            tokenizer_id = origin.tokenizer_id
+        if origin.tokenizer_id is None:
+            return tokenizer, tokenizer_id, tokenizer_id is None
+        return None, tokenizer_id, tokenizer_id == origin.tokenizer_id
+    if tokenizer_id is UNSET:
+        tokenizer_id = None if origin is None else origin.tokenizer_id
+    return tokenizer, tokenizer_id, False
+
+
+def load_given(tokenizer: Any, tokenizer_id: Any, origin: Origin | None, *, backend: str = "auto") -> Origin:
+    """Resolve the tokenizer of a construction (see :func:`given_tokenizer`) into a fresh :class:`Origin`."""
+    tok, tid, same = given_tokenizer(tokenizer, tokenizer_id, origin)
+    handle = load_tokenizer(origin.handle, backend=backend) if same else load_tokenizer(tok, tid, backend=backend)
+    return Origin(handle, tid)
+
+
+def public_signature(cls: type) -> None:
+    """Give ``cls.__init__`` the signature of its fields, ``tokenizer_id`` second and ``_origin`` left out."""
+    params = [p for p in inspect.signature(cls.__attrs_init__).parameters.values() if p.name != "_origin"]
+    tid = inspect.Parameter("tokenizer_id", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation="str | None")
+    params.insert(2, tid)  # after self and tokenizer
+    cls.__init__.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
 
 
 @attrs.frozen
