@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Sequence
 import attrs
 import msgspec
 
-from ._core import Operator, Resolver, config_field
+from ._core import Operator, Resolver, _dec_hook, config_field, resolve_tree
 from ._keys import fold_in, randbelow
 from ._fields import TOKEN_FIELDS, payload_length
 from ._records import Meta, Record, SampleBatch
@@ -154,7 +154,25 @@ class Batch(Operator):
             state, partial=partial, batches=state.batches + len(out), real_tokens=state.real_tokens + real, slots=state.slots + slots
         )
 
+    def decode_state(self, data: Any, upstream: Resolver) -> BatchState:
+        """Inverse of ``encode_state``, refusing negative counters and a full waiting batch.
+
+        ``step`` emits as soon as ``microbatch_size`` records wait (``buffer_size`` when grouping by
+        length), so fewer wait in any state. Checked before any record is rebuilt.
+        """
+        state = msgspec.convert(data, BatchState, dec_hook=_dec_hook)
+        for name in ("batches", "dropped_records", "dropped_tokens", "real_tokens", "slots"):
+            if getattr(state, name) < 0:
+                raise ValueError(f"field {name!r} must be an int >= 0, got {getattr(state, name)}")
+        size = self.window if self.group_by_length else self.microbatch_size
+        if len(state.partial) >= size:
+            raise ValueError(f"field 'partial' holds {len(state.partial)} records, but a batch is emitted as soon as {size} wait")
+        return resolve_tree(state, upstream)
+
     def rebuild(self, refs: Sequence[Any], upstream: Resolver) -> list[SampleBatch]:
+        for ref in refs:
+            if not 0 < len(ref) <= self.microbatch_size:
+                raise ValueError(f"a batch reference holds {len(ref)} records; batches hold 1 to microbatch_size={self.microbatch_size}")
         flat: list[Meta] = [m for ref in refs for m in ref]
         records = iter(upstream(flat))
         return [SampleBatch(tuple(next(records) for _ in ref), self.pad_token_id) for ref in refs]

@@ -29,6 +29,7 @@ before it belongs to another document.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 from collections.abc import Mapping
@@ -44,11 +45,22 @@ from ._templates import BUILTIN_TEMPLATES as BUILTIN_TEMPLATES
 from ._templates import CHATML_TEMPLATE as CHATML_TEMPLATE
 from ._templates import LLAMA3_TEMPLATE as LLAMA3_TEMPLATE
 from ._templates import RESERVED_KWARGS as RESERVED_KWARGS
-from ._templates import _render, _resolve_template, check_markers
+from ._templates import _render, _resolve_template, check_markers, shipped_template
 from ._templates import has_generation_tags as has_generation_tags
 from ._templates import render_chat as render_chat
 from ._templates import spans_to_mask as spans_to_mask
 from ._templates import strip_generation_tags as strip_generation_tags
+from ._tokenize import (
+    UNSET,
+    Origin,
+    given_settings,
+    given_tokenizer,
+    int_like,
+    load_given,
+    origin_field,
+    public_signature,
+    special_ids,
+)
 from ._tokenizer import BACKENDS, TokenizerHandle, load_tokenizer
 
 __all__ = [
@@ -146,8 +158,60 @@ def _roles_of(messages: Sequence[Any]) -> str:
 
 # -- tokenize_chat -----------------------------------------------------------------------------------------
 
+# Per process, by template text: whether it has {% generation %} blocks (parsing it takes a while).
+_TAGGED = ProcessCache(max_entries=256)
+# Per process, by template, specials and kwargs: whether the template honours add_generation_prompt.
+_PROBES = ProcessCache(max_entries=256)
 
-@attrs.frozen
+
+def _tagged(template: str) -> bool:
+    return _TAGGED.get(template, lambda: has_generation_tags(template))
+
+
+def _token_text(handle: TokenizerHandle, tid: int | None) -> str:
+    return (handle.tokenizer.id_to_token(tid) or "") if tid is not None else ""
+
+
+def _plain_dict(value: Any) -> Any:
+    """A mapping with str keys as a plain dict (a copy); any other value unchanged, for the check to name."""
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return dict(value)
+    return value
+
+
+def _template_text(chat_template: Any, shipped: str | None, missing: BaseException | None) -> str:
+    """The template text of ``chat_template``; ``None`` means the one shipped with the tokenizer."""
+    if chat_template is not None:
+        return _resolve_template(chat_template, None, None)
+    if shipped is None:
+        raise copy.copy(missing)
+    return shipped
+
+
+def _check_chat_options(v: Any) -> None:
+    """The checks of ``TokenizeChat`` that need neither the template nor the tokenizer."""
+    op = "tokenize_chat"
+    if not isinstance(v.field, str) or not v.field:
+        raise TypeError(f"{op}: field must be a non-empty str naming the messages key, got {v.field!r}")
+    if v.tools_field is not None and (not isinstance(v.tools_field, str) or not v.tools_field):
+        raise TypeError(f"{op}: tools_field must be a non-empty str or None, got {v.tools_field!r}")
+    _check_choice(op, "loss_scope", v.loss_scope, LOSS_SCOPES)
+    _check_choice(op, "empty_mask", v.empty_mask, EMPTY_MASK_MODES)
+    _check_choice(op, "span_source", v.span_source, SPAN_SOURCES)
+    _check_length(op, v.max_length, v.truncation)
+    kwargs = v.chat_template_kwargs
+    if kwargs is not None:
+        if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+            raise TypeError(f"{op}: chat_template_kwargs must be a dict with str keys, got {kwargs!r}")
+        reserved = sorted(RESERVED_KWARGS.intersection(kwargs))
+        if reserved:
+            raise ValueError(
+                f"{op}: chat_template_kwargs cannot set {reserved}: the operator passes them itself "
+                f"(messages from field={v.field!r}, tools from tools_field={v.tools_field!r})"
+            )
+
+
+@attrs.frozen(init=False)
 class TokenizeChat(StatelessOp):
     """Render conversations with a chat template into ``input_ids`` and an assistant ``loss_mask``.
 
@@ -176,9 +240,14 @@ class TokenizeChat(StatelessOp):
 
     State: none (a stateless operator); it restores and reshards trivially. The output of a record
     depends only on its payload, the tokenizer's content, the template text (its sha256 is in the
-    fingerprint) and the options below. After construction ``tokenizer`` holds the resolved
-    :class:`~zephon._tokenizer.TokenizerHandle`, ``tokenizer_id`` is ``None`` and ``chat_template``
-    holds the template text, so the operator pickles without the files it was loaded from.
+    fingerprint) and the options below.
+
+    The tokenizer and the template are resolved before the fields are stored: ``tokenizer``
+    holds the :class:`~zephon._tokenizer.TokenizerHandle` (``tokenizer_id`` reads ``None``),
+    ``chat_template`` the template text and ``chat_template_kwargs`` a plain dict, so the operator
+    pickles without the files it was loaded from. ``attrs.evolve(op, **changes)`` equals the
+    constructor called with the operator's arguments changed by ``changes``: a template that came
+    with the tokenizer (``chat_template=None``) follows a changed tokenizer, a given one stays.
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to
@@ -233,7 +302,6 @@ class TokenizeChat(StatelessOp):
     """
 
     tokenizer: Any = config_field(default=None)
-    tokenizer_id: str | None = config_field(default=None, data=False)
     field: str = config_field(default="messages", kw_only=True)
     chat_template: str | None = config_field(default=None, kw_only=True)
     loss_scope: str = config_field(default="assistant", kw_only=True)
@@ -241,73 +309,61 @@ class TokenizeChat(StatelessOp):
     truncation: bool = config_field(default=False, kw_only=True)
     tools_field: str | None = config_field(default="tools", kw_only=True)
     # A dict, so left out of the hash (config_field has no hash option).
-    chat_template_kwargs: dict | None = attrs.field(default=None, kw_only=True, hash=False, metadata={"data": True})
+    chat_template_kwargs: dict | None = attrs.field(
+        default=None, kw_only=True, hash=False, converter=_plain_dict, metadata={"data": True}
+    )
     empty_mask: str = config_field(default="error", kw_only=True)
     span_source: str = config_field(default="auto", kw_only=True)
-
-    # Derived at construction (never passed): the span source in use, whether the template was
-    # seen to honour add_generation_prompt, and the BOS/EOS strings the template sees.
-    _spans_from: str = attrs.field(init=False, repr=False, eq=False, metadata={"data": False})
-    _prompt_checked: bool = attrs.field(init=False, repr=False, eq=False, metadata={"data": False})
-    _bos_token: str = attrs.field(init=False, repr=False, eq=False, metadata={"data": False})
-    _eos_token: str = attrs.field(init=False, repr=False, eq=False, metadata={"data": False})
+    _origin: Origin | None = origin_field()
 
     kind: ClassVar[str] = "tokenize_chat"
 
+    def __init__(self, tokenizer: Any = None, tokenizer_id: Any = UNSET, **options: Any) -> None:
+        settings = given_settings(type(self), options)
+        _check_chat_options(settings)
+        origin = settings._origin
+        tok, tid, same = given_tokenizer(tokenizer, tokenizer_id, origin)
+        if tok is not None and tid is not None:
+            load_tokenizer(tok, tid)  # raises: pass either tokenizer= or tokenizer_id=, not both
+        # The shipped template is looked up even when chat_template is given, so that
+        # attrs.evolve(op, chat_template=None) finds it without the tokenizer's files.
+        shipped, missing = (origin.shipped, origin.missing) if same else shipped_template(tok, tid)
+        kept = origin is not None and isinstance(settings.chat_template, str) and settings.chat_template == origin.template
+        if kept and (same or not origin.from_tokenizer):
+            text, from_tokenizer = origin.template, origin.from_tokenizer
+        else:
+            # A template that came with the tokenizer follows it when the tokenizer changes.
+            given = None if kept else settings.chat_template
+            text, from_tokenizer = _template_text(given, shipped, missing), given is None
+        handle = load_tokenizer(origin.handle) if same else load_tokenizer(tok, tid)
+        origin = Origin(handle, tid, text, from_tokenizer, shipped, missing)
+        self.__attrs_init__(tokenizer=handle, **{**options, "chat_template": text, "_origin": origin})
+
     def __attrs_post_init__(self) -> None:
         op = "tokenize_chat"
-        if not isinstance(self.field, str) or not self.field:
-            raise TypeError(f"{op}: field must be a non-empty str naming the messages key, got {self.field!r}")
-        if self.tools_field is not None and (not isinstance(self.tools_field, str) or not self.tools_field):
-            raise TypeError(f"{op}: tools_field must be a non-empty str or None, got {self.tools_field!r}")
-        _check_choice(op, "loss_scope", self.loss_scope, LOSS_SCOPES)
-        _check_choice(op, "empty_mask", self.empty_mask, EMPTY_MASK_MODES)
-        _check_choice(op, "span_source", self.span_source, SPAN_SOURCES)
-        _check_length(op, self.max_length, self.truncation)
-        kwargs = self.chat_template_kwargs
-        if kwargs is not None:
-            if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
-                raise TypeError(f"{op}: chat_template_kwargs must be a dict with str keys, got {kwargs!r}")
-            reserved = sorted(RESERVED_KWARGS.intersection(kwargs))
-            if reserved:
-                raise ValueError(
-                    f"{op}: chat_template_kwargs cannot set {reserved}: the operator passes them itself "
-                    f"(messages from field={self.field!r}, tools from tools_field={self.tools_field!r})"
-                )
-            object.__setattr__(self, "chat_template_kwargs", dict(kwargs))
-
-        text = _resolve_template(self.chat_template, self.tokenizer, self.tokenizer_id)
-        handle = load_tokenizer(self.tokenizer, self.tokenizer_id)
-        object.__setattr__(self, "tokenizer", handle)
-        object.__setattr__(self, "tokenizer_id", None)
-        object.__setattr__(self, "chat_template", text)
-        tok = handle.tokenizer
-        check_markers(text, tok, handle.source, op=op)
-        for name, tid in (("_bos_token", handle.bos_token_id), ("_eos_token", handle.eos_token_id)):
-            object.__setattr__(self, name, (tok.id_to_token(tid) or "") if tid is not None else "")
-
-        tagged = has_generation_tags(text)
-        if self.span_source == "generation_tags" and not tagged:
+        handle = self.tokenizer
+        check_markers(self.chat_template, handle.tokenizer, handle.source, op=op)
+        if self.span_source == "generation_tags" and not _tagged(self.chat_template):
             raise ValueError(
                 f"{op}: span_source='generation_tags' but the chat template has no {{% generation %}} blocks; wrap "
                 "each assistant reply (with its end-of-turn token) in {% generation %}...{% endgeneration %}, or "
                 "use span_source='auto' or 'prefix' to find replies by prefix rendering"
             )
-        spans_from = "tags" if tagged and self.span_source != "prefix" else "prefix"
-        if self.loss_scope == "all":
-            spans_from = "none"
-        object.__setattr__(self, "_spans_from", spans_from)
-        object.__setattr__(self, "_prompt_checked", False)
-        if spans_from == "prefix":
+        if self.spans_from == "prefix":
             if self.span_source == "auto":
                 logger.info("%s: the chat template has no {%% generation %%} blocks; finding replies by prefix rendering", op)
-            object.__setattr__(self, "_prompt_checked", self._probe_generation_prompt())
+            self._prompt_checked()  # rejects a template that ignores add_generation_prompt
 
     # -- identity -------------------------------------------------------------------------------------
     @property
     def handle(self) -> TokenizerHandle:
         """The resolved tokenizer."""
         return self.tokenizer
+
+    @property
+    def tokenizer_id(self) -> None:
+        """Always ``None``: a ``tokenizer_id`` given to the constructor is loaded into ``tokenizer``."""
+        return None
 
     @property
     def template_sha256(self) -> str:
@@ -317,7 +373,30 @@ class TokenizeChat(StatelessOp):
     @property
     def spans_from(self) -> str:
         """Where assistant spans come from: ``"tags"``, ``"prefix"`` or ``"none"`` (``loss_scope="all"``)."""
-        return self._spans_from
+        if self.loss_scope == "all":
+            return "none"
+        return "tags" if self.span_source != "prefix" and _tagged(self.chat_template) else "prefix"
+
+    @property
+    def _bos_token(self) -> str:
+        """The BOS string the template sees as ``bos_token`` (``""`` without one)."""
+        return _token_text(self.tokenizer, self.tokenizer.bos_token_id)
+
+    @property
+    def _eos_token(self) -> str:
+        """The EOS string the template sees as ``eos_token`` (``""`` without one)."""
+        return _token_text(self.tokenizer, self.tokenizer.eos_token_id)
+
+    def _prompt_checked(self) -> bool:
+        """Whether the template was seen to honour ``add_generation_prompt`` (probed once per process).
+
+        ``False`` when the probe was inconclusive; prefix rendering then checks each record.
+
+        Raises:
+            ValueError: the template ignores ``add_generation_prompt``.
+        """
+        key = (self.chat_template, self._bos_token, self._eos_token, repr(self.chat_template_kwargs))
+        return _PROBES.get(key, self._probe_generation_prompt)
 
     def fingerprint(self) -> dict[str, Any]:
         """The data settings; the template enters as its sha256 (``"sha256:<hex>"``)."""
@@ -390,9 +469,9 @@ class TokenizeChat(StatelessOp):
     def _spans(self, messages: list, tools: Any) -> tuple[str, list[tuple[int, int]]]:
         """The rendered conversation and the character spans of its selected assistant turns."""
         assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-        if self._spans_from == "none":
+        if self.spans_from == "none":
             return self._render(messages, tools)[0], []
-        if self._spans_from == "tags":
+        if self.spans_from == "tags":
             text, spans = self._render(messages, tools, track=True)
             if spans and len(spans) != len(assistants):
                 raise ValueError(
@@ -410,7 +489,7 @@ class TokenizeChat(StatelessOp):
         for i in selected:
             before = self._render(messages[:i], tools, True)[0]
             through = self._render(messages[: i + 1], tools)[0]
-            if not self._prompt_checked and before == self._render(messages[:i], tools)[0]:
+            if not self._prompt_checked() and before == self._render(messages[:i], tools)[0]:
                 raise ValueError(self._ignores_prompt_message())
             if not (text.startswith(before) and text.startswith(through) and through.startswith(before)):
                 raise ValueError(
@@ -459,7 +538,7 @@ class TokenizeChat(StatelessOp):
         out: list[list] = []
         for (messages, _, spans), enc in zip(rendered, encodings):
             ids = np.fromiter(enc.ids, dtype=np.int32, count=len(enc.ids))
-            if self._spans_from == "none":
+            if self.spans_from == "none":
                 mask = np.ones(len(ids), dtype=np.uint8)
             else:
                 offsets = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
@@ -503,7 +582,24 @@ class TokenizeChat(StatelessOp):
 # -- prompt / completion -----------------------------------------------------------------------------------
 
 
-@attrs.frozen
+def _check_prompt_completion_options(v: Any) -> None:
+    """The checks of ``TokenizePromptCompletion`` that need no tokenizer."""
+    op = "tokenize"
+    for name in ("prompt_field", "completion_field"):
+        value = getattr(v, name)
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"{op}: {name} must be a non-empty str, got {value!r}")
+    if v.prompt_field == v.completion_field:
+        raise ValueError(f"{op}: prompt_field and completion_field are both {v.prompt_field!r}; name two keys")
+    _check_choice(op, "special_tokens", v.special_tokens, SPECIAL_TOKEN_MODES)
+    _check_choice(op, "empty_mask", v.empty_mask, EMPTY_MASK_MODES)
+    _check_choice(op, "backend", v.backend, BACKENDS)
+    _check_length(op, v.max_length, v.truncation)
+    if v.parallelism is not None and (isinstance(v.parallelism, bool) or not isinstance(v.parallelism, int) or v.parallelism < 1):
+        raise ValueError(f"{op}: parallelism must be a positive int or None, got {v.parallelism!r}")
+
+
+@attrs.frozen(init=False)
 class TokenizePromptCompletion(StatelessOp):
     """Tokenize ``{"prompt": str, "completion": str}`` records into ``input_ids`` and a completion ``loss_mask``.
 
@@ -553,40 +649,28 @@ class TokenizePromptCompletion(StatelessOp):
     """
 
     tokenizer: Any = config_field(default=None)
-    tokenizer_id: str | None = config_field(default=None, data=False)
     prompt_field: str = config_field(default="prompt", kw_only=True)
     completion_field: str = config_field(default="completion", kw_only=True)
     special_tokens: str = config_field(default="bos_eos", kw_only=True)
-    bos_token_id: int | None = config_field(default=None, kw_only=True)
-    eos_token_id: int | None = config_field(default=None, kw_only=True)
+    bos_token_id: int | None = config_field(default=None, converter=int_like, kw_only=True)
+    eos_token_id: int | None = config_field(default=None, converter=int_like, kw_only=True)
     max_length: int | None = config_field(default=None, kw_only=True)
     truncation: bool = config_field(default=False, kw_only=True)
     empty_mask: str = config_field(default="error", kw_only=True)
     parallelism: int | None = config_field(default=None, data=False, kw_only=True)
     backend: str = config_field(default="auto", data=False, kw_only=True)
+    _origin: Origin | None = origin_field()
 
     kind: ClassVar[str] = "tokenize"
 
+    def __init__(self, tokenizer: Any = None, tokenizer_id: Any = UNSET, **options: Any) -> None:
+        settings = given_settings(type(self), options)
+        _check_prompt_completion_options(settings)
+        origin = load_given(tokenizer, tokenizer_id, settings._origin, backend=settings.backend)
+        self.__attrs_init__(tokenizer=origin.handle, **{**options, "_origin": origin})
+
     def __attrs_post_init__(self) -> None:
-        op = "tokenize"
-        for name in ("prompt_field", "completion_field"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise TypeError(f"{op}: {name} must be a non-empty str, got {value!r}")
-        if self.prompt_field == self.completion_field:
-            raise ValueError(f"{op}: prompt_field and completion_field are both {self.prompt_field!r}; name two keys")
-        _check_choice(op, "special_tokens", self.special_tokens, SPECIAL_TOKEN_MODES)
-        _check_choice(op, "empty_mask", self.empty_mask, EMPTY_MASK_MODES)
-        _check_choice(op, "backend", self.backend, BACKENDS)
-        _check_length(op, self.max_length, self.truncation)
-        if self.parallelism is not None and (
-            isinstance(self.parallelism, bool) or not isinstance(self.parallelism, int) or self.parallelism < 1
-        ):
-            raise ValueError(f"{op}: parallelism must be a positive int or None, got {self.parallelism!r}")
-        handle = load_tokenizer(self.tokenizer, self.tokenizer_id, backend=self.backend)
-        object.__setattr__(self, "tokenizer", handle)
-        object.__setattr__(self, "tokenizer_id", None)
-        mode = self.special_tokens
+        op, handle, mode = "tokenize", self.tokenizer, self.special_tokens
         for name, role, needed in (
             ("bos_token_id", "BOS", mode in ("bos_eos", "bos")),
             ("eos_token_id", "EOS", mode in ("bos_eos", "eos")),
@@ -595,11 +679,10 @@ class TokenizePromptCompletion(StatelessOp):
             if value is not None:
                 if not needed:
                     raise ValueError(f"{op}: {name} cannot be used with special_tokens={mode!r}, which adds no {role}")
-                if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                if isinstance(value, bool) or not isinstance(value, int):
                     raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__}")
                 if not 0 <= value < handle.vocab_size:
                     raise ValueError(f"{op}: {name}={value} is outside the tokenizer's ids [0, {handle.vocab_size})")
-                object.__setattr__(self, name, int(value))
             elif needed and getattr(handle, name) is None:
                 raise ValueError(
                     f"{op}: special_tokens={mode!r} needs a {role} token, but the tokenizer ({handle.source}) has none; "
@@ -612,9 +695,12 @@ class TokenizePromptCompletion(StatelessOp):
         """The resolved tokenizer."""
         return self.tokenizer
 
-    def _specials(self) -> tuple[int | None, int | None]:
-        from ._tokenize import special_ids
+    @property
+    def tokenizer_id(self) -> None:
+        """Always ``None``: a ``tokenizer_id`` given to the constructor is loaded into ``tokenizer``."""
+        return None
 
+    def _specials(self) -> tuple[int | None, int | None]:
         return special_ids(self.special_tokens, self.bos_token_id, self.eos_token_id, self.tokenizer)
 
     def _text(self, payload: Any, name: str) -> str:
@@ -695,3 +781,7 @@ class TokenizePromptCompletion(StatelessOp):
                 )
             out.append([{"input_ids": ids, "loss_mask": mask}])
         return out
+
+
+public_signature(TokenizeChat)
+public_signature(TokenizePromptCompletion)

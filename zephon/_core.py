@@ -24,7 +24,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import attrs
 import msgspec
 
-from ._records import Meta, Record, SampleBatch, Segment, meta_from_ints, meta_to_ints
+from ._records import Meta, Record, SampleBatch, Segment, describe_meta, meta_from_ints, meta_to_ints
 
 #: Rebuilds records from their metas at one point of a chain (bulk, order-preserving).
 Resolver = Callable[[Sequence[Any]], list]
@@ -247,13 +247,7 @@ class StatelessOp(Operator):
         try:
             results = self.apply_many([r.payload for r in chunk])
         except Exception as exc:
-            index = getattr(exc, "zephon_index", None)
-            if index is not None and hasattr(exc, "add_note"):
-                seg = chunk[index].meta.segments[0]
-                exc.add_note(
-                    f"zephon: raised by {self.kind} on the record from dataset {seg.dataset}, shard {seg.shard}, "
-                    f"row {seg.row} (lane {chunk[index].meta.lane})"
-                )
+            self._name_failing_record(exc, chunk)
             raise
         if len(results) != len(chunk):
             raise RuntimeError(f"{self.kind}: apply_many returned {len(results)} results for {len(chunk)} inputs")
@@ -270,6 +264,37 @@ class StatelessOp(Operator):
             for i, payload in enumerate(outs):
                 out.append(Record(payload, child_meta(rec.meta, i)))
         return out, dropped
+
+    def _name_failing_record(self, exc: Exception, chunk: Sequence[Record]) -> None:
+        """Add a note to ``exc`` naming the record it was raised on, and keep its meta on it.
+
+        ``apply_many`` sees a whole chunk; an exception that does not say which payload it came
+        from (no ``zephon_index``) is traced to one by applying the operator to each payload alone,
+        which costs nothing unless something failed. The meta is kept as ``exc.zephon_meta`` so
+        that the runner can name the record's dataset and file.
+        """
+        if getattr(exc, "zephon_meta", None) is not None or not hasattr(exc, "add_note"):
+            return  # already named (by an operator nested in this one)
+        index = getattr(exc, "zephon_index", None)
+        if index is None:
+            index = 0 if len(chunk) == 1 else self._first_failing(chunk)
+        if index is None or not 0 <= index < len(chunk):
+            return
+        meta = chunk[index].meta
+        exc.add_note(f"zephon: raised by {self.kind} on {describe_meta(meta)}")
+        try:
+            exc.zephon_meta = meta  # type: ignore[attr-defined]
+        except AttributeError:  # an exception type that takes no attributes
+            pass
+
+    def _first_failing(self, chunk: Sequence[Record]) -> int | None:
+        """The index of the first payload that fails on its own, or ``None`` if none does."""
+        for i, rec in enumerate(chunk):
+            try:
+                self.apply_many([rec.payload])
+            except Exception:
+                return i
+        return None
 
     def rebuild(self, refs: Sequence[Meta], upstream: Resolver) -> list[Record]:
         parents = [parent_meta(m) for m in refs] if self.fans_out else list(refs)

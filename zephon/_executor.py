@@ -1,14 +1,22 @@
-"""Running lanes: in the calling thread, or ahead in worker processes.
+"""Running lanes: in the calling thread, ahead in a background thread, or ahead in worker processes.
 
-Only this module knows about processes. Workers are spawned (no fork: safe with threads and
-native tokenizers), each owning a fixed subset of the rank's lanes. A worker runs its lanes ahead
-within a per-lane credit window and sends each output with its index; the main process hands
-outputs out in lane order, so the result is the in-process result for any number of workers.
+Only this module knows about processes and threads. Workers are spawned (no fork: safe with
+threads and native tokenizers), each owning a fixed subset of the rank's lanes. A worker runs its
+lanes ahead within a per-lane credit window and sends each output with its index; the main
+process hands outputs out in lane order, so the result is the in-process result for any number
+of workers.
 
 Lane states are pure values, so a worker keeps the state after each output it sent until the
 main process confirms delivery; ``checkpoint()`` asks for the state after exactly the outputs the
-caller has received. A worker that raises reports the lane and traceback; one that dies is
-noticed through its process sentinel within the poll interval. ``close()`` (also on garbage
+caller has received. The main process also keeps, per lane, a recent delivered state (one a
+worker attaches to an output every few seconds, or the last one a checkpoint read), so the
+caller's states survive workers that stop for any reason: they are rebuilt by replaying the few
+outputs after it in this process. Workers ignore SIGINT, so a Ctrl-C reaches only the main
+process and the workers stay alive to answer ``checkpoint()``.
+
+A worker that raises, or whose output cannot be pickled, reports the lane, the record and the
+cause; one that dies is noticed through its process sentinel within the poll interval and
+reported with its exit code or signal and the likely cause. ``close()`` (also on garbage
 collection and at interpreter exit) stops every worker.
 """
 
@@ -17,19 +25,38 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import signal
+import threading
+import time
 import traceback
 import weakref
 from collections import deque
 from multiprocessing.connection import wait
-from typing import Any
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Callable
 
 from ._lanes import LaneState, Plan
+from ._records import SampleBatch, describe_meta
 
 _POLL_S = 0.5
+#: A worker attaches a lane's encoded state to an output at most this often, so that the main
+#: process can rebuild the caller's states by replaying at most a few seconds of that lane's work
+#: after a worker dies. Encoding is the cost (milliseconds for a full shuffle buffer).
+_ATTACH_S = 5.0
+#: How long ``close()`` waits for live workers to report their final states and counters before
+#: stopping them anyway (the states are then rebuilt in this process when asked for).
+_CLOSE_READ_S = 10.0
 
 
 class WorkerError(RuntimeError):
     """A worker process failed; the message names its lanes and the cause."""
+
+
+def _closed_error() -> RuntimeError:
+    return RuntimeError(
+        "this executor was closed; checkpoint() still works. Call restore(checkpoint) on the loader to "
+        "resume it, or iter(pipeline) for a new one"
+    )
 
 
 class InlineExecutor:
@@ -50,8 +77,39 @@ class InlineExecutor:
     def reports(self) -> dict[int, Any]:
         return {lane: self.plan.reports(s) for lane, s in self.states.items()}
 
-    def close(self) -> None:
+    def close(self, read_final: bool = True) -> None:
         pass
+
+
+def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: dict, stop: threading.Event) -> None:
+    """The background thread of :class:`ThreadExecutor`.
+
+    A module-level function holding no reference to the executor, so an executor dropped without
+    ``close()`` is still collected, and its finalizer stops this thread.
+    """
+    live = list(states)
+    try:
+        while live and not stop.is_set():
+            for lane in list(live):
+                credits[lane].acquire()
+                if stop.is_set():
+                    return
+                state, out = plan.next(lane, states[lane])
+                if stop.is_set():
+                    return
+                states[lane] = state
+                queues[lane].put(("out", state, out))
+                if out is None:
+                    live.remove(lane)
+    except BaseException as exc:  # hand the failure to the caller, whichever lane it waits on
+        for q in queues.values():
+            q.put(("error", exc, None))
+
+
+def _stop_prefetch(stop: threading.Event, credits: dict) -> None:
+    stop.set()
+    for sem in credits.values():  # wake the thread wherever it waits for credit
+        sem.release()
 
 
 class ThreadExecutor(InlineExecutor):
@@ -65,7 +123,6 @@ class ThreadExecutor(InlineExecutor):
 
     def __init__(self, plan: Plan, states: dict[int, LaneState], credit: int = 4):
         import queue
-        import threading
 
         self.plan = plan
         self.states = dict(states)  # state after the last output the caller took
@@ -74,27 +131,15 @@ class ThreadExecutor(InlineExecutor):
         self.credits = {lane: threading.Semaphore(credit) for lane in self.lanes}
         self.stop = threading.Event()
         self.closed = False
-        self.thread = threading.Thread(target=self._run, args=(dict(states),), name="zephon-prefetch", daemon=True)
+        self.thread = threading.Thread(
+            target=_prefetch, args=(plan, dict(states), self.queues, self.credits, self.stop), name="zephon-prefetch", daemon=True
+        )
+        self._finalizer = weakref.finalize(self, _stop_prefetch, self.stop, self.credits)
         self.thread.start()
 
-    def _run(self, states: dict[int, LaneState]) -> None:
-        live = list(self.lanes)
-        try:
-            while live and not self.stop.is_set():
-                for lane in list(live):
-                    while not self.credits[lane].acquire(timeout=0.1):
-                        if self.stop.is_set():
-                            return
-                    state, out = self.plan.next(lane, states[lane])
-                    states[lane] = state
-                    self.queues[lane].put(("out", state, out))
-                    if out is None:
-                        live.remove(lane)
-        except BaseException as exc:  # hand the failure to the caller, whichever lane it waits on
-            for q in self.queues.values():
-                q.put(("error", exc, None))
-
     def next(self, lane: int) -> Any:
+        if self.closed:
+            raise _closed_error()
         kind, state, out = self.queues[lane].get()
         if kind == "error":
             self.queues[lane].put((kind, state, out))
@@ -103,31 +148,121 @@ class ThreadExecutor(InlineExecutor):
         self.states[lane] = state
         return out
 
-    def close(self) -> None:
+    def close(self, read_final: bool = True) -> None:
         if not self.closed:
             self.closed = True
-            self.stop.set()
-            self.thread.join(timeout=5)
+            self._finalizer()
+            # The thread wakes at once, or after the step it is computing (then it exits without
+            # handing that step out); a step that does not end within the join is left to run.
+            if self.thread is not threading.current_thread():
+                self.thread.join(timeout=5)
+
+
+# -- worker processes ---------------------------------------------------------------------------------
+
+_SIGNAL_CAUSES = {
+    "SIGKILL": "the kernel's out-of-memory killer (check `dmesg` or the job's memory limit) or an external `kill -9`",
+    "SIGSEGV": "a crash in native code (a tokenizer or another extension library), or a memory-mapped file that was "
+    "changed or truncated while in use",
+    "SIGBUS": "a memory-mapped file that was truncated or replaced while in use, or a full /dev/shm; also a crash in "
+    "native code",
+    "SIGTERM": "stopped from outside: a job scheduler (preemption or a time limit), `kill`, or a system shutdown",
+    "SIGABRT": "an abort in native code (a failed assertion or a fatal error in an extension library or the interpreter)",
+    "SIGFPE": "an arithmetic fault in native code",
+    "SIGILL": "native code built for another CPU (an illegal instruction)",
+    "SIGHUP": "the terminal or session that started the job went away (run it under nohup, tmux or a scheduler)",
+    "SIGPIPE": "a write to a closed pipe or socket",
+    "SIGXCPU": "the CPU-time limit (`ulimit -t`) ran out",
+    "SIGXFSZ": "the file-size limit (`ulimit -f`) was exceeded",
+    "SIGUSR1": "a signal sent by a job scheduler or another process (some schedulers send it before preemption)",
+    "SIGUSR2": "a signal sent by a job scheduler or another process",
+    "SIGINT": "an interrupt sent to the worker itself (workers ignore SIGINT unless user code re-enables it)",
+}
+
+
+def _death_cause(code: int | None) -> tuple[str, str]:
+    """How a worker ended (``exitcode`` of its process), and the likely cause."""
+    if code is None:
+        return "closed its connection while still running", "it has been stopped"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = None
+        how = f"was killed by signal {-code}" + (f" ({name})" if name else "")
+        return how, "likely cause: " + _SIGNAL_CAUSES.get(name or "", "a signal sent by another process or by the system")
+    if code == 0:
+        return "exited with code 0", (
+            "it stopped without being asked: user code that calls os._exit(), or a worker that lost its connection "
+            "to this process"
+        )
+    return f"exited with code {code}", (
+        "its stderr says why. Usually the worker could not start: a script that starts workers must guard its "
+        "entry point with `if __name__ == '__main__':` (worker processes are spawned and import the main module); "
+        "or user code called os._exit()"
+    )
+
+
+def _unpicklable_output(msg: tuple, exc: BaseException) -> tuple:
+    """The error message for an output of a worker that cannot be pickled: lane, record, cause."""
+    kind = msg[0]
+    if kind != "out":
+        cause = f"a {kind!r} message cannot be sent to the main process: {type(exc).__name__}: {exc}"
+        return ("error", None, cause, traceback.format_exc())
+    _, lane, count, out, _ = msg
+    records = out.records if isinstance(out, SampleBatch) else (out,)
+    culprit = records[0] if records else None
+    for rec in records:  # name the first record that does not pickle
+        try:
+            ForkingPickler.dumps(getattr(rec, "payload", rec))
+        except Exception:
+            culprit = rec
+            break
+    where = describe_meta(culprit.meta) if hasattr(culprit, "meta") else "the output"
+    cause = (
+        f"output {count} of lane {lane} cannot be sent to the main process ({type(exc).__name__}: {exc}); it holds "
+        f"{where}. With workers > 0 every payload must pickle: keep results of map to arrays, numbers, strings, "
+        "lists and dicts (no locks, open files, generators or connections), or run with workers=0"
+    )
+    return ("error", lane, cause, traceback.format_exc())
 
 
 class _Outbox:
-    """Sends a worker's messages from a thread, so producing never waits for the pipe to drain."""
+    """Sends a worker's messages from a thread, so producing never waits for the pipe to drain.
+
+    Pickling happens here, so a message that cannot be pickled is reported to the main process as
+    an error (and nothing after it is sent), instead of ending this thread silently.
+    """
 
     def __init__(self, conn) -> None:
         import queue
-        import threading
 
         self.conn = conn
         self.queue: Any = queue.Queue()
+        self.failed = False
         self.thread = threading.Thread(target=self._run, name="zephon-outbox", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        for msg in iter(self.queue.get, None):
+        try:
+            for msg in iter(self.queue.get, None):
+                if self.failed:
+                    continue  # after a failure, the main process stops this worker
+                try:
+                    data = ForkingPickler.dumps(msg)
+                except Exception as exc:
+                    self.failed = True
+                    data = ForkingPickler.dumps(_unpicklable_output(msg, exc))
+                self.conn.send_bytes(data)
+        except OSError:  # the main process is gone
+            return
+        except BaseException as exc:  # never end silently: the main process would wait forever
+            self.failed = True
             try:
-                self.conn.send(msg)
-            except OSError:  # the main process is gone
-                return
+                cause = f"the worker's sender thread failed: {type(exc).__name__}: {exc}"
+                self.conn.send(("error", None, cause, traceback.format_exc()))
+            except Exception:
+                pass
 
     def send(self, msg: tuple) -> None:
         self.queue.put(msg)
@@ -137,20 +272,46 @@ class _Outbox:
         self.thread.join(timeout=10)
 
 
+def _load_error(exc: BaseException) -> str:
+    """Why a worker could not unpickle the pipeline, and what to do."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, (AttributeError, ImportError)) or "Can't get attribute" in str(exc):
+        return (
+            f"the worker could not load the pipeline ({text}). Functions given to map/filter (and any other object in "
+            "the pipeline) must be importable by module and name in a fresh process, because workers are spawned "
+            "and look them up by name: define them at the top level of a module, not inside "
+            "`if __name__ == '__main__':`, inside another function, in a notebook cell or in `python -c`. Move the "
+            "function above the `if __name__ == '__main__':` line of your script, or into a module that the script "
+            "imports"
+        )
+    return f"the worker could not load the pipeline ({text})"
+
+
 def _worker_main(conn, plan_bytes: bytes, lanes: list[int], encoded: dict[int, Any] | None, credit: int, threads: int) -> None:
+    # A Ctrl-C goes to the terminal's whole process group: only the main process should see it, so
+    # the workers stay alive to answer checkpoint() (PyTorch's DataLoader workers do the same).
+    # The parent started this process with SIGINT blocked, so none arrived before this line.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # Set before the plan (and with it the tokenizer library) is unpickled in this process.
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if threads > 1 else "false")
     outbox = _Outbox(conn)
     current = None
     try:
-        plan: Plan = pickle.loads(plan_bytes)
+        try:
+            plan: Plan = pickle.loads(plan_bytes)
+        except Exception as exc:
+            outbox.send(("error", None, _load_error(exc), traceback.format_exc()))
+            return
         states = {}
         for lane in lanes:
             current = lane
             states[lane] = plan.decode(lane, encoded[lane]) if encoded else plan.init(lane)
         history = {lane: deque([(states[lane].delivered, states[lane])]) for lane in lanes}
         credits = {lane: credit for lane in lanes}
+        attach_at = {lane: time.monotonic() + _ATTACH_S for lane in lanes}
         ended: set[int] = set()
         order = deque(lanes)
         while True:
@@ -165,12 +326,12 @@ def _worker_main(conn, plan_bytes: bytes, lanes: list[int], encoded: dict[int, A
                     hist = history[lane]
                     while len(hist) > 1 and hist[0][0] < count:
                         hist.popleft()
-                elif kind == "state":
-                    _, lane, count = msg
+                elif kind == "state":  # after `count` outputs; at_end: once the caller saw the lane end
+                    _, lane, count, at_end = msg
                     match = [s for c, s in history[lane] if c == count]
                     if not match:
                         raise RuntimeError(f"no state kept for lane {lane} after {count} outputs")
-                    outbox.send(("state", lane, count, plan.encode(match[0])))
+                    outbox.send(("state", lane, count, plan.encode(match[-1] if at_end else match[0])))
                 elif kind == "reports":
                     outbox.send(("reports", {lane: plan.reports(states[lane]) for lane in lanes}))
             lane = next(lane for lane in order if credits[lane] > 0 and lane not in ended)
@@ -181,15 +342,22 @@ def _worker_main(conn, plan_bytes: bytes, lanes: list[int], encoded: dict[int, A
             states[lane] = state
             if out is None:
                 ended.add(lane)
+                history[lane].append((state.delivered, state))  # the state once its end was seen
                 outbox.send(("end", lane, state.delivered))
                 continue
             credits[lane] -= 1
             history[lane].append((state.delivered, state))
-            outbox.send(("out", lane, state.delivered, out))
+            now = time.monotonic()
+            enc = None
+            if now >= attach_at[lane]:  # now and then, the state after this output rides along
+                enc = plan.encode(state)
+                attach_at[lane] = now + _ATTACH_S
+            outbox.send(("out", lane, state.delivered, out, enc))
     except (KeyboardInterrupt, EOFError, BrokenPipeError):
         return
     except BaseException as exc:  # report every failure with its lane, then exit
-        outbox.send(("error", current, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        cause = "".join(traceback.format_exception_only(exc)).strip()  # keeps the exception's notes
+        outbox.send(("error", current, cause, traceback.format_exc()))
     finally:
         outbox.close()
 
@@ -208,57 +376,93 @@ class ProcessExecutor:
         ctx = mp.get_context("spawn")
         n = max(1, min(workers, len(lanes)))
         threads = max(1, (os.cpu_count() or 1) // n)
+        self.plan = plan
         self.lanes = list(lanes)
         self.owner: dict[int, int] = {}
-        self.conns, self.procs = [], []
+        self.conns: list = []
+        self.procs: list = []
         self.buffers: dict[int, deque] = {lane: deque() for lane in lanes}
-        self.ended: dict[int, int] = {}
+        self.ended: dict[int, int] = {}  # lane -> its output count, once a worker found its end
+        self.saw_end: set[int] = set()  # lanes whose end the caller was handed
         self.delivered: dict[int, int] = {}
+        # Per lane, a delivered state kept in this process: (outputs delivered, encoded state, or
+        # None for the initial state). The caller's states are rebuilt from it after the workers stop.
+        self.base: dict[int, tuple[int, Any]] = {}
         self.closed = False
-        for w in range(n):
-            mine = lanes[w::n]
-            parent, child = ctx.Pipe()
-            sub = {lane: encoded[lane] for lane in mine} if encoded else None
-            proc = ctx.Process(target=_worker_main, args=(child, plan_bytes, mine, sub, credit, threads), daemon=True, name=f"zephon-lanes-{mine[0]}")
-            proc.start()
-            child.close()
-            self.conns.append(parent)
-            self.procs.append(proc)
-            for lane in mine:
-                self.owner[lane] = w
-                self.delivered[lane] = encoded[lane]["delivered"] if encoded else 0
+        self.failure: str | None = None  # a worker reported an exception: its message
+        self.death: str | None = None  # a worker stopped without reporting: how
+        self._final_states: dict[int, Any] | None = None
+        self._final_reports: dict[int, Any] | None = None
+        self._states: dict[tuple[int, int], Any] = {}
+        self._reports: dict[int, Any] = {}
         self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
+        # Start the workers with SIGINT blocked (they inherit the mask, and unblock it once they
+        # ignore SIGINT): a Ctrl-C while they start stays pending here and is not lost.
+        masked = hasattr(signal, "pthread_sigmask")
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
+        try:
+            for w in range(n):
+                mine = lanes[w::n]
+                parent, child = ctx.Pipe()
+                sub = {lane: encoded[lane] for lane in mine} if encoded else None
+                proc = ctx.Process(
+                    target=_worker_main,
+                    args=(child, plan_bytes, mine, sub, credit, threads),
+                    daemon=True,
+                    name=f"zephon-lanes-{mine[0]}",
+                )
+                self.conns.append(parent)
+                proc.start()
+                self.procs.append(proc)
+                child.close()
+                for lane in mine:
+                    self.owner[lane] = w
+                    self.delivered[lane] = int(encoded[lane]["delivered"]) if encoded else 0
+                    self.base[lane] = (self.delivered[lane], encoded[lane] if encoded else None)
+        finally:
+            if masked:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     # -- receiving ---------------------------------------------------------------------------------------
     def _check_open(self) -> None:
+        if self.failure is not None or self.death is not None:
+            raise WorkerError(self.failure or self.death)
         if self.closed:
-            raise WorkerError(
-                "the worker processes have stopped (after an error or close()); there is no live state to read. "
-                "Restore the last checkpoint you saved into a new pipeline"
-            )
+            raise _closed_error()
 
-    def _pump(self, until) -> None:
+    def _pump(self, until: Callable[[], bool], deadline: float | None = None) -> bool:
+        """Handle messages until ``until()``; ``False`` if ``deadline`` (monotonic) passed first."""
         while not until():
             self._check_open()
-            ready = wait(self.conns + [p.sentinel for p in self.procs], timeout=_POLL_S)
+            timeout = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
+            if timeout <= 0:
+                return False
+            ready = wait(self.conns + [p.sentinel for p in self.procs], timeout=timeout)
             for obj in ready:
                 if obj in self.conns:
+                    w = self.conns.index(obj)
                     try:
                         msg = obj.recv()
                     except (EOFError, OSError):
-                        self._died(self.conns.index(obj))
-                    self._handle(msg)
+                        self._died(w)
+                    except Exception as exc:
+                        self._fail(
+                            f"a message from the worker process for lanes {self._lanes_of(w)} could not be unpickled "
+                            f"in this process ({type(exc).__name__}: {exc}): is every payload type importable here?",
+                            traceback.format_exc(),
+                        )
+                    self._handle(w, msg)
                 else:
                     w = [p.sentinel for p in self.procs].index(obj)
                     if self.conns[w].poll(0):
                         continue  # read what it sent before dying first
                     self._died(w)
+        return True
 
-    def _handle(self, msg: tuple) -> None:
+    def _handle(self, w: int, msg: tuple) -> None:
         kind = msg[0]
         if kind == "out":
-            _, lane, count, out = msg
-            self.buffers[lane].append((count, out))
+            self.buffers[msg[1]].append(msg)
         elif kind == "end":
             self.ended[msg[1]] = msg[2]
         elif kind == "state":
@@ -268,8 +472,19 @@ class ProcessExecutor:
             self._reports.update(msg[1])
         elif kind == "error":
             _, lane, cause, tb = msg
-            self.close()
-            raise WorkerError(f"lane {lane} failed in a worker process: {cause}\n--- worker traceback ---\n{tb}")
+            if lane is not None:
+                where = f"lane {lane} failed in a worker process"
+            else:
+                where = f"the worker process for lanes {self._lanes_of(w)} failed"
+            self._fail(f"{where}: {cause}", tb)
+
+    def _lanes_of(self, w: int) -> list[int]:
+        return [lane for lane, o in self.owner.items() if o == w]
+
+    def _fail(self, message: str, tb: str) -> None:
+        self.failure = f"{message}\n--- worker traceback ---\n{tb}" if tb else message
+        self._stop()
+        raise WorkerError(self.failure)
 
     def _send(self, w: int, msg: tuple) -> None:
         try:
@@ -280,50 +495,127 @@ class ProcessExecutor:
     def _died(self, w: int) -> None:
         proc = self.procs[w]
         proc.join(timeout=1)
-        lanes = [lane for lane, o in self.owner.items() if o == w]
-        code = proc.exitcode
-        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-        hint = (
-            "out of memory, or killed?"
-            if code is None or code < 0
-            else "its stderr says why; a script that starts workers must guard its entry point with "
-            "`if __name__ == '__main__':` (worker processes are spawned and import the main module)"
+        how, why = _death_cause(proc.exitcode)
+        self.death = (
+            f"the worker process for lanes {self._lanes_of(w)} {how} without reporting an error ({why}). "
+            "checkpoint() still covers exactly the outputs received (rebuilt in this process)"
         )
-        self.close()
-        raise WorkerError(f"the worker process for lanes {lanes} {how} without reporting an error ({hint})")
+        self._stop()
+        raise WorkerError(self.death)
 
     # -- the executor interface -------------------------------------------------------------------------
     def next(self, lane: int) -> Any:
+        if self.closed:
+            self._check_open()
         buf = self.buffers[lane]
-        self._pump(lambda: bool(buf) or lane in self.ended)
         if not buf:
-            return None
-        count, out = buf.popleft()
+            self._pump(lambda: bool(buf) or lane in self.ended)
+            if not buf:
+                self.saw_end.add(lane)
+                return None
+        _, _, count, out, enc = buf.popleft()
+        if count != self.delivered[lane] + 1:  # a message lost (an interrupt inside receiving): never skip
+            self._fail(f"lane {lane}: output {self.delivered[lane] + 1} was lost in transfer (got {count})", "")
         self.delivered[lane] = count
+        if enc is not None:
+            self.base[lane] = (count, enc)
         self._send(self.owner[lane], ("delivered", lane, count))
         return out
 
     def lane_states(self) -> dict[int, Any]:
-        self._check_open()
-        self._states: dict[tuple[int, int], Any] = {}
-        for lane in self.lanes:
-            self._send(self.owner[lane], ("state", lane, self.delivered[lane]))
+        if not self.closed:
+            try:
+                return self._ask_states(None)
+            except WorkerError:
+                if self.death is None:
+                    raise
+        return self._stopped_states()
+
+    def _ask_states(self, deadline: float | None) -> dict[int, Any] | None:
         want = {(lane, self.delivered[lane]) for lane in self.lanes}
-        self._pump(lambda: want <= set(self._states))
-        return {lane: self._states[(lane, self.delivered[lane])] for lane in self.lanes}
+        for lane in self.lanes:
+            self._send(self.owner[lane], ("state", lane, self.delivered[lane], lane in self.saw_end))
+        if not self._pump(lambda: want <= set(self._states), deadline):
+            return None
+        states = {lane: self._states.pop((lane, self.delivered[lane])) for lane in self.lanes}
+        self._states.clear()
+        for lane, data in states.items():
+            if lane not in self.saw_end:  # a replay starts before the end
+                self.base[lane] = (self.delivered[lane], data)
+        return states
+
+    def _stopped_states(self) -> dict[int, Any]:
+        """The caller's states once the workers are gone: kept, or replayed from a kept one here."""
+        if self.failure is not None:
+            raise WorkerError(
+                "the worker processes stopped after this failure, so this loader has no state to read; "
+                f"Restore the last checkpoint you saved into a new pipeline.\n{self.failure}"
+            )
+        if self._final_states is None:
+            self._final_states = {lane: self._replay(lane)[1] for lane in self.lanes}
+        return dict(self._final_states)
+
+    def _replay(self, lane: int) -> tuple[LaneState | None, Any]:
+        """The lane's state after exactly the delivered outputs, rebuilt from its kept state."""
+        count, data = self.base[lane]
+        if count == self.delivered[lane] and data is not None and lane not in self.saw_end:
+            return None, data
+        state = self.plan.decode(lane, data) if data is not None else self.plan.init(lane)
+        while state.delivered < self.delivered[lane]:
+            state, out = self.plan.next(lane, state)
+            if out is None:
+                raise RuntimeError(f"lane {lane} ended after {state.delivered} outputs while replaying to {self.delivered[lane]}")
+        if lane in self.saw_end:  # the caller saw this lane end: so does its state
+            state, out = self.plan.next(lane, state)
+            if out is not None:
+                raise RuntimeError(f"lane {lane} did not end after {state.delivered - 1} outputs while replaying")
+        return state, self.plan.encode(state)
 
     def reports(self) -> dict[int, Any]:
-        self._check_open()
-        self._reports: dict[int, Any] = {}
-        for w in range(len(self.conns)):
-            self._send(w, ("reports",))
-        self._pump(lambda: set(self._reports) >= set(self.lanes))
-        return dict(self._reports)
-
-    def close(self) -> None:
         if not self.closed:
-            self.closed = True
-            self._finalizer()
+            try:
+                self._reports = {}
+                for w in range(len(self.conns)):
+                    self._send(w, ("reports",))
+                self._pump(lambda: set(self._reports) >= set(self.lanes))
+                return dict(self._reports)
+            except WorkerError:
+                if self.death is None:
+                    raise
+        if self._final_reports is None:
+            self._stopped_states()  # raises after a failure
+            reports = {}
+            for lane in self.lanes:
+                state, data = self._replay(lane)
+                reports[lane] = self.plan.reports(state if state is not None else self.plan.decode(lane, data))
+            self._final_reports = reports
+        return dict(self._final_reports)
+
+    def close(self, read_final: bool = True) -> None:
+        """Stop the workers; with ``read_final``, first keep their delivered states and counters."""
+        if self.closed:
+            return
+        if read_final and self.failure is None and self.death is None:
+            deadline = time.monotonic() + _CLOSE_READ_S
+            try:
+                states = self._ask_states(deadline)
+                if states is not None:
+                    self._final_states = states
+                    self._reports = {}
+                    for w in range(len(self.conns)):
+                        self._send(w, ("reports",))
+                    if self._pump(lambda: set(self._reports) >= set(self.lanes), deadline):
+                        self._final_reports = dict(self._reports)
+            except WorkerError:
+                pass  # a worker died or failed: the states are rebuilt when asked for
+            except BaseException:
+                self._stop()
+                raise
+        self._stop()
+
+    def _stop(self) -> None:
+        self.closed = True
+        self._finalizer()
 
 
 def _shutdown(conns, procs) -> None:

@@ -81,15 +81,89 @@ class Plan:
         size = self.read_size if state.delivered else min(self.read_size, 16)
         while not pending and not done:
             source, pointers, exhausted = self.source.read(source, self.lanes, lane, size)
-            chain, outs = self.chain.step(chain, self.fetch(lane, pointers))
+            records = self.fetch(lane, pointers)
+            try:
+                chain, outs = self.chain.step(chain, records)
+            except Exception as exc:
+                self._note_records(exc, lane, records, flushing=False)
+                raise
             if exhausted:
-                chain, more = self.chain.flush(chain)
+                try:
+                    chain, more = self.chain.flush(chain)
+                except Exception as exc:
+                    self._note_records(exc, lane, records, flushing=True)
+                    raise
                 outs = outs + more
                 done = True
             pending = tuple(outs)
         if not pending:
             return LaneState(source, chain, (), state.delivered, True), None
         return LaneState(source, chain, pending[1:], state.delivered + 1, done), pending[0]
+
+    # -- naming records in errors -----------------------------------------------------------------------
+    def describe(self, meta: Meta) -> str:
+        """Where a record came from, by name: dataset, shard (and file), row and lane.
+
+        Names the first source sample of the record (and how many more it was built from).
+
+        Examples:
+            >>> from zephon.io import Dataset
+            >>> from zephon.work import StaticMixtureWorkSource
+            >>> from zephon.types import Meta, Segment
+            >>> plan = Plan(StaticMixtureWorkSource([Dataset.from_rows("toy", [{"x": 1}])], {"toy": 1}), Chain(()), 1)
+            >>> plan.describe(Meta(0, (Segment(0, 0, 0, 0, 0, -1),)))
+            "dataset 'toy', shard '0', row 0 (lane 0)"
+        """
+        if not meta.segments:
+            return f"a record of lane {meta.lane}"
+        seg = meta.segments[0]
+        more = f" (and {len(meta.segments) - 1} more segments)" if len(meta.segments) > 1 else ""
+        return f"{self._shard_name(seg.dataset, seg.shard)}, row {seg.row} (lane {meta.lane}){more}"
+
+    def _shard_name(self, dataset: int, shard: int) -> str:
+        try:
+            ds = self.source.datasets[dataset]
+            name, shard_id, path = ds.name, ds.shard_ids[shard], ds.shard_path(shard)
+        except (AttributeError, IndexError, TypeError):  # a source without named datasets
+            return f"dataset {dataset}, shard {shard}"
+        return f"dataset {name!r}, shard {shard_id!r}" + (f" (file {path})" if path else "")
+
+    def _note_records(self, exc: Exception, lane: int, records: Sequence[Record], *, flushing: bool) -> None:
+        """Add a note to ``exc`` naming, by dataset and file, the record(s) it was raised on.
+
+        An operator that traced the error to one record left its meta on the exception
+        (``zephon_meta``, with a note by indices): that record is named. Otherwise the records
+        of the chunk being processed are, grouped by file.
+        """
+        if not hasattr(exc, "add_note") or getattr(exc, "zephon_named", False):
+            return
+        meta = getattr(exc, "zephon_meta", None)
+        if meta is not None:
+            exc.add_note(f"zephon: that record is {self.describe(meta)}")
+        else:
+            rows: dict[tuple[int, int], list[int]] = defaultdict(list)
+            for rec in records:
+                seg = rec.meta.segments[0]
+                rows[(seg.dataset, seg.shard)].append(seg.row)
+            parts = []
+            for (d, s), found in rows.items():
+                shown = ", ".join(map(str, found[:8])) + (f", ... ({len(found)} rows)" if len(found) > 8 else "")
+                parts.append(f"{self._shard_name(d, s)}, row{'s' if len(found) > 1 else ''} {shown}")
+            listed = "; ".join(parts)
+            if not flushing:
+                text = f"raised while lane {lane} was processing {len(records)} records: {listed}"
+            elif records:
+                text = (
+                    f"raised while lane {lane} was flushing at the end of its data (the last {len(records)} "
+                    f"records it read: {listed})"
+                )
+            else:
+                text = f"raised while lane {lane} was flushing at the end of its data"
+            exc.add_note(f"zephon: {text}")
+        try:
+            exc.zephon_named = True  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
 
     def reports(self, state: LaneState) -> dict[str, dict[str, int]]:
         """Each operator's counters (drops, rows, ...) for one lane state."""
@@ -123,28 +197,115 @@ class Plan:
         return {**encoded, "pending": refs + list(encoded["pending"]), "delivered": encoded["delivered"] - len(refs)}
 
     def decode(self, lane: int, data: Any) -> LaneState:
+        """Inverse of :meth:`encode`, refusing states this plan's lane could never reach.
+
+        A ``checksum`` field (as in a checkpoint) is verified; a state straight from
+        :meth:`encode` has none.
+
+        Raises:
+            ValueError: naming the lane and the field: a modified state (checksum mismatch), a
+                missing or unknown field, a value of the wrong type or out of range (a cursor
+                past the lane's data, a negative counter, a token range past its record, a
+                record of another lane or outside the data), or records that no longer rebuild.
+        """
+        from ._checkpoint import check_lane_state
+
+        if isinstance(lane, bool) or not isinstance(lane, int):
+            raise ValueError(f"lane ids are ints, got {lane!r}")
         self._check_lane(lane)
-        if not isinstance(data, dict):
-            raise ValueError(f"lane {lane}: state must be a mapping, got {type(data).__name__}")
-        expected = {"source", "ops", "pending", "delivered", "done"}
-        if set(data) != expected:
-            raise ValueError(
-                f"lane {lane}: state fields {sorted(data)} do not match {sorted(expected)} "
-                f"(missing {sorted(expected - set(data))}, unknown {sorted(set(data) - expected)})"
-            )
+        check_lane_state(lane, data, require_checksum=False)
         chunk, offset = data["source"]
-        resolver: Resolver = self.resolve_source
-        chain = self.chain.decode_state(data["ops"], resolver)
-        refs = [_decode_ref(r) for r in data["pending"]]
-        pending = tuple(self.chain.rebuild(refs, resolver)) if refs else ()
-        return LaneState(SourceState(int(chunk), int(offset)), chain, pending, int(data["delivered"]), bool(data["done"]))
+        source = SourceState(chunk, offset)
+        self._check_cursor(lane, source, data["done"])
+        resolver: Resolver = self._checked_resolver(lane)
+        try:
+            chain = self.chain.decode_state(data["ops"], resolver)
+        except _DECODE_ERRORS as exc:
+            raise ValueError(f"lane {lane}: field 'ops': {exc}") from exc
+        batches = bool(self.chain.children) and self.chain.children[-1][1].kind == "batch"
+        refs = [_decode_ref(r, batches, f"lane {lane}: field 'pending[{i}]'") for i, r in enumerate(data["pending"])]
+        try:
+            pending = tuple(self.chain.rebuild(refs, resolver)) if refs else ()
+        except _DECODE_ERRORS as exc:
+            raise ValueError(f"lane {lane}: field 'pending': {exc}") from exc
+        return LaneState(source, chain, pending, data["delivered"], data["done"])
+
+    def _check_cursor(self, lane: int, source: SourceState, done: bool) -> None:
+        """The source cursor is one the lane reaches, and ``done`` says whether it is at the end."""
+        check = getattr(self.source, "check_cursor", None)
+        if check is None:
+            return
+        try:
+            check(source, self.lanes, lane)
+        except ValueError as exc:
+            raise ValueError(f"lane {lane}: field 'source': {exc}") from None
+        # A lane is done exactly when its last read reached the end of its data; only the initial
+        # cursor can sit at the end of a lane that has not read yet (a lane without data).
+        at_end = self.source.lane_range(self.lanes, lane, source.chunk) is None
+        if done and not at_end:
+            raise ValueError(
+                f"lane {lane}: field 'done' is true but the source cursor {[source.chunk, source.offset]} is inside the "
+                "lane's data"
+            )
+        if not done and at_end and (source.chunk, source.offset) != (0, 0):
+            raise ValueError(
+                f"lane {lane}: field 'done' is false but the source cursor {[source.chunk, source.offset]} is at the "
+                "end of the lane's data"
+            )
+
+    def _checked_resolver(self, lane: int) -> Resolver:
+        """:meth:`resolve_source` for lane ``lane``'s state, refusing references outside the data.
+
+        Every record a state holds rebuilds from source samples through here, so a reference to
+        another lane, a dataset, shard or row that does not exist, or padding on a source sample
+        is refused, naming it, before anything is read.
+        """
+        datasets = self.source.datasets
+
+        def resolve(metas: Sequence[Any]) -> list[Record]:
+            for m in metas:
+                if m.lane != lane:
+                    raise ValueError(f"a record reference names lane {m.lane}, but the state is lane {lane}'s: {m!r}")
+                if m.padding_length:
+                    raise ValueError(f"a source sample reference has padding_length {m.padding_length}: {m!r}")
+                for seg in m.segments:
+                    d, s, r = seg.pointer
+                    if not 0 <= d < len(datasets):
+                        raise ValueError(f"a record reference names dataset {d}, but the source has {len(datasets)}: {m!r}")
+                    sizes = datasets[d].shard_sizes
+                    if not 0 <= s < len(sizes):
+                        raise ValueError(
+                            f"a record reference names shard {s} of dataset {datasets[d].name!r}, which has {len(sizes)}: {m!r}"
+                        )
+                    if not 0 <= r < sizes[s]:
+                        raise ValueError(
+                            f"a record reference names row {r} of shard {s} of dataset {datasets[d].name!r}, which has "
+                            f"{sizes[s]} rows: {m!r}"
+                        )
+            return self.resolve_source(metas)
+
+        return resolve
 
     def fingerprint(self) -> dict[str, Any]:
         return {"source": self.source.fingerprint(), "operators": self.chain.fingerprint()["children"], "lanes": self.lanes}
 
 
-def _decode_ref(ref: Any) -> Any:
-    """A pending output's reference: a flat meta ``[lane, padding, ...]``, or a batch (list of metas)."""
-    if isinstance(ref, (list, tuple)) and (not ref or not isinstance(ref[0], int)):
-        return [meta_from_ints(m) for m in ref]
-    return meta_from_ints(ref)
+#: What rebuilding records from a modified state can raise; restore reports them as ValueError.
+_DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, msgspec.ValidationError)
+
+
+def _decode_ref(ref: Any, batches: bool | None = None, where: str = "a pending output") -> Any:
+    """A pending output's reference: a flat meta ``[lane, padding, ...]``, or a batch (list of metas).
+
+    ``batches`` says which the chain outputs (``None``: either); ``where`` prefixes errors.
+    """
+    if not isinstance(ref, (list, tuple)) or not ref:
+        raise ValueError(f"{where}: an output reference is a non-empty list, got {ref!r}")
+    is_batch = not isinstance(ref[0], int) or isinstance(ref[0], bool)
+    if batches is not None and is_batch != batches:
+        want = "a batch (a list of record references)" if batches else "one record reference [lane, padding, ...]"
+        raise ValueError(f"{where}: the pipeline outputs {'batches' if batches else 'records'}, so each reference is {want}, got {ref!r}")
+    try:
+        return [meta_from_ints(m) for m in ref] if is_batch else meta_from_ints(ref)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None

@@ -71,8 +71,22 @@ class Loader(Iterator[Any]):
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def _start(self, encoded: dict[int, Any] | None) -> None:
+        """Start over from ``encoded`` (or the beginning), replacing any executor this loader had.
+
+        A checkpoint that does not decode fails before anything of the running loader changes.
+        """
         lanes = list(self.topology.lanes)
         opts = self.options
+        states = None
+        if opts.workers == 0:
+            states = {lane: (self.plan.decode(lane, encoded[lane]) if encoded else self.plan.init(lane)) for lane in lanes}
+        if self.executor is not None:
+            self.executor.close(read_final=False)  # what it ran is replaced, so its states are not needed
+        if states is None:
+            executor: Any = ProcessExecutor(self.plan, lanes, opts.workers, encoded=encoded, credit=opts.prefetch)
+        else:
+            executor = ThreadExecutor(self.plan, states, opts.prefetch) if opts.thread else InlineExecutor(self.plan, states)
+        self.executor = executor
         self.delivered = {lane: (int(encoded[lane]["delivered"]) if encoded else 0) for lane in lanes}
         self._pulled = dict(self.delivered)  # outputs taken from the executor, yielded or not
         self._unyielded: deque = deque()  # taken, not yet yielded (a step being agreed on)
@@ -80,12 +94,8 @@ class Loader(Iterator[Any]):
         self.finished = False
         self._final_states: dict[int, Any] | None = None
         self._final_reports: dict[int, Any] | None = None
+        self._closed = False  # by close(): the stream does not go on (the end of the data is not a close)
         self._undelivered = {lane: [0, 0, 0] for lane in lanes}  # outputs, records, tokens
-        if opts.workers > 0:
-            self.executor = ProcessExecutor(self.plan, lanes, opts.workers, encoded=encoded, credit=opts.prefetch)
-        else:
-            states = {lane: (self.plan.decode(lane, encoded[lane]) if encoded else self.plan.init(lane)) for lane in lanes}
-            self.executor = ThreadExecutor(self.plan, states, opts.prefetch) if opts.thread else InlineExecutor(self.plan, states)
 
     def restore(self, checkpoint: dict[str, Any]) -> "Loader":
         """Resume exactly from ``checkpoint`` (this rank's, merged, or full), in place.
@@ -95,22 +105,26 @@ class Loader(Iterator[Any]):
         """
         validate(self.plan.fingerprint(), checkpoint)
         encoded = select_lanes(checkpoint, self.topology.lanes)
-        self.close()
         self._start(encoded)
         return self
 
     def close(self) -> None:
-        """Stop any worker thread or processes, keeping the final states so ``checkpoint()`` still works."""
-        ex = self.executor
-        if isinstance(ex, ProcessExecutor) and not ex.closed:
-            try:  # worker-held states are gone once the processes stop: read them first
-                if self._final_states is None:
-                    self._final_states = ex.lane_states()
-                if self._final_reports is None:
-                    self._final_reports = ex.reports()
-            finally:
-                ex.close()
-        ex.close()
+        """Stop any worker thread or processes; ``checkpoint()`` and ``stats()`` still work.
+
+        Closing twice is harmless. After ``close()`` before the end of the data, ``next()`` raises
+        ``RuntimeError`` (the stream does not go on) until ``restore()``; after the end of the data
+        it raises ``StopIteration`` as before.
+        """
+        self._closed = True
+        self.executor.close(read_final=self._final_states is None)
+
+    def _check_open(self) -> None:
+        if self._closed and not self.finished:
+            raise RuntimeError(
+                "next() on a closed loader: close() (or the pipeline's close(), or leaving its `with` block) "
+                "stopped it before the end of its data, and its stream does not go on. checkpoint() and stats() "
+                "still work: loader.restore(loader.checkpoint()) continues from here, iter(pipeline) starts a new loader"
+            )
 
     def __enter__(self) -> "Loader":
         return self
@@ -123,6 +137,8 @@ class Loader(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
+        if self._closed:
+            self._check_open()
         if self.options.agree_on_end and self._dist is not None:
             if not self._unyielded:
                 if self._take_step() is None:
@@ -178,6 +194,7 @@ class Loader(Iterator[Any]):
 
     def _take_step(self) -> list | None:
         """This rank's next whole global step, agreed with every rank when distributed; else ``None``."""
+        self._check_open()
         per_step = len(self.topology.lanes)
         group: list = list(self._unyielded)
         while len(group) < per_step and not self.finished:
@@ -213,7 +230,7 @@ class Loader(Iterator[Any]):
                     self._count_undelivered(out)
         if self._final_reports is None:
             self._final_reports = ex.reports()
-        self.close()
+        ex.close(read_final=False)
         self._warn_undelivered()
 
     def _count_undelivered(self, out: Any) -> None:

@@ -32,7 +32,7 @@ import attrs
 import msgspec
 import numpy as np
 
-from ._core import Operator, Resolver, config_field
+from ._core import Operator, Resolver, _dec_hook, config_field, resolve_tree
 from ._fields import aligned_payload, find_token_field
 from ._records import Meta, Record, describe_meta
 
@@ -507,12 +507,72 @@ class _Packer(Operator):
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def rebuild(self, refs: Sequence[Meta], upstream: Resolver) -> list[Record]:
+        for m in refs:
+            if not m.segments:
+                raise ValueError(f"{self.kind}: a row reference names no documents: {m!r}")
         wanted = list(dict.fromkeys(Meta(m.lane, (s._replace(start=0, end=-1),), 0) for m in refs for s in m.segments))
         docs = {r.meta.segments[0].sample: r for r in self._inputs(upstream)(wanted)}
+        for m in refs:
+            used = 0
+            for i, s in enumerate(m.segments):
+                self._check_range(docs[s.sample], s.start, s.end, f"row segment {i}")
+                used += s.end - s.start
+            padding = self.max_length - used if self.flat else 0
+            if used > self.max_length or m.padding_length != padding:
+                raise ValueError(
+                    f"{self.kind}: a row reference covers {used} tokens with padding_length {m.padding_length}, but a row "
+                    f"of max_length={self.max_length} covering {used} tokens has padding {padding}: {m!r}"
+                )
         return [self._row([(docs[s.sample], s.start, s.end) for s in m.segments], m.lane, m.padding_length) for m in refs]
 
     def decode_state(self, data: Any, upstream: Resolver) -> PackState:
-        return super().decode_state(data, self._inputs(upstream))
+        """Inverse of ``encode_state``, refusing what ``step`` never leaves in a state.
+
+        Refused: negative counters; open bins beyond ``num_bins`` or over ``max_length``; a wrap
+        stream of ``max_length`` tokens or more (a row would have been emitted); work kept by an
+        algorithm that keeps none of that kind; pool arrivals out of order or past ``arrivals``;
+        and any piece whose token range is empty or past its document's tokens.
+        """
+        state = msgspec.convert(data, PackState, dec_hook=_dec_hook)
+        for name in ("arrivals",) + _COUNTERS:
+            if getattr(state, name) < 0:
+                raise ValueError(f"field {name!r} must be an int >= 0, got {getattr(state, name)}")
+        alg, L = self.algorithm, self.max_length
+        pieces = [(f"bins[{i}][{j}]", p) for i, b in enumerate(state.bins) for j, p in enumerate(b)]
+        pieces += [(f"{field}[{i}]", p) for field in ("stream", "pool") for i, p in enumerate(getattr(state, field))]
+        for name, (_, start, end, *_) in pieces:
+            if not 0 <= start < end:
+                raise ValueError(f"field {name!r}: token range [{start}, {end}) is empty or negative")
+        for name, kept in (("bins", alg in _WHOLE), ("stream", alg == "wrap"), ("pool", alg == "best_fit_wrap")):
+            if getattr(state, name) and not kept:
+                raise ValueError(f"field {name!r} must be empty: algorithm={alg!r} keeps no {name}")
+        if self.num_bins is not None and len(state.bins) > self.num_bins:
+            raise ValueError(f"field 'bins' holds {len(state.bins)} open bins, but num_bins={self.num_bins}")
+        for i, b in enumerate(state.bins):
+            if not b or sum(e - s for _, s, e in b) > L:
+                raise ValueError(f"field 'bins[{i}]' must hold 1 to max_length={L} tokens, got {sum(e - s for _, s, e in b)}")
+        if sum(e - s for _, s, e in state.stream) >= L:
+            raise ValueError(f"field 'stream' holds {sum(e - s for _, s, e in state.stream)} tokens; a row is cut at max_length={L}")
+        previous = 0
+        for i, (_, _, _, arrival) in enumerate(state.pool):
+            if not previous < arrival <= state.arrivals:
+                raise ValueError(
+                    f"field 'pool[{i}]' has arrival {arrival}; arrivals increase along the pool, up to 'arrivals' ({state.arrivals})"
+                )
+            previous = arrival
+        state = resolve_tree(state, self._inputs(upstream))
+        resolved = [p for b in state.bins for p in b] + list(state.stream) + list(state.pool)
+        for (name, _), (rec, start, end, *_) in zip(pieces, resolved):
+            self._check_range(rec, start, end, f"field {name!r}")
+        return state
+
+    def _check_range(self, rec: Record, start: int, end: int, where: str) -> None:
+        n = self._measure(rec)
+        if not 0 <= start < end <= n:
+            raise ValueError(
+                f"{where}: token range [{start}, {end}) is outside {describe_meta(rec.meta)}, which has {n} tokens "
+                "(a range is non-empty and inside its document)"
+            )
 
     def report(self, state: PackState) -> dict[str, int]:
         """Counters: rows, real and padding tokens, and every token not emitted, by cause.

@@ -9,12 +9,12 @@ permutation of the input and independent of how the input is chunked.
 
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import attrs
 import msgspec
 
-from ._core import Operator, config_field
+from ._core import Operator, Resolver, _dec_hook, config_field, resolve_tree
 from ._keys import fold_in, randbelow
 from ._records import Record
 
@@ -100,3 +100,24 @@ class Shuffle(Operator):
 
     def report(self, state: ShuffleState) -> dict[str, int]:
         return {"buffered": len(state.buffer), "emitted": state.emitted}
+
+    def decode_state(self, data: Any, upstream: Resolver) -> ShuffleState:
+        """Inverse of ``encode_state``, refusing counters and buffers that ``step`` never leaves.
+
+        Every record leaves the buffer through one draw, so ``draws == emitted``; after ``emitted``
+        outputs at most ``min(buffer_size, warmup + emitted)`` records wait (none when
+        ``buffer_size`` is 1). Checked before any record is rebuilt.
+        """
+        state = msgspec.convert(data, ShuffleState, dec_hook=_dec_hook)
+        for name in ("draws", "emitted"):
+            if getattr(state, name) < 0:
+                raise ValueError(f"field {name!r} must be an int >= 0, got {getattr(state, name)}")
+        if state.draws != state.emitted:
+            raise ValueError(f"fields 'draws' ({state.draws}) and 'emitted' ({state.emitted}) must be equal: each output is one draw")
+        limit = 0 if self.buffer_size == 1 else min(self.buffer_size, self.warmup + state.emitted)
+        if len(state.buffer) > limit:
+            raise ValueError(
+                f"field 'buffer' holds {len(state.buffer)} records, but after {state.emitted} outputs a shuffle of "
+                f"buffer_size={self.buffer_size} holds at most {limit}"
+            )
+        return resolve_tree(state, upstream)

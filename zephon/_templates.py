@@ -16,6 +16,7 @@ The operators that use all this are in :mod:`zephon._chat`; the public names are
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -460,19 +461,38 @@ def _tokenizer_template(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, 
     return None, looked
 
 
-def _resolve_template(chat_template: Any, tokenizer: Any, tokenizer_id: Any) -> str:
+def _usage() -> str:
     names = ", ".join(repr(n) for n in BUILTIN_TEMPLATES)
-    usage = (
+    return (
         f"pass chat_template= as a built-in name ({names}), Jinja text, or a path to a .jinja file or a "
         "tokenizer_config.json"
     )
-    if chat_template is None:
+
+
+def shipped_template(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, BaseException | None]:
+    """The chat template shipped with a tokenizer; else ``None`` and the error that asking for it raises.
+
+    The error is returned, not raised: an operator looks the template up once, when it is built,
+    and raises it only where ``chat_template=None`` needs the template (then or under
+    ``attrs.evolve``). It carries no traceback, so holding it keeps no frames alive.
+    """
+    try:
         text, looked = _tokenizer_template(tokenizer, tokenizer_id)
+    except Exception as exc:  # an unreadable config; raised when the template is asked for
+        exc.__traceback__ = exc.__cause__ = exc.__context__ = None
+        return None, exc
+    if text is not None:
+        return text, None
+    where = f" (looked in {', '.join(looked)})" if looked else ""
+    return None, ValueError(f"tokenize_chat: no chat template given and none ships with the tokenizer{where}; {_usage()}")
+
+
+def _resolve_template(chat_template: Any, tokenizer: Any, tokenizer_id: Any) -> str:
+    usage = _usage()
+    if chat_template is None:
+        text, missing = shipped_template(tokenizer, tokenizer_id)
         if text is None:
-            where = f" (looked in {', '.join(looked)})" if looked else ""
-            raise ValueError(
-                f"tokenize_chat: no chat template given and none ships with the tokenizer{where}; {usage}"
-            )
+            raise copy.copy(missing)
         return text
     if isinstance(chat_template, os.PathLike):
         chat_template = os.fspath(chat_template)

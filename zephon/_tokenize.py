@@ -37,9 +37,6 @@ class _Unset:
     __slots__ = ()
 
     def __repr__(self) -> str:
-        return "None"
-
-    def __reduce__(self) -> str:
         return "UNSET"
 
 
@@ -51,7 +48,7 @@ def int_like(value: Any) -> Any:
     return int(value) if isinstance(value, np.integer) else value
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class Origin:
     """What a tokenizing operator was built from, where its fields alone do not say it.
 
@@ -131,13 +128,18 @@ def load_given(tokenizer: Any, tokenizer_id: Any, origin: Origin | None, *, back
 
 def public_signature(cls: type) -> None:
     """Give ``cls.__init__`` the signature of its fields, ``tokenizer_id`` second and ``_origin`` left out."""
-    params = [p for p in inspect.signature(cls.__attrs_init__).parameters.values() if p.name != "_origin"]
+    types = {f.alias: f.type for f in attrs.fields(cls)}
+    params = [
+        p.replace(annotation=types.get(p.name, p.annotation))
+        for p in inspect.signature(cls.__attrs_init__).parameters.values()
+        if p.name != "_origin"
+    ]
     tid = inspect.Parameter("tokenizer_id", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation="str | None")
     params.insert(2, tid)  # after self and tokenizer
     cls.__init__.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
 
 
-@attrs.frozen
+@attrs.frozen(init=False)
 class Tokenize(StatelessOp):
     """Tokenize a text field into ``{"input_ids": int32 array}``.
 
@@ -151,8 +153,12 @@ class Tokenize(StatelessOp):
     depends only on its payload, the tokenizer's content (:meth:`TokenizerHandle.fingerprint`) and
     the data options below; ``parallelism`` and ``backend`` never change it.
 
-    After construction ``tokenizer`` holds the resolved :class:`~zephon._tokenizer.TokenizerHandle`
-    and ``tokenizer_id`` is ``None``, so ``attrs.evolve(op, ...)`` reuses the loaded tokenizer.
+    The tokenizer given (``tokenizer=`` or ``tokenizer_id=``) is resolved before the fields are
+    stored: ``tokenizer`` always holds the :class:`~zephon._tokenizer.TokenizerHandle` and
+    ``tokenizer_id`` reads ``None``. numpy integers given for ids and lengths are stored as
+    ``int``. ``attrs.evolve(op, **changes)`` equals the constructor called with the operator's
+    arguments changed by ``changes``, and reuses the loaded tokenizer unless ``tokenizer`` or
+    ``tokenizer_id`` is among the changes.
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to
@@ -208,98 +214,42 @@ class Tokenize(StatelessOp):
     """
 
     tokenizer: Any = config_field(default=None)
-    tokenizer_id: str | None = config_field(default=None, data=False)
     field: str = config_field(default="text", kw_only=True)
     special_tokens: str = config_field(default="bos_eos", kw_only=True)
-    bos_token_id: int | None = config_field(default=None, kw_only=True)
-    eos_token_id: int | None = config_field(default=None, kw_only=True)
-    max_length: int | None = config_field(default=None, kw_only=True)
+    bos_token_id: int | None = config_field(default=None, converter=int_like, kw_only=True)
+    eos_token_id: int | None = config_field(default=None, converter=int_like, kw_only=True)
+    max_length: int | None = config_field(default=None, converter=int_like, kw_only=True)
     truncation: bool = config_field(default=False, kw_only=True)
     split_long_samples: bool = config_field(default=False, kw_only=True)
     missing_field: str = config_field(default="error", kw_only=True)
     preserve_upstream_payload: bool = config_field(default=False, kw_only=True)
-    parallelism: int | None = config_field(default=None, data=False, kw_only=True)
+    parallelism: int | None = config_field(default=None, data=False, converter=int_like, kw_only=True)
     backend: str = config_field(default="auto", data=False, kw_only=True)
+    _origin: Origin | None = origin_field()
 
     kind: ClassVar[str] = "tokenize"
 
+    def __init__(self, tokenizer: Any = None, tokenizer_id: Any = UNSET, **options: Any) -> None:
+        settings = given_settings(type(self), options)
+        _check_options(settings)
+        origin = load_given(tokenizer, tokenizer_id, settings._origin, backend=settings.backend)
+        self.__attrs_init__(tokenizer=origin.handle, **{**options, "_origin": origin})
+
     def __attrs_post_init__(self) -> None:
-        self._check_options()
-        handle = load_tokenizer(self.tokenizer, self.tokenizer_id, backend=self.backend)
-        object.__setattr__(self, "tokenizer", handle)
-        object.__setattr__(self, "tokenizer_id", None)
-        self._check_ids(handle)
+        self._check_ids(self.tokenizer)
 
     # -- validation ---------------------------------------------------------------------------------
-    def _check_options(self) -> None:
-        if not isinstance(self.field, str) or not self.field:
-            raise TypeError(f"tokenize: field must be a non-empty str naming the text key, got {self.field!r}")
-        if self.special_tokens not in SPECIAL_TOKEN_MODES:
-            hint = (
-                "; zephon adds BOS/EOS itself and never applies the tokenizer's template"
-                if self.special_tokens == "tokenizer_default"
-                else ""
-            )
-            raise ValueError(
-                f"tokenize: special_tokens must be one of {', '.join(map(repr, SPECIAL_TOKEN_MODES))}, "
-                f"got {self.special_tokens!r}{hint}"
-            )
-        if self.missing_field not in _MISSING_FIELD_MODES:
-            raise ValueError(
-                f"tokenize: missing_field must be 'error' or 'empty', got {self.missing_field!r}"
-            )
-        for name in ("truncation", "split_long_samples", "preserve_upstream_payload"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"tokenize: {name} must be True or False, got {getattr(self, name)!r}")
-        for name in ("max_length", "parallelism"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"tokenize: {name} must be a positive int or None, got {value!r}")
-            object.__setattr__(self, name, int(value))
-        if self.backend not in BACKENDS:
-            raise ValueError(f"tokenize: backend must be one of {', '.join(map(repr, BACKENDS))}, got {self.backend!r}")
-        if self.special_tokens == "none":
-            given = [n for n in ("bos_token_id", "eos_token_id") if getattr(self, n) is not None]
-            if given:
-                raise ValueError(
-                    f"tokenize: {' and '.join(given)} cannot be used with special_tokens='none' (no specials are "
-                    "added); drop it, or choose special_tokens='bos_eos', 'bos' or 'eos'"
-                )
-        if self.split_long_samples and self.truncation:
-            raise ValueError(
-                "tokenize: split_long_samples and truncation exclude each other: truncation drops the tail, "
-                "splitting keeps it as more records; choose one"
-            )
-        if self.split_long_samples and self.max_length is None:
-            raise ValueError("tokenize: split_long_samples=True requires max_length (the length of each piece)")
-        if self.truncation and self.max_length is None:
-            raise ValueError("tokenize: truncation=True requires max_length (the output length, specials included)")
-        if self.max_length is not None and not (self.truncation or self.split_long_samples):
-            raise ValueError(
-                f"tokenize: max_length={self.max_length} does nothing on its own; add truncation=True to cut "
-                "documents, or split_long_samples=True to split them into max_length pieces"
-            )
-        n_specials = self._n_specials()
-        if self.truncation and self.max_length is not None and self.max_length - n_specials <= 0:
-            raise ValueError(
-                f"tokenize: max_length={self.max_length} leaves no room for content after the {n_specials} special "
-                f"token(s) of special_tokens={self.special_tokens!r}; use max_length > {n_specials}"
-            )
-
     def _check_ids(self, handle: TokenizerHandle) -> None:
         vocab_size = None
         for name in ("bos_token_id", "eos_token_id"):
             value = getattr(self, name)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"tokenize: {name} must be an int, got {type(value).__name__}")
             vocab_size = vocab_size or handle.vocab_size
             if not 0 <= value < vocab_size:
                 raise ValueError(f"tokenize: {name}={value} is outside the tokenizer's ids [0, {vocab_size})")
-            object.__setattr__(self, name, int(value))
         bos, eos = self._specials()
         mode = self.special_tokens
         if mode in ("bos_eos", "bos") and bos is None:
@@ -325,8 +275,10 @@ class Tokenize(StatelessOp):
         """The resolved tokenizer."""
         return self.tokenizer
 
-    def _n_specials(self) -> int:
-        return {"bos_eos": 2, "bos": 1, "eos": 1, "none": 0}[self.special_tokens]
+    @property
+    def tokenizer_id(self) -> None:
+        """Always ``None``: a ``tokenizer_id`` given to the constructor is loaded into ``tokenizer``."""
+        return None
 
     def _specials(self) -> tuple[int | None, int | None]:
         """The BOS and EOS ids to add (``None`` where the mode adds none)."""
@@ -424,6 +376,67 @@ class Tokenize(StatelessOp):
             out["input_ids"] = ids
             return out
         return {"input_ids": ids}
+
+
+def _n_specials(mode: str) -> int:
+    return {"bos_eos": 2, "bos": 1, "eos": 1, "none": 0}[mode]
+
+
+def _check_options(v: SimpleNamespace) -> None:
+    """The checks of ``Tokenize`` that need no tokenizer (they run before it is loaded)."""
+    if not isinstance(v.field, str) or not v.field:
+        raise TypeError(f"tokenize: field must be a non-empty str naming the text key, got {v.field!r}")
+    if v.special_tokens not in SPECIAL_TOKEN_MODES:
+        hint = (
+            "; zephon adds BOS/EOS itself and never applies the tokenizer's template"
+            if v.special_tokens == "tokenizer_default"
+            else ""
+        )
+        raise ValueError(
+            f"tokenize: special_tokens must be one of {', '.join(map(repr, SPECIAL_TOKEN_MODES))}, "
+            f"got {v.special_tokens!r}{hint}"
+        )
+    if v.missing_field not in _MISSING_FIELD_MODES:
+        raise ValueError(f"tokenize: missing_field must be 'error' or 'empty', got {v.missing_field!r}")
+    for name in ("truncation", "split_long_samples", "preserve_upstream_payload"):
+        if not isinstance(getattr(v, name), bool):
+            raise TypeError(f"tokenize: {name} must be True or False, got {getattr(v, name)!r}")
+    for name in ("max_length", "parallelism"):
+        value = getattr(v, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"tokenize: {name} must be a positive int or None, got {value!r}")
+    if v.backend not in BACKENDS:
+        raise ValueError(f"tokenize: backend must be one of {', '.join(map(repr, BACKENDS))}, got {v.backend!r}")
+    if v.special_tokens == "none":
+        given = [n for n in ("bos_token_id", "eos_token_id") if getattr(v, n) is not None]
+        if given:
+            raise ValueError(
+                f"tokenize: {' and '.join(given)} cannot be used with special_tokens='none' (no specials are "
+                "added); drop it, or choose special_tokens='bos_eos', 'bos' or 'eos'"
+            )
+    if v.split_long_samples and v.truncation:
+        raise ValueError(
+            "tokenize: split_long_samples and truncation exclude each other: truncation drops the tail, "
+            "splitting keeps it as more records; choose one"
+        )
+    if v.split_long_samples and v.max_length is None:
+        raise ValueError("tokenize: split_long_samples=True requires max_length (the length of each piece)")
+    if v.truncation and v.max_length is None:
+        raise ValueError("tokenize: truncation=True requires max_length (the output length, specials included)")
+    if v.max_length is not None and not (v.truncation or v.split_long_samples):
+        raise ValueError(
+            f"tokenize: max_length={v.max_length} does nothing on its own; add truncation=True to cut "
+            "documents, or split_long_samples=True to split them into max_length pieces"
+        )
+    n_specials = _n_specials(v.special_tokens)
+    if v.truncation and v.max_length is not None and v.max_length - n_specials <= 0:
+        raise ValueError(
+            f"tokenize: max_length={v.max_length} leaves no room for content after the {n_specials} special "
+            f"token(s) of special_tokens={v.special_tokens!r}; use max_length > {n_specials}"
+        )
+
+
+public_signature(Tokenize)
 
 
 def special_ids(mode: str, bos_token_id: int | None, eos_token_id: int | None, handle: TokenizerHandle) -> tuple[int | None, int | None]:

@@ -18,7 +18,7 @@ import attrs
 import msgspec
 import numpy as np
 
-from ._jsonl import SUFFIXES, JsonlShard, resolve_cache_dir
+from ._jsonl import SUFFIXES, VERIFY_MODES, JsonlShard, resolve_cache_dir
 
 PathLike = Union[str, "os.PathLike[str]"]
 ShardId = Union[str, int]
@@ -184,6 +184,7 @@ class Dataset:
         fmt: str | None = None,
         cache_dir: PathLike | None = None,
         recursive: bool = False,
+        verify: str = "quick",
     ) -> Dataset:
         """Open JSONL files as a dataset, one shard per file.
 
@@ -197,7 +198,16 @@ class Dataset:
         a line-offset index, built once per file by a fast scan and cached under
         ``<cache_dir>/index/``; ``.gz`` and ``.zst`` files are decompressed once into
         ``<cache_dir>/decompressed/``. When the cache folder cannot be written, both are kept in
-        memory (with a ``RuntimeWarning``). Files must stay unchanged while the dataset is in use.
+        memory (with a ``RuntimeWarning``).
+
+        Files must stay unchanged while the dataset is in use; a change is reported instead of read
+        (:class:`~zephon.io.ShardChangedError`). Every read compares the file's size and
+        modification time with those seen here. When a file is mapped (first use in a process, or
+        again after more than 128 files were in use) and at most once a second while it stays
+        mapped, a digest of its content is compared too: of its first and last 64 KiB by default;
+        of the whole file with ``verify="full"``, which also catches a rewrite that keeps size and
+        time and changes only the middle, at the cost of reading the whole file each time. See
+        "What is detected" in the sources guide for the exact limits.
 
         Args:
             name: the dataset's name.
@@ -207,13 +217,17 @@ class Dataset:
                 gzip- or zstd-compressed when it ends in ``.gz`` or ``.zst``.
             cache_dir: cache folder; default ``$ZEPHON_CACHE_DIR``, else ``~/.cache/zephon``.
             recursive: also search subfolders of a folder.
+            verify: ``"quick"`` (digest of the first and last 64 KiB of each file) or ``"full"``
+                (digest of whole files, read in full when the dataset is opened and whenever a
+                file is mapped). Decides only how changed files are detected, never the data.
 
         Returns:
             The dataset, with format ``"jsonl"``.
 
         Raises:
             FileNotFoundError: a path does not exist.
-            ValueError: unknown ``fmt``; no supported files; a file that cannot be decompressed.
+            ValueError: unknown ``fmt`` or ``verify``; no supported files; a file that cannot be
+                decompressed, or a compressed file that is cut short.
             ImportError: a ``.zst`` file without the ``zstandard`` package.
         """
         if fmt is not None and fmt not in _FORMATS:
@@ -221,11 +235,16 @@ class Dataset:
                 f"unknown fmt {fmt!r} for dataset {name!r}; supported: 'jsonl' (files ending in "
                 f"{', '.join(SUFFIXES)}), or fmt=None to detect it from the file endings"
             )
+        if verify not in VERIFY_MODES:
+            raise ValueError(
+                f"unknown verify {verify!r} for dataset {name!r}; use 'quick' (the first and last 64 KiB of each "
+                "file are checked for changes) or 'full' (whole files)"
+            )
         cache = resolve_cache_dir(cache_dir)
         files = _find_files(name, path, forced=fmt is not None, recursive=recursive)
         shards = []
         for full, shard_id, compression in files:
-            shard = JsonlShard(full, shard_id, compression, cache)
+            shard = JsonlShard(full, shard_id, compression, cache, verify)
             shard.count_rows(name)
             shards.append(shard)
         return cls(name, "jsonl", [s.shard_id for s in shards], shards)
@@ -325,8 +344,8 @@ class Dataset:
         Raises:
             IndexError: a shard or row out of range.
             TypeError: non-integer indices.
-            ValueError: a line that is not a JSON object (named by file and line), or a file that
-                changed since the dataset was opened.
+            ValueError: a line that is not a JSON object (named by file and line).
+            ShardChangedError: a file that changed since the dataset was opened (a ``ValueError``).
         """
         try:
             index = operator.index(shard)
@@ -357,6 +376,15 @@ class Dataset:
                 f"got row {bad}"
             )
         return array
+
+    def shard_path(self, shard: int) -> str | None:
+        """The absolute path of shard number ``shard``'s file; ``None`` for an in-memory shard.
+
+        Example:
+            >>> Dataset.from_rows("toy", [{"text": "a"}]).shard_path(0) is None
+            True
+        """
+        return getattr(self._shards[shard], "path", None)
 
     # -- identity ---------------------------------------------------------------------------------------
 

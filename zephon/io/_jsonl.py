@@ -15,6 +15,14 @@ Open files are process-local state: a shard holds only its description (path, si
 count), pickles without its mapping, and maps the file again on first use in a new process. At
 most :data:`MAX_OPEN_SHARDS` shards are kept mapped per process (least recently used first out),
 so datasets with thousands of shards stay under the open-file limit.
+
+Files must not change while a dataset is in use, and a change is reported rather than read:
+every read compares the file's size and modification time with those seen when the dataset was
+opened (one ``stat`` call), and checks that the mapped file still has its mapped length (a mapped
+file that shrinks would crash the process on the next access). When a file is mapped, and at
+most once a second while it stays mapped, a digest of its first and last 64 KiB (of all of it
+with ``verify="full"``) is compared with the one taken when the dataset was opened. See
+:class:`ShardChangedError`.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import hashlib
 import mmap
 import os
 import tempfile
+import time
 import warnings
 from typing import Any, Callable
 
@@ -45,6 +54,16 @@ _COPY_BLOCK = 1 << 20
 _BOM = b"\xef\xbb\xbf"
 _JSON_WS = b" \t\r\n"
 _SNIPPET = 120
+_ZSTD_BLOCK = 1 << 16  # compressed bytes per decompress call (bounds the output of one call)
+
+#: How much of a file the default content check hashes: this many bytes at each end.
+EDGE_BYTES = 1 << 16
+#: ``verify`` settings of :meth:`zephon.io.Dataset.from_path`.
+VERIFY_MODES = ("quick", "full")
+# A mapped file's content is checked again at most every _RECHECK_S seconds, and never more than
+# _RECHECK_SHARE of the time (a full digest of a large file takes long).
+_RECHECK_S = 1.0
+_RECHECK_SHARE = 0.01
 
 _DECODE = msgspec.json.Decoder(dict)
 _DECODE_ANY = msgspec.json.Decoder()
@@ -119,6 +138,55 @@ def _discard(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+# -- change detection ---------------------------------------------------------------------------------
+
+
+class ShardChangedError(ValueError):
+    """A shard file changed after its dataset was opened, so its rows can no longer be read.
+
+    Rows are located by byte offsets fixed when the dataset was opened; reading a changed file
+    would return other samples, or crash the process if a mapped file shrank. The message names
+    the dataset, the file and what changed. A ``ValueError``, so code that catches data errors
+    catches it too.
+
+    Example:
+        >>> issubclass(ShardChangedError, ValueError)
+        True
+    """
+
+
+def content_digest(path: str, size: int, full: bool = False) -> str:
+    """A digest of the first and last :data:`EDGE_BYTES` of a file (of all of it with ``full``).
+
+    ``size`` is the size the file is expected to have; a shorter file gives another digest. The
+    digest is meant to detect accidental changes, not deliberate ones: SHA-1 (fast on CPUs with SHA
+    instructions) over the size and the bytes read. Files up to ``2 * EDGE_BYTES`` are hashed whole.
+
+    Example:
+        >>> import tempfile, os
+        >>> with tempfile.NamedTemporaryFile(delete=False) as f:
+        ...     _ = f.write(b'{"a": 1}\\n')
+        >>> content_digest(f.name, 9) == content_digest(f.name, 9, full=True)
+        True
+        >>> os.unlink(f.name)
+    """
+    h = hashlib.sha1(str(size).encode(), usedforsecurity=False)
+    with open(path, "rb", buffering=0) as f:
+        if full or size <= 2 * EDGE_BYTES:
+            block = bytearray(_COPY_BLOCK)
+            view = memoryview(block)
+            while True:
+                n = f.readinto(block)
+                if not n:
+                    break
+                h.update(view[:n])
+        else:
+            h.update(f.read(EDGE_BYTES))
+            f.seek(size - EDGE_BYTES)
+            h.update(f.read(EDGE_BYTES))
+    return h.hexdigest()
 
 
 # -- line index ---------------------------------------------------------------------------------------
@@ -219,20 +287,18 @@ def _zstandard() -> Any:
 
 def _chunks(source: str, compression: str):
     """Decompressed blocks of ``source``; unreadable input raises :class:`_SourceError`."""
-    if compression == "gzip":
-        opener: Callable[[], Any] = lambda: gzip.open(source, "rb")
-        hint = f"gzip -t {source}"
-    else:
-        zstd = _zstandard()
-        opener = lambda: zstd.ZstdDecompressor().stream_reader(open(source, "rb"), read_across_frames=True)
-        hint = f"zstd -t {source}"
+    hint = f"gzip -t {source}" if compression == "gzip" else f"zstd -t {source}"
+    zstd = None if compression == "gzip" else _zstandard()  # a missing package is not a bad file
     try:
-        with opener() as reader:
-            while True:
-                block = reader.read(_COPY_BLOCK)
-                if not block:
-                    return
-                yield block
+        if compression == "gzip":  # gzip raises EOFError itself when the last member is cut short
+            with gzip.open(source, "rb") as reader:
+                while True:
+                    block = reader.read(_COPY_BLOCK)
+                    if not block:
+                        return
+                    yield block
+        else:
+            yield from _zstd_blocks(zstd, source)
     except Exception as err:  # gzip raises OSError/EOFError, zstandard its own ZstdError
         raise _SourceError(
             f"could not decompress {source} ({err.__class__.__name__}: {err}); check the file is complete "
@@ -240,8 +306,40 @@ def _chunks(source: str, compression: str):
         ) from err
 
 
+def _zstd_blocks(zstd: Any, source: str):
+    """Decompressed blocks of a zstd file of one or more frames; an incomplete last frame raises.
+
+    zstandard's stream reader stops quietly where a cut-short file ends, which would lose the
+    rows of the last frame without a word; decompressing frame by frame shows whether the input
+    ended inside one. Each call gets :data:`_ZSTD_BLOCK` compressed bytes, which bounds its output.
+    """
+    dctx = zstd.ZstdDecompressor()
+    frame = dctx.decompressobj()
+    inside = False  # whether the current frame has had input and not ended
+    with open(source, "rb") as f:
+        while True:
+            data = f.read(_ZSTD_BLOCK)
+            if not data:
+                break
+            while data:
+                inside = True
+                block = frame.decompress(data)
+                if block:
+                    yield block
+                if not frame.eof:
+                    break
+                data = frame.unused_data  # the start of the next frame, if any
+                frame = dctx.decompressobj()
+                inside = False
+    if inside:
+        raise EOFError(
+            "the file ends inside a zstd frame (it was cut short, for example by an interrupted copy or write)"
+        )
+
+
 def _decompressed_file(cache_dir: str, source: str, size: int, mtime_ns: int) -> str:
-    version = hashlib.blake2b(f"{size}:{mtime_ns}".encode(), digest_size=8).hexdigest()
+    # "2:" since incomplete zstd files are detected: copies made before were possibly cut short.
+    version = hashlib.blake2b(f"2:{size}:{mtime_ns}".encode(), digest_size=8).hexdigest()
     return os.path.join(cache_dir, "decompressed", f"{_path_key(source)}-{version}.jsonl")
 
 
@@ -278,23 +376,38 @@ def decompress(cache_dir: str, source: str, compression: str, size: int, mtime_n
 
 # -- open shards --------------------------------------------------------------------------------------
 
-# The mapped text and line offsets of each shard in use, by ``id(shard)`` (each shard drops its
+# The open state (an :class:`_Open`) of each shard in use, by ``id(shard)`` (each shard drops its
 # entry when it is collected). Only the most recently used MAX_OPEN_SHARDS stay, the limit being
 # read at each insertion; read-only mappings stay valid in a forked child, so they are kept.
 _MAPS = ProcessCache(clear_after_fork=False, max_entries=lambda: MAX_OPEN_SHARDS)
 
 
-def _map(path: str) -> tuple[memoryview, int, int]:
-    """``(buffer, size, mtime_ns)`` of a file mapped read-only.
+class _Open:
+    """A shard as this process holds it: its text, line offsets, and what was opened."""
+
+    __slots__ = ("buf", "offsets", "mapped", "length", "inode", "checked", "check_s")
+
+    def __init__(self, buf: Any, offsets: np.ndarray, mapped: mmap.mmap | None, inode: tuple[int, int], check_s: float):
+        self.buf = buf
+        self.offsets = offsets
+        self.mapped = mapped  # the mapping behind ``buf``; None for text held in memory
+        self.length = len(buf)
+        self.inode = inode  # (st_dev, st_ino) of the source file when it was opened
+        self.checked = time.monotonic()  # when the content was last compared with the digest
+        self.check_s = check_s  # how long that comparison took
+
+
+def _map(path: str) -> tuple[memoryview, mmap.mmap | None, os.stat_result]:
+    """``(buffer, mapping, stat)`` of a file mapped read-only (no mapping for an empty file).
 
     The buffer is a ``memoryview`` so that slices passed to the decoder are not copied.
     """
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
         if st.st_size == 0:
-            return memoryview(b""), 0, st.st_mtime_ns
+            return memoryview(b""), None, st
         mapped = mmap.mmap(f.fileno(), st.st_size, access=mmap.ACCESS_READ)
-        return memoryview(mapped), st.st_size, st.st_mtime_ns
+        return memoryview(mapped), mapped, st
 
 
 class JsonlShard:
@@ -308,12 +421,14 @@ class JsonlShard:
         mtime_ns: its modification time then.
         num_rows: its non-blank lines.
         cache_dir: folder for indexes and decompressed copies.
+        verify: ``"quick"`` or ``"full"``: how much of the file :func:`content_digest` hashes.
+        digest: that digest, taken when the dataset was opened.
     """
 
-    _fields = ("path", "shard_id", "compression", "size", "mtime_ns", "num_rows", "cache_dir")
+    _fields = ("path", "shard_id", "compression", "size", "mtime_ns", "num_rows", "cache_dir", "verify", "digest")
     __slots__ = _fields + ("__weakref__",)
 
-    def __init__(self, path: str, shard_id: str, compression: str | None, cache_dir: str):
+    def __init__(self, path: str, shard_id: str, compression: str | None, cache_dir: str, verify: str = "quick"):
         st = os.stat(path)
         self.path = path
         self.shard_id = shard_id
@@ -322,6 +437,8 @@ class JsonlShard:
         self.mtime_ns = st.st_mtime_ns
         self.cache_dir = cache_dir
         self.num_rows = -1
+        self.verify = verify
+        self.digest: str | None = None
 
     def __del__(self) -> None:
         # The mapping is keyed by id(self), which a later object may reuse: drop it with the shard.
@@ -329,20 +446,25 @@ class JsonlShard:
             _MAPS.discard(id(self))
 
     @property
-    def _state(self) -> tuple[Any, np.ndarray] | None:
-        """``(buffer, offsets)`` while this process keeps the shard mapped, else ``None``."""
+    def _state(self) -> _Open | None:
+        """The open shard while this process holds it, else ``None``."""
         return _MAPS.peek(id(self))
 
-    def _mapped(self, dataset: str) -> tuple[Any, np.ndarray]:
-        """``(buffer, offsets)``, mapping the file on first use in this process."""
+    def _mapped(self, dataset: str) -> _Open:
+        """The open shard, mapping the file on first use in this process."""
         return _MAPS.get(id(self), lambda: self._load(dataset))
 
     def count_rows(self, dataset: str) -> int:
-        """Count rows once (at dataset creation), from a cached index header when there is one."""
+        """Count rows once (at dataset creation), from a cached index header when there is one.
+
+        Also takes the content digest that later opens of the file are compared with.
+        """
         rows = self._cached_rows()
         if rows is None:
-            rows = self._mapped(dataset)[1].shape[0] - 1
+            rows = self._mapped(dataset).offsets.shape[0] - 1
         self.num_rows = rows
+        if self.digest is None:
+            self.digest = content_digest(self.path, self.size, self.verify == "full")
         return rows
 
     def _cached_rows(self) -> int | None:
@@ -355,60 +477,131 @@ class JsonlShard:
             return None
         return load_index(self.cache_dir, plain, st.st_size, st.st_mtime_ns, rows_only=True)
 
-    def _check_unchanged(self, dataset: str, size: int, mtime_ns: int) -> None:
-        if (size, mtime_ns) != (self.size, self.mtime_ns):
-            raise ValueError(
-                f"dataset {dataset!r}: shard file {self.path} changed after the dataset was opened "
-                f"(size {self.size} -> {size} bytes, mtime_ns {self.mtime_ns} -> {mtime_ns}). Row counts are "
-                "fixed when a dataset is opened, so reading the changed file would shift samples; open the "
-                "dataset again with Dataset.from_path and leave its files untouched while it is in use."
-            )
+    # -- change detection -------------------------------------------------------------------------------
+    def _changed(self, dataset: str, when: str, st: os.stat_result) -> ShardChangedError:
+        return ShardChangedError(
+            f"dataset {dataset!r}: shard file {self.path} changed {when}: size was {self.size} bytes, now "
+            f"{st.st_size}; mtime_ns was {self.mtime_ns}, now {st.st_mtime_ns}. Rows are located by byte offsets "
+            "fixed when the dataset was opened, so reading the changed file would shift or garble samples. Leave "
+            "shard files untouched while a dataset is in use (write new files beside them), and open the dataset "
+            "again with Dataset.from_path to read the new content."
+        )
 
-    def _load(self, dataset: str) -> tuple[Any, np.ndarray]:
+    def _check_unchanged(self, dataset: str, st: os.stat_result) -> None:
+        if (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns):
+            raise self._changed(dataset, "after the dataset was opened", st)
+
+    def _check_content(self, dataset: str) -> float:
+        """Compare the file's digest with the one taken at opening; returns the seconds it took."""
+        start = time.monotonic()
+        digest = content_digest(self.path, self.size, self.verify == "full")
+        if self.digest is None:  # the dataset is being opened
+            self.digest = digest
+        elif digest != self.digest:
+            part = "its content" if self.verify == "full" else f"its first or last {EDGE_BYTES // 1024} KiB"
+            raise ShardChangedError(
+                f"dataset {dataset!r}: shard file {self.path} changed after the dataset was opened: {part} "
+                f"differ from what was there then, although its size ({self.size} bytes) and modification time "
+                "are the same (the file was rewritten in place and its time kept or restored). Leave shard files "
+                "untouched while a dataset is in use, and open the dataset again to read the new content."
+            )
+        return time.monotonic() - start
+
+    def _verify(self, state: _Open, dataset: str) -> _Open:
+        """``state`` once the file is known to be the one opened; raises if it changed.
+
+        Runs before every read: one ``stat`` of the source (its size and modification time), one
+        ``fstat`` of a decompressed copy's mapping, and, at most once a second (and at most 1% of
+        the time), the content digest. Checking before touching the mapping matters: a mapped
+        file that has shrunk kills the process (``SIGBUS``) when the lost pages are read.
+        """
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"dataset {dataset!r}: shard file {self.path} was removed while reading; restore the file or open "
+                "the dataset again."
+            ) from None
+        if st.st_size != self.size or st.st_mtime_ns != self.mtime_ns:
+            raise self._changed(dataset, "while reading", st)
+        if (st.st_dev, st.st_ino) != state.inode:
+            # Replaced by another file of the same size and time (a copy that keeps times): open the
+            # new one, whose content is compared with the digest as it is opened.
+            _MAPS.discard(id(self))
+            return self._mapped(dataset)
+        if self.compression is not None and state.mapped is not None:
+            now = state.mapped.size()  # an fstat of the mapped copy
+            if now != state.length:
+                raise ShardChangedError(
+                    f"dataset {dataset!r}: the decompressed copy of shard file {self.path} in {self.cache_dir} "
+                    f"changed while reading: size was {state.length} bytes, now {now}. Something other than zephon "
+                    "wrote to the cache folder; leave it alone while datasets are in use, and open the dataset again."
+                )
+        now_s = time.monotonic()
+        if now_s - state.checked >= max(_RECHECK_S, state.check_s / _RECHECK_SHARE):
+            state.check_s = self._check_content(dataset)
+            state.checked = time.monotonic()
+        return state
+
+    # -- opening ------------------------------------------------------------------------------------------
+    def _load(self, dataset: str) -> _Open:
+        mapped: mmap.mmap | None = None
         try:
             if self.compression is None:
-                buf, size, mtime_ns = _map(self.path)
+                buf, mapped, st = _map(self.path)
             else:
                 st = os.stat(self.path)
-                size, mtime_ns = st.st_size, st.st_mtime_ns
         except FileNotFoundError:
             raise FileNotFoundError(
                 f"dataset {dataset!r}: shard file {self.path} no longer exists; it was there when the dataset "
                 "was opened. Restore the file or open the dataset again."
             ) from None
-        self._check_unchanged(dataset, size, mtime_ns)
+        self._check_unchanged(dataset, st)
+        check_s = self._check_content(dataset)
         plain: str | None = self.path
+        size, mtime_ns = st.st_size, st.st_mtime_ns
         if self.compression is not None:
-            buf, plain, size, mtime_ns = self._decompressed()
+            buf, mapped, plain, size, mtime_ns = self._decompressed()
         offsets = None if plain is None else load_index(self.cache_dir, plain, size, mtime_ns)
         if offsets is None:
             offsets = build_line_index(buf)
             if plain is not None:
                 save_index(self.cache_dir, plain, size, mtime_ns, offsets)
         if self.num_rows >= 0 and offsets.shape[0] - 1 != self.num_rows:
-            raise ValueError(
+            raise ShardChangedError(
                 f"dataset {dataset!r}: shard file {self.path} now has {offsets.shape[0] - 1} rows, not the "
                 f"{self.num_rows} it had when the dataset was opened; open the dataset again."
             )
-        return buf, offsets
+        return _Open(buf, offsets, mapped, (st.st_dev, st.st_ino), check_s)
 
-    def _decompressed(self) -> tuple[memoryview, str | None, int, int]:
-        """``(buffer, cache path or None, size, mtime_ns)`` of the decompressed text."""
+    def _decompressed(self) -> tuple[memoryview, mmap.mmap | None, str | None, int, int]:
+        """``(buffer, mapping, cache path, size, mtime_ns)`` of the decompressed text.
+
+        Mapping and cache path are ``None`` when the text is held in memory.
+        """
         for attempt in range(2):
             text = decompress(self.cache_dir, self.path, self.compression or "", self.size, self.mtime_ns)
             if isinstance(text, bytes):
-                return memoryview(text), None, len(text), 0
+                return memoryview(text), None, None, len(text), 0
             try:
-                buf, size, mtime_ns = _map(text)
-                return buf, text, size, mtime_ns
+                buf, mapped, st = _map(text)
+                return buf, mapped, text, st.st_size, st.st_mtime_ns
             except FileNotFoundError:  # removed from the cache meanwhile: decompress again, once
                 if attempt:
                     raise
         raise AssertionError("unreachable")
 
+    # -- reading ------------------------------------------------------------------------------------------
     def read(self, rows: np.ndarray, dataset: str) -> list:
-        """Decode ``rows`` (validated ``int64``, any order, repeats allowed), in the order given."""
-        buf, offsets = self._mapped(dataset)
+        """Decode ``rows`` (validated ``int64``, any order, repeats allowed), in the order given.
+
+        Raises:
+            ShardChangedError: the file changed since the dataset was opened.
+            FileNotFoundError: the file was removed.
+            ValueError: a requested line is not one JSON object.
+        """
+        state = self._verify(self._mapped(dataset), dataset)
+        buf, offsets = state.buf, state.offsets
         return _decode_rows(buf, offsets, rows, lambda r, err: self._bad_row(buf, offsets, r, err, dataset))
 
     def _bad_row(self, buf: Any, offsets: np.ndarray, row: int, err: Exception, dataset: str) -> ValueError:
@@ -440,6 +633,7 @@ class JsonlShard:
         return {name: getattr(self, name) for name in self._fields}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state = {"verify": "quick", "digest": None, **state}
         for name in self._fields:
             setattr(self, name, state[name])
 

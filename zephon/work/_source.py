@@ -232,6 +232,41 @@ class StaticMixtureWorkSource:
         exhausted = self.lane_range(lanes, lane, chunk) is None
         return SourceState(chunk, offset), out, exhausted
 
+    def check_cursor(self, state: SourceState, lanes: int, lane: int) -> None:
+        """Raise ``ValueError`` unless ``state`` is a cursor that lane ``lane`` of ``lanes`` reaches.
+
+        :meth:`read` leaves a cursor inside one of the lane's chunks (its offset below the chunk's
+        length), or at the lane's end: the first chunk past its data, offset 0.
+
+        Examples:
+            >>> from zephon.io import Dataset
+            >>> ds = Dataset.from_rows("d", [{"i": i} for i in range(20)])
+            >>> src = StaticMixtureWorkSource([ds], {"d": 1}, lane_assignment="modulo", chunk_size=4)
+            >>> src.check_cursor(SourceState(2, 1), 2, 0)
+            >>> src.check_cursor(SourceState(2, 2), 2, 0)
+            Traceback (most recent call last):
+            ...
+            ValueError: offset 2 is past the end of work chunk 2, which holds 2 of the lane's positions
+        """
+        chunk, offset = state.chunk, state.offset
+        for name, value in (("chunk", chunk), ("offset", offset)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"the cursor's {name} must be an int >= 0, got {value!r}")
+        rng = self.lane_range(lanes, lane, chunk)
+        if rng is not None:
+            if rng[1] > 2**62:
+                raise ValueError(f"work chunk {chunk} lies past any position the source can number ({rng[0]})")
+            if offset >= rng[1] - rng[0]:
+                raise ValueError(f"offset {offset} is past the end of work chunk {chunk}, which holds {rng[1] - rng[0]} of the lane's positions")
+            return
+        if offset:
+            raise ValueError(f"work chunk {chunk} is past the end of the lane's data, where the offset is 0, got {offset}")
+        if chunk and self.lane_range(lanes, lane, chunk - 1) is None:
+            # Chunks before the last, partial block are whole; the lane ends in that block or at it.
+            end = self.end // (lanes * self.chunk_size) if self.end is not None else chunk
+            end += self.lane_range(lanes, lane, end) is not None
+            raise ValueError(f"work chunk {chunk} is past the end of the lane's data, which ends at chunk {end}")
+
     # -- identity -----------------------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
         return {
