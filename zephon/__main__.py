@@ -1,4 +1,8 @@
-"""Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs."""
+"""Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs.
+
+Each command registers itself with ``register(subparsers)`` and sets ``func(args) -> exit code``;
+commands that need more than a few lines live in a module of their own.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +10,13 @@ import argparse
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="zephon", description="Deterministic, elastic LLM data loading.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run a demo pipeline on a generated corpus with a locally trained tokenizer")
-    demo.add_argument("--lanes", type=int, default=4)
-    demo.add_argument("--workers", type=int, default=0)
-    ledger = sub.add_parser("ledger", help="batch ledgers")
-    lsub = ledger.add_subparsers(dest="ledger_command", required=True)
-    d = lsub.add_parser("diff", help="first step and lane where two ledgers diverge")
-    d.add_argument("a", help="a ledger file or a directory of per-rank ledger files")
-    d.add_argument("b")
-    show = lsub.add_parser("show", help="print the global digest of every complete step")
-    show.add_argument("path")
-    args = parser.parse_args(argv)
+def _demo(args: argparse.Namespace) -> int:
+    from ._demo import run_demo
 
-    if args.command == "demo":
-        from ._demo import run_demo
+    return run_demo(lanes=args.lanes, workers=args.workers)
 
-        return run_demo(lanes=args.lanes, workers=args.workers)
+
+def _ledger(args: argparse.Namespace) -> int:
     from . import ledger as L
 
     try:
@@ -38,6 +30,37 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"zephon ledger: {exc}", file=sys.stderr)
         return 2
+
+
+def _register_demo(sub) -> None:
+    demo = sub.add_parser("demo", help="run a demo pipeline on a generated corpus with a locally trained tokenizer")
+    demo.add_argument("--lanes", type=int, default=4)
+    demo.add_argument("--workers", type=int, default=0)
+    demo.set_defaults(func=_demo)
+
+
+def _register_ledger(sub) -> None:
+    ledger = sub.add_parser("ledger", help="batch ledgers")
+    lsub = ledger.add_subparsers(dest="ledger_command", required=True)
+    d = lsub.add_parser("diff", help="first step and lane where two ledgers diverge")
+    d.add_argument("a", help="a ledger file or a directory of per-rank ledger files")
+    d.add_argument("b")
+    show = lsub.add_parser("show", help="print the global digest of every complete step")
+    show.add_argument("path")
+    ledger.set_defaults(func=_ledger)
+
+
+#: One entry per command, in the order ``zephon --help`` lists them.
+COMMANDS = [_register_demo, _register_ledger]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="zephon", description="Deterministic, elastic LLM data loading.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for register in COMMANDS:
+        register(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
 
 
 if __name__ == "__main__":
