@@ -23,11 +23,8 @@ from zephon.io import _jsonl
 from _shared import shared_path
 
 
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(folder))
-    return folder
+#: Each test reads and writes its own cache folder.
+pytestmark = pytest.mark.usefixtures("cache_dir")
 
 
 def rows_of(n: int, start: int = 0) -> list[dict]:

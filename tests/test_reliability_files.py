@@ -29,11 +29,8 @@ from zephon.io import _jsonl
 from _util import train_bytelevel
 
 
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(folder))
-    return folder
+#: Each test reads and writes its own cache folder.
+pytestmark = pytest.mark.usefixtures("cache_dir")
 
 
 def rows_of(n: int, width: int = 1000) -> list[dict]:
