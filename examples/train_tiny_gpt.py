@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -210,6 +211,7 @@ def train(args: argparse.Namespace, rank: int, world: int, start: int, out: Path
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     deterministic()
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in one process is intended
     paths = {name: Path(args.data) / name for name in ("stories", "counting")}
     pipe = build_pipeline(paths, Path(args.data) / "tokenizer.json")
     model, optim = make_model()

@@ -46,6 +46,8 @@ def _settings(op: Operator) -> tuple[dict[str, Any], dict[str, Any]]:
     """An operator's ``(data settings, performance settings)``, as JSON-friendly values."""
     data, perf = {}, {}
     for f in attrs.fields(type(op)):
+        if f.name.startswith("_"):
+            continue  # internal bookkeeping, not a setting
         value = describe(getattr(op, f.name))
         (data if f.metadata.get("data", True) else perf)[f.name] = value
     return data, perf
