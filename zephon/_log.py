@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Iterable, Iterator, TypeVar
+from typing import Any, Iterable, TypeVar
 
 T = TypeVar("T")
 
@@ -72,7 +72,7 @@ def progress_enabled() -> bool:
     return logger.isEnabledFor(logging.INFO)
 
 
-def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "", unit: str = "it") -> Iterator[T]:
+def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "", unit: str = "it") -> Iterable[T]:
     """``iterable``, with a tqdm progress bar when enabled (see the module docstring).
 
     The bar appears only after :data:`PROGRESS_DELAY_S` seconds and leaves no line behind, so
@@ -80,7 +80,7 @@ def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "",
     replaced by one log line saying how to install it.
     """
     if not progress_enabled():
-        return iter(iterable)
+        return iterable
     try:
         from tqdm.auto import tqdm
     except ImportError:
@@ -88,5 +88,5 @@ def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "",
         if not _warned_no_tqdm:
             _warned_no_tqdm = True
             logger.info("progress bars need tqdm: pip install 'zephon[progress]'")
-        return iter(iterable)
-    return iter(tqdm(iterable, total=total, desc=f"zephon: {desc}" if desc else "zephon", unit=unit, delay=PROGRESS_DELAY_S, leave=False))
+        return iterable
+    return tqdm(iterable, total=total, desc=f"zephon: {desc}" if desc else "zephon", unit=unit, delay=PROGRESS_DELAY_S, leave=False)

@@ -31,9 +31,14 @@ _DROP_WORDS = ("dropped", "truncated")
 def record_tokens(rec: Any) -> int:
     """Real (non-padding) tokens of one record; 0 for a record without tokens yet (raw text)."""
     meta = rec.meta
-    segs = meta.segments
-    if segs and segs[-1].end >= 0 and all(s.end >= 0 for s in segs):
-        return meta.num_tokens
+    total = 0
+    for s in meta.segments:
+        if s.end < 0:
+            break
+        total += s.end - s.start
+    else:
+        if meta.segments:
+            return total
     n = _length(rec.payload)
     return 0 if n is None else max(0, n - meta.padding_length)
 
@@ -154,18 +159,20 @@ class Deliveries:
         longest = 0
         tokens = 0
         for r in records:
-            n = record_tokens(r)
+            segs = r.meta.segments
+            if len(segs) == 1 and segs[0].end < 0:  # a whole sample: its tokens are its payload's
+                n = record_tokens(r)
+                if segs[0].dataset < len(by):
+                    by[segs[0].dataset] += n
+            else:  # explicit token ranges (packed rows): count them per dataset in one pass
+                n = 0
+                for s in segs:
+                    if s.end >= 0:
+                        n += s.end - s.start
+                        by[s.dataset] += s.end - s.start
             tokens += n
             length = _length(r.payload)
             longest = max(longest, n if length is None else length)
-            segs = r.meta.segments
-            if len(segs) == 1 and segs[0].end < 0:
-                if segs[0].dataset < len(by):
-                    by[segs[0].dataset] += n
-            else:
-                for s in segs:
-                    if s.end >= 0 and s.dataset < len(by):
-                        by[s.dataset] += s.end - s.start
         self.outputs += 1
         self.records += len(records)
         self.tokens += tokens
