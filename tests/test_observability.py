@@ -18,7 +18,7 @@ import pytest
 import zephon
 from zephon import Pipeline
 from zephon.__main__ import COMMANDS, main
-from zephon._config import load_pipeline_config, pipeline_from_config
+from zephon._config import load_pipeline_config, pipeline_from_config, read_config
 from zephon._log import disable_logging, enable_logging, progress, progress_enabled
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource
@@ -257,9 +257,7 @@ def test_a_toml_or_json_config_builds_the_same_pipeline_as_python(tmp_path, monk
     data = _write_data(tmp_path / "data")
     (tmp_path / "p.toml").write_text(CONFIG)
     from_toml = load_pipeline_config(tmp_path / "p.toml")
-    import tomllib
-
-    (tmp_path / "p.json").write_text(json.dumps(tomllib.loads(CONFIG)))
+    (tmp_path / "p.json").write_text(json.dumps(read_config(tmp_path / "p.toml")))
     from_json = load_pipeline_config(tmp_path / "p.json")
     by_hand = (
         Pipeline(StaticMixtureWorkSource([Dataset.from_path("toy", data)], {"toy": 1.0}, seed=3))
