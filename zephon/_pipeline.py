@@ -321,7 +321,10 @@ class Pipeline:
     def stats(self) -> dict[str, Any]:
         """The latest loader's counters (see :meth:`Loader.stats`); empty before iteration."""
         if self._latest.loader is None:
-            return {"delivered": 0, "complete_steps": 0, "lanes": {}, "undelivered": {"outputs": 0, "records": 0, "tokens": 0}, "operators": {}}
+            from ._stats import Deliveries, summarize
+
+            empty = summarize(operators={}, meter=None, deliveries=Deliveries(0), dataset_names=(), mixture=None)
+            return {"delivered": 0, "complete_steps": 0, "lanes": {}, "undelivered": {"outputs": 0, "records": 0, "tokens": 0}, "operators": {}, **empty}
         return self._latest.loader.stats()
 
     def stats_table(self) -> str:
