@@ -169,9 +169,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "inspect",
         help="show the first records of a dataset tokenized, decoded and with their loss masks",
-        description=__doc__.split("\n\n")[1],
+        description=__doc__.split("\n\n")[1].replace("``", ""),
     )
-    p.add_argument("path", help="a JSONL/Parquet file or a folder of shards")
+    p.add_argument("path", help="a JSONL file (plain, .gz or .zst) or a folder of such shards")
     p.add_argument("--n", type=int, default=5, help="how many rows to show, from the start of the first shard (default 5)")
     p.add_argument("--tokenizer", help="a tokenizer.json file, a folder holding one, or a Hugging Face id; without it rows are shown raw")
     p.add_argument("--field", help="the text field (default 'text'), or the conversation field with --chat (default 'messages')")
