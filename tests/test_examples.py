@@ -33,3 +33,19 @@ def test_sft_examples(name):
     proc = run(name)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "batches" in proc.stdout
+
+
+@pytest.mark.integration
+def test_tiny_gpt_trains_on_two_ranks_and_resumes_on_one_bit_for_bit(tmp_path):
+    pytest.importorskip("torch")
+    png = tmp_path / "loss.png"
+    proc = run("train_tiny_gpt.py", "--steps", "16", "--ckpt-at", "8", "--ranks", "2", "--every", "1", "--plot", str(png))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "steps 8..15 equal the uninterrupted run's bit for bit" in proc.stdout
+    rows = [line.split() for line in proc.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
+    assert [int(r[0]) for r in rows] == list(range(16))
+    resumed = [r for r in rows if len(r) == 4]
+    assert [int(r[0]) for r in resumed] == list(range(8, 16)) and all(r[3] == "yes" for r in resumed)
+    assert float(rows[-1][1]) < float(rows[0][1])  # it learns
+    assert "tokens/s" in proc.stdout and "packing: efficiency" in proc.stdout
+    assert png.stat().st_size > 0

@@ -1,4 +1,5 @@
-"""Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs.
+"""Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs;
+``zephon inspect PATH`` shows tokenized records; ``zephon explain CONFIG`` prints a compiled plan.
 
 Each command registers itself with ``register(subparsers)`` and sets ``func(args) -> exit code``;
 commands that need more than a few lines live in a module of their own.
@@ -34,28 +35,43 @@ def _ledger(args: argparse.Namespace) -> int:
 
 def _register_demo(sub) -> None:
     demo = sub.add_parser("demo", help="run a demo pipeline on a generated corpus with a locally trained tokenizer")
-    demo.add_argument("--lanes", type=int, default=4)
-    demo.add_argument("--workers", type=int, default=0)
+    demo.add_argument("--lanes", type=int, default=4, help="canonical_replicas: the number of lanes (default 4)")
+    demo.add_argument("--workers", type=int, default=0, help="worker processes running the lanes (default 0: in this process)")
     demo.set_defaults(func=_demo)
 
 
 def _register_ledger(sub) -> None:
-    ledger = sub.add_parser("ledger", help="batch ledgers")
+    ledger = sub.add_parser("ledger", help="batch ledgers: compare the batches of two runs step by step")
     lsub = ledger.add_subparsers(dest="ledger_command", required=True)
     d = lsub.add_parser("diff", help="first step and lane where two ledgers diverge")
     d.add_argument("a", help="a ledger file or a directory of per-rank ledger files")
-    d.add_argument("b")
+    d.add_argument("b", help="the other ledger file or directory")
     show = lsub.add_parser("show", help="print the global digest of every complete step")
-    show.add_argument("path")
+    show.add_argument("path", help="a ledger file or a directory of per-rank ledger files")
     ledger.set_defaults(func=_ledger)
 
 
+def _register_inspect(sub) -> None:
+    from ._cli_inspect import register
+
+    register(sub)
+
+
+def _register_explain(sub) -> None:
+    from ._cli_explain import register
+
+    register(sub)
+
+
 #: One entry per command, in the order ``zephon --help`` lists them.
-COMMANDS = [_register_demo, _register_ledger]
+COMMANDS = [_register_demo, _register_ledger, _register_inspect, _register_explain]
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="zephon", description="Deterministic, elastic LLM data loading.")
+    parser.add_argument("--version", action="version", version=f"zephon {__version__}", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     for register in COMMANDS:
         register(sub)

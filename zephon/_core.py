@@ -19,12 +19,14 @@ resolver of its input.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, ClassVar, Sequence
 
 import attrs
 import msgspec
 
 from ._records import Meta, Record, SampleBatch, Segment, describe_meta, meta_from_ints, meta_to_ints
+from ._stats import items_size
 
 #: Rebuilds records from their metas at one point of a chain (bulk, order-preserving).
 Resolver = Callable[[Sequence[Any]], list]
@@ -412,22 +414,38 @@ class Chain(Operator):
 
         return ChainState(tuple(op.init(fold_in(key, name)) for name, op in self.children))
 
-    def step(self, state: ChainState, chunk: Sequence[Any]) -> tuple[ChainState, list]:
+    def step(self, state: ChainState, chunk: Sequence[Any], meter: Any = None) -> tuple[ChainState, list]:
+        """Feed ``chunk`` through every child; ``meter`` (a :class:`~zephon._stats.Meter`) counts each one's work."""
         states = list(state.states)
-        items = self._run(states, list(chunk), 0)
+        items = self._run(states, list(chunk), 0, meter)
         return ChainState(tuple(states)), items
 
-    def _run(self, states: list, items: list, start: int) -> list:
+    def _run(self, states: list, items: list, start: int, meter: Any = None, size: tuple[int, int] | None = None) -> list:
+        if meter is None:
+            for i in range(start, len(self.children)):
+                states[i], items = self.children[i][1].step(states[i], items)
+            return items
+        size = items_size(items) if size is None else size
         for i in range(start, len(self.children)):
+            t0 = time.perf_counter()
             states[i], items = self.children[i][1].step(states[i], items)
+            seconds = time.perf_counter() - t0
+            out = items_size(items)
+            meter.add(i, size, out, seconds)
+            size = out
         return items
 
-    def flush(self, state: ChainState) -> tuple[ChainState, list]:
+    def flush(self, state: ChainState, meter: Any = None) -> tuple[ChainState, list]:
         states = list(state.states)
         outputs: list = []
         for i, (_, op) in enumerate(self.children):
+            t0 = time.perf_counter()
             states[i], items = op.flush(states[i])
-            outputs.extend(self._run(states, items, i + 1))
+            size = None
+            if meter is not None:
+                size = items_size(items)
+                meter.add(i, (0, 0), size, time.perf_counter() - t0)
+            outputs.extend(self._run(states, items, i + 1, meter, size))
         return ChainState(tuple(states)), outputs
 
     def reports(self, state: ChainState) -> dict[str, dict[str, int]]:

@@ -36,7 +36,9 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
 from ._lanes import LaneState, Plan
+from ._log import progress
 from ._records import SampleBatch, describe_meta
+from ._stats import merge_meters
 
 _POLL_S = 0.5
 #: A worker attaches a lane's encoded state to an output at most this often, so that the main
@@ -65,11 +67,16 @@ class InlineExecutor:
     def __init__(self, plan: Plan, states: dict[int, LaneState]):
         self.plan = plan
         self.states = dict(states)
+        self.meter = plan.meter()
 
     def next(self, lane: int) -> Any:
-        state, out = self.plan.next(lane, self.states[lane])
+        state, out = self.plan.next(lane, self.states[lane], self.meter)
         self.states[lane] = state
         return out
+
+    def meters(self) -> dict[str, Any] | None:
+        """The runtime counters of the work done so far (see :class:`~zephon._stats.Meter`)."""
+        return self.meter.snapshot()
 
     def lane_states(self) -> dict[int, Any]:
         return {lane: self.plan.encode(s) for lane, s in self.states.items()}
@@ -81,7 +88,7 @@ class InlineExecutor:
         pass
 
 
-def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: dict, stop: threading.Event) -> None:
+def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: dict, stop: threading.Event, meter: Any) -> None:
     """The background thread of :class:`ThreadExecutor`.
 
     A module-level function holding no reference to the executor, so an executor dropped without
@@ -94,7 +101,7 @@ def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: d
                 credits[lane].acquire()
                 if stop.is_set():
                     return
-                state, out = plan.next(lane, states[lane])
+                state, out = plan.next(lane, states[lane], meter)
                 if stop.is_set():
                     return
                 states[lane] = state
@@ -131,8 +138,9 @@ class ThreadExecutor(InlineExecutor):
         self.credits = {lane: threading.Semaphore(credit) for lane in self.lanes}
         self.stop = threading.Event()
         self.closed = False
+        self.meter = plan.meter()  # written by the thread; snapshots read it (its lists never change size)
         self.thread = threading.Thread(
-            target=_prefetch, args=(plan, dict(states), self.queues, self.credits, self.stop), name="zephon-prefetch", daemon=True
+            target=_prefetch, args=(plan, dict(states), self.queues, self.credits, self.stop, self.meter), name="zephon-prefetch", daemon=True
         )
         self._finalizer = weakref.finalize(self, _stop_prefetch, self.stop, self.credits)
         self.thread.start()
@@ -310,6 +318,7 @@ def _worker_main(conn, plan_bytes: bytes, lanes: list[int], encoded: dict[int, A
             current = lane
             states[lane] = plan.decode(lane, encoded[lane]) if encoded else plan.init(lane)
         history = {lane: deque([(states[lane].delivered, states[lane])]) for lane in lanes}
+        meter = plan.meter()
         credits = {lane: credit for lane in lanes}
         attach_at = {lane: time.monotonic() + _ATTACH_S for lane in lanes}
         ended: set[int] = set()
@@ -333,12 +342,12 @@ def _worker_main(conn, plan_bytes: bytes, lanes: list[int], encoded: dict[int, A
                         raise RuntimeError(f"no state kept for lane {lane} after {count} outputs")
                     outbox.send(("state", lane, count, plan.encode(match[-1] if at_end else match[0])))
                 elif kind == "reports":
-                    outbox.send(("reports", {lane: plan.reports(states[lane]) for lane in lanes}))
+                    outbox.send(("reports", {lane: plan.reports(states[lane]) for lane in lanes}, meter.snapshot()))
             lane = next(lane for lane in order if credits[lane] > 0 and lane not in ended)
             order.remove(lane)
             order.append(lane)
             current = lane
-            state, out = plan.next(lane, states[lane])
+            state, out = plan.next(lane, states[lane], meter)
             states[lane] = state
             if out is None:
                 ended.add(lane)
@@ -395,6 +404,7 @@ class ProcessExecutor:
         self._final_reports: dict[int, Any] | None = None
         self._states: dict[tuple[int, int], Any] = {}
         self._reports: dict[int, Any] = {}
+        self._meters: dict[int, Any] = {}  # per worker: its last runtime counters (sent with its reports)
         self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
         # Start the workers with SIGINT blocked (they inherit the mask, and unblock it once they
         # ignore SIGINT): a Ctrl-C while they start stays pending here and is not lost.
@@ -470,6 +480,7 @@ class ProcessExecutor:
             self._states[(lane, count)] = data
         elif kind == "reports":
             self._reports.update(msg[1])
+            self._meters[w] = msg[2]
         elif kind == "error":
             _, lane, cause, tb = msg
             if lane is not None:
@@ -552,7 +563,8 @@ class ProcessExecutor:
                 f"Restore the last checkpoint you saved into a new pipeline.\n{self.failure}"
             )
         if self._final_states is None:
-            self._final_states = {lane: self._replay(lane)[1] for lane in self.lanes}
+            lanes = progress(self.lanes, total=len(self.lanes), desc="replaying lanes", unit="lane")
+            self._final_states = {lane: self._replay(lane)[1] for lane in lanes}
         return dict(self._final_states)
 
     def _replay(self, lane: int) -> tuple[LaneState | None, Any]:
@@ -590,6 +602,10 @@ class ProcessExecutor:
                 reports[lane] = self.plan.reports(state if state is not None else self.plan.decode(lane, data))
             self._final_reports = reports
         return dict(self._final_reports)
+
+    def meters(self) -> dict[str, Any] | None:
+        """The workers' runtime counters as of their last reports (``reports()`` asks for them)."""
+        return merge_meters(self._meters.values())
 
     def close(self, read_final: bool = True) -> None:
         """Stop the workers; with ``read_final``, first keep their delivered states and counters."""

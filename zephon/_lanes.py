@@ -8,6 +8,7 @@ the per-lane states of what the caller has received.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any, Sequence
 
@@ -17,6 +18,7 @@ import msgspec
 from ._core import Chain, ChainState, Resolver
 from ._keys import fold_in, seed_key
 from ._records import Meta, Record, Segment, meta_from_ints
+from ._stats import Meter
 from .work._source import SourceState, StaticMixtureWorkSource
 
 
@@ -73,23 +75,30 @@ class Plan:
         self._check_lane(lane)
         return LaneState(SourceState(), self.chain.init(self.lane_key(lane)))
 
-    def next(self, lane: int, state: LaneState) -> tuple[LaneState, Any]:
-        """The lane's next output and the state after it; ``(state, None)`` when it has ended."""
+    def next(self, lane: int, state: LaneState, meter: Any = None) -> tuple[LaneState, Any]:
+        """The lane's next output and the state after it; ``(state, None)`` when it has ended.
+
+        ``meter`` (a :class:`~zephon._stats.Meter`, optional) counts the reading and each
+        operator's work; it never changes the output.
+        """
         source, chain, pending, done = state.source, state.chain, state.pending, state.done
         # Small reads until the lane's first output, so it arrives early (read sizes never change
         # the data: every operator is chunking-invariant).
         size = self.read_size if state.delivered else min(self.read_size, 16)
         while not pending and not done:
+            t0 = time.perf_counter()
             source, pointers, exhausted = self.source.read(source, self.lanes, lane, size)
             records = self.fetch(lane, pointers)
+            if meter is not None:
+                meter.read(pointers, time.perf_counter() - t0)
             try:
-                chain, outs = self.chain.step(chain, records)
+                chain, outs = self.chain.step(chain, records, meter)
             except Exception as exc:
                 self._note_records(exc, lane, records, flushing=False)
                 raise
             if exhausted:
                 try:
-                    chain, more = self.chain.flush(chain)
+                    chain, more = self.chain.flush(chain, meter)
                 except Exception as exc:
                     self._note_records(exc, lane, records, flushing=True)
                     raise
@@ -164,6 +173,10 @@ class Plan:
             exc.zephon_named = True  # type: ignore[attr-defined]
         except AttributeError:
             pass
+
+    def meter(self) -> Meter:
+        """Fresh runtime counters for this plan's operators and datasets (see :meth:`next`)."""
+        return Meter(self.chain.names, len(getattr(self.source, "datasets", ())))
 
     def reports(self, state: LaneState) -> dict[str, dict[str, int]]:
         """Each operator's counters (drops, rows, ...) for one lane state."""

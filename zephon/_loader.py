@@ -15,6 +15,7 @@ no rank waits forever in a collective its peers never enter.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections import deque
 from typing import Any, Iterator
@@ -24,8 +25,12 @@ from ._distributed import Topology, all_ranks_have, distributed_group
 from ._executor import InlineExecutor, ProcessExecutor, ThreadExecutor
 from ._fields import payload_length
 from ._lanes import Plan
+from ._log import get_logger, progress
 from ._options import Options
 from ._records import SampleBatch
+from ._stats import Deliveries, format_stats, summarize, summary_line
+
+log = get_logger("loader")
 
 
 def output_size(out: Any) -> tuple[int, int]:
@@ -78,8 +83,10 @@ class Loader(Iterator[Any]):
         lanes = list(self.topology.lanes)
         opts = self.options
         states = None
+        t0 = time.perf_counter()
         if opts.workers == 0:
-            states = {lane: (self.plan.decode(lane, encoded[lane]) if encoded else self.plan.init(lane)) for lane in lanes}
+            shown = progress(lanes, total=len(lanes), desc="restoring lanes", unit="lane") if encoded else lanes
+            states = {lane: (self.plan.decode(lane, encoded[lane]) if encoded else self.plan.init(lane)) for lane in shown}
         if self.executor is not None:
             self.executor.close(read_final=False)  # what it ran is replaced, so its states are not needed
         if states is None:
@@ -96,6 +103,16 @@ class Loader(Iterator[Any]):
         self._final_reports: dict[int, Any] | None = None
         self._closed = False  # by close(): the stream does not go on (the end of the data is not a close)
         self._undelivered = {lane: [0, 0, 0] for lane in lanes}  # outputs, records, tokens
+        self._final_meters: dict[str, Any] | None = None
+        self._deliveries = Deliveries(len(getattr(self.plan.source, "datasets", ())))
+        self._next_log = opts.log_every or 0
+        topo = self.topology
+        where = f"{opts.workers} worker process(es)" if opts.workers else ("a background thread" if opts.thread else "the calling thread")
+        log.info(
+            "%s rank %d of %d: lanes %d-%d of %d in %s%s",
+            "restored" if encoded else "started", topo.dp_rank, topo.dp_degree, lanes[0], lanes[-1], topo.canonical_replicas, where,
+            f" ({time.perf_counter() - t0:.2f} s to decode the lane states)" if encoded and not opts.workers else "",
+        )
 
     def restore(self, checkpoint: dict[str, Any]) -> "Loader":
         """Resume exactly from ``checkpoint`` (this rank's, merged, or full), in place.
@@ -139,18 +156,28 @@ class Loader(Iterator[Any]):
     def __next__(self) -> Any:
         if self._closed:
             self._check_open()
+        waited = self._deliveries.start_wait()
         if self.options.agree_on_end and self._dist is not None:
             if not self._unyielded:
                 if self._take_step() is None:
                     raise StopIteration
             out = self._unyielded.popleft()
-            self.delivered[out_lane(out)] += 1
-            return out
-        out = self._pull()
-        if out is None:
-            raise StopIteration
-        self.delivered[out_lane(out)] += 1
+        else:
+            out = self._pull()
+            if out is None:
+                raise StopIteration
+        self._deliver(out, waited)
         return out
+
+    def _deliver(self, out: Any, waited: float) -> None:
+        """Count one output handed to the caller (``waited``: when the caller started waiting)."""
+        self.delivered[out_lane(out)] += 1
+        d = self._deliveries
+        d.add(out)
+        d.end_wait(waited)
+        if self._next_log and d.outputs >= self._next_log * len(self.delivered):
+            self._next_log += self.options.log_every
+            log.info("%s", summary_line(self._light_stats()))
 
     def steps(self, *, concat: bool = False) -> Iterator[Any]:
         """Iterate by optimizer step: this rank's L/D microbatches of each global step, in lane order.
@@ -164,12 +191,14 @@ class Loader(Iterator[Any]):
                 instead of a list of microbatches.
         """
         while True:
+            waited = self._deliveries.start_wait()
             group = self._take_step()
             if group is None:
                 return
             self._unyielded.clear()
             for out in group:
-                self.delivered[out_lane(out)] += 1
+                self._deliver(out, waited)
+                waited = self._deliveries.last or waited
             if concat:
                 yield SampleBatch(tuple(r for b in group for r in b.records), getattr(group[0], "pad_token_id", None))
             else:
@@ -230,7 +259,13 @@ class Loader(Iterator[Any]):
                     self._count_undelivered(out)
         if self._final_reports is None:
             self._final_reports = ex.reports()
+            self._final_meters = ex.meters()
         ex.close(read_final=False)
+        outputs, records, tokens = (sum(c[i] for c in self._undelivered.values()) for i in range(3))
+        log.info(
+            "end of data after %d complete steps: %d outputs delivered, %d produced and not delivered (%d records, %d tokens)",
+            min(self.delivered.values()), sum(self.delivered.values()), outputs, records, tokens,
+        )
         self._warn_undelivered()
 
     def _count_undelivered(self, out: Any) -> None:
@@ -287,14 +322,36 @@ class Loader(Iterator[Any]):
         self.restore(state_dict_to_checkpoint(state_dict))
 
     def stats(self) -> dict[str, Any]:
-        """Delivered outputs per lane, what the end of data left undelivered, and operator counters.
+        """What this loader has done: deliveries, throughput, packing, drops, operators, mixture.
+
+        Cheap and always on. ``operators`` are the operators' own counters (part of their
+        states, so they continue across a restore); every other section counts this loader's
+        work since it started or was last restored. With worker processes, the operator
+        sections are asked of the workers (one round trip).
 
         Returns:
-            ``delivered`` (total), ``complete_steps``, ``lanes`` (per lane: ``delivered``,
-            ``ended``: whether iteration saw the lane run out, ``undelivered`` as ``{"outputs", "records", "tokens"}``), ``undelivered``
-            (totals) and ``operators`` (each operator's counters summed over this rank's lanes).
+            A dict with:
+
+            - ``delivered`` (outputs), ``complete_steps``, ``lanes`` (per lane: ``delivered``,
+              ``ended``: whether iteration saw the lane run out, ``undelivered`` as
+              ``{"outputs", "records", "tokens"}``) and ``undelivered`` (totals);
+            - ``operators``: each operator's counters summed over this rank's lanes;
+            - ``flow``: per stage (``source``, then each operator) ``records_in``,
+              ``records_out``, ``tokens_in``, ``tokens_out`` and ``seconds`` of work done
+              (including outputs computed ahead of delivery);
+            - ``throughput``: delivered ``outputs``, ``records``, real ``tokens``, ``seconds``
+              from the first request to the last delivery, ``tokens_per_s``, and
+              ``wait_seconds`` / ``wait_fraction``: time the caller spent waiting in ``next()``;
+            - ``packing``: ``real_tokens`` and ``slots`` delivered (records of a batch padded to
+              its longest), ``padding_tokens``, ``efficiency`` and ``padding_waste``;
+            - ``dropped``: per operator, its counters of data not emitted, by cause;
+            - ``mixture`` (several datasets): per dataset the ``target`` weight, ``samples_read``
+              and ``sample_share``, ``tokens_delivered`` and ``token_share``.
+
+            Ratios are ``None`` until there is something to divide by.
         """
         reports = self._final_reports if self._final_reports is not None else self.executor.reports()
+        meters = self._final_meters if self._final_reports is not None else self.executor.meters()
         ops: dict[str, dict[str, int]] = {}
         for lane_report in reports.values():
             for name, counters in lane_report.items():
@@ -311,7 +368,31 @@ class Loader(Iterator[Any]):
             },
             "undelivered": {k: sum(c[i] for c in self._undelivered.values()) for i, k in enumerate(names)},
             "operators": ops,
+            **summarize(operators=ops, meter=meters, deliveries=self._deliveries, dataset_names=self._dataset_names(), mixture=self._targets()),
         }
+
+    def stats_table(self) -> str:
+        """:meth:`stats` rendered as a plain-text report (print it)."""
+        return format_stats(self.stats())
+
+    def _light_stats(self) -> dict[str, Any]:
+        """The loader-side sections of :meth:`stats` (no round trip to workers), for summaries."""
+        d = summarize(operators={}, meter=None, deliveries=self._deliveries, dataset_names=(), mixture=None)
+        return {"complete_steps": min(self.delivered.values()), **d}
+
+    def _dataset_names(self) -> list[str]:
+        return [getattr(ds, "name", str(i)) for i, ds in enumerate(getattr(self.plan.source, "datasets", ()))]
+
+    def _targets(self) -> dict[str, float] | None:
+        """The source's mixture weights as fractions, by dataset name (``None`` without a mixture)."""
+        source = self.plan.source
+        try:
+            names = list(source.names)
+            weights = source.mixture.integer_weights(names)
+        except AttributeError:
+            return None
+        total = sum(weights)
+        return {n: w / total for n, w in zip(names, weights)} if total else None
 
 
 def out_lane(out: Any) -> int:

@@ -51,6 +51,9 @@ class Options:
             more than one rank and D comes from it (``dp_degree=None``), plain iteration does not;
             ``True``: both agree, over the default process group, so every rank of it must
             iterate; ``False``: neither.
+        log_every: log a one-line summary (tokens delivered, tokens/s, time waited for data,
+            packing efficiency) every this many global steps, at INFO on the ``"zephon.loader"``
+            logger (``zephon.enable_logging()`` prints it). ``None`` (default): no summaries.
     """
 
     canonical_replicas: int = attrs.field(default=1, validator=_opt_int(1))
@@ -63,6 +66,7 @@ class Options:
     drain: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     thread: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     agree_on_end: bool | None = attrs.field(default=None, validator=_opt_bool)
+    log_every: int | None = attrs.field(default=None, validator=_opt_int(1))
 
     def evolve(self, **changes) -> "Options":
         """New options with ``changes`` (``num_workers`` is accepted for ``workers``)."""

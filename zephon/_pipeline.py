@@ -18,8 +18,10 @@ from ._batch import Batch
 from ._checkpoint import build, checkpoint_to_state_dict, select_lanes, state_dict_to_checkpoint, validate
 from ._core import Chain, FilterOp, MapOp, Operator, StatelessOp
 from ._distributed import Topology, resolve_topology
+from ._explain import Explanation, explain_plan
 from ._lanes import Plan
 from ._loader import Loader
+from ._log import progress
 from ._options import Options
 from ._pack import PackFlat, PackSequences
 from ._records import SampleBatch
@@ -218,6 +220,29 @@ class Pipeline:
         last = self.operators[-1][1] if self.operators else None
         return resolve_topology(self.run_options, last.microbatch_size if isinstance(last, Batch) else None)
 
+    def explain(self, *, measure: int = 0) -> Explanation:
+        """The compiled plan: operators with their data and performance settings, lanes and ranks,
+        the executor layout, and what a checkpoint holds and its size.
+
+        Print the result for a report, or read ``.to_dict()``. Nothing runs unless ``measure`` is
+        given: then lane 0 runs here for ``measure`` outputs, its encoded state is measured per
+        operator, and the size with full buffers is extrapolated for all lanes.
+
+        Examples:
+            >>> from zephon import Pipeline
+            >>> pipe = Pipeline([{"input_ids": [1, 2, 3]}] * 8).options(canonical_replicas=2).pack_flat(4).batch(2)
+            >>> plan = pipe.explain().to_dict()
+            >>> [o["name"] for o in plan["operators"]], plan["lanes"]["records_per_global_step"]
+            (['pack_flat', 'batch'], 4)
+            >>> plan["operators"][1]["performance_settings"]
+            {'pad_token_id': None}
+        """
+        try:
+            topology = self.topology()
+        except ValueError:
+            topology = None  # explained without ranks; iterating raises the same error with its fix
+        return explain_plan(self.plan, self.run_options, topology, self.operators, measure=measure)
+
     def describe_step(self, step: int) -> list[dict[str, Any]]:
         """Which source samples and token ranges make up global step ``step``, lane by lane.
 
@@ -227,7 +252,7 @@ class Pipeline:
         """
         plan = self.plan
         out = []
-        for lane in range(plan.lanes):
+        for lane in progress(range(plan.lanes), total=plan.lanes, desc=f"running lanes to step {step}", unit="lane"):
             state, item = plan.init(lane), None
             for _ in range(step + 1):
                 state, item = plan.next(lane, state)
@@ -296,8 +321,17 @@ class Pipeline:
     def stats(self) -> dict[str, Any]:
         """The latest loader's counters (see :meth:`Loader.stats`); empty before iteration."""
         if self._latest.loader is None:
-            return {"delivered": 0, "complete_steps": 0, "lanes": {}, "undelivered": {"outputs": 0, "records": 0, "tokens": 0}, "operators": {}}
+            from ._stats import Deliveries, summarize
+
+            empty = summarize(operators={}, meter=None, deliveries=Deliveries(0), dataset_names=(), mixture=None)
+            return {"delivered": 0, "complete_steps": 0, "lanes": {}, "undelivered": {"outputs": 0, "records": 0, "tokens": 0}, "operators": {}, **empty}
         return self._latest.loader.stats()
+
+    def stats_table(self) -> str:
+        """The latest loader's :meth:`Loader.stats_table`; empty-pipeline counters before iteration."""
+        from ._stats import format_stats
+
+        return format_stats(self.stats())
 
     def close(self) -> None:
         """Stop the latest loader's workers (also done when it is garbage collected)."""

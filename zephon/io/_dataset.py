@@ -18,6 +18,7 @@ import attrs
 import msgspec
 import numpy as np
 
+from .._log import progress
 from ._jsonl import SUFFIXES, VERIFY_MODES, JsonlShard, resolve_cache_dir
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -243,7 +244,7 @@ class Dataset:
         cache = resolve_cache_dir(cache_dir)
         files = _find_files(name, path, forced=fmt is not None, recursive=recursive)
         shards = []
-        for full, shard_id, compression in files:
+        for full, shard_id, compression in progress(files, total=len(files), desc=f"indexing {name}", unit="file"):
             shard = JsonlShard(full, shard_id, compression, cache, verify)
             shard.count_rows(name)
             shards.append(shard)

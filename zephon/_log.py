@@ -1,0 +1,92 @@
+"""Logging and progress bars: quiet by default, one switch to turn both on.
+
+zephon logs through the standard ``logging`` module under the logger ``"zephon"`` (children such
+as ``"zephon.loader"``), which has a ``NullHandler``: nothing is printed unless the application
+configures logging or calls :func:`enable_logging`. Long set-up work (restoring lanes, replaying
+them, running lanes to a step) shows a ``tqdm`` progress bar when the ``"zephon"`` logger is
+enabled for INFO and tqdm is installed (the ``progress`` extra), and only once the work has taken
+more than two seconds; ``ZEPHON_PROGRESS=0`` or ``1`` forces it off or on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, Iterable, TypeVar
+
+T = TypeVar("T")
+
+logger = logging.getLogger("zephon")
+logger.addHandler(logging.NullHandler())
+
+#: Seconds before a progress bar appears (shorter work never shows one).
+PROGRESS_DELAY_S = 2.0
+
+_warned_no_tqdm = False
+
+
+def get_logger(name: str) -> logging.Logger:
+    """The logger ``zephon.<name>``."""
+    return logging.getLogger(f"zephon.{name}")
+
+
+def enable_logging(level: int | str = "INFO", stream: Any = None) -> logging.Handler:
+    """Print zephon's log records (and progress bars) to ``stream`` (default: stderr).
+
+    Adds one handler to the ``"zephon"`` logger and sets its level; calling it again replaces
+    the handler it added before. Returns the handler (``logging.getLogger("zephon").removeHandler``
+    undoes it).
+
+    Examples:
+        >>> import io, logging
+        >>> buf = io.StringIO()
+        >>> handler = enable_logging("INFO", stream=buf)
+        >>> logging.getLogger("zephon.loader").info("hello")
+        >>> buf.getvalue()
+        'zephon.loader: hello\\n'
+        >>> disable_logging()
+    """
+    disable_logging()
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    handler._zephon = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    return handler
+
+
+def disable_logging() -> None:
+    """Remove the handler :func:`enable_logging` added and restore the default level."""
+    for h in list(logger.handlers):
+        if getattr(h, "_zephon", False):
+            logger.removeHandler(h)
+    logger.setLevel(logging.NOTSET)
+
+
+def progress_enabled() -> bool:
+    """Whether :func:`progress` draws a bar: ``ZEPHON_PROGRESS``, else the ``"zephon"`` logger at INFO."""
+    forced = os.environ.get("ZEPHON_PROGRESS")
+    if forced is not None and forced.strip() != "":
+        return forced.strip().lower() not in ("0", "false", "no", "off")
+    return logger.isEnabledFor(logging.INFO)
+
+
+def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "", unit: str = "it") -> Iterable[T]:
+    """``iterable``, with a tqdm progress bar when enabled (see the module docstring).
+
+    The bar appears only after :data:`PROGRESS_DELAY_S` seconds and leaves no line behind, so
+    short work prints nothing. Without tqdm installed, a progress bar that was asked for is
+    replaced by one log line saying how to install it.
+    """
+    if not progress_enabled():
+        return iterable
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        global _warned_no_tqdm
+        if not _warned_no_tqdm:
+            _warned_no_tqdm = True
+            logger.info("progress bars need tqdm: pip install 'zephon[progress]'")
+        return iterable
+    return tqdm(iterable, total=total, desc=f"zephon: {desc}" if desc else "zephon", unit=unit, delay=PROGRESS_DELAY_S, leave=False)
