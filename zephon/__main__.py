@@ -1,4 +1,5 @@
-"""Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs.
+"""Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs;
+``zephon index PATH`` writes a dataset index.
 
 Each command registers itself with ``register(subparsers)`` and sets ``func(args) -> exit code``;
 commands that need more than a few lines live in a module of their own.
@@ -50,8 +51,14 @@ def _register_ledger(sub) -> None:
     ledger.set_defaults(func=_ledger)
 
 
+def _register_index(sub) -> None:
+    from ._cli_index import register
+
+    register(sub)
+
+
 #: One entry per command, in the order ``zephon --help`` lists them.
-COMMANDS = [_register_demo, _register_ledger]
+COMMANDS = [_register_demo, _register_ledger, _register_index]
 
 
 def main(argv: list[str] | None = None) -> int:

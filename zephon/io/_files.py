@@ -84,7 +84,8 @@ def open_cached(cache: ProcessCache, shard: Any, dataset: str, build: Callable[[
     another of the same size and time is opened again, and its digest compared.
     """
     st = shard.check_stat(dataset)
-    key = (shard.path, shard.size, shard.mtime_ns, st.st_dev, st.st_ino, getattr(shard, "columns", None))
+    variant = tuple(getattr(shard, f, None) for f in ("fmt", "columns", "eos_token_id", "dtype"))
+    key = (shard.path, shard.size, shard.mtime_ns, st.st_dev, st.st_ino, variant)
 
     def make() -> Any:
         shard.check_content(dataset)
