@@ -277,5 +277,5 @@ def test_an_unknown_source_error_names_its_full_type():
     class Dataset:  # a stranger's class that happens to share the name
         pass
 
-    with pytest.raises(TypeError, match=r"cannot read from a test_io_formats\..*Dataset; pass a zephon.io.Dataset"):
+    with pytest.raises(TypeError, match=r"cannot read from a \S*test_io_formats\.\S*<locals>\.Dataset; pass a zephon.io.Dataset"):
         Pipeline(Dataset())
