@@ -171,7 +171,7 @@ class ColumnarShard(FileIdentity):
         if rows.shape[0] == 0:
             return []
         opened = self._open(dataset)
-        max_bytes = io.row_group_cache_bytes if io is not None else 256 << 20
+        max_bytes = io.row_group_cache_bytes if io is not None else 64 << 20
         groups = np.searchsorted(opened.starts, rows, side="right") - 1
         out: list = [None] * rows.shape[0]
         for g in np.unique(groups).tolist():

@@ -90,7 +90,7 @@ class IoOptions:
     """
 
     cache: CacheOptions = attrs.field(factory=CacheOptions, converter=lambda v: _as_options(CacheOptions, v, "cache"))
-    row_group_cache_bytes: int = attrs.field(default=256 << 20, converter=lambda v: _size(v, "row_group_cache_bytes"))
+    row_group_cache_bytes: int = attrs.field(default=64 << 20, converter=lambda v: _size(v, "row_group_cache_bytes"))
 
 
 def _as_options(cls: type, value: Any, where: str) -> Any:
