@@ -279,3 +279,53 @@ def test_an_unknown_source_error_names_its_full_type():
 
     with pytest.raises(TypeError, match=r"cannot read from a \S*test_io_formats\.\S*<locals>\.Dataset; pass a zephon.io.Dataset"):
         Pipeline(Dataset())
+
+
+# -- every source resumes exactly on another D ---------------------------------------------------------------
+
+
+def _sources(tmp_path):
+    """A token-file dataset and an HF dataset of the same documents, in 3 shards each."""
+    docs = [[(7 * d + k) % 50 + 1 for k in range(d % 6)] + [0] for d in range(60)]
+    for s in range(3):
+        np.array([t for d in docs[s * 20 : (s + 1) * 20] for t in d], dtype=np.uint16).tofile(tmp_path / f"t{s}.bin")
+    tokens = Dataset.from_path("tok", str(tmp_path / "t*.bin"), eos_token_id=0, cache_dir=tmp_path / "cache")
+    hf = Dataset.from_hf("hf", datasets.Dataset.from_dict({"input_ids": docs}), shard_rows=20)
+    return {"tokens": tokens, "hf": hf}
+
+
+def _global_steps(pipes):
+    per_rank = [list(p.steps()) for p in pipes]
+    n = min(len(g) for g in per_rank)
+    return [[b for groups in per_rank for b in groups[k]] for k in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["tokens", "hf"])
+def test_token_and_hf_sources_resume_exactly_on_another_d(tmp_path, kind):
+    from zephon import merge_checkpoints
+    from zephon.testing import outputs_equal
+    from zephon.work import StaticMixtureWorkSource
+
+    ds = _sources(tmp_path)[kind]
+
+    def build(dp, rank):
+        src = StaticMixtureWorkSource([ds], {ds.name: 1}, seed=5, shuffle_within_shard=True, chunk_size=4)
+        return Pipeline(src).options(canonical_replicas=4, dp_degree=dp, dp_rank=rank).map(_as_array).pack_flat(8, algorithm="wrap").shuffle(4, seed=1).batch(2)
+
+    reference = _global_steps([build(1, 0)])
+    assert len(reference) >= 3
+    ranks = [build(2, r) for r in range(2)]
+    for pipe in ranks:
+        steps = pipe.steps()
+        next(steps), next(steps)
+    merged = json.loads(json.dumps(merge_checkpoints([p.checkpoint() for p in ranks])))
+    resumed = [build(4, r) for r in range(4)]
+    for pipe in resumed:
+        pipe.restore(merged)
+    got = _global_steps(resumed)
+    assert len(got) == len(reference) - 2
+    assert all(outputs_equal(a, b) for a, b in zip(got, reference[2:]))
+
+
+def _as_array(payload):
+    return {"input_ids": np.asarray(payload["input_ids"], dtype=np.int64)}

@@ -13,6 +13,8 @@ import time
 
 import fsspec
 import pyarrow as pa
+import numpy as np
+import pyarrow.feather
 import pyarrow.parquet
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
@@ -61,12 +63,24 @@ def parquet(shard: int, n: int = 5) -> bytes:
     return sink.getvalue()
 
 
+def arrow(shard: int, n: int = 5) -> bytes:
+    sink = io.BytesIO()
+    pa.feather.write_feather(pa.Table.from_pylist([{"text": f"r{shard}-{i}"} for i in range(n)]), sink, chunksize=2)
+    return sink.getvalue()
+
+
+def tokens(shard: int, n: int = 5) -> bytes:
+    return b"".join(np.array([shard + 1, i + 1, 0], dtype=np.uint16).tobytes() for i in range(n))
+
+
 @pytest.fixture
 def stores(tmp_path):
     mem = fsspec.filesystem("memory")
     for s in range(3):
         mem.pipe(f"/bucket/{tmp_path.name}/j/part-{s}.jsonl", jsonl(s))
         mem.pipe(f"/bucket/{tmp_path.name}/p/part-{s}.parquet", parquet(s))
+        mem.pipe(f"/bucket/{tmp_path.name}/a/part-{s}.arrow", arrow(s))
+        mem.pipe(f"/bucket/{tmp_path.name}/t/part-{s}.bin", tokens(s))
     FlakyStore.store.clear()
     FlakyStore.failures.clear()
     FlakyStore.opens = 0
@@ -97,6 +111,18 @@ def test_a_memory_url_reads_through_the_shard_cache_like_local_files(stores, sub
     assert got == [f"r{s}-{i}" for s in range(3) for i in range(5)]
     identity = ds.fingerprint()["shards"][0]["identity"]
     assert identity.startswith("mtime=") and ds.shard_path(0).startswith("memory://")
+
+
+@pytest.mark.parametrize("sub", ["a", "t"])
+def test_arrow_and_token_files_on_a_store_read_through_the_cache(stores, sub):
+    root, tmp = stores
+    ds = Dataset.from_path("r", f"{root}/{sub}", io_options=cache(tmp), eos_token_id=0, cache_dir=tmp / "c")
+    assert ds.format == {"a": "arrow", "t": "tokens"}[sub] and ds.shard_sizes == (5, 5, 5)
+    got = ds.read(1, [4, 0])
+    if sub == "a":
+        assert got == [{"text": "r1-4"}, {"text": "r1-0"}]
+    else:
+        assert [g["input_ids"].tolist() for g in got] == [[2, 5, 0], [2, 1, 0]]
 
 
 def test_globs_and_file_urls(stores):
