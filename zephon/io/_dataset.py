@@ -20,6 +20,7 @@ import numpy as np
 
 from ._jsonl import VERIFY_MODES, JsonlShard, resolve_cache_dir
 from ._storage import IoOptions
+from ._storage import io_options as _as_io
 
 PathLike = Union[str, "os.PathLike[str]"]
 ShardId = Union[str, int]
@@ -140,13 +141,17 @@ def _encode_value(value: Any) -> Any:
 class Dataset:
     """A named, immutable list of shards; every sample is addressed by ``(shard, row)``.
 
-    Make one with :meth:`from_path` (JSONL files), :meth:`from_dict` or :meth:`from_rows` (rows in
+    Make one with :meth:`from_path` (JSONL, Parquet, Arrow or token files, local or remote),
+    :meth:`from_hf` (a Hugging Face dataset), :meth:`from_dict` or :meth:`from_rows` (rows in
     memory). A dataset pickles with the standard library; open files are not pickled but mapped
     again on first read in each process.
 
     Attributes:
         name: the dataset's name (the mixture component name).
-        format: ``"jsonl"`` or ``"inmem"``.
+        format: ``"jsonl"``, ``"parquet"``, ``"arrow"``, ``"tokens"``, ``"hf"`` or ``"inmem"``.
+        io: how shards are fetched and cached (:class:`~zephon.io.IoOptions`; not in the
+            fingerprint).
+        columns: the projected columns of a Parquet or Arrow dataset (``None``: all).
         shard_ids: the shards' ids, in shard order: relative paths for files; for in-memory
             shards the mapping's keys as given, all strings or all ints.
 
@@ -162,7 +167,7 @@ class Dataset:
     format: str
     shard_ids: tuple[ShardId, ...] = attrs.field(converter=tuple)
     _shards: tuple[Any, ...] = attrs.field(converter=tuple)
-    io: IoOptions = attrs.field(factory=IoOptions, kw_only=True, converter=lambda v: v if isinstance(v, IoOptions) else IoOptions())
+    io: IoOptions = attrs.field(factory=IoOptions, kw_only=True, converter=_as_io)
     columns: tuple[str, ...] | None = attrs.field(default=None, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
@@ -255,7 +260,6 @@ class Dataset:
                 ``pip install`` line).
         """
         from ._discover import FORMATS, discover
-        from ._storage import io_options as _io
 
         if fmt is not None and fmt not in FORMATS:
             raise ValueError(
@@ -271,7 +275,7 @@ class Dataset:
             raise ValueError(f"unknown index {index!r} for dataset {name!r}; use 'auto', 'require' or 'off'")
         if token_dtype is not None and token_dtype not in ("uint16", "uint32", "int32", "int64"):
             raise ValueError(f"dataset {name!r}: token_dtype must be 'uint16', 'uint32', 'int32' or 'int64', got {token_dtype!r}")
-        io = _io(io_options)
+        io = _as_io(io_options)
         root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options)
         kind = found[0].fmt
         if columns is not None:
@@ -332,9 +336,7 @@ class Dataset:
             >>> ds.with_io_options({"cache": {"max_bytes": "10gb"}}).io.cache.max_bytes
             10737418240
         """
-        from ._storage import io_options as _io
-
-        return attrs.evolve(self, io=_io(io_options))
+        return attrs.evolve(self, io=_as_io(io_options))
 
     @classmethod
     def from_dict(cls, name: str, shards: Mapping[ShardId, InMemoryShard | Sequence[Any]]) -> Dataset:
@@ -708,12 +710,11 @@ def build_index(
         ``(where the index was written, the dataset)``.
     """
     from ._discover import discover, write_index
-    from ._storage import io_options as _io
 
     name = "index"
     root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options)
     spec = ShardSpec(found[0].fmt, resolve_cache_dir(cache_dir), verify, None, eos_token_id, token_dtype)
-    io = _io(io_options)
+    io = _as_io(io_options)
     shards = open_shards(name, root, found, spec, storage_options, io, index="off", progress=progress)
     entries = {f.shard_id: index_entry(f, s) for f, s in zip(found, shards)}
     where = write_index(root, entries, spec.settings(), storage_options)
