@@ -24,7 +24,7 @@ def rows_of(shard: int, n: int) -> list[dict]:
 
 
 @pytest.fixture
-def copies(tmp_path):
+def copies(tmp_path, monkeypatch):
     """Three shards of 25 rows as JSONL, Parquet (row groups of 7) and Arrow (batches of 6)."""
     for fmt in ("jsonl", "parquet", "arrow"):
         (tmp_path / fmt).mkdir()
@@ -34,9 +34,8 @@ def copies(tmp_path):
         table = pa.Table.from_pylist(rows)
         pa.parquet.write_table(table, tmp_path / "parquet" / f"part-{s}.parquet", row_group_size=7)
         pa.feather.write_feather(table, tmp_path / "arrow" / f"part-{s}.arrow", chunksize=6)
-    os.environ["ZEPHON_CACHE_DIR"] = str(tmp_path / "cache")
-    yield tmp_path
-    os.environ.pop("ZEPHON_CACHE_DIR", None)
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path
 
 
 # -- detection, globs, lists ----------------------------------------------------------------------------
