@@ -6,6 +6,8 @@ rows) under a temporary folder, and the recipe of ``benchmarks/recipe.py`` (toke
 process, JSONL and Parquet alternating, ``--repeats`` times. The table gives median tokens per
 wall-clock second and per CPU second (all threads of the process, which other load on the machine
 disturbs much less), and the ratios Parquet / JSONL measured in the same run (target: at least 0.95).
+A third configuration, JSONL in a process that has imported pyarrow, separates the cost of loading
+pyarrow from the cost of reading Parquet.
 
 Part 2 (memory). A Parquet shard of about ``--big-gb`` GB (uncompressed text rows of about 1 KB,
 row groups of 10,000 rows) is written under ``--tmp`` (default: the system temp folder) and read in
@@ -55,6 +57,9 @@ def _rss_mib() -> float:
 
 def child_recipe(task: dict[str, Any]) -> dict[str, Any]:
     import torch
+
+    if task.get("import_pyarrow"):  # the control: JSONL in a process that has loaded pyarrow
+        import pyarrow.parquet  # noqa: F401
 
     from zephon import Pipeline
     from zephon.io import Dataset
@@ -194,10 +199,10 @@ def main() -> None:
         print(json.dumps(C.machine_info()))
         if not args.skip_throughput:
             parquet = to_parquet(args.corpus, work / "parquet")
-            runs: dict[str, list] = {"jsonl": [], "parquet": []}
+            runs: dict[str, list] = {"jsonl": [], "jsonl+pyarrow": [], "parquet": []}
             for _ in range(args.repeats):
-                for fmt, folder in (("jsonl", args.corpus), ("parquet", parquet)):
-                    task = {"corpus": str(folder), "tokenizer": str(args.tokenizer), "lanes": args.lanes, "cache": str(work / "cache")}
+                for fmt, folder in (("jsonl", args.corpus), ("jsonl+pyarrow", args.corpus), ("parquet", parquet)):
+                    task = {"corpus": str(folder), "tokenizer": str(args.tokenizer), "lanes": args.lanes, "cache": str(work / "cache"), "import_pyarrow": fmt == "jsonl+pyarrow"}
                     runs[fmt].append(run_child("recipe", task))
             med = {f: C.median([r["tokens_per_s"] for r in rs]) for f, rs in runs.items()}
             cpu = {f: C.median([r["tokens_per_cpu_s"] for r in rs]) for f, rs in runs.items()}
@@ -206,6 +211,8 @@ def main() -> None:
             C.print_table(["format", "tokens/s wall (median)", "tokens per CPU-s (median)", "open s", "peak RSS MiB"], rows)
             print(f"Parquet / JSONL: {med['parquet'] / med['jsonl']:.3f} by wall time, {cpu['parquet'] / cpu['jsonl']:.3f} by CPU time "
                   f"(target >= 0.95; CPU time is the steadier figure on a shared machine); tokens per pass: {runs['jsonl'][0]['tokens']:,}")
+            print(f"Parquet / (JSONL in a process that imported pyarrow): {med['parquet'] / med['jsonl+pyarrow']:.3f} by wall time, "
+                  f"{cpu['parquet'] / cpu['jsonl+pyarrow']:.3f} by CPU time (what reading Parquet costs beyond loading pyarrow)")
         if not args.skip_big:
             big = work / "big.parquet"
             t0 = time.perf_counter()

@@ -112,8 +112,8 @@ class ColumnarShard(FileIdentity):
     # -- opening ------------------------------------------------------------------------------------
     def count_rows(self, dataset: str, io: Any = None) -> int:
         """Read the footer (row groups and schema) and take the content digest; once, at discovery."""
-        self._take_digest()
         opened = self._open(dataset)
+        self._take_digest()  # after opening: the first open has no digest to compare with yet
         self.group_rows = tuple(np.diff(opened.starts).tolist())
         self.num_rows = int(opened.starts[-1])
         return self.num_rows

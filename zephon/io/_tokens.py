@@ -94,8 +94,9 @@ class TokenShard(FileIdentity):
         self.cache_dir = cache_dir
 
     def count_rows(self, dataset: str, io: Any = None) -> int:
-        self._take_digest()
-        self.num_rows = self._open(dataset).offsets.shape[0] - 1
+        rows = self._open(dataset).offsets.shape[0] - 1
+        self._take_digest()  # after opening: the first open has no digest to compare with yet
+        self.num_rows = rows
         return self.num_rows
 
     def _open(self, dataset: str) -> _Tokens:
