@@ -200,8 +200,10 @@ def main() -> None:
         if not args.skip_throughput:
             parquet = to_parquet(args.corpus, work / "parquet")
             runs: dict[str, list] = {"jsonl": [], "jsonl+pyarrow": [], "parquet": []}
-            for _ in range(args.repeats):
-                for fmt, folder in (("jsonl", args.corpus), ("jsonl+pyarrow", args.corpus), ("parquet", parquet)):
+            configs = [("jsonl", args.corpus), ("jsonl+pyarrow", args.corpus), ("parquet", parquet)]
+            for repeat in range(args.repeats):
+                # The order rotates each repeat, so no configuration always runs first (or after another).
+                for fmt, folder in configs[repeat % 3 :] + configs[: repeat % 3]:
                     task = {"corpus": str(folder), "tokenizer": str(args.tokenizer), "lanes": args.lanes, "cache": str(work / "cache"), "import_pyarrow": fmt == "jsonl+pyarrow"}
                     runs[fmt].append(run_child("recipe", task))
             med = {f: C.median([r["tokens_per_s"] for r in rs]) for f, rs in runs.items()}
