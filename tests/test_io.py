@@ -150,8 +150,8 @@ def test_fmt_forces_jsonl(tmp_path):
         Dataset.from_path("web", tmp_path / "data.txt")
     assert Dataset.from_path("web", tmp_path / "data.txt", fmt="jsonl").shard_sizes == (3,)
     assert Dataset.from_path("web", tmp_path, fmt="jsonl").shard_ids == ("data.txt", "more.json.gz")
-    with pytest.raises(ValueError, match=r"unknown fmt 'parquet'.*jsonl"):
-        Dataset.from_path("web", tmp_path, fmt="parquet")
+    with pytest.raises(ValueError, match=r"unknown fmt 'csv'.*'jsonl', 'parquet'"):
+        Dataset.from_path("web", tmp_path, fmt="csv")
 
 
 # -- the index cache -------------------------------------------------------------------------------------
@@ -276,7 +276,7 @@ def test_missing_path_and_empty_folder(tmp_path):
         Dataset.from_path("web", tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="gone.jsonl"):
         Dataset.from_path("web", [tmp_path / "gone.jsonl"])
-    with pytest.raises(ValueError, match=r"no JSONL files .*found: nothing.*\.jsonl\.zst"):
+    with pytest.raises(ValueError, match=r"no supported files .*found: nothing.*\.jsonl\.zst"):
         Dataset.from_path("web", tmp_path)
     (tmp_path / "notes.txt").write_text("x")
     (tmp_path / "deeper").mkdir()

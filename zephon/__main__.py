@@ -1,5 +1,6 @@
 """Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs;
-``zephon inspect PATH`` shows tokenized records; ``zephon explain CONFIG`` prints a compiled plan.
+``zephon inspect PATH`` shows tokenized records; ``zephon explain CONFIG`` prints a compiled plan;
+``zephon index PATH`` writes a dataset index.
 
 Each command registers itself with ``register(subparsers)`` and sets ``func(args) -> exit code``;
 commands that need more than a few lines live in a module of their own.
@@ -51,20 +52,19 @@ def _register_ledger(sub) -> None:
     ledger.set_defaults(func=_ledger)
 
 
-def _register_inspect(sub) -> None:
-    from ._cli_inspect import register
+def _command(module: str):
+    """The ``register`` of a command that lives in a module of its own, imported when called."""
 
-    register(sub)
+    def register(sub) -> None:
+        import importlib
 
+        importlib.import_module(f".{module}", __package__).register(sub)
 
-def _register_explain(sub) -> None:
-    from ._cli_explain import register
-
-    register(sub)
+    return register
 
 
 #: One entry per command, in the order ``zephon --help`` lists them.
-COMMANDS = [_register_demo, _register_ledger, _register_inspect, _register_explain]
+COMMANDS = [_register_demo, _register_ledger, _command("_cli_index"), _command("_cli_inspect"), _command("_cli_explain")]
 
 
 def main(argv: list[str] | None = None) -> int:

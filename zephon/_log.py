@@ -72,14 +72,17 @@ def progress_enabled() -> bool:
     return logger.isEnabledFor(logging.INFO)
 
 
-def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "", unit: str = "it") -> Iterable[T]:
+def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "", unit: str = "it", force: bool | None = None) -> Iterable[T]:
     """``iterable``, with a tqdm progress bar when enabled (see the module docstring).
+
+    ``force=True`` draws the bar whatever the logger says (a caller asked for it, as
+    ``zephon index`` does); ``False`` never draws it; ``None`` follows :func:`progress_enabled`.
 
     The bar appears only after :data:`PROGRESS_DELAY_S` seconds and leaves no line behind, so
     short work prints nothing. Without tqdm installed, a progress bar that was asked for is
     replaced by one log line saying how to install it.
     """
-    if not progress_enabled():
+    if not (progress_enabled() if force is None else force):
         return iterable
     try:
         from tqdm.auto import tqdm

@@ -6,7 +6,17 @@ lanes run, so it may change between a checkpoint and its restore.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
+
+
+def _io_options(value: Any) -> Any:
+    if value is None:
+        return None
+    from .io._storage import io_options
+
+    return io_options(value)
 
 
 def _opt_int(minimum: int):
@@ -54,6 +64,9 @@ class Options:
         log_every: log a one-line summary (tokens delivered, tokens/s, time waited for data,
             packing efficiency) every this many global steps, at INFO on the ``"zephon.loader"``
             logger (``zephon.enable_logging()`` prints it). ``None`` (default): no summaries.
+        io_options: how shards are fetched and cached (a dict or
+            :class:`~zephon.io.IoOptions`): ``{"cache": {"enabled", "dir", "max_bytes", "retries",
+            "backoff_s", "max_backoff_s"}, "row_group_cache_bytes"}``. ``None``: each dataset's own.
     """
 
     canonical_replicas: int = attrs.field(default=1, validator=_opt_int(1))
@@ -67,6 +80,7 @@ class Options:
     thread: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     agree_on_end: bool | None = attrs.field(default=None, validator=_opt_bool)
     log_every: int | None = attrs.field(default=None, validator=_opt_int(1))
+    io_options: Any = attrs.field(default=None, converter=_io_options)
 
     def evolve(self, **changes) -> "Options":
         """New options with ``changes`` (``num_workers`` is accepted for ``workers``)."""

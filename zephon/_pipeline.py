@@ -209,7 +209,10 @@ class Pipeline:
     @property
     def plan(self) -> Plan:
         """The compiled, picklable description of the lanes (source, chain, lane count)."""
-        return Plan(self.source, Chain(self.operators), self.run_options.canonical_replicas, self.run_options.read_size)
+        source = self.source
+        if self.run_options.io_options is not None:
+            source = source.with_io_options(self.run_options.io_options)
+        return Plan(source, Chain(self.operators), self.run_options.canonical_replicas, self.run_options.read_size)
 
     def fingerprint(self) -> dict[str, Any]:
         """Everything that decides the data: source, operators, lane count."""

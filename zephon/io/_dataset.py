@@ -18,13 +18,14 @@ import attrs
 import msgspec
 import numpy as np
 
-from .._log import progress
-from ._jsonl import SUFFIXES, VERIFY_MODES, JsonlShard, resolve_cache_dir
+from .._log import progress as progress_bar
+from ._jsonl import VERIFY_MODES, JsonlShard, resolve_cache_dir
+from ._storage import IoOptions
+from ._storage import io_options as _as_io
 
 PathLike = Union[str, "os.PathLike[str]"]
 ShardId = Union[str, int]
 
-_FORMATS = ("jsonl",)
 _LISTED = 10
 
 
@@ -81,7 +82,7 @@ class InMemoryShard:
         """Number of rows."""
         return len(self._rows)
 
-    def read(self, rows: np.ndarray, dataset: str) -> list:
+    def read(self, rows: np.ndarray, dataset: str, io: Any = None) -> list:
         data = self._rows
         return [data[i] for i in rows.tolist()]
 
@@ -141,13 +142,17 @@ def _encode_value(value: Any) -> Any:
 class Dataset:
     """A named, immutable list of shards; every sample is addressed by ``(shard, row)``.
 
-    Make one with :meth:`from_path` (JSONL files), :meth:`from_dict` or :meth:`from_rows` (rows in
+    Make one with :meth:`from_path` (JSONL, Parquet, Arrow or token files, local or remote),
+    :meth:`from_hf` (a Hugging Face dataset), :meth:`from_dict` or :meth:`from_rows` (rows in
     memory). A dataset pickles with the standard library; open files are not pickled but mapped
     again on first read in each process.
 
     Attributes:
         name: the dataset's name (the mixture component name).
-        format: ``"jsonl"`` or ``"inmem"``.
+        format: ``"jsonl"``, ``"parquet"``, ``"arrow"``, ``"tokens"``, ``"hf"`` or ``"inmem"``.
+        io: how shards are fetched and cached (:class:`~zephon.io.IoOptions`; not in the
+            fingerprint).
+        columns: the projected columns of a Parquet or Arrow dataset (``None``: all).
         shard_ids: the shards' ids, in shard order: relative paths for files; for in-memory
             shards the mapping's keys as given, all strings or all ints.
 
@@ -163,6 +168,8 @@ class Dataset:
     format: str
     shard_ids: tuple[ShardId, ...] = attrs.field(converter=tuple)
     _shards: tuple[Any, ...] = attrs.field(converter=tuple)
+    io: IoOptions = attrs.field(factory=IoOptions, kw_only=True, converter=_as_io)
+    columns: tuple[str, ...] | None = attrs.field(default=None, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -186,69 +193,151 @@ class Dataset:
         cache_dir: PathLike | None = None,
         recursive: bool = False,
         verify: str = "quick",
+        columns: Sequence[str] | None = None,
+        eos_token_id: int | None = None,
+        token_dtype: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        io_options: Any = None,
+        index: str = "auto",
+        progress: bool = False,
     ) -> Dataset:
-        """Open JSONL files as a dataset, one shard per file.
+        """Open files as a dataset, one shard per file: JSONL, Parquet, Arrow IPC or token files.
 
-        ``path`` is a folder, one file, or a list of files. Shards are ordered by their path
-        relative to the folder (or, for a list, to the files' common folder), sorted, whatever order
-        the files are listed or found in. Folder discovery skips hidden entries and, unless
-        ``recursive``, subfolders.
+        ``path`` is a folder, one file, a glob (``"data/*.parquet"``, ``"data/**/*.jsonl.zst"``),
+        a list of files, or any of these as an fsspec URL (``s3://``, ``gs://``, ``az://``,
+        ``hf://``, ``memory://``; ``file://`` is local). Shards are ordered by their path relative
+        to the folder (the glob's fixed part, or the files' common folder), sorted, whatever
+        order they are listed or found in. Folder discovery skips hidden entries and, unless
+        ``recursive``, subfolders. One dataset holds one format.
 
-        Each file's rows are its non-blank lines (lines of only spaces, tabs or ``\\r`` are skipped
-        and get no row number); a last line without a newline counts. Rows are counted here through
-        a line-offset index, built once per file by a fast scan and cached under
-        ``<cache_dir>/index/``; ``.gz`` and ``.zst`` files are decompressed once into
-        ``<cache_dir>/decompressed/``. When the cache folder cannot be written, both are kept in
-        memory (with a ``RuntimeWarning``).
+        Formats, by ending (``fmt=`` forces one): ``jsonl`` (``.jsonl``, ``.jsonl.gz``,
+        ``.jsonl.zst``), ``parquet`` (``.parquet``, ``.pq``), ``arrow`` (``.arrow``, ``.feather``,
+        ``.ipc``: Arrow IPC file or stream) and ``tokens`` (``.bin``, ``.npy``: flat token ids,
+        documents split at ``eos_token_id`` or by a Megatron ``.idx`` beside each ``.bin``). See
+        the sources guide for each format's rows and costs.
 
-        Files must stay unchanged while the dataset is in use; a change is reported instead of read
-        (:class:`~zephon.io.ShardChangedError`). Every read compares the file's size and
-        modification time with those seen here. When a file is mapped (first use in a process, or
-        again after more than 128 files were in use) and at most once a second while it stays
-        mapped, a digest of its content is compared too: of its first and last 64 KiB by default;
-        of the whole file with ``verify="full"``, which also catches a rewrite that keeps size and
-        time and changes only the middle, at the cost of reading the whole file each time. See
-        "What is detected" in the sources guide for the exact limits.
+        Every format keeps JSONL's guarantees: files must stay unchanged while the dataset is in
+        use, and a change is reported (:class:`~zephon.io.ShardChangedError`) instead of read,
+        through the file's size and modification time (checked before every read) and a
+        digest of its first and last 64 KiB (of all of it with ``verify="full"``) checked when a
+        process opens it; a file cut short fails naming it. A remote shard is identified by its
+        size and ETag (or checksum) and read from a whole copy in the local shard cache
+        (``io_options``).
 
         Args:
             name: the dataset's name.
-            path: a folder, a file, or a list of files.
-            fmt: ``None`` to detect from the endings ``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``;
-                ``"jsonl"`` to read every given (or, in a folder, every non-hidden) file as JSONL,
-                gzip- or zstd-compressed when it ends in ``.gz`` or ``.zst``.
-            cache_dir: cache folder; default ``$ZEPHON_CACHE_DIR``, else ``~/.cache/zephon``.
+            path: a folder, a file, a glob, a list of files, or a URL of any of these.
+            fmt: ``None`` to detect the format from the endings; ``"jsonl"``, ``"parquet"``,
+                ``"arrow"`` or ``"tokens"`` to read every given (or, in a folder, every
+                non-hidden) file as that format.
+            cache_dir: cache folder for JSONL indexes, decompressed copies and token offsets;
+                default ``$ZEPHON_CACHE_DIR``, else ``~/.cache/zephon``.
             recursive: also search subfolders of a folder.
-            verify: ``"quick"`` (digest of the first and last 64 KiB of each file) or ``"full"``
-                (digest of whole files, read in full when the dataset is opened and whenever a
-                file is mapped). Decides only how changed files are detected, never the data.
+            verify: ``"quick"`` or ``"full"``: how much of each file the content check hashes.
+            columns: Parquet/Arrow only: the columns to decode (the others are never read);
+                ``None``: all. Rows hold only these fields.
+            eos_token_id: token files: the end-of-document token that splits documents.
+            token_dtype: ``.bin`` token files without a Megatron index: ``"uint16"`` (default)
+                or ``"uint32"``.
+            storage_options: passed to the fsspec filesystem of a URL (credentials, endpoint).
+            io_options: the shard cache and row-group cache settings (see
+                :meth:`with_io_options`); usually set for a whole pipeline with
+                ``Pipeline.options(io_options=...)``.
+            index: ``"auto"``: use the dataset index (``.zephon-index.json`` in the root, written
+                by ``zephon index PATH``) for shards whose identity still matches and count the
+                others (with a warning); ``"require"``: refuse a missing or stale index;
+                ``"off"``: ignore it.
+            progress: show a progress bar (needs ``tqdm``) while shards are counted.
 
         Returns:
-            The dataset, with format ``"jsonl"``.
+            The dataset, with the files' format.
 
         Raises:
-            FileNotFoundError: a path does not exist.
-            ValueError: unknown ``fmt`` or ``verify``; no supported files; a file that cannot be
-                decompressed, or a compressed file that is cut short.
-            ImportError: a ``.zst`` file without the ``zstandard`` package.
+            FileNotFoundError: a path does not exist, or a glob matches nothing.
+            ValueError: unknown ``fmt``, ``verify`` or ``index``; no supported files; several
+                formats; a file that cannot be read as its format or is cut short; a stale index
+                with ``index="require"``.
+            ImportError: a format whose optional package is missing (the message names the
+                ``pip install`` line).
         """
-        if fmt is not None and fmt not in _FORMATS:
+        from ._discover import FORMATS, discover
+
+        if fmt is not None and fmt not in FORMATS:
             raise ValueError(
-                f"unknown fmt {fmt!r} for dataset {name!r}; supported: 'jsonl' (files ending in "
-                f"{', '.join(SUFFIXES)}), or fmt=None to detect it from the file endings"
+                f"unknown fmt {fmt!r} for dataset {name!r}; supported: {', '.join(map(repr, FORMATS))}, "
+                "or fmt=None to detect it from the file endings"
             )
         if verify not in VERIFY_MODES:
             raise ValueError(
                 f"unknown verify {verify!r} for dataset {name!r}; use 'quick' (the first and last 64 KiB of each "
                 "file are checked for changes) or 'full' (whole files)"
             )
-        cache = resolve_cache_dir(cache_dir)
-        files = _find_files(name, path, forced=fmt is not None, recursive=recursive)
-        shards = []
-        for full, shard_id, compression in progress(files, total=len(files), desc=f"indexing {name}", unit="file"):
-            shard = JsonlShard(full, shard_id, compression, cache, verify)
-            shard.count_rows(name)
-            shards.append(shard)
-        return cls(name, "jsonl", [s.shard_id for s in shards], shards)
+        if index not in ("auto", "require", "off"):
+            raise ValueError(f"unknown index {index!r} for dataset {name!r}; use 'auto', 'require' or 'off'")
+        if token_dtype is not None and token_dtype not in ("uint16", "uint32", "int32", "int64"):
+            raise ValueError(f"dataset {name!r}: token_dtype must be 'uint16', 'uint32', 'int32' or 'int64', got {token_dtype!r}")
+        io = _as_io(io_options)
+        root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options)
+        kind = found[0].fmt
+        if columns is not None:
+            if kind not in ("parquet", "arrow"):
+                raise ValueError(f"dataset {name!r}: columns= applies to Parquet and Arrow files, not {kind}")
+            columns = _column_list(name, columns)
+        spec = ShardSpec(kind, resolve_cache_dir(cache_dir), verify, None if columns is None else tuple(columns), eos_token_id, token_dtype)
+        shards = open_shards(name, root, found, spec, storage_options, io, index=index, progress=progress)
+        return cls(name, kind, [s.shard_id for s in shards], shards, io=io, columns=spec.columns)
+
+    @classmethod
+    def from_hf(cls, name: str, hf_dataset: Any, *, split: str | None = None, shard_rows: int | None = None) -> Dataset:
+        """A Hugging Face ``datasets.Dataset`` (or a ``DatasetDict`` split) as a dataset.
+
+        Rows are read by random access from the HF dataset (memory mapped Arrow) and come as
+        dicts of Python values, whatever format the HF dataset was set to. The identity is the
+        HF dataset's own fingerprint, which changes with every transform and with its files.
+        ``datasets.IterableDataset`` streams are refused with how to materialize them.
+
+        Args:
+            name: the dataset's name.
+            hf_dataset: a ``datasets.Dataset``, or a ``datasets.DatasetDict`` with ``split``.
+            split: the split of a ``DatasetDict`` (optional when it has only one).
+            shard_rows: cut the rows into shards of this many (so ``shuffle_shards`` has
+                shards to shuffle); ``None``: one shard.
+
+        Returns:
+            The dataset, with format ``"hf"``.
+
+        Raises:
+            TypeError: a stream, an iterator, or another object.
+            ValueError: a ``DatasetDict`` with several splits and no ``split``; an empty dataset.
+        """
+        from ._hf import HfShard, select_split
+
+        data = select_split(hf_dataset, name, split)
+        total = len(data)
+        if total == 0:
+            raise ValueError(f"dataset {name!r}: the Hugging Face dataset has no rows")
+        if shard_rows is not None and (isinstance(shard_rows, bool) or not isinstance(shard_rows, int) or shard_rows < 1):
+            raise ValueError(f"dataset {name!r}: shard_rows must be an int >= 1 or None, got {shard_rows!r}")
+        step = shard_rows or total
+        shards = [HfShard(data, lo, min(lo + step, total)) for lo in range(0, total, step)]
+        return cls(name, "hf", list(range(len(shards))), shards)
+
+    def with_io_options(self, io_options: Any) -> Dataset:
+        """The same dataset read with other I/O settings (shard cache, row-group cache).
+
+        These settings decide only where copies are kept and how much is kept decoded, never the
+        rows, so they are not part of the fingerprint.
+
+        Args:
+            io_options: a dict or :class:`~zephon.io.IoOptions`: ``{"cache": {"enabled", "dir",
+                "max_bytes", "retries", "backoff_s", "max_backoff_s"}, "row_group_cache_bytes"}``.
+
+        Example:
+            >>> ds = Dataset.from_rows("toy", [{"x": 1}])
+            >>> ds.with_io_options({"cache": {"max_bytes": "10gb"}}).io.cache.max_bytes
+            10737418240
+        """
+        return attrs.evolve(self, io=_as_io(io_options))
 
     @classmethod
     def from_dict(cls, name: str, shards: Mapping[ShardId, InMemoryShard | Sequence[Any]]) -> Dataset:
@@ -356,7 +445,7 @@ class Dataset:
             count = len(self._shards)
             raise IndexError(f"dataset {self.name!r} has {count} shards (0..{count - 1}); got shard {index}")
         target = self._shards[index]
-        return target.read(self._row_array(rows, index, target.num_rows), self.name)
+        return target.read(self._row_array(rows, index, target.num_rows), self.name, self.io)
 
     def _row_array(self, rows: Any, shard: int, size: int) -> np.ndarray:
         array = np.asarray(rows)
@@ -404,11 +493,11 @@ class Dataset:
             >>> fp["shards"][0]["rows"], fp["shards"][0]["identity"].startswith("blake2b:")
             (1, True)
         """
-        return {
-            "name": self.name,
-            "format": self.format,
-            "shards": [{"id": sid, **s.fingerprint()} for sid, s in zip(self.shard_ids, self._shards)],
-        }
+        out: dict[str, Any] = {"name": self.name, "format": self.format}
+        if self.columns is not None:  # rows hold only these fields
+            out["columns"] = list(self.columns)
+        out["shards"] = [{"id": sid, **s.fingerprint()} for sid, s in zip(self.shard_ids, self._shards)]
+        return out
 
     def __repr__(self) -> str:
         return f"Dataset(name={self.name!r}, format={self.format!r}, shards={self.num_shards}, rows={self.num_rows})"
@@ -476,94 +565,148 @@ def as_dataset(obj: Any, name: str = "data") -> Dataset:
     )
 
 
-# -- file discovery -----------------------------------------------------------------------------------
+# -- opening file shards ------------------------------------------------------------------------------
 
 
-def _compression_of(filename: str, forced: bool) -> tuple[bool, str | None]:
-    """(is JSONL, compression) of a file name; ``forced`` reads any name as JSONL."""
-    lower = filename.lower()
-    for suffix, compression in SUFFIXES.items():
-        if lower.endswith(suffix):
-            return True, compression
-    if forced:
-        if lower.endswith(".gz"):
-            return True, "gzip"
-        if lower.endswith((".zst", ".zstd")):
-            return True, "zstd"
-        return True, None
-    return False, None
+def _column_list(name: str, columns: Any) -> list[str]:
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        raise TypeError(f"dataset {name!r}: columns must be a list of column names, got {columns!r}")
+    out = list(columns)
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"dataset {name!r}: columns must name at least one column, each once, got {out}")
+    return out
 
 
-def _missing(name: str, path: str) -> FileNotFoundError:
-    return FileNotFoundError(f"dataset {name!r}: path {path} does not exist")
+@attrs.frozen
+class ShardSpec:
+    """How to open a local file of a dataset as a shard (picklable; also used for remote copies)."""
+
+    fmt: str
+    cache_dir: str
+    verify: str
+    columns: tuple[str, ...] | None = None
+    eos_token_id: int | None = None
+    token_dtype: str | None = None
+
+    def __call__(self, path: str, shard_id: str, compression: str | None = None) -> Any:
+        if self.fmt == "jsonl":
+            if compression is None:
+                lower = path.lower()
+                compression = "gzip" if lower.endswith(".gz") else "zstd" if lower.endswith((".zst", ".zstd")) else None
+            return JsonlShard(path, shard_id, compression, self.cache_dir, self.verify)
+        if self.fmt in ("parquet", "arrow"):
+            from ._columnar import ColumnarShard
+
+            return ColumnarShard(path, shard_id, self.fmt, self.columns, self.verify)
+        from ._tokens import TokenShard
+
+        return TokenShard(path, shard_id, dtype=self.token_dtype, eos_token_id=self.eos_token_id, cache_dir=self.cache_dir, verify=self.verify)
+
+    def settings(self) -> dict[str, Any]:
+        """What decides an index entry's rows and digest."""
+        return {"fmt": self.fmt, "verify": self.verify, "eos_token_id": self.eos_token_id, "token_dtype": self.token_dtype}
 
 
-def _find_files(name: str, path: Any, *, forced: bool, recursive: bool) -> list[tuple[str, str, str | None]]:
-    """``(absolute path, shard id, compression)`` of every shard, sorted by shard id."""
-    supported = ", ".join(SUFFIXES)
-    if isinstance(path, (str, os.PathLike)):
-        full = os.path.abspath(os.fspath(path))
-        if os.path.isdir(full):
-            return _scan_folder(name, full, forced=forced, recursive=recursive)
-        if not os.path.exists(full):
-            raise _missing(name, full)
-        if not os.path.isfile(full):
-            raise ValueError(f"dataset {name!r}: {full} is neither a file nor a folder")
-        paths = [full]
-    elif isinstance(path, Iterable) and not isinstance(path, (bytes, Mapping)):
-        paths = [os.path.abspath(os.fspath(p)) for p in path]
-        if not paths:
-            raise ValueError(f"dataset {name!r}: the list of files is empty")
-    else:
-        raise TypeError(
-            f"dataset {name!r}: path must be a folder, a file or a list of files, got {type(path).__name__}"
+def make_shard(found: Any, spec: ShardSpec, storage_options: Mapping[str, Any] | None) -> Any:
+    """The shard of one found file: local, or a remote object read through the shard cache."""
+    from ._files import RemoteShard
+    from ._storage import is_url, split_url
+
+    if is_url(found.location):
+        fs_key = (split_url(found.location)[0], tuple(sorted((storage_options or {}).items())))
+        return RemoteShard(found.location, found.shard_id, found.size, found.identity, fs_key, spec)
+    return spec(found.location, found.shard_id, found.compression)
+
+
+def index_entry(found: Any, shard: Any) -> dict[str, Any]:
+    """The dataset-index entry of a counted shard."""
+    entry: dict[str, Any] = {"fmt": found.fmt, "bytes": found.size, "identity": found.identity, "rows": shard.num_rows}
+    if getattr(shard, "digest", None) is not None:
+        entry["digest"] = shard.digest
+    if getattr(shard, "group_rows", None):
+        entry["groups"] = list(shard.group_rows)
+    return entry
+
+
+def _apply_entry(shard: Any, entry: Mapping[str, Any]) -> None:
+    shard.num_rows = int(entry["rows"])
+    if "digest" in entry and hasattr(shard, "digest"):
+        shard.digest = entry["digest"]
+    if "groups" in entry and hasattr(shard, "group_rows"):
+        shard.group_rows = tuple(int(g) for g in entry["groups"])
+
+
+def open_shards(name: str, root: str, found: list, spec: ShardSpec, storage_options: Any, io: Any, *, index: str = "auto", progress: bool = False) -> list:
+    """Shards of every found file, counted, or taken from the dataset index where it still holds."""
+    import warnings
+
+    from ._discover import read_index
+
+    doc = read_index(root, storage_options) if index != "off" else None
+    entries: Mapping[str, Any] = {}
+    if doc is not None:
+        if doc.get("settings") == spec.settings():
+            entries = doc["shards"]
+        elif index == "require":
+            raise ValueError(f"dataset {name!r}: the index in {root} was built with {doc.get('settings')}, not {spec.settings()}; rebuild it with `zephon index {root}`")
+    elif index == "require":
+        raise ValueError(f"dataset {name!r}: {root} has no dataset index; build it with `zephon index {root}` (or pass index='auto')")
+    stale, unlisted, shards = [], [], []
+    for f in progress_bar(found, total=len(found), desc=f"counting {name}", unit="shard", force=progress or None):
+        shard = make_shard(f, spec, storage_options)
+        entry = entries.get(f.shard_id)
+        if entry is not None and (entry.get("fmt"), entry.get("bytes"), entry.get("identity")) == (f.fmt, f.size, f.identity):
+            _apply_entry(shard, entry)
+        else:
+            (stale if entry is not None else unlisted).append(f.shard_id)
+            if index == "require":
+                raise ValueError(
+                    f"dataset {name!r}: the index in {root} is stale: shard {f.shard_id} "
+                    f"{'changed since it was indexed' if entry is not None else 'is not in it'}; rebuild it with `zephon index {root}`"
+                )
+            shard.count_rows(name, io)
+        shards.append(shard)
+    if doc is not None and (stale or unlisted):
+        listed = ", ".join((stale + unlisted)[:_LISTED])
+        warnings.warn(
+            f"dataset {name!r}: the index in {root} is stale for {len(stale)} changed and {len(unlisted)} new shard(s) "
+            f"({listed}); they were counted again, not trusted. Rebuild it with `zephon index {root}`.",
+            RuntimeWarning,
+            stacklevel=3,
         )
-    for p in paths:
-        if not os.path.exists(p):
-            raise _missing(name, p)
-        if not os.path.isfile(p):
-            raise ValueError(f"dataset {name!r}: {p} is not a file; list files, or pass a folder on its own")
-        if not _compression_of(os.path.basename(p), forced)[0]:
-            raise ValueError(
-                f"dataset {name!r}: cannot tell the format of {p} from its name; supported endings: {supported}. "
-                "Pass fmt='jsonl' if it holds one JSON object per line."
-            )
-    real = [os.path.realpath(p) for p in paths]
-    if len(set(real)) != len(real):
-        twice = sorted({p for p, r in zip(paths, real) if real.count(r) > 1})
-        raise ValueError(f"dataset {name!r}: files listed more than once: {twice}")
-    root = os.path.dirname(paths[0]) if len(paths) == 1 else os.path.commonpath([os.path.dirname(p) for p in paths])
-    found = [
-        (p, os.path.relpath(p, root).replace(os.sep, "/"), _compression_of(os.path.basename(p), forced)[1])
-        for p in paths
-    ]
-    return sorted(found, key=lambda item: item[1])
+    return shards
 
 
-def _scan_folder(name: str, root: str, *, forced: bool, recursive: bool) -> list[tuple[str, str, str | None]]:
-    found: list[tuple[str, str, str | None]] = []
-    seen: list[str] = []
-    subfolders = False
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for filename in sorted(files):
-            full = os.path.join(folder, filename)
-            rel = os.path.relpath(full, root).replace(os.sep, "/")
-            seen.append(rel)
-            if filename.startswith(".") or not os.path.isfile(full):
-                continue
-            ok, compression = _compression_of(filename, forced)
-            if ok:
-                found.append((full, rel, compression))
-        if not recursive:
-            subfolders = bool(dirs)
-            seen.extend(d + "/" for d in dirs)
-            break
-    if not found:
-        listing = ", ".join(seen[:_LISTED]) + (f" and {len(seen) - _LISTED} more" if len(seen) > _LISTED else "")
-        hint = " Subfolders are not searched; pass recursive=True to include them." if subfolders else ""
-        raise ValueError(
-            f"dataset {name!r}: no JSONL files in {root} (found: {listing or 'nothing'}); supported endings: "
-            f"{', '.join(SUFFIXES)}. Pass fmt='jsonl' to read other files as JSONL.{hint}"
-        )
-    return sorted(found, key=lambda item: item[1])
+def build_index(
+    path: PathLike | Sequence[PathLike],
+    *,
+    fmt: str | None = None,
+    recursive: bool = False,
+    verify: str = "quick",
+    eos_token_id: int | None = None,
+    token_dtype: str | None = None,
+    cache_dir: PathLike | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    io_options: Any = None,
+    progress: bool = False,
+) -> tuple[str, Dataset]:
+    """Count every shard of a dataset and write its index, ``.zephon-index.json``, in its root.
+
+    ``Dataset.from_path`` then takes each shard's row count, content digest and row groups from
+    the index instead of opening the shard, as long as the shard's size and identity still match
+    (see ``index=``). The arguments are ``Dataset.from_path``'s and must match the ones it is
+    opened with where they decide rows (``fmt``, ``verify``, ``eos_token_id``, ``token_dtype``).
+
+    Returns:
+        ``(where the index was written, the dataset)``.
+    """
+    from ._discover import discover, write_index
+
+    name = "index"
+    root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options)
+    spec = ShardSpec(found[0].fmt, resolve_cache_dir(cache_dir), verify, None, eos_token_id, token_dtype)
+    io = _as_io(io_options)
+    shards = open_shards(name, root, found, spec, storage_options, io, index="off", progress=progress)
+    entries = {f.shard_id: index_entry(f, s) for f, s in zip(found, shards)}
+    where = write_index(root, entries, spec.settings(), storage_options)
+    return where, Dataset(os.path.basename(root.rstrip("/")) or "data", spec.fmt, [s.shard_id for s in shards], shards, io=io)

@@ -454,7 +454,7 @@ class JsonlShard:
         """The open shard, mapping the file on first use in this process."""
         return _MAPS.get(id(self), lambda: self._load(dataset))
 
-    def count_rows(self, dataset: str) -> int:
+    def count_rows(self, dataset: str, io: Any = None) -> int:
         """Count rows once (at dataset creation), from a cached index header when there is one.
 
         Also takes the content digest that later opens of the file are compared with.
@@ -592,7 +592,7 @@ class JsonlShard:
         raise AssertionError("unreachable")
 
     # -- reading ------------------------------------------------------------------------------------------
-    def read(self, rows: np.ndarray, dataset: str) -> list:
+    def read(self, rows: np.ndarray, dataset: str, io: Any = None) -> list:
         """Decode ``rows`` (validated ``int64``, any order, repeats allowed), in the order given.
 
         Raises:

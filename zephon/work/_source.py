@@ -14,7 +14,8 @@ permutations keyed by (seed, dataset name, epoch[, shard]). No list of sample id
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal, Mapping, Sequence
+import os
+from typing import Any, Iterator, Literal, Mapping, Sequence
 
 import attrs
 import msgspec
@@ -267,6 +268,10 @@ class StaticMixtureWorkSource:
             end += self.lane_range(lanes, lane, end) is not None
             raise ValueError(f"work chunk {chunk} is past the end of the lane's data, which ends at chunk {end}")
 
+    def with_io_options(self, io_options: Any) -> "StaticMixtureWorkSource":
+        """The same source with every dataset read with ``io_options`` (see ``Dataset.with_io_options``)."""
+        return attrs.evolve(self, datasets=tuple(d.with_io_options(io_options) for d in self.datasets))
+
     # -- identity -----------------------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
         return {
@@ -306,11 +311,15 @@ def _layout(source: StaticMixtureWorkSource, j: int, epoch: int) -> tuple[np.nda
 
 
 def make_source(source: Any, *, seed: int = 0) -> StaticMixtureWorkSource:
-    """Accept a work source, a ``Dataset``, a list of datasets, or a plain list of dicts."""
+    """Accept a work source, a ``Dataset``, a list of datasets, a plain list of dicts, or a
+    Hugging Face ``datasets.Dataset`` (or a one-split ``DatasetDict``)."""
     from ..io import Dataset, as_dataset
+    from ..io._hf import hf_kind, refuse_stream
 
     if isinstance(source, StaticMixtureWorkSource):
         return source
+    if hf_kind(source) in ("Dataset", "DatasetDict"):
+        source = Dataset.from_hf("data", source)
     if isinstance(source, Dataset):
         return StaticMixtureWorkSource([source], {source.name: 1.0}, seed=seed, shuffle_shards=False)
     if isinstance(source, Sequence) and source and all(isinstance(d, Dataset) for d in source):
@@ -323,4 +332,13 @@ def make_source(source: Any, *, seed: int = 0) -> StaticMixtureWorkSource:
             "Pipeline() takes a work source, a zephon.io.Dataset, or a list of dicts; "
             "for a mixture use StaticMixtureWorkSource(datasets, {name: weight})"
         )
-    raise TypeError(f"Pipeline() cannot read from a {type(source).__name__}; pass a Dataset, a list of dicts, or a work source")
+    if hf_kind(source) is not None or isinstance(source, Iterator):
+        raise refuse_stream(source, "data")
+    if isinstance(source, (str, os.PathLike)):
+        where = os.fspath(source)
+        raise TypeError(f"Pipeline() got the path {where!r}; open files with Pipeline(Dataset.from_path('data', {where!r}))")
+    kind = f"{type(source).__module__}.{type(source).__qualname__}"
+    raise TypeError(
+        f"Pipeline() cannot read from a {kind}; pass a zephon.io.Dataset (Dataset.from_path, Dataset.from_hf, "
+        "Dataset.from_rows), a Hugging Face datasets.Dataset, a list of dicts, or a work source"
+    )

@@ -1,0 +1,94 @@
+"""The dataset index: ``zephon index PATH`` writes it, discovery reuses it, stale entries are never trusted."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet
+import pytest
+
+from zephon.__main__ import main
+from zephon.io import Dataset, build_index
+from zephon.io import _columnar, _jsonl
+
+
+@pytest.fixture
+def folder(tmp_path):
+    for s in range(4):
+        (tmp_path / f"part-{s}.jsonl").write_text("".join(json.dumps({"text": f"{s}-{i}"}) + "\n" for i in range(s + 3)))
+    return tmp_path
+
+
+def no_counting(monkeypatch):
+    """Make any attempt to count a shard fail: proves rows come from the index."""
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError(f"{self.path} was counted")
+
+    monkeypatch.setattr(_jsonl.JsonlShard, "count_rows", refuse)
+    monkeypatch.setattr(_columnar.ColumnarShard, "count_rows", refuse)
+
+
+def test_the_cli_writes_an_index_that_discovery_uses_without_opening_shards(folder, monkeypatch, capsys, tmp_path):
+    assert main(["index", str(folder), "--quiet", "--cache-dir", str(tmp_path / "c")]) == 0
+    assert "indexed 4 jsonl shards, 18 rows" in capsys.readouterr().out
+    doc = json.loads((folder / ".zephon-index.json").read_text())
+    assert sorted(doc["shards"]) == [f"part-{s}.jsonl" for s in range(4)]
+    cold = Dataset.from_path("d", folder, index="off", cache_dir=tmp_path / "c")
+    no_counting(monkeypatch)
+    warm = Dataset.from_path("d", folder, index="require", cache_dir=tmp_path / "c")
+    assert warm.fingerprint() == cold.fingerprint() and warm.shard_sizes == (3, 4, 5, 6)
+    assert warm.read(3, [5, 0]) == [{"text": "3-5"}, {"text": "3-0"}]
+
+
+def test_a_stale_entry_is_counted_again_with_a_warning_or_refused(folder, tmp_path):
+    build_index(folder, cache_dir=tmp_path / "c")
+    (folder / "part-2.jsonl").write_text('{"text": "new"}\n')
+    os.utime(folder / "part-2.jsonl", ns=(1, 1))
+    (folder / "part-9.jsonl").write_text('{"text": "extra"}\n')
+    with pytest.warns(RuntimeWarning, match=r"stale for 1 changed and 1 new shard\(s\) \(part-2.jsonl, part-9.jsonl\).*zephon index"):
+        ds = Dataset.from_path("d", folder, cache_dir=tmp_path / "c")
+    assert ds.shard_sizes == (3, 4, 1, 6, 1)  # the truth, not the index's 5 rows for part-2
+    with pytest.raises(ValueError, match="index .* is stale: shard part-2.jsonl changed since it was indexed"):
+        Dataset.from_path("d", folder, index="require", cache_dir=tmp_path / "c")
+    build_index(folder, cache_dir=tmp_path / "c")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Dataset.from_path("d", folder, index="require", cache_dir=tmp_path / "c").shard_sizes == (3, 4, 1, 6, 1)
+
+
+def test_an_index_built_with_other_settings_or_missing_is_not_used(folder, tmp_path):
+    with pytest.raises(ValueError, match="has no dataset index; build it with `zephon index"):
+        Dataset.from_path("d", folder, index="require")
+    build_index(folder, verify="full", cache_dir=tmp_path / "c")
+    with pytest.raises(ValueError, match="was built with .*'verify': 'full'"):
+        Dataset.from_path("d", folder, index="require", cache_dir=tmp_path / "c")
+    (folder / ".zephon-index.json").write_text("{not json")
+    with pytest.warns(RuntimeWarning, match="cannot be read"):
+        assert Dataset.from_path("d", folder, cache_dir=tmp_path / "c").num_rows == 18
+
+
+def test_parquet_and_remote_indexes_carry_row_groups_and_identities(tmp_path, monkeypatch):
+    (tmp_path / "p").mkdir()
+    mem = fsspec.filesystem("memory")
+    for s in range(3):
+        table = pa.Table.from_pylist([{"text": f"{s}-{i}"} for i in range(10)])
+        pa.parquet.write_table(table, tmp_path / "p" / f"{s}.parquet", row_group_size=4)
+        mem.pipe(f"/idx/{tmp_path.name}/{s}.parquet", (tmp_path / "p" / f"{s}.parquet").read_bytes())
+    build_index(tmp_path / "p")
+    url = f"memory://idx/{tmp_path.name}"
+    opts = {"cache": {"dir": str(tmp_path / "shards")}}
+    assert main(["index", url, "--quiet"]) == 0
+    assert mem.exists(f"/idx/{tmp_path.name}/.zephon-index.json")
+    no_counting(monkeypatch)
+    local = Dataset.from_path("p", tmp_path / "p", index="require")
+    assert local._shards[0].group_rows == (4, 4, 2)
+    remote = Dataset.from_path("p", url, index="require", io_options=opts)
+    assert not (tmp_path / "shards").exists()  # nothing downloaded to discover
+    assert remote.shard_sizes == (10, 10, 10)
+    monkeypatch.undo()
+    assert remote.read(1, [9]) == local.read(1, [9]) == [{"text": "1-9"}]
