@@ -23,7 +23,7 @@ from ._checkpoint import build, checkpoint_to_state_dict, select_lanes, state_di
 from ._distributed import Topology, all_ranks_have, distributed_group
 from ._executor import InlineExecutor, ProcessExecutor, ThreadExecutor
 from ._fields import payload_length
-from ._lanes import Plan
+from ._lanes import Plan, mixture_report
 from ._options import Options
 from ._records import SampleBatch
 
@@ -269,12 +269,16 @@ class Loader(Iterator[Any]):
         Lanes are keyed by global lane id, so checkpoints of every rank can be merged with
         :func:`~zephon.merge_checkpoints` and restored on any number of ranks dividing L.
         """
+        return build(self.plan.fingerprint(), self._delivered_states())
+
+    def _delivered_states(self) -> dict[int, Any]:
+        """The encoded lane states after the last output delivered (what a checkpoint holds)."""
         states = self._final_states if self._final_states is not None else self.executor.lane_states()
         if self._unyielded:  # taken from the lanes but not delivered: give them back
             states = dict(states)
             for lane in {out_lane(o) for o in self._unyielded}:
                 states[lane] = self.plan.unread(states[lane], [o for o in self._unyielded if out_lane(o) == lane])
-        return build(self.plan.fingerprint(), states)
+        return states
 
     # torch.distributed.checkpoint ``Stateful`` protocol: one key per lane, so DCP can save each
     # rank's lanes and load them back on any data-parallel size.
@@ -292,7 +296,10 @@ class Loader(Iterator[Any]):
         Returns:
             ``delivered`` (total), ``complete_steps``, ``lanes`` (per lane: ``delivered``,
             ``ended``: whether iteration saw the lane run out, ``undelivered`` as ``{"outputs", "records", "tokens"}``), ``undelivered``
-            (totals) and ``operators`` (each operator's counters summed over this rank's lanes).
+            (totals), ``operators`` (each operator's counters summed over this rank's lanes) and
+            ``mixture``: samples and tokens delivered per dataset, their shares and the target, over
+            this rank's lanes (``global``) and per lane (see :func:`~zephon._lanes.mixture_report`);
+            the same counts travel in the checkpoint, so they continue across restores.
         """
         reports = self._final_reports if self._final_reports is not None else self.executor.reports()
         ops: dict[str, dict[str, int]] = {}
@@ -311,6 +318,7 @@ class Loader(Iterator[Any]):
             },
             "undelivered": {k: sum(c[i] for c in self._undelivered.values()) for i, k in enumerate(names)},
             "operators": ops,
+            "mixture": mixture_report(self.plan.source, {lane: s["mixture"] for lane, s in self._delivered_states().items()}),
         }
 
 
