@@ -298,6 +298,8 @@ class StaticMixtureWorkSource:
 
     def target_at(self, position: int) -> dict[str, float]:
         """The mixture in force at ``position``, in the mixture's unit (tokens or samples), normalized."""
+        if isinstance(self.mixture, MixtureSpec) and self.change is None and self.timeline.weights_at(position) == self.timeline.phases[0].weights:
+            return dict(self.mixture.weights)  # the weights as given (the integers round them)
         w = self.timeline.weights_at(position)
         if self.unit == "tokens":
             w = [x * t for x, t in zip(w, self.calibration.tokens_per_sample(self.names))]
