@@ -1,4 +1,5 @@
-"""Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs.
+"""Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs;
+``zephon plan CONFIG --steps N`` simulates a data plan.
 
 Each command registers itself with ``register(subparsers)`` and sets ``func(args) -> exit code``;
 commands that need more than a few lines live in a module of their own.
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+from . import _cli_plan
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -51,7 +54,7 @@ def _register_ledger(sub) -> None:
 
 
 #: One entry per command, in the order ``zephon --help`` lists them.
-COMMANDS = [_register_demo, _register_ledger]
+COMMANDS = [_register_demo, _register_ledger, _cli_plan.register]
 
 
 def main(argv: list[str] | None = None) -> int:
