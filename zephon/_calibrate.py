@@ -64,19 +64,20 @@ def _text_bytes(payload: Any, field: str | None) -> int:
     return len(msgspec.json.encode(payload))
 
 
-def tokenizer_prefix(chain: Chain) -> tuple[list[StatelessOp], Any]:
-    """The per-sample steps before the first tokenizing step, and that step (``None`` if there is none)."""
+def tokenizer_prefix(chain: Chain) -> tuple[list[StatelessOp], Any, str | None]:
+    """The per-sample steps before the first tokenizing step, that step, and the stateful step that hides it.
+
+    Calibration replays per-sample steps only; the first step that keeps state across samples
+    ends the replay (its name is returned, and the tokenizing step is ``None``).
+    """
     prefix: list[StatelessOp] = []
     for name, op in chain.children:
         if op.kind in TOKENIZING or type(op).__name__.startswith("Tokenize"):
-            return prefix, op
+            return prefix, op, None
         if not isinstance(op, StatelessOp):
-            raise ValueError(
-                f"token calibration replays the steps before tokenizing, but {name!r} ({op.kind}) keeps state across "
-                "samples; move it after the tokenize step or pin tokens_per_byte with TokenEstimation({name: value})"
-            )
+            return prefix, None, name
         prefix.append(op)
-    return prefix, None
+    return prefix, None, None
 
 
 def calibrate(source: StaticMixtureWorkSource, chain: Chain, *, progress: bool = True) -> StaticMixtureWorkSource:
@@ -84,7 +85,12 @@ def calibrate(source: StaticMixtureWorkSource, chain: Chain, *, progress: bool =
     if not source.needs_calibration:
         return source
     est = source.estimation
-    prefix, tok = tokenizer_prefix(chain)
+    prefix, tok, blocked = tokenizer_prefix(chain)
+    if tok is None and est.needs_tokenizer and blocked is not None and any(op.kind in TOKENIZING for _, op in chain.children):
+        raise ValueError(
+            f"token calibration replays the steps before tokenizing, but {blocked!r} keeps state across samples; move it "
+            "after the tokenize step or pin tokens_per_byte with TokenEstimation({name: value})"
+        )
     if tok is None and est.needs_tokenizer:
         raise ValueError(
             "this mixture counts tokens, and measuring tokens per byte needs a tokenize step in the pipeline; add one, "

@@ -204,7 +204,8 @@ def validate(fingerprint: dict[str, Any], checkpoint: Any) -> None:
                 "Pipeline.change_plan(new_source, from_step=k, checkpoint=...)."
             )
         raise ValueError(
-            f"cannot restore: the checkpoint was taken with different data settings ({' and '.join(parts)} differ); these differ:\n"
+            f"cannot restore: the checkpoint was taken with different data settings (the {' and the '.join(parts)} "
+            f"{'differ' if len(parts) > 1 else 'differs'}); these differ:\n"
             f"{lines}{more}\nRebuild the pipeline with the checkpoint's settings (performance options may differ).{hint}"
         )
     _check_document(checkpoint)

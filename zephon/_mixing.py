@@ -1,8 +1,9 @@
 """``ensure_mixture``: per-lane exact token accounting of a mixture (Zephon's operator, done by deficit).
 
 Each lane reorders its records so that the tokens it has emitted track the target mixture: the
-next record comes from the dataset most owed (the smallest ``emitted_j / W_j`` for integer target
-weights ``W``, ties to the earlier dataset), taken from a per-dataset queue in arrival order. When
+next record comes from the dataset most owed (the smallest ``(emitted_j + next_j / 2) / W_j`` for
+integer target weights ``W`` and ``next_j`` the weight of its next waiting record, ties to the
+earlier dataset), taken from a per-dataset queue in arrival order. When
 that dataset has nothing waiting, records wait in a bounded buffer; when the buffer is full, the
 most owed dataset that *has* a record waiting goes next (a forced emission, counted). The end of the
 lane's data emits the buffer in the same order: nothing is discarded, ever.
@@ -140,9 +141,13 @@ class EnsureMixture(Operator):
         live = [j for j in range(n) if W[j] > 0]
 
         def most_owed(among: list[int]) -> int:
+            # Compare at the middle of each dataset's next record (2E + w): the emitted weight then
+            # stays within half a record of its target either way (a dataset with nothing waiting
+            # counts its next record as empty, so it looks most owed and is waited for).
+            mid = [2 * emitted[j] + (self._weight(queues[j][0][1]) if queues[j] else 0) for j in range(n)]
             best = among[0]
             for j in among[1:]:
-                if emitted[j] * W[best] < emitted[best] * W[j]:
+                if mid[j] * W[best] < mid[best] * W[j]:
                     best = j
             return best
 

@@ -464,6 +464,8 @@ class StaticMixtureWorkSource:
             fp["max_repeats"] = self.max_repeats
         if self.calibration is not None:
             fp["token_estimation"] = self.calibration.describe()
+        if self.token_estimation is not None or self.calibration is not None or self.needs_tokens:
+            fp["estimation"] = self.estimation.describe()
         if self.samples_per_step is not None:
             fp["samples_per_step"] = self.samples_per_step
         if self.tokens_per_step is not None:
