@@ -52,10 +52,11 @@ def change_plan(pipeline: Any, new: Any, *, from_step: int, checkpoint: dict[str
             "a pipeline without it (its target is part of the processing, which change_plan keeps)"
         )
     ends = []
+    walk = attrs.evolve(plan, read_size=1)  # read no further than the lanes need: the switch comes as early as it can
     for lane in range(L):
-        state = plan.decode(lane, encoded[lane])
+        state = walk.decode(lane, encoded[lane])
         while state.delivered < from_step:
-            state, out = plan.next(lane, state)
+            state, out = walk.next(lane, state)
             if out is None:
                 raise ValueError(f"change_plan: the data ends before step {from_step} (lane {lane} ends after {state.delivered} outputs)")
         ends.append(_read_end(old, L, lane, state.source.chunk, state.source.offset))
