@@ -34,6 +34,7 @@ class EnsureMixtureState(msgspec.Struct, frozen=True, tag="ensure_mixture", forb
     buffer: tuple[Record, ...] = ()
     outputs: int = 0
     forced: int = 0
+    since_drain: int = 0  # on-target emissions since the last obsolete drain
 
 
 def _weight_by(instance: Any, attribute: Any, value: Any) -> None:
@@ -44,6 +45,16 @@ def _weight_by(instance: Any, attribute: Any, value: Any) -> None:
 def _buffer_size(instance: Any, attribute: Any, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"ensure_mixture: max_buffer_size must be an int >= 1, got {value!r}")
+
+
+def _ratio(low_open: bool):
+    def check(instance: Any, attribute: Any, value: Any) -> None:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (0 < value < 1 if low_open else 0 <= value <= 1)
+        if not ok:
+            span = "in (0, 1)" if low_open else "in [0, 1]"
+            raise ValueError(f"ensure_mixture: {attribute.name} must be a number {span}, got {value!r}")
+
+    return check
 
 
 def _names(value: Any) -> tuple[str, ...]:
@@ -71,6 +82,11 @@ class EnsureMixture(Operator):
         weight_by: ``"auto"`` (tokens: the length of ``input_ids``/``tokens``/...), ``"samples"``
             (1 per record), a payload field (its number, or its length), or a function of the
             payload.
+        drain_target_ratio: when the buffer overflows, forced emissions bring it down to
+            ``drain_target_ratio * max_buffer_size`` records (Zephon's option; default 0.8).
+        obsolete_drain_rate: after every ``int(1 / rate)`` on-target emissions, the oldest
+            waiting record goes next, so no record waits without bound (Zephon's option; 0, the
+            default here, turns it off: the buffer bound already limits waiting).
 
     State: emitted weight per dataset, the buffer (by reference), outputs and forced outputs.
     Restores and reshards like every lane state; ``report()`` gives ``buffered``, ``outputs``
@@ -86,6 +102,8 @@ class EnsureMixture(Operator):
     datasets: tuple[str, ...] = config_field(converter=_names, kw_only=True)
     max_buffer_size: int = config_field(default=1000, validator=_buffer_size, kw_only=True)
     weight_by: Any = config_field(default="auto", validator=_weight_by, kw_only=True)
+    drain_target_ratio: float = config_field(default=0.8, validator=_ratio(True), kw_only=True)
+    obsolete_drain_rate: float = config_field(default=0.0, validator=_ratio(False), kw_only=True)
 
     kind: ClassVar[str] = "ensure_mixture"
     state_type: ClassVar[type] = EnsureMixtureState
@@ -151,24 +169,42 @@ class EnsureMixture(Operator):
                     best = j
             return best
 
+        every = int(1 / self.obsolete_drain_rate) if self.obsolete_drain_rate else 0
+        low = int(self.drain_target_ratio * self.max_buffer_size)
+        since = state.since_drain
+
+        def emit(j: int) -> None:
+            nonlocal held, outputs
+            _, rec = queues[j].popleft()
+            held -= 1
+            emitted[j] += self._weight(rec)
+            outputs += 1
+            out.append(rec)
+
         def drain(final: bool) -> None:
-            nonlocal held, outputs, forced
+            nonlocal forced, since
+            overflow = False
             while held:
+                if every and since >= every:  # the oldest waiting record goes, then on target again
+                    emit(min((k for k in range(n) if queues[k]), key=lambda k: queues[k][0][0]))
+                    since = 0
+                    forced += 1
+                    continue
                 j = most_owed(live) if live else -1
-                if j < 0 or not queues[j]:
-                    if held <= self.max_buffer_size and not final:
-                        return
-                    waiting = [k for k in live if queues[k]]
-                    if waiting:
-                        j = most_owed(waiting)
-                    else:  # only datasets without target weight wait: the oldest record goes
-                        j = min((k for k in range(n) if queues[k]), key=lambda k: queues[k][0][0])
-                    forced += not final
-                _, rec = queues[j].popleft()
-                held -= 1
-                emitted[j] += self._weight(rec)
-                outputs += 1
-                out.append(rec)
+                if j >= 0 and queues[j]:
+                    emit(j)
+                    since += 1
+                    continue
+                overflow = overflow or held > self.max_buffer_size
+                if not (final or (overflow and held > low)):
+                    return
+                waiting = [k for k in live if queues[k]]
+                if waiting:
+                    j = most_owed(waiting)
+                else:  # only datasets without target weight wait: the oldest record goes
+                    j = min((k for k in range(n) if queues[k]), key=lambda k: queues[k][0][0])
+                emit(j)
+                forced += not final
 
         for rec in chunk:
             queues[self._dataset(rec)].append((seq, rec))
@@ -178,7 +214,7 @@ class EnsureMixture(Operator):
         if flushing:
             drain(True)
         rest = sorted((item for q in queues for item in q), key=lambda item: item[0])
-        return EnsureMixtureState(tuple(emitted), tuple(r for _, r in rest), outputs, forced), out
+        return EnsureMixtureState(tuple(emitted), tuple(r for _, r in rest), outputs, forced, since), out
 
     def step(self, state: EnsureMixtureState, chunk: Sequence[Record]) -> tuple[EnsureMixtureState, list[Record]]:
         return self._run(state, chunk, False)
@@ -194,7 +230,7 @@ class EnsureMixture(Operator):
         state = msgspec.convert(data, EnsureMixtureState, dec_hook=_dec_hook)
         if len(state.emitted) != len(self.datasets):
             raise ValueError(f"field 'emitted' holds {len(state.emitted)} counters, but the mixture has {len(self.datasets)} datasets")
-        for name in ("outputs", "forced"):
+        for name in ("outputs", "forced", "since_drain"):
             if getattr(state, name) < 0:
                 raise ValueError(f"field {name!r} must be an int >= 0, got {getattr(state, name)}")
         if min(state.emitted, default=0) < 0:

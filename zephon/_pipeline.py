@@ -224,6 +224,8 @@ class Pipeline:
         *,
         max_buffer_size: int = 1000,
         weight_by: Any = "auto",
+        drain_target_ratio: float = 0.8,
+        obsolete_drain_rate: float = 0.0,
         name: str | None = None,
     ) -> "Pipeline":
         """Reorder each lane so that the tokens it emits per dataset follow the mixture exactly.
@@ -233,7 +235,15 @@ class Pipeline:
         """
         from ._mixing import make_ensure_mixture
 
-        return self.add(make_ensure_mixture(self.source, mixture, max_buffer_size=max_buffer_size, weight_by=weight_by), name=name)
+        op = make_ensure_mixture(
+            self.source,
+            mixture,
+            max_buffer_size=max_buffer_size,
+            weight_by=weight_by,
+            drain_target_ratio=drain_target_ratio,
+            obsolete_drain_rate=obsolete_drain_rate,
+        )
+        return self.add(op, name=name)
 
     # -- what it computes -----------------------------------------------------------------------------
     @property
