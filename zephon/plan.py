@@ -140,6 +140,10 @@ class Plan:
             **per_step,
         )
 
+    def as_source(self) -> StaticMixtureWorkSource:
+        """The work source (what ``Pipeline(plan)`` calls)."""
+        return self.source()
+
     def __len__(self) -> int:
         """Samples in the whole plan (``TypeError`` when a dataset repeats without end)."""
         return len(self.source())

@@ -613,12 +613,11 @@ def make_source(source: Any, *, seed: int = 0) -> StaticMixtureWorkSource:
     """Accept a work source, a ``Dataset``, a list of datasets, or a plain list of dicts."""
     from ..io import Dataset, as_dataset
 
-    from ..plan import Plan
-
     if isinstance(source, StaticMixtureWorkSource):
         return source
-    if isinstance(source, Plan):
-        return source.source()
+    as_source = getattr(source, "as_source", None)
+    if callable(as_source):  # a zephon.plan.Plan (named by its method: plans sit above sources)
+        return as_source()
     if isinstance(source, Dataset):
         return StaticMixtureWorkSource([source], {source.name: 1.0}, seed=seed, shuffle_shards=False)
     if isinstance(source, Sequence) and source and all(isinstance(d, Dataset) for d in source):
