@@ -176,6 +176,7 @@ def test_achieved_mixture_is_in_stats_and_checkpoint_and_continues_after_restore
     assert sum(v["tokens"] for v in stats["global"].values()) == delivered_tokens
     assert sum(v["samples"] for v in stats["global"].values()) == 80
     assert stats["target"] == {"short": 0.5, "long": 0.5} and stats["unit"] == "tokens"
+    assert stats["global"]["long"]["epochs"] == stats["global"]["long"]["samples"] / 1500
     ck = loader.checkpoint()
     assert [sum(s["mixture"][i] for s in ck["lanes"].values()) for i in (0, 2)] == [stats["global"]["short"]["samples"], stats["global"]["long"]["samples"]]
     resumed = pipeline(lanes=2).loader(ck)

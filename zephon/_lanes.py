@@ -67,10 +67,12 @@ def mixture_report(source: Any, counts_by_lane: dict[int, Sequence[int]]) -> dic
     Returns:
         ``{"unit", "target": {name: share}, "global": {name: {...}}, "lanes": {lane: {name: {...}}}}``
         where each dataset's entry holds ``samples``, ``tokens``, ``sample_share``,
-        ``token_share`` and ``target`` (the target share in the mixture's unit).
+        ``token_share``, ``target`` (the target share in the mixture's unit) and ``epochs``
+        (samples delivered over the dataset's rows).
     """
     names = source.names
     n = len(names)
+    rows = [getattr(d, "num_rows", 0) for d in source.datasets]
     total = [0] * (2 * n)
     for counts in counts_by_lane.values():
         for i, c in enumerate(counts):
@@ -90,6 +92,7 @@ def mixture_report(source: Any, counts_by_lane: dict[int, Sequence[int]]) -> dic
                 "sample_share": counts[2 * j] / samples if samples else 0.0,
                 "token_share": counts[2 * j + 1] / tokens if tokens else 0.0,
                 "target": target.get(name),
+                "epochs": counts[2 * j] / rows[j] if rows[j] else 0.0,
             }
             for j, name in enumerate(names)
         }
