@@ -199,3 +199,13 @@ def test_zephon_drain_options_are_accepted_and_validated():
         EnsureMixture({"a": 1}, datasets=("a",), drain_target_ratio=1.0)
     with pytest.raises(ValueError, match="obsolete_drain_rate"):
         EnsureMixture({"a": 1}, datasets=("a",), obsolete_drain_rate=2)
+
+
+def test_zephon_spelling_token_estimation_on_the_source_means_token_weights():
+    src = StaticMixtureWorkSource(datasets(), {"short": 1, "long": 1}, token_estimation=TokenEstimation())
+    assert src.unit == "tokens" and src.needs_calibration
+    compiled = Pipeline(src).tokenize(TOK, special_tokens="eos", eos_token_id=1).batch(2).plan.source
+    w = compiled.timeline.phases[0].weights
+    assert w[0] > 8 * w[1]  # ten times more short samples for the same tokens
+    explicit = StaticMixtureWorkSource(datasets(), MixtureSpec({"short": 1, "long": 1}, unit="samples"), token_estimation=TokenEstimation())
+    assert explicit.unit == "samples"

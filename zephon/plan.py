@@ -164,11 +164,11 @@ class Plan:
                 raise ValueError(f"dataset {d.name!r} lives in memory, so a plan document cannot name it; use Dataset.from_path")
             datasets.append({"name": d.name, "path": paths[0] if len(paths) == 1 else paths})
         out: dict[str, Any] = {"datasets": datasets}
-        m = self.mixture
+        m, unit = self.mixture, self.as_source().unit
         if isinstance(m, MixtureSchedule):
-            out["schedule"] = {"by": m.by, "interpolation": m.interpolation, "unit": m.unit, "points": [[a, dict(w)] for a, w in m.points]}
+            out["schedule"] = {"by": m.by, "interpolation": m.interpolation, "unit": unit, "points": [[a, dict(w)] for a, w in m.points]}
         else:
-            out["mixture"] = {"unit": m.unit, "weights": dict(m.weights)}
+            out["mixture"] = {"unit": unit, "weights": dict(m.weights)}
         for name in ("seed", "shuffle_shards", "shuffle_within_shard", "passes", "chunk_size", "lane_assignment"):
             out[name] = getattr(self, name)
         for name in ("exhausted_policy", "max_repeats"):
@@ -200,7 +200,7 @@ class Plan:
         kw: dict[str, Any] = {k: data[k] for k in ("seed", "shuffle_shards", "shuffle_within_shard", "exhausted_policy", "max_repeats", "passes", "chunk_size", "lane_assignment") if k in data}
         if "mixture" in data:
             mix = _table(data["mixture"], "mixture", {"weights", "unit"})
-            kw["mixture"] = MixtureSpec(mix["weights"], unit=mix.get("unit", "samples"))
+            kw["mixture"] = MixtureSpec(mix["weights"], unit=mix.get("unit"))
         else:
             sch = _table(data["schedule"], "schedule", {"points", "by", "interpolation", "unit"})
             kw["mixture"] = MixtureSchedule([tuple(p) for p in sch["points"]], **{k: sch[k] for k in ("by", "interpolation", "unit") if k in sch})
@@ -250,16 +250,16 @@ class Plan:
 
     # -- looking at it --------------------------------------------------------------------------------
     def __str__(self) -> str:
-        m = self.mixture
+        m, unit = self.mixture, self.as_source().unit
         lines = [f"Plan {self.fingerprint()}"]
         for d in self.datasets:
             lines.append(f"  dataset {d.name}: {d.num_rows} rows in {d.num_shards} shard(s)")
         if isinstance(m, MixtureSchedule):
-            lines.append(f"  schedule by {m.by} ({m.interpolation}), weights count {m.unit}:")
+            lines.append(f"  schedule by {m.by} ({m.interpolation}), weights count {unit}:")
             for a, w in m.points:
                 lines.append(f"    at {a}: " + ", ".join(f"{n} {x:.4g}" for n, x in w.items()))
         else:
-            lines.append(f"  mixture ({m.unit}): " + ", ".join(f"{n} {x:.4g}" for n, x in m.weights.items()))
+            lines.append(f"  mixture ({unit}): " + ", ".join(f"{n} {x:.4g}" for n, x in m.weights.items()))
         src = self.source()
         ends = "never (endless)" if src.resolvable and src.end is None else (f"after {src.end} samples: {src.end_reason}" if src.resolvable else "after calibration")
         lines.append(f"  order: seed {self.seed}, shuffle_shards={self.shuffle_shards}, shuffle_within_shard={self.shuffle_within_shard}")

@@ -57,7 +57,7 @@ def _convert_weights(weights: Any) -> dict[str, float]:
 
 
 def _check_unit(instance: Any, attribute: Any, value: Any) -> None:
-    if value not in ("samples", "tokens"):
+    if value not in (None, "samples", "tokens"):
         raise ValueError(f"{type(instance).__name__}: unit must be 'samples' or 'tokens', got {value!r}")
 
 
@@ -67,10 +67,11 @@ class MixtureSpec:
 
     Args:
         weights: ``{dataset name: weight}``, every weight > 0.
-        unit: what the weights count: ``"samples"`` (the default, as in Zephon 0.2.0) or
-            ``"tokens"``, which calibrates tokens per sample for each dataset (see
-            :class:`~zephon.work.TokenEstimation`) and mixes so that each dataset's share of the
-            *tokens* is its weight.
+        unit: what the weights count: ``"samples"`` or ``"tokens"``, which calibrates tokens
+            per sample for each dataset (see :class:`~zephon.work.TokenEstimation`) and mixes so
+            that each dataset's share of the *tokens* is its weight. ``None`` (the default):
+            samples, or tokens when the source is given ``token_estimation`` (Zephon 0.2.0's
+            token mode).
 
     Examples:
         >>> MixtureSpec({"web": 3, "code": 1}).weights
@@ -80,7 +81,7 @@ class MixtureSpec:
     """
 
     weights: dict[str, float] = attrs.field(converter=_convert_weights)
-    unit: Literal["samples", "tokens"] = attrs.field(default="samples", validator=_check_unit, kw_only=True)
+    unit: Literal["samples", "tokens"] | None = attrs.field(default=None, validator=_check_unit, kw_only=True)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -196,7 +197,7 @@ class MixtureSchedule:
     points: tuple[tuple[float, dict[str, float]], ...] = attrs.field(converter=_convert_points)
     by: Literal["step", "tokens"] = attrs.field(default="step", kw_only=True, validator=_one_of("step", "tokens"))
     interpolation: Literal["step", "linear"] = attrs.field(default="step", kw_only=True, validator=_one_of("step", "linear"))
-    unit: Literal["samples", "tokens"] = attrs.field(default="samples", kw_only=True, validator=_check_unit)
+    unit: Literal["samples", "tokens"] | None = attrs.field(default=None, kw_only=True, validator=_check_unit)
 
     @property
     def names(self) -> tuple[str, ...]:

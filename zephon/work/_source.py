@@ -218,14 +218,15 @@ class StaticMixtureWorkSource:
 
     @property
     def unit(self) -> str:
-        return self.mixture.unit
+        """What the weights count: the mixture's unit; unset, tokens with ``token_estimation`` (Zephon's token mode), else samples."""
+        return self.mixture.unit or ("tokens" if self.token_estimation is not None else "samples")
 
     @property
     def needs_tokens(self) -> bool:
         """Whether placing samples needs tokens per sample (a token unit, or a schedule in tokens)."""
         m = self.mixture
         many = isinstance(m, MixtureSchedule) and len(m.points) > 1
-        return m.unit == "tokens" or (many and (m.by == "tokens" or (m.by == "step" and self.samples_per_step is None)))
+        return self.unit == "tokens" or (many and (m.by == "tokens" or (m.by == "step" and self.samples_per_step is None)))
 
     @property
     def needs_calibration(self) -> bool:
@@ -447,11 +448,11 @@ class StaticMixtureWorkSource:
     def fingerprint(self) -> dict[str, Any]:
         """Everything that decides which sample comes where: the plan's part of a pipeline's fingerprint."""
         m = self.mixture
-        plain = isinstance(m, MixtureSpec) and m.unit == "samples" and self.change is None
+        plain = isinstance(m, MixtureSpec) and self.unit == "samples" and self.change is None
         fp: dict[str, Any] = {
             "source": "StaticMixtureWorkSource",
             "datasets": [d.fingerprint() for d in self.datasets],
-            "mixture": {n: w for n, w in zip(self.names, m.integer_weights(self.names))} if plain else m.describe(),
+            "mixture": {n: w for n, w in zip(self.names, m.integer_weights(self.names))} if plain else {**m.describe(), "unit": self.unit},
             "seed": self.seed,
             "shuffle_shards": self.shuffle_shards,
             "shuffle_within_shard": self.shuffle_within_shard,
@@ -511,7 +512,7 @@ def resolve_timeline(src: StaticMixtureWorkSource) -> tuple[Timeline, int | None
 
     def sample_weights(w: dict[str, float]) -> tuple[int, ...]:
         ws = [w[n] for n in names]
-        if m.unit == "tokens":
+        if src.unit == "tokens":
             ws = [x / t for x, t in zip(ws, tps)]
         return integer_weights(ws)
 
