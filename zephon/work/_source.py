@@ -25,7 +25,7 @@ import numpy as np
 
 from .._keys import fold_in, permutation, permute_np, seed_key
 from ._estimate import Calibration, TokenEstimation
-from ._mixture import MixtureSchedule, MixtureSpec, Phase, Timeline, as_mixture, integer_weights
+from ._mixture import Interleave, MixtureSchedule, MixtureSpec, Phase, Timeline, as_mixture, integer_weights, interleave
 
 ExhaustedPolicy = Literal["stop", "repeat", "redistribute"]
 _POLICIES = ("stop", "repeat", "redistribute")
@@ -270,8 +270,10 @@ class StaticMixtureWorkSource:
         return self._resolved[0]
 
     @property
-    def interleave(self) -> Timeline:
-        return self.timeline
+    def interleave(self) -> Interleave | Timeline:
+        """The interleave of a one-phase timeline (a static mixture); otherwise the timeline itself."""
+        tl = self.timeline
+        return interleave(tl.phases[0].weights) if len(tl.phases) == 1 else tl
 
     @property
     def end(self) -> int | None:
