@@ -61,7 +61,7 @@ def content(steps):
     return [[[r.meta for r in b.records] for b in step] for step in steps]
 
 
-@settings(max_examples=12)
+@settings(max_examples=25)
 @given(plans(), st.data())
 def test_global_batches_are_the_same_for_every_rank_count_chunking_and_resume(spec, data):
     build = make(spec)
@@ -81,7 +81,7 @@ def test_global_batches_are_the_same_for_every_rank_count_chunking_and_resume(sp
     assert content(head + rest) == content(reference)
 
 
-@settings(max_examples=6)
+@settings(max_examples=10)
 @given(plans())
 def test_calibration_is_frozen_and_other_weights_are_refused_except_by_change_plan(spec):
     from zephon import _calibrate
