@@ -8,7 +8,7 @@ import pytest
 
 from zephon import Pipeline
 from zephon.io import Dataset
-from zephon.work import MixtureSchedule, MixtureSpec, StaticMixtureWorkSource
+from zephon.work import MixtureSchedule, StaticMixtureWorkSource
 
 
 def ds(name, n, shards=2):

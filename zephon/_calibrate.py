@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any, Sequence
 
+import attrs
 import msgspec
 
 from ._core import Chain, StatelessOp, sample_meta
@@ -148,8 +149,6 @@ def step_size(source: StaticMixtureWorkSource, chain: Chain, lanes: int) -> Stat
     """
     if not source.needs_step_size:
         return source
-    import attrs
-
     batch = next((op for _, op in chain.children if op.kind == "batch"), None)
     if batch is None:
         raise ValueError(
