@@ -51,7 +51,7 @@ def make(spec, *, weights=None):
     def build():
         p = Pipeline(src).tokenize(TOK, special_tokens="eos", eos_token_id=1)
         if spec["ensure"] and spec["kind"] in ("tokens", "samples"):
-            p = p.ensure_mixture(max_buffer_size=16)
+            p = p.ensure_mixture(w, max_buffer_size=16)
         return p.pack_flat(12).shuffle(3, seed=1).batch(2)
 
     return build

@@ -161,7 +161,9 @@ def test_ensure_mixture_never_discards_and_counts_forced_emissions():
 
 def test_ensure_mixture_needs_tokens_with_weight_by_auto():
     src = StaticMixtureWorkSource(datasets(50), {"short": 1, "long": 1})
-    p = Pipeline(src).ensure_mixture().batch(2)
+    with pytest.raises(ValueError, match="weights count samples and ensure_mixture balances tokens"):
+        Pipeline(src).ensure_mixture()
+    p = Pipeline(src).ensure_mixture({"short": 1, "long": 1}).batch(2)
     with pytest.raises(ValueError, match="place it after tokenize"):
         next(iter(p))
 

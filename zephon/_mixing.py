@@ -251,6 +251,12 @@ def make_ensure_mixture(source: Any, mixture: Any = None, **kwargs: Any) -> Ensu
                 "ensure_mixture: the source follows a schedule, and ensure_mixture keeps one target; pass mixture= "
                 "explicitly (the schedule's weights still decide what each lane reads)"
             )
+        if source.unit != "tokens" and kwargs.get("weight_by", "auto") == "auto":
+            raise ValueError(
+                "ensure_mixture: the source's weights count samples and ensure_mixture balances tokens; mix by tokens "
+                "(MixtureSpec(weights, unit='tokens'), so the supply is calibrated too), or pass mixture= with the "
+                "token weights you want, or weight_by='samples'"
+            )
         mixture = m.weights
     return EnsureMixture(mixture, datasets=source.names, **kwargs)
 
