@@ -148,6 +148,12 @@ for _algo, _extra in (
         lambda: _masked(_lengths()),
     )
 REGISTRY["pack_flat_wrap_capped"] = (lambda tok: ops.PackFlat(8, max_sequences_per_bin=2, pad_token_id=0), lambda: docs(_lengths()))
+def _two_datasets():
+    recs = docs(_lengths())
+    return [r.__class__(r.payload, Meta(0, (Segment(int(i % 3 == 0), 0, i, 0, 0, -1),), 0)) for i, r in enumerate(recs)]
+
+
+REGISTRY["ensure_mixture"] = (lambda tok: ops.EnsureMixture({"a": 1, "b": 1}, datasets=("a", "b"), max_buffer_size=4), _two_datasets)
 REGISTRY["pack_sequences"] = (lambda tok: ops.PackSequences(8, algorithm="first_fit", num_bins=2), lambda: docs(_lengths()))
 REGISTRY["pack_sequences_wrap"] = (lambda tok: ops.PackSequences(8), lambda: docs(_lengths()))
 

@@ -30,6 +30,7 @@ import zephon.ops  # noqa: E402
 from zephon.ops import (  # noqa: E402
     Batch,
     Chain,
+    EnsureMixture,
     FilterOp,
     MapOp,
     Operator,
@@ -235,6 +236,30 @@ def shuffle_changes(draw, env):
         {
             "buffer_size": st.one_of(st.integers(1, 8), INVALID),
             "seed": st.one_of(st.integers(0, 3), st.sampled_from(["1", np.int64(1), None])),
+        },
+    )
+
+
+def ensure_given(draw, env):
+    return {
+        "mixture": {"a": draw(st.integers(1, 4)), "b": draw(st.integers(0, 4))},
+        "datasets": ("a", "b"),
+        "max_buffer_size": draw(st.integers(1, 8)),
+        "weight_by": draw(st.sampled_from(["auto", "samples"])),
+        "drain_target_ratio": draw(st.sampled_from([0.5, 0.8])),
+        "obsolete_drain_rate": draw(st.sampled_from([0.0, 0.25])),
+    }
+
+
+def ensure_changes(draw, env):
+    return changes_of(
+        draw,
+        {
+            "mixture": st.sampled_from([{"a": 1, "b": 3}, {"a": 2, "b": 0}, {"a": 1}, {"a": -1, "b": 1}]),
+            "max_buffer_size": st.one_of(st.integers(1, 8), INVALID),
+            "weight_by": st.sampled_from(["auto", "samples", 3]),
+            "drain_target_ratio": st.sampled_from([0.3, 0.9, 1.0, 0]),
+            "obsolete_drain_rate": st.sampled_from([0.0, 0.5, 1.5]),
         },
     )
 
@@ -465,6 +490,7 @@ def prompt_records() -> list[Record]:
 CASES: dict[type, Case] = {
     Batch: Case(batch_given, batch_changes, token_docs),
     Chain: Case(chain_given, chain_changes, token_docs),
+    EnsureMixture: Case(ensure_given, ensure_changes, token_docs),
     FilterOp: Case(filter_given, filter_changes, token_docs),
     MapOp: Case(map_given, map_changes, token_docs),
     PackFlat: Case(pack_given(True), pack_changes(True), token_docs),

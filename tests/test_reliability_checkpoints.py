@@ -137,7 +137,7 @@ def test_a_lane_state_moved_to_another_lane_is_refused():
 
 def test_unmodified_checkpoints_round_trip_through_json_msgpack_and_dcp(tmp_path):
     ck, expected = running()
-    assert ck["format"] == FORMAT == "zephon.checkpoint/3"
+    assert ck["format"] == FORMAT == "zephon.checkpoint/4"
     for lane, state in ck["lanes"].items():
         assert state["checksum"] == lane_checksum(int(lane), state)
         assert state["checksum"].startswith("blake2b:")
@@ -156,7 +156,7 @@ def test_unmodified_checkpoints_round_trip_through_json_msgpack_and_dcp(tmp_path
 def test_older_formats_are_refused_with_a_clear_message():
     ck, _ = running()
     old = {**ck, "format": "zephon.checkpoint/2", "lanes": {k: {f: v for f, v in s.items() if f != "checksum"} for k, s in ck["lanes"].items()}}
-    with pytest.raises(ValueError, match=r"format 'zephon.checkpoint/2' is not supported: this version reads 'zephon.checkpoint/3'"):
+    with pytest.raises(ValueError, match=r"format 'zephon.checkpoint/2' is not supported: this version reads 'zephon.checkpoint/4'"):
         small_pipeline().restore(old)
     with pytest.raises(ValueError, match=r"checkpoint 0: checkpoint format 'zephon.checkpoint/2'"):
         merge_checkpoints([old])
@@ -309,7 +309,7 @@ FILE_CASES = [
     (lambda d: msgspec.msgpack.encode({"weights": [1, 2]}), r"is not a zephon checkpoint: expected the fields"),
     (lambda d: msgspec.msgpack.encode([1, 2]), r"is not a zephon checkpoint"),
     (_flip_body, r": checksum mismatch: the file was modified or corrupted after it was written"),
-    (_old_file, r": checkpoint format 'zephon.checkpoint/2' is not supported: this version reads 'zephon.checkpoint/3'"),
+    (_old_file, r": checkpoint format 'zephon.checkpoint/2' is not supported: this version reads 'zephon.checkpoint/4'"),
     (lambda d: d.replace(b"checkpoint-file/1", b"checkpoint-file/9"), r"has file format 'zephon.checkpoint-file/9'"),
 ]
 

@@ -1,6 +1,7 @@
 """Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs;
 ``zephon inspect PATH`` shows tokenized records; ``zephon explain CONFIG`` prints a compiled plan;
-``zephon index PATH`` writes a dataset index.
+``zephon index PATH`` writes a dataset index;
+``zephon plan CONFIG --steps N`` simulates a data plan.
 
 Each command registers itself with ``register(subparsers)`` and sets ``func(args) -> exit code``;
 commands that need more than a few lines live in a module of their own.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -64,7 +66,14 @@ def _command(module: str):
 
 
 #: One entry per command, in the order ``zephon --help`` lists them.
-COMMANDS = [_register_demo, _register_ledger, _command("_cli_index"), _command("_cli_inspect"), _command("_cli_explain")]
+COMMANDS = [
+    _register_demo,
+    _register_ledger,
+    _command("_cli_plan"),
+    _command("_cli_index"),
+    _command("_cli_inspect"),
+    _command("_cli_explain"),
+]
 
 
 def main(argv: list[str] | None = None) -> int:

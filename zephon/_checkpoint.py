@@ -24,14 +24,15 @@ from typing import Any, Iterable, Mapping
 
 import msgspec
 
-#: The checkpoint format this version writes and reads (3: lane states carry checksums).
-FORMAT = "zephon.checkpoint/3"
+#: The checkpoint format this version writes and reads (3: lane states carry checksums; 4: and the
+#: samples and tokens each lane delivered per dataset).
+FORMAT = "zephon.checkpoint/4"
 
 #: The layout of a checkpoint file written by :func:`save_checkpoint`.
 FILE_FORMAT = "zephon.checkpoint-file/1"
 
 #: The fields of an encoded lane state, besides its checksum.
-LANE_FIELDS = ("source", "ops", "pending", "delivered", "done")
+LANE_FIELDS = ("source", "ops", "pending", "delivered", "done", "mixture")
 
 _CANONICAL = msgspec.msgpack.Encoder(order="sorted")
 
@@ -119,6 +120,9 @@ def check_lane_state(lane: int, state: Any, *, require_checksum: bool = True) ->
         raise ValueError(f"lane {lane}: field 'delivered' must be an int >= 0, got {_short(delivered)}")
     if not isinstance(state["done"], bool):
         raise ValueError(f"lane {lane}: field 'done' must be true or false, got {_short(state['done'])}")
+    counts = state["mixture"]
+    if not (isinstance(counts, (list, tuple)) and len(counts) % 2 == 0 and all(_is_int(x) and x >= 0 for x in counts)):
+        raise ValueError(f"lane {lane}: field 'mixture' must be [samples, tokens] per dataset, ints >= 0, got {_short(counts)}")
 
 
 def _lane_id(key: Any, lanes: int | None, where: str) -> int:
@@ -160,7 +164,7 @@ def _check_format(fmt: Any, where: str = "") -> None:
     if isinstance(fmt, str) and fmt.startswith("zephon.checkpoint/"):
         raise ValueError(
             f"{where}checkpoint format {fmt!r} is not supported: this version reads {FORMAT!r} (lane states "
-            "with checksums); resume it with the zephon version that wrote it, or start from a new checkpoint"
+            "with checksums and per-dataset counts); resume it with the zephon version that wrote it, or start from a new checkpoint"
         )
     raise ValueError(f"{where}checkpoint format {fmt!r} is not supported (this version reads {FORMAT!r})")
 
@@ -192,11 +196,38 @@ def validate(fingerprint: dict[str, Any], checkpoint: Any) -> None:
     if diffs:
         lines = "\n".join(f"  {path}: checkpoint={a} pipeline={b}" for path, a, b in diffs[:20])
         more = f"\n  ... and {len(diffs) - 20} more" if len(diffs) > 20 else ""
+        parts = sorted({_part(path) for path, _, _ in diffs})
+        hint = ""
+        if "plan" in parts:
+            hint = (
+                " To change the plan (mixture, schedule, datasets, ends) of a running job from a step on, use "
+                "Pipeline.change_plan(new_source, from_step=k, checkpoint=...)."
+            )
         raise ValueError(
-            "cannot restore: the checkpoint was taken with different data settings; these differ:\n"
-            f"{lines}{more}\nRebuild the pipeline with the checkpoint's settings (performance options may differ)."
+            f"cannot restore: the checkpoint was taken with different data settings (the {' and the '.join(parts)} "
+            f"{'differ' if len(parts) > 1 else 'differs'}); these differ:\n"
+            f"{lines}{more}\nRebuild the pipeline with the checkpoint's settings (performance options may differ).{hint}"
         )
     _check_document(checkpoint)
+
+
+def _part(path: str) -> str:
+    """Which part of a pipeline a fingerprint path belongs to: the plan (source), the processing, or the lanes."""
+    if path.startswith("source"):
+        return "plan"
+    if path.startswith("operators"):
+        return "processing"
+    return "lane count" if path.startswith("lanes") else "settings"
+
+
+def diff_parts(a: Any, b: Any) -> list[str]:
+    """The parts (``"plan"``, ``"processing"``, ``"lane count"``) in which two pipeline fingerprints differ.
+
+    Examples:
+        >>> diff_parts({"source": {"seed": 1}, "operators": [], "lanes": 2}, {"source": {"seed": 2}, "operators": [], "lanes": 2})
+        ['plan']
+    """
+    return sorted({_part(path) for path, _, _ in fingerprint_diff(a, b)})
 
 
 def fingerprint_diff(a: Any, b: Any, path: str = "") -> list[tuple[str, str, str]]:

@@ -17,7 +17,8 @@ import msgspec
 
 from ._core import Chain, ChainState, Resolver
 from ._keys import fold_in, seed_key
-from ._records import Meta, Record, Segment, meta_from_ints
+from ._fields import payload_length
+from ._records import Meta, Record, SampleBatch, Segment, meta_from_ints
 from ._stats import Meter
 from .work._source import SourceState, StaticMixtureWorkSource
 
@@ -30,6 +31,80 @@ class LaneState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pending: tuple = ()
     delivered: int = 0
     done: bool = False
+    mixture: tuple[int, ...] = ()  # per dataset: samples, tokens of the outputs delivered (see mixture_counts)
+
+
+def mixture_counts(counts: Sequence[int], outputs: Sequence[Any], datasets: int, sign: int = 1) -> tuple[int, ...]:
+    """``counts`` (``[samples_0, tokens_0, samples_1, ...]``) plus (or minus) what ``outputs`` hold.
+
+    A segment that starts at token 0 of its sample-level record counts as one sample (a piece of
+    a document wrapped over two rows counts once); its tokens are its range, or the payload's
+    token count for a whole record (0 before tokenizing).
+
+    Examples:
+        >>> from zephon.types import Meta, Segment
+        >>> rec = Record({"input_ids": [1, 2, 3]}, Meta(0, (Segment(1, 0, 4, 0, 0, -1),)))
+        >>> mixture_counts((), [rec], 2)
+        (0, 0, 1, 3)
+    """
+    out = list(counts) if counts else [0] * (2 * datasets)
+    for o in outputs:
+        for rec in (o.records if isinstance(o, SampleBatch) else (o,)):
+            for seg in rec.meta.segments:
+                if seg.end >= 0:
+                    tokens = seg.end - seg.start
+                else:
+                    try:
+                        tokens = payload_length(rec.payload, "mixture")
+                    except (TypeError, ValueError):
+                        tokens = 0  # not tokenized (yet): samples only
+                out[2 * seg.dataset] += sign * (seg.start == 0)
+                out[2 * seg.dataset + 1] += sign * tokens
+    return tuple(out)
+
+
+def mixture_report(source: Any, counts_by_lane: dict[int, Sequence[int]]) -> dict[str, Any]:
+    """The achieved mixture, per lane and over the lanes given, next to the target.
+
+    Returns:
+        ``{"unit", "target": {name: share}, "global": {name: {...}}, "lanes": {lane: {name: {...}}}}``
+        where each dataset's entry holds ``samples``, ``tokens``, ``sample_share``,
+        ``token_share``, ``target`` (the target share in the mixture's unit) and ``epochs``
+        (samples delivered over the dataset's rows).
+    """
+    names = source.names
+    n = len(names)
+    rows = [getattr(d, "num_rows", 0) for d in source.datasets]
+    total = [0] * (2 * n)
+    for counts in counts_by_lane.values():
+        for i, c in enumerate(counts):
+            total[i] += c
+    try:
+        target = source.target_at(sum(total[0::2]))
+    except (ValueError, AttributeError, TypeError):
+        target = {}
+
+    def block(counts: Sequence[int]) -> dict[str, Any]:
+        counts = list(counts) or [0] * (2 * n)
+        samples, tokens = sum(counts[0::2]), sum(counts[1::2])
+        return {
+            name: {
+                "samples": counts[2 * j],
+                "tokens": counts[2 * j + 1],
+                "sample_share": counts[2 * j] / samples if samples else 0.0,
+                "token_share": counts[2 * j + 1] / tokens if tokens else 0.0,
+                "target": target.get(name),
+                "epochs": counts[2 * j] / rows[j] if rows[j] else 0.0,
+            }
+            for j, name in enumerate(names)
+        }
+
+    return {
+        "unit": getattr(source, "unit", "samples"),
+        "target": target,
+        "global": block(total),
+        "lanes": {lane: block(c) for lane, c in counts_by_lane.items()},
+    }
 
 
 @attrs.frozen(eq=False)
@@ -106,8 +181,9 @@ class Plan:
                 done = True
             pending = tuple(outs)
         if not pending:
-            return LaneState(source, chain, (), state.delivered, True), None
-        return LaneState(source, chain, pending[1:], state.delivered + 1, done), pending[0]
+            return LaneState(source, chain, (), state.delivered, True, state.mixture), None
+        counts = mixture_counts(state.mixture, pending[:1], len(self.source.datasets))
+        return LaneState(source, chain, pending[1:], state.delivered + 1, done, counts), pending[0]
 
     # -- naming records in errors -----------------------------------------------------------------------
     def describe(self, meta: Meta) -> str:
@@ -196,6 +272,7 @@ class Plan:
             "pending": msgspec.to_builtins(list(state.pending), enc_hook=_enc_hook),
             "delivered": state.delivered,
             "done": state.done,
+            "mixture": list(state.mixture) or [0] * (2 * len(self.source.datasets)),
         }
 
     def unread(self, encoded: dict[str, Any], outputs: Any) -> dict[str, Any]:
@@ -207,7 +284,8 @@ class Plan:
         from ._core import _enc_hook
 
         refs = msgspec.to_builtins(list(outputs), enc_hook=_enc_hook)
-        return {**encoded, "pending": refs + list(encoded["pending"]), "delivered": encoded["delivered"] - len(refs)}
+        counts = mixture_counts(encoded["mixture"], list(outputs), len(self.source.datasets), sign=-1)
+        return {**encoded, "pending": refs + list(encoded["pending"]), "delivered": encoded["delivered"] - len(refs), "mixture": list(counts)}
 
     def decode(self, lane: int, data: Any) -> LaneState:
         """Inverse of :meth:`encode`, refusing states this plan's lane could never reach.
@@ -241,7 +319,13 @@ class Plan:
             pending = tuple(self.chain.rebuild(refs, resolver)) if refs else ()
         except _DECODE_ERRORS as exc:
             raise ValueError(f"lane {lane}: field 'pending': {exc}") from exc
-        return LaneState(source, chain, pending, data["delivered"], data["done"])
+        counts = data["mixture"]
+        if len(counts) != 2 * len(self.source.datasets):
+            raise ValueError(
+                f"lane {lane}: field 'mixture' holds {len(counts)} counters, but the source has {len(self.source.datasets)} "
+                "datasets (two counters each: samples, tokens)"
+            )
+        return LaneState(source, chain, pending, data["delivered"], data["done"], tuple(counts))
 
     def _check_cursor(self, lane: int, source: SourceState, done: bool) -> None:
         """The source cursor is one the lane reaches, and ``done`` says whether it is at the end."""

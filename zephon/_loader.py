@@ -24,7 +24,7 @@ from ._checkpoint import build, checkpoint_to_state_dict, select_lanes, state_di
 from ._distributed import Topology, all_ranks_have, distributed_group
 from ._executor import InlineExecutor, ProcessExecutor, ThreadExecutor
 from ._fields import payload_length
-from ._lanes import Plan
+from ._lanes import Plan, mixture_report
 from ._log import get_logger, progress
 from ._options import Options
 from ._records import SampleBatch
@@ -104,7 +104,7 @@ class Loader(Iterator[Any]):
         self._closed = False  # by close(): the stream does not go on (the end of the data is not a close)
         self._undelivered = {lane: [0, 0, 0] for lane in lanes}  # outputs, records, tokens
         self._final_meters: dict[str, Any] | None = None
-        self._deliveries = Deliveries(len(getattr(self.plan.source, "datasets", ())))
+        self._deliveries = Deliveries()
         self._next_log = opts.log_every or 0
         topo = self.topology
         where = f"{opts.workers} worker process(es)" if opts.workers else ("a background thread" if opts.thread else "the calling thread")
@@ -304,12 +304,16 @@ class Loader(Iterator[Any]):
         Lanes are keyed by global lane id, so checkpoints of every rank can be merged with
         :func:`~zephon.merge_checkpoints` and restored on any number of ranks dividing L.
         """
+        return build(self.plan.fingerprint(), self._delivered_states())
+
+    def _delivered_states(self) -> dict[int, Any]:
+        """The encoded lane states after the last output delivered (what a checkpoint holds)."""
         states = self._final_states if self._final_states is not None else self.executor.lane_states()
         if self._unyielded:  # taken from the lanes but not delivered: give them back
             states = dict(states)
             for lane in {out_lane(o) for o in self._unyielded}:
                 states[lane] = self.plan.unread(states[lane], [o for o in self._unyielded if out_lane(o) == lane])
-        return build(self.plan.fingerprint(), states)
+        return states
 
     # torch.distributed.checkpoint ``Stateful`` protocol: one key per lane, so DCP can save each
     # rank's lanes and load them back on any data-parallel size.
@@ -345,8 +349,10 @@ class Loader(Iterator[Any]):
             - ``packing``: ``real_tokens`` and ``slots`` delivered (records of a batch padded to
               its longest), ``padding_tokens``, ``efficiency`` and ``padding_waste``;
             - ``dropped``: per operator, its counters of data not emitted, by cause;
-            - ``mixture`` (several datasets): per dataset the ``target`` weight, ``samples_read``
-              and ``sample_share``, ``tokens_delivered`` and ``token_share``.
+            - ``mixture``: samples and tokens delivered per dataset, their shares, the target
+              and epochs, over this rank's lanes (``global``) and per lane (see
+              :func:`~zephon._lanes.mixture_report`); these counts travel in the checkpoint, so
+              they continue across restores.
 
             Ratios are ``None`` until there is something to divide by.
         """
@@ -368,7 +374,8 @@ class Loader(Iterator[Any]):
             },
             "undelivered": {k: sum(c[i] for c in self._undelivered.values()) for i, k in enumerate(names)},
             "operators": ops,
-            **summarize(operators=ops, meter=meters, deliveries=self._deliveries, dataset_names=self._dataset_names(), mixture=self._targets()),
+            **summarize(operators=ops, meter=meters, deliveries=self._deliveries),
+            "mixture": mixture_report(self.plan.source, {lane: s["mixture"] for lane, s in self._delivered_states().items()}),
         }
 
     def stats_table(self) -> str:
@@ -377,22 +384,8 @@ class Loader(Iterator[Any]):
 
     def _light_stats(self) -> dict[str, Any]:
         """The loader-side sections of :meth:`stats` (no round trip to workers), for summaries."""
-        d = summarize(operators={}, meter=None, deliveries=self._deliveries, dataset_names=(), mixture=None)
+        d = summarize(operators={}, meter=None, deliveries=self._deliveries)
         return {"complete_steps": min(self.delivered.values()), **d}
-
-    def _dataset_names(self) -> list[str]:
-        return [getattr(ds, "name", str(i)) for i, ds in enumerate(getattr(self.plan.source, "datasets", ()))]
-
-    def _targets(self) -> dict[str, float] | None:
-        """The source's mixture weights as fractions, by dataset name (``None`` without a mixture)."""
-        source = self.plan.source
-        try:
-            names = list(source.names)
-            weights = source.mixture.integer_weights(names)
-        except AttributeError:
-            return None
-        total = sum(weights)
-        return {n: w / total for n, w in zip(names, weights)} if total else None
 
 
 def out_lane(out: Any) -> int:

@@ -26,7 +26,21 @@ from ._options import Options
 from ._pack import PackFlat, PackSequences
 from ._records import SampleBatch
 from ._shuffle import Shuffle
+from ._calibrate import compile_source
+from .work._estimate import Calibration
 from .work._source import make_source
+
+
+def _checkpoint_calibration(checkpoint: Any) -> Calibration | None:
+    """The calibration frozen in a checkpoint's fingerprint, or ``None`` (not there, or no checkpoint)."""
+    try:
+        data = checkpoint["fingerprint"]["source"]["token_estimation"]
+    except (KeyError, TypeError):
+        return None
+    try:
+        return Calibration.from_description(data)
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
 class _Latest:
@@ -36,11 +50,12 @@ class _Latest:
     against a single running pipeline keeps working; it is never part of the pipeline's value.
     """
 
-    __slots__ = ("loader", "pending")
+    __slots__ = ("loader", "pending", "plans")
 
     def __init__(self) -> None:
         self.loader: Loader | None = None
         self.pending: dict[str, Any] | None = None
+        self.plans: dict[str, Plan] = {}  # compiled plans, by the calibration they were given
 
     def __reduce__(self) -> tuple:  # a copied or pickled pipeline starts with no loader
         return (_Latest, ())
@@ -205,18 +220,89 @@ class Pipeline:
                 return pad if pad is not None else handle.eos_token_id
         return None
 
+    def ensure_mixture(
+        self,
+        mixture: Any = None,
+        *,
+        max_buffer_size: int = 1000,
+        weight_by: Any = "auto",
+        drain_target_ratio: float = 0.8,
+        obsolete_drain_rate: float = 0.0,
+        name: str | None = None,
+    ) -> "Pipeline":
+        """Reorder each lane so that the tokens it emits per dataset follow the mixture exactly.
+
+        Place it after ``tokenize`` and before packing; see :class:`zephon.ops.EnsureMixture`.
+        ``mixture`` defaults to the source's (a static mixture; pass it for a schedule).
+        """
+        from ._mixing import make_ensure_mixture
+
+        op = make_ensure_mixture(
+            self.source,
+            mixture,
+            max_buffer_size=max_buffer_size,
+            weight_by=weight_by,
+            drain_target_ratio=drain_target_ratio,
+            obsolete_drain_rate=obsolete_drain_rate,
+        )
+        return self.add(op, name=name)
+
     # -- what it computes -----------------------------------------------------------------------------
     @property
     def plan(self) -> Plan:
-        """The compiled, picklable description of the lanes (source, chain, lane count)."""
-        source = self.source
-        if self.run_options.io_options is not None:
-            source = source.with_io_options(self.run_options.io_options)
-        return Plan(source, Chain(self.operators), self.run_options.canonical_replicas, self.run_options.read_size)
+        """The compiled, picklable description of the lanes (source, chain, lane count).
+
+        Compiling fills in what the source needs from the pipeline: the samples or tokens of a
+        global step (for a schedule by step) and the token calibration (measured once, with the
+        pipeline's own tokenizer; see :class:`zephon.work.TokenEstimation`).
+        """
+        return self._compiled(None)
+
+    def _compiled(self, checkpoint: dict[str, Any] | None) -> Plan:
+        """The plan; with ``checkpoint``, its frozen calibration is used instead of measuring."""
+        calibration = _checkpoint_calibration(checkpoint) if self.source.needs_calibration else None
+        key = repr(calibration.describe()) if calibration is not None else ""
+        plans = self._latest.plans
+        if key not in plans:
+            chain = Chain(self.operators)
+            source = self.source
+            if self.run_options.io_options is not None:
+                source = source.with_io_options(self.run_options.io_options)
+            source = compile_source(source, chain, self.run_options.canonical_replicas, calibration=calibration)
+            plans[key] = Plan(source, chain, self.run_options.canonical_replicas, self.run_options.read_size)
+        return plans[key]
 
     def fingerprint(self) -> dict[str, Any]:
-        """Everything that decides the data: source, operators, lane count."""
+        """Everything that decides the data: source (the plan), operators (the processing), lane count."""
         return self.plan.fingerprint()
+
+    def change_plan(self, source: Any, *, from_step: int, checkpoint: dict[str, Any]) -> tuple["Pipeline", dict[str, Any]]:
+        """Change the plan (mixture, schedule, datasets, ends) of a running job from global step ``from_step`` on.
+
+        Steps before ``from_step`` stay exactly as this pipeline makes them: the lanes run on from
+        ``checkpoint`` (taken at or before ``from_step``) to ``from_step`` under this plan, and the
+        source position after everything they have read by then becomes the switch point. Before
+        it, samples come from this plan; from it on, from ``source``, with every dataset
+        continuing where it was (nothing repeats, nothing is skipped). The switch is recorded in
+        the new fingerprint, so the new pipeline resumes only from checkpoints of the changed run.
+
+        Args:
+            source: the new work source; its datasets are this one's, in the same order,
+                optionally followed by new ones. Seed, shuffles and chunk size must not change.
+            from_step: the first global step that may differ.
+            checkpoint: a checkpoint of this pipeline holding every lane, at step <= ``from_step``.
+
+        Returns:
+            ``(pipeline, checkpoint)``: the changed pipeline, and ``checkpoint`` restamped for it.
+
+        Raises:
+            ValueError: a checkpoint after ``from_step``, of other settings, or missing lanes; a
+                new source that renames, reorders or drops datasets or changes the seed,
+                shuffles or chunk size; a switch inside the last, partial block of lanes.
+        """
+        from ._replan import change_plan
+
+        return change_plan(self, source, from_step=from_step, checkpoint=checkpoint)
 
     def topology(self) -> Topology:
         """This process's data-parallel degree and rank and the lanes it owns (validated)."""
@@ -268,7 +354,7 @@ class Pipeline:
     # -- running ----------------------------------------------------------------------------------------
     def loader(self, checkpoint: dict[str, Any] | None = None) -> Loader:
         """A new loader running this pipeline for this rank, from the start or from ``checkpoint``."""
-        plan, topo = self.plan, self.topology()
+        plan, topo = self._compiled(checkpoint), self.topology()
         encoded = None
         if checkpoint is not None:
             validate(plan.fingerprint(), checkpoint)
@@ -307,7 +393,7 @@ class Pipeline:
         settings (workers, prefetch, read size, the number of ranks) may change freely. Returns
         this pipeline. Prefer ``pipeline.loader(checkpoint)`` or ``loader.restore(checkpoint)``.
         """
-        validate(self.fingerprint(), checkpoint)
+        validate(self._compiled(checkpoint).fingerprint(), checkpoint)
         self._latest.pending = copy.deepcopy(checkpoint)
         if self._latest.loader is not None:
             self._latest.loader.restore(checkpoint)
@@ -326,7 +412,7 @@ class Pipeline:
         if self._latest.loader is None:
             from ._stats import Deliveries, summarize
 
-            empty = summarize(operators={}, meter=None, deliveries=Deliveries(0), dataset_names=(), mixture=None)
+            empty = summarize(operators={}, meter=None, deliveries=Deliveries())
             return {"delivered": 0, "complete_steps": 0, "lanes": {}, "undelivered": {"outputs": 0, "records": 0, "tokens": 0}, "operators": {}, **empty}
         return self._latest.loader.stats()
 

@@ -130,15 +130,14 @@ class Deliveries:
 
     Per delivered output: records, real tokens, token slots (a batch's records padded to its
     longest, as ``to_training(padding="longest")`` pads them; packed rows count their padding
-    tail), and real tokens per source dataset. ``wait_s`` is the time spent inside ``next()``;
+    tail). ``wait_s`` is the time spent inside ``next()``;
     ``seconds`` runs from the first request to the last delivery.
     """
 
-    __slots__ = ("outputs", "records", "tokens", "slots", "by_dataset", "wait_s", "first", "last")
+    __slots__ = ("outputs", "records", "tokens", "slots", "wait_s", "first", "last")
 
-    def __init__(self, datasets: int) -> None:
+    def __init__(self) -> None:
         self.outputs = self.records = self.tokens = self.slots = 0
-        self.by_dataset = [0] * datasets
         self.wait_s = 0.0
         self.first: float | None = None
         self.last: float | None = None
@@ -155,21 +154,14 @@ class Deliveries:
 
     def add(self, out: Any) -> None:
         records = out.records if isinstance(out, SampleBatch) else (out,)
-        by = self.by_dataset
         longest = 0
         tokens = 0
         for r in records:
             segs = r.meta.segments
             if len(segs) == 1 and segs[0].end < 0:  # a whole sample: its tokens are its payload's
                 n = record_tokens(r)
-                if segs[0].dataset < len(by):
-                    by[segs[0].dataset] += n
-            else:  # explicit token ranges (packed rows): count them per dataset in one pass
-                n = 0
-                for s in segs:
-                    if s.end >= 0:
-                        n += s.end - s.start
-                        by[s.dataset] += s.end - s.start
+            else:  # explicit token ranges (packed rows)
+                n = sum(s.end - s.start for s in segs if s.end >= 0)
             tokens += n
             length = _length(r.payload)
             longest = max(longest, n if length is None else length)
@@ -192,10 +184,8 @@ def summarize(
     operators: Mapping[str, Mapping[str, int]],
     meter: Mapping[str, Any] | None,
     deliveries: Deliveries,
-    dataset_names: Sequence[str],
-    mixture: Mapping[str, float] | None,
 ) -> dict[str, Any]:
-    """The runtime sections of ``Loader.stats()``: ``flow``, ``throughput``, ``packing``, ``dropped``, ``mixture``."""
+    """The runtime sections of ``Loader.stats()``: ``flow``, ``throughput``, ``packing``, ``dropped``."""
     flow: dict[str, dict[str, Any]] = {}
     if meter is not None:
         samples = sum(meter["samples"])
@@ -225,19 +215,6 @@ def summarize(
         if causes:
             dropped[name] = causes
     out: dict[str, Any] = {"flow": flow, "throughput": throughput, "packing": packing, "dropped": dropped}
-    if mixture and len(dataset_names) > 1:
-        read = meter["samples"] if meter is not None else [0] * len(dataset_names)
-        total_read, total_tok = sum(read), sum(d.by_dataset)
-        out["mixture"] = {
-            name: {
-                "target": mixture.get(name),
-                "samples_read": read[i],
-                "sample_share": _ratio(read[i], total_read),
-                "tokens_delivered": d.by_dataset[i],
-                "token_share": _ratio(d.by_dataset[i], total_tok),
-            }
-            for i, name in enumerate(dataset_names)
-        }
     return out
 
 
@@ -312,11 +289,12 @@ def format_stats(stats: Mapping[str, Any]) -> str:
     mix = stats.get("mixture")
     if mix:
         lines.append("")
+        lines.append(f"mixture (target shares count {mix.get('unit', 'samples')}):")
         rows = [
-            [name, _pct(m["target"]), _num(m["samples_read"]), _pct(m["sample_share"]), _num(m["tokens_delivered"]), _pct(m["token_share"])]
-            for name, m in mix.items()
+            [name, _pct(m["target"]), _num(m["samples"]), _pct(m["sample_share"]), _num(m["tokens"]), _pct(m["token_share"]), _num(m["epochs"])]
+            for name, m in mix.get("global", {}).items()
         ]
-        lines += _table(["dataset", "target", "samples read", "share", "tokens delivered", "share"], rows)
+        lines += _table(["dataset", "target", "samples", "share", "tokens", "share", "epochs"], rows)
     return "\n".join(lines)
 
 

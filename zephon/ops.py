@@ -13,12 +13,14 @@ from ._core import Operator as Operator
 from ._core import StatelessOp as StatelessOp
 from ._core import config_field as config_field
 from ._core import stateless as stateless
+from ._mixing import EnsureMixture as EnsureMixture
 from ._pack import PackFlat as PackFlat
 from ._pack import PackSequences as PackSequences
 from ._pack import packing_info as packing_info
 from ._shuffle import Shuffle as Shuffle
 
 __all__ = [
+    "EnsureMixture",
     "EMPTY",
     "Batch",
     "Chain",

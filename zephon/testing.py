@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
+import numpy as np
+
 
 from ._core import Operator, _enc_hook
 from ._records import Meta, Record, SampleBatch, meta_from_ints, payload_equal
@@ -139,3 +141,44 @@ def _ref(x: Any) -> Any:
     if isinstance(x, Record):
         return x.meta
     return meta_from_ints(_enc_hook(x))
+
+
+# -- generated data for mixture experiments ---------------------------------------------------------------
+
+
+def word_tokenizer(vocab_size: int = 256) -> Any:
+    """A word-level ``tokenizers.Tokenizer`` over the words ``w0 .. w{vocab_size-1}`` (one token per word).
+
+    Id 0 is ``[UNK]``, id 1 ``<eos>`` (pass ``eos_token_id=1``, ``special_tokens="eos"``). Builds in
+    milliseconds, so tests and benchmarks can count tokens exactly: a text of ``n`` words is ``n``
+    tokens plus the EOS.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "<eos>": 1, **{f"w{i}": i + 2 for i in range(vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<eos>"])
+    return tok
+
+
+def length_datasets(mean_words: dict[str, int], rows: int, *, shards: int = 4, seed: int = 0, vocab_size: int = 256) -> list:
+    """In-memory datasets of ``{"text": ...}`` rows whose lengths (in words) are uniform in ``[m/2, 3m/2]``.
+
+    One dataset per ``{name: mean words}``, ``rows`` rows each over ``shards`` shards; the texts
+    are words of :func:`word_tokenizer`, so mean tokens per document differ exactly as the means do.
+    """
+    from .io import Dataset
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, m in mean_words.items():
+        lengths = rng.integers(max(1, m // 2), m + m // 2 + 1, size=rows)
+        words = rng.integers(0, vocab_size, size=int(lengths.sum()))
+        texts, at = [], 0
+        for n in lengths.tolist():
+            texts.append(" ".join(f"w{w}" for w in words[at : at + n].tolist()))
+            at += n
+        per = -(-rows // shards)
+        out.append(Dataset.from_dict(name, {str(s): [{"text": t} for t in texts[s * per : (s + 1) * per]] for s in range(shards)}))
+    return out

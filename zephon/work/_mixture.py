@@ -1,99 +1,276 @@
-"""Mixture weights and the deterministic interleave of components over global positions.
+"""Mixture weights, schedules of weights, and the deterministic interleave of datasets over positions.
 
-Weights are resolved once to small integers ``W`` (exact for simple ratios, else to multiples of
+Weights are resolved to small integers ``W`` (exact for simple ratios, else to multiples of
 1/65536). Component ``j``'s ``k``-th element gets the virtual time ``(2k + 1) / (2 W_j)``; sorting
 one period of ``S = sum(W)`` elements by (time, component) gives the order, which then repeats.
 So the component of global position ``t`` and its index within that component are pure integer
 functions of ``t``, with exact long-run ratios and every prefix within one element of its target
 (a smooth weighted round-robin, as in Grain's index-based mixing).
+
+A :class:`Timeline` strings such interleaves together: a list of :class:`Phase` (first position,
+integer weights), each continuing every dataset's count where the previous phase left it. A static
+mixture is one phase; a schedule, a dataset dropped by ``redistribute`` or a plan changed from a
+step on add phases. Everything stays a pure function of the position.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
-from typing import Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 import attrs
 import numpy as np
 
 _QUANTUM = 1 << 16
 
+#: Pieces a linear ramp between two schedule points is cut into (weights are constant on each).
+RAMP_PIECES = 64
 
-def _convert_weights(weights: Mapping[str, float]) -> dict[str, float]:
-    if isinstance(weights, MixtureSpec):
-        return dict(weights.weights)
+
+def _check_weight(name: Any, w: Any, *, zero_ok: bool) -> float:
+    if not isinstance(name, str):
+        raise TypeError(f"mixture keys are dataset names (str), got {name!r}")
+    low_ok = w >= 0 if zero_ok and isinstance(w, (int, float)) and not isinstance(w, bool) else None
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or not (low_ok if zero_ok else w > 0):
+        bound = ">= 0" if zero_ok else "> 0"
+        raise ValueError(f"mixture weight of {name!r} must be a finite number {bound}, got {w!r}")
+    return float(w)
+
+
+def normalize(weights: Mapping[str, float], *, zero_ok: bool = False) -> dict[str, float]:
+    """``weights`` checked and scaled to sum to 1 (insertion order kept)."""
     if not isinstance(weights, Mapping) or not weights:
         raise ValueError(f"a mixture is a non-empty mapping of dataset name to weight, got {weights!r}")
-    out: dict[str, float] = {}
-    for name, w in weights.items():
-        if not isinstance(name, str):
-            raise TypeError(f"mixture keys are dataset names (str), got {name!r}")
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
-            raise ValueError(f"mixture weight of {name!r} must be a finite number > 0, got {w!r}")
-        out[name] = float(w)
+    out = {name: _check_weight(name, w, zero_ok=zero_ok) for name, w in weights.items()}
     total = sum(out.values())
+    if total <= 0:
+        raise ValueError(f"mixture weights {dict(weights)} are all zero; give at least one dataset a weight > 0")
     return {k: v / total for k, v in out.items()}
+
+
+def _convert_weights(weights: Any) -> dict[str, float]:
+    if isinstance(weights, MixtureSpec):
+        return dict(weights.weights)
+    return normalize(weights)
+
+
+def _check_unit(instance: Any, attribute: Any, value: Any) -> None:
+    if value not in (None, "samples", "tokens"):
+        raise ValueError(f"{type(instance).__name__}: unit must be 'samples' or 'tokens', got {value!r}")
 
 
 @attrs.frozen
 class MixtureSpec:
     """Relative weights of the datasets in a mixture, normalized to sum to 1 (insertion order kept).
 
+    Args:
+        weights: ``{dataset name: weight}``, every weight > 0.
+        unit: what the weights count: ``"samples"`` or ``"tokens"``, which calibrates tokens
+            per sample for each dataset (see :class:`~zephon.work.TokenEstimation`) and mixes so
+            that each dataset's share of the *tokens* is its weight. ``None`` (the default):
+            samples, or tokens when the source is given ``token_estimation`` (Zephon 0.2.0's
+            token mode).
+
     Examples:
         >>> MixtureSpec({"web": 3, "code": 1}).weights
         {'web': 0.75, 'code': 0.25}
+        >>> MixtureSpec({"web": 1, "books": 1}, unit="tokens").unit
+        'tokens'
     """
 
     weights: dict[str, float] = attrs.field(converter=_convert_weights)
+    unit: Literal["samples", "tokens"] | None = attrs.field(default=None, validator=_check_unit, kw_only=True)
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self.weights)
 
     def validate_for(self, names: tuple[str, ...]) -> None:
-        missing = [n for n in names if n not in self.weights]
-        unknown = [n for n in self.weights if n not in names]
-        if missing or unknown:
-            raise ValueError(
-                f"mixture does not match the datasets: datasets without a weight {missing}, "
-                f"weights for unknown datasets {unknown}; give one weight per dataset name {list(names)}"
-            )
+        check_names(self.weights, names)
 
     def integer_weights(self, names: tuple[str, ...]) -> tuple[int, ...]:
         """Resolve the weights (in ``names`` order) to co-prime integers; see the module note."""
-        ws = [self.weights[n] for n in names]
-        fracs = [Fraction(w).limit_denominator(1000) for w in ws]
-        exact = all(abs(float(f) - w) <= 1e-12 * max(1.0, w) for f, w in zip(fracs, ws))
-        lcm = math.lcm(*(f.denominator for f in fracs))
-        if exact and lcm <= _QUANTUM:
-            ints = [int(f * lcm) for f in fracs]
-        else:
-            raw = [w * _QUANTUM for w in ws]
-            ints = [max(1, int(r)) for r in raw]
-            short = _QUANTUM - sum(ints)
-            order = sorted(range(len(ws)), key=lambda i: (-(raw[i] - int(raw[i])), i))
-            for i in order[: max(0, short)]:
-                ints[i] += 1
-        g = math.gcd(*ints)
-        return tuple(i // g for i in ints)
+        return integer_weights([self.weights[n] for n in names])
+
+    def points(self) -> tuple[tuple[float, dict[str, float]], ...]:
+        return ((0, dict(self.weights)),)
+
+    def describe(self) -> dict[str, Any]:
+        return {"weights": dict(self.weights), "unit": self.unit}
+
+
+def check_names(weights: Mapping[str, float], names: tuple[str, ...], where: str = "mixture") -> None:
+    missing = [n for n in names if n not in weights]
+    unknown = [n for n in weights if n not in names]
+    if missing or unknown:
+        raise ValueError(
+            f"{where} does not match the datasets: datasets without a weight {missing}, "
+            f"weights for unknown datasets {unknown}; give one weight per dataset name {list(names)}"
+        )
+
+
+def integer_weights(ws: Sequence[float]) -> tuple[int, ...]:
+    """Non-negative weights as co-prime integers (zeros stay zero); see the module note."""
+    ws = [float(w) for w in ws]
+    total = sum(ws)
+    ws = [w / total for w in ws]
+    fracs = [Fraction(w).limit_denominator(1000) for w in ws]
+    exact = all(abs(float(f) - w) <= 1e-12 * max(1.0, w) for f, w in zip(fracs, ws))
+    lcm = math.lcm(*(f.denominator for f in fracs))
+    if exact and lcm <= _QUANTUM:
+        ints = [int(f * lcm) for f in fracs]
+    else:
+        raw = [w * _QUANTUM for w in ws]
+        ints = [max(1, int(r)) if w > 0 else 0 for r, w in zip(raw, ws)]
+        short = _QUANTUM - sum(ints)
+        order = sorted((i for i in range(len(ws)) if ws[i] > 0), key=lambda i: (-(raw[i] - int(raw[i])), i))
+        for i in order[: max(0, short)]:
+            ints[i] += 1
+    g = math.gcd(*ints)
+    return tuple(i // g for i in ints)
+
+
+def _convert_points(points: Any) -> tuple[tuple[float, dict[str, float]], ...]:
+    if isinstance(points, Mapping):
+        points = sorted(points.items())
+    if isinstance(points, (str, bytes)) or not isinstance(points, Sequence) or not points:
+        raise ValueError(f"MixtureSchedule: points is a non-empty list of (at, {{name: weight}}), got {points!r}")
+    out = []
+    for i, p in enumerate(points):
+        if not (isinstance(p, Sequence) and not isinstance(p, str) and len(p) == 2):
+            raise ValueError(f"MixtureSchedule: point {i} must be a pair (at, {{name: weight}}), got {p!r}")
+        at, weights = p
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at) or at < 0:
+            raise ValueError(f"MixtureSchedule: point {i}: 'at' must be a finite number >= 0, got {at!r}")
+        try:
+            w = normalize(weights, zero_ok=True)
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"MixtureSchedule: point {i} (at {at}): {exc}") from None
+        out.append((int(at) if float(at).is_integer() else float(at), w))
+    if out[0][0] != 0:
+        raise ValueError(f"MixtureSchedule: the first point must be at 0 (the start of training), got {out[0][0]}")
+    for i in range(1, len(out)):
+        if out[i][0] <= out[i - 1][0]:
+            raise ValueError(f"MixtureSchedule: breakpoints must increase strictly; point {i} is at {out[i][0]} after {out[i - 1][0]}")
+        if list(out[i][1]) != list(out[0][1]) and set(out[i][1]) != set(out[0][1]):
+            raise ValueError(
+                f"MixtureSchedule: point {i} names datasets {sorted(out[i][1])}, point 0 names {sorted(out[0][1])}; "
+                "every point gives a weight (0 allowed) to the same datasets"
+            )
+    return tuple(out)
+
+
+def _one_of(*allowed: str):
+    def check(instance: Any, attribute: Any, value: Any) -> None:
+        if value not in allowed:
+            raise ValueError(f"MixtureSchedule: {attribute.name} must be one of {list(allowed)}, got {value!r}")
+
+    return check
+
+
+@attrs.frozen
+class MixtureSchedule:
+    """Mixture weights that change over training: a list of ``(at, {name: weight})`` points.
+
+    Accepted wherever a mixture is (``StaticMixtureWorkSource(datasets, schedule)``, a plan).
+
+    Args:
+        points: ``[(at, weights), ...]``; the first at 0, ``at`` strictly increasing, weights
+            >= 0 with at least one > 0 per point, every point naming the same datasets.
+        by: what ``at`` counts: ``"step"`` (global optimizer steps) or ``"tokens"`` (tokens
+            delivered, estimated with the calibration).
+        interpolation: ``"step"`` (piecewise constant: a point's weights hold until the next
+            point) or ``"linear"`` (weights move linearly between points, in
+            :data:`RAMP_PIECES` even pieces; constant after the last point).
+        unit: what the weights count, as in :class:`MixtureSpec`.
+
+    Examples:
+        >>> s = MixtureSchedule([(0, {"web": 9, "math": 1}), (1000, {"web": 1, "math": 1})])
+        >>> s.weights_at(999), s.weights_at(1000)
+        ({'web': 0.9, 'math': 0.1}, {'web': 0.5, 'math': 0.5})
+        >>> MixtureSchedule([(0, {"a": 1, "b": 0}), (10, {"a": 0, "b": 1})], interpolation="linear").weights_at(5)
+        {'a': 0.5, 'b': 0.5}
+    """
+
+    points: tuple[tuple[float, dict[str, float]], ...] = attrs.field(converter=_convert_points)
+    by: Literal["step", "tokens"] = attrs.field(default="step", kw_only=True, validator=_one_of("step", "tokens"))
+    interpolation: Literal["step", "linear"] = attrs.field(default="step", kw_only=True, validator=_one_of("step", "linear"))
+    unit: Literal["samples", "tokens"] | None = attrs.field(default=None, kw_only=True, validator=_check_unit)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.points[0][1])
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """The weights at the start (so code that reads a mixture's weights keeps working)."""
+        return dict(self.points[0][1])
+
+    def validate_for(self, names: tuple[str, ...]) -> None:
+        for i, (at, w) in enumerate(self.points):
+            check_names(w, names, f"schedule point {i} (at {at})")
+
+    def weights_at(self, at: float) -> dict[str, float]:
+        """The weights in force at ``at`` (a step or a token count, as ``by`` says)."""
+        ats = [p[0] for p in self.points]
+        i = max(k for k, a in enumerate(ats) if a <= at)
+        if self.interpolation == "step" or i == len(ats) - 1:
+            return dict(self.points[i][1])
+        (a0, w0), (a1, w1) = self.points[i], self.points[i + 1]
+        f = (at - a0) / (a1 - a0)
+        return {n: w0[n] + (w1[n] - w0[n]) * f for n in w0}
+
+    def pieces(self) -> list[tuple[float, dict[str, float]]]:
+        """``(at, weights)`` of every stretch of constant weights (ramps cut into even pieces)."""
+        if self.interpolation == "step":
+            return [(a, dict(w)) for a, w in self.points]
+        out = []
+        for (a0, w0), (a1, w1) in zip(self.points, self.points[1:]):
+            for k in range(RAMP_PIECES):
+                f = (k + 0.5) / RAMP_PIECES
+                out.append((a0 + (a1 - a0) * k / RAMP_PIECES, {n: w0[n] + (w1[n] - w0[n]) * f for n in w0}))
+        out.append((self.points[-1][0], dict(self.points[-1][1])))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "points": [[a, dict(w)] for a, w in self.points],
+            "by": self.by,
+            "interpolation": self.interpolation,
+            "unit": self.unit,
+        }
+
+
+def as_mixture(m: Any) -> MixtureSpec | MixtureSchedule:
+    """A :class:`MixtureSpec` or :class:`MixtureSchedule` from either, or from ``{name: weight}``."""
+    if isinstance(m, (MixtureSpec, MixtureSchedule)):
+        return m
+    return MixtureSpec(m)
+
+
+# -- interleaves and timelines ----------------------------------------------------------------------------
 
 
 class Interleave:
-    """The periodic interleave of components for integer weights ``W`` (see module docstring)."""
+    """The periodic interleave of components for integer weights ``W`` (zeros allowed; see module docstring)."""
 
     def __init__(self, weights: tuple[int, ...]):
         self.weights = np.asarray(weights, dtype=np.int64)
         self.period = int(self.weights.sum())
+        live = np.maximum(self.weights, 1)
         comps = np.repeat(np.arange(len(weights)), weights)
         ks = np.concatenate([np.arange(w) for w in weights])
-        times = (2 * ks + 1) / (2 * self.weights[comps])  # exact ordering for S <= 2**16
+        times = (2 * ks + 1) / (2 * live[comps])  # exact ordering for S <= 2**16
         order = np.lexsort((comps, times))
         self.table = comps[order].astype(np.int32)
         self._where = [np.flatnonzero(self.table == j) for j in range(len(weights))]
 
     def counts_before(self, t: int) -> np.ndarray:
         """How many elements of each component come before global position ``t``."""
+        if not self.period:  # all weights zero: the data has ended here
+            return np.zeros(len(self.weights), dtype=np.int64)
         q, r = divmod(t, self.period)
         return q * self.weights + np.bincount(self.table[:r], minlength=len(self.weights))
 
@@ -109,6 +286,134 @@ class Interleave:
         return comps, index
 
     def position_of(self, component: int, k: int) -> int:
-        """Global position of component ``component``'s ``k``-th element."""
+        """Global position of component ``component``'s ``k``-th element (its weight must be > 0)."""
         q, r = divmod(k, int(self.weights[component]))
         return q * self.period + int(self._where[component][r])
+
+
+@functools.lru_cache(maxsize=64)
+def interleave(weights: tuple[int, ...]) -> Interleave:
+    return Interleave(weights)
+
+
+@attrs.frozen
+class Phase:
+    """From position ``start`` on (until the next phase), datasets come with integer ``weights``."""
+
+    start: int
+    weights: tuple[int, ...]
+
+
+@attrs.frozen(eq=False)
+class Timeline:
+    """Positions to (dataset, index in dataset) over a list of phases, counts carried across phases.
+
+    Examples:
+        >>> tl = Timeline((Phase(0, (1, 1)), Phase(4, (1, 0))))
+        >>> tl.assign(0, 7)[0].tolist(), tl.counts_before(7).tolist()
+        ([0, 1, 0, 1, 0, 0, 0], [5, 2])
+        >>> tl.position_of(0, 4), tl.position_of(1, 2) is None
+        (6, True)
+    """
+
+    phases: tuple[Phase, ...]
+
+    def __attrs_post_init__(self) -> None:
+        starts = [p.start for p in self.phases]
+        if not starts or starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+            raise ValueError(f"phases must start at 0 and at increasing positions, got {starts}")
+
+    @functools.cached_property
+    def _base(self) -> list[np.ndarray]:
+        """Counts of every dataset before each phase's start."""
+        base = [np.zeros(len(self.phases[0].weights), dtype=np.int64)]
+        for p, q in zip(self.phases, self.phases[1:]):
+            base.append(base[-1] + interleave(p.weights).counts_before(q.start - p.start))
+        return base
+
+    def phase_index(self, t: int) -> int:
+        lo, hi = 0, len(self.phases)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.phases[mid].start <= t:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def counts_before(self, t: int) -> np.ndarray:
+        i = self.phase_index(t)
+        p = self.phases[i]
+        return self._base[i] + interleave(p.weights).counts_before(t - p.start)
+
+    def assign(self, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray]:
+        comps, index = [], []
+        t = t0
+        while t < t1:
+            i = self.phase_index(t)
+            p = self.phases[i]
+            stop = min(t1, self.phases[i + 1].start) if i + 1 < len(self.phases) else t1
+            c, k = interleave(p.weights).assign(t - p.start, stop - p.start)
+            comps.append(c)
+            index.append(k + self._base[i][c])
+            t = stop
+        if not comps:
+            return np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int64)
+        return np.concatenate(comps), np.concatenate(index)
+
+    def position_of(self, j: int, k: int) -> int | None:
+        """The position of dataset ``j``'s ``k``-th element (0-based), or ``None`` if it never comes."""
+        for i, p in enumerate(self.phases):
+            last = i + 1 == len(self.phases)
+            if not last and self._base[i + 1][j] <= k:
+                continue
+            if p.weights[j] == 0:
+                return None
+            return p.start + interleave(p.weights).position_of(j, k - int(self._base[i][j]))
+        return None
+
+    def weights_at(self, t: int) -> tuple[int, ...]:
+        return self.phases[self.phase_index(t)].weights
+
+    def with_zero_from(self, j: int, t: int) -> "Timeline":
+        """This timeline with dataset ``j``'s weight zero from position ``t`` on."""
+        out: list[Phase] = []
+        for i, p in enumerate(self.phases):
+            end = self.phases[i + 1].start if i + 1 < len(self.phases) else None
+            if end is not None and end <= t:
+                out.append(p)
+                continue
+            if p.start < t:
+                out.append(p)
+                out.append(Phase(t, _zeroed(p.weights, j)))
+            else:
+                out.append(Phase(p.start, _zeroed(p.weights, j)))
+        return Timeline(tuple(_merge_equal(out)))
+
+    def spliced(self, t: int, later: "Timeline") -> "Timeline":
+        """Positions before ``t`` from this timeline, from ``t`` on from ``later`` (counts carried)."""
+        head = [p for p in self.phases if p.start < t]
+        i = later.phase_index(t)
+        tail = [Phase(t, later.phases[i].weights)] + [p for p in later.phases[i + 1 :]]
+        return Timeline(tuple(_merge_equal(head + tail)))
+
+    def describe(self) -> list[list[Any]]:
+        return [[p.start, list(p.weights)] for p in self.phases]
+
+
+def _zeroed(w: tuple[int, ...], j: int) -> tuple[int, ...]:
+    out = list(w)
+    out[j] = 0
+    if not any(out):
+        return tuple(out)
+    g = math.gcd(*out)
+    return tuple(x // g for x in out)
+
+
+def _merge_equal(phases: list[Phase]) -> list[Phase]:
+    out: list[Phase] = []
+    for p in phases:
+        if out and out[-1].weights == p.weights:
+            continue
+        out.append(p)
+    return out
