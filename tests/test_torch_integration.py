@@ -1,0 +1,212 @@
+"""PyTorch: DataLoader and StatefulDataLoader over pipeline.to_torch_dataset(), DCP next to a model."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from _util import toy_pipeline  # noqa: E402
+from zephon.integrations.torch import checkpoint_from_state  # noqa: E402
+
+OPTIONS = dict(return_labels=True, return_num_valid_tokens=True)
+
+
+def same(a, b):
+    """Two training-tensor dicts are identical: keys, and every value (tensors by dtype and content)."""
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, torch.Tensor):
+            if not (isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)):
+                return False
+        elif plain(x) != plain(y):  # DataLoader's default_convert turns tuples into lists
+            return False
+    return True
+
+
+def plain(x):
+    return [plain(v) for v in x] if isinstance(x, (list, tuple)) else x
+
+
+def same_seq(xs, ys):
+    return len(xs) == len(ys) and all(same(x, y) for x, y in zip(xs, ys))
+
+
+def reference(pipe, n=None):
+    """The pipeline's own batches converted with the same options (all of them, or the first n)."""
+    it = iter(pipe)
+    out = [b.to_training(**OPTIONS) for _, b in zip(range(n), it)] if n else [b.to_training(**OPTIONS) for b in it]
+    it.close()
+    return out
+
+
+def take(loader, n):
+    return [x for _, x in zip(range(n), loader)]
+
+
+def test_num_workers_0_yields_exactly_the_pipeline_batches_to_the_end():
+    pipe = toy_pipeline(4, policy=None)  # finite: the end must match too
+    with pytest.warns(RuntimeWarning, match="not delivered"):
+        expected = reference(pipe)
+    assert len(expected) > 8
+    with pytest.warns(RuntimeWarning, match="not delivered"):
+        got = list(DataLoader(pipe.to_torch_dataset(**OPTIONS), batch_size=None, num_workers=0))
+    assert same_seq(got, expected)
+    assert [t["num_valid_tokens"] for t in got] == [t["num_valid_tokens"] for t in expected]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_dataloader_workers_share_lanes_and_keep_the_order(workers):
+    pipe = toy_pipeline(4)
+    expected = reference(pipe, 24)
+    got = take(DataLoader(pipe.to_torch_dataset(**OPTIONS), batch_size=None, num_workers=workers), 24)
+    # Neither duplicated nor dropped: the exact sequence, lane after lane.
+    assert same_seq(got, expected)
+
+
+def test_a_rank_of_two_with_two_workers_delivers_its_share_of_every_global_step():
+    full = reference(toy_pipeline(8), 32)  # global step k = items 8k..8k+7, lanes 0..7
+    rank1 = toy_pipeline(8, dp_degree=2, dp_rank=1)
+    got = take(DataLoader(rank1.to_torch_dataset(**OPTIONS), batch_size=None, num_workers=2), 16)
+    expected = [full[8 * k + lane] for k in range(4) for lane in range(4, 8)]
+    assert same_seq(got, expected)
+
+
+def test_one_worker_reaches_the_end_of_finite_data_like_the_pipeline():
+    pipe = toy_pipeline(2, policy=None)
+    with pytest.warns(RuntimeWarning, match="not delivered"):
+        expected = reference(pipe)
+    # (the worker process warns about the undelivered tail on its own stderr)
+    got = list(DataLoader(pipe.to_torch_dataset(**OPTIONS), batch_size=None, num_workers=1))
+    assert same_seq(got, expected)
+
+
+def test_workers_that_cannot_keep_the_order_fail_with_the_fix():
+    finite = toy_pipeline(4, policy=None)
+    with pytest.raises(ValueError, match=r"exhausted_policy='repeat'.*|options\(workers=N\)"):
+        next(iter(DataLoader(finite.to_torch_dataset(**OPTIONS), batch_size=None, num_workers=2)))
+    three = toy_pipeline(4)
+    with pytest.raises(ValueError, match=r"num_workers in \[1, 2, 4\]"):
+        next(iter(DataLoader(three.to_torch_dataset(**OPTIONS), batch_size=None, num_workers=3)))
+
+
+def test_dataset_needs_a_batched_pipeline_and_valid_options():
+    from zephon import Pipeline
+
+    with pytest.raises(ValueError, match="must end in batch"):
+        Pipeline([{"input_ids": np.arange(4)}]).to_torch_dataset()
+    with pytest.raises(TypeError, match="did you mean 'return_labels'"):
+        toy_pipeline(2).to_torch_dataset(return_label=True)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_resumes_exactly(workers):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    pipe = toy_pipeline(4)
+    expected = reference(pipe, 30)
+    first = StatefulDataLoader(pipe.to_torch_dataset(**OPTIONS), batch_size=None, num_workers=workers)
+    it = iter(first)
+    head = [next(it) for _ in range(11)]  # 11: mid-step, and not a multiple of the workers
+    state = first.state_dict()
+    del it, first
+
+    resumed = StatefulDataLoader(pipe.to_torch_dataset(**OPTIONS), batch_size=None, num_workers=workers)
+    resumed.load_state_dict(state)
+    tail = take(resumed, 19)
+    assert same_seq(head + tail, expected)
+
+    # The state carries zephon's checkpoint: a plain loader continues from it too.
+    ck = checkpoint_from_state(state)
+    assert sorted(ck["lanes"]) == ["0", "1", "2", "3"]
+    loader = toy_pipeline(4).loader(ck)
+    assert same_seq([b.to_training(**OPTIONS) for _, b in zip(range(19), loader)], expected[11:])
+    loader.close()
+
+
+def test_stateful_dataloader_state_is_refused_by_another_pipeline():
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    dl = StatefulDataLoader(toy_pipeline(4).to_torch_dataset(**OPTIONS), batch_size=None)
+    take(dl, 3)
+    state = dl.state_dict()
+    other = StatefulDataLoader(toy_pipeline(4, max_length=17).to_torch_dataset(**OPTIONS), batch_size=None)
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match="different data settings"):
+        next(iter(other))
+
+
+def test_dcp_saves_data_state_next_to_model_and_optimizer(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    pipe = toy_pipeline(4)
+    expected = reference(pipe, 12)
+
+    def train(loader, model, opt, n):
+        losses = []
+        for _, batch in zip(range(n), loader):
+            t = batch.to_training(**OPTIONS)
+            logits = model(t["input_ids"] % 64)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), t["labels"].flatten() % 64)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 8), torch.nn.Linear(8, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loader = pipe.loader()
+    train(loader, model, opt, 5)
+    dcp.save({"model": model.state_dict(), "optim": opt.state_dict(), "data": loader}, checkpoint_id=str(tmp_path / "step-5"))
+    after = train(loader, model, opt, 4)  # the uninterrupted run
+    loader.close()
+
+    torch.manual_seed(1)
+    model2 = torch.nn.Sequential(torch.nn.Embedding(64, 8), torch.nn.Linear(8, 64))
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
+    train(iter([]), model2, opt2, 0)
+    state = {"model": model2.state_dict(), "optim": opt2.state_dict(), "data": toy_pipeline(4).loader()}
+    # The optimizer needs its state tensors to exist before loading: take one zero-lr step.
+    for g in opt2.param_groups:
+        g["lr"] = 0.0
+    model2(torch.zeros(1, 1, dtype=torch.long)).sum().backward()
+    opt2.step()
+    state["optim"] = opt2.state_dict()
+    dcp.load(state, checkpoint_id=str(tmp_path / "step-5"))
+    model2.load_state_dict(state["model"])
+    opt2.load_state_dict(state["optim"])
+    resumed_loader = state["data"]
+    resumed = train(resumed_loader, model2, opt2, 4)
+    assert resumed == after  # same data, same model and optimizer: the same losses, bit for bit
+    rest = [b.to_training(**OPTIONS) for _, b in zip(range(3), resumed_loader)]
+    assert same_seq(rest, expected[9:12])
+    resumed_loader.close()
+
+
+def test_megatron_layout_keys_shapes_and_dtypes():
+    pipe = toy_pipeline(2)  # pack_flat(16) rows with positions, batch(2)
+    batch = next(iter(pipe))
+    t = batch.to_training(layout="megatron")
+    assert list(t) == ["tokens", "labels", "position_ids", "loss_mask", "cu_seqlens", "max_seqlen"]
+    B, S = 2, 15
+    for name, dtype in [("tokens", torch.int64), ("labels", torch.int64), ("position_ids", torch.int64), ("loss_mask", torch.float32)]:
+        assert t[name].shape == (B, S) and t[name].dtype == dtype, name
+    assert t["position_ids"].tolist() == [list(range(S))] * B  # Megatron's default positions
+    assert t["cu_seqlens"].dtype == torch.int32 and t["cu_seqlens"].shape[0] == B
+    assert t["max_seqlen"].dtype == torch.int32 and t["max_seqlen"].shape == (B,)
+    assert torch.equal(t["loss_mask"], (t["labels"] != -100).float())
+    plain = batch.to_training(return_labels=True, return_cu_seqlens=True)
+    assert torch.equal(t["tokens"], plain["input_ids"]) and torch.equal(t["labels"], plain["labels"])
+    assert torch.equal(t["cu_seqlens"], plain["cu_seqlens"])
+    # Options next to the layout override it; unknown layouts fail with the choices.
+    t2 = batch.to_training(layout="megatron", position_mode="preserve", return_cu_seqlens=False)
+    assert torch.equal(t2["position_ids"], plain["positions"]) and "cu_seqlens" not in t2
+    with pytest.raises(ValueError, match=r"unknown layout 'nemo'; the layouts are \['megatron'\]"):
+        batch.to_training(layout="nemo")
+    # The dataset takes the layout too.
+    first = next(iter(DataLoader(pipe.to_torch_dataset(layout="megatron"), batch_size=None)))
+    assert same(first, t)
