@@ -83,13 +83,21 @@ def test_one_worker_reaches_the_end_of_finite_data_like_the_pipeline():
     assert same_seq(got, expected)
 
 
+def first_item(dataset, workers):
+    it = iter(DataLoader(dataset, batch_size=None, num_workers=workers))
+    try:
+        return next(it)
+    finally:
+        it._shutdown_workers()  # now, not when the traceback that refers to it is collected
+
+
 def test_workers_that_cannot_keep_the_order_fail_with_the_fix():
     finite = toy_pipeline(4, policy=None)
-    with pytest.raises(ValueError, match=r"exhausted_policy='repeat'.*|options\(workers=N\)"):
-        next(iter(DataLoader(finite.to_torch_dataset(**OPTIONS), batch_size=None, num_workers=2)))
+    with pytest.raises(ValueError, match=r"cannot stop together.*options\(workers=N\).*exhausted_policy='repeat'"):
+        first_item(finite.to_torch_dataset(**OPTIONS), 2)
     three = toy_pipeline(4)
     with pytest.raises(ValueError, match=r"num_workers in \[1, 2, 4\]"):
-        next(iter(DataLoader(three.to_torch_dataset(**OPTIONS), batch_size=None, num_workers=3)))
+        first_item(three.to_torch_dataset(**OPTIONS), 3)
 
 
 def test_dataset_needs_a_batched_pipeline_and_valid_options():
