@@ -111,7 +111,7 @@ def test_dataset_needs_a_batched_pipeline_and_valid_options():
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stateful_dataloader_resumes_exactly(workers):
-    from torchdata.stateful_dataloader import StatefulDataLoader
+    StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
 
     pipe = toy_pipeline(4)
     expected = reference(pipe, 30)
@@ -135,7 +135,7 @@ def test_stateful_dataloader_resumes_exactly(workers):
 
 
 def test_stateful_dataloader_state_is_refused_by_another_pipeline():
-    from torchdata.stateful_dataloader import StatefulDataLoader
+    StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
 
     dl = StatefulDataLoader(toy_pipeline(4).to_torch_dataset(**OPTIONS), batch_size=None)
     take(dl, 3)
