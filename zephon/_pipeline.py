@@ -263,8 +263,8 @@ class Pipeline:
         Use it with ``DataLoader(ds, batch_size=None)`` or torchdata's ``StatefulDataLoader``,
         whose ``state_dict()`` then carries zephon's checkpoint. Options are those of
         :func:`~zephon.to_training` (``layout="megatron"`` included). With ``num_workers=W > 1``
-        the workers share this rank's lanes (``W`` must divide them, and the source must repeat)
-        so the delivered sequence stays exactly the pipeline's; see
+        the workers share this rank's lanes (``W`` must divide them) and agree on the end of the
+        data, so the delivered sequence stays exactly the pipeline's; see
         :mod:`zephon.integrations.torch`. Needs torch.
         """
         try:

@@ -10,16 +10,20 @@ the batches yielded so far) and restores it, in the main process or in each work
 0, 1, ..., W-1, 0, ...) and delivers them in that order. Item ``j`` of a rank's stream is lane
 ``j mod n``'s output ``j div n`` (``n`` lanes per rank), so giving worker ``w`` the lanes
 ``w, w + W, w + 2W, ...`` makes the delivered sequence exactly the pipeline's whenever ``W``
-divides ``n``. Workers cannot see each other's lanes, so they cannot agree where *finite* data
-ends: with ``W > 1`` the source must be endless (``exhausted_policy="repeat"``; train for a
-fixed number of steps), and other settings fail at the first ``next()`` with the fix. In a
-worker the lanes run in that worker (``options(workers=...)`` applies with ``num_workers=0``).
+divides ``n`` (otherwise the first ``next()`` fails with the worker counts that fit). Where
+finite data ends, the workers agree through a small block of shared memory: each publishes how
+many items it has produced and whether its lanes ended, and an item is handed to the DataLoader
+only once no item before it in the stream is missing, so every worker stops exactly where the
+pipeline's own loader stops. In a worker the lanes run in that worker (``options(workers=...)``
+applies with ``num_workers=0``).
 
 torch is imported with this module, never by ``import zephon``.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import time
 from typing import Any, Iterator, Mapping
 
 import attrs
@@ -74,12 +78,16 @@ class TrainingDataset(torch.utils.data.IterableDataset):
         self.pipeline = pipeline
         self.spec = training_spec(**to_training_options)
         self._topology: Any = None  # resolved in the main process when pickled for spawned workers
+        self._sync: WorkerSync | None = WorkerSync()
+        self._iterations = 0  # iter() calls on this copy (a persistent worker's epochs)
 
     def __getstate__(self) -> dict[str, Any]:
         # A spawned DataLoader worker has no torch.distributed of its own: resolve D and the rank here.
         state = dict(self.__dict__)
         if state["_topology"] is None:
             state["_topology"] = self.pipeline.topology()
+        if multiprocessing.context.get_spawning_popen() is None:
+            state["_sync"] = None  # shared memory travels only to worker processes being started
         return state
 
     def __iter__(self) -> "TrainingStream":
@@ -87,19 +95,93 @@ class TrainingDataset(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         options = self.pipeline.run_options
         lanes = tuple(topology.lanes)
+        seat = None
         if info is not None:
             # Inside a DataLoader worker (a daemonic process, which cannot start zephon's own), run
             # the lanes here, and never enter a collective: workers are not ranks.
             options = options.evolve(workers=0, agree_on_end=False)
             workers, worker = info.num_workers, info.id
             if workers > 1:
-                _check_worker_split(self.pipeline, len(lanes), workers)
+                _check_worker_split(len(lanes), workers)
+                if self._sync is None:
+                    raise RuntimeError(
+                        "to_torch_dataset: this dataset reached a DataLoader worker without its shared end-of-data "
+                        "block (it was pickled outside the start of a worker process); build the dataset in the "
+                        "process that creates the DataLoader"
+                    )
                 lanes = lanes[worker::workers]
+                # One iteration of one DataLoader: its workers share the base seed and epoch.
+                iteration = ((info.seed - info.id) * 1_000_003 + self._iterations) & (2**62 - 1)
+                seat = self._sync.join(iteration, worker, workers)
+        self._iterations += 1
         share = LaneShare(topology.canonical_replicas, topology.dp_degree, topology.dp_rank, lanes)
-        return TrainingStream(self.pipeline.plan, share, options, self.spec, split=info is not None and info.num_workers > 1)
+        return TrainingStream(self.pipeline.plan, share, options, self.spec, seat=seat)
 
 
-def _check_worker_split(pipeline: Any, lanes: int, workers: int) -> None:
+class WorkerSync:
+    """Shared memory through which a DataLoader's workers stop together at the end of finite data.
+
+    Slots: the iteration it serves, then per worker the items it has produced and whether its
+    lanes ended. Worker ``w``'s item ``m`` is item ``m * W + w`` of the rank's stream; before
+    handing it over, a worker waits until every item before it has been produced, and stops if
+    one of them never will be (its worker ended first): exactly where the pipeline stops.
+    """
+
+    MAX_WORKERS = 256
+
+    def __init__(self) -> None:
+        self._lock = multiprocessing.Lock()
+        self._slots = multiprocessing.RawArray("q", 1 + 2 * self.MAX_WORKERS)
+
+    def join(self, iteration: int, worker: int, workers: int) -> "WorkerSeat":
+        """Take ``worker``'s seat in ``iteration`` (the first worker to arrive clears the slots)."""
+        if workers > self.MAX_WORKERS:
+            raise ValueError(f"to_torch_dataset: at most {self.MAX_WORKERS} DataLoader workers, got {workers}")
+        with self._lock:
+            if self._slots[0] != iteration:
+                for i in range(1, 1 + 2 * workers):
+                    self._slots[i] = 0
+                self._slots[0] = iteration
+        return WorkerSeat(self, iteration, worker, workers)
+
+
+class WorkerSeat:
+    """One worker's view of a :class:`WorkerSync`: publish progress, wait for the items before its own."""
+
+    def __init__(self, sync: WorkerSync, iteration: int, worker: int, workers: int):
+        self.sync, self.iteration, self.worker, self.workers = sync, iteration, worker, workers
+
+    def publish(self, produced: int, ended: bool = False) -> None:
+        slots = self.sync._slots
+        with self.sync._lock:
+            if slots[0] != self.iteration:
+                raise RuntimeError(
+                    "to_torch_dataset: two iterations of one dataset ran DataLoader workers at the same time; "
+                    "finish (or delete) one DataLoader iterator before starting the next"
+                )
+            slots[1 + 2 * self.worker] = produced  # before the end flag: a reader that sees it sees this
+            slots[2 + 2 * self.worker] = int(ended)
+
+    def clear_before(self, m: int) -> bool:
+        """Wait until every item before this worker's item ``m`` exists; ``False`` if one never will."""
+        slots = self.sync._slots
+        pause = 0.0
+        for other in range(self.workers):
+            if other == self.worker:
+                continue
+            need = m + 1 if other < self.worker else m  # its items with a smaller index in the stream
+            while True:
+                ended = slots[2 + 2 * other]
+                if slots[1 + 2 * other] >= need:
+                    break
+                if ended:
+                    return False
+                time.sleep(pause)
+                pause = min(0.001, pause + 0.0001)
+        return True
+
+
+def _check_worker_split(lanes: int, workers: int) -> None:
     """Raise unless ``workers`` DataLoader workers can deliver exactly the pipeline's sequence."""
     if lanes % workers:
         fits = [w for w in range(1, lanes + 1) if lanes % w == 0]
@@ -108,16 +190,6 @@ def _check_worker_split(pipeline: Any, lanes: int, workers: int) -> None:
             f"pipeline's order: the DataLoader takes items from its workers in turn, so the number of workers must "
             f"divide the lanes per rank (canonical_replicas / data-parallel size). Use num_workers in {fits}, or "
             "num_workers=0 with pipeline.options(workers=N) (zephon's own worker processes, any N)"
-        )
-    policy = getattr(pipeline.source, "exhausted_policy", None)
-    if policy != "repeat":
-        raise ValueError(
-            f"to_torch_dataset: DataLoader(num_workers={workers}) splits this rank's lanes over worker processes "
-            f"that cannot see each other's lanes, so they cannot stop together where finite data ends (this source "
-            f"ends: exhausted_policy={policy!r}), and the last batches would differ from the pipeline's. Use "
-            "DataLoader(num_workers=0) with pipeline.options(workers=N) (zephon's own worker processes, exact at "
-            "the end), or an endless source (StaticMixtureWorkSource(..., exhausted_policy='repeat')) and a fixed "
-            "number of training steps"
         )
 
 
@@ -129,12 +201,14 @@ class TrainingStream(Iterator[dict]):
     the last batch yielded, ``load_state_dict()`` resumes exactly from one (of the same lanes).
     """
 
-    def __init__(self, plan: Any, share: LaneShare, options: Any, spec: Any, *, split: bool = False):
+    def __init__(self, plan: Any, share: LaneShare, options: Any, spec: Any, *, seat: WorkerSeat | None = None):
         self.plan = plan
         self.share = share
         self.options = options
         self.spec = spec
-        self._split = split
+        self._seat = seat
+        self._produced = 0  # items this share has taken from its loader (its index in the rank's stream)
+        self._stopped = False
         self._loader: Loader | None = None
         self._pending: dict[str, Any] | None = None
 
@@ -145,22 +219,30 @@ class TrainingStream(Iterator[dict]):
             encoded = select_lanes(self._pending, self.share.lanes) if self._pending is not None else None
             self._loader = Loader(self.plan, self.share, self.options, encoded)
             self._pending = None
+            self._produced = sum(self._loader.delivered.values())
+            if self._seat is not None:
+                self._seat.publish(self._produced)
         return self._loader
 
     def __iter__(self) -> "TrainingStream":
         return self
 
     def __next__(self) -> dict:
-        try:
-            batch = next(self.loader)
-        except StopIteration:
-            if self._split:
-                raise RuntimeError(
-                    f"to_torch_dataset: lanes {list(self.share.lanes)} of a DataLoader worker ran out of data although "
-                    "the source repeats (every record was dropped?); the workers cannot stop together, so the run "
-                    "stops here. Check the filters, or use num_workers=0"
-                ) from None
-            raise
+        if self._stopped:
+            raise StopIteration
+        loader = self.loader
+        if self._seat is None:
+            return self.spec(next(loader))
+        m = self._produced
+        batch = next(loader, None)
+        if batch is None:
+            self._seat.publish(m, ended=True)
+        else:
+            self._produced = m + 1
+            self._seat.publish(m + 1)
+        if batch is None or not self._seat.clear_before(m):
+            self._stopped = True  # the rank's stream ends before this worker's item m
+            raise StopIteration
         return self.spec(batch)
 
     def state_dict(self) -> dict[str, Any]:
@@ -178,6 +260,9 @@ class TrainingStream(Iterator[dict]):
         validate(self.plan.fingerprint(), checkpoint)
         if self._loader is not None:
             self._loader.restore(checkpoint)
+            self._produced, self._stopped = sum(self._loader.delivered.values()), False
+            if self._seat is not None:
+                self._seat.publish(self._produced)
         else:
             select_lanes(checkpoint, self.share.lanes)  # fail now if lanes are missing
             self._pending = checkpoint
