@@ -90,18 +90,23 @@ def test_workers_reach_the_end_of_finite_data_exactly_where_the_pipeline_stops(l
     assert same_seq(got, expected)
 
 
-def first_item(dataset, workers):
-    it = iter(DataLoader(dataset, batch_size=None, num_workers=workers))
-    try:
-        return next(it)
-    finally:
-        it._shutdown_workers()  # now, not when the traceback that refers to it is collected
+def test_workers_beyond_a_divisor_of_the_lanes_stay_idle():
+    # 3 workers for 4 lanes: 2 run them (1 idle, as in Zephon 0.2.0), and the order holds to the end.
+    pipe = toy_pipeline(4, policy=None, data=toy_dataset(97, seed=3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        expected = reference(pipe)
+    got = list(DataLoader(pipe.to_torch_dataset(**OPTIONS), batch_size=None, num_workers=3))
+    assert same_seq(got, expected)
 
 
-def test_workers_that_cannot_keep_the_order_fail_with_the_fix():
-    three = toy_pipeline(4)
-    with pytest.raises(ValueError, match=r"num_workers in \[1, 2, 4\]"):
-        first_item(three.to_torch_dataset(**OPTIONS), 3)
+def test_a_plain_dataset_has_stateless_iterators():
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    assert isinstance(iter(toy_pipeline(2).to_torch_dataset(**OPTIONS)), Stateful)
+    plain = toy_pipeline(2).to_torch_dataset(stateful=False, **OPTIONS)
+    assert not isinstance(iter(plain), Stateful)
+    assert same_seq(take(DataLoader(plain, batch_size=None), 4), reference(toy_pipeline(2), 4))
 
 
 def test_dataset_needs_a_batched_pipeline_and_valid_options():

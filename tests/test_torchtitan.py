@@ -92,7 +92,7 @@ RANK = textwrap.dedent(
         if world == 1:
             main(0, 1, folder, out, phase, save_at, steps)
         else:
-            mp.spawn(main, args=(world, folder, out, phase, save_at, steps), nprocs=world, join=True)
+            mp.start_processes(main, args=(world, folder, out, phase, save_at, steps), nprocs=world, join=True, start_method="fork")
     """
 )
 
@@ -138,8 +138,23 @@ def test_two_gloo_ranks_save_through_torchtitan_checkpointer_and_resume_on_one(t
     for step in (4, 5):
         assert len(one[step]) == 4 and one[step] == two[step], f"global batch of step {step} differs"
     # An uninterrupted single-rank run gives the same global batches from the start.
-    launch(1, tmp_path / "single", tmp_path / "single-out", "first", 100, 5)
-    assert _global_steps(tmp_path / "single-out", 1) == two
+    single = _config(processing=_processing(16)).build(dp_world_size=1, dp_rank=0, seq_len=32, local_batch_size=2)
+    it = iter(single)
+    for step in range(1, 6):
+        assert [_digest(*next(it)) for _ in range(4)] == two[step], f"step {step} differs from one rank's"
+
+
+def _digest(input_dict, labels):
+    h = hashlib.sha256()
+    for t in (input_dict["input"], input_dict["positions"], labels):
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _processing(shuffle_buffer):
+    from zephon.integrations.torchtitan import ZephonProcessing
+
+    return ZephonProcessing(tokenizer=str(TOKENIZER), shuffle_buffer=shuffle_buffer)
 
 
 def _config(**changes):
@@ -215,3 +230,43 @@ def test_use_zephon_copies_the_global_batch_and_checks_the_layout():
     bad = trainer_config(8)
     with pytest.raises(ValueError, match="data-parallel degree 8"):
         use_zephon(bad, _config())
+
+
+def test_the_trainers_tokenizer_and_a_custom_pipeline(tmp_path):
+    import shutil
+
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    from zephon import Pipeline
+    from zephon.integrations.torchtitan import ZephonProcessing
+
+    # TorchTitan's own tokenizer (hf_assets_path: tokenizer.json + tokenizer_config.json) with BOS and EOS.
+    shutil.copy(TOKENIZER, tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}))
+    titan_tok = HuggingFaceTokenizer(tokenizer_path=str(tmp_path))
+    assert titan_tok.bos_id == titan_tok.eos_id == 50256
+    section = _config(processing=ZephonProcessing(shuffle_buffer=0))
+    input_dict, labels = next(iter(section.build(dp_world_size=1, dp_rank=0, seq_len=64, local_batch_size=2, tokenizer=titan_tok)))
+    first = input_dict["input"][0]
+    assert int(first[0]) == 50256  # the first document starts with the trainer tokenizer's BOS
+    start = titan_tok.decode(first[1:8].tolist())
+    texts = [json.loads(line)["text"] for f in sorted(CORPUS.glob("*.jsonl")) for line in f.open()]
+    assert any(t.startswith(start) for t in texts)  # ... followed by the start of a corpus document
+
+    # processing.pipeline_fn: any pipeline ending in batch(local_batch_size) of seq_len + 1 token rows.
+    import numpy as np
+
+    def rows(seq_len, local_batch_size, tokenizer):
+        docs = [{"input_ids": np.arange(i, i + 20, dtype=np.int32) % 97 + 1} for i in range(200)]
+        from zephon.io import Dataset
+        from zephon.work import StaticMixtureWorkSource
+
+        src = StaticMixtureWorkSource([Dataset.from_rows("d", docs)], {"d": 1.0}, exhausted_policy="repeat")
+        return Pipeline(src).pack_flat(seq_len + 1).batch(local_batch_size)
+
+    custom = _config(processing=ZephonProcessing(pipeline_fn=rows))
+    input_dict, labels = next(iter(custom.build(dp_world_size=1, dp_rank=0, seq_len=16, local_batch_size=2)))
+    assert input_dict["input"].shape == (2, 16) and torch.equal(labels[:, :-1], input_dict["input"][:, 1:])
+    with pytest.raises(ValueError, match=r"must return a Pipeline ending in batch\(2\)"):
+        _config(processing=ZephonProcessing(pipeline_fn=lambda **kw: rows(**{**kw, "local_batch_size": 3}))).build(
+            dp_world_size=1, dp_rank=0, seq_len=16, local_batch_size=2)

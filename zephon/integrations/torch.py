@@ -10,7 +10,8 @@ the batches yielded so far) and restores it, in the main process or in each work
 0, 1, ..., W-1, 0, ...) and delivers them in that order. Item ``j`` of a rank's stream is lane
 ``j mod n``'s output ``j div n`` (``n`` lanes per rank), so giving worker ``w`` the lanes
 ``w, w + W, w + 2W, ...`` makes the delivered sequence exactly the pipeline's whenever ``W``
-divides ``n`` (otherwise the first ``next()`` fails with the worker counts that fit). Where
+divides ``n``. Otherwise the largest divisor of ``n`` below ``W`` runs the lanes and the other
+workers stay idle (they end at once, and the DataLoader skips them), as in Zephon 0.2.0. Where
 finite data ends, the workers agree through a small block of shared memory: each publishes how
 many items it has produced and whether its lanes ended, and an item is handed to the DataLoader
 only once no item before it in the stream is missing, so every worker stops exactly where the
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+import warnings
 from typing import Any, Iterator, Mapping
 
 import attrs
@@ -55,6 +57,9 @@ class TrainingDataset(torch.utils.data.IterableDataset):
 
     Args:
         pipeline: a :class:`~zephon.Pipeline` ending in ``batch()``.
+        stateful: ``True`` (default): iterators have ``state_dict()``/``load_state_dict()`` for
+            ``StatefulDataLoader``; ``False``: plain iterators (a ``StatefulDataLoader`` then
+            fast-forwards on resume, replaying the data).
         **to_training_options: the options of :func:`~zephon.to_training` (``layout=``
             included), validated here, once.
 
@@ -67,8 +72,10 @@ class TrainingDataset(torch.utils.data.IterableDataset):
         TypeError: an unknown ``to_training`` option.
     """
 
-    def __init__(self, pipeline: Any, **to_training_options: Any):
+    def __init__(self, pipeline: Any, *, stateful: bool = True, **to_training_options: Any):
         super().__init__()
+        if not isinstance(stateful, bool):
+            raise TypeError(f"to_torch_dataset: stateful must be True or False, got {stateful!r}")
         steps = pipeline.operators
         if not steps or not isinstance(steps[-1][1], Batch):
             raise ValueError(
@@ -76,6 +83,7 @@ class TrainingDataset(torch.utils.data.IterableDataset):
                 "is one microbatch of training tensors (append .batch(8), for example)"
             )
         self.pipeline = pipeline
+        self.stateful = stateful
         self.spec = training_spec(**to_training_options)
         self._topology: Any = None  # resolved in the main process when pickled for spawned workers
         self._sync: WorkerSync | None = WorkerSync()
@@ -90,7 +98,7 @@ class TrainingDataset(torch.utils.data.IterableDataset):
             state["_sync"] = None  # shared memory travels only to worker processes being started
         return state
 
-    def __iter__(self) -> "TrainingStream":
+    def __iter__(self) -> Iterator[dict]:
         topology = self._topology if self._topology is not None else self.pipeline.topology()
         info = torch.utils.data.get_worker_info()
         options = self.pipeline.run_options
@@ -100,9 +108,18 @@ class TrainingDataset(torch.utils.data.IterableDataset):
             # Inside a DataLoader worker (a daemonic process, which cannot start zephon's own), run
             # the lanes here, and never enter a collective: workers are not ranks.
             options = options.evolve(workers=0, agree_on_end=False)
-            workers, worker = info.num_workers, info.id
+            workers, worker = _active_workers(len(lanes), info.num_workers), info.id
+            if worker >= workers:
+                if worker == workers:
+                    warnings.warn(
+                        f"to_torch_dataset: DataLoader(num_workers={info.num_workers}) does not divide this rank's "
+                        f"{len(lanes)} lanes; {workers} workers run them and {info.num_workers - workers} stay idle. "
+                        f"Use num_workers in {[w for w in range(1, len(lanes) + 1) if len(lanes) % w == 0]}",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                return iter(())  # an idle worker: the DataLoader drops it from its rotation
             if workers > 1:
-                _check_worker_split(len(lanes), workers)
                 if self._sync is None:
                     raise RuntimeError(
                         "to_torch_dataset: this dataset reached a DataLoader worker without its shared end-of-data "
@@ -115,7 +132,8 @@ class TrainingDataset(torch.utils.data.IterableDataset):
                 seat = self._sync.join(iteration, worker, workers)
         self._iterations += 1
         share = LaneShare(topology.canonical_replicas, topology.dp_degree, topology.dp_rank, lanes)
-        return TrainingStream(self.pipeline.plan, share, options, self.spec, seat=seat)
+        stream = TrainingStream(self.pipeline.plan, share, options, self.spec, seat=seat)
+        return stream if self.stateful else iter(stream.__next__, _NEVER)
 
 
 class WorkerSync:
@@ -181,16 +199,12 @@ class WorkerSeat:
         return True
 
 
-def _check_worker_split(lanes: int, workers: int) -> None:
-    """Raise unless ``workers`` DataLoader workers can deliver exactly the pipeline's sequence."""
-    if lanes % workers:
-        fits = [w for w in range(1, lanes + 1) if lanes % w == 0]
-        raise ValueError(
-            f"to_torch_dataset: DataLoader(num_workers={workers}) cannot deliver this rank's {lanes} lanes in the "
-            f"pipeline's order: the DataLoader takes items from its workers in turn, so the number of workers must "
-            f"divide the lanes per rank (canonical_replicas / data-parallel size). Use num_workers in {fits}, or "
-            "num_workers=0 with pipeline.options(workers=N) (zephon's own worker processes, any N)"
-        )
+def _active_workers(lanes: int, workers: int) -> int:
+    """The most DataLoader workers, at most ``workers``, that divide ``lanes`` (each gets as many)."""
+    return max(w for w in range(1, min(lanes, workers) + 1) if lanes % w == 0)
+
+
+_NEVER = object()  # the sentinel of a plain iterator (iter(callable, sentinel)) that ends by StopIteration
 
 
 class TrainingStream(Iterator[dict]):
@@ -224,7 +238,7 @@ class TrainingStream(Iterator[dict]):
                 self._seat.publish(self._produced)
         return self._loader
 
-    def __iter__(self) -> "TrainingStream":
+    def __iter__(self) -> Iterator[dict]:
         return self
 
     def __next__(self) -> dict:

@@ -56,19 +56,27 @@ class ZephonDataset:
     path: str
     """A ``.jsonl``/``.jsonl.gz``/``.jsonl.zst`` file, or a folder of them (one shard per file)."""
 
+    weight: float | None = None
+    """Its mixture weight when ``plan.weights`` is empty (``None``: 1)."""
+
+    fmt: str | None = None
+    """``None``: from the file endings; ``"jsonl"``: every file is JSONL."""
+
 
 @dataclass(kw_only=True, slots=True)
 class ZephonPlan:
     """How the datasets are mixed and ordered (the data plan)."""
 
     weights: dict[str, float] = field(default_factory=dict)
-    """Mixture weights by dataset name; empty: equal weights."""
+    """Mixture weights by dataset name; empty: each dataset's ``weight`` (default 1)."""
 
     seed: int = 0
     """Seed of the mixture's order."""
 
     exhausted_policy: str = "repeat"
-    """``"repeat"`` (endless: train for ``training.steps``), ``"stop"`` or ``None``-like ``"passes"``."""
+    """``"repeat"`` (endless: train for ``training.steps``; recommended), ``"stop"`` (end when the first
+    dataset is exhausted) or ``"passes"`` (one full pass of every dataset). With finite data the
+    ranks agree on the last step (one all-reduce per step), and TorchTitan stops there."""
 
     chunk_size: int | None = None
     """Samples per unit of work a lane takes at a time (``None``: zephon's default)."""
@@ -258,13 +266,17 @@ def build_pipeline(config: Any, *, seq_len: int, local_batch_size: int, tokenize
 
     if not config.datasets:
         raise ValueError("ZephonDataLoader: dataloader.datasets is empty; list at least one ZephonDataset(name=, path=)")
-    datasets = [Dataset.from_path(d.name, d.path) for d in config.datasets]
+    datasets = [Dataset.from_path(d.name, d.path, fmt=d.fmt) for d in config.datasets]
     names = [d.name for d in config.datasets]
-    weights = dict(config.plan.weights) or {n: 1.0 for n in names}
+    weights = dict(config.plan.weights) or {d.name: 1.0 if d.weight is None else d.weight for d in config.datasets}
     unknown = sorted(set(weights) - set(names))
     if unknown:
         raise ValueError(f"ZephonDataLoader: plan.weights names datasets {unknown} that are not in dataloader.datasets {names}")
-    policy = None if config.plan.exhausted_policy in ("passes", "none", None) else config.plan.exhausted_policy
+    policy = {"repeat": "repeat", "stop": "stop", "passes": None}.get(config.plan.exhausted_policy, "?")
+    if policy == "?":
+        raise ValueError(
+            f"ZephonDataLoader: plan.exhausted_policy must be 'repeat', 'stop' or 'passes', got {config.plan.exhausted_policy!r}"
+        )
     extra = {} if config.plan.chunk_size is None else {"chunk_size": config.plan.chunk_size}
     source = StaticMixtureWorkSource(datasets, weights, seed=config.plan.seed, exhausted_policy=policy, **extra)
 
