@@ -181,22 +181,29 @@ class WorkerSeat:
             slots[2 + 2 * self.worker] = int(ended)
 
     def clear_before(self, m: int) -> bool:
-        """Wait until every item before this worker's item ``m`` exists; ``False`` if one never will."""
+        """Wait until every item before this worker's item ``m`` exists; ``False`` if one never will.
+
+        Every worker is looked at in each pass: one that stopped early (after another's end) never
+        produces more, so waiting on it alone would never return.
+        """
         slots = self.sync._slots
         pause = 0.0
-        for other in range(self.workers):
-            if other == self.worker:
-                continue
-            need = m + 1 if other < self.worker else m  # its items with a smaller index in the stream
-            while True:
-                ended = slots[2 + 2 * other]
+        while True:
+            waiting = False
+            for other in range(self.workers):
+                if other == self.worker:
+                    continue
+                need = m + 1 if other < self.worker else m  # its items with a smaller index in the stream
+                ended = slots[2 + 2 * other]  # the flag before the count: a set flag means a final count
                 if slots[1 + 2 * other] >= need:
-                    break
+                    continue
                 if ended:
                     return False
-                time.sleep(pause)
-                pause = min(0.001, pause + 0.0001)
-        return True
+                waiting = True
+            if not waiting:
+                return True
+            time.sleep(pause)
+            pause = min(0.001, pause + 0.0001)
 
 
 def _active_workers(lanes: int, workers: int) -> int:
