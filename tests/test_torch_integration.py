@@ -247,3 +247,13 @@ def test_finite_data_with_workers_resumes_and_ends_exactly_across_epochs():
     resumed = StatefulDataLoader(pipe.to_torch_dataset(**OPTIONS), batch_size=None, num_workers=2)
     resumed.load_state_dict(state)
     assert same_seq(head + list(resumed), expected)
+
+
+def test_spawned_workers_receive_the_rank_and_the_end_of_data_block():
+    # Under "spawn" the dataset is pickled into each worker: D, the rank and the shared block travel with it.
+    pipe = toy_pipeline(8, policy=None, data=toy_dataset(97, seed=4), dp_degree=2, dp_rank=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        expected = reference(pipe)
+    dl = DataLoader(pipe.to_torch_dataset(**OPTIONS), batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    assert same_seq(list(dl), expected)

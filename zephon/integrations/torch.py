@@ -139,27 +139,28 @@ class TrainingDataset(torch.utils.data.IterableDataset):
 class WorkerSync:
     """Shared memory through which a DataLoader's workers stop together at the end of finite data.
 
-    Slots: the iteration it serves, then per worker the items it has produced and whether its
-    lanes ended. Worker ``w``'s item ``m`` is item ``m * W + w`` of the rank's stream; before
-    handing it over, a worker waits until every item before it has been produced, and stops if
-    one of them never will be (its worker ended first): exactly where the pipeline stops.
+    Per worker three slots, written by that worker only: the iteration it serves, the items it
+    has produced, and whether its lanes ended. Worker ``w``'s item ``m`` is item ``m * W + w`` of
+    the rank's stream; before handing it over, a worker waits until every item before it has been
+    produced, and stops if one of them never will be (its worker ended first): exactly where the
+    pipeline stops. No lock is needed (each slot has one writer, and counts only grow), so the
+    block is plain shared memory, which travels to forked and spawned workers alike.
     """
 
     MAX_WORKERS = 256
 
     def __init__(self) -> None:
-        self._lock = multiprocessing.Lock()
-        self._slots = multiprocessing.RawArray("q", 1 + 2 * self.MAX_WORKERS)
+        self._slots = multiprocessing.RawArray("q", 3 * self.MAX_WORKERS)
 
     def join(self, iteration: int, worker: int, workers: int) -> "WorkerSeat":
-        """Take ``worker``'s seat in ``iteration`` (the first worker to arrive clears the slots)."""
+        """Take ``worker``'s seat in ``iteration``: its counters restart, then its iteration is set."""
         if workers > self.MAX_WORKERS:
             raise ValueError(f"to_torch_dataset: at most {self.MAX_WORKERS} DataLoader workers, got {workers}")
-        with self._lock:
-            if self._slots[0] != iteration:
-                for i in range(1, 1 + 2 * workers):
-                    self._slots[i] = 0
-                self._slots[0] = iteration
+        base = 3 * worker
+        self._slots[base] = -1  # readers ignore the seat while its counters restart
+        self._slots[base + 1] = 0
+        self._slots[base + 2] = 0
+        self._slots[base] = iteration
         return WorkerSeat(self, iteration, worker, workers)
 
 
@@ -170,21 +171,21 @@ class WorkerSeat:
         self.sync, self.iteration, self.worker, self.workers = sync, iteration, worker, workers
 
     def publish(self, produced: int, ended: bool = False) -> None:
-        slots = self.sync._slots
-        with self.sync._lock:
-            if slots[0] != self.iteration:
-                raise RuntimeError(
-                    "to_torch_dataset: two iterations of one dataset ran DataLoader workers at the same time; "
-                    "finish (or delete) one DataLoader iterator before starting the next"
-                )
-            slots[1 + 2 * self.worker] = produced  # before the end flag: a reader that sees it sees this
-            slots[2 + 2 * self.worker] = int(ended)
+        slots, base = self.sync._slots, 3 * self.worker
+        if slots[base] != self.iteration:
+            raise RuntimeError(
+                "to_torch_dataset: two iterations of one dataset ran DataLoader workers at the same time; "
+                "finish (or delete) one DataLoader iterator before starting the next"
+            )
+        slots[base + 1] = produced  # before the end flag: a reader that sees the flag sees this count
+        slots[base + 2] = int(ended)
 
     def clear_before(self, m: int) -> bool:
         """Wait until every item before this worker's item ``m`` exists; ``False`` if one never will.
 
         Every worker is looked at in each pass: one that stopped early (after another's end) never
-        produces more, so waiting on it alone would never return.
+        produces more, so waiting on it alone would never return. A seat of another iteration (a
+        worker not started yet) counts as nothing produced.
         """
         slots = self.sync._slots
         pause = 0.0
@@ -193,9 +194,17 @@ class WorkerSeat:
             for other in range(self.workers):
                 if other == self.worker:
                     continue
+                base = 3 * other
                 need = m + 1 if other < self.worker else m  # its items with a smaller index in the stream
-                ended = slots[2 + 2 * other]  # the flag before the count: a set flag means a final count
-                if slots[1 + 2 * other] >= need:
+                # The seat's iteration around its counters (they restart when a worker joins), and the
+                # flag before the count (a set flag means a final count).
+                seat = slots[base]
+                ended = slots[base + 2]
+                produced = slots[base + 1]
+                if seat != self.iteration or slots[base] != self.iteration:
+                    waiting = True
+                    continue
+                if produced >= need:
                     continue
                 if ended:
                     return False
