@@ -270,3 +270,24 @@ def test_the_trainers_tokenizer_and_a_custom_pipeline(tmp_path):
     with pytest.raises(ValueError, match=r"must return a Pipeline ending in batch\(2\)"):
         _config(processing=ZephonProcessing(pipeline_fn=lambda **kw: rows(**{**kw, "local_batch_size": 3}))).build(
             dp_world_size=1, dp_rank=0, seq_len=16, local_batch_size=2)
+
+
+def test_as_torchtitans_validation_loader_one_finite_pass(tmp_path):
+    from dataclasses import replace
+
+    from zephon.integrations.torchtitan import ZephonDataset
+
+    words = "the of and to in is it that for on with as was by this be are from at an".split()
+    with open(tmp_path / "val.jsonl", "w") as f:
+        for i in range(40):
+            f.write(json.dumps({"text": " ".join(words[(i + j) % len(words)] for j in range(5 + i % 30))}) + "\n")
+    section = _config(datasets=[ZephonDataset(name="val", path=str(tmp_path / "val.jsonl"))], processing=_processing(0))
+    # TorchTitan's Validator builds its loader with replace(config.dataloader, infinite=...).
+    one_pass = replace(section, infinite=False)
+    with pytest.warns(RuntimeWarning, match="not delivered"):
+        first = [labels for _, labels in one_pass.build(dp_world_size=1, dp_rank=0, seq_len=16, local_batch_size=2)]
+    again = [labels for _, labels in one_pass.build(dp_world_size=1, dp_rank=0, seq_len=16, local_batch_size=2)]
+    assert 4 <= len(first) == len(again) and all(torch.equal(a, b) for a, b in zip(first, again))
+    endless = replace(section, infinite=True).build(dp_world_size=1, dp_rank=0, seq_len=16, local_batch_size=2)
+    it = iter(endless)
+    assert len([next(it) for _ in range(len(first) + 5)]) == len(first) + 5

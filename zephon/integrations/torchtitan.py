@@ -147,6 +147,10 @@ class ZephonDataLoader(BaseDataLoader):
         """``training.global_batch_size`` (``use_zephon`` copies it; -1: TorchTitan's default,
         local_batch_size x data-parallel degree). Checked to be whole zephon steps."""
 
+        infinite: bool | None = None
+        """Set by TorchTitan's validator (``validator.dataloader``): ``True`` repeats the data,
+        ``False`` makes one pass; ``None``: ``plan.exhausted_policy`` decides."""
+
     def __init__(
         self,
         config: Config,
@@ -165,7 +169,7 @@ class ZephonDataLoader(BaseDataLoader):
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
         self.seq_len, self.local_batch_size = seq_len, local_batch_size
         pipeline, eos_id = build_pipeline(config, seq_len=seq_len, local_batch_size=m, tokenizer=tokenizer)
-        finite = config.processing.pipeline_fn is None and config.plan.exhausted_policy != "repeat"
+        finite = config.processing.pipeline_fn is None and _policy(config) != "repeat"
         self.pipeline = pipeline.options(canonical_replicas=L, dp_degree=D, dp_rank=dp_rank, agree_on_end=finite)
         self.spec = TrainingSpec(
             return_labels=True,
@@ -272,11 +276,7 @@ def build_pipeline(config: Any, *, seq_len: int, local_batch_size: int, tokenize
     unknown = sorted(set(weights) - set(names))
     if unknown:
         raise ValueError(f"ZephonDataLoader: plan.weights names datasets {unknown} that are not in dataloader.datasets {names}")
-    policy = {"repeat": "repeat", "stop": "stop", "passes": None}.get(config.plan.exhausted_policy, "?")
-    if policy == "?":
-        raise ValueError(
-            f"ZephonDataLoader: plan.exhausted_policy must be 'repeat', 'stop' or 'passes', got {config.plan.exhausted_policy!r}"
-        )
+    policy = _policy(config)
     extra = {} if config.plan.chunk_size is None else {"chunk_size": config.plan.chunk_size}
     source = StaticMixtureWorkSource(datasets, weights, seed=config.plan.seed, exhausted_policy=policy, **extra)
 
@@ -310,6 +310,18 @@ def build_pipeline(config: Any, *, seq_len: int, local_batch_size: int, tokenize
     if proc.shuffle_buffer:
         pipe = pipe.shuffle(proc.shuffle_buffer, seed=proc.shuffle_seed)
     return pipe.batch(local_batch_size), eos_id
+
+
+def _policy(config: Any) -> str | None:
+    """The work source's ``exhausted_policy``: from ``infinite`` when TorchTitan sets it, else the plan's."""
+    if config.infinite is not None:
+        return "repeat" if config.infinite else None
+    policy = {"repeat": "repeat", "stop": "stop", "passes": None}.get(config.plan.exhausted_policy, "?")
+    if policy == "?":
+        raise ValueError(
+            f"ZephonDataLoader: plan.exhausted_policy must be 'repeat', 'stop' or 'passes', got {config.plan.exhausted_policy!r}"
+        )
+    return policy
 
 
 def use_zephon(trainer_config: Any, loader_config: "ZephonDataLoader.Config") -> Any:
