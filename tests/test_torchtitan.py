@@ -265,6 +265,7 @@ def test_the_trainers_tokenizer_and_a_custom_pipeline(tmp_path):
         return Pipeline(src).pack_flat(seq_len + 1).batch(local_batch_size)
 
     custom = _config(processing=ZephonProcessing(pipeline_fn=rows))
+    json.dumps(custom.to_dict())  # TorchTitan logs its configs as JSON
     input_dict, labels = next(iter(custom.build(dp_world_size=1, dp_rank=0, seq_len=16, local_batch_size=2)))
     assert input_dict["input"].shape == (2, 16) and torch.equal(labels[:, :-1], input_dict["input"][:, 1:])
     with pytest.raises(ValueError, match=r"must return a Pipeline ending in batch\(2\)"):

@@ -46,8 +46,29 @@ from .._training_spec import TrainingSpec
 __all__ = ["ZephonDataLoader", "ZephonDataset", "ZephonPlan", "ZephonProcessing", "use_zephon"]
 
 
+class _Section:
+    """``to_dict()`` as TorchTitan's configs have it (JSON-safe: callables become their repr)."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import fields
+
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return repr(value)
+
+
 @dataclass(kw_only=True, slots=True)
-class ZephonDataset:
+class ZephonDataset(_Section):
     """One dataset: a JSONL file or folder of shards, named for the plan's weights."""
 
     name: str
@@ -64,7 +85,7 @@ class ZephonDataset:
 
 
 @dataclass(kw_only=True, slots=True)
-class ZephonPlan:
+class ZephonPlan(_Section):
     """How the datasets are mixed and ordered (the data plan)."""
 
     weights: dict[str, float] = field(default_factory=dict)
@@ -83,7 +104,7 @@ class ZephonPlan:
 
 
 @dataclass(kw_only=True, slots=True)
-class ZephonProcessing:
+class ZephonProcessing(_Section):
     """How samples become training rows: tokenize, pack ``seq_len + 1`` tokens, shuffle."""
 
     field: str = "text"
