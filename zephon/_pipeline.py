@@ -371,6 +371,22 @@ class Pipeline:
         """Iterate by optimizer step with a new loader; see :meth:`Loader.steps`."""
         return iter(self).steps(concat=concat)
 
+    def to_torch_dataset(self, **to_training_options: Any) -> Any:
+        """This rank's microbatches as training tensors, a ``torch.utils.data.IterableDataset``.
+
+        Use it with ``DataLoader(ds, batch_size=None)`` or torchdata's ``StatefulDataLoader``,
+        whose ``state_dict()`` then carries zephon's checkpoint. Options are those of
+        :func:`~zephon.to_training` (``layout="megatron"`` included). With ``num_workers=W > 1``
+        the workers share this rank's lanes (``W`` must divide them) and agree on the end of the
+        data, so the delivered sequence stays exactly the pipeline's; see
+        :mod:`zephon.integrations.torch`. Needs torch.
+        """
+        try:
+            from .integrations.torch import TrainingDataset
+        except ImportError as exc:
+            raise ImportError(f"to_torch_dataset needs torch: pip install 'zephon[torch]' ({exc})") from exc
+        return TrainingDataset(self, **to_training_options)
+
     # -- shortcuts to the latest loader (code written against a running pipeline) ----------------------
     def checkpoint(self) -> dict[str, Any]:
         """The checkpoint of the latest loader made from this pipeline object.

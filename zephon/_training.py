@@ -19,11 +19,52 @@ import attrs
 
 from ._training_spec import TrainingSpec
 
-__all__ = ["TrainingSpec", "to_training"]
+__all__ = ["LAYOUTS", "TrainingSpec", "to_training", "training_spec"]
 
 _OPTIONS = tuple(a.alias for a in attrs.fields(TrainingSpec) if a.init)
 #: Names other libraries use, which spelling distance alone would map to the wrong option.
 _ALIASES = {"pad_id": "pad_token_id", "eos_id": "eos_token_id", "return_tensors": "dtype", "labels": "return_labels"}
+
+#: Field layouts of training frameworks: ``to_training(batch, layout=name, **options)`` starts from
+#: these options, and options given next to ``layout`` override them.
+LAYOUTS: dict[str, dict[str, Any]] = {
+    # Megatron-LM / Megatron-Core GPT batches: ``tokens``, ``labels``, ``loss_mask`` (float32),
+    # ``position_ids`` (0, 1, 2, ... over the row, Megatron's default ``reset_position_ids=False``)
+    # and, for packed rows, ``cu_seqlens``/``max_seqlen`` (document boundaries, int32) for its
+    # packed-sequence attention (``PackedSeqParams``).
+    "megatron": dict(
+        return_labels=True,
+        return_loss_mask=True,
+        return_cu_seqlens=True,
+        position_mode="sequence",
+        rename_fields={"input_ids": "tokens", "positions": "position_ids"},
+        exclude_fields=("ids", "texts"),
+    ),
+}
+
+
+def training_spec(layout: str | None = None, **options: Any) -> TrainingSpec:
+    """The :class:`TrainingSpec` of ``to_training``'s options, starting from a ``layout`` preset.
+
+    Unknown option names fail with the closest known one; ``layout`` must be a key of
+    :data:`LAYOUTS` (or ``None``), and options given next to it override the preset's.
+
+    Examples:
+        >>> spec = training_spec(layout="megatron", return_cu_seqlens=False)
+        >>> spec.return_loss_mask, dict(spec.rename_fields)["input_ids"], spec.return_cu_seqlens
+        (True, 'tokens', False)
+    """
+    unknown = [name for name in options if name not in _OPTIONS]
+    if unknown:
+        name = unknown[0]
+        close = [_ALIASES[name]] if name in _ALIASES else difflib.get_close_matches(name, _OPTIONS + ("layout",), n=1)
+        fix = f"did you mean {close[0]!r}?" if close else f"the options are {', '.join(_OPTIONS)}, layout"
+        raise TypeError(f"to_training: unknown option {name!r}; {fix}")
+    if layout is not None:
+        if not isinstance(layout, str) or layout not in LAYOUTS:
+            raise ValueError(f"to_training: unknown layout {layout!r}; the layouts are {sorted(LAYOUTS)} (or None)")
+        options = {**LAYOUTS[layout], **options}
+    return TrainingSpec(**options)
 
 
 def to_training(batch: Any, **options: Any) -> dict[str, Any]:
@@ -79,6 +120,10 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
             ``pad_token_id``, such as a :class:`~zephon.SampleBatch`. Payloads are all dicts
             (token field plus optional ``positions``, ``loss_mask``, ``text`` and extra fields)
             or all bare 1-D arrays of tokens.
+        layout: a preset of the options below for one framework's field names: ``"megatron"``
+            gives ``tokens``, ``labels``, float32 ``loss_mask``, ``position_ids`` (0, 1, 2, ...
+            per row) and, from the payload ``positions`` of packed rows, ``cu_seqlens`` and
+            ``max_seqlen`` (see :data:`LAYOUTS`). Options given next to it override the preset.
         tokens_field: the token field of dict payloads, or ``"auto"`` (default): the first of
             input_ids, tokens, token_ids, ids that has a length. Ignored for array payloads. The
             output is named ``input_ids`` whatever the source field.
@@ -175,12 +220,6 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
         >>> spec(batch)["labels"].tolist() == out["labels"].tolist()
         True
     """
-    unknown = [name for name in options if name not in _OPTIONS]
-    if unknown:
-        name = unknown[0]
-        close = [_ALIASES[name]] if name in _ALIASES else difflib.get_close_matches(name, _OPTIONS, n=1)
-        fix = f"did you mean {close[0]!r}?" if close else f"the options are {', '.join(_OPTIONS)}"
-        raise TypeError(f"to_training: unknown option {name!r}; {fix}")
     # Building the spec is a few microseconds next to the conversion, so it is not cached: a cache
     # keyed by options would need hashable options and would warn only on the first call.
-    return TrainingSpec(**options)(batch)
+    return training_spec(**options)(batch)
