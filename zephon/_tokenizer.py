@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import attrs
 import numpy as np
 
+from . import _tokcache
 from ._cache import ProcessCache
 from ._tiktoken import GPT2_PATTERN as GPT2_PATTERN  # noqa: F401  (importable from here, as before)
 from ._tiktoken import _build_tiktoken, _tiktoken_available, _tiktoken_plan, _tiktoken_usable, _verify_tiktoken
@@ -183,7 +184,9 @@ class TokenizerHandle:
         return _LIVE.get(("tiktoken", self._content), self._build_encoding)
 
     def _build_encoding(self) -> Any:
-        plan, reason = _tiktoken_plan(json.loads(self.tokenizer_json))
+        plan, reason = _cached_plan(self)
+        if plan is None:
+            plan, reason = _tiktoken_plan(json.loads(self.tokenizer_json))
         if plan is None:  # cannot happen for a handle made by load_tokenizer
             raise RuntimeError(f"tokenizer cannot use the tiktoken backend: {reason}")
         return _build_tiktoken(plan, self._content)
@@ -392,6 +395,9 @@ def _from_path(path: Path) -> TokenizerHandle:
             else ""
         )
         raise TokenizerLoadError(f"no tokenizer.json in {str(folder)!r} (it holds {present}){hint}")
+    cached = _cached_file_handle(file, path.is_dir())
+    if cached is not None:
+        return cached
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as exc:
@@ -401,8 +407,63 @@ def _from_path(path: Path) -> TokenizerHandle:
         ) from exc
     if not path.is_dir():
         # A file stands alone: sibling config files are read only when the folder is passed.
-        return _make_handle(tok, {}, str(file), owned=True)
-    return _make_handle(tok, _config_ids(tok, _read_special_config(folder), folder), str(folder), owned=True)
+        handle = _make_handle(tok, {}, str(file), owned=True)
+    else:
+        handle = _make_handle(tok, _config_ids(tok, _read_special_config(folder), folder), str(folder), owned=True)
+    _store_file_handle(file, tok, handle)
+    return handle
+
+
+def _cached_file_handle(file: Path, folder_given: bool) -> TokenizerHandle | None:
+    """The handle of ``file`` from the on-disk cache (:mod:`zephon._tokcache`), or ``None``.
+
+    The canonical JSON and the guessed ids are looked up by the file's sha256; the live tokenizer
+    is then built from that JSON only when something needs it. A folder's config files are read
+    every time (they are small, and not part of the key).
+    """
+    if not _tokcache.cache_enabled():
+        return None
+    try:
+        digest = _tokcache.file_digest(str(file))
+    except OSError:
+        return None
+    entry = _tokcache.load_entry("file", digest)
+    if entry is None:
+        return None
+    try:
+        guessed = {role: entry["ids"][role] for role in ("bos", "eos", "pad")}
+        handle = TokenizerHandle(
+            entry["json"], guessed["bos"], guessed["eos"], guessed["pad"], "tokenizers", bool(entry["encode_special_tokens"]),
+            str(file),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    if handle._content != entry.get("content"):
+        return None
+    if not folder_given:
+        return handle
+    ids = _config_ids(handle, _read_special_config(file.parent), file.parent)
+    if not ids:
+        return attrs.evolve(handle, source=str(file.parent))
+    return attrs.evolve(
+        handle, source=str(file.parent), **{f"{role}_token_id": ids[role] if role in ids else guessed[role] for role in ("bos", "eos", "pad")}
+    )
+
+
+def _store_file_handle(file: Path, tok: Any, handle: TokenizerHandle) -> None:
+    if not _tokcache.cache_enabled():
+        return
+    try:
+        digest = _tokcache.file_digest(str(file))
+    except OSError:
+        return
+    entry = {
+        "json": handle.tokenizer_json,
+        "content": handle._content,
+        "ids": _guess_ids(tok),
+        "encode_special_tokens": handle.encode_special_tokens,
+    }
+    _tokcache.store_entry("file", digest, entry)
 
 
 def _read_special_config(folder: Path) -> dict[str, Any]:
@@ -598,10 +659,26 @@ def _choose_backend(handle: TokenizerHandle, backend: str) -> str:
 
 
 def _prove_tiktoken(handle: TokenizerHandle) -> str:
-    """``""`` when the tiktoken path is exact for ``handle`` (its encoding is then kept), else why not."""
+    """``""`` when the tiktoken path is exact for ``handle`` (its encoding is then kept), else why not.
+
+    The outcome is kept in the on-disk cache (:mod:`zephon._tokcache`) under the content digest,
+    with tiktoken's inputs when it is exact, so later processes skip the checks.
+    """
     key = handle._content
+    plan, reason = _cached_plan(handle)
+    if plan is None and reason:
+        return reason
+    if plan is not None:
+        try:
+            encoding = _build_tiktoken(plan, key)
+        except Exception:  # an entry tiktoken no longer accepts: prove again
+            plan = None
+        else:
+            _LIVE.get(("tiktoken", key), lambda: encoding)
+            return ""
     plan, reason = _tiktoken_plan(json.loads(handle.tokenizer_json))
     if plan is None:
+        _store_proof(handle, None, reason)
         return reason
     try:
         encoding = _build_tiktoken(plan, key)
@@ -610,4 +687,31 @@ def _prove_tiktoken(handle: TokenizerHandle) -> str:
     reason = _verify_tiktoken(handle.tokenizer, encoding, plan, handle.encode_special_tokens)
     if not reason:
         _LIVE.get(("tiktoken", key), lambda: encoding)
+    _store_proof(handle, plan, reason)
     return reason
+
+
+def _cached_plan(handle: TokenizerHandle) -> tuple[dict | None, str]:
+    """From the on-disk cache: ``(plan, "")`` if tiktoken was proven exact, ``(None, reason)`` if
+    it was proven not to be, ``(None, "")`` if there is no usable entry."""
+    entry = _tokcache.load_entry("proof", handle._content)
+    if entry is None:
+        return None, ""
+    try:
+        if entry["reason"]:
+            return None, str(entry["reason"])
+        plan = {
+            "pattern": str(entry["pattern"]),
+            "ranks": {bytes(b): int(r) for b, r in entry["ranks"]},
+            "specials": {str(k): int(v) for k, v in entry["specials"].items()},
+        }
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None, ""
+    return plan, ""
+
+
+def _store_proof(handle: TokenizerHandle, plan: dict | None, reason: str) -> None:
+    entry: dict[str, Any] = {"reason": reason}
+    if plan is not None and not reason:
+        entry.update(pattern=plan["pattern"], ranks=list(plan["ranks"].items()), specials=plan["specials"])
+    _tokcache.store_entry("proof", handle._content, entry)
