@@ -15,6 +15,8 @@ import attrs
 import msgspec
 
 from ._core import Chain, ChainState, Resolver
+from . import _lazy
+from ._lazy import DeferredOutput, LazyRows
 from ._keys import fold_in, seed_key
 from ._records import Meta, Record, Segment, meta_from_ints
 from .work._source import SourceState, StaticMixtureWorkSource
@@ -98,7 +100,10 @@ class Plan:
             pending = tuple(outs)
         if not pending:
             return LaneState(source, chain, (), state.delivered, True), None
-        return LaneState(source, chain, pending[1:], state.delivered + 1, done), pending[0]
+        out = pending[0]
+        if type(out) is DeferredOutput:  # restored lazily: rebuilt now if the background has not yet
+            out = out.output()
+        return LaneState(source, chain, pending[1:], state.delivered + 1, done), out
 
     # -- naming records in errors -----------------------------------------------------------------------
     def describe(self, meta: Meta) -> str:
@@ -224,10 +229,18 @@ class Plan:
             raise ValueError(f"lane {lane}: field 'ops': {exc}") from exc
         batches = bool(self.chain.children) and self.chain.children[-1][1].kind == "batch"
         refs = [_decode_ref(r, batches, f"lane {lane}: field 'pending[{i}]'") for i, r in enumerate(data["pending"])]
+        # The next output is rebuilt now; the others, when they hold enough records to matter,
+        # in the background (each is awaited or rebuilt when due).
+        now, later = refs, []
+        if sum(len(r) if isinstance(r, list) else 1 for r in refs[1:]) >= _lazy.LAZY_MIN_RECORDS:
+            now, later = refs[:1], refs[1:]
         try:
-            pending = tuple(self.chain.rebuild(refs, resolver)) if refs else ()
+            pending = tuple(self.chain.rebuild(now, resolver)) if now else ()
         except _DECODE_ERRORS as exc:
             raise ValueError(f"lane {lane}: field 'pending': {exc}") from exc
+        if later:
+            rows = LazyRows(later, lambda some: self.chain.rebuild(some, resolver), range(len(later)), check=False)
+            pending += tuple(DeferredOutput(rows, i, ref) for i, ref in enumerate(later))
         return LaneState(source, chain, pending, data["delivered"], data["done"])
 
     def _check_cursor(self, lane: int, source: SourceState, done: bool) -> None:

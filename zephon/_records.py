@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from ._lazy import Deferred
+
 
 class Segment(NamedTuple):
     """A token range ``[start, end)`` of one sample-level record.
@@ -102,7 +104,14 @@ class Record:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Record):
             return NotImplemented
-        return self.meta == other.meta and payload_equal(self.payload, other.payload)
+        if self.meta != other.meta:
+            return False
+        a, b = self.payload, other.payload
+        if type(a) is Deferred:  # a restored record not rebuilt yet: compare what it rebuilds to
+            a = a.value()
+        if type(b) is Deferred:
+            b = b.value()
+        return payload_equal(a, b)
 
     __hash__ = None  # type: ignore[assignment]
 
