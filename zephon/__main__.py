@@ -1,4 +1,5 @@
-"""Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs.
+"""Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs;
+``zephon bench`` measures the recipe on your data against the bare encoder.
 
 Each command registers itself with ``register(subparsers)`` and sets ``func(args) -> exit code``;
 commands that need more than a few lines live in a module of their own.
@@ -50,8 +51,14 @@ def _register_ledger(sub) -> None:
     ledger.set_defaults(func=_ledger)
 
 
+def _register_bench(sub) -> None:
+    from ._cli_bench import register
+
+    register(sub)
+
+
 #: One entry per command, in the order ``zephon --help`` lists them.
-COMMANDS = [_register_demo, _register_ledger]
+COMMANDS = [_register_demo, _register_ledger, _register_bench]
 
 
 def main(argv: list[str] | None = None) -> int:
