@@ -103,6 +103,7 @@ class Plan:
         out = pending[0]
         if type(out) is DeferredOutput:  # restored lazily: rebuilt now if the background has not yet
             out = out.output()
+        _lazy.kick()  # restored records wait: rebuild them in the background from now on
         return LaneState(source, chain, pending[1:], state.delivered + 1, done), out
 
     # -- naming records in errors -----------------------------------------------------------------------

@@ -18,7 +18,7 @@ import threading
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-__all__ = ["Deferred", "DeferredOutput", "LazyRows", "materialize"]
+__all__ = ["Deferred", "DeferredOutput", "LazyRows", "kick", "materialize"]
 
 #: A restored shuffle buffer, or a lane's restored undelivered outputs, holding at least this many
 #: records is rebuilt lazily; smaller ones at once, so that a checkpoint whose data changed fails
@@ -143,7 +143,19 @@ class _Rebuilder:
             if self._pid != os.getpid():  # forked: the parent's thread does not exist here
                 self._queue, self._thread, self._pid = deque(), None, os.getpid()
             self._queue.append(rows)
-            if self._thread is None:
+
+    def kick(self) -> None:
+        """Start the thread if records wait and it is not running.
+
+        Called once a lane has produced an output, so that the work of a restore (rebuilding each
+        lane's next output) never waits behind the background's.
+        """
+        if not self._queue or (self._thread is not None and self._pid == os.getpid()):
+            return
+        with self._lock:
+            if self._pid != os.getpid():
+                self._queue, self._thread, self._pid = deque(), None, os.getpid()
+            if self._queue and self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="zephon-restore", daemon=True)
                 self._thread.start()
 
@@ -164,6 +176,11 @@ class _Rebuilder:
 
 
 _REBUILDER = _Rebuilder()
+
+
+def kick() -> None:
+    """Let the background rebuild of restored records start (see :meth:`_Rebuilder.kick`)."""
+    _REBUILDER.kick()
 
 
 def _guarded(order: Iterator[int]) -> Iterator[int]:

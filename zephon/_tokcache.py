@@ -34,7 +34,7 @@ __all__ = ["cache_enabled", "file_digest", "load_entry", "store_entry"]
 logger = logging.getLogger("zephon")
 
 #: Bump when the canonical form, the guessed ids or the tiktoken checks change.
-FORMAT = 1
+FORMAT = 2
 _ENV = "ZEPHON_TOKENIZER_CACHE"
 _salt: str | None = None
 

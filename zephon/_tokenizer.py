@@ -700,9 +700,12 @@ def _cached_plan(handle: TokenizerHandle) -> tuple[dict | None, str]:
     try:
         if entry["reason"]:
             return None, str(entry["reason"])
+        blob, ends, ids = entry["rank_bytes"], np.frombuffer(entry["rank_ends"], np.uint32), entry["rank_ids"]
+        starts = np.concatenate([[0], ends[:-1]]).tolist()
+        tokens = [blob[a:b] for a, b in zip(starts, ends.tolist())]
         plan = {
             "pattern": str(entry["pattern"]),
-            "ranks": {bytes(b): int(r) for b, r in entry["ranks"]},
+            "ranks": dict(zip(tokens, np.frombuffer(ids, np.uint32).tolist())),
             "specials": {str(k): int(v) for k, v in entry["specials"].items()},
         }
     except (KeyError, TypeError, ValueError, AttributeError):
@@ -713,5 +716,12 @@ def _cached_plan(handle: TokenizerHandle) -> tuple[dict | None, str]:
 def _store_proof(handle: TokenizerHandle, plan: dict | None, reason: str) -> None:
     entry: dict[str, Any] = {"reason": reason}
     if plan is not None and not reason:
-        entry.update(pattern=plan["pattern"], ranks=list(plan["ranks"].items()), specials=plan["specials"])
+        tokens = list(plan["ranks"])
+        entry.update(
+            pattern=plan["pattern"],
+            rank_bytes=b"".join(tokens),  # the tokens' bytes back to back, their ends and their ids
+            rank_ends=np.cumsum([len(t) for t in tokens], dtype=np.uint32).tobytes(),
+            rank_ids=np.array(list(plan["ranks"].values()), dtype=np.uint32).tobytes(),
+            specials=plan["specials"],
+        )
     _tokcache.store_entry("proof", handle._content, entry)
