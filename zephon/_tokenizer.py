@@ -205,8 +205,11 @@ class TokenizerHandle:
 
         Args:
             texts: the texts.
-            num_threads: threads for the tiktoken backend (``None``: one per CPU). The
-                ``tokenizers`` backend always uses its native pool, sized by ``RAYON_NUM_THREADS``.
+            num_threads: threads for the encoder (``None``: one per CPU). The tiktoken backend runs
+                on a pool of that many threads. ``tokenizers`` runs on its native Rayon pool, which
+                exists once per process: ``num_threads`` sizes it when it is given before the
+                pool's first use in the process (``RAYON_NUM_THREADS``); later, a different size
+                is logged once as a warning and the pool keeps its size.
 
         Returns:
             One writable ``int32`` array per text.
@@ -214,19 +217,27 @@ class TokenizerHandle:
         Raises:
             ValueError: a text cannot be encoded as UTF-8 (it holds an unpaired surrogate).
         """
+        return [a if a.dtype == np.int32 and a.flags.writeable else a.astype(np.int32) for a in self.encode_ids(texts, num_threads=num_threads)]
+
+    def encode_ids(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[np.ndarray]:
+        """Like :meth:`encode_batch`, but each array may be ``uint32`` or read-only (no copy made).
+
+        For callers that copy the ids anyway (``tokenize`` brackets each document in a new array).
+        """
         if not texts:
             return []
         try:
             if self.backend == "tiktoken" and _tiktoken_usable():
                 return self._encode_tiktoken(texts, num_threads)
-            return self._encode_tokenizers(texts)
+            return self._encode_tokenizers(texts, num_threads)
         except (TypeError, UnicodeEncodeError, ValueError) as exc:
             _raise_unencodable(texts, exc)
             raise
 
-    def _encode_tokenizers(self, texts: Sequence[str]) -> list[np.ndarray]:
+    def _encode_tokenizers(self, texts: Sequence[str], num_threads: int | None = None) -> list[np.ndarray]:
         tok = self.tokenizer
         texts = texts if isinstance(texts, list) else list(texts)
+        _size_rayon_pool(num_threads)
         # encode_batch_fast skips the offsets, which we never use (same ids, ~25% faster).
         encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
         encodings = encode(texts, add_special_tokens=False)
@@ -239,8 +250,8 @@ class TokenizerHandle:
         allowed = frozenset() if self.encode_special_tokens else enc.special_tokens_set
         if hasattr(enc, "encode_to_numpy"):
 
-            def one(text: str) -> np.ndarray:
-                return enc.encode_to_numpy(text, allowed_special=allowed, disallowed_special=()).astype(np.int32)
+            def one(text: str) -> np.ndarray:  # uint32, read-only: a view of tiktoken's buffer
+                return enc.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
 
         else:  # tiktoken < 0.8
 
@@ -251,6 +262,30 @@ class TokenizerHandle:
         if threads == 1 or len(texts) == 1:
             return [one(t) for t in texts]
         return list(_thread_pool(threads).map(one, texts))
+
+
+def _size_rayon_pool(threads: int | None) -> None:
+    """Size tokenizers' Rayon pool for ``threads`` before its first use in this process, else warn once.
+
+    Rayon reads ``RAYON_NUM_THREADS`` when the pool starts (at the first parallel batch encode of
+    the process), and the pool then keeps its size.
+    """
+    started = _LIVE.peek(("rayon",))
+    if started is None:
+        if threads is not None:
+            os.environ["RAYON_NUM_THREADS"] = str(threads)
+        env = os.environ.get("RAYON_NUM_THREADS", "")
+        _LIVE.get(("rayon",), lambda: int(env) if env.isdigit() and int(env) > 0 else _cpu_count())
+        return
+    if threads is not None and threads != started and _LIVE.peek(("rayon-warned", threads)) is None:
+        _LIVE.get(("rayon-warned", threads), lambda: True)
+        logger.warning(
+            "tokenize(parallelism=%d): the tokenizers thread pool of this process already runs %d threads and cannot "
+            "be resized; the first tokenize to encode in a process sets it (or RAYON_NUM_THREADS, set before that), "
+            "and with workers > 0 each worker process sizes its own",
+            threads,
+            started,
+        )
 
 
 def _raise_unencodable(texts: Sequence[str], exc: BaseException) -> None:
