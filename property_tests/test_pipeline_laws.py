@@ -609,8 +609,9 @@ def test_worker_processes_deliver_exactly_the_in_process_batches(spec, lanes, dr
 # -- lazy restore ---------------------------------------------------------------------------------------
 # Restoring lazily (buffers and undelivered outputs rebuilt on demand and in the background) gives
 # exactly the batches and checkpoints of restoring eagerly: each example resumes once with every
-# restored buffer rebuilt at once (LAZY_MIN_RECORDS out of reach) and once with every one rebuilt
-# lazily (LAZY_MIN_RECORDS = 1); the checkpoints right after the restore (nothing rebuilt yet) and
+# restored buffer rebuilt at once (LAZY_MIN_RECORDS and LAZY_MIN_PENDING out of reach) and once
+# with every one rebuilt lazily (LAZY_MIN_RECORDS = 1; each lane's next output too, or not,
+# drawn); the checkpoints right after the restore (nothing rebuilt yet) and
 # after each batch must be equal too.
 
 import zephon._lazy as zephon_lazy  # noqa: E402
@@ -618,8 +619,9 @@ import zephon._lazy as zephon_lazy  # noqa: E402
 shuffled_specs = pipeline_specs().filter(lambda s: s.shuffle is not None)
 
 
-def _resume_with(spec, lanes, ckpt, n, threshold, monkeypatch):
+def _resume_with(spec, lanes, ckpt, n, threshold, monkeypatch, pending_threshold=None):
     monkeypatch.setattr(zephon_lazy, "LAZY_MIN_RECORDS", threshold)
+    monkeypatch.setattr(zephon_lazy, "LAZY_MIN_PENDING", threshold if pending_threshold is None else pending_threshold)
     pipe = spec.build(lanes=lanes).restore(json.loads(json.dumps(ckpt)))
     it = iter(pipe)
     checkpoints = [it.checkpoint()]  # before anything was rebuilt
@@ -639,6 +641,7 @@ def _resume_with(spec, lanes, ckpt, n, threshold, monkeypatch):
 def test_lazy_restore_gives_the_eager_batches_and_checkpoints(spec, lanes, data):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(zephon_lazy, "LAZY_MIN_RECORDS", 10**9)
+        mp.setattr(zephon_lazy, "LAZY_MIN_PENDING", 10**9)
         it = iter(spec.build(lanes=lanes))
         stream = [b for _, b in zip(range(60), it)]
     if not stream:
@@ -654,8 +657,9 @@ def test_lazy_restore_gives_the_eager_batches_and_checkpoints(spec, lanes, data)
     n = len(stream) - at
     with pytest.MonkeyPatch.context() as mp:
         eager = _resume_with(spec, lanes, ckpt, n, 10**9, mp)
+    all_pending_lazy = data.draw(st.booleans(), label="the next output of each lane lazy too")
     with pytest.MonkeyPatch.context() as mp:
-        lazy_run = _resume_with(spec, lanes, ckpt, n, 1, mp)
+        lazy_run = _resume_with(spec, lanes, ckpt, n, 1, mp, 1 if all_pending_lazy else 10**9)
     assert outputs_equal(eager[0], stream[at:])
     assert outputs_equal(lazy_run[0], eager[0])
     assert lazy_run[1] == eager[1]

@@ -230,10 +230,14 @@ class Plan:
             raise ValueError(f"lane {lane}: field 'ops': {exc}") from exc
         batches = bool(self.chain.children) and self.chain.children[-1][1].kind == "batch"
         refs = [_decode_ref(r, batches, f"lane {lane}: field 'pending[{i}]'") for i, r in enumerate(data["pending"])]
-        # The next output is rebuilt now; the others, when they hold enough records to matter,
-        # in the background (each is awaited or rebuilt when due).
+        # Few held records: rebuilt now, so that a damaged state fails here. More: the next output
+        # now and the others in the background; many (a read's worth): all of them lazily, the
+        # next one first (each is awaited or rebuilt when due, so a damaged one fails then).
+        sizes = [len(r) if isinstance(r, list) else 1 for r in refs]
         now, later = refs, []
-        if sum(len(r) if isinstance(r, list) else 1 for r in refs[1:]) >= _lazy.LAZY_MIN_RECORDS:
+        if sum(sizes) >= _lazy.LAZY_MIN_PENDING:
+            now, later = [], refs
+        elif sum(sizes[1:]) >= _lazy.LAZY_MIN_RECORDS:
             now, later = refs[:1], refs[1:]
         try:
             pending = tuple(self.chain.rebuild(now, resolver)) if now else ()

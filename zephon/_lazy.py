@@ -25,6 +25,10 @@ __all__ = ["Deferred", "DeferredOutput", "LazyRows", "kick", "materialize"]
 #: at ``restore`` (a lazily rebuilt record fails when it is due, naming the change).
 LAZY_MIN_RECORDS = 8
 
+#: A lane's restored undelivered outputs holding at least this many records are all rebuilt
+#: lazily, the next one included (below it, the next output is rebuilt at ``restore``).
+LAZY_MIN_PENDING = 64
+
 _TODO, _BUSY, _DONE = 0, 1, 2
 #: References rebuilt per bulk call by the background thread: the first calls are small, so that
 #: the records due first are ready early, then they double up to ``CHUNK``.

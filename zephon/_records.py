@@ -83,8 +83,10 @@ def meta_from_ints(data: Any) -> Meta:
     """Inverse of :func:`meta_to_ints`; errors name what is malformed."""
     if not isinstance(data, (list, tuple)) or len(data) < 2 or (len(data) - 2) % 6:
         raise ValueError(f"a record reference is [lane, padding, 6 ints per segment...], got {data!r}")
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in data):
+    if not all(type(x) is int for x in data) and not all(isinstance(x, int) and not isinstance(x, bool) for x in data):
         raise ValueError(f"a record reference holds integers only, got {data!r}")
+    if len(data) == 8:  # one segment, the common case (a restored buffer holds thousands)
+        return Meta(data[0], (Segment(*data[2:]),), data[1])
     segments = tuple(Segment(*data[i : i + 6]) for i in range(2, len(data), 6))
     return Meta(data[0], segments, data[1])
 
