@@ -457,7 +457,10 @@ def _main(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``zephon bench`` to the command line."""
     p = sub.add_parser("bench", help="measure the pretraining recipe on your data and tokenizer against the bare encoder",
-                       description=__doc__.split("\n\n")[0])
+                       description="Run the pretraining recipe (tokenize, pack_flat, shuffle, batch, to_training, periodic "
+                                   "checkpoints) on your data and tokenizer, each run in a fresh process next to the bare "
+                                   "encoder, and print throughput, its ratio to the encoder, time to first batch, memory, CPU "
+                                   "per token, checkpoint size and restore time.")
     p.add_argument("--data", required=True, help="a JSONL file or a folder of JSONL files (one document per line)")
     p.add_argument("--tokenizer", required=True, help="a tokenizer.json file (or its folder)")
     p.add_argument("--lanes", type=_positive, default=8, help="canonical_replicas, the number of lanes (default 8)")
