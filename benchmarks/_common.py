@@ -113,6 +113,22 @@ def tiktoken_encoding(tokenizer_path: Path) -> Any:
     return tiktoken.Encoding("bench-bytelevel-bpe", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
 
 
+# -- CPU time -----------------------------------------------------------------------------------------
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and of its children that have been joined.
+
+    Worker processes count once they have ended and been waited for, so read this after
+    ``close()``.
+    """
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 # -- memory -------------------------------------------------------------------------------------------
 
 

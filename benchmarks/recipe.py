@@ -41,29 +41,42 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 ROW = 2049  # pack_flat max_length: 2048 inputs + 1 shifted label
-READ = 64  # documents per encode call (zephon's default read_size)
+READ = 64  # documents per encode call in the weak ceilings (zephon's read_size)
+STRONG = 512  # documents per encode call in the strong ceilings, the ones the ratios use
 BUFFER = 1024  # shuffle buffer
 MICRO = 8  # microbatch size
+CHECKPOINT_EVERY = 100  # the pipelines take a checkpoint (json.dumps) every this many batches
 
 #: name -> settings. Ceilings use the tokenizer directly; pipelines name the ceiling their ratio uses.
 CONFIGS: dict[str, dict[str, Any]] = {
-    "ceil-encode": {"kind": "ceiling", "encoder": "tokenizers", "mode": "encode",
+    "ceil-encode": {"kind": "ceiling", "encoder": "tokenizers", "mode": "encode", "per_call": READ,
                     "what": "Tokenizer.encode_batch, 64 texts a call, ids left in the Encoding objects"},
-    "ceil-encode-fast": {"kind": "ceiling", "encoder": "tokenizers", "mode": "encode_fast",
-                         "what": "Tokenizer.encode_batch_fast (no offsets; what zephon calls), ids left native"},
-    "ceil-pack": {"kind": "ceiling", "encoder": "tokenizers", "mode": "pack",
-                  "what": "encode_batch_fast + np.fromiter(ids) + EOS + np.concatenate/reshape into 2049-token rows"},
-    "inline": {"kind": "pipeline", "lanes": 1, "workers": 0, "backend": "tokenizers", "ceiling": "ceil-pack"},
-    "lanes8": {"kind": "pipeline", "lanes": 8, "workers": 0, "backend": "tokenizers", "ceiling": "ceil-pack"},
-    "lanes8-workers1": {"kind": "pipeline", "lanes": 8, "workers": 1, "backend": "tokenizers", "ceiling": "ceil-pack"},
-    "lanes8-workers2": {"kind": "pipeline", "lanes": 8, "workers": 2, "backend": "tokenizers", "ceiling": "ceil-pack"},
-    "ceil-tiktoken": {"kind": "ceiling", "encoder": "tiktoken", "mode": "encode",
+    "ceil-encode-fast": {"kind": "ceiling", "encoder": "tokenizers", "mode": "encode_fast", "per_call": READ,
+                         "what": "Tokenizer.encode_batch_fast (no offsets; what zephon calls), 64 texts a call, ids left native"},
+    "ceil-pack": {"kind": "ceiling", "encoder": "tokenizers", "mode": "pack", "per_call": READ,
+                  "what": "weak: encode_batch_fast, 64 texts a call + np.fromiter(ids) + EOS + np.concatenate/reshape into 2049-token rows"},
+    "ceil-pack-strong": {"kind": "ceiling", "encoder": "tokenizers", "mode": "pack", "per_call": STRONG,
+                         "what": "STRONG: encode_batch_fast, 512 texts a call (all cores) + the same numpy packing"},
+    "inline": {"kind": "pipeline", "lanes": 1, "workers": 0, "backend": "tokenizers", "ceiling": "ceil-pack-strong"},
+    "lanes8": {"kind": "pipeline", "lanes": 8, "workers": 0, "backend": "tokenizers", "ceiling": "ceil-pack-strong"},
+    "lanes8-thread": {"kind": "pipeline", "lanes": 8, "workers": 0, "thread": True, "backend": "tokenizers",
+                      "ceiling": "ceil-pack-strong"},
+    "lanes8-workers1": {"kind": "pipeline", "lanes": 8, "workers": 1, "backend": "tokenizers", "ceiling": "ceil-pack-strong"},
+    "lanes8-workers2": {"kind": "pipeline", "lanes": 8, "workers": 2, "backend": "tokenizers", "ceiling": "ceil-pack-strong"},
+    "ceil-tiktoken": {"kind": "ceiling", "encoder": "tiktoken", "mode": "encode", "per_call": READ,
                       "what": "tiktoken Encoding.encode_ordinary_batch(num_threads=cpus), 64 texts a call, lists"},
-    "ceil-tiktoken-pack": {"kind": "ceiling", "encoder": "tiktoken", "mode": "pack",
-                           "what": "encode_to_numpy on a thread pool of cpus threads + EOS + concatenate/reshape"},
-    "tiktoken": {"kind": "pipeline", "lanes": 1, "workers": 0, "backend": "tiktoken", "ceiling": "ceil-tiktoken-pack"},
+    "ceil-tiktoken-strong": {"kind": "ceiling", "encoder": "tiktoken", "mode": "encode", "per_call": STRONG,
+                             "what": "tiktoken encode_ordinary_batch(num_threads=cpus), 512 texts a call, lists (no numpy)"},
+    "ceil-tiktoken-pack": {"kind": "ceiling", "encoder": "tiktoken", "mode": "pack", "per_call": READ,
+                           "what": "weak: encode_to_numpy on a thread per CPU, 64 texts a call + EOS + concatenate/reshape"},
+    "ceil-tiktoken-pack-strong": {"kind": "ceiling", "encoder": "tiktoken", "mode": "pack", "per_call": STRONG,
+                                  "what": "STRONG: encode_to_numpy on a thread per CPU, 512 texts a call + the same numpy packing"},
+    "tiktoken": {"kind": "pipeline", "lanes": 1, "workers": 0, "backend": "tiktoken", "ceiling": "ceil-tiktoken-pack-strong"},
+    "default-lanes8": {"kind": "pipeline", "lanes": 8, "workers": 0, "backend": "auto", "ceiling": "ceil-tiktoken-pack-strong"},
+    "default-lanes8-thread": {"kind": "pipeline", "lanes": 8, "workers": 0, "thread": True, "backend": "auto",
+                              "ceiling": "ceil-tiktoken-pack-strong"},
     "tiktoken-lanes8-workers2": {"kind": "pipeline", "lanes": 8, "workers": 2, "backend": "tiktoken",
-                                 "ceiling": "ceil-tiktoken-pack"},
+                                 "ceiling": "ceil-tiktoken-pack-strong"},
 }
 DEFAULT_CONFIGS = list(CONFIGS)
 
@@ -85,7 +98,8 @@ def build_pipeline(task: dict[str, Any]):
 
     return (
         Pipeline(Dataset.from_path("corpus", task["corpus"]))
-        .options(canonical_replicas=task["lanes"], workers=task["workers"], drain=task.get("drain", False))
+        .options(canonical_replicas=task["lanes"], workers=task["workers"], thread=task.get("thread", False),
+                 drain=task.get("drain", False))
         .tokenize(tokenizer=task["tokenizer"], special_tokens="eos", backend=task["backend"])
         .pack_flat(ROW, algorithm="wrap")
         .shuffle(BUFFER, seed=42)
@@ -119,10 +133,15 @@ def child_run(task: dict[str, Any]) -> dict[str, Any]:
     first = None
     tokens = batches = 0
     workers_peak: dict[int, float] = {}
-    for batch in pipe:
+    every = task.get("checkpoint_every", CHECKPOINT_EVERY)
+    cpu0 = C.cpu_seconds()
+    loader = iter(pipe)
+    for batch in loader:
         tensors = batch.to_training(return_labels=True, dtype=torch.long)
         tokens += _real_tokens(batch)
         batches += 1
+        if every and batches % every == 0:
+            json.dumps(loader.checkpoint())
         if task["workers"]:  # workers stop with the last batch, so sample while they live
             workers_peak.update(C.children_peak_rss_mib())
         if first is None:
@@ -131,6 +150,7 @@ def child_run(task: dict[str, Any]) -> dict[str, Any]:
     t_end = time.perf_counter()
     backend = _backend_of(pipe)
     pipe.close()
+    cpu = C.cpu_seconds() - cpu0  # this process and its joined worker processes
     rss = _rss_mib()
     elapsed = t_end - t_built
     return {
@@ -143,6 +163,7 @@ def child_run(task: dict[str, Any]) -> dict[str, Any]:
         "first_batch_s": None if first is None else first - t0,
         "rss_mib": rss,
         "workers_rss_mib": max(workers_peak.values()) if workers_peak else None,
+        "cpu_s_per_mtok": cpu / tokens * 1e6 if tokens else None,
         "backend": backend,
     }
 
@@ -255,10 +276,12 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
     tokens = 0
     rows = 0
     rest = eos_arr[:0]
+    per_call = task.get("per_call", READ)
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     first = None
-    for i in range(0, len(texts), READ):
-        chunk = texts[i : i + READ]
+    for i in range(0, len(texts), per_call):
+        chunk = texts[i : i + per_call]
         if encoder == "tokenizers" and mode == "encode":
             tokens += sum(len(e) + 1 for e in tok.encode_batch(chunk, add_special_tokens=False))
         elif encoder == "tokenizers" and mode == "encode_fast":
@@ -283,9 +306,11 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
         if first is None:
             first = time.perf_counter()
     elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
     rss = _rss_mib()
     return {
         "tokens": tokens,
+        "cpu_s_per_mtok": cpu / tokens * 1e6 if tokens else None,
         "rows": rows if mode == "pack" else None,
         "iterate_s": elapsed,
         "tokens_per_s": tokens / elapsed if elapsed > 0 else None,
@@ -355,7 +380,7 @@ def select_configs(spec: str | None) -> list[str]:
 
 def _ceiling_of(name: str) -> str:
     spec = CONFIGS[name]
-    return spec.get("ceiling") or ("ceil-pack" if spec.get("encoder") == "tokenizers" else "ceil-tiktoken-pack")
+    return spec.get("ceiling") or ("ceil-pack-strong" if spec.get("encoder") == "tokenizers" else "ceil-tiktoken-pack-strong")
 
 
 def paired_ratio(results: dict[str, Any], name: str) -> float | None:
@@ -377,7 +402,7 @@ def summarize(name: str, rec: dict[str, Any]) -> dict[str, Any]:
     runs = rec["runs"]
     if not runs:
         return {"tokens": None, "tokens_per_s": None, "first_batch_s": None, "setup_s": None, "rss_mib": None,
-                "workers_rss_mib": None, "backend": None}
+                "workers_rss_mib": None, "cpu_s_per_mtok": None, "backend": None}
     out = {
         "tokens": runs[0]["tokens"] if runs else None,
         "tokens_per_s": C.median([r["tokens_per_s"] for r in runs]),
@@ -387,6 +412,7 @@ def summarize(name: str, rec: dict[str, Any]) -> dict[str, Any]:
         "setup_s": C.median([r.get("setup_s") for r in runs]),
         "rss_mib": C.median([r["rss_mib"] for r in runs]),
         "workers_rss_mib": C.median([r.get("workers_rss_mib") for r in runs]),
+        "cpu_s_per_mtok": C.median([r.get("cpu_s_per_mtok") for r in runs]),
         "backend": runs[0]["backend"] if runs else None,
     }
     if rec.get("restores"):
@@ -400,7 +426,7 @@ def summarize(name: str, rec: dict[str, Any]) -> dict[str, Any]:
 def print_results(results: dict[str, Any]) -> None:
     cfgs = results["configs"]
     headers = ["configuration", "backend", "lanes", "workers", "tokens", "tokens/s", "range M/s", "x ceiling", "setup s",
-               "1st batch s", "RSS MiB", "wkr RSS MiB", "ckpt KiB/lane", "shuffle fill", "restore->1st s"]
+               "1st batch s", "RSS MiB", "wkr RSS MiB", "CPU s/Mtok", "ckpt KiB/lane", "shuffle fill", "restore->1st s"]
     rows = []
     for name, rec in cfgs.items():
         spec, s = CONFIGS[name], rec["summary"]
@@ -424,6 +450,7 @@ def print_results(results: dict[str, Any]) -> None:
             C.fmt_num(s["first_batch_s"], ".2f"),
             C.fmt_num(s["rss_mib"], ".0f"),
             C.fmt_num(s["workers_rss_mib"], ".0f"),
+            C.fmt_num(s.get("cpu_s_per_mtok"), ".3f"),
             C.fmt_num(ck["bytes_per_lane"] / 1024 if ck else None, ".1f"),
             f"{ck['buffered']}/{ck['buffer_target']} @{ck['after_batches']}" if ck else "-",
             restore_cell,

@@ -1,7 +1,8 @@
 """Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs;
 ``zephon inspect PATH`` shows tokenized records; ``zephon explain CONFIG`` prints a compiled plan;
 ``zephon index PATH`` writes a dataset index;
-``zephon plan CONFIG --steps N`` simulates a data plan.
+``zephon plan CONFIG --steps N`` simulates a data plan;
+``zephon bench`` measures the recipe on your data against the bare encoder.
 
 Each command registers itself with ``register(subparsers)`` and sets ``func(args) -> exit code``;
 commands that need more than a few lines live in a module of their own.
@@ -73,6 +74,7 @@ COMMANDS = [
     _command("_cli_index"),
     _command("_cli_inspect"),
     _command("_cli_explain"),
+    _command("_cli_bench"),
 ]
 
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import attrs
 import msgspec
 
+from ._lazy import DeferredOutput
 from ._records import Meta, Record, SampleBatch, Segment, describe_meta, meta_from_ints, meta_to_ints
 from ._stats import items_size
 
@@ -141,6 +142,9 @@ def _code_digest(code: Any) -> str:
 
 
 def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, DeferredOutput):  # a restored pending output, not rebuilt yet: its reference
+        ref = obj.ref
+        return [meta_to_ints(m) for m in ref] if isinstance(ref, list) else meta_to_ints(ref)
     if isinstance(obj, Record):
         return meta_to_ints(obj.meta)
     if isinstance(obj, SampleBatch):

@@ -16,6 +16,8 @@ import attrs
 import msgspec
 
 from ._core import Chain, ChainState, Resolver
+from . import _lazy
+from ._lazy import DeferredOutput, LazyRows
 from ._keys import fold_in, seed_key
 from ._fields import payload_length
 from ._records import Meta, Record, SampleBatch, Segment, meta_from_ints
@@ -182,8 +184,12 @@ class Plan:
             pending = tuple(outs)
         if not pending:
             return LaneState(source, chain, (), state.delivered, True, state.mixture), None
-        counts = mixture_counts(state.mixture, pending[:1], len(self.source.datasets))
-        return LaneState(source, chain, pending[1:], state.delivered + 1, done, counts), pending[0]
+        out = pending[0]
+        if type(out) is DeferredOutput:  # restored lazily: rebuilt now if the background has not yet
+            out = out.output()
+        _lazy.kick()  # restored records wait: rebuild them in the background from now on
+        counts = mixture_counts(state.mixture, (out,), len(self.source.datasets))
+        return LaneState(source, chain, pending[1:], state.delivered + 1, done, counts), out
 
     # -- naming records in errors -----------------------------------------------------------------------
     def describe(self, meta: Meta) -> str:
@@ -315,8 +321,17 @@ class Plan:
             raise ValueError(f"lane {lane}: field 'ops': {exc}") from exc
         batches = bool(self.chain.children) and self.chain.children[-1][1].kind == "batch"
         refs = [_decode_ref(r, batches, f"lane {lane}: field 'pending[{i}]'") for i, r in enumerate(data["pending"])]
+        # Few held records: rebuilt now, so that a damaged state fails here. More: the next output
+        # now and the others in the background; many (a read's worth): all of them lazily, the
+        # next one first (each is awaited or rebuilt when due, so a damaged one fails then).
+        sizes = [len(r) if isinstance(r, list) else 1 for r in refs]
+        now, later = refs, []
+        if sum(sizes) >= _lazy.LAZY_MIN_PENDING:
+            now, later = [], refs
+        elif sum(sizes[1:]) >= _lazy.LAZY_MIN_RECORDS:
+            now, later = refs[:1], refs[1:]
         try:
-            pending = tuple(self.chain.rebuild(refs, resolver)) if refs else ()
+            pending = tuple(self.chain.rebuild(now, resolver)) if now else ()
         except _DECODE_ERRORS as exc:
             raise ValueError(f"lane {lane}: field 'pending': {exc}") from exc
         counts = data["mixture"]
@@ -325,6 +340,9 @@ class Plan:
                 f"lane {lane}: field 'mixture' holds {len(counts)} counters, but the source has {len(self.source.datasets)} "
                 "datasets (two counters each: samples, tokens)"
             )
+        if later:
+            rows = LazyRows(later, lambda some: self.chain.rebuild(some, resolver), range(len(later)), check=False)
+            pending += tuple(DeferredOutput(rows, i, ref) for i, ref in enumerate(later))
         return LaneState(source, chain, pending, data["delivered"], data["done"], tuple(counts))
 
     def _check_cursor(self, lane: int, source: SourceState, done: bool) -> None:

@@ -410,7 +410,7 @@ class Pipeline:
         this pipeline. Prefer ``pipeline.loader(checkpoint)`` or ``loader.restore(checkpoint)``.
         """
         validate(self._compiled(checkpoint).fingerprint(), checkpoint)
-        self._latest.pending = copy.deepcopy(checkpoint)
+        self._latest.pending = _copy_checkpoint(checkpoint)
         if self._latest.loader is not None:
             self._latest.loader.restore(checkpoint)
         return self
@@ -458,3 +458,18 @@ def _describe_record(plan: Plan, rec: Any) -> dict[str, Any]:
         ],
         "padding_length": rec.meta.padding_length,
     }
+
+
+def _copy_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """A private copy of a checkpoint, so that the caller may change theirs.
+
+    A pickle round trip copies exactly what ``copy.deepcopy`` copies (tuples stay tuples) and is
+    many times faster on a large checkpoint (a full 16,384-row shuffle buffer); anything that does
+    not pickle is deep-copied as before.
+    """
+    import pickle
+
+    try:
+        return pickle.loads(pickle.dumps(checkpoint, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:
+        return copy.deepcopy(checkpoint)

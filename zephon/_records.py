@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from ._lazy import Deferred
+
 
 class Segment(NamedTuple):
     """A token range ``[start, end)`` of one sample-level record.
@@ -81,8 +83,10 @@ def meta_from_ints(data: Any) -> Meta:
     """Inverse of :func:`meta_to_ints`; errors name what is malformed."""
     if not isinstance(data, (list, tuple)) or len(data) < 2 or (len(data) - 2) % 6:
         raise ValueError(f"a record reference is [lane, padding, 6 ints per segment...], got {data!r}")
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in data):
+    if not all(type(x) is int for x in data) and not all(isinstance(x, int) and not isinstance(x, bool) for x in data):
         raise ValueError(f"a record reference holds integers only, got {data!r}")
+    if len(data) == 8:  # one segment, the common case (a restored buffer holds thousands)
+        return Meta(data[0], (Segment(*data[2:]),), data[1])
     segments = tuple(Segment(*data[i : i + 6]) for i in range(2, len(data), 6))
     return Meta(data[0], segments, data[1])
 
@@ -102,7 +106,14 @@ class Record:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Record):
             return NotImplemented
-        return self.meta == other.meta and payload_equal(self.payload, other.payload)
+        if self.meta != other.meta:
+            return False
+        a, b = self.payload, other.payload
+        if type(a) is Deferred:  # a restored record not rebuilt yet: compare what it rebuilds to
+            a = a.value()
+        if type(b) is Deferred:
+            b = b.value()
+        return payload_equal(a, b)
 
     __hash__ = None  # type: ignore[assignment]
 

@@ -16,6 +16,8 @@ import msgspec
 
 from ._core import Operator, Resolver, _dec_hook, config_field, resolve_tree
 from ._keys import fold_in, randbelow
+from . import _lazy
+from ._lazy import Deferred, LazyRows, materialize
 from ._records import Record
 
 
@@ -49,7 +51,10 @@ class Shuffle(Operator):
         buffer_size: records held at most; larger mixes better and costs memory.
         seed: the shuffle's seed; the key is ``fold_in(lane key, "shuffle", seed)``.
 
-    State: the buffer by reference (restored by rebuilding its records), two counters and the key.
+    State: the buffer by reference, two counters and the key. A restored buffer of
+    ``zephon._lazy.LAZY_MIN_RECORDS`` or more records is rebuilt lazily: a record is rebuilt when it is
+    drawn, and the others meanwhile in a background thread, so the first output after a restore
+    does not wait for the whole buffer (the outputs are the same).
 
     Examples:
         >>> op = Shuffle(4, seed=1)
@@ -80,7 +85,7 @@ class Shuffle(Operator):
             if len(buffer) > min(size, warmup + emitted) or size == 1:
                 i = randbelow(key, draws, len(buffer))
                 draws += 1
-                out.append(buffer[i])
+                out.append(materialize(buffer[i]))
                 buffer[i] = buffer[-1]
                 buffer.pop()
                 emitted += 1
@@ -93,7 +98,7 @@ class Shuffle(Operator):
         while buffer:
             i = randbelow(state.key, draws, len(buffer))
             draws += 1
-            out.append(buffer[i])
+            out.append(materialize(buffer[i]))
             buffer[i] = buffer[-1]
             buffer.pop()
         return ShuffleState(state.key, (), draws, state.emitted + len(out)), out
@@ -120,4 +125,37 @@ class Shuffle(Operator):
                 f"field 'buffer' holds {len(state.buffer)} records, but after {state.emitted} outputs a shuffle of "
                 f"buffer_size={self.buffer_size} holds at most {limit}"
             )
-        return resolve_tree(state, upstream)
+        if len(state.buffer) < _lazy.LAZY_MIN_RECORDS:
+            return resolve_tree(state, upstream)
+        # Lazily: each record is rebuilt when it leaves the buffer, and all of them meanwhile in a
+        # background thread, in the order the draws will take them.
+        metas = [rec.meta for rec in state.buffer]
+        rows = LazyRows(metas, upstream, self._emission_order(state))
+        buffer = tuple(Record(Deferred(rows, i), meta) for i, meta in enumerate(metas))
+        return msgspec.structs.replace(state, buffer=buffer)
+
+    def _emission_order(self, state: ShuffleState):
+        """The indices of ``state.buffer`` in the order ``step`` will emit them (then nothing).
+
+        The draws depend only on the counters and the buffer's length, which grows by one per
+        arrival, so the order is exact while the stream goes on; it stops after a bounded number
+        of draws (the rest are rebuilt in index order).
+        """
+        pos = list(range(len(state.buffer)))
+        left = len(pos)
+        key, size, warmup = state.key, self.buffer_size, self.warmup
+        draws, emitted = state.draws, state.emitted
+        for _ in range(8 * max(left, size)):
+            if not left:
+                return
+            pos.append(-1)
+            if len(pos) > min(size, warmup + emitted) or size == 1:
+                i = randbelow(key, draws, len(pos))
+                draws += 1
+                emitted += 1
+                p = pos[i]
+                pos[i] = pos[-1]
+                pos.pop()
+                if p >= 0:
+                    left -= 1
+                    yield p

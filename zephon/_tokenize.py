@@ -188,8 +188,11 @@ class Tokenize(StatelessOp):
             ``""`` instead (``[BOS, EOS]`` in ``"bos_eos"`` mode).
         preserve_upstream_payload: keep the payload's other keys (the text included) next to
             ``input_ids``; otherwise the output holds ``input_ids`` only.
-        parallelism: threads for the tiktoken backend (``None``: one per CPU). The tokenizers
-            backend uses its native pool (``RAYON_NUM_THREADS``). Performance only.
+        parallelism: threads for the encoder (``None``: one per CPU), with either backend:
+            tiktoken runs on a pool of that many threads; ``tokenizers`` on its native Rayon pool,
+            one per process, which takes this size when this is the first tokenize to encode in
+            the process (with ``workers > 0``, in each worker), else keeps its size and a warning
+            says so. Performance only.
         backend: ``"auto"`` (default), ``"tokenizers"`` or ``"tiktoken"``. tiktoken is used only
             for GPT-2 style byte-level BPE after it reproduced the tokenizers ids at load time
             (about 4x faster on GPT-2); performance only.
@@ -302,12 +305,15 @@ class Tokenize(StatelessOp):
         if not payloads:
             return []
         texts = [self._text_of(p) for p in payloads]
-        try:
-            encoded = self.tokenizer.encode_batch(texts, num_threads=self.parallelism)
-        except ValueError as exc:
-            raise ValueError(f"tokenize: field {self.field!r}: {exc}") from exc
         bos, eos = self._specials()
         n_specials = (bos is not None) + (eos is not None)
+        try:
+            if n_specials:  # _bracket copies the ids into a new array anyway
+                encoded = self.tokenizer.encode_ids(texts, num_threads=self.parallelism)
+            else:
+                encoded = self.tokenizer.encode_batch(texts, num_threads=self.parallelism)
+        except ValueError as exc:
+            raise ValueError(f"tokenize: field {self.field!r}: {exc}") from exc
         keep = self.max_length - n_specials if self.truncation else None
         out: list[list] = []
         for payload, ids in zip(payloads, encoded):

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import attrs
 import numpy as np
 
+from . import _tokcache
 from ._cache import ProcessCache
 from ._tiktoken import GPT2_PATTERN as GPT2_PATTERN  # noqa: F401  (importable from here, as before)
 from ._tiktoken import _build_tiktoken, _tiktoken_available, _tiktoken_plan, _tiktoken_usable, _verify_tiktoken
@@ -183,7 +184,9 @@ class TokenizerHandle:
         return _LIVE.get(("tiktoken", self._content), self._build_encoding)
 
     def _build_encoding(self) -> Any:
-        plan, reason = _tiktoken_plan(json.loads(self.tokenizer_json))
+        plan, reason = _cached_plan(self)
+        if plan is None:
+            plan, reason = _tiktoken_plan(json.loads(self.tokenizer_json))
         if plan is None:  # cannot happen for a handle made by load_tokenizer
             raise RuntimeError(f"tokenizer cannot use the tiktoken backend: {reason}")
         return _build_tiktoken(plan, self._content)
@@ -202,8 +205,11 @@ class TokenizerHandle:
 
         Args:
             texts: the texts.
-            num_threads: threads for the tiktoken backend (``None``: one per CPU). The
-                ``tokenizers`` backend always uses its native pool, sized by ``RAYON_NUM_THREADS``.
+            num_threads: threads for the encoder (``None``: one per CPU). The tiktoken backend runs
+                on a pool of that many threads. ``tokenizers`` runs on its native Rayon pool, which
+                exists once per process: ``num_threads`` sizes it when it is given before the
+                pool's first use in the process (``RAYON_NUM_THREADS``); later, a different size
+                is logged once as a warning and the pool keeps its size.
 
         Returns:
             One writable ``int32`` array per text.
@@ -211,19 +217,27 @@ class TokenizerHandle:
         Raises:
             ValueError: a text cannot be encoded as UTF-8 (it holds an unpaired surrogate).
         """
+        return [a if a.dtype == np.int32 and a.flags.writeable else a.astype(np.int32) for a in self.encode_ids(texts, num_threads=num_threads)]
+
+    def encode_ids(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[np.ndarray]:
+        """Like :meth:`encode_batch`, but each array may be ``uint32`` or read-only (no copy made).
+
+        For callers that copy the ids anyway (``tokenize`` brackets each document in a new array).
+        """
         if not texts:
             return []
         try:
             if self.backend == "tiktoken" and _tiktoken_usable():
                 return self._encode_tiktoken(texts, num_threads)
-            return self._encode_tokenizers(texts)
+            return self._encode_tokenizers(texts, num_threads)
         except (TypeError, UnicodeEncodeError, ValueError) as exc:
             _raise_unencodable(texts, exc)
             raise
 
-    def _encode_tokenizers(self, texts: Sequence[str]) -> list[np.ndarray]:
+    def _encode_tokenizers(self, texts: Sequence[str], num_threads: int | None = None) -> list[np.ndarray]:
         tok = self.tokenizer
         texts = texts if isinstance(texts, list) else list(texts)
+        _size_rayon_pool(num_threads)
         # encode_batch_fast skips the offsets, which we never use (same ids, ~25% faster).
         encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
         encodings = encode(texts, add_special_tokens=False)
@@ -236,8 +250,8 @@ class TokenizerHandle:
         allowed = frozenset() if self.encode_special_tokens else enc.special_tokens_set
         if hasattr(enc, "encode_to_numpy"):
 
-            def one(text: str) -> np.ndarray:
-                return enc.encode_to_numpy(text, allowed_special=allowed, disallowed_special=()).astype(np.int32)
+            def one(text: str) -> np.ndarray:  # uint32, read-only: a view of tiktoken's buffer
+                return enc.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
 
         else:  # tiktoken < 0.8
 
@@ -248,6 +262,30 @@ class TokenizerHandle:
         if threads == 1 or len(texts) == 1:
             return [one(t) for t in texts]
         return list(_thread_pool(threads).map(one, texts))
+
+
+def _size_rayon_pool(threads: int | None) -> None:
+    """Size tokenizers' Rayon pool for ``threads`` before its first use in this process, else warn once.
+
+    Rayon reads ``RAYON_NUM_THREADS`` when the pool starts (at the first parallel batch encode of
+    the process), and the pool then keeps its size.
+    """
+    started = _LIVE.peek(("rayon",))
+    if started is None:
+        if threads is not None:
+            os.environ["RAYON_NUM_THREADS"] = str(threads)
+        env = os.environ.get("RAYON_NUM_THREADS", "")
+        _LIVE.get(("rayon",), lambda: int(env) if env.isdigit() and int(env) > 0 else _cpu_count())
+        return
+    if threads is not None and threads != started and _LIVE.peek(("rayon-warned", threads)) is None:
+        _LIVE.get(("rayon-warned", threads), lambda: True)
+        logger.warning(
+            "tokenize(parallelism=%d): the tokenizers thread pool of this process already runs %d threads and cannot "
+            "be resized; the first tokenize to encode in a process sets it (or RAYON_NUM_THREADS, set before that), "
+            "and with workers > 0 each worker process sizes its own",
+            threads,
+            started,
+        )
 
 
 def _raise_unencodable(texts: Sequence[str], exc: BaseException) -> None:
@@ -392,6 +430,9 @@ def _from_path(path: Path) -> TokenizerHandle:
             else ""
         )
         raise TokenizerLoadError(f"no tokenizer.json in {str(folder)!r} (it holds {present}){hint}")
+    cached = _cached_file_handle(file, path.is_dir())
+    if cached is not None:
+        return cached
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as exc:
@@ -401,8 +442,63 @@ def _from_path(path: Path) -> TokenizerHandle:
         ) from exc
     if not path.is_dir():
         # A file stands alone: sibling config files are read only when the folder is passed.
-        return _make_handle(tok, {}, str(file), owned=True)
-    return _make_handle(tok, _config_ids(tok, _read_special_config(folder), folder), str(folder), owned=True)
+        handle = _make_handle(tok, {}, str(file), owned=True)
+    else:
+        handle = _make_handle(tok, _config_ids(tok, _read_special_config(folder), folder), str(folder), owned=True)
+    _store_file_handle(file, tok, handle)
+    return handle
+
+
+def _cached_file_handle(file: Path, folder_given: bool) -> TokenizerHandle | None:
+    """The handle of ``file`` from the on-disk cache (:mod:`zephon._tokcache`), or ``None``.
+
+    The canonical JSON and the guessed ids are looked up by the file's sha256; the live tokenizer
+    is then built from that JSON only when something needs it. A folder's config files are read
+    every time (they are small, and not part of the key).
+    """
+    if not _tokcache.cache_enabled():
+        return None
+    try:
+        digest = _tokcache.file_digest(str(file))
+    except OSError:
+        return None
+    entry = _tokcache.load_entry("file", digest)
+    if entry is None:
+        return None
+    try:
+        guessed = {role: entry["ids"][role] for role in ("bos", "eos", "pad")}
+        handle = TokenizerHandle(
+            entry["json"], guessed["bos"], guessed["eos"], guessed["pad"], "tokenizers", bool(entry["encode_special_tokens"]),
+            str(file),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    if handle._content != entry.get("content"):
+        return None
+    if not folder_given:
+        return handle
+    ids = _config_ids(handle, _read_special_config(file.parent), file.parent)
+    if not ids:
+        return attrs.evolve(handle, source=str(file.parent))
+    return attrs.evolve(
+        handle, source=str(file.parent), **{f"{role}_token_id": ids[role] if role in ids else guessed[role] for role in ("bos", "eos", "pad")}
+    )
+
+
+def _store_file_handle(file: Path, tok: Any, handle: TokenizerHandle) -> None:
+    if not _tokcache.cache_enabled():
+        return
+    try:
+        digest = _tokcache.file_digest(str(file))
+    except OSError:
+        return
+    entry = {
+        "json": handle.tokenizer_json,
+        "content": handle._content,
+        "ids": _guess_ids(tok),
+        "encode_special_tokens": handle.encode_special_tokens,
+    }
+    _tokcache.store_entry("file", digest, entry)
 
 
 def _read_special_config(folder: Path) -> dict[str, Any]:
@@ -598,10 +694,26 @@ def _choose_backend(handle: TokenizerHandle, backend: str) -> str:
 
 
 def _prove_tiktoken(handle: TokenizerHandle) -> str:
-    """``""`` when the tiktoken path is exact for ``handle`` (its encoding is then kept), else why not."""
+    """``""`` when the tiktoken path is exact for ``handle`` (its encoding is then kept), else why not.
+
+    The outcome is kept in the on-disk cache (:mod:`zephon._tokcache`) under the content digest,
+    with tiktoken's inputs when it is exact, so later processes skip the checks.
+    """
     key = handle._content
+    plan, reason = _cached_plan(handle)
+    if plan is None and reason:
+        return reason
+    if plan is not None:
+        try:
+            encoding = _build_tiktoken(plan, key)
+        except Exception:  # an entry tiktoken no longer accepts: prove again
+            plan = None
+        else:
+            _LIVE.get(("tiktoken", key), lambda: encoding)
+            return ""
     plan, reason = _tiktoken_plan(json.loads(handle.tokenizer_json))
     if plan is None:
+        _store_proof(handle, None, reason)
         return reason
     try:
         encoding = _build_tiktoken(plan, key)
@@ -610,4 +722,41 @@ def _prove_tiktoken(handle: TokenizerHandle) -> str:
     reason = _verify_tiktoken(handle.tokenizer, encoding, plan, handle.encode_special_tokens)
     if not reason:
         _LIVE.get(("tiktoken", key), lambda: encoding)
+    _store_proof(handle, plan, reason)
     return reason
+
+
+def _cached_plan(handle: TokenizerHandle) -> tuple[dict | None, str]:
+    """From the on-disk cache: ``(plan, "")`` if tiktoken was proven exact, ``(None, reason)`` if
+    it was proven not to be, ``(None, "")`` if there is no usable entry."""
+    entry = _tokcache.load_entry("proof", handle._content)
+    if entry is None:
+        return None, ""
+    try:
+        if entry["reason"]:
+            return None, str(entry["reason"])
+        blob, ends, ids = entry["rank_bytes"], np.frombuffer(entry["rank_ends"], np.uint32), entry["rank_ids"]
+        starts = np.concatenate([[0], ends[:-1]]).tolist()
+        tokens = [blob[a:b] for a, b in zip(starts, ends.tolist())]
+        plan = {
+            "pattern": str(entry["pattern"]),
+            "ranks": dict(zip(tokens, np.frombuffer(ids, np.uint32).tolist())),
+            "specials": {str(k): int(v) for k, v in entry["specials"].items()},
+        }
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None, ""
+    return plan, ""
+
+
+def _store_proof(handle: TokenizerHandle, plan: dict | None, reason: str) -> None:
+    entry: dict[str, Any] = {"reason": reason}
+    if plan is not None and not reason:
+        tokens = list(plan["ranks"])
+        entry.update(
+            pattern=plan["pattern"],
+            rank_bytes=b"".join(tokens),  # the tokens' bytes back to back, their ends and their ids
+            rank_ends=np.cumsum([len(t) for t in tokens], dtype=np.uint32).tobytes(),
+            rank_ids=np.array(list(plan["ranks"].values()), dtype=np.uint32).tobytes(),
+            specials=plan["specials"],
+        )
+    _tokcache.store_entry("proof", handle._content, entry)

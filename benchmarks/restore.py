@@ -1,0 +1,147 @@
+"""Restore: the first batch after a restore, for shuffle buffers of different sizes, lazy and eager.
+
+For each ``--buffers`` size, one process runs the recipe (L=1, the corpus repeated so that the
+buffer fills) until its shuffle buffer is full, saves that checkpoint and the digest of the batch
+that follows it. Then fresh processes (``--repeats`` each, round-robin) build the pipeline, restore
+the checkpoint and take the first batch: with the default lazy rebuild, and with the rebuild made
+eager (every buffered record rebuilt before the first batch, as before lazy restore). Each restored
+batch is checked against the uninterrupted run's.
+
+    python benchmarks/restore.py                         # buffers 1024 and 16384, 3 repeats
+    python benchmarks/restore.py --buffers 1024 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402
+
+ROW, MICRO = 2049, 8
+
+
+def build(task: dict[str, Any]):
+    from zephon import Pipeline
+    from zephon.io import Dataset
+    from zephon.work import StaticMixtureWorkSource
+
+    ds = Dataset.from_path("corpus", task["corpus"])
+    source = StaticMixtureWorkSource([ds], {"corpus": 1.0}, exhausted_policy="repeat")
+    return (
+        Pipeline(source)
+        .options(canonical_replicas=task["lanes"])
+        .tokenize(tokenizer=task["tokenizer"], special_tokens="eos", backend=task["backend"])
+        .pack_flat(ROW, algorithm="wrap")
+        .shuffle(task["buffer"], seed=42)
+        .batch(MICRO)
+    )
+
+
+def child_fill(task: dict[str, Any]) -> dict[str, Any]:
+    """Run until the buffer is full; save the checkpoint and the next batch's digest."""
+    from zephon.ledger import batch_digest
+
+    it = iter(build(task))
+    warmup = max(1, min(128, task["buffer"] // 16))
+    rows_needed = task["buffer"] - warmup  # the buffer holds min(buffer, warmup + emitted) rows
+    batches = -(-rows_needed // MICRO)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    ckpt = json.dumps(it.checkpoint())
+    digest = batch_digest(next(it))
+    it.close()
+    Path(task["path"]).write_text(ckpt, encoding="utf-8")
+    return {"batches": batches, "fill_s": time.perf_counter() - t0, "bytes": len(ckpt), "digest": digest}
+
+
+def child_restore(task: dict[str, Any]) -> dict[str, Any]:
+    t0 = task["t0"]
+    import zephon._lazy as lazy
+    from zephon.ledger import batch_digest
+
+    if task["eager"]:
+        lazy.LAZY_MIN_RECORDS = 1 << 62
+    ckpt = json.loads(Path(task["path"]).read_text(encoding="utf-8"))
+    pipe = build(task)
+    t1 = time.perf_counter()
+    it = iter(pipe.restore(ckpt))
+    batch = next(it)
+    first, call = time.time() - t0, time.perf_counter() - t1
+    return {"restore_first_s": first, "restore_call_s": call, "digest": batch_digest(batch)}
+
+
+def run(task: dict[str, Any], timeout: float) -> dict[str, Any]:
+    task = {**task, "t0": time.time()}
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(task)], capture_output=True, text=True, timeout=timeout)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--corpus", type=Path, default=C.DEFAULT_CORPUS)
+    ap.add_argument("--tokenizer", type=Path, default=C.DEFAULT_TOKENIZER)
+    ap.add_argument("--buffers", default="1024,16384", help="comma-separated shuffle buffer sizes")
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-eager", action="store_true", help="skip the eager restores (slow for large buffers)")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        task = json.loads(args.child)
+        result = (child_fill if task["mode"] == "fill" else child_restore)(task)
+        print("RESULT " + json.dumps(result), flush=True)
+        return 0
+    buffers = [int(b) for b in args.buffers.split(",")]
+    print(f"{args.corpus} repeated, {args.tokenizer}, L=1, load average {C.load_average()}")
+    results: dict[str, Any] = {"machine": C.machine_info(), "buffers": {}}
+    with tempfile.TemporaryDirectory(prefix="zephon-restore-") as tmp:
+        common = {"corpus": str(args.corpus.resolve()), "tokenizer": str(args.tokenizer.resolve()), "lanes": 1,
+                  "backend": args.backend}
+        for b in buffers:
+            task = {**common, "buffer": b, "path": os.path.join(tmp, f"{b}.json")}
+            fill = run({**task, "mode": "fill"}, args.timeout)
+            print(f"  buffer {b}: full after {fill['batches']} batches ({fill['fill_s']:.1f} s), checkpoint {fill['bytes']:,} bytes")
+            rec = {"fill": fill, "lazy": [], "eager": []}
+            for _ in range(args.repeats):
+                for mode in ("lazy",) if args.no_eager else ("lazy", "eager"):
+                    r = run({**task, "mode": "restore", "eager": mode == "eager"}, args.timeout)
+                    r["exact"] = r["digest"] == fill["digest"]
+                    rec[mode].append(r)
+            results["buffers"][b] = rec
+    headers = ["buffer rows", "ckpt bytes", "lazy: start->1st s", "lazy: restore()->1st s", "eager: start->1st s",
+               "eager: restore()->1st s", "exact"]
+    rows = []
+    for b, rec in results["buffers"].items():
+        cells = []
+        for mode in ("lazy", "eager"):
+            for key in ("restore_first_s", "restore_call_s"):
+                cells.append(C.fmt_num(C.median([r.get(key) for r in rec[mode]]), ".3f"))
+        exact = all(r["exact"] for r in rec["lazy"] + rec["eager"])
+        rows.append([f"{b:,}", f"{rec['fill']['bytes']:,}", *cells, "yes" if exact else "MISMATCH"])
+    print()
+    C.print_table(headers, rows, right=[True] * len(headers))
+    print(f"\nload average at the end {C.load_average()}; start->1st: from process start (imports and tokenizer load "
+          "included); restore()->1st: from the restore() call of a built pipeline")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
