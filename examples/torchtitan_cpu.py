@@ -25,9 +25,9 @@ here, and each item exists because TorchTitan 0.3.0 (with torch 2.13.0) has no C
   (its barrier passes ``device_ids=[current_device()]``), and adds ``torch.distributed.set_timeout``,
   which TorchTitan calls after the first step and torch 2.13.0 lacks (it is a newer API);
 - the config uses SDPA attention, causal over the whole row (FlexAttention has no backward on CPU
-  and varlen attention is CUDA-only), ``parallelism.spmd_backend = "partial_dtensor"`` (FSDP under
-  the default ``"spmd_types"`` fails on torch 2.13.0), no activation checkpointing, no compile, no
-  CUDA graphs, and a ``post_optimizer_build_fn`` that makes FSDP reduce gradients with SUM (gloo has
+  and varlen attention is CUDA-only), ``parallelism.spmd_backend = "partial_dtensor"`` (on 2
+  ranks, FSDP under the default ``"spmd_types"`` fails here with torch 2.13.0), no activation
+  checkpointing, no compile, no CUDA graphs, and a ``post_optimizer_build_fn`` that makes FSDP reduce gradients with SUM (gloo has
   no ``PREMUL_SUM``; TorchTitan scales gradients by the token count itself).
 """
 
