@@ -530,7 +530,13 @@ class ProcessExecutor:
         self.delivered[lane] = count
         if enc is not None:
             self.base[lane] = (count, enc)
-        self._send(self.owner[lane], ("delivered", lane, count))
+        try:
+            self._send(self.owner[lane], ("delivered", lane, count))
+        except WorkerError:
+            if self.failure is not None:
+                raise
+            # The worker died after it sent this output: the caller still gets it (it is
+            # counted as delivered and the checkpoint covers it); the next call reports the death.
         return out
 
     def lane_states(self) -> dict[int, Any]:
