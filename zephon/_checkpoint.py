@@ -18,11 +18,12 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import msgspec
+
+from ._atomic import replacing
 
 #: The checkpoint format this version writes and reads (3: lane states carry checksums; 4: and the
 #: samples and tokens each lane delivered per dataset).
@@ -440,39 +441,9 @@ def save_checkpoint(directory: str | os.PathLike, loader: Any) -> Path:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"zephon-lanes-{lanes[0]:05d}-{lanes[-1]:05d}.msgpack"
-    _write_atomic(path, encode_file(ck))
+    with replacing(path, durable=True) as out:
+        out.write(encode_file(ck))
     return path
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (POSIX; other systems do not open directories)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory; the rename itself is still atomic
-    finally:
-        os.close(fd)
 
 
 def read_checkpoint(directory: str | os.PathLike, lanes: Iterable[int]) -> dict[str, Any]:

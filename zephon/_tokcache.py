@@ -24,10 +24,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
 from typing import Any
 
 import msgspec
+
+from ._atomic import replacing
 
 __all__ = ["cache_enabled", "file_digest", "load_entry", "store_entry"]
 
@@ -105,19 +106,9 @@ def store_entry(kind: str, key: str, entry: dict[str, Any]) -> None:
         return
     target = _path(kind, key)
     folder = os.path.dirname(target)
-    tmp = None
     try:
         os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".part")
-        with os.fdopen(fd, "wb") as out:
+        with replacing(target) as out:
             out.write(msgspec.msgpack.encode({**entry, "key": key, "salt": salt()}))
-        os.replace(tmp, target)
-        tmp = None
     except OSError as exc:
         logger.debug("zephon: cannot write the tokenizer cache %s: %s", folder, exc)
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass

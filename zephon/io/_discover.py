@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping
 
 import attrs
 
+from .._atomic import replacing
 from ._columnar import ARROW_SUFFIXES, PARQUET_SUFFIXES
 from ._jsonl import SUFFIXES
 from ._storage import filesystem, identity_of, is_url, local_path, split_url
@@ -287,8 +288,6 @@ def write_index(root: str, entries: dict[str, Any], settings: dict[str, Any], st
         protocol, _ = split_url(where)
         filesystem(protocol, tuple(sorted((storage_options or {}).items()))).pipe_file(where, doc)
         return where
-    tmp = where + f".tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(doc)
-    os.replace(tmp, where)
+    with replacing(where) as out:
+        out.write(doc)
     return where

@@ -31,7 +31,6 @@ import gzip
 import hashlib
 import mmap
 import os
-import tempfile
 import time
 import warnings
 from typing import Any, Callable
@@ -39,6 +38,7 @@ from typing import Any, Callable
 import msgspec
 import numpy as np
 
+from .._atomic import discard, replacing
 from .._cache import ProcessCache
 
 #: File name endings read as JSONL, and the compression each implies.
@@ -113,31 +113,14 @@ def _atomic_write(target: str, write: Callable[[Any], None]) -> bool:
     folder = os.path.dirname(target)
     try:
         os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".part")
-    except OSError as err:
-        _warn_unwritable(folder, err)
-        return False
-    try:
-        with os.fdopen(fd, "wb") as out:
+        with replacing(target) as out:
             write(out)
-        os.replace(tmp, target)
         return True
+    except _SourceError:
+        raise
     except OSError as err:
-        _discard(tmp)
-        if isinstance(err, _SourceError):
-            raise
         _warn_unwritable(folder, err)
         return False
-    except BaseException:
-        _discard(tmp)
-        raise
-
-
-def _discard(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 # -- change detection ---------------------------------------------------------------------------------
@@ -366,7 +349,7 @@ def decompress(cache_dir: str, source: str, compression: str, size: int, mtime_n
         folder = os.path.dirname(target)
         for name in os.listdir(folder):
             if name.startswith(prefix) and name != os.path.basename(target):
-                _discard(os.path.join(folder, name))
+                discard(os.path.join(folder, name))
         return target
     try:
         return b"".join(_chunks(source, compression))

@@ -19,12 +19,12 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import tempfile
 import time
 from typing import Any, Callable, Mapping
 
 import attrs
 
+from .._atomic import replacing
 from .._cache import ProcessCache
 from ._jsonl import ShardChangedError, default_cache_dir
 
@@ -235,25 +235,14 @@ def fetch(url: str, fs: Any, size: int, identity: str, options: CacheOptions, da
     evict(folder, options.max_bytes, keep=size)
 
     def download() -> str:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as out, fs.open(url, "rb") as src:
-                while True:
-                    block = src.read(_COPY)
-                    if not block:
-                        break
-                    out.write(block)
-            got = os.path.getsize(tmp)
+        with replacing(target) as out, fs.open(url, "rb") as src:
+            got = 0
+            while block := src.read(_COPY):
+                out.write(block)
+                got += len(block)
             if got != size:
                 raise ConnectionError(f"download ended after {got} of {size} bytes")
-            os.replace(tmp, target)
-            return target
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        return target
 
     return with_retries(url, "downloading", download, options)
 
