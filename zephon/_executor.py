@@ -305,6 +305,7 @@ def _worker_main(conn, plan_bytes: bytes, lanes: list[int], encoded: dict[int, A
     # Set before the plan (and with it the tokenizer library) is unpickled in this process.
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if threads > 1 else "false")
+    os.environ.setdefault("ZEPHON_ENCODER_THREADS", str(threads))  # the tiktoken backend's threads
     outbox = _Outbox(conn)
     current = None
     try:
