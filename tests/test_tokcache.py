@@ -152,5 +152,29 @@ def test_parallelism_sizes_the_tiktoken_pool(gpt2, cache):
     handle = load_tokenizer(gpt2, backend="tiktoken")
     texts = ["a few words"] * 8
     handle.encode_batch(texts, num_threads=3)
-    pool = _tokenizer._LIVE.peek(("pool", 3))
-    assert pool is not None and pool._max_workers == 3
+    # The calling thread encodes too, beside a pool of two.
+    pool = _tokenizer._LIVE.peek(("pool", 2))
+    assert pool is not None and pool._max_workers == 2
+
+
+def test_threaded_tiktoken_keeps_the_order_and_the_ids(gpt2, cache):
+    handle = load_tokenizer(gpt2, backend="tiktoken")
+    # Lengths in no order, so that longest-first scheduling reorders the work but not the output.
+    texts = [f"text {i} " + "several more words here " * ((i * 7) % 13) for i in range(40)]
+    single = handle.encode_batch(texts, num_threads=1)
+    for threads in (2, 3, 8):
+        assert [a.tolist() for a in handle.encode_batch(texts, num_threads=threads)] == [a.tolist() for a in single]
+
+
+def test_threaded_tiktoken_reports_a_bad_text(gpt2, cache):
+    handle = load_tokenizer(gpt2, backend="tiktoken")
+    texts = ["fine"] * 10 + ["bad \ud800 surrogate"] + ["fine too"] * 10
+    with pytest.raises(ValueError, match="text 10 of the batch"):
+        handle.encode_batch(texts, num_threads=3)
+
+
+def test_worker_processes_size_the_tiktoken_threads(monkeypatch):
+    monkeypatch.setenv("ZEPHON_ENCODER_THREADS", "1")
+    assert _tokenizer._encoder_threads() == 1
+    monkeypatch.setenv("ZEPHON_ENCODER_THREADS", "")
+    assert _tokenizer._encoder_threads() == _tokenizer._cpu_count()

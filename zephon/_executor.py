@@ -295,7 +295,7 @@ def _load_error(exc: BaseException) -> str:
     return f"the worker could not load the pipeline ({text})"
 
 
-def _worker_main(conn, plan_bytes: bytes, lanes: list[int], encoded: dict[int, Any] | None, credit: int, threads: int) -> None:
+def _worker_main(conn, lanes: list[int], credit: int, threads: int) -> None:
     # A Ctrl-C goes to the terminal's whole process group: only the main process should see it, so
     # the workers stay alive to answer checkpoint() (PyTorch's DataLoader workers do the same).
     # The parent started this process with SIGINT blocked, so none arrived before this line.
@@ -305,9 +305,16 @@ def _worker_main(conn, plan_bytes: bytes, lanes: list[int], encoded: dict[int, A
     # Set before the plan (and with it the tokenizer library) is unpickled in this process.
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if threads > 1 else "false")
+    os.environ.setdefault("ZEPHON_ENCODER_THREADS", str(threads))  # the tiktoken backend's threads
     outbox = _Outbox(conn)
     current = None
     try:
+        # The pipeline and the lanes' states come through the pipe, not with the process: the parent
+        # then starts every worker without waiting for each to read them (they boot in parallel).
+        try:
+            plan_bytes, encoded = conn.recv()
+        except (EOFError, OSError):
+            return
         try:
             plan: Plan = pickle.loads(plan_bytes)
         except Exception as exc:
@@ -411,13 +418,14 @@ class ProcessExecutor:
         masked = hasattr(signal, "pthread_sigmask")
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
         try:
+            setups: list = []
             for w in range(n):
                 mine = lanes[w::n]
                 parent, child = ctx.Pipe()
                 sub = {lane: encoded[lane] for lane in mine} if encoded else None
                 proc = ctx.Process(
                     target=_worker_main,
-                    args=(child, plan_bytes, mine, sub, credit, threads),
+                    args=(child, mine, credit, threads),
                     daemon=True,
                     name=f"zephon-lanes-{mine[0]}",
                 )
@@ -425,10 +433,16 @@ class ProcessExecutor:
                 proc.start()
                 self.procs.append(proc)
                 child.close()
+                setups.append(sub)
                 for lane in mine:
                     self.owner[lane] = w
                     self.delivered[lane] = int(encoded[lane]["delivered"]) if encoded else 0
                     self.base[lane] = (self.delivered[lane], encoded[lane] if encoded else None)
+            for conn, sub in zip(self.conns, setups):
+                try:
+                    conn.send((plan_bytes, sub))
+                except (BrokenPipeError, OSError):
+                    pass  # the worker died while starting: reported by the first wait for its output
         finally:
             if masked:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old)

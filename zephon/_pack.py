@@ -714,8 +714,13 @@ class PackFlat(_Packer):
         tfield = find_token_field(first, self.tokens_field, self.kind)
         keys = _aligned_keys(first, tfield, self.kind)
         columns: dict[str, list] = {k: [] for k in keys}
+        # Documents holding only their tokens (what tokenize emits) need no per-document checks.
+        tokens_only = len(first) == 1
         for rec, a, b in pieces:
             p = rec.payload
+            if tokens_only and len(p) == 1 and tfield in p:
+                columns[tfield].append(np.asarray(p[tfield][a:b]))
+                continue
             if p is not first:
                 other = _aligned_keys(p, find_token_field(p, self.tokens_field, self.kind), self.kind)
                 if set(other) != set(keys):

@@ -23,9 +23,10 @@ import hashlib
 import json
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import attrs
 import numpy as np
@@ -258,10 +259,61 @@ class TokenizerHandle:
             def one(text: str) -> np.ndarray:
                 return np.array(enc.encode(text, allowed_special=allowed, disallowed_special=()), dtype=np.int32)
 
-        threads = num_threads or _cpu_count()
-        if threads == 1 or len(texts) == 1:
+        threads = min(num_threads or _encoder_threads(), len(texts))
+        if threads == 1:
             return [one(t) for t in texts]
-        return list(_thread_pool(threads).map(one, texts))
+        return _encode_longest_first(one, texts, _thread_pool(threads - 1), threads)
+
+
+def _encode_longest_first(one: Callable[[str], np.ndarray], texts: Sequence[str], pool: ThreadPoolExecutor, threads: int) -> list:
+    """``[one(t) for t in texts]`` on ``threads`` threads: the calling thread and ``threads - 1`` of ``pool``.
+
+    Every thread takes the longest text not yet taken until none is left, so the work stays
+    balanced (no thread is left alone with one long document) even when the OS preempts one of
+    them, and a call costs ``threads - 1`` futures instead of one per text.
+    """
+    out: list = [None] * len(texts)
+    order = iter(sorted(range(len(texts)), key=lambda i: -len(texts[i])))
+    lock = threading.Lock()
+
+    def drain() -> None:
+        try:
+            while True:
+                with lock:
+                    i = next(order, None)
+                if i is None:
+                    return
+                out[i] = one(texts[i])
+        except BaseException:
+            with lock:
+                for _ in order:  # the other threads stop at their next text
+                    pass
+            raise
+
+    futures = [pool.submit(drain) for _ in range(threads - 1)]
+    error: BaseException | None = None
+    try:
+        drain()
+    except BaseException as exc:
+        error = exc
+    for f in futures:  # wait for every thread, then raise the first failure
+        if error is None:
+            error = f.exception()
+        else:
+            f.exception()
+    if error is not None:
+        raise error
+    return out
+
+
+def _encoder_threads() -> int:
+    """The encoder's threads when ``parallelism`` is not given: one per CPU, or what a worker process was given.
+
+    A worker process of ``workers=N`` gets ``ZEPHON_ENCODER_THREADS`` = CPUs // N, so that N
+    workers do not each start a thread per CPU.
+    """
+    env = os.environ.get("ZEPHON_ENCODER_THREADS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else _cpu_count()
 
 
 def _size_rayon_pool(threads: int | None) -> None:

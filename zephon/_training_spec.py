@@ -389,7 +389,11 @@ class TrainingSpec:
         padded = bool((n != T).any())
         cols = np.arange(T, dtype=np.int64)
         stop = left + n
-        real = (cols >= left[:, None]) & (cols < (stop - pad_len)[:, None])  # real tokens, by position
+        every_real = not padded and not pad_len.any()  # the usual packed batch: full rows, no padding
+        if every_real:
+            real = np.ones((B, T), dtype=np.bool_)
+        else:
+            real = (cols >= left[:, None]) & (cols < (stop - pad_len)[:, None])  # real tokens, by position
 
         # Without requested padding every row already has length T, so no slot takes the fill value.
         tok = _fill(rows.tokens, B, T, left, 0 if pad_id is None else pad_id, np.int64)
@@ -413,12 +417,15 @@ class TrainingSpec:
         labels = None
         if labelled:
             # Label t (shifted) is the target row[t + 1] predicted from input row[t]: both must be real tokens.
-            valid = real[:, 1:] & real[:, :-1]
-            if mask is not None:
-                valid &= mask[:, 1:]
-            if self.eos_mask_loss:
-                valid &= tok[:, :-1] != self.eos_token_id
-            shifted = np.where(valid, tok[:, 1:], np.int64(self.ignore_index))
+            if every_real and mask is None and not self.eos_mask_loss:
+                shifted = tok[:, 1:].copy()  # every label is a real target
+            else:
+                valid = real[:, 1:] & real[:, :-1]
+                if mask is not None:
+                    valid &= mask[:, 1:]
+                if self.eos_mask_loss:
+                    valid &= tok[:, :-1] != self.eos_token_id
+                shifted = np.where(valid, tok[:, 1:], np.int64(self.ignore_index))
             if self.shift_labels:
                 labels = shifted
             else:
