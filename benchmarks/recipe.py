@@ -250,6 +250,8 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     from tokenizers import Tokenizer
 
+    from zephon._cli_bench import pack_rows  # the same packing as `zephon bench`'s ceiling
+
     texts = C.read_texts(Path(task["corpus"]))
     tok = Tokenizer.from_file(task["tokenizer"])
     eos = C.eos_id(tok)
@@ -293,15 +295,8 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
                 arrays = [np.fromiter(e.ids, dtype=np.int32) for e in tok.encode_batch_fast(chunk, add_special_tokens=False)]
             else:
                 arrays = list(pool.map(to_numpy, chunk))
-            parts = [rest]
-            for a in arrays:
-                parts.append(a)
-                parts.append(eos_arr)
-            flat = np.concatenate(parts)
-            n = len(flat) // ROW
-            packed = flat[: n * ROW].reshape(n, ROW)
-            rest = flat[n * ROW :].copy()
-            rows += n
+            packed, rest = pack_rows(arrays, rest, eos_arr, ROW)
+            rows += len(packed)
             tokens += packed.size
         if first is None:
             first = time.perf_counter()

@@ -110,6 +110,22 @@ def _bare_tiktoken(tokenizer_path: str) -> Any:
     return tiktoken.Encoding("bench", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
 
 
+def pack_rows(arrays: list, rest: Any, eos: Any, row: int) -> tuple[Any, Any]:
+    """The ceiling's packing: ``rest``, then each array followed by ``eos``, cut into rows of ``row``.
+
+    Returns the ``[n, row]`` rows and the tokens left over for the next call.
+    """
+    import numpy as np
+
+    parts = [rest]
+    for a in arrays:
+        parts.append(a)
+        parts.append(eos)
+    flat = np.concatenate(parts)
+    n = len(flat) // row
+    return flat[: n * row].reshape(n, row), flat[n * row :].copy()
+
+
 def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
     """The bare encoder in large calls over all cores, plus numpy packing into rows."""
     t0 = task["t0"]
@@ -138,13 +154,7 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
         eos_arr = np.array([eos], dtype=np.int32)
 
     def pack(arrays: list, rest: Any) -> tuple[Any, Any]:
-        parts = [rest]
-        for a in arrays:
-            parts.append(a)
-            parts.append(eos_arr)
-        flat = np.concatenate(parts)
-        n = len(flat) // row
-        return flat[: n * row].reshape(n, row), flat[n * row :].copy()
+        return pack_rows(arrays, rest, eos_arr, row)
 
     # Time to first batch: tokenizer load (above), reading and encoding the first documents.
     files = _files(task["data"])
