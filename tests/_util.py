@@ -103,3 +103,30 @@ def text_records(strings, lane=0):
     from zephon.types import Meta, Record, Segment
 
     return [Record({"text": t}, Meta(lane, (Segment(0, 0, i, 0, 0, -1),), 0)) for i, t in enumerate(strings)]
+
+
+#: The built-in chat templates' markers (and a plain ``<|bos|>``), each one special token of the
+#: tokenizers the tests train.
+CHAT_SPECIALS = [
+    "<|endoftext|>",
+    "<|bos|>",
+    "<|begin_of_text|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+]
+
+
+def compress(data: bytes, suffix: str) -> bytes:
+    """``data`` compressed as a shard with ``suffix`` (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``) holds it."""
+    if suffix == ".jsonl.gz":
+        import gzip
+
+        return gzip.compress(data)
+    if suffix == ".jsonl.zst":
+        import zstandard
+
+        return zstandard.ZstdCompressor().compress(data)
+    return data

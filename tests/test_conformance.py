@@ -12,21 +12,11 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from _util import WORDS, docs, text_records, texts, train_bytelevel
+from _util import CHAT_SPECIALS, WORDS, docs, text_records, texts, train_bytelevel
 from zephon import ops
 from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance
 from zephon.types import Meta, Record, Segment
 
-# The built-in templates' markers; each must be one special token of the tokenizer.
-CHAT_SPECIALS = [
-    "<|endoftext|>",
-    "<|begin_of_text|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-]
 
 
 class Tokenizers(NamedTuple):

@@ -21,6 +21,7 @@ from zephon.io import Dataset, InMemoryShard, as_dataset
 from zephon.io import _jsonl
 
 from _shared import shared_path
+from _util import compress
 
 
 #: Each test reads and writes its own cache folder.
@@ -43,13 +44,6 @@ def reference(data: bytes) -> list:
     return [json.loads(line) for line in data.decode().split("\n") if line.strip(" \t\r")]
 
 
-def compress(data: bytes, suffix: str) -> bytes:
-    if suffix == ".jsonl.gz":
-        return gzip.compress(data)
-    if suffix == ".jsonl.zst":
-        import zstandard
-        return zstandard.ZstdCompressor().compress(data)
-    return data
 
 
 def index_files(cache_dir: Path) -> list[Path]:

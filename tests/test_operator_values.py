@@ -46,6 +46,7 @@ from zephon._templates import CHATML_TEMPLATE, LLAMA3_TEMPLATE, strip_generation
 from zephon._tokenizer import TokenizerLoadError, load_tokenizer  # noqa: E402
 from zephon.testing import outputs_equal, run  # noqa: E402
 from zephon.types import Meta, Record, Segment  # noqa: E402
+from _util import CHAT_SPECIALS  # noqa: E402
 
 SETTINGS = settings(
     max_examples=80,
@@ -53,16 +54,6 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 
-SPECIALS = [
-    "<|endoftext|>",
-    "<|bos|>",
-    "<|begin_of_text|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-]
 WORDS = "the quick brown fox jumps over a lazy dog while system user assistant answers questions about numbers".split()
 TEXTS = [
     "the quick brown fox",
@@ -161,7 +152,7 @@ def env(tmp_path_factory) -> Env:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        vocab_size=400, special_tokens=CHAT_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
     corpus = TEXTS + [json.dumps(c) for c in CONVERSATIONS] + [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))]
     tok.train_from_iterator(corpus * 5, trainer)

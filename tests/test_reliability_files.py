@@ -26,7 +26,7 @@ from zephon._core import Operator, StatelessOp
 from zephon.io import Dataset, ShardChangedError
 from zephon.io import _jsonl
 
-from _util import train_bytelevel
+from _util import compress, train_bytelevel
 
 
 #: Each test reads and writes its own cache folder.
@@ -42,14 +42,6 @@ def jsonl(rows: list[dict]) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
 
 
-def compress(data: bytes, suffix: str) -> bytes:
-    if suffix == ".jsonl.gz":
-        return gzip.compress(data)
-    if suffix == ".jsonl.zst":
-        import zstandard
-
-        return zstandard.ZstdCompressor().compress(data)
-    return data
 
 
 def run_child(script: str, *args: str, timeout: float = 120) -> dict:
