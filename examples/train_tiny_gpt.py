@@ -264,6 +264,7 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         train(args, rank, world, 0, Path(out))
+        dist.barrier()  # no rank tears the group down while another still talks through it
     finally:
         dist.destroy_process_group()
 

@@ -177,6 +177,7 @@ AGREE = textwrap.dedent(
             dist.all_reduce(t)  # the training step's collective: a rank that went on alone would hang here
             steps += 1
         json.dump({{"steps": steps}}, open(os.path.join(out, f"rank{{rank}}.json"), "w"))
+        dist.barrier()  # no rank tears the group down while another still talks through it
         dist.destroy_process_group()
 
     if __name__ == "__main__":
