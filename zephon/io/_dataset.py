@@ -22,6 +22,7 @@ from .._log import progress as progress_bar
 from ._jsonl import VERIFY_MODES, JsonlShard, resolve_cache_dir
 from ._storage import IoOptions
 from ._storage import io_options as _as_io
+from ._tokens import TOKEN_DTYPES
 
 PathLike = Union[str, "os.PathLike[str]"]
 ShardId = Union[str, int]
@@ -274,7 +275,7 @@ class Dataset:
             )
         if index not in ("auto", "require", "off"):
             raise ValueError(f"unknown index {index!r} for dataset {name!r}; use 'auto', 'require' or 'off'")
-        if token_dtype is not None and token_dtype not in ("uint16", "uint32", "int32", "int64"):
+        if token_dtype is not None and token_dtype not in TOKEN_DTYPES:
             raise ValueError(f"dataset {name!r}: token_dtype must be 'uint16', 'uint32', 'int32' or 'int64', got {token_dtype!r}")
         io = _as_io(io_options)
         root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options)

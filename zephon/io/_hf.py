@@ -15,11 +15,6 @@ from typing import Any
 import numpy as np
 
 
-def is_hf_dataset(obj: Any) -> bool:
-    """Whether ``obj`` is a ``datasets.Dataset`` (checked without importing ``datasets``)."""
-    return any(c.__module__.startswith("datasets.") and c.__name__ == "Dataset" for c in type(obj).__mro__)
-
-
 def hf_kind(obj: Any) -> str | None:
     """``"Dataset"``, ``"DatasetDict"``, ``"IterableDataset"``, ``"IterableDatasetDict"`` or ``None``."""
     for c in type(obj).__mro__:

@@ -27,7 +27,8 @@ from ._files import FileIdentity, open_cached
 from ._jsonl import ShardChangedError, load_index, save_index
 
 TOKEN_SUFFIXES = (".bin", ".npy")
-_DTYPES = ("uint16", "uint32", "int32", "int64")
+#: the ``token_dtype`` values of a flat token file
+TOKEN_DTYPES = ("uint16", "uint32", "int32", "int64")
 _MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
 _MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
 _SCAN = 1 << 26
