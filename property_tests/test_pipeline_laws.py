@@ -274,10 +274,11 @@ def test_the_same_pipeline_built_twice_gives_identical_batches(spec, lanes):
     assert outputs_equal(a, b)
 
 
-@given(spec=pipeline_specs(), lanes=st.sampled_from(LANE_COUNTS), read_size=read_sizes, prefetch=st.integers(1, 6), thread=st.booleans())
-def test_performance_settings_never_change_the_batches(spec, lanes, read_size, prefetch, thread):
-    with spec.build(lanes=lanes, read_size=read_size, prefetch=prefetch, thread=thread) as pipe:
-        assert outputs_equal(list(pipe), list(spec.build(lanes=lanes)))
+@given(spec=pipeline_specs(), lanes=st.sampled_from(LANE_COUNTS), read_size=read_sizes, prefetch=st.integers(1, 6),
+       thread=st.booleans(), read_ahead=st.sampled_from([0, 1, 64, 512]))
+def test_performance_settings_never_change_the_batches(spec, lanes, read_size, prefetch, thread, read_ahead):
+    with spec.build(lanes=lanes, read_size=read_size, prefetch=prefetch, thread=thread, read_ahead=read_ahead) as pipe:
+        assert outputs_equal(list(pipe), list(spec.build(lanes=lanes, read_ahead=0)))
 
 
 # -- elasticity ----------------------------------------------------------------------------------------------
@@ -689,3 +690,52 @@ def test_a_lazily_restored_buffer_is_rebuilt_in_the_background(monkeypatch):
     eager_state = eager.plan.decode(0, ckpt["lanes"]["0"])
     eager_buffer = next(s for s in eager_state.chain.states if hasattr(s, "buffer") and s.buffer and hasattr(s, "draws")).buffer
     assert [zephon_lazy.materialize(r) for r in shuffle_state.buffer] == list(eager_buffer)
+
+
+# -- reading ahead ----------------------------------------------------------------------------------------
+# The lanes' next chunks, read and run through the leading per-record operators in a background
+# thread, several lanes at once (zephon/_readahead.py), give exactly what each lane reading alone
+# gives: the batches, the checkpoint after every batch, and the operators' counters (a filter's
+# drops included).
+
+
+def _drop_every_third_length(payload):
+    return len(payload["toks"]) % 3 != 1
+
+
+def _with_filter(spec: PipelineSpec, lanes: int, **options) -> Pipeline:
+    pipe = (
+        Pipeline(spec.source.source())
+        .options(canonical_replicas=lanes, **options)
+        .filter(_drop_every_third_length)
+        .map(toks_to_ids)
+        .pack_flat(spec.max_length, **dict(spec.pack))
+    )
+    if spec.shuffle is not None:
+        pipe = pipe.shuffle(spec.shuffle[0], seed=spec.shuffle[1])
+    return pipe.batch(spec.microbatch_size, drop_last=spec.drop_last)
+
+
+@settings(max_examples=examples(40))
+@given(spec=pipeline_specs(), lanes=st.sampled_from(LANE_COUNTS), read_size=read_sizes,
+       read_ahead=st.sampled_from([1, 3, 16, 512]), drain=st.booleans(), data=st.data())
+def test_reading_ahead_gives_the_same_batches_checkpoints_and_counters(spec, lanes, read_size, read_ahead, drain, data):
+    plain = iter(_with_filter(spec, lanes, read_size=read_size, read_ahead=0, drain=drain))
+    ahead = iter(_with_filter(spec, lanes, read_size=read_size, read_ahead=read_ahead, drain=drain))
+    every = data.draw(st.integers(1, 5), label="checkpoint every")
+    n = 0
+    while True:
+        if n % every == 0:
+            assert ahead.checkpoint() == plain.checkpoint(), f"the checkpoint after {n} outputs differs"
+        expected, got = next(plain, None), next(ahead, None)
+        if expected is None:
+            assert got is None, f"reading ahead delivered an output after the {n} of reading alone"
+            break
+        assert got is not None and outputs_equal([got], [expected]), f"output {n} differs"
+        n += 1
+    event(f"outputs: {'0' if not n else '1-9' if n < 10 else '10+'}")
+    assert ahead.checkpoint() == plain.checkpoint()
+    assert ahead.stats()["operators"] == plain.stats()["operators"]
+    assert ahead.stats()["undelivered"] == plain.stats()["undelivered"]
+    ahead.close()
+    plain.close()

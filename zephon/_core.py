@@ -246,15 +246,20 @@ class StatelessOp(Operator):
     def report(self, state: StatelessState) -> dict[str, int]:
         return {"dropped_records": state.dropped_records}
 
-    def apply_records(self, chunk: Sequence[Record]) -> tuple[list[Record], int]:
-        """Apply to a chunk of records; returns the outputs and how many inputs produced none."""
+    def apply_records(self, chunk: Sequence[Record], results: list | None = None) -> tuple[list[Record], int]:
+        """Apply to a chunk of records; returns the outputs and how many inputs produced none.
+
+        ``results``: what ``apply_many`` returned for the chunk's payloads, when it ran already
+        (over a larger chunk, see :mod:`zephon._readahead`).
+        """
         if not chunk:
             return [], 0
-        try:
-            results = self.apply_many([r.payload for r in chunk])
-        except Exception as exc:
-            self._name_failing_record(exc, chunk)
-            raise
+        if results is None:
+            try:
+                results = self.apply_many([r.payload for r in chunk])
+            except Exception as exc:
+                self._name_failing_record(exc, chunk)
+                raise
         if len(results) != len(chunk):
             raise RuntimeError(f"{self.kind}: apply_many returned {len(results)} results for {len(chunk)} inputs")
         out: list[Record] = []
@@ -422,6 +427,37 @@ class Chain(Operator):
         """Feed ``chunk`` through every child; ``meter`` (a :class:`~zephon._stats.Meter`) counts each one's work."""
         states = list(state.states)
         items = self._run(states, list(chunk), 0, meter)
+        return ChainState(tuple(states)), items
+
+    @property
+    def per_record_prefix(self) -> int:
+        """How many leading children are plain per-record operators (``StatelessOp.step``).
+
+        Their work on a chunk does not depend on their state, so it can run ahead of the chain,
+        over several lanes' chunks at once (:mod:`zephon._readahead`).
+        """
+        n = 0
+        for _, op in self.children:
+            if not isinstance(op, StatelessOp) or type(op).step is not StatelessOp.step:
+                break
+            n += 1
+        return n
+
+    def step_prepared(self, state: ChainState, prepared: Any, meter: Any = None) -> tuple[ChainState, list]:
+        """``step`` for a chunk whose first children already ran (a :class:`~zephon._readahead.Prepared`).
+
+        Gives what ``step(state, prepared.inputs)`` gives: the per-record children's drop
+        counters advance by what they dropped, and the rest of the chain runs on their outputs.
+        """
+        states = list(state.states)
+        k = len(prepared.dropped)
+        for i, dropped in enumerate(prepared.dropped):
+            if dropped:
+                states[i] = StatelessState(states[i].dropped_records + dropped)
+            if meter is not None:
+                meter.add(i, prepared.sizes[i], prepared.sizes[i + 1], prepared.seconds[i])
+        size = prepared.sizes[k] if meter is not None else None
+        items = self._run(states, list(prepared.outputs), k, meter, size)
         return ChainState(tuple(states)), items
 
     def _run(self, states: list, items: list, start: int, meter: Any = None, size: tuple[int, int] | None = None) -> list:

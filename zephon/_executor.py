@@ -68,9 +68,10 @@ class InlineExecutor:
         self.plan = plan
         self.states = dict(states)
         self.meter = plan.meter()
+        self.ahead = plan.reader(self.states)
 
     def next(self, lane: int) -> Any:
-        state, out = self.plan.next(lane, self.states[lane], self.meter)
+        state, out = self.plan.next(lane, self.states[lane], self.meter, self.ahead)
         self.states[lane] = state
         return out
 
@@ -85,7 +86,8 @@ class InlineExecutor:
         return {lane: self.plan.reports(s) for lane, s in self.states.items()}
 
     def close(self, read_final: bool = True) -> None:
-        pass
+        if self.ahead is not None:
+            self.ahead.close()
 
 
 def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: dict, stop: threading.Event, meter: Any) -> None:
@@ -95,13 +97,14 @@ def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: d
     ``close()`` is still collected, and its finalizer stops this thread.
     """
     live = list(states)
+    ahead = plan.reader(states)
     try:
         while live and not stop.is_set():
             for lane in list(live):
                 credits[lane].acquire()
                 if stop.is_set():
                     return
-                state, out = plan.next(lane, states[lane], meter)
+                state, out = plan.next(lane, states[lane], meter, ahead)
                 if stop.is_set():
                     return
                 states[lane] = state
@@ -111,6 +114,9 @@ def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: d
     except BaseException as exc:  # hand the failure to the caller, whichever lane it waits on
         for q in queues.values():
             q.put(("error", exc, None))
+    finally:
+        if ahead is not None:
+            ahead.close()
 
 
 def _stop_prefetch(stop: threading.Event, credits: dict) -> None:
@@ -330,6 +336,7 @@ def _worker_main(conn, lanes: list[int], credit: int, threads: int) -> None:
         attach_at = {lane: time.monotonic() + _ATTACH_S for lane in lanes}
         ended: set[int] = set()
         order = deque(lanes)
+        ahead = plan.reader(states)
         while True:
             while conn.poll(0) or not any(credits[lane] > 0 and lane not in ended for lane in lanes):
                 msg = conn.recv()
@@ -354,7 +361,7 @@ def _worker_main(conn, lanes: list[int], credit: int, threads: int) -> None:
             order.remove(lane)
             order.append(lane)
             current = lane
-            state, out = plan.next(lane, states[lane], meter)
+            state, out = plan.next(lane, states[lane], meter, ahead)
             states[lane] = state
             if out is None:
                 ended.add(lane)

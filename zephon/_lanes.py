@@ -20,6 +20,7 @@ from . import _lazy
 from ._lazy import DeferredOutput, LazyRows
 from ._keys import fold_in, seed_key
 from ._fields import payload_length
+from ._readahead import ReadAhead
 from ._records import Meta, Record, SampleBatch, Segment, meta_from_ints
 from ._stats import Meter
 from .work._source import SourceState, StaticMixtureWorkSource
@@ -117,6 +118,7 @@ class Plan:
     chain: Chain
     lanes: int
     read_size: int = 64
+    read_ahead: int = 512  # samples read and tokenized together for the lanes about to read (0: off)
 
     # -- reading ----------------------------------------------------------------------------------------
     def fetch(self, lane: int, pointers: Sequence[tuple[int, int, int]]) -> list[Record]:
@@ -152,27 +154,45 @@ class Plan:
         self._check_lane(lane)
         return LaneState(SourceState(), self.chain.init(self.lane_key(lane)))
 
-    def next(self, lane: int, state: LaneState, meter: Any = None) -> tuple[LaneState, Any]:
+    def reader(self, states: dict[int, LaneState], metered: bool = True) -> ReadAhead | None:
+        """A :class:`~zephon._readahead.ReadAhead` for an executor's live lane states (``None``: off)."""
+        if not self.read_ahead or not self.chain.per_record_prefix:
+            return None
+        return ReadAhead(self, states, self.read_ahead, metered)
+
+    def next(self, lane: int, state: LaneState, meter: Any = None, ahead: ReadAhead | None = None) -> tuple[LaneState, Any]:
         """The lane's next output and the state after it; ``(state, None)`` when it has ended.
 
         ``meter`` (a :class:`~zephon._stats.Meter`, optional) counts the reading and each
-        operator's work; it never changes the output.
+        operator's work; ``ahead`` (from :meth:`reader`) reads and tokenizes for several lanes at
+        once. Neither ever changes the output.
         """
         source, chain, pending, done = state.source, state.chain, state.pending, state.done
         # Small reads until the lane's first output, so it arrives early (read sizes never change
         # the data: every operator is chunking-invariant).
         size = self.read_size if state.delivered else min(self.read_size, 16)
         while not pending and not done:
-            t0 = time.perf_counter()
-            source, pointers, exhausted = self.source.read(source, self.lanes, lane, size)
-            records = self.fetch(lane, pointers)
-            if meter is not None:
-                meter.read(pointers, time.perf_counter() - t0)
+            prepared = None if ahead is None else ahead.take(lane, source, size)
+            if prepared is None:
+                t0 = time.perf_counter()
+                source, pointers, exhausted = self.source.read(source, self.lanes, lane, size)
+                records = self.fetch(lane, pointers)
+                if meter is not None:
+                    meter.read(pointers, time.perf_counter() - t0)
+            else:
+                source, pointers, exhausted, records = prepared.source, prepared.pointers, prepared.exhausted, prepared.inputs
+                if meter is not None:
+                    meter.read(pointers, prepared.read_s)
             try:
-                chain, outs = self.chain.step(chain, records, meter)
+                if prepared is None:
+                    chain, outs = self.chain.step(chain, records, meter)
+                else:
+                    chain, outs = self.chain.step_prepared(chain, prepared, meter)
             except Exception as exc:
                 self._note_records(exc, lane, records, flushing=False)
                 raise
+            if prepared is not None:
+                ahead.stepped(lane, source, len(outs), exhausted)
             if exhausted:
                 try:
                     chain, more = self.chain.flush(chain, meter)

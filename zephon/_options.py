@@ -48,6 +48,9 @@ class Options:
         workers: worker processes that run this rank's lanes ahead (0: in the calling thread).
         prefetch: outputs each lane may run ahead of the caller (with ``workers > 0`` or ``thread``).
         read_size: source samples read per lane step (tokenizer batch size).
+        read_ahead: when a lane must read, the lanes about to read read too, up to this many
+            samples in all, and their chunks are tokenized in one call (bigger encoder calls,
+            fewer idle cores). 0: each lane reads and tokenizes alone. Performance only.
         global_batch_size: optional check: records per optimizer step must be a multiple of
             L x microbatch_size (each global step takes one microbatch from every lane).
         thread: with ``workers=0``, run the lanes ahead in a background thread (``prefetch``
@@ -75,6 +78,7 @@ class Options:
     workers: int = attrs.field(default=0, validator=_opt_int(0))
     prefetch: int = attrs.field(default=4, validator=_opt_int(1))
     read_size: int = attrs.field(default=64, validator=_opt_int(1))
+    read_ahead: int = attrs.field(default=512, validator=_opt_int(0))
     global_batch_size: int | None = attrs.field(default=None, validator=_opt_int(1))
     drain: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     thread: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))

@@ -34,7 +34,7 @@ import numpy as np
 
 from ._core import Operator, Resolver, _dec_hook, config_field, resolve_tree
 from ._fields import aligned_payload, find_token_field
-from ._records import Meta, Record, describe_meta
+from ._records import Meta, Record, Segment, describe_meta
 
 __all__ = ["ALGORITHMS", "OVERSIZED", "PackFlat", "PackSequences", "PackState", "packing_info"]
 
@@ -69,6 +69,14 @@ def _aligned_keys(payload: dict, tfield: str, where: str, *, skip_positions: boo
         elif isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) != n and k in ("loss_mask", "labels", "attention_mask"):
             raise ValueError(f"{where}: field {k!r} has length {len(v)} but the tokens have {n}; align it with the tokens")
     return keys
+
+
+def _ranged(seg: Segment, start: int, end: int) -> Segment:
+    """``seg._replace(start=start, end=end)``, without the keyword machinery (once per piece of a row)."""
+    return _new_tuple(Segment, (seg[0], seg[1], seg[2], seg[3], start, end))
+
+
+_new_tuple = tuple.__new__
 
 
 def _slice(value: Any, a: int, b: int) -> Any:
@@ -376,6 +384,9 @@ class _Packer(Operator):
                 f"{[tuple(s) for s in segs[:2]]} arrived; put {self.kind} before other packers"
             )
         field = find_token_field(rec.payload, self.tokens_field, self.kind)
+        ids = rec.payload[field]
+        if len(rec.payload) == 1 and type(ids) is np.ndarray and ids.ndim == 1 and ids.dtype.kind in "iu":
+            return rec  # only its tokens, as an integer array (what tokenize emits): nothing to normalise
         payload, _ = aligned_payload(rec.payload, field, self.kind, describe_meta(rec.meta))
         return rec if payload is rec.payload else Record(payload, rec.meta)
 
@@ -488,7 +499,9 @@ class _Packer(Operator):
             self._close(w, pool.build(L, cap), out)
 
     def _close(self, w: _Work, pieces: list, out: list) -> None:
-        used = sum(e - s for _, s, e in pieces)
+        used = 0
+        for _, a, b in pieces:
+            used += b - a
         padding = self.max_length - used if self.flat else 0
         out.append(self._row(pieces, pieces[0][0].meta.lane, padding))
         c = w.counts
@@ -499,7 +512,7 @@ class _Packer(Operator):
     # -- rows -----------------------------------------------------------------------------------------------
     def _row(self, pieces: Sequence[Piece], lane: int, padding: int) -> Record:
         """The output record of one bin; ``step``, ``flush`` and ``rebuild`` all build rows here."""
-        segments = tuple(rec.meta.segments[0]._replace(start=a, end=b) for rec, a, b in pieces)
+        segments = tuple(_ranged(rec.meta.segments[0], a, b) for rec, a, b in pieces)
         return Record(self._payload(pieces, padding), Meta(lane, segments, padding))
 
     def _payload(self, pieces: Sequence[Piece], padding: int) -> Any:
@@ -712,6 +725,10 @@ class PackFlat(_Packer):
     def _payload(self, pieces: Sequence[Piece], padding: int) -> dict[str, Any]:
         first = pieces[0][0].payload
         tfield = find_token_field(first, self.tokens_field, self.kind)
+        if not padding and len(first) == 1:
+            fast = self._tokens_only(pieces, tfield)
+            if fast is not None:
+                return fast
         keys = _aligned_keys(first, tfield, self.kind)
         columns: dict[str, list] = {k: [] for k in keys}
         # Documents holding only their tokens (what tokenize emits) need no per-document checks.
@@ -746,6 +763,25 @@ class PackFlat(_Packer):
             payload[k] = arr
         if self.emit_positions:
             payload["positions"] = _positions([b - a for _, a, b in pieces] + ([padding] if padding else []))
+        return payload
+
+    def _tokens_only(self, pieces: Sequence[Piece], tfield: str) -> dict[str, Any] | None:
+        """The payload of a full row of documents holding only their tokens (what ``tokenize`` emits),
+        or ``None`` when some document holds more (then the general path checks and aligns every field)."""
+        parts = []
+        for rec, a, b in pieces:
+            p = rec.payload
+            if len(p) != 1:
+                return None
+            ids = p.get(tfield)
+            if ids is None:
+                return None
+            parts.append(ids[a:b])
+        if not isinstance(parts[0], np.ndarray):
+            return None
+        payload = {tfield: np.concatenate(parts) if len(parts) > 1 else np.array(parts[0])}
+        if self.emit_positions:
+            payload["positions"] = _positions([b - a for _, a, b in pieces])
         return payload
 
 

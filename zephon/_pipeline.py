@@ -269,7 +269,8 @@ class Pipeline:
             if self.run_options.io_options is not None:
                 source = source.with_io_options(self.run_options.io_options)
             source = compile_source(source, chain, self.run_options.canonical_replicas, calibration=calibration)
-            plans[key] = Plan(source, chain, self.run_options.canonical_replicas, self.run_options.read_size)
+            opts = self.run_options
+            plans[key] = Plan(source, chain, opts.canonical_replicas, opts.read_size, opts.read_ahead)
         return plans[key]
 
     def fingerprint(self) -> dict[str, Any]:

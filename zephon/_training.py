@@ -220,6 +220,26 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
         >>> spec(batch)["labels"].tolist() == out["labels"].tolist()
         True
     """
-    # Building the spec is a few microseconds next to the conversion, so it is not cached: a cache
-    # keyed by options would need hashable options and would warn only on the first call.
-    return training_spec(**options)(batch)
+    return _spec_of(options)(batch)
+
+
+#: Specs by their options (with the values' types, so that ``1`` does not stand for ``True``).
+_SPECS: dict[tuple, TrainingSpec] = {}
+_SPECS_MAX = 64
+
+
+def _spec_of(options: dict[str, Any]) -> TrainingSpec:
+    """``training_spec(**options)``, built once per distinct options (validating costs about a fifth
+    of converting a packed batch). Options that do not hash, and those that warn, are not kept."""
+    try:
+        key = tuple((k, type(v), v) for k, v in sorted(options.items()))
+        spec = _SPECS.get(key)
+    except TypeError:
+        return training_spec(**options)
+    if spec is None:
+        spec = training_spec(**options)
+        if spec.eos_token_id is None or spec.eos_mask_loss:  # it did not warn: keep it
+            if len(_SPECS) >= _SPECS_MAX:
+                _SPECS.clear()
+            _SPECS[key] = spec
+    return spec
