@@ -1083,3 +1083,73 @@ def test_labels_property(case):
     assert not (labels != IGNORE)[out["padding_mask"]].any()
 
 
+
+
+# -- the packed-rows shortcut ------------------------------------------------------------------------------
+# Full packed rows of ids (and positions) with shifted labels are written straight into the output
+# arrays; every batch and option set must give exactly what the general path gives.
+
+
+def _general(spec: TrainingSpec, batch: SampleBatch, monkeypatch) -> dict:
+    with monkeypatch.context() as m:
+        m.setattr(TrainingSpec, "_packed", lambda self, records: None)
+        return spec(batch)
+
+
+def _same(a: dict, b: dict) -> None:
+    assert list(a) == list(b)
+    for k in a:
+        x, y = a[k], b[k]
+        if hasattr(x, "numpy"):
+            assert x.dtype == y.dtype and x.shape == y.shape and bool((x == y).all()), k
+        elif isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and x.flags.c_contiguous and y.flags.c_contiguous and np.array_equal(x, y), k
+        else:
+            assert x == y, k
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.integers(1, 4), length=st.integers(1, 9), positions=st.booleans(), dtype=st.sampled_from(["int32", "uint16", "int64"]),
+    padding=st.integers(0, 2), extra=st.sampled_from([None, "text", "loss_mask"]), segments=st.integers(1, 3), data=st.data(),
+)
+def test_full_packed_rows_convert_exactly_as_the_general_path(monkeypatch, rows, length, positions, dtype, padding, extra, segments, data):
+    records = []
+    for r in range(rows):
+        ids = np.arange(7 * r, 7 * r + length).astype(dtype)
+        payload = {"input_ids": ids}
+        if positions:
+            payload["positions"] = np.arange(length, dtype=np.int32) % 3
+        if extra == "text":
+            payload["text"] = f"row {r}"
+        elif extra == "loss_mask":
+            payload["loss_mask"] = (np.arange(length) % 2).astype(np.int8)
+        segs = tuple(Segment(0, 0, r * 10 + s, 0, s, s + 1) for s in range(segments))
+        records.append(Record(payload, Meta(0, segs, padding if r == rows - 1 else 0)))
+    batch = SampleBatch(tuple(records))
+    options = data.draw(st.sampled_from([
+        {"return_labels": True, "dtype": np.int64},
+        {"return_labels": True, "dtype": np.int64, "rename_fields": {"input_ids": "tokens"}, "exclude_fields": ("texts",)},
+        {"return_labels": True, "dtype": np.int32},
+        {"return_labels": True, "dtype": None},
+        {"return_labels": True, "dtype": np.int64, "return_padding_mask": True},
+        {"return_labels": False, "dtype": np.int64},
+    ]))
+    spec = TrainingSpec(**options)
+    try:
+        expected = _general(spec, batch, monkeypatch)
+    except ValueError as exc:
+        with pytest.raises(ValueError, match=re.escape(str(exc))):
+            spec(batch)
+        return
+    _same(spec(batch), expected)
+
+
+def test_the_packed_rows_shortcut_gives_torch_long_tensors_like_the_general_path(monkeypatch):
+    torch = torch_module()
+    records = [Record({"input_ids": np.arange(i, i + 9, dtype=np.int32), "positions": np.arange(9, dtype=np.int32)},
+                      Meta(0, (Segment(0, 0, i, 0, 0, 9),), 0)) for i in range(3)]
+    batch = SampleBatch(tuple(records))
+    spec = TrainingSpec(return_labels=True, dtype=torch.long)
+    assert spec._packed(records) is not None
+    _same(spec(batch), _general(spec, batch, monkeypatch))

@@ -338,6 +338,10 @@ class TrainingSpec:
                 empty["max_seqlen"] = 0 if self.flatten else []
             return _rename_and_exclude(empty, self.rename_fields, self.exclude_fields, allow_missing=True)
 
+        fast = self._packed(records) if self._packed_layout else None
+        if fast is not None:
+            return fast
+
         # -- gather rows -----------------------------------------------------------------------------------
         extras = self.extra_fields
         labelled = self.return_labels
@@ -486,6 +490,63 @@ class TrainingSpec:
             result["num_valid_tokens"] = int(np.count_nonzero(labels != self.ignore_index))
         if cu is not None:
             result["cu_seqlens"], result["max_seqlen"] = out.boundaries(*cu, self.flatten)
+        return _rename_and_exclude(result, self.rename_fields, self.exclude_fields, allow_missing=False)
+
+
+    @property
+    def _packed_layout(self) -> bool:
+        """Whether these options convert a batch of full packed rows to plain shifted ids, labels and
+        positions (the pretraining recipe), which :meth:`_packed` does with fewer copies."""
+        return (
+            self.padding is None and self.return_labels and self.shift_labels and not self.eos_mask_loss
+            and not self.return_padding_mask and not self.emit_attention and self.position_mode == "preserve"
+            and not self.extra_fields and not self.return_loss_mask and not self.return_cu_seqlens
+            and not self.return_num_valid_tokens and not self.flatten
+            and self._output.kind != "list" and self._output.np_dtype == np.int64
+        )
+
+    def _packed(self, records: Sequence[Any]) -> dict[str, Any] | None:
+        """The output for records that are full rows of integer ids (and ``positions``) with nothing
+        else and no padding, written straight into the shifted ``[B, T - 1]`` arrays; ``None`` for
+        any other batch (the general path then checks it and names what is wrong)."""
+        first = records[0].payload
+        if type(first) is not dict:
+            return None
+        field = self.tokens_field
+        if field == "auto":
+            field = next((name for name in TOKEN_FIELDS if name in first), "")
+        ids0 = first.get(field)
+        has_positions = "positions" in first
+        if type(ids0) is not np.ndarray or ids0.ndim != 1 or len(first) != 1 + has_positions or len(ids0) < 2:
+            return None
+        B, T = len(records), len(ids0)
+        W = T - 1
+        inputs = np.empty((B, W), dtype=np.int64)
+        labels = np.empty((B, W), dtype=np.int64)
+        positions = np.empty((B, W), dtype=np.int64) if has_positions else None
+        for i, rec in enumerate(records):
+            p = rec.payload
+            if type(p) is not dict or len(p) != len(first) or rec.meta.padding_length:
+                return None
+            ids = p.get(field)
+            if type(ids) is not np.ndarray or ids.shape != (T,) or ids.dtype.kind not in "iu":
+                return None
+            inputs[i] = ids[:W]
+            labels[i] = ids[1:]
+            if positions is not None:
+                pos = p.get("positions")
+                if type(pos) is not np.ndarray or pos.shape != (T,) or pos.dtype.kind not in "iu":
+                    return None
+                positions[i] = pos[:W]
+        out = self._output
+        result: dict[str, Any] = {
+            "ids": [[tuple(s[:3]) for s in r.meta.segments] for r in records],
+            "texts": [""] * B,
+            "input_ids": out.convert(inputs, "seq", "input_ids"),
+            "labels": out.convert(labels, "seq", "labels"),
+        }
+        if positions is not None:
+            result["positions"] = out.convert(positions, "seq", "positions")
         return _rename_and_exclude(result, self.rename_fields, self.exclude_fields, allow_missing=False)
 
 
