@@ -8,7 +8,8 @@ its next chunk (whose position and size are then known) is queued; one backgroun
 the queued chunks and runs the chain's leading per-record operators (``tokenize``, ``map``,
 ``filter``: :attr:`~zephon._core.Chain.per_record_prefix`) once over all of them, up to ``group``
 samples a call, split back per lane. A lane that must read and finds nothing queued asks for its
-chunk together with the lanes that will read next, and waits.
+chunk together with the lanes that will read next (once a chunk read here gave outputs: the
+first batch after a start or a restore waits for its own lane only), and waits.
 
 A lane then steps exactly as if it had read and tokenized the chunk itself: the operators are
 per-record, so the outputs, states and counters are the same (``Chain.step_prepared``). A
@@ -74,6 +75,7 @@ class ReadAhead:
         self.metered = metered
         self.queued: dict[int, _Request] = {}
         self.failed = False
+        self.started = False  # a chunk read here gave outputs: from then on, misses read for others too
         self._work = _Work(plan, group, metered)
         self._thread: threading.Thread | None = None
         self._finalizer = weakref.finalize(self, self._work.stop)
@@ -100,6 +102,8 @@ class ReadAhead:
 
         After outputs the lane delivers before it reads again, so its next read has ``read_size``.
         """
+        if outputs:
+            self.started = True
         if self.failed or exhausted or not outputs or lane in self.queued:
             return
         left = self._left()
@@ -118,10 +122,10 @@ class ReadAhead:
 
     def _others(self, lane: int, size: int) -> list[tuple[int, tuple[Any, int]]]:
         """The lanes to read for with ``lane``'s chunk: after it in lane order, with nothing queued, and
-        surely reading (none before the first output, so that the first batch waits for its own
-        lane only)."""
+        surely reading. None until a chunk read here gave outputs, so that the first batch (after a
+        start or a restore) waits for its own lane only."""
         states = self.states
-        if not any(s.delivered for s in states.values()):
+        if not self.started:
             return []
         left = self._left()
         lanes = list(states)
