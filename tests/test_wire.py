@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from zephon._records import Meta, Record, SampleBatch, Segment, payload_equal
-from zephon._wire import OUT_OF_BAND_MIN, pack_message, recv_message, send_message
+from zephon._wire import pack_message, recv_message, send_message, send_parts
 
 
 def round_trip(msg):
@@ -52,7 +52,7 @@ def read_only(array):
     return array
 
 
-BIG = 3 * OUT_OF_BAND_MIN  # bytes of int32, int64 or bool arrays above the threshold
+BIG = 3 * 4096  # bytes of the larger int32, int64 and bool arrays
 
 
 def every_kind_of_array():
@@ -69,6 +69,7 @@ def every_kind_of_array():
         "strided_big": np.arange(4 * BIG, dtype=np.int32)[::2],
         "column": grid[:, 3],
         "fortran": np.asfortranarray(grid),
+        "transposed": grid.reshape(4, 8, -1).transpose(1, 0, 2),
         "read_only_big": read_only(np.arange(BIG // 4, dtype=np.int32)),
         "read_only_small": read_only(np.arange(10, dtype=np.int64)),
         "big_endian": np.arange(BIG // 4, dtype=">i4"),
@@ -88,6 +89,7 @@ def test_every_kind_of_array_arrives_equal_writable_and_with_its_dtype_and_shape
         assert np.array_equal(got[name], array), name
         assert got[name].flags.writeable, name
     assert got["fortran"].flags.f_contiguous
+    assert got["transposed"].strides == sent["transposed"].strides
 
 
 def test_arrays_nested_in_batches_records_dicts_and_lists_arrive_equal():
@@ -108,18 +110,25 @@ def test_arrays_nested_in_batches_records_dicts_and_lists_arrive_equal():
         assert array.flags.writeable
 
 
-def test_big_buffers_travel_out_of_band_and_arrive_as_memory_of_their_own():
-    big = [np.arange(BIG // 4, dtype=np.int32), np.arange(BIG // 8, dtype=np.int64), np.arange(BIG) % 2 == 1]
-    small = np.arange(10, dtype=np.int32)
-    parts = pack_message({"big": big, "small": small})
+def test_arrays_travel_out_of_band_and_arrive_as_memory_of_their_own():
+    contiguous = [np.arange(BIG // 4, dtype=np.int32), np.arange(BIG // 8, dtype=np.int64), np.arange(BIG) % 2 == 1, np.arange(3)]
+    strided = np.arange(BIG // 4, dtype=np.int32)[::2]
+    parts = pack_message({"contiguous": contiguous, "strided": strided})
     head, buffers = parts[0], parts[1:]
-    assert [b.nbytes for b in buffers] == [a.nbytes for a in big]
-    assert head.nbytes < 1024 < sum(a.nbytes for a in big)
-    got = round_trip({"big": big, "small": small})
-    for array in got["big"]:
+    assert [b.nbytes for b in buffers] == [a.nbytes for a in contiguous]
+    assert strided.nbytes < head.nbytes < strided.nbytes + 1024  # only the strided one is copied in
+    got = round_trip({"contiguous": contiguous, "strided": strided})
+    for array in got["contiguous"]:
         memory = owner(array)
         assert isinstance(memory, bytearray) and len(memory) == array.nbytes
         assert np.shares_memory(array, np.frombuffer(memory, np.uint8))
+
+
+def test_many_buffers_and_ones_larger_than_the_pipe_arrive_whole():
+    # more buffers than one system call takes, and buffers the pipe cannot hold at once (partial writes)
+    msg = [np.full(n % 7, n, dtype=np.int64) for n in range(1500)] + [np.arange(n * 100_000, dtype=np.int32) for n in (1, 3)]
+    got = round_trip(msg)
+    assert len(got) == len(msg) and all(payload_equal(a, b) for a, b in zip(got, msg))
 
 
 def test_received_arrays_alias_exactly_as_the_sent_ones():
@@ -158,8 +167,8 @@ def _only_here():
 def test_a_name_the_reader_cannot_find_raises_an_unpickling_error_not_eof():
     left, right = mp.Pipe()
     head, buffer = pack_message(("out", _only_here, np.arange(BIG)))
-    left.send_bytes(bytes(head).replace(b"_only_here", b"_not_there"))  # as if the reader had other code
-    left.send_bytes(buffer)
+    head = memoryview(bytes(head).replace(b"_only_here", b"_not_there"))  # as if the reader had other code
+    send_parts(left, [head, buffer])
     with pytest.raises(AttributeError, match="_not_there"):
         recv_message(right)
 

@@ -39,7 +39,7 @@ from ._lanes import LaneState, Plan
 from ._log import progress
 from ._records import SampleBatch, describe_meta
 from ._stats import merge_meters
-from ._wire import pack_message, recv_message, send_message
+from ._wire import pack_message, recv_message, send_message, send_parts
 
 _POLL_S = 0.5
 #: A worker attaches a lane's encoded state to an output at most this often, so that the main
@@ -263,8 +263,7 @@ class _Outbox:
                 except Exception as exc:
                     self.failed = True
                     parts = pack_message(_unpicklable_output(msg, exc))
-                for part in parts:
-                    self.conn.send_bytes(part)
+                send_parts(self.conn, parts)
         except OSError:  # the main process is gone
             return
         except BaseException as exc:  # never end silently: the main process would wait forever

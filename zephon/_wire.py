@@ -1,74 +1,75 @@
-"""Messages over a ``multiprocessing`` connection with their large buffers out of band.
+"""Messages over a ``multiprocessing`` connection with their buffers out of band.
 
-A message is pickled with protocol 5: every contiguous buffer of at least
-:data:`OUT_OF_BAND_MIN` bytes (numpy arrays, bytearrays) is left out of the pickle and sent as
-a message of its own, straight from the object's memory. The receiver reads each one into a
-fresh ``bytearray`` and rebuilds the arrays over it. Compared with one in-band pickle, the array
-bytes are copied once fewer on each side: not into the pickle, and not out of it.
+A message is pickled with protocol 5: every contiguous buffer (numpy arrays, bytearrays) is left
+out of the pickle and written after it, straight from the object's memory, with one ``writev``
+for all of them. The receiver reads them with one ``readv``, each into a fresh ``bytearray``, and
+rebuilds the arrays over those. Compared with one in-band pickle, the array bytes are copied once
+fewer on each side: not into the pickle, and not out of it.
 
-Wire format: the pickle followed by a trailer (the buffers' sizes, then their count, as
-little-endian 64-bit integers; ``pickle.loads`` ignores bytes after the pickle), then each buffer.
+Small buffers travel out of band too: choosing in-band ones would call Python code for every
+buffer while pickling, which costs more than the copy it saves, while an out-of-band buffer only
+adds an entry to the ``writev`` and ``readv`` calls.
 
-Every array arrives writable and owns its memory (a buffer of its own, or a copy when small), as
-with an in-band pickle: read-only arrays (memory-mapped token files) are sent from their memory
-and rebuilt writable on the other side.
+Wire format: one connection message holding the pickle and a trailer (the buffers' sizes, then
+their count, as little-endian 64-bit integers; unpickling stops at the end of the pickle), then
+the buffers' bytes, back to back (on Windows, one connection message each).
+
+Every array arrives writable and owns its memory, as with an in-band pickle: read-only arrays
+(memory-mapped token files) are sent from their memory and rebuilt writable on the other side.
+Arrays that are not contiguous (strided slices) are copied into the pickle, as numpy pickles them.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import struct
+import sys
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
 
-#: Buffers smaller than this stay inside the pickle: a message of its own costs more than the copy.
-OUT_OF_BAND_MIN = 4096
-#: Array kinds sent from their memory: booleans and numbers (other dtypes pickle as numpy does).
-_RAW_KINDS = "biufc"
-
-
-def _rebuild_array(buf: Any, dtype: np.dtype, shape: tuple[int, ...], fortran: bool) -> np.ndarray:
-    """The array over a received buffer: ``buf`` is a bytearray, bytes, or a read-only view of a bytearray."""
-    if isinstance(buf, memoryview) and isinstance(buf.obj, bytearray):
-        buf = buf.obj  # a read-only array's out-of-band buffer: the bytearray is this array's own
-    array = np.frombuffer(buf, dtype)
-    if not array.flags.writeable:
-        array = array.copy()  # a small read-only array, sent in-band as bytes
-    return array.reshape(shape, order="F" if fortran else "C")
-
-
-def _reduce_array(array: np.ndarray) -> tuple:
-    if array.dtype.kind not in _RAW_KINDS:
-        return array.__reduce__()  # numpy's in-band copy, which always rebuilds a writable array
-    if not (array.flags.c_contiguous or array.flags.f_contiguous):
-        array = np.ascontiguousarray(array)  # one copy here instead of one into the pickle
-    fortran = not array.flags.c_contiguous
-    return _rebuild_array, (pickle.PickleBuffer(array), array.dtype, array.shape, fortran)
+#: Where numpy's protocol-5 pickles find the function that rebuilds an array over its buffer.
+_NUMPY_FROMBUFFER = {("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeric", "_frombuffer")}
 
 
 class _Pickler(pickle.Pickler):
-    """Protocol 5 with ``ForkingPickler``'s reducers, and arrays as buffers.
+    """Protocol 5 with ``ForkingPickler``'s reducers; buffers are kept apart in ``buffers``.
 
     ``ForkingPickler`` takes no ``buffer_callback``, so this pickler borrows its reducers: those of
     ``copyreg``, of ``multiprocessing`` (connections) and those libraries register (torch tensors).
+    Arrays reduce as numpy makes them: a contiguous array as a buffer, others as an in-band copy.
     """
 
     def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file, 5, buffer_callback=self._keep)
-        self.buffers: list[memoryview] = []
-        self.dispatch_table = ForkingPickler(file).dispatch_table  # a fresh copy: nothing global changes
-        self.dispatch_table[np.ndarray] = _reduce_array
+        self.buffers: list[pickle.PickleBuffer] = []
+        super().__init__(file, 5, buffer_callback=self.buffers.append)
+        self.dispatch_table = ForkingPickler(file).dispatch_table  # a fresh copy of the current reducers
 
-    def _keep(self, buf: pickle.PickleBuffer) -> bool:
-        """Whether ``buf`` stays in-band; an out-of-band one is kept to be sent after the pickle."""
-        raw = buf.raw()
-        if raw.nbytes < OUT_OF_BAND_MIN:
-            return True
-        self.buffers.append(raw)
-        return False
+
+class _Unpickler(pickle.Unpickler):
+    """Rebuilds numpy arrays writable, over the buffers received for them."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _NUMPY_FROMBUFFER:
+            return _frombuffer
+        return super().find_class(module, name)
+
+
+def _frombuffer(buf: Any, dtype: np.dtype, shape: tuple[int, ...], order: str, axis_order: Any = None) -> np.ndarray:
+    """numpy's ``_frombuffer``, except that the array is always writable (as an in-band pickle makes it).
+
+    ``buf`` is a received bytearray, the array's own, or a read-only view of one when the array
+    was read-only in the sender (a memory-mapped file): the bytearray is used, writable.
+    """
+    if isinstance(buf, memoryview) and isinstance(buf.obj, bytearray):
+        buf = buf.obj
+    array = np.frombuffer(buf, dtype=dtype)
+    if order == "K" and axis_order is not None:
+        return array.reshape(shape, order="C").transpose(axis_order)
+    return array.reshape(shape, order=order)
 
 
 def pack_message(msg: Any) -> list[memoryview]:
@@ -83,20 +84,34 @@ def pack_message(msg: Any) -> list[memoryview]:
     head = io.BytesIO()
     pickler = _Pickler(head)
     pickler.dump(msg)
-    sizes = [buf.nbytes for buf in pickler.buffers]
+    buffers = [buf.raw() for buf in pickler.buffers]
+    sizes = [buf.nbytes for buf in buffers]
     head.write(struct.pack(f"<{len(sizes) + 1}Q", *sizes, len(sizes)))
-    return [head.getbuffer(), *pickler.buffers]
+    return [head.getbuffer(), *buffers]
+
+
+def send_parts(conn: Any, parts: list[memoryview]) -> None:
+    """Send what :func:`pack_message` made: the pickle as one message, then the buffers' bytes.
+
+    Raises:
+        OSError: the other end is gone.
+    """
+    conn.send_bytes(parts[0])
+    if _RAW:
+        _write_all(conn.fileno(), parts[1:])
+    else:
+        for buf in parts[1:]:
+            conn.send_bytes(buf)
 
 
 def send_message(conn: Any, msg: Any) -> None:
-    """Send ``msg`` over ``conn``, its large buffers out of band (nothing is sent if it does not pickle).
+    """Send ``msg`` over ``conn``, its buffers out of band (nothing is sent if it does not pickle).
 
     Raises:
         Exception: what pickling ``msg`` raises.
         OSError: the other end is gone.
     """
-    for part in pack_message(msg):
-        conn.send_bytes(part)
+    send_parts(conn, pack_message(msg))
 
 
 def recv_message(conn: Any) -> Any:
@@ -109,11 +124,48 @@ def recv_message(conn: Any) -> Any:
     head = conn.recv_bytes()
     (count,) = struct.unpack_from("<Q", head, len(head) - 8)
     sizes = struct.unpack_from(f"<{count}Q", head, len(head) - 8 * (count + 1))
-    buffers = []
-    for size in sizes:
-        buf = bytearray(size)
-        got = conn.recv_bytes_into(buf)
-        if got != size:
-            raise pickle.UnpicklingError(f"a buffer of {got} bytes arrived where {size} were announced")
-        buffers.append(buf)
-    return pickle.loads(head, buffers=buffers)
+    buffers = [bytearray(size) for size in sizes]
+    if _RAW:
+        _read_all(conn.fileno(), buffers)
+    else:
+        for buf in buffers:
+            got = conn.recv_bytes_into(buf)
+            if got != len(buf):
+                raise pickle.UnpicklingError(f"a buffer of {got} bytes arrived where {len(buf)} were announced")
+    return _Unpickler(io.BytesIO(head), buffers=buffers).load()
+
+
+# The buffers follow the pickle as plain bytes on the connection's file descriptor (its sizes are in
+# the pickle's trailer): one system call for all of them on each side, instead of two per buffer
+# (multiprocessing frames each message with its length). A connection reads exactly the bytes of
+# the message it is asked for, so the two kinds of reads never take each other's bytes.
+_RAW = hasattr(os, "writev") and sys.platform != "win32"
+_IOV_MAX = 512  # buffers per system call: Linux and macOS take up to 1024
+
+
+def _write_all(fd: int, buffers: list[memoryview]) -> None:
+    views = [buf for buf in buffers if buf.nbytes]
+    while views:
+        done = os.writev(fd, views[:_IOV_MAX])
+        views = _advance(views, done)
+
+
+def _read_all(fd: int, buffers: list[bytearray]) -> None:
+    views = [memoryview(buf) for buf in buffers if buf]
+    while views:
+        done = os.readv(fd, views[:_IOV_MAX])
+        if done == 0:
+            raise EOFError("the connection closed in the middle of a message")
+        views = _advance(views, done)
+
+
+def _advance(views: list[memoryview], done: int) -> list[memoryview]:
+    """What is left of ``views`` once their first ``done`` bytes were written or read."""
+    i = 0
+    while i < len(views) and done >= views[i].nbytes:
+        done -= views[i].nbytes
+        i += 1
+    rest = views[i:]
+    if done:
+        rest[0] = rest[0][done:]
+    return rest
