@@ -10,9 +10,9 @@ Small buffers travel out of band too: choosing in-band ones would call Python co
 buffer while pickling, which costs more than the copy it saves, while an out-of-band buffer only
 adds an entry to the ``writev`` and ``readv`` calls.
 
-Wire format: one connection message holding the pickle and a trailer (the buffers' sizes, then
-their count, as little-endian 64-bit integers; unpickling stops at the end of the pickle), then
-the buffers' bytes, back to back (on Windows, one connection message each).
+Wire format: the pickle's length, the pickle and a trailer (the buffers' sizes, then their count;
+every number a little-endian 64-bit integer; unpickling stops at the end of the pickle), then the
+buffers' bytes, back to back, all with one ``writev`` (on Windows, one connection message each).
 
 Every array arrives writable and owns its memory, as with an in-band pickle: read-only arrays
 (memory-mapped token files) are sent from their memory and rebuilt writable on the other side.
@@ -91,17 +91,16 @@ def pack_message(msg: Any) -> list[memoryview]:
 
 
 def send_parts(conn: Any, parts: list[memoryview]) -> None:
-    """Send what :func:`pack_message` made: the pickle as one message, then the buffers' bytes.
+    """Send what :func:`pack_message` made.
 
     Raises:
         OSError: the other end is gone.
     """
-    conn.send_bytes(parts[0])
     if _RAW:
-        _write_all(conn.fileno(), parts[1:])
+        _write_all(conn.fileno(), [memoryview(struct.pack("<Q", parts[0].nbytes)), *parts])
     else:
-        for buf in parts[1:]:
-            conn.send_bytes(buf)
+        for part in parts:
+            conn.send_bytes(part)
 
 
 def send_message(conn: Any, msg: Any) -> None:
@@ -121,7 +120,13 @@ def recv_message(conn: Any) -> Any:
         EOFError: the other end closed the connection, also in the middle of a message.
         Exception: what unpickling raises (a type that cannot be imported here, for one).
     """
-    head = conn.recv_bytes()
+    if _RAW:
+        length = bytearray(8)
+        _read_all(conn.fileno(), [length])
+        head = bytearray(int.from_bytes(length, "little"))
+        _read_all(conn.fileno(), [head])
+    else:
+        head = conn.recv_bytes()
     (count,) = struct.unpack_from("<Q", head, len(head) - 8)
     sizes = struct.unpack_from(f"<{count}Q", head, len(head) - 8 * (count + 1))
     buffers = [bytearray(size) for size in sizes]
@@ -135,10 +140,11 @@ def recv_message(conn: Any) -> Any:
     return _Unpickler(io.BytesIO(head), buffers=buffers).load()
 
 
-# The buffers follow the pickle as plain bytes on the connection's file descriptor (its sizes are in
-# the pickle's trailer): one system call for all of them on each side, instead of two per buffer
-# (multiprocessing frames each message with its length). A connection reads exactly the bytes of
-# the message it is asked for, so the two kinds of reads never take each other's bytes.
+# On POSIX systems a message is written with one system call: the pickle's length (8 bytes,
+# little-endian), the pickle, the buffers, straight from their memory; the reader reads the
+# length, the pickle, then all the buffers into theirs. (A multiprocessing message would copy each
+# part into a frame of its own, and wake the reader once per part.) Only messages of this module
+# go this way on the connection; messages the other way keep multiprocessing's frames.
 _RAW = hasattr(os, "writev") and sys.platform != "win32"
 _IOV_MAX = 512  # buffers per system call: Linux and macOS take up to 1024
 
@@ -155,8 +161,20 @@ def _read_all(fd: int, buffers: list[bytearray]) -> None:
     while views:
         done = os.readv(fd, views[:_IOV_MAX])
         if done == 0:
-            raise EOFError("the connection closed in the middle of a message")
+            raise EOFError("the connection was closed by the other end")
         views = _advance(views, done)
+
+
+def _advance(views: list[memoryview], done: int) -> list[memoryview]:
+    """What is left of ``views`` once their first ``done`` bytes were written or read."""
+    i = 0
+    while i < len(views) and done >= views[i].nbytes:
+        done -= views[i].nbytes
+        i += 1
+    rest = views[i:]
+    if done:
+        rest[0] = rest[0][done:]
+    return rest
 
 
 def _advance(views: list[memoryview], done: int) -> list[memoryview]:
