@@ -7,6 +7,8 @@ import threading
 import numpy as np
 import pytest
 
+from _util import read_only_ids, toy_dataset
+from zephon import Pipeline
 from zephon._records import Meta, Record, SampleBatch, Segment, payload_equal
 from zephon._wire import pack_message, recv_message, send_message, send_parts
 
@@ -191,3 +193,18 @@ def test_arrays_cross_from_a_spawned_process():
     assert all(a.flags.writeable and isinstance(owner(a), bytearray) for a in got)
     with pytest.raises(EOFError):
         recv_message(right)
+
+
+def test_batches_from_worker_processes_are_equal_and_writable_also_from_read_only_arrays():
+    from zephon.work import StaticMixtureWorkSource
+
+    def batches(workers):
+        src = StaticMixtureWorkSource([toy_dataset(60)], {"web": 1.0}, seed=0, chunk_size=8, exhausted_policy=None)
+        return list(Pipeline(src).options(canonical_replicas=2, workers=workers).map(read_only_ids).batch(4))
+
+    inline, workers = batches(0), batches(2)
+    assert inline == workers and len(workers) > 4
+    inline_arrays, worker_arrays = list(arrays_of(inline)), list(arrays_of(workers))
+    assert inline_arrays and not any(a.flags.writeable for a in inline_arrays)  # read-only where they were made
+    assert all(a.flags.writeable for a in worker_arrays)
+    assert len({id(owner(a)) for a in worker_arrays}) == len(worker_arrays)  # each has memory of its own
