@@ -1,7 +1,6 @@
 """Messages between processes: arrays cross a pipe out of band, arrive equal, writable and unaliased."""
 
 import multiprocessing as mp
-import pickle
 import threading
 
 import numpy as np
