@@ -23,6 +23,13 @@ def toks_to_ids(payload):
     return {"input_ids": np.asarray(payload["toks"], dtype=np.int32)}
 
 
+def read_only_ids(payload):
+    """Module-level map whose arrays are read-only, as those of memory-mapped token files are."""
+    ids = np.asarray(payload["toks"], dtype=np.int32)
+    ids.flags.writeable = False
+    return {"input_ids": ids}
+
+
 def fail_on_row_7(payload):
     if payload.get("id") == 7:
         raise ValueError("row 7 is bad")

@@ -39,6 +39,7 @@ from ._lanes import LaneState, Plan
 from ._log import progress
 from ._records import SampleBatch, describe_meta
 from ._stats import merge_meters
+from ._wire import pack_message, recv_message, send_message, send_parts
 
 _POLL_S = 0.5
 #: A worker attaches a lane's encoded state to an output at most this often, so that the main
@@ -245,7 +246,8 @@ class _Outbox:
     """Sends a worker's messages from a thread, so producing never waits for the pipe to drain.
 
     Pickling happens here, so a message that cannot be pickled is reported to the main process as
-    an error (and nothing after it is sent), instead of ending this thread silently.
+    an error (and nothing after it is sent), instead of ending this thread silently. Arrays travel
+    out of band (see :mod:`zephon._wire`): they are not copied into the pickle.
     """
 
     def __init__(self, conn) -> None:
@@ -263,18 +265,18 @@ class _Outbox:
                 if self.failed:
                     continue  # after a failure, the main process stops this worker
                 try:
-                    data = ForkingPickler.dumps(msg)
+                    parts = pack_message(msg)
                 except Exception as exc:
                     self.failed = True
-                    data = ForkingPickler.dumps(_unpicklable_output(msg, exc))
-                self.conn.send_bytes(data)
+                    parts = pack_message(_unpicklable_output(msg, exc))
+                send_parts(self.conn, parts)
         except OSError:  # the main process is gone
             return
         except BaseException as exc:  # never end silently: the main process would wait forever
             self.failed = True
             try:
                 cause = f"the worker's sender thread failed: {type(exc).__name__}: {exc}"
-                self.conn.send(("error", None, cause, traceback.format_exc()))
+                send_message(self.conn, ("error", None, cause, traceback.format_exc()))
             except Exception:
                 pass
 
@@ -475,7 +477,7 @@ class ProcessExecutor:
                 if obj in self.conns:
                     w = self.conns.index(obj)
                     try:
-                        msg = obj.recv()
+                        msg = recv_message(obj)
                     except (EOFError, OSError):
                         self._died(w)
                     except Exception as exc:
