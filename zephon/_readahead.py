@@ -36,6 +36,9 @@ from typing import Any, NamedTuple, Sequence
 
 from ._stats import items_size
 
+#: The background thread's name (the tiktoken backend gives it one more encoder thread).
+THREAD_NAME = "zephon-read-ahead"
+
 
 class Prepared(NamedTuple):
     """One lane's next chunk, read and run through the chain's per-record operators."""
@@ -144,7 +147,7 @@ class ReadAhead:
 
     def _submit(self, lane: int, key: tuple[Any, int]) -> _Request:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._work.run, name="zephon-read-ahead", daemon=True)
+            self._thread = threading.Thread(target=self._work.run, name=THREAD_NAME, daemon=True)
             self._thread.start()
         request = _Request(lane, key, Future())
         self._work.put(request)
