@@ -312,14 +312,16 @@ def _encoder_threads() -> int:
     and one more in the read-ahead thread.
 
     A worker process of ``workers=N`` gets ``ZEPHON_ENCODER_THREADS`` = CPUs // N, so that N
-    workers do not each start a thread per CPU. The read-ahead thread encodes while the lanes run
-    Python code in another thread, and each tiktoken call takes the GIL back between documents: one
-    more thread keeps the cores busy while another waits for it (measured: 4-8 % more tokens/s on
-    2 cores; two more was slower).
+    workers do not each start a thread per CPU. In the calling process, the read-ahead thread
+    encodes while the lanes run Python code in another thread, and each tiktoken call takes the GIL
+    back between documents: one more thread keeps the cores busy while another waits for it
+    (measured on 2 cores: about 3 % more tokens/s; two more was slower, and so was one more in
+    each of 2 workers).
     """
     env = os.environ.get("ZEPHON_ENCODER_THREADS", "")
-    threads = int(env) if env.isdigit() and int(env) > 0 else _cpu_count()
-    return threads + 1 if threading.current_thread().name == READ_AHEAD_THREAD else threads
+    if env.isdigit() and int(env) > 0:
+        return int(env)  # a worker's share: one more each would put W more threads on the cores
+    return _cpu_count() + (threading.current_thread().name == READ_AHEAD_THREAD)
 
 
 def _size_rayon_pool(threads: int | None) -> None:
