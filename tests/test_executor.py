@@ -132,3 +132,31 @@ def test_checkpoint_after_a_worker_failure_explains_itself():
         list(pipe)
     with pytest.raises(WorkerError, match="Restore the last checkpoint"):
         pipe.checkpoint()
+
+
+def test_after_a_restore_mid_step_the_background_thread_computes_the_lanes_the_caller_needs_first(monkeypatch):
+    # A restore three outputs into a global step of four lanes: the caller asks for lane 3, then
+    # lanes 0, 1, 2 of the next step. The background thread must compute them in that order, or
+    # the first batch waits for three lanes it does not need yet (each possibly flushing a buffer).
+    from zephon._lanes import Plan
+
+    pipe = finite(4, 0, thread=True)
+    loader = iter(pipe)
+    for _ in range(4 * 3 + 3):
+        next(loader)
+    ckpt = loader.checkpoint()
+    loader.close()
+    order = []
+    real_next = Plan.next
+
+    def recording(self, lane, state, *args):
+        order.append(lane)
+        return real_next(self, lane, state, *args)
+
+    monkeypatch.setattr(Plan, "next", recording)
+    resumed = iter(pipe.restore(ckpt))
+    expected = list(finite(4, 0).restore(ckpt))
+    got = [next(resumed) for _ in range(4)]
+    resumed.close()
+    assert order[:4] == [3, 0, 1, 2], order[:8]
+    assert outputs_equal(got, expected[:4])

@@ -97,7 +97,9 @@ def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: d
     A module-level function holding no reference to the executor, so an executor dropped without
     ``close()`` is still collected, and its finalizer stops this thread.
     """
-    live = list(states)
+    # The order the caller takes outputs in (fewest delivered first; after a restore mid-step, the
+    # lanes the step still needs), so its next output is computed first.
+    live = sorted(states, key=lambda lane: (states[lane].delivered, lane))
     ahead = plan.reader(states)
     try:
         while live and not stop.is_set():
@@ -339,7 +341,7 @@ def _worker_main(conn, lanes: list[int], credit: int, threads: int) -> None:
         credits = {lane: credit for lane in lanes}
         attach_at = {lane: time.monotonic() + _ATTACH_S for lane in lanes}
         ended: set[int] = set()
-        order = deque(lanes)
+        order = deque(sorted(lanes, key=lambda lane: (states[lane].delivered, lane)))  # the caller's order
         ahead = plan.reader(states)
         while True:
             while conn.poll(0) or not any(credits[lane] > 0 and lane not in ended for lane in lanes):
