@@ -40,6 +40,10 @@ def test_bench_runs_on_tiny_data_and_writes_json(tiny, tmp_path, capsys):
         if name != "ceiling":
             assert row["checkpoint_bytes"] > 0
             assert row["restore_exact"] is True  # the restored run's first batch is the uninterrupted one's
+    for run in report["runs"]["recipe workers=0"] + report["runs"]["recipe workers=1"]:
+        # Every batch built is delivered or counted; the steady rate counts those built after the first.
+        assert run["built_tokens"] >= run["tokens"] > 0
+        assert run["steady_tokens_per_s"] is None or run["steady_tokens_per_s"] > 0
     # Inline and workers deliver the same tokens (the recipe counts the real tokens of its batches).
     assert report["summary"]["recipe workers=0"]["tokens"] == report["summary"]["recipe workers=1"]["tokens"]
     printed = capsys.readouterr().out
