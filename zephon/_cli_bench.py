@@ -194,7 +194,8 @@ def _pipeline(task: dict[str, Any]) -> Any:
     return (
         Pipeline(Dataset.from_path("data", task["data"]))
         .options(canonical_replicas=task["lanes"], workers=task["workers"], thread=task["thread"],
-                 **({"read_size": task["read_size"]} if task.get("read_size") else {}))
+                 **({"read_size": task["read_size"]} if task.get("read_size") else {}),
+                 **({"read_ahead": task["read_ahead"]} if task.get("read_ahead") is not None else {}))
         .tokenize(tokenizer=task["tokenizer"], field=task["field"], special_tokens="eos", backend=task["backend"])
         .pack_flat(task["seq_len"], algorithm="wrap")
         .shuffle(task["buffer"], seed=42)
@@ -341,6 +342,7 @@ def run_bench(
     repeats: int = 3,
     restore: bool = True,
     read_size: int | None = None,
+    read_ahead: int | None = None,
     timeout: float = 1800,
     out: Any = print,
 ) -> dict[str, Any]:
@@ -351,7 +353,7 @@ def run_bench(
     common = {"data": os.path.abspath(data), "tokenizer": os.path.abspath(tokenizer), "field": field, "seq_len": seq_len,
               "batch_size": batch_size, "lanes": lanes, "buffer": buffer, "backend": backend,
               "checkpoint_every": checkpoint_every, "docs_per_call": docs_per_call, "eos": eos,
-              "read_size": read_size}
+              "read_size": read_size, "read_ahead": read_ahead}
     configs: dict[str, dict[str, Any]] = {"ceiling": {**common, "mode": "ceiling", "encoder": encoder}}
     for w in workers:
         configs[f"recipe workers={w}"] = {**common, "mode": "recipe", "workers": w, "thread": False}
@@ -475,7 +477,7 @@ def _main(args: argparse.Namespace) -> int:
         args.data, args.tokenizer, lanes=args.lanes, workers=args.workers, thread=args.thread, backend=args.backend,
         field=args.field, seq_len=args.seq_len, batch_size=args.batch_size, buffer=args.buffer,
         checkpoint_every=args.checkpoint_every, docs_per_call=args.docs_per_call, repeats=args.repeats,
-        restore=not args.no_restore, read_size=args.read_size,
+        restore=not args.no_restore, read_size=args.read_size, read_ahead=args.read_ahead,
     )
     print()
     print(format_table(results))
@@ -512,6 +514,8 @@ def register(sub: Any) -> None:
     p.add_argument("--docs-per-call", type=_positive, default=512, help="documents per encoder call in the ceiling (default 512)")
     p.add_argument("--read-size", type=_positive, default=None,
                    help="options(read_size=...): documents read (and encoded in one call) per lane step (default: the library's)")
+    p.add_argument("--read-ahead", type=int, default=None,
+                   help="options(read_ahead=...): samples read and tokenized ahead per call (0: off; default: the library's)")
     p.add_argument("--repeats", type=_positive, default=3, help="fresh-process rounds; medians are reported (default 3)")
     p.add_argument("--no-restore", action="store_true", help="skip the restore measurement")
     p.add_argument("--json", default="zephon-bench.json", help="where to write every measurement (default zephon-bench.json)")
