@@ -228,8 +228,11 @@ def child_recipe(task: dict[str, Any]) -> dict[str, Any]:
         batches += 1
         if first is None:
             first = time.time() - t0
-            # The steady state starts here: tokenizer loaded, first reads done, buffers warming.
-            built_first, w_first = loader.stats()["operators"]["batch"]["real_tokens"], time.perf_counter()
+            # The steady state starts here: tokenizer loaded, first reads done, buffers warming. The
+            # count is read after the clock (workers keep building while they report), so the
+            # batches built meanwhile are not counted in the steady rate.
+            w_first = time.perf_counter()
+            built_first = loader.stats()["operators"]["batch"]["real_tokens"]
         if saved.get("pending"):
             saved["next_digest"] = batch_digest(batch)
             saved["pending"] = False
