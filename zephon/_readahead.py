@@ -96,7 +96,7 @@ class ReadAhead:
                 self.queued[other] = self._submit(other, other_key)
         try:
             return request.future.result()
-        except BaseException:
+        except Exception:  # not KeyboardInterrupt: a Ctrl-C while waiting goes to the caller
             self._fail()
             return None
 
