@@ -181,6 +181,7 @@ def explain_plan(plan: Plan, options: Options, topology: Topology | None, ops: S
         "thread": options.thread,
         "prefetch": options.prefetch,
         "read_size": options.read_size,
+        "read_ahead": options.read_ahead,
     }
     if topology is not None:
         D, per = topology.dp_degree, L // topology.dp_degree
@@ -273,6 +274,8 @@ def render(data: dict[str, Any]) -> str:
         out.append(f"  D={lanes['dp_degree']} ranks, this is rank {lanes['dp_rank']}; {parts}{more}")
     ex = data["executor"]
     line = f"executor: {ex.get('kind', '?')}, prefetch {ex['prefetch']} per lane, read_size {ex['read_size']}"
+    if "read_ahead" in ex:
+        line += f", read_ahead {ex['read_ahead'] or 'off'}"
     if "processes" in ex:
         line += f"; {ex['processes']} process(es), {ex['tokenizer_threads_per_process']} tokenizer thread(s) each"
         out.append(line)
