@@ -63,8 +63,8 @@ def test_no_sample_is_read_ahead_that_the_lanes_do_not_read(monkeypatch):
     prepared = []
     real = _readahead.prepare
 
-    def counting(plan, wanted, metered=True):
-        out = real(plan, wanted, metered)
+    def counting(plan, wanted):
+        out = real(plan, wanted)
         prepared.extend(len(p.inputs) for p in out)
         return out
 

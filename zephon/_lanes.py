@@ -154,11 +154,11 @@ class Plan:
         self._check_lane(lane)
         return LaneState(SourceState(), self.chain.init(self.lane_key(lane)))
 
-    def reader(self, states: dict[int, LaneState], metered: bool = True) -> ReadAhead | None:
+    def reader(self, states: dict[int, LaneState]) -> ReadAhead | None:
         """A :class:`~zephon._readahead.ReadAhead` for an executor's live lane states (``None``: off)."""
         if not self.read_ahead or not self.chain.per_record_prefix:
             return None
-        return ReadAhead(self, states, self.read_ahead, metered)
+        return ReadAhead(self, states, self.read_ahead)
 
     def next(self, lane: int, state: LaneState, meter: Any = None, ahead: ReadAhead | None = None) -> tuple[LaneState, Any]:
         """The lane's next output and the state after it; ``(state, None)`` when it has ended.

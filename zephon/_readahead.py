@@ -50,7 +50,7 @@ class Prepared(NamedTuple):
     inputs: list  # the records read
     outputs: list  # after the per-record operators
     dropped: tuple[int, ...]  # per per-record operator: inputs that produced nothing
-    sizes: tuple[tuple[int, int], ...] | None  # (records, tokens) into each operator, then out of the last
+    sizes: tuple[tuple[int, int], ...]  # (records, tokens) into each operator, then out of the last
     seconds: tuple[float, ...]  # each operator's share of the grouped call
     read_s: float
 
@@ -68,18 +68,16 @@ class ReadAhead:
         plan: the lanes' :class:`~zephon._lanes.Plan`.
         states: the executor's live ``{lane: LaneState}`` (read, never written).
         group: samples read per call of the per-record operators, at most.
-        metered: whether the executor counts work (then record and token counts are kept).
     """
 
-    def __init__(self, plan: Any, states: dict[int, Any], group: int, metered: bool = True) -> None:
+    def __init__(self, plan: Any, states: dict[int, Any], group: int) -> None:
         self.plan = plan
         self.states = states
         self.group = group
-        self.metered = metered
         self.queued: dict[int, _Request] = {}
         self.failed = False
         self.started = False  # a chunk read here gave outputs: from then on, misses read for others too
-        self._work = _Work(plan, group, metered)
+        self._work = _Work(plan, group)
         self._thread: threading.Thread | None = None
         self._finalizer = weakref.finalize(self, self._work.stop)
 
@@ -165,8 +163,8 @@ class ReadAhead:
 class _Work:
     """The background thread's side: a queue of requests, served in groups (holds no ReadAhead)."""
 
-    def __init__(self, plan: Any, group: int, metered: bool) -> None:
-        self.plan, self.group, self.metered = plan, group, metered
+    def __init__(self, plan: Any, group: int) -> None:
+        self.plan, self.group = plan, group
         self.requests: deque[_Request] = deque()
         self.cond = threading.Condition()
         self.stopped = False
@@ -197,7 +195,7 @@ class _Work:
                     batch.append(r)
                     total += r.key[1]
             try:
-                results = prepare(self.plan, [(r.lane, r.key) for r in batch], self.metered)
+                results = prepare(self.plan, [(r.lane, r.key) for r in batch])
             except BaseException as exc:  # each lane then reads alone, and the failure is raised there
                 for r in batch:
                     r.future.set_exception(exc)
@@ -206,7 +204,7 @@ class _Work:
                 r.future.set_result(p)
 
 
-def prepare(plan: Any, wanted: Sequence[tuple[int, tuple[Any, int]]], metered: bool = True) -> list[Prepared]:
+def prepare(plan: Any, wanted: Sequence[tuple[int, tuple[Any, int]]]) -> list[Prepared]:
     """Read every wanted chunk ``(lane, (source state, size))``, then run the chain's per-record
     operators once over all of them; one :class:`Prepared` per chunk, in order."""
     t0 = time.perf_counter()
@@ -217,7 +215,7 @@ def prepare(plan: Any, wanted: Sequence[tuple[int, tuple[Any, int]]], metered: b
     read_s = time.perf_counter() - t0
     n_total = sum(len(r[3]) for r in reads) or 1
     items = [r[3] for r in reads]
-    sizes = [[items_size(x)] if metered else None for x in items]
+    sizes = [[items_size(x)] for x in items]
     dropped: list[list[int]] = [[] for _ in reads]
     seconds = []
     for _, op in plan.chain.children[: plan.chain.per_record_prefix]:
@@ -232,14 +230,13 @@ def prepare(plan: Any, wanted: Sequence[tuple[int, tuple[Any, int]]], metered: b
             at += len(part)
             items[j] = out
             dropped[j].append(lost)
-            if sizes[j] is not None:
-                sizes[j].append(items_size(out))
+            sizes[j].append(items_size(out))
         seconds.append(time.perf_counter() - t)
     prepared = []
     for j, ((_, key), (after, pointers, exhausted, inputs)) in enumerate(zip(wanted, reads)):
         share = len(inputs) / n_total
         prepared.append(Prepared(
             key, after, pointers, exhausted, inputs, items[j], tuple(dropped[j]),
-            None if sizes[j] is None else tuple(sizes[j]), tuple(s * share for s in seconds), read_s * share,
+            tuple(sizes[j]), tuple(s * share for s in seconds), read_s * share,
         ))
     return prepared
