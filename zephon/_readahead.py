@@ -14,12 +14,13 @@ first batch after a start or a restore waits for its own lane only), and waits.
 A lane then steps exactly as if it had read and tokenized the chunk itself: the operators are
 per-record, so the outputs, states and counters are the same (``Chain.step_prepared``). A
 prepared chunk is used only by the lane it was read for, from the source state and read size it
-was read with; any other is dropped. Only chunks the lanes will surely read are queued: none
-before the first output, and once a lane has ended with ``m`` outputs left (iteration stops
-within ``m + 1`` global steps), none for a lane that would read after that. If reading or the
-per-record operators fail in the background, reading ahead stops (the thread first finishes what
-it is doing): each lane then reads on its own, and the failure is raised, and named, by the lane
-it belongs to.
+was read with; any other is dropped. No other lane is read for until a chunk read here gave
+outputs, and once a lane has ended with ``m`` outputs left (iteration stops within ``m + 1``
+global steps), none for a lane that would read after that; so work is thrown away only when
+finite data ends, at most one chunk per lane (a lane may end with no outputs left). If reading
+or the per-record operators fail in the background, reading ahead stops (the thread first
+finishes what it is doing): each lane then reads on its own, and the failure is raised, and
+named, by the lane it belongs to.
 
 State: per lane, at most one queued chunk, and the thread. None of it is part of a checkpoint: it
 is work the lanes would do anyway, done earlier.
@@ -122,9 +123,10 @@ class ReadAhead:
         return min((len(s.pending) for s in self.states.values() if s.done), default=None)
 
     def _others(self, lane: int, size: int) -> list[tuple[int, tuple[Any, int]]]:
-        """The lanes to read for with ``lane``'s chunk: after it in lane order, with nothing queued, and
-        surely reading. None until a chunk read here gave outputs, so that the first batch (after a
-        start or a restore) waits for its own lane only."""
+        """The lanes to read for with ``lane``'s chunk: after it in lane order, with nothing queued,
+        and reading before iteration stops (as in :meth:`stepped`). None until a chunk read here
+        gave outputs, so that the first batch (after a start or a restore) waits for its own lane
+        only."""
         states = self.states
         if not self.started:
             return []
