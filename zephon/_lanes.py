@@ -154,6 +154,12 @@ class Plan:
         self._check_lane(lane)
         return LaneState(SourceState(), self.chain.init(self.lane_key(lane)))
 
+    def read_size_of(self, state: LaneState) -> int:
+        """The size of the lane's next read: small until its first output, so that it arrives early
+        (read sizes never change the data: every operator is chunking-invariant). A lane with
+        outputs waiting delivers them first, so it reads ``read_size`` next."""
+        return self.read_size if (state.delivered or state.pending) else min(self.read_size, 16)
+
     def reader(self, states: dict[int, LaneState]) -> ReadAhead | None:
         """A :class:`~zephon._readahead.ReadAhead` for an executor's live lane states (``None``: off)."""
         if not self.read_ahead or not self.chain.per_record_prefix:
@@ -168,9 +174,7 @@ class Plan:
         once. Neither ever changes the output.
         """
         source, chain, pending, done = state.source, state.chain, state.pending, state.done
-        # Small reads until the lane's first output, so it arrives early (read sizes never change
-        # the data: every operator is chunking-invariant).
-        size = self.read_size if state.delivered else min(self.read_size, 16)
+        size = self.read_size_of(state)
         while not pending and not done:
             prepared = None if ahead is None else ahead.take(lane, source, size)
             if prepared is None:

@@ -140,7 +140,7 @@ class ReadAhead:
             st = states[other]
             if st.done or other in self.queued or (left is not None and len(st.pending) + 1 >= left):
                 continue
-            key = (st.source, self.plan.read_size if (st.delivered or st.pending) else min(self.plan.read_size, 16))
+            key = (st.source, self.plan.read_size_of(st))
             out.append((other, key))
             total += key[1]
         return out

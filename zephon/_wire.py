@@ -175,15 +175,3 @@ def _advance(views: list[memoryview], done: int) -> list[memoryview]:
     if done:
         rest[0] = rest[0][done:]
     return rest
-
-
-def _advance(views: list[memoryview], done: int) -> list[memoryview]:
-    """What is left of ``views`` once their first ``done`` bytes were written or read."""
-    i = 0
-    while i < len(views) and done >= views[i].nbytes:
-        done -= views[i].nbytes
-        i += 1
-    rest = views[i:]
-    if done:
-        rest[0] = rest[0][done:]
-    return rest
