@@ -91,15 +91,19 @@ class InlineExecutor:
             self.ahead.close()
 
 
+def _caller_order(states: dict[int, LaneState]) -> list[int]:
+    """The lanes in the order the caller takes their outputs: fewest delivered first (after a restore
+    mid-step, the lanes that step still needs), so that its next output is computed first."""
+    return sorted(states, key=lambda lane: (states[lane].delivered, lane))
+
+
 def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: dict, stop: threading.Event, meter: Any) -> None:
     """The background thread of :class:`ThreadExecutor`.
 
     A module-level function holding no reference to the executor, so an executor dropped without
     ``close()`` is still collected, and its finalizer stops this thread.
     """
-    # The order the caller takes outputs in (fewest delivered first; after a restore mid-step, the
-    # lanes the step still needs), so its next output is computed first.
-    live = sorted(states, key=lambda lane: (states[lane].delivered, lane))
+    live = _caller_order(states)
     ahead = plan.reader(states)
     try:
         while live and not stop.is_set():
@@ -341,7 +345,7 @@ def _worker_main(conn, lanes: list[int], credit: int, threads: int) -> None:
         credits = {lane: credit for lane in lanes}
         attach_at = {lane: time.monotonic() + _ATTACH_S for lane in lanes}
         ended: set[int] = set()
-        order = deque(sorted(lanes, key=lambda lane: (states[lane].delivered, lane)))  # the caller's order
+        order = deque(_caller_order(states))
         ahead = plan.reader(states)
         while True:
             while conn.poll(0) or not any(credits[lane] > 0 and lane not in ended for lane in lanes):
