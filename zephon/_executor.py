@@ -126,10 +126,14 @@ def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: d
             ahead.close()
 
 
-def _stop_prefetch(stop: threading.Event, credits: dict) -> None:
+def _stop_prefetch(stop: threading.Event, credits: dict, thread: threading.Thread) -> None:
+    """Stop the background thread; also at interpreter exit, where it is waited for (briefly), since a
+    daemon thread still inside native code when the interpreter finalizes can abort the process."""
     stop.set()
     for sem in credits.values():  # wake the thread wherever it waits for credit
         sem.release()
+    if thread.is_alive() and thread is not threading.current_thread():
+        thread.join(timeout=5)
 
 
 class ThreadExecutor(InlineExecutor):
@@ -155,7 +159,7 @@ class ThreadExecutor(InlineExecutor):
         self.thread = threading.Thread(
             target=_prefetch, args=(plan, dict(states), self.queues, self.credits, self.stop, self.meter), name="zephon-prefetch", daemon=True
         )
-        self._finalizer = weakref.finalize(self, _stop_prefetch, self.stop, self.credits)
+        self._finalizer = weakref.finalize(self, _stop_prefetch, self.stop, self.credits, self.thread)
         self.thread.start()
 
     def next(self, lane: int) -> Any:
@@ -172,11 +176,9 @@ class ThreadExecutor(InlineExecutor):
     def close(self, read_final: bool = True) -> None:
         if not self.closed:
             self.closed = True
-            self._finalizer()
             # The thread wakes at once, or after the step it is computing (then it exits without
             # handing that step out); a step that does not end within the join is left to run.
-            if self.thread is not threading.current_thread():
-                self.thread.join(timeout=5)
+            self._finalizer()
 
 
 # -- worker processes ---------------------------------------------------------------------------------

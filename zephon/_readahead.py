@@ -79,7 +79,8 @@ class ReadAhead:
         self.failed = False
         self.started = False  # a chunk read here gave outputs: from then on, misses read for others too
         self._work = _Work(plan, group)
-        self._thread: threading.Thread | None = None
+        # Also at interpreter exit: a daemon thread still inside native code when the interpreter
+        # finalizes can abort the process.
         self._finalizer = weakref.finalize(self, self._work.stop)
 
     # -- the lanes' side -------------------------------------------------------------------------------
@@ -114,7 +115,7 @@ class ReadAhead:
         self.queued[lane] = self._submit(lane, (source, self.plan.read_size))
 
     def close(self) -> None:
-        """Stop the thread (it finishes the call it is in)."""
+        """Stop the thread and wait for it (it finishes the call it is in)."""
         self._finalizer()
 
     # -- internals ----------------------------------------------------------------------------------------
@@ -146,9 +147,6 @@ class ReadAhead:
         return out
 
     def _submit(self, lane: int, key: tuple[Any, int]) -> _Request:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work.run, name=THREAD_NAME, daemon=True)
-            self._thread.start()
         request = _Request(lane, key, Future())
         self._work.put(request)
         return request
@@ -158,31 +156,36 @@ class ReadAhead:
         self.failed = True
         self.queued.clear()
         self._work.stop()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
 
 
 class _Work:
-    """The background thread's side: a queue of requests, served in groups (holds no ReadAhead)."""
+    """The background thread and its queue of requests, served in groups (holds no ReadAhead)."""
 
     def __init__(self, plan: Any, group: int) -> None:
         self.plan, self.group = plan, group
         self.requests: deque[_Request] = deque()
         self.cond = threading.Condition()
         self.stopped = False
+        self.thread: threading.Thread | None = None  # started with the first request
 
     def put(self, request: _Request) -> None:
         with self.cond:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.run, name=THREAD_NAME, daemon=True)
+                self.thread.start()
             self.requests.append(request)
             self.cond.notify()
 
     def stop(self) -> None:
+        """Cancel what waits and end the thread, waiting for the call it is in."""
         with self.cond:
             self.stopped = True
             for r in self.requests:
                 r.future.cancel()
             self.requests.clear()
             self.cond.notify()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join()
 
     def run(self) -> None:
         while True:
