@@ -1,14 +1,15 @@
 """Restore: the first batch after a restore, for shuffle buffers of different sizes, lazy and eager.
 
-For each ``--buffers`` size, one process runs the recipe (L=1, the corpus repeated so that the
-buffer fills) until its shuffle buffer is full, saves that checkpoint and the digest of the batch
-that follows it. Then fresh processes (``--repeats`` each, round-robin) build the pipeline, restore
+For each ``--buffers`` size, one process runs the recipe (``--lanes``, 1 by default; the corpus
+repeated so that the buffers fill) until every lane's shuffle buffer is full and half the lanes have
+delivered one more batch, saves that checkpoint and the digest of the batch that follows it. Then fresh processes (``--repeats`` each, round-robin) build the pipeline, restore
 the checkpoint and take the first batch: with the default lazy rebuild, and with the rebuild made
-eager (every buffered record rebuilt before the first batch, as before lazy restore). Each restored
+eager (every lane and buffered record rebuilt before the first batch, as before lazy restore). Each restored
 batch is checked against the uninterrupted run's.
 
     python benchmarks/restore.py                         # buffers 1024 and 16384, 3 repeats
     python benchmarks/restore.py --buffers 1024 --repeats 1
+    python benchmarks/restore.py --buffers 1024 --lanes 8 --backend tokenizers
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def child_fill(task: dict[str, Any]) -> dict[str, Any]:
     it = iter(build(task))
     warmup = max(1, min(128, task["buffer"] // 16))
     rows_needed = task["buffer"] - warmup  # the buffer holds min(buffer, warmup + emitted) rows
-    batches = -(-rows_needed // MICRO)
+    # every lane's buffer full, and the checkpoint half-way through a global step
+    batches = -(-rows_needed // MICRO) * task["lanes"] + task["lanes"] // 2
     t0 = time.perf_counter()
     for _ in range(batches):
         next(it)
@@ -71,7 +73,8 @@ def child_restore(task: dict[str, Any]) -> dict[str, Any]:
     from zephon.ledger import batch_digest
 
     if task["eager"]:
-        lazy.LAZY_MIN_RECORDS = 1 << 62
+        lazy.LAZY_MIN_RECORDS = lazy.LAZY_MIN_PENDING = 1 << 62
+        lazy.LAZY_LANES = False
     ckpt = json.loads(Path(task["path"]).read_text(encoding="utf-8"))
     pipe = build(task)
     t1 = time.perf_counter()
@@ -96,6 +99,7 @@ def main() -> int:
     ap.add_argument("--tokenizer", type=Path, default=C.DEFAULT_TOKENIZER)
     ap.add_argument("--buffers", default="1024,16384", help="comma-separated shuffle buffer sizes")
     ap.add_argument("--backend", default="auto")
+    ap.add_argument("--lanes", type=int, default=1, help="canonical_replicas (each lane's buffer fills: lanes x buffer rows)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-eager", action="store_true", help="skip the eager restores (slow for large buffers)")
     ap.add_argument("--json", type=Path, default=None)
@@ -108,10 +112,10 @@ def main() -> int:
         print("RESULT " + json.dumps(result), flush=True)
         return 0
     buffers = [int(b) for b in args.buffers.split(",")]
-    print(f"{args.corpus} repeated, {args.tokenizer}, L=1, load average {C.load_average()}")
+    print(f"{args.corpus} repeated, {args.tokenizer}, L={args.lanes}, load average {C.load_average()}")
     results: dict[str, Any] = {"machine": C.machine_info(), "buffers": {}}
     with tempfile.TemporaryDirectory(prefix="zephon-restore-") as tmp:
-        common = {"corpus": str(args.corpus.resolve()), "tokenizer": str(args.tokenizer.resolve()), "lanes": 1,
+        common = {"corpus": str(args.corpus.resolve()), "tokenizer": str(args.tokenizer.resolve()), "lanes": args.lanes,
                   "backend": args.backend}
         for b in buffers:
             task = {**common, "buffer": b, "path": os.path.join(tmp, f"{b}.json")}

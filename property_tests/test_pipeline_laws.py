@@ -608,19 +608,20 @@ def test_worker_processes_deliver_exactly_the_in_process_batches(spec, lanes, dr
 
 
 # -- lazy restore ---------------------------------------------------------------------------------------
-# Restoring lazily (buffers and undelivered outputs rebuilt on demand and in the background) gives
-# exactly the batches and checkpoints of restoring eagerly: each example resumes once with every
-# restored buffer rebuilt at once (LAZY_MIN_RECORDS and LAZY_MIN_PENDING out of reach) and once
-# with every one rebuilt lazily (LAZY_MIN_RECORDS = 1; each lane's next output too, or not,
-# drawn); the checkpoints right after the restore (nothing rebuilt yet) and
-# after each batch must be equal too.
+# Restoring lazily (lanes other than the one due first, buffers and undelivered outputs rebuilt on
+# demand and in the background) gives exactly the batches and checkpoints of restoring eagerly:
+# each example resumes once with everything rebuilt at once (LAZY_LANES off, LAZY_MIN_RECORDS and
+# LAZY_MIN_PENDING out of reach) and once with every one rebuilt lazily (LAZY_MIN_RECORDS = 1; each
+# lane's next output too, or not, drawn; whole lanes lazily, or not, drawn); the checkpoints right
+# after the restore (nothing rebuilt yet) and after each batch must be equal too.
 
 import zephon._lazy as zephon_lazy  # noqa: E402
 
 shuffled_specs = pipeline_specs().filter(lambda s: s.shuffle is not None)
 
 
-def _resume_with(spec, lanes, ckpt, n, threshold, monkeypatch, pending_threshold=None):
+def _resume_with(spec, lanes, ckpt, n, threshold, monkeypatch, pending_threshold=None, lazy_lanes=False):
+    monkeypatch.setattr(zephon_lazy, "LAZY_LANES", lazy_lanes)
     monkeypatch.setattr(zephon_lazy, "LAZY_MIN_RECORDS", threshold)
     monkeypatch.setattr(zephon_lazy, "LAZY_MIN_PENDING", threshold if pending_threshold is None else pending_threshold)
     pipe = spec.build(lanes=lanes).restore(json.loads(json.dumps(ckpt)))
@@ -641,6 +642,7 @@ def _resume_with(spec, lanes, ckpt, n, threshold, monkeypatch, pending_threshold
 @given(spec=shuffled_specs, lanes=st.sampled_from([1, 2, 4]), data=st.data())
 def test_lazy_restore_gives_the_eager_batches_and_checkpoints(spec, lanes, data):
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(zephon_lazy, "LAZY_LANES", False)
         mp.setattr(zephon_lazy, "LAZY_MIN_RECORDS", 10**9)
         mp.setattr(zephon_lazy, "LAZY_MIN_PENDING", 10**9)
         it = iter(spec.build(lanes=lanes))
@@ -659,8 +661,9 @@ def test_lazy_restore_gives_the_eager_batches_and_checkpoints(spec, lanes, data)
     with pytest.MonkeyPatch.context() as mp:
         eager = _resume_with(spec, lanes, ckpt, n, 10**9, mp)
     all_pending_lazy = data.draw(st.booleans(), label="the next output of each lane lazy too")
+    lazy_lanes = data.draw(st.booleans(), label="lanes after the first rebuilt lazily")
     with pytest.MonkeyPatch.context() as mp:
-        lazy_run = _resume_with(spec, lanes, ckpt, n, 1, mp, 1 if all_pending_lazy else 10**9)
+        lazy_run = _resume_with(spec, lanes, ckpt, n, 1, mp, 1 if all_pending_lazy else 10**9, lazy_lanes)
     assert outputs_equal(eager[0], stream[at:])
     assert outputs_equal(lazy_run[0], eager[0])
     assert lazy_run[1] == eager[1]

@@ -102,6 +102,10 @@ class Operator:
         state = msgspec.convert(data, self.state_type, dec_hook=_dec_hook)
         return resolve_tree(state, upstream)
 
+    def canonical_state(self, data: Any) -> Any:
+        """``data`` as :meth:`encode_state` writes it, read by type only (no record is rebuilt)."""
+        return self.encode_state(msgspec.convert(data, self.state_type, dec_hook=_dec_hook))
+
     # -- identity -------------------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
         """Every setting that decides the output (``data=False`` fields are left out)."""
@@ -511,15 +515,7 @@ class Chain(Operator):
         return {name: op.encode_state(s) for (name, op), s in zip(self.children, state.states)}
 
     def decode_state(self, data: Any, upstream: Resolver) -> ChainState:
-        if not isinstance(data, dict):
-            raise ValueError("chain state must be a mapping of operator name to state")
-        missing = [n for n in self.names if n not in data]
-        unknown = [n for n in data if n not in self.names]
-        if missing or unknown:
-            raise ValueError(
-                f"checkpoint operators do not match the pipeline: missing {missing}, unknown {unknown}; "
-                f"the pipeline has {list(self.names)}"
-            )
+        self._check_names(data)
         states = []
         resolver = upstream
         for name, op in self.children:
@@ -529,6 +525,27 @@ class Chain(Operator):
                 raise ValueError(f"cannot restore the state of operator {name!r}: {exc}") from exc
             resolver = _bind(op, resolver)
         return ChainState(tuple(states))
+
+    def canonical_state(self, data: Any) -> dict[str, Any]:
+        self._check_names(data)
+        out = {}
+        for name, op in self.children:
+            try:
+                out[name] = op.canonical_state(data[name])
+            except (msgspec.ValidationError, ValueError, TypeError) as exc:
+                raise ValueError(f"cannot restore the state of operator {name!r}: {exc}") from exc
+        return out
+
+    def _check_names(self, data: Any) -> None:
+        if not isinstance(data, dict):
+            raise ValueError("chain state must be a mapping of operator name to state")
+        missing = [n for n in self.names if n not in data]
+        unknown = [n for n in data if n not in self.names]
+        if missing or unknown:
+            raise ValueError(
+                f"checkpoint operators do not match the pipeline: missing {missing}, unknown {unknown}; "
+                f"the pipeline has {list(self.names)}"
+            )
 
     def fingerprint(self) -> dict[str, Any]:
         return {"op": "Chain", "children": [[n, op.fingerprint()] for n, op in self.children]}

@@ -17,7 +17,7 @@ import msgspec
 
 from ._core import Chain, ChainState, Resolver
 from . import _lazy
-from ._lazy import DeferredOutput, LazyRows
+from ._lazy import DeferredChain, DeferredOutput, LazyLane, LazyRows
 from ._keys import fold_in, seed_key
 from ._fields import payload_length
 from ._readahead import ReadAhead
@@ -160,6 +160,13 @@ class Plan:
         outputs waiting delivers them first, so it reads ``read_size`` next."""
         return self.read_size if (state.delivered or state.pending) else min(self.read_size, 16)
 
+    def warm(self) -> None:
+        """Start loading what the operators build per process (encoders) in the background."""
+        for _, op in self.chain.children:
+            warm = getattr(op, "warm", None)
+            if warm is not None:
+                warm()
+
     def reader(self, states: dict[int, LaneState]) -> ReadAhead | None:
         """A :class:`~zephon._readahead.ReadAhead` for an executor's live lane states (``None``: off)."""
         if not self.read_ahead or not self.chain.per_record_prefix:
@@ -175,6 +182,8 @@ class Plan:
         """
         source, chain, pending, done = state.source, state.chain, state.pending, state.done
         size = self.read_size_of(state)
+        if not pending and not done and type(chain) is DeferredChain:  # restored lazily: rebuilt now if the background has not yet
+            chain = chain.value()
         while not pending and not done:
             prepared = None if ahead is None else ahead.take(lane, source, size)
             if prepared is None:
@@ -286,7 +295,7 @@ class Plan:
 
     def reports(self, state: LaneState) -> dict[str, dict[str, int]]:
         """Each operator's counters (drops, rows, ...) for one lane state."""
-        return self.chain.reports(state.chain)
+        return self.chain.reports(_chain_of(state))
 
     def _check_lane(self, lane: int) -> None:
         if not 0 <= lane < self.lanes:
@@ -298,7 +307,7 @@ class Plan:
 
         return {
             "source": [state.source.chunk, state.source.offset],
-            "ops": self.chain.encode_state(state.chain),
+            "ops": state.chain.encoded if type(state.chain) is DeferredChain else self.chain.encode_state(state.chain),
             "pending": msgspec.to_builtins(list(state.pending), enc_hook=_enc_hook),
             "delivered": state.delivered,
             "done": state.done,
@@ -317,11 +326,14 @@ class Plan:
         counts = mixture_counts(encoded["mixture"], list(outputs), len(self.source.datasets), sign=-1)
         return {**encoded, "pending": refs + list(encoded["pending"]), "delivered": encoded["delivered"] - len(refs), "mixture": list(counts)}
 
-    def decode(self, lane: int, data: Any) -> LaneState:
+    def decode(self, lane: int, data: Any, *, lazy: bool = False) -> LaneState:
         """Inverse of :meth:`encode`, refusing states this plan's lane could never reach.
 
         A ``checksum`` field (as in a checkpoint) is verified; a state straight from
-        :meth:`encode` has none.
+        :meth:`encode` has none. With ``lazy``, only what needs no record is checked now (the
+        checksum, the fields' types, the cursor, the output references); the operator states and
+        the undelivered outputs are rebuilt in the background (see :mod:`zephon._lazy`) or when
+        the lane is first stepped, and raise then what they would raise here.
 
         Raises:
             ValueError: naming the lane and the field: a modified state (checksum mismatch), a
@@ -329,6 +341,37 @@ class Plan:
                 past the lane's data, a negative counter, a token range past its record, a
                 record of another lane or outside the data), or records that no longer rebuild.
         """
+        return self._decoded(lane, data, self._check_state(lane, data), lazy)
+
+    def decode_lanes(self, encoded: dict[int, Any]) -> dict[int, LaneState]:
+        """Decode an executor's restored lane states: the lane due first whole, now; the others lazily.
+
+        The first output after a restore then waits for one lane's records only; the other
+        lanes' records are rebuilt in the background while it is used, or when the lane is
+        first stepped (every lane is checked now for what needs no record). Whole and lazy
+        states give the same outputs.
+        """
+        checked = {lane: self._check_state(lane, data) for lane, data in encoded.items()}
+        first = min(encoded, key=lambda lane: (encoded[lane]["delivered"], lane), default=None)
+        return {
+            lane: self._decoded(lane, data, checked[lane], _lazy.LAZY_LANES and lane != first) for lane, data in encoded.items()
+        }
+
+    def _decoded(self, lane: int, data: Any, checked: tuple[SourceState, list, tuple[int, ...]], lazy: bool) -> LaneState:
+        source, refs, counts = checked
+        if lazy:
+            try:  # as encode() writes it (a checkpoint taken before the lane steps stores it), typed now
+                ops = self.chain.canonical_state(data["ops"])
+            except _DECODE_ERRORS as exc:
+                raise ValueError(f"lane {lane}: field 'ops': {exc}") from exc
+            job = LazyLane(lambda: self._rebuild(lane, ops, refs))
+            pending = tuple(DeferredOutput(job, i, ref) for i, ref in enumerate(refs))
+            return LaneState(source, DeferredChain(job, ops), pending, data["delivered"], data["done"], counts)  # type: ignore[arg-type]
+        chain, pending = self._rebuild(lane, data["ops"], refs)
+        return LaneState(source, chain, pending, data["delivered"], data["done"], counts)
+
+    def _check_state(self, lane: int, data: Any) -> tuple[SourceState, list, tuple[int, ...]]:
+        """What :meth:`decode` checks without rebuilding a record: the source cursor, the output references and the mixture counters."""
         from ._checkpoint import check_lane_state
 
         if isinstance(lane, bool) or not isinstance(lane, int):
@@ -338,13 +381,23 @@ class Plan:
         chunk, offset = data["source"]
         source = SourceState(chunk, offset)
         self._check_cursor(lane, source, data["done"])
-        resolver: Resolver = self._checked_resolver(lane)
-        try:
-            chain = self.chain.decode_state(data["ops"], resolver)
-        except _DECODE_ERRORS as exc:
-            raise ValueError(f"lane {lane}: field 'ops': {exc}") from exc
         batches = bool(self.chain.children) and self.chain.children[-1][1].kind == "batch"
         refs = [_decode_ref(r, batches, f"lane {lane}: field 'pending[{i}]'") for i, r in enumerate(data["pending"])]
+        counts = data["mixture"]
+        if len(counts) != 2 * len(self.source.datasets):
+            raise ValueError(
+                f"lane {lane}: field 'mixture' holds {len(counts)} counters, but the source has {len(self.source.datasets)} "
+                "datasets (two counters each: samples, tokens)"
+            )
+        return source, refs, tuple(counts)
+
+    def _rebuild(self, lane: int, ops: Any, refs: list) -> tuple[ChainState, tuple]:
+        """A lane's operator states and undelivered outputs, rebuilt from their references."""
+        resolver: Resolver = self._checked_resolver(lane)
+        try:
+            chain = self.chain.decode_state(ops, resolver)
+        except _DECODE_ERRORS as exc:
+            raise ValueError(f"lane {lane}: field 'ops': {exc}") from exc
         # Few held records: rebuilt now, so that a damaged state fails here. More: the next output
         # now and the others in the background; many (a read's worth): all of them lazily, the
         # next one first (each is awaited or rebuilt when due, so a damaged one fails then).
@@ -358,16 +411,10 @@ class Plan:
             pending = tuple(self.chain.rebuild(now, resolver)) if now else ()
         except _DECODE_ERRORS as exc:
             raise ValueError(f"lane {lane}: field 'pending': {exc}") from exc
-        counts = data["mixture"]
-        if len(counts) != 2 * len(self.source.datasets):
-            raise ValueError(
-                f"lane {lane}: field 'mixture' holds {len(counts)} counters, but the source has {len(self.source.datasets)} "
-                "datasets (two counters each: samples, tokens)"
-            )
         if later:
             rows = LazyRows(later, lambda some: self.chain.rebuild(some, resolver), range(len(later)), check=False)
             pending += tuple(DeferredOutput(rows, i, ref) for i, ref in enumerate(later))
-        return LaneState(source, chain, pending, data["delivered"], data["done"], tuple(counts))
+        return chain, pending
 
     def _check_cursor(self, lane: int, source: SourceState, done: bool) -> None:
         """The source cursor is one the lane reaches, and ``done`` says whether it is at the end."""
@@ -427,6 +474,12 @@ class Plan:
 
     def fingerprint(self) -> dict[str, Any]:
         return {"source": self.source.fingerprint(), "operators": self.chain.fingerprint()["children"], "lanes": self.lanes}
+
+
+def _chain_of(state: LaneState) -> ChainState:
+    """The lane's operator states, rebuilt now if restored lazily and not rebuilt yet."""
+    chain = state.chain
+    return chain.value() if type(chain) is DeferredChain else chain
 
 
 #: What rebuilding records from a modified state can raise; restore reports them as ValueError.

@@ -18,7 +18,7 @@ import threading
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-__all__ = ["Deferred", "DeferredOutput", "LazyRows", "kick", "materialize"]
+__all__ = ["Deferred", "DeferredChain", "DeferredOutput", "LazyLane", "LazyRows", "kick", "materialize"]
 
 #: A restored shuffle buffer, or a lane's restored undelivered outputs, holding at least this many
 #: records is rebuilt lazily; smaller ones at once, so that a checkpoint whose data changed fails
@@ -28,6 +28,11 @@ LAZY_MIN_RECORDS = 8
 #: A lane's restored undelivered outputs holding at least this many records are all rebuilt
 #: lazily, the next one included (below it, the next output is rebuilt at ``restore``).
 LAZY_MIN_PENDING = 64
+
+#: When a loader restores several lanes, only the one due first is rebuilt at ``restore``; the
+#: others (operator states and undelivered outputs) are rebuilt in the background from the first
+#: output on, or when the lane is first due (see :meth:`zephon._lanes.Plan.decode_lanes`).
+LAZY_LANES = True
 
 _TODO, _BUSY, _DONE = 0, 1, 2
 #: References rebuilt per bulk call by the background thread: the first calls are small, so that
@@ -127,6 +132,30 @@ class LazyRows:
         self._rebuild(chunk)
         self._size = min(CHUNK, 2 * self._size)
         return True
+
+
+class LazyLane:
+    """A restored lane's operator states and undelivered outputs, rebuilt as one job.
+
+    ``rebuild()`` returns ``(chain_state, pending_outputs)``; it runs once, in the background
+    rebuilder thread or in the first thread that needs either part, whichever comes first. An
+    error it raised is raised again to every caller (it names the lane and the field).
+
+    State kept: the one-job :class:`LazyRows` holding the result or the error.
+    """
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rebuild: Callable[[], tuple[Any, tuple]]):
+        self._rows = LazyRows([None], lambda _: [rebuild()], [0], check=False)
+
+    def chain(self) -> Any:
+        return self._rows.record(0)[0]
+
+    def record(self, index: int) -> Any:
+        """The ``index``-th undelivered output (the :class:`DeferredOutput` protocol)."""
+        out = self._rows.record(0)[1][index]
+        return out.output() if type(out) is DeferredOutput else out
 
 
 class _Rebuilder:
@@ -239,6 +268,29 @@ class DeferredOutput:
 
     def __repr__(self) -> str:
         return f"DeferredOutput({self.index})"
+
+
+class DeferredChain:
+    """A restored lane's operator states until they are rebuilt (see :class:`LazyLane`).
+
+    ``encoded`` is the checkpoint's ``ops`` entry the states decode from: a checkpoint taken
+    before the lane steps again stores it as is. Pickles as the rebuilt states.
+    """
+
+    __slots__ = ("lane", "encoded")
+
+    def __init__(self, lane: LazyLane, encoded: Any):
+        self.lane = lane
+        self.encoded = encoded
+
+    def value(self) -> Any:
+        return self.lane.chain()
+
+    def __reduce__(self):
+        return (_identity, (self.value(),))
+
+    def __repr__(self) -> str:
+        return "DeferredChain()"
 
 
 def _identity(value: Any) -> Any:

@@ -25,7 +25,7 @@ from ._distributed import Topology, all_ranks_have, distributed_group
 from ._executor import InlineExecutor, ProcessExecutor, ThreadExecutor
 from ._fields import payload_length
 from ._lanes import Plan, mixture_report
-from ._log import get_logger, progress
+from ._log import get_logger
 from ._options import Options
 from ._records import SampleBatch
 from ._stats import Deliveries, format_stats, summarize, summary_line
@@ -85,8 +85,8 @@ class Loader(Iterator[Any]):
         states = None
         t0 = time.perf_counter()
         if opts.workers == 0:
-            shown = progress(lanes, total=len(lanes), desc="restoring lanes", unit="lane") if encoded else lanes
-            states = {lane: (self.plan.decode(lane, encoded[lane]) if encoded else self.plan.init(lane)) for lane in shown}
+            self.plan.warm()
+            states = self.plan.decode_lanes(encoded) if encoded else {lane: self.plan.init(lane) for lane in lanes}
         if self.executor is not None:
             self.executor.close(read_final=False)  # what it ran is replaced, so its states are not needed
         if states is None:
