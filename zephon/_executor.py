@@ -338,7 +338,6 @@ def _worker_main(conn, lanes: list[int], credit: int, threads: int) -> None:
         except Exception as exc:
             outbox.send(("error", None, _load_error(exc), traceback.format_exc()))
             return
-        plan.warm()
         states = plan.decode_lanes({lane: encoded[lane] for lane in lanes}) if encoded else {lane: plan.init(lane) for lane in lanes}
         history = {lane: deque([(states[lane].delivered, states[lane])]) for lane in lanes}
         meter = plan.meter()

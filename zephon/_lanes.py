@@ -160,13 +160,6 @@ class Plan:
         outputs waiting delivers them first, so it reads ``read_size`` next."""
         return self.read_size if (state.delivered or state.pending) else min(self.read_size, 16)
 
-    def warm(self) -> None:
-        """Start loading what the operators build per process (encoders) in the background."""
-        for _, op in self.chain.children:
-            warm = getattr(op, "warm", None)
-            if warm is not None:
-                warm()
-
     def reader(self, states: dict[int, LaneState]) -> ReadAhead | None:
         """A :class:`~zephon._readahead.ReadAhead` for an executor's live lane states (``None``: off)."""
         if not self.read_ahead or not self.chain.per_record_prefix:

@@ -85,7 +85,6 @@ class Loader(Iterator[Any]):
         states = None
         t0 = time.perf_counter()
         if opts.workers == 0:
-            self.plan.warm()
             states = self.plan.decode_lanes(encoded) if encoded else {lane: self.plan.init(lane) for lane in lanes}
         if self.executor is not None:
             self.executor.close(read_final=False)  # what it ran is replaced, so its states are not needed

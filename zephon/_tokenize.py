@@ -278,10 +278,6 @@ class Tokenize(StatelessOp):
         """The resolved tokenizer."""
         return self.tokenizer
 
-    def warm(self) -> None:
-        """Start loading the live encoder in the background (see :meth:`TokenizerHandle.warm`)."""
-        self.tokenizer.warm()
-
     @property
     def tokenizer_id(self) -> None:
         """Always ``None``: a ``tokenizer_id`` given to the constructor is loaded into ``tokenizer``."""

@@ -174,30 +174,6 @@ class TokenizerHandle:
         """The id of ``token``, or ``None`` when it is not in the vocabulary."""
         return self.tokenizer.token_to_id(token)
 
-    def warm(self) -> None:
-        """Start building this process's live encoder in a background thread, if not built yet.
-
-        ``tokenizers`` parses its JSON without the GIL (about 0.1 s for GPT-2's), so a loader
-        that calls this as it starts overlaps that with its own start: opening the lanes, decoding
-        a checkpoint, the first reads. The first encode then waits for what is left of it. A
-        failure is left for that first use to raise. Not a daemon thread: the interpreter waits
-        for it at exit rather than finalize under a thread in native code.
-        """
-        if self.backend == "tiktoken" and _tiktoken_usable():
-            key, build = ("tiktoken", self._content), self._build_encoding
-        else:
-            key, build = ("tokenizer", self._content), self._build_tokenizer
-        if key in _LIVE:
-            return
-
-        def run() -> None:
-            try:
-                _LIVE.get(key, build)
-            except Exception:  # raised again, with its context, where the encoder is used
-                pass
-
-        threading.Thread(target=run, name="zephon-tokenizer-load").start()
-
     def _build_tokenizer(self) -> Any:
         from tokenizers import Tokenizer
 
