@@ -2,9 +2,9 @@
 
 The batches and checkpoints are those of an eager restore (property-tested in
 ``property_tests/test_pipeline_laws.py``); here: which lanes wait, that they are rebuilt in the
-background without being stepped, that a checkpoint of a lane not rebuilt yet is the restored
-state, and that a state which only fails once its records are rebuilt is refused, naming lane and
-field, when its lane is due.
+background without being stepped, that a checkpoint taken before then is the restored one, and
+that a state which fails only once it is rebuilt is refused, naming lane and field, when its lane
+is due.
 """
 
 import json
@@ -117,10 +117,20 @@ def test_a_state_that_fails_only_when_rebuilt_is_refused_when_its_lane_is_due():
         iter(_pipe(4)).restore(_damaged(ck, first))
 
 
-def test_a_type_error_in_a_waiting_lane_is_refused_at_restore():
-    ck, _ = _running(4, steps=6)
+def test_a_bad_operator_state_of_a_waiting_lane_is_refused_when_the_lane_is_due():
+    ck, _ = _running(4, steps=6)  # lane 2 is due first
     state = json.loads(json.dumps(ck["lanes"]["0"]))
     state["ops"]["shuffle"]["draws"] = "three"
     bad = {**ck, "lanes": {**ck["lanes"], "0": seal(0, state)}}
-    with pytest.raises(ValueError, match=r"lane 0: field 'ops': .*operator 'shuffle'.*draws"):
-        iter(_pipe(4)).restore(bad)
+    message = r"lane 0: field 'ops': .*operator 'shuffle'.*draws"
+    it = iter(_pipe(4).restore(bad))
+    with pytest.raises(ValueError, match=message):
+        for _ in range(4):
+            next(it)
+    it.close()
+    with pytest.raises(ValueError, match=message):  # a checkpoint needs the lane's states: rebuilt then
+        iter(_pipe(4).restore(bad)).checkpoint()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(zephon_lazy, "LAZY_LANES", False)
+        with pytest.raises(ValueError, match=message):
+            iter(_pipe(4)).restore(bad)

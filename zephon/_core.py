@@ -102,10 +102,6 @@ class Operator:
         state = msgspec.convert(data, self.state_type, dec_hook=_dec_hook)
         return resolve_tree(state, upstream)
 
-    def canonical_state(self, data: Any) -> Any:
-        """``data`` as :meth:`encode_state` writes it, read by type only (no record is rebuilt)."""
-        return self.encode_state(msgspec.convert(data, self.state_type, dec_hook=_dec_hook))
-
     # -- identity -------------------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
         """Every setting that decides the output (``data=False`` fields are left out)."""
@@ -525,16 +521,6 @@ class Chain(Operator):
                 raise ValueError(f"cannot restore the state of operator {name!r}: {exc}") from exc
             resolver = _bind(op, resolver)
         return ChainState(tuple(states))
-
-    def canonical_state(self, data: Any) -> dict[str, Any]:
-        self._check_names(data)
-        out = {}
-        for name, op in self.children:
-            try:
-                out[name] = op.canonical_state(data[name])
-            except (msgspec.ValidationError, ValueError, TypeError) as exc:
-                raise ValueError(f"cannot restore the state of operator {name!r}: {exc}") from exc
-        return out
 
     def _check_names(self, data: Any) -> None:
         if not isinstance(data, dict):

@@ -300,7 +300,7 @@ class Plan:
 
         return {
             "source": [state.source.chunk, state.source.offset],
-            "ops": state.chain.encoded if type(state.chain) is DeferredChain else self.chain.encode_state(state.chain),
+            "ops": self.chain.encode_state(_chain_of(state)),
             "pending": msgspec.to_builtins(list(state.pending), enc_hook=_enc_hook),
             "delivered": state.delivered,
             "done": state.done,
@@ -344,22 +344,20 @@ class Plan:
         first stepped (every lane is checked now for what needs no record). Whole and lazy
         states give the same outputs.
         """
-        checked = {lane: self._check_state(lane, data) for lane, data in encoded.items()}
-        first = min(encoded, key=lambda lane: (encoded[lane]["delivered"], lane), default=None)
-        return {
-            lane: self._decoded(lane, data, checked[lane], _lazy.LAZY_LANES and lane != first) for lane, data in encoded.items()
-        }
+        with _lazy.no_gc():
+            checked = {lane: self._check_state(lane, data) for lane, data in encoded.items()}
+            first = min(encoded, key=lambda lane: (encoded[lane]["delivered"], lane), default=None)
+            return {
+                lane: self._decoded(lane, data, checked[lane], _lazy.LAZY_LANES and lane != first)
+                for lane, data in encoded.items()
+            }
 
     def _decoded(self, lane: int, data: Any, checked: tuple[SourceState, list, tuple[int, ...]], lazy: bool) -> LaneState:
         source, refs, counts = checked
         if lazy:
-            try:  # as encode() writes it (a checkpoint taken before the lane steps stores it), typed now
-                ops = self.chain.canonical_state(data["ops"])
-            except _DECODE_ERRORS as exc:
-                raise ValueError(f"lane {lane}: field 'ops': {exc}") from exc
-            job = LazyLane(lambda: self._rebuild(lane, ops, refs))
+            job = LazyLane(lambda: self._rebuild(lane, data["ops"], refs, recheck=data))
             pending = tuple(DeferredOutput(job, i, ref) for i, ref in enumerate(refs))
-            return LaneState(source, DeferredChain(job, ops), pending, data["delivered"], data["done"], counts)  # type: ignore[arg-type]
+            return LaneState(source, DeferredChain(job), pending, data["delivered"], data["done"], counts)  # type: ignore[arg-type]
         chain, pending = self._rebuild(lane, data["ops"], refs)
         return LaneState(source, chain, pending, data["delivered"], data["done"], counts)
 
@@ -384,8 +382,16 @@ class Plan:
             )
         return source, refs, tuple(counts)
 
-    def _rebuild(self, lane: int, ops: Any, refs: list) -> tuple[ChainState, tuple]:
-        """A lane's operator states and undelivered outputs, rebuilt from their references."""
+    def _rebuild(self, lane: int, ops: Any, refs: list, recheck: Any = None) -> tuple[ChainState, tuple]:
+        """A lane's operator states and undelivered outputs, rebuilt from their references.
+
+        ``recheck``: the state checked earlier, checked again first (a lazily restored lane's
+        state is the caller's mapping, read later: a change made since is refused by its checksum).
+        """
+        if recheck is not None:
+            from ._checkpoint import check_lane_state
+
+            check_lane_state(lane, recheck, require_checksum=False)
         resolver: Resolver = self._checked_resolver(lane)
         try:
             chain = self.chain.decode_state(ops, resolver)

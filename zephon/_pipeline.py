@@ -9,7 +9,6 @@ that runs it and owns its executor, checkpoints and stats.
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable, Iterator
 
 import attrs
@@ -462,15 +461,11 @@ def _describe_record(plan: Plan, rec: Any) -> dict[str, Any]:
 
 
 def _copy_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """A private copy of a checkpoint, so that the caller may change theirs.
+    """A copy of ``checkpoint``'s mapping and lane table; the lane states are shared, not copied.
 
-    A pickle round trip copies exactly what ``copy.deepcopy`` copies (tuples stay tuples) and is
-    many times faster on a large checkpoint (a full 16,384-row shuffle buffer); anything that does
-    not pickle is deep-copied as before.
+    Each lane state carries its checksum, verified whenever a loader reads the state (and again
+    before a lazily restored lane is rebuilt), so a change the caller makes to theirs after
+    ``restore()`` is refused, never resumed. Copying the states themselves would cost as much as
+    reading them (0.17 s for 8 lanes of full 16,384-row shuffle buffers).
     """
-    import pickle
-
-    try:
-        return pickle.loads(pickle.dumps(checkpoint, protocol=pickle.HIGHEST_PROTOCOL))
-    except Exception:
-        return copy.deepcopy(checkpoint)
+    return {**checkpoint, "lanes": dict(checkpoint["lanes"])}
