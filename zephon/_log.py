@@ -2,8 +2,8 @@
 
 zephon logs through the standard ``logging`` module under the logger ``"zephon"`` (children such
 as ``"zephon.loader"``), which has a ``NullHandler``: nothing is printed unless the application
-configures logging or calls :func:`enable_logging`. Long set-up work (restoring lanes, replaying
-them, running lanes to a step) shows a ``tqdm`` progress bar when the ``"zephon"`` logger is
+configures logging or calls :func:`enable_logging`. Long set-up work (replaying lanes, running
+lanes to a step) shows a ``tqdm`` progress bar when the ``"zephon"`` logger is
 enabled for INFO and tqdm is installed (the ``progress`` extra), and only once the work has taken
 more than two seconds; ``ZEPHON_PROGRESS=0`` or ``1`` forces it off or on.
 """
