@@ -137,3 +137,10 @@ def compress(data: bytes, suffix: str) -> bytes:
 
         return zstandard.ZstdCompressor().compress(data)
     return data
+
+
+def with_encoder_threads(payload):
+    """Module-level map recording the process's ``ZEPHON_ENCODER_THREADS`` (what a worker set)."""
+    import os
+
+    return {**payload, "encoder_threads": os.environ.get("ZEPHON_ENCODER_THREADS", "")}

@@ -160,3 +160,19 @@ def test_after_a_restore_mid_step_the_background_thread_computes_the_lanes_the_c
     resumed.close()
     assert order[:4] == [3, 0, 1, 2], order[:8]
     assert outputs_equal(got, expected[:4])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_workers_share_the_cpus_for_tiktoken_threads_unless_one_has_them_all(workers, monkeypatch):
+    from _util import with_encoder_threads
+    from zephon.io import Dataset, InMemoryShard
+
+    monkeypatch.delenv("ZEPHON_ENCODER_THREADS", raising=False)  # the workers inherit this environment
+    rows = [{"id": i} for i in range(8)]
+    pipe = Pipeline(Dataset.from_dict("d", {"s": InMemoryShard(rows)})).options(canonical_replicas=2, workers=workers).map(with_encoder_threads)
+    seen = {r.payload["encoder_threads"] for r in pipe}
+    cpus = os.cpu_count() or 1
+    share = max(1, cpus // workers)
+    # A share smaller than the machine is set for tiktoken; one worker with every CPU encodes as
+    # the calling process does (its own thread count, one more in the read-ahead thread).
+    assert seen == {str(share) if share < cpus else ""}
