@@ -46,8 +46,40 @@ def test_bench_runs_on_tiny_data_and_writes_json(tiny, tmp_path, capsys):
         assert run["steady_tokens_per_s"] is None or run["steady_tokens_per_s"] > 0
     # Inline and workers deliver the same tokens (the recipe counts the real tokens of its batches).
     assert report["summary"]["recipe workers=0"]["tokens"] == report["summary"]["recipe workers=1"]["tokens"]
+    # Every recipe run sits between two ceiling runs, and its ratio is over their mean.
+    runs = report["runs"]
+    ceiling_seqs = sorted(r["seq"] for r in runs["ceiling"])
+    for name in ("recipe workers=0", "recipe workers=1"):
+        for run in runs[name]:
+            before = max(q for q in ceiling_seqs if q < run["seq"])
+            after = min(q for q in ceiling_seqs if q > run["seq"])
+            assert (before, after) == (run["seq"] - 1, run["seq"] + 1)
+            rates = {r["seq"]: r["tokens_per_s"] for r in runs["ceiling"]}
+            assert run["ratio"] == pytest.approx(run["tokens_per_s"] / ((rates[before] + rates[after]) / 2))
     printed = capsys.readouterr().out
     assert "x ceiling" in printed and "restore->1st s" in printed and str(out) in printed
+
+
+def test_each_run_is_compared_with_the_ceiling_when_it_ran():
+    from zephon._cli_bench import _summarize
+
+    def run(seq, rate, first, **kw):
+        return {"seq": seq, "round": 0, "tokens": 10, "tokens_per_s": rate, "first_batch_s": first, "rss_mib": 1.0,
+                "cpu_s_per_mtok": 1.0, **kw}
+
+    # The machine slows down steadily: the ceiling reads 200, then 100; the recipe, between them, 120.
+    results = {"runs": {
+        "ceiling": [run(0, 200.0, 0.5), run(2, 100.0, 0.7)],
+        "recipe workers=0": [run(1, 120.0, 0.9, steady_tokens_per_s=135.0)],
+        "recipe workers=1": [run(3, 90.0, 1.0, steady_tokens_per_s=None)],  # after the last ceiling: that one
+    }}
+    summary = _summarize(results)
+    assert summary["recipe workers=0"]["ratio"] == pytest.approx(120 / 150)
+    assert summary["recipe workers=0"]["steady_ratio"] == pytest.approx(135 / 150)
+    assert summary["recipe workers=0"]["first_batch_minus_ceiling_s"] == pytest.approx(0.9 - 0.6)
+    assert summary["recipe workers=1"]["ratio"] == pytest.approx(0.9)
+    assert summary["recipe workers=1"]["steady_ratio"] is None
+    assert summary["ceiling"]["ratio"] == 1.0
 
 
 def test_bench_names_a_missing_path(tmp_path, capsys):

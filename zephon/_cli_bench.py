@@ -1,6 +1,10 @@
 """``zephon bench``: the pretraining recipe on your data and tokenizer, next to the bare encoder.
 
-Runs, each in a fresh process and round-robin (so background load falls on all of them alike):
+Runs, each in a fresh process and round-robin (so background load falls on all of them alike),
+the ceiling again before every recipe run and once after the last, so that each recipe run is
+compared with the ceiling's rate when it ran: the mean of the ceiling runs just before and after
+it (a virtual machine's speed can drift by 10-30 % within minutes; ``--no-bracket`` runs the
+ceiling once per round):
 
 - the **ceiling**: the bare encoder on the same documents, in large calls over all cores
   (``tokenizers``' ``encode_batch_fast``, or tiktoken's ``encode_to_numpy`` on a thread per CPU),
@@ -19,7 +23,7 @@ Runs, each in a fresh process and round-robin (so background load falls on all o
   and, from a checkpoint taken half-way, a **restore** in a new process, timed to its first batch
   and checked against the batch the uninterrupted run delivered next.
 
-It prints one table (tokens/s, ratio to the ceiling of the same round, time to first batch, peak
+It prints one table (tokens/s, ratio to the ceiling when the run ran, time to first batch, peak
 RSS, CPU seconds per million tokens, checkpoint bytes, restore time) and writes every measurement
 to ``--json``. Two rates are given for the recipe: tokens *delivered* per second over the whole
 pass, start included, and the *steady* rate: tokens of the batches the lanes built after the
@@ -346,6 +350,7 @@ def run_bench(
     restore: bool = True,
     read_size: int | None = None,
     read_ahead: int | None = None,
+    bracket: bool = True,
     timeout: float = 1800,
     out: Any = print,
 ) -> dict[str, Any]:
@@ -375,10 +380,12 @@ def run_bench(
         # One pass to count batches (for the half-way checkpoint) and build the line index once.
         probe = _run_child({**configs[next(n for n in configs if n != "ceiling")], "half": 0, "checkpoint_every": 0}, timeout)
         half = max(1, probe["batches"] // 2)
+        seq = 0
         for rnd in range(repeats):
-            for name, task in configs.items():
-                res = _run_child({**task, "half": half}, timeout)
-                res["round"] = rnd
+            for name in _schedule(list(configs), bracket, last_round=rnd == repeats - 1):
+                res = _run_child({**configs[name], "half": half}, timeout)
+                res["round"], res["seq"] = rnd, seq
+                seq += 1
                 results["runs"][name].append(res)
                 out(f"  [{rnd + 1}/{repeats}] {name:22s} {res['tokens_per_s'] or 0:>12,.0f} tokens/s")
         restores: dict[str, list] = {}
@@ -393,17 +400,46 @@ def run_bench(
     return results
 
 
+def _schedule(names: list[str], bracket: bool, last_round: bool) -> list[str]:
+    """The runs of one round, in order: the ceiling first, and with ``bracket`` again before each
+    recipe run (and after the last one of the last round), so that every recipe run sits between two."""
+    recipes = [n for n in names if n != "ceiling"]
+    if not bracket:
+        return ["ceiling", *recipes]
+    order = [x for n in recipes for x in ("ceiling", n)]
+    return order + ["ceiling"] if last_round else order
+
+
+def _reference(ceilings: list[dict[str, Any]], run: dict[str, Any], key: str) -> float | None:
+    """The ceiling's ``key`` when ``run`` ran: the mean of the ceiling runs just before and just after it
+    (the machine's speed drifts; a run is compared with its neighbours in time), or the nearest one."""
+    seq = run.get("seq", run.get("round", 0))
+    before = [c for c in ceilings if c.get("seq", c.get("round", 0)) < seq and c.get(key)]
+    after = [c for c in ceilings if c.get("seq", c.get("round", 0)) > seq and c.get(key)]
+    near = before[-1:] + after[:1]
+    return statistics.fmean(c[key] for c in near) if near else None
+
+
 def _summarize(results: dict[str, Any]) -> dict[str, Any]:
     runs = results["runs"]
-    ceiling = {r["round"]: r for r in runs["ceiling"]}
+    ceilings = runs["ceiling"]
     summary: dict[str, Any] = {}
     for name, rs in runs.items():
-        ratios = [r["tokens_per_s"] / ceiling[r["round"]]["tokens_per_s"] for r in rs if r.get("tokens_per_s") and r["round"] in ceiling]
         # The ceiling's rate is steady already: its clock starts with the tokenizer loaded and the
         # texts in memory, and every row it encodes is counted.
         steady = [r.get("steady_tokens_per_s") or (r["tokens_per_s"] if name == "ceiling" else None) for r in rs]
-        steady_ratios = [b / ceiling[r["round"]]["tokens_per_s"] for b, r in zip(steady, rs) if b and r["round"] in ceiling]
-        deltas = [r["first_batch_s"] - ceiling[r["round"]]["first_batch_s"] for r in rs if r.get("first_batch_s") and r["round"] in ceiling]
+        if name == "ceiling":
+            ratios = steady_ratios = [1.0] * len(rs)
+            deltas = [0.0] * len(rs)
+        else:
+            for r, b in zip(rs, steady):  # kept per run in the JSON, next to the run's own figures
+                ref, first = _reference(ceilings, r, "tokens_per_s"), _reference(ceilings, r, "first_batch_s")
+                r["ratio"] = r["tokens_per_s"] / ref if r.get("tokens_per_s") and ref else None
+                r["steady_ratio"] = b / ref if b and ref else None
+                r["first_batch_minus_ceiling_s"] = r["first_batch_s"] - first if r.get("first_batch_s") and first is not None else None
+            ratios = [r["ratio"] for r in rs]
+            steady_ratios = [r["steady_ratio"] for r in rs]
+            deltas = [r["first_batch_minus_ceiling_s"] for r in rs]
         row = {
             "tokens": rs[0]["tokens"] if rs else None,
             "tokens_per_s": _median([r["tokens_per_s"] for r in rs]),
@@ -480,16 +516,16 @@ def _main(args: argparse.Namespace) -> int:
         args.data, args.tokenizer, lanes=args.lanes, workers=args.workers, thread=args.thread, backend=args.backend,
         field=args.field, seq_len=args.seq_len, batch_size=args.batch_size, buffer=args.buffer,
         checkpoint_every=args.checkpoint_every, docs_per_call=args.docs_per_call, repeats=args.repeats,
-        restore=not args.no_restore, read_size=args.read_size, read_ahead=args.read_ahead,
+        restore=not args.no_restore, read_size=args.read_size, read_ahead=args.read_ahead, bracket=not args.no_bracket,
     )
     print()
     print(format_table(results))
     print(f"\nload average {results['load_average_start']} at the start, {results['load_average_end']} at the end. "
           "tokens/s: tokens delivered per second over the whole pass; steady tok/s: tokens of every batch the lanes "
           "built after the first one (delivered, or left undelivered at the end of finite data) per second after the "
-          "first batch; x ceiling: over the ceiling's tokens/s in the same "
-          "round (median); vs ceiling: time to first batch minus the ceiling's (both from process start, tokenizer "
-          "load included)")
+          "first batch; x ceiling: over the ceiling's tokens/s when the run ran (the mean of the ceiling runs just "
+          "before and after it; median over rounds); vs ceiling: time to first batch minus the ceiling's (both from "
+          "process start, tokenizer load included)")
     Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")
     print(f"saved {args.json}")
     return 0
@@ -521,6 +557,9 @@ def register(sub: Any) -> None:
                    help="options(read_ahead=...): samples read and tokenized ahead per call (0: off; default: the library's)")
     p.add_argument("--repeats", type=_positive, default=3, help="fresh-process rounds; medians are reported (default 3)")
     p.add_argument("--no-restore", action="store_true", help="skip the restore measurement")
+    p.add_argument("--no-bracket", action="store_true",
+                   help="run the ceiling once per round instead of before every recipe run (faster, but on a machine "
+                        "whose speed drifts the ratios of later runs are off)")
     p.add_argument("--json", default="zephon-bench.json", help="where to write every measurement (default zephon-bench.json)")
     p.set_defaults(func=_main)
 
