@@ -413,9 +413,8 @@ def _schedule(names: list[str], bracket: bool, last_round: bool) -> list[str]:
 def _reference(ceilings: list[dict[str, Any]], run: dict[str, Any], key: str) -> float | None:
     """The ceiling's ``key`` when ``run`` ran: the mean of the ceiling runs just before and just after it
     (the machine's speed drifts; a run is compared with its neighbours in time), or the nearest one."""
-    seq = run.get("seq", run.get("round", 0))
-    before = [c for c in ceilings if c.get("seq", c.get("round", 0)) < seq and c.get(key)]
-    after = [c for c in ceilings if c.get("seq", c.get("round", 0)) > seq and c.get(key)]
+    before = [c for c in ceilings if c["seq"] < run["seq"] and c.get(key)]
+    after = [c for c in ceilings if c["seq"] > run["seq"] and c.get(key)]
     near = before[-1:] + after[:1]
     return statistics.fmean(c[key] for c in near) if near else None
 

@@ -511,18 +511,6 @@ class Chain(Operator):
         return {name: op.encode_state(s) for (name, op), s in zip(self.children, state.states)}
 
     def decode_state(self, data: Any, upstream: Resolver) -> ChainState:
-        self._check_names(data)
-        states = []
-        resolver = upstream
-        for name, op in self.children:
-            try:
-                states.append(op.decode_state(data[name], resolver))
-            except (msgspec.ValidationError, ValueError, TypeError) as exc:
-                raise ValueError(f"cannot restore the state of operator {name!r}: {exc}") from exc
-            resolver = _bind(op, resolver)
-        return ChainState(tuple(states))
-
-    def _check_names(self, data: Any) -> None:
         if not isinstance(data, dict):
             raise ValueError("chain state must be a mapping of operator name to state")
         missing = [n for n in self.names if n not in data]
@@ -532,6 +520,15 @@ class Chain(Operator):
                 f"checkpoint operators do not match the pipeline: missing {missing}, unknown {unknown}; "
                 f"the pipeline has {list(self.names)}"
             )
+        states = []
+        resolver = upstream
+        for name, op in self.children:
+            try:
+                states.append(op.decode_state(data[name], resolver))
+            except (msgspec.ValidationError, ValueError, TypeError) as exc:
+                raise ValueError(f"cannot restore the state of operator {name!r}: {exc}") from exc
+            resolver = _bind(op, resolver)
+        return ChainState(tuple(states))
 
     def fingerprint(self) -> dict[str, Any]:
         return {"op": "Chain", "children": [[n, op.fingerprint()] for n, op in self.children]}

@@ -36,7 +36,7 @@ from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
-from ._lanes import LaneState, Plan
+from ._lanes import LaneState, Plan, caller_order
 from ._log import progress
 from ._records import SampleBatch, describe_meta
 from ._stats import merge_meters
@@ -93,9 +93,8 @@ class InlineExecutor:
 
 
 def _caller_order(states: dict[int, LaneState]) -> list[int]:
-    """The lanes in the order the caller takes their outputs: fewest delivered first (after a restore
-    mid-step, the lanes that step still needs), so that its next output is computed first."""
-    return sorted(states, key=lambda lane: (states[lane].delivered, lane))
+    """The lanes in the order the caller takes their outputs, so that its next output is computed first."""
+    return caller_order({lane: s.delivered for lane, s in states.items()})
 
 
 def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: dict, stop: threading.Event, meter: Any) -> None:

@@ -175,8 +175,8 @@ class Plan:
         """
         source, chain, pending, done = state.source, state.chain, state.pending, state.done
         size = self.read_size_of(state)
-        if not pending and not done and type(chain) is DeferredChain:  # restored lazily: rebuilt now if the background has not yet
-            chain = chain.value()
+        if not pending and not done:  # it steps: restored lazily, its operators are rebuilt now if not yet
+            chain = _chain_of(state)
         while not pending and not done:
             prepared = None if ahead is None else ahead.take(lane, source, size)
             if prepared is None:
@@ -323,10 +323,10 @@ class Plan:
         """Inverse of :meth:`encode`, refusing states this plan's lane could never reach.
 
         A ``checksum`` field (as in a checkpoint) is verified; a state straight from
-        :meth:`encode` has none. With ``lazy``, only what needs no record is checked now (the
-        checksum, the fields' types, the cursor, the output references); the operator states and
-        the undelivered outputs are rebuilt in the background (see :mod:`zephon._lazy`) or when
-        the lane is first stepped, and raise then what they would raise here.
+        :meth:`encode` has none. With ``lazy``, only what needs no operator is checked now (the
+        checksum, the cursor, the counters, the output references); the operator states and the
+        undelivered outputs are rebuilt in the background (see :mod:`zephon._lazy`) or when the
+        lane is first stepped or encoded, and raise then what they would raise here.
 
         Raises:
             ValueError: naming the lane and the field: a modified state (checksum mismatch), a
@@ -341,12 +341,12 @@ class Plan:
 
         The first output after a restore then waits for one lane's records only; the other
         lanes' records are rebuilt in the background while it is used, or when the lane is
-        first stepped (every lane is checked now for what needs no record). Whole and lazy
+        first stepped (every lane is checked now for what needs no operator). Whole and lazy
         states give the same outputs.
         """
         with _lazy.no_gc():
             checked = {lane: self._check_state(lane, data) for lane, data in encoded.items()}
-            first = min(encoded, key=lambda lane: (encoded[lane]["delivered"], lane), default=None)
+            first = next(iter(caller_order({lane: data["delivered"] for lane, data in encoded.items()})), None)
             return {
                 lane: self._decoded(lane, data, checked[lane], _lazy.LAZY_LANES and lane != first)
                 for lane, data in encoded.items()
@@ -362,7 +362,7 @@ class Plan:
         return LaneState(source, chain, pending, data["delivered"], data["done"], counts)
 
     def _check_state(self, lane: int, data: Any) -> tuple[SourceState, list, tuple[int, ...]]:
-        """What :meth:`decode` checks without rebuilding a record: the source cursor, the output references and the mixture counters."""
+        """What :meth:`decode` checks without any operator: the checksum, the cursor, the output references, the counters."""
         from ._checkpoint import check_lane_state
 
         if isinstance(lane, bool) or not isinstance(lane, int):
@@ -473,6 +473,12 @@ class Plan:
 
     def fingerprint(self) -> dict[str, Any]:
         return {"source": self.source.fingerprint(), "operators": self.chain.fingerprint()["children"], "lanes": self.lanes}
+
+
+def caller_order(delivered: dict[int, int]) -> list[int]:
+    """Lanes in the order the caller takes their outputs, from their delivered counts: fewest
+    first (after a restore mid-step, the lanes that step still needs), then by id."""
+    return sorted(delivered, key=lambda lane: (delivered[lane], lane))
 
 
 def _chain_of(state: LaneState) -> ChainState:

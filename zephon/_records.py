@@ -82,19 +82,12 @@ def meta_to_ints(meta: Meta) -> list[int]:
 
 def meta_from_ints(data: Any) -> Meta:
     """Inverse of :func:`meta_to_ints`; errors name what is malformed."""
-    kind = type(data)
-    if kind is list or kind is tuple:  # a restored shuffle buffer holds thousands: checks at C speed first
-        n = len(data)
-        if n == 8:
-            lane, pad, d, s, r, c, start, end = data
-            if (
-                type(lane) is int and type(pad) is int and type(d) is int and type(s) is int
-                and type(r) is int and type(c) is int and type(start) is int and type(end) is int
-            ):
-                return Meta(lane, (Segment(d, s, r, c, start, end),), pad)
-        elif n > 8 and not (n - 2) % 6 and {*map(type, data)} == _INT:
-            rest = iter(data[2:])
-            return Meta(data[0], tuple(starmap(Segment, zip(rest, rest, rest, rest, rest, rest))), data[1])
+    if (type(data) is list or type(data) is tuple) and len(data) >= 8 and not (len(data) - 2) % 6 and {*map(type, data)} == _INT:
+        # The common case, checked at C speed (a restored shuffle buffer holds thousands).
+        if len(data) == 8:
+            return Meta(data[0], (Segment(*data[2:]),), data[1])
+        rest = iter(data[2:])
+        return Meta(data[0], tuple(starmap(Segment, zip(rest, rest, rest, rest, rest, rest))), data[1])
     if not isinstance(data, (list, tuple)) or len(data) < 2 or (len(data) - 2) % 6:
         raise ValueError(f"a record reference is [lane, padding, 6 ints per segment...], got {data!r}")
     if not all(isinstance(x, int) and not isinstance(x, bool) for x in data):

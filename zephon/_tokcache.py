@@ -66,7 +66,10 @@ def _installed_version(name: str) -> str:
         return "-"
     folders = list(spec.submodule_search_locations or ()) or ([os.path.dirname(spec.origin)] if spec.origin else [])
     for folder in folders:
-        found = [n for n in os.listdir(os.path.dirname(folder)) if n.startswith(f"{name}-") and n.endswith(".dist-info")]
+        try:
+            found = [n for n in os.listdir(os.path.dirname(folder)) if n.startswith(f"{name}-") and n.endswith(".dist-info")]
+        except OSError:
+            continue
         if len(found) == 1:
             return found[0][len(name) + 1 : -len(".dist-info")]
     try:
