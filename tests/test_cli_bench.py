@@ -58,6 +58,12 @@ def test_bench_runs_on_tiny_data_and_writes_json(tiny, tmp_path, capsys):
             assert run["ratio"] == pytest.approx(run["tokens_per_s"] / ((rates[before] + rates[after]) / 2))
     printed = capsys.readouterr().out
     assert "x ceiling" in printed and "restore->1st s" in printed and str(out) in printed
+    # The ceiling also times the rows the recipe's first batch draws from: the shuffle's warm-up and the batch.
+    from zephon.ops import Shuffle
+
+    assert report["first_rows"] == 2 + Shuffle(16).warmup
+    for run in runs["ceiling"]:
+        assert run["first_rows"] == report["first_rows"] and run["first_rows_s"] >= run["first_batch_s"] > 0
 
 
 def test_each_run_is_compared_with_the_ceiling_when_it_ran():
@@ -69,7 +75,7 @@ def test_each_run_is_compared_with_the_ceiling_when_it_ran():
 
     # The machine slows down steadily: the ceiling reads 200, then 100; the recipe, between them, 120.
     results = {"runs": {
-        "ceiling": [run(0, 200.0, 0.5), run(2, 100.0, 0.7)],
+        "ceiling": [run(0, 200.0, 0.5, first_rows_s=0.8), run(2, 100.0, 0.7, first_rows_s=1.0)],
         "recipe workers=0": [run(1, 120.0, 0.9, steady_tokens_per_s=135.0)],
         "recipe workers=1": [run(3, 90.0, 1.0, steady_tokens_per_s=None)],  # after the last ceiling: that one
     }}
@@ -77,6 +83,10 @@ def test_each_run_is_compared_with_the_ceiling_when_it_ran():
     assert summary["recipe workers=0"]["ratio"] == pytest.approx(120 / 150)
     assert summary["recipe workers=0"]["steady_ratio"] == pytest.approx(135 / 150)
     assert summary["recipe workers=0"]["first_batch_minus_ceiling_s"] == pytest.approx(0.9 - 0.6)
+    # ... and with the ceiling's time to as many rows as the recipe's first batch draws from.
+    assert summary["recipe workers=0"]["first_batch_minus_same_rows_s"] == pytest.approx(0.9 - 0.9)
+    assert summary["recipe workers=1"]["first_batch_minus_same_rows_s"] == pytest.approx(1.0 - 1.0)
+    assert summary["ceiling"]["first_rows_s"] == pytest.approx(0.9)
     assert summary["recipe workers=1"]["ratio"] == pytest.approx(0.9)
     assert summary["recipe workers=1"]["steady_ratio"] is None
     assert summary["ceiling"]["ratio"] == 1.0

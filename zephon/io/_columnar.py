@@ -174,7 +174,7 @@ class ColumnarShard(FileIdentity):
         max_bytes = io.row_group_cache_bytes if io is not None else 64 << 20
         groups = np.searchsorted(opened.starts, rows, side="right") - 1
         out: list = [None] * rows.shape[0]
-        for g in np.unique(groups).tolist():
+        for g in sorted(set(groups.tolist())):
             where = np.flatnonzero(groups == g)
             table = self._group(opened, g, dataset, max_bytes)
             local = rows[where] - opened.starts[g]

@@ -336,7 +336,7 @@ class StaticMixtureWorkSource:
             if not sel.size:
                 continue
             epochs, pos = np.divmod(index[sel], d.num_rows)
-            for epoch in np.unique(epochs).tolist():
+            for epoch in sorted(set(epochs.tolist())):
                 part = sel[epochs == epoch]
                 p = pos[epochs == epoch]
                 order, starts = _layout(self, j, epoch)
@@ -344,7 +344,7 @@ class StaticMixtureWorkSource:
                 shard = order[slot]
                 row = p - starts[slot]
                 if self.shuffle_within_shard:
-                    for s in np.unique(shard).tolist():
+                    for s in sorted(set(shard.tolist())):
                         m = shard == s
                         key = fold_in(self._key, "rows", d.name, epoch, s)
                         row[m] = permute_np(row[m].astype(np.uint64), d.shard_sizes[s], key)
