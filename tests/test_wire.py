@@ -207,3 +207,66 @@ def test_batches_from_worker_processes_are_equal_and_writable_also_from_read_onl
     assert inline_arrays and not any(a.flags.writeable for a in inline_arrays)  # read-only where they were made
     assert all(a.flags.writeable for a in worker_arrays)
     assert len({id(owner(a)) for a in worker_arrays}) == len(worker_arrays)  # each has memory of its own
+
+
+# -- batches: a fast form for payloads of arrays and plain values, the usual pickle for anything else --
+
+
+def batch_of(payloads, pad=None):
+    return SampleBatch(tuple(Record(p, Meta(lane=2, segments=(Segment(0, 1, i, 0, 0, 5 + i), Segment(1, 0, 7, 0, 2, 9)), padding_length=i % 3))
+                             for i, p in enumerate(payloads)), pad_token_id=pad)
+
+
+def same_batch(got, sent):
+    """Equal records, metas, padding id, and every value of the same type (arrays: dtype and shape)."""
+    assert type(got) is SampleBatch and got == sent and got.pad_token_id == sent.pad_token_id
+    for g, s in zip(got.records, sent.records):
+        assert g.meta == s.meta and list(g.payload) == list(s.payload)  # the keys in their order
+        for key in s.payload:
+            assert type(g.payload[key]) is type(s.payload[key]), key
+            if isinstance(s.payload[key], np.ndarray):
+                assert g.payload[key].dtype == s.payload[key].dtype and g.payload[key].shape == s.payload[key].shape
+                assert g.payload[key].flags.writeable
+
+
+def test_batches_of_arrays_and_plain_values_cross_in_their_fast_form_and_arrive_the_same():
+    payloads = [
+        {"input_ids": np.arange(i, i + 50, dtype=np.int32), "positions": read_only(np.arange(50, dtype=np.int32)),
+         "loss_mask": np.arange(50) % 2 == 0, "grid": np.arange(12, dtype=">i8").reshape(3, 4), "scalar": np.array(i),
+         "empty": np.zeros((0, 3), np.float32), "source": f"doc{i}", "n": i, "w": 0.5, "ok": True, "none": None, "raw": b"x"}
+        for i in range(4)
+    ]
+    sent = batch_of(payloads, pad=7)
+    parts = pack_message(sent)
+    assert b"_rebuild_batch" in bytes(parts[0])
+    assert len(parts) - 1 == 4 * 6  # every array out of band, the read-only one too
+    got = round_trip(sent)
+    same_batch(got, sent)
+    arrays = list(arrays_of(got))
+    assert len({id(owner(a)) for a in arrays}) == len(arrays) and all(isinstance(owner(a), bytearray) for a in arrays)
+    got.records[0].payload["input_ids"][:] = -1  # arrays of their own: the others are untouched
+    assert np.array_equal(got.records[1].payload["input_ids"], np.arange(1, 51, dtype=np.int32))
+
+
+@pytest.mark.parametrize("odd", ["nested", "strided", "objects", "list", "same_array_twice", "not_a_dict", "subclass"])
+def test_batches_the_fast_form_cannot_carry_pickle_as_usual_and_arrive_the_same(odd):
+    shared = np.arange(6, dtype=np.int64)
+    extra = {
+        "nested": {"x": [np.arange(3), {"y": np.ones(2)}]},
+        "strided": np.arange(20, dtype=np.int32)[::2],
+        "objects": np.array([{"a": 1}, None], dtype=object),
+        "list": [1, 2, 3],
+        "same_array_twice": shared,
+        "subclass": np.ma.masked_array([1, 2], mask=[0, 1]),
+    }
+    payloads = [{"input_ids": np.arange(i, i + 5, dtype=np.int32), "odd": extra.get(odd)} for i in range(3)]
+    if odd == "not_a_dict":
+        payloads = [np.arange(i, i + 5) for i in range(3)]
+    sent = batch_of(payloads)
+    assert b"_rebuild_batch" not in bytes(pack_message(sent)[0])
+    got = round_trip(sent)
+    assert got == sent and [r.meta for r in got.records] == [r.meta for r in sent.records]
+    if odd == "same_array_twice":  # one array sent three times stays one array
+        assert got.records[0].payload["odd"] is got.records[2].payload["odd"]
+    if odd == "subclass":
+        assert type(got.records[0].payload["odd"]) is np.ma.MaskedArray

@@ -8,7 +8,6 @@ can be rebuilt from its source samples and token ranges (see ``docs/design/state
 
 from __future__ import annotations
 
-from itertools import starmap
 from typing import Any, NamedTuple
 
 import msgspec
@@ -83,11 +82,11 @@ def meta_to_ints(meta: Meta) -> list[int]:
 def meta_from_ints(data: Any) -> Meta:
     """Inverse of :func:`meta_to_ints`; errors name what is malformed."""
     if (type(data) is list or type(data) is tuple) and len(data) >= 8 and not (len(data) - 2) % 6 and {*map(type, data)} == _INT:
-        # The common case, checked at C speed (a restored shuffle buffer holds thousands).
+        # The common case, checked at C speed (a restored shuffle buffer holds thousands); the
+        # segments are built as tuples of six ints, which is what the checks above made sure of.
         if len(data) == 8:
-            return Meta(data[0], (Segment(*data[2:]),), data[1])
-        rest = iter(data[2:])
-        return Meta(data[0], tuple(starmap(Segment, zip(rest, rest, rest, rest, rest, rest))), data[1])
+            return Meta(data[0], (_tuple_new(Segment, data[2:]),), data[1])
+        return Meta(data[0], tuple([_tuple_new(Segment, data[i : i + 6]) for i in range(2, len(data), 6)]), data[1])
     if not isinstance(data, (list, tuple)) or len(data) < 2 or (len(data) - 2) % 6:
         raise ValueError(f"a record reference is [lane, padding, 6 ints per segment...], got {data!r}")
     if not all(isinstance(x, int) and not isinstance(x, bool) for x in data):
@@ -97,6 +96,7 @@ def meta_from_ints(data: Any) -> Meta:
 
 
 _INT = {int}
+_tuple_new = tuple.__new__
 
 
 class Record:

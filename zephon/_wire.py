@@ -6,6 +6,10 @@ for all of them. The receiver reads them with one ``readv``, each into a fresh `
 rebuilds the arrays over those. Compared with one in-band pickle, the array bytes are copied once
 fewer on each side: not into the pickle, and not out of it.
 
+Batches (:class:`~zephon._records.SampleBatch`) of dict payloads holding only arrays and plain
+values reduce to a compact form (:func:`_reduce_batch`) that pickles without calling Python code
+per array and per meta; any other batch pickles as usual.
+
 Small buffers travel out of band too: choosing in-band ones would call Python code for every
 buffer while pickling, which costs more than the copy it saves, while an out-of-band buffer only
 adds an entry to the ``writev`` and ``readv`` calls.
@@ -29,7 +33,10 @@ import sys
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+import msgspec
 import numpy as np
+
+from ._records import Meta, Record, SampleBatch
 
 #: Where numpy's protocol-5 pickles find the function that rebuilds an array over its buffer.
 _NUMPY_FROMBUFFER = {("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeric", "_frombuffer")}
@@ -41,12 +48,63 @@ class _Pickler(pickle.Pickler):
     ``ForkingPickler`` takes no ``buffer_callback``, so this pickler borrows its reducers: those of
     ``copyreg``, of ``multiprocessing`` (connections) and those libraries register (torch tensors).
     Arrays reduce as numpy makes them: a contiguous array as a buffer, others as an in-band copy.
+    Batches reduce with :func:`_reduce_batch`.
     """
 
     def __init__(self, file: io.BytesIO) -> None:
         self.buffers: list[pickle.PickleBuffer] = []
         super().__init__(file, 5, buffer_callback=self.buffers.append)
         self.dispatch_table = ForkingPickler(file).dispatch_table  # a fresh copy of the current reducers
+        self.dispatch_table[SampleBatch] = _reduce_batch
+
+
+#: Payload values a batch's fast form carries as they are (anything else: the batch pickles as usual).
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+def _reduce_batch(batch: SampleBatch) -> Any:
+    """A batch in a form that pickles at C speed: per record its payload's keys and values, each
+    contiguous array as its buffer (out of band) with its dtype and shape; the metas as msgpack.
+
+    Pickling each array and meta as such calls Python code per object (numpy's and msgspec's
+    reducers): 120 µs for 8 packed rows, against 50 µs this way, and 35 µs less to receive.
+    A batch holding anything else (nested containers, other array types, one array twice) pickles
+    as usual, so that what arrives is always what a pickle would give.
+    """
+    records, seen, out = batch.records, set(), []
+    for r in records:
+        payload = r.payload
+        if type(payload) is not dict:
+            return batch.__reduce_ex__(5)
+        values, arrays = list(payload.values()), []
+        for i, v in enumerate(values):
+            t = type(v)
+            if t is np.ndarray and v.flags.c_contiguous and not v.dtype.hasobject and id(v) not in seen:
+                seen.add(id(v))
+                values[i] = pickle.PickleBuffer(v)
+                arrays.append((i, v.dtype, v.shape))
+            elif t not in _PLAIN:
+                return batch.__reduce_ex__(5)
+        out.append((tuple(payload), values, arrays))
+    return _rebuild_batch, (out, _META_ENCODER.encode([r.meta for r in records]), batch.pad_token_id)
+
+
+def _rebuild_batch(records: list, metas: bytes, pad_token_id: Any) -> SampleBatch:
+    """Inverse of :func:`_reduce_batch`: every array writable, over the buffer received for it."""
+    out = []
+    for (keys, values, arrays), meta in zip(records, _META_DECODER.decode(metas)):
+        for i, dtype, shape in arrays:
+            buf = values[i]
+            if isinstance(buf, memoryview):  # read-only in the sender: a read-only view of the received bytearray
+                buf = buf.obj
+            array = np.frombuffer(buf, dtype=dtype)
+            values[i] = array if len(shape) == 1 else array.reshape(shape)
+        out.append(Record(dict(zip(keys, values)), meta))
+    return SampleBatch(tuple(out), pad_token_id)
+
+
+_META_ENCODER = msgspec.msgpack.Encoder()
+_META_DECODER = msgspec.msgpack.Decoder(list[Meta])
 
 
 class _Unpickler(pickle.Unpickler):
