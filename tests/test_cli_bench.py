@@ -63,7 +63,8 @@ def test_bench_runs_on_tiny_data_and_writes_json(tiny, tmp_path, capsys):
 
     assert report["first_rows"] == 2 + Shuffle(16).warmup
     for run in runs["ceiling"]:
-        assert run["first_rows"] == report["first_rows"] and run["first_rows_s"] >= run["first_batch_s"] > 0
+        assert run["first_rows"] == report["first_rows"] and run["first_rows_s"] > 0 and run["first_batch_s"] > 0
+        assert 1 <= run["first_rows_docs"] <= 60  # the documents that fill those rows, and no more
 
 
 def test_each_run_is_compared_with_the_ceiling_when_it_ran():
@@ -96,3 +97,17 @@ def test_bench_names_a_missing_path(tmp_path, capsys):
     code = main(["bench", "--data", str(tmp_path / "nope"), "--tokenizer", str(tmp_path / "t.json"), "--json", str(tmp_path / "x.json")])
     assert code == 2
     assert "--data" in capsys.readouterr().err
+
+
+def test_the_same_work_ceiling_reads_the_documents_that_fill_the_rows_and_no_more():
+    import numpy as np
+
+    from zephon._cli_bench import _docs_for_rows
+
+    texts = ["x" * n for n in [5, 9, 3, 20, 7] * 10]  # a document of n tokens is n + 1 with its EOS
+    encode = lambda batch: [np.zeros(len(t), dtype=np.int32) for t in batch]  # noqa: E731
+    assert _docs_for_rows(texts, encode, 6) == 1
+    assert _docs_for_rows(texts, encode, 7) == 2
+    assert _docs_for_rows(texts, encode, 16) == 2 and _docs_for_rows(texts, encode, 17) == 3
+    assert _docs_for_rows(texts, encode, 9 * 49 + 1) == 46  # across several calls of 16 documents
+    assert _docs_for_rows(texts, encode, 10**6) == len(texts)  # not enough: all of them

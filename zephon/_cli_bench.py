@@ -9,9 +9,10 @@ ceiling once per round):
 - the **ceiling**: the bare encoder on the same documents, in large calls over all cores
   (``tokenizers``' ``encode_batch_fast``, or tiktoken's ``encode_to_numpy`` on a thread per CPU),
   with numpy packing into ``--seq-len`` rows; its time to first batch includes loading the
-  tokenizer and reading the first documents. It also reads on to as many rows as the recipe's
-  first batch draws from (the shuffle's warm-up window and the batch, 72 rows by default): the
-  encoder's own time to the same work, next to its time to its own first 8 rows;
+  tokenizer and reading the first documents. It also times the same work as the recipe's first
+  batch: as many rows as that batch draws from (the shuffle's warm-up window and the batch, 72
+  rows by default), with the documents that fill them known in advance, read at once and encoded
+  in one call by a fresh tokenizer, added to its own time to start and load the tokenizer;
 - the **recipe**, once per ``--workers`` value (and with ``--thread``, in a background thread)::
 
       Pipeline(Dataset.from_path("data", DATA))
@@ -47,7 +48,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["register", "run_bench"]
 
@@ -143,49 +144,36 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
     """The bare encoder in large calls over all cores, plus numpy packing into rows."""
     t0 = task["t0"]
     import numpy as np
-    from tokenizers import Tokenizer
 
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    tok = Tokenizer.from_file(task["tokenizer"])
-    eos = task["eos"]
     row, per_call, batch = task["seq_len"], task["docs_per_call"], task["batch_size"]
-    if task["encoder"] == "tiktoken":
-        from concurrent.futures import ThreadPoolExecutor
-
-        enc = _bare_tiktoken(task["tokenizer"])
-        pool = ThreadPoolExecutor(cpus)
-
-        def encode(texts: list[str]) -> list:
-            return list(pool.map(lambda t: enc.encode_to_numpy(t, disallowed_special=()), texts))
-
-        eos_arr = np.array([eos], dtype=np.uint32)
-    else:
-
-        def encode(texts: list[str]) -> list:
-            return [np.fromiter(e.ids, dtype=np.int32) for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
-
-        eos_arr = np.array([eos], dtype=np.int32)
+    eos_arr = np.array([task["eos"]], dtype=np.uint32 if task["encoder"] == "tiktoken" else np.int32)
+    encode = _bare_encoder(task)
 
     def pack(arrays: list, rest: Any) -> tuple[Any, Any]:
         return pack_rows(arrays, rest, eos_arr, row)
 
-    # Time to first batch: tokenizer load (above), reading and encoding the first documents. Then,
-    # reading on, the time to as many rows as the recipe's first batch draws from (its shuffle's
-    # warm-up window plus the batch): the encoder's own time to the same amount of work.
+    # Time to first batch: tokenizer load (above), reading and encoding the first documents.
     files = _files(task["data"])
-    need = max(batch, task.get("first_rows") or batch)
-    rows, rest, done, want, first = eos_arr[:0].reshape(0, row), eos_arr[:0], 0, 16, None
-    while True:
+    ready = time.time() - t0  # started, tokenizer loaded, files listed
+    rows, rest, done, want = eos_arr[:0].reshape(0, row), eos_arr[:0], 0, 16
+    while len(rows) < batch:
         texts = _texts(files, task["field"], limit=want)
         more, rest = pack(encode(texts[done:]), rest)
         rows = np.concatenate([rows, more])
-        if first is None and len(rows) >= batch:
-            first = time.time() - t0
-        if len(rows) >= need or len(texts) < want:
+        if len(texts) < want:
             break
         done, want = len(texts), want * 4
-    first_rows = time.time() - t0
-    first = first_rows if first is None else first
+    first = time.time() - t0
+    # The same work as the recipe's first batch: as many rows as it draws from (its shuffle's warm-up
+    # window and the batch). Found untimed with one fresh tokenizer, then timed with another (no
+    # cache shared with a previous call): reading exactly those documents, one encoder call, packing;
+    # added to the time it took to start, load the tokenizer and list the files.
+    need = max(batch, task.get("first_rows") or batch)
+    docs = _docs_for_rows(_texts(files, task["field"], limit=64 * need), _bare_encoder(task), need * row)
+    encode_fresh = _bare_encoder(task)
+    t = time.perf_counter()
+    pack(encode_fresh(_texts(files, task["field"], limit=docs)), eos_arr[:0])
+    first_rows = ready + time.perf_counter() - t
     # Throughput: texts in memory, the encoding loop alone.
     texts = _texts(files, task["field"], task.get("max_docs"))
     tokens = 0
@@ -196,7 +184,36 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
         tokens += packed.size
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     return {"tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall, "first_batch_s": first,
-            "first_rows_s": first_rows, "first_rows": need, "cpu_s_per_mtok": cpu / tokens * 1e6, "rss_mib": _rss_mib()}
+            "first_rows_s": first_rows, "first_rows": need, "first_rows_docs": docs,
+            "cpu_s_per_mtok": cpu / tokens * 1e6, "rss_mib": _rss_mib()}
+
+
+def _bare_encoder(task: dict[str, Any]) -> Callable[[list[str]], list]:
+    """A fresh tokenizer's encode function: texts to id arrays, in large calls over all cores."""
+    import numpy as np
+
+    if task["encoder"] == "tiktoken":
+        from concurrent.futures import ThreadPoolExecutor
+
+        enc = _bare_tiktoken(task["tokenizer"])
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        pool = ThreadPoolExecutor(cpus)
+        return lambda texts: list(pool.map(lambda t: enc.encode_to_numpy(t, disallowed_special=()), texts))
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(task["tokenizer"])
+    return lambda texts: [np.fromiter(e.ids, dtype=np.int32) for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def _docs_for_rows(texts: list[str], encode: Callable[[list[str]], list], tokens: int) -> int:
+    """How many of the first ``texts`` it takes to fill ``tokens`` (each document and its EOS)."""
+    total = 0
+    for start in range(0, len(texts), 16):
+        for i, ids in enumerate(encode(texts[start : start + 16])):
+            total += len(ids) + 1
+            if total >= tokens:
+                return start + i + 1
+    return len(texts)
 
 
 def _pipeline(task: dict[str, Any]) -> Any:
