@@ -58,10 +58,9 @@ def test_bench_runs_on_tiny_data_and_writes_json(tiny, tmp_path, capsys):
             assert run["ratio"] == pytest.approx(run["tokens_per_s"] / ((rates[before] + rates[after]) / 2))
     printed = capsys.readouterr().out
     assert "x ceiling" in printed and "restore->1st s" in printed and str(out) in printed
-    # The ceiling also times the rows the recipe's first batch draws from: the shuffle's warm-up and the batch.
-    from zephon.ops import Shuffle
-
-    assert report["first_rows"] == 2 + Shuffle(16).warmup
+    # The ceiling also times the rows the recipe's first batch draws from: the shuffle's warm-up
+    # window (1 row for a buffer of 16), then two rows for each of the batch's 2.
+    assert report["first_rows"] == 1 + 2 * 2 - 1
     for run in runs["ceiling"]:
         assert run["first_rows"] == report["first_rows"] and run["first_rows_s"] > 0 and run["first_batch_s"] > 0
         assert 1 <= run["first_rows_docs"] <= 60  # the documents that fill those rows, and no more
@@ -111,3 +110,13 @@ def test_the_same_work_ceiling_reads_the_documents_that_fill_the_rows_and_no_mor
     assert _docs_for_rows(texts, encode, 16) == 2 and _docs_for_rows(texts, encode, 17) == 3
     assert _docs_for_rows(texts, encode, 9 * 49 + 1) == 46  # across several calls of 16 documents
     assert _docs_for_rows(texts, encode, 10**6) == len(texts)  # not enough: all of them
+
+
+@pytest.mark.parametrize("buffer,batch", [(1024, 8), (16, 2), (4096, 3), (1, 8)])
+def test_the_rows_before_the_first_batch_are_the_shuffles_warm_up_then_two_per_row(buffer, batch):
+    from zephon._cli_bench import _rows_before_first_batch
+    from zephon.ops import Shuffle
+
+    warmup = Shuffle(buffer).warmup
+    expected = batch if buffer == 1 else warmup + 2 * batch - 1
+    assert _rows_before_first_batch(buffer, batch) == expected

@@ -10,8 +10,8 @@ ceiling once per round):
   (``tokenizers``' ``encode_batch_fast``, or tiktoken's ``encode_to_numpy`` on a thread per CPU),
   with numpy packing into ``--seq-len`` rows; its time to first batch includes loading the
   tokenizer and reading the first documents. It also times the same work as the recipe's first
-  batch: as many rows as that batch draws from (the shuffle's warm-up window and the batch, 72
-  rows by default), with the documents that fill them known in advance, read at once and encoded
+  batch: as many rows as that batch draws from (the shuffle's warm-up window, then two rows for
+  each of the batch's rows while the window grows: 79 rows by default), with the documents that fill them known in advance, read at once and encoded
   in one call by a fresh tokenizer, added to its own time to start and load the tokenizer;
 - the **recipe**, once per ``--workers`` value (and with ``--thread``, in a background thread)::
 
@@ -165,7 +165,7 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
         done, want = len(texts), want * 4
     first = time.time() - t0
     # The same work as the recipe's first batch: as many rows as it draws from (its shuffle's warm-up
-    # window and the batch). Found untimed with one fresh tokenizer, then timed with another (no
+    # window, then two rows for each of the batch's while the window grows). Found untimed with one fresh tokenizer, then timed with another (no
     # cache shared with a previous call): reading exactly those documents, one encoder call, packing;
     # added to the time it took to start, load the tokenizer and list the files.
     need = max(batch, task.get("first_rows") or batch)
@@ -387,10 +387,7 @@ def run_bench(
               "batch_size": batch_size, "lanes": lanes, "buffer": buffer, "backend": backend,
               "checkpoint_every": checkpoint_every, "docs_per_call": docs_per_call, "eos": eos,
               "read_size": read_size, "read_ahead": read_ahead}
-    from ._shuffle import Shuffle
-
-    # The rows the recipe's first batch draws from: the shuffle's warm-up window and the batch.
-    first_rows = batch_size + Shuffle(buffer).warmup
+    first_rows = _rows_before_first_batch(buffer, batch_size)
     configs: dict[str, dict[str, Any]] = {"ceiling": {**common, "mode": "ceiling", "encoder": encoder, "first_rows": first_rows}}
     for w in workers:
         configs[f"recipe workers={w}"] = {**common, "mode": "recipe", "workers": w, "thread": False}
@@ -427,6 +424,20 @@ def run_bench(
     results["load_average_end"] = _load()
     results["summary"] = _summarize(results)
     return results
+
+
+def _rows_before_first_batch(buffer: int, batch_size: int) -> int:
+    """How many rows a lane's ``shuffle(buffer)`` takes in before it has given ``batch_size``: its
+    warm-up window, then two rows for each output while the window grows (counted by the operator)."""
+    from ._records import Meta, Record, Segment
+    from ._shuffle import Shuffle
+
+    op = Shuffle(buffer, seed=0)
+    state, arrived, given = op.init(0), 0, 0
+    while given < batch_size:
+        state, out = op.step(state, [Record({}, Meta(0, (Segment(0, 0, arrived, 0, 0, -1),)))])
+        arrived, given = arrived + 1, given + len(out)
+    return arrived
 
 
 def _schedule(names: list[str], bracket: bool, last_round: bool) -> list[str]:
@@ -561,8 +572,8 @@ def _main(args: argparse.Namespace) -> int:
           "first batch; x ceiling: over the ceiling's tokens/s when the run ran (the mean of the ceiling runs just "
           "before and after it; median over rounds); vs ceiling: time to first batch minus the ceiling's (both from "
           "process start, tokenizer load included); vs same rows: time to first batch minus the ceiling's time to encode and "
-          f"pack as many rows as the recipe's first batch draws from ({results['first_rows']}: the shuffle's warm-up window "
-          "and the batch; the ceiling's row shows that time)")
+          f"pack as many rows as the recipe's first batch draws from ({results['first_rows']}: the shuffle's warm-up window, "
+          "then two rows for each row of the batch; the ceiling's row shows that time)")
     Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")
     print(f"saved {args.json}")
     return 0
