@@ -213,8 +213,10 @@ def test_batches_from_worker_processes_are_equal_and_writable_also_from_read_onl
 
 
 def batch_of(payloads, pad=None):
-    return SampleBatch(tuple(Record(p, Meta(lane=2, segments=(Segment(0, 1, i, 0, 0, 5 + i), Segment(1, 0, 7, 0, 2, 9)), padding_length=i % 3))
-                             for i, p in enumerate(payloads)), pad_token_id=pad)
+    def meta(i):
+        return Meta(lane=2, segments=(Segment(0, 1, i, 0, 0, 5 + i), Segment(1, 0, 7, 0, 2, 9)), padding_length=i % 3)
+
+    return SampleBatch(tuple(Record(p, meta(i)) for i, p in enumerate(payloads)), pad_token_id=pad)
 
 
 def same_batch(got, sent):

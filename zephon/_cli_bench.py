@@ -11,8 +11,9 @@ ceiling once per round):
   with numpy packing into ``--seq-len`` rows; its time to first batch includes loading the
   tokenizer and reading the first documents. It also times the same work as the recipe's first
   batch: as many rows as that batch draws from (the shuffle's warm-up window, then two rows for
-  each of the batch's rows while the window grows: 79 rows by default), with the documents that fill them known in advance, read at once and encoded
-  in one call by a fresh tokenizer, added to its own time to start and load the tokenizer;
+  each of the batch's rows while the window grows: 79 rows by default), with the documents that
+  fill them known in advance, read at once and encoded in one call by a fresh tokenizer, added
+  to its own time to start and load the tokenizer;
 - the **recipe**, once per ``--workers`` value (and with ``--thread``, in a background thread)::
 
       Pipeline(Dataset.from_path("data", DATA))
@@ -164,10 +165,11 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
             break
         done, want = len(texts), want * 4
     first = time.time() - t0
-    # The same work as the recipe's first batch: as many rows as it draws from (its shuffle's warm-up
-    # window, then two rows for each of the batch's while the window grows). Found untimed with one fresh tokenizer, then timed with another (no
-    # cache shared with a previous call): reading exactly those documents, one encoder call, packing;
-    # added to the time it took to start, load the tokenizer and list the files.
+    # The same work as the recipe's first batch: as many rows as it draws from (its shuffle's
+    # warm-up window, then two rows for each of the batch's while the window grows). The documents
+    # are found untimed with one fresh tokenizer, then timed with another (no cache shared with a
+    # previous call): reading exactly those documents, one encoder call, packing; added to the time
+    # it took to start, load the tokenizer and list the files.
     need = max(batch, task.get("first_rows") or batch)
     docs = _docs_for_rows(_texts(files, task["field"], limit=64 * need), _bare_encoder(task), need * row)
     encode_fresh = _bare_encoder(task)
@@ -396,7 +398,8 @@ def run_bench(
     results: dict[str, Any] = {
         "data": common["data"], "tokenizer": common["tokenizer"], "encoder": encoder, "lanes": lanes, "buffer": buffer,
         "seq_len": seq_len, "batch_size": batch_size, "checkpoint_every": checkpoint_every, "repeats": repeats,
-        "docs_per_call": docs_per_call, "first_rows": first_rows, "cpus": os.cpu_count(), "load_average_start": _load(), "runs": {n: [] for n in configs},
+        "docs_per_call": docs_per_call, "first_rows": first_rows, "cpus": os.cpu_count(), "load_average_start": _load(),
+        "runs": {n: [] for n in configs},
     }
     out(f"zephon bench: {data} with {tokenizer} ({encoder}), {lanes} lanes, {os.cpu_count()} CPUs, "
         f"load average {results['load_average_start']}; {repeats} round(s)")

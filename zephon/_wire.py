@@ -67,7 +67,8 @@ def _reduce_batch(batch: SampleBatch) -> Any:
     contiguous array as its buffer (out of band) with its dtype and shape; the metas as msgpack.
 
     Pickling each array and meta as such calls Python code per object (numpy's and msgspec's
-    reducers): 120 µs for 8 packed rows, against 50 µs this way, and 35 µs less to receive.
+    reducers): 120 µs for 8 packed rows of 2,049 tokens, against 50 µs this way, and about 15 µs
+    less to receive.
     A batch holding anything else (nested containers, other array types, one array twice) pickles
     as usual, so that what arrives is always what a pickle would give.
     """
