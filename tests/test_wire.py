@@ -5,6 +5,8 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _util import read_only_ids, toy_dataset
 from zephon import Pipeline
@@ -13,9 +15,12 @@ from zephon._wire import pack_message, recv_message, send_message, send_parts
 
 
 def round_trip(msg):
-    """``msg`` sent over a real pipe (from a thread: a large message does not fit the pipe's buffer)."""
+    """``msg`` sent over a real pipe (from a thread: a large message does not fit the pipe's buffer).
+
+    Pickled here first, so that a message that does not pickle fails the test instead of leaving
+    the reader waiting."""
     left, right = mp.Pipe()
-    sender = threading.Thread(target=send_message, args=(left, msg))
+    sender = threading.Thread(target=send_parts, args=(left, pack_message(msg)))
     sender.start()
     try:
         return recv_message(right)
@@ -272,3 +277,38 @@ def test_batches_the_fast_form_cannot_carry_pickle_as_usual_and_arrive_the_same(
         assert got.records[0].payload["odd"] is got.records[2].payload["odd"]
     if odd == "subclass":
         assert type(got.records[0].payload["odd"]) is np.ma.MaskedArray
+
+
+_DTYPES = ["<i4", "<i8", ">i4", "<u2", "|b1", "<f4", "<M8[s]", "<U3"]
+
+
+@st.composite
+def payload_values(draw):
+    """A payload field: an array (any dtype, shape, strides, writability), a plain value, or a nested list."""
+    kind = draw(st.sampled_from(["array", "array", "plain", "nested"]))
+    if kind == "plain":
+        plain = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False), st.text(max_size=3), st.binary(max_size=3))
+        return draw(plain)
+    if kind == "nested":
+        return [draw(st.integers(0, 9)), np.arange(draw(st.integers(0, 4)))]
+    dtype = np.dtype(draw(st.sampled_from(_DTYPES)))
+    shape = draw(st.sampled_from([(0,), (1,), (7,), (2, 3), ()]))
+    size = int(np.prod(shape))
+    step = 2 if draw(st.booleans()) else 1  # every other element: a strided array (1-D), copied into the pickle
+    if step == 2 and not dtype.isnative:
+        dtype = dtype.newbyteorder("=")  # numpy's own pickle of a strided big-endian array comes back native
+    array = np.arange(size * 2).astype(dtype)[::step][:size].reshape(shape)
+    if draw(st.booleans()):
+        array.flags.writeable = False
+    return array
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from(["input_ids", "positions", "mask", "source", "n"]), payload_values(), max_size=4), max_size=4),
+       st.one_of(st.none(), st.integers(0, 9)))
+def test_any_batch_arrives_equal_with_its_dtypes_and_writable(payloads, pad):
+    sent = batch_of(payloads, pad=pad)
+    got = round_trip(sent)
+    same_batch(got, sent)  # equal, every value of its type, arrays of their dtype and shape
+    for array in arrays_of(got):
+        assert array.flags.writeable  # also where the sent one was read-only
