@@ -167,11 +167,11 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
     first = time.time() - t0
     # The same work as the recipe's first batch: as many rows as it draws from (its shuffle's
     # warm-up window, then two rows for each of the batch's while the window grows). The documents
-    # are found untimed with one fresh tokenizer, then timed with another (no cache shared with a
-    # previous call): reading exactly those documents, one encoder call, packing; added to the time
-    # it took to start, load the tokenizer and list the files.
+    # are counted untimed, then timed with a fresh tokenizer (no cache shared with a previous call):
+    # reading exactly those documents, one encoder call, packing; added to the time it took to
+    # start, load the tokenizer and list the files.
     need = max(batch, task.get("first_rows") or batch)
-    docs = _docs_for_rows(_texts(files, task["field"], limit=64 * need), _bare_encoder(task), need * row)
+    docs = _docs_for_rows(_texts(files, task["field"], limit=64 * need), encode, need * row)
     encode_fresh = _bare_encoder(task)
     t = time.perf_counter()
     pack(encode_fresh(_texts(files, task["field"], limit=docs)), eos_arr[:0])

@@ -319,14 +319,11 @@ class Plan:
         counts = mixture_counts(encoded["mixture"], list(outputs), len(self.source.datasets), sign=-1)
         return {**encoded, "pending": refs + list(encoded["pending"]), "delivered": encoded["delivered"] - len(refs), "mixture": list(counts)}
 
-    def decode(self, lane: int, data: Any, *, lazy: bool = False) -> LaneState:
+    def decode(self, lane: int, data: Any) -> LaneState:
         """Inverse of :meth:`encode`, refusing states this plan's lane could never reach.
 
         A ``checksum`` field (as in a checkpoint) is verified; a state straight from
-        :meth:`encode` has none. With ``lazy``, only what needs no operator is checked now (the
-        checksum, the cursor, the counters, the output references); the operator states and the
-        undelivered outputs are rebuilt in the background (see :mod:`zephon._lazy`) or when the
-        lane is first stepped or encoded, and raise then what they would raise here.
+        :meth:`encode` has none. (:meth:`decode_lanes` decodes all but one lane lazily.)
 
         Raises:
             ValueError: naming the lane and the field: a modified state (checksum mismatch), a
@@ -334,7 +331,7 @@ class Plan:
                 past the lane's data, a negative counter, a token range past its record, a
                 record of another lane or outside the data), or records that no longer rebuild.
         """
-        return self._decoded(lane, data, self._check_state(lane, data), lazy)
+        return self._decoded(lane, data, self._check_state(lane, data), lazy=False)
 
     def decode_lanes(self, encoded: dict[int, Any]) -> dict[int, LaneState]:
         """Decode an executor's restored lane states: the lane due first whole, now; the others lazily.
@@ -353,6 +350,10 @@ class Plan:
             }
 
     def _decoded(self, lane: int, data: Any, checked: tuple[SourceState, list, tuple[int, ...]], lazy: bool) -> LaneState:
+        """The lane state from ``data`` once :meth:`_check_state` gave ``checked``. With ``lazy``, the
+        operator states and undelivered outputs are rebuilt in the background (see
+        :mod:`zephon._lazy`) or when the lane is first stepped or encoded, and raise then what they
+        would raise now."""
         source, refs, counts = checked
         if lazy:
             job = LazyLane(lambda: self._rebuild(lane, data["ops"], refs, recheck=data))
