@@ -144,3 +144,14 @@ def with_encoder_threads(payload):
     import os
 
     return {**payload, "encoder_threads": os.environ.get("ZEPHON_ENCODER_THREADS", "")}
+
+
+def with_lock(payload):
+    """``payload`` holding a lock, which cannot be pickled (dropped again by :func:`without_lock`)."""
+    import threading
+
+    return {**payload, "lock": threading.Lock()}
+
+
+def without_lock(payload):
+    return {k: v for k, v in payload.items() if k != "lock"}

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from _util import fail_on_row_7, toy_dataset, toy_pipeline
+import zephon._executor as executor_module
 from zephon import Pipeline, WorkerError
 from zephon.testing import outputs_equal
 from zephon.work import StaticMixtureWorkSource
@@ -52,17 +53,30 @@ def test_checkpoint_after_the_end_with_workers():
     assert pipe.stats()["operators"]["pack_flat"]["rows"] > 0
 
 
-def _failing(workers):
+def _failing(workers, **options):
     src = StaticMixtureWorkSource([toy_dataset()], {"web": 1.0}, chunk_size=8, shuffle_shards=False)
-    return Pipeline(src).options(canonical_replicas=2, workers=workers).map(fail_on_row_7).batch(1)
+    return Pipeline(src).options(canonical_replicas=2, workers=workers, **options).map(fail_on_row_7).batch(1)
 
 
 def test_exception_in_user_code_names_the_lane_and_cause():
     start = time.monotonic()
     with pytest.raises(WorkerError, match=r"lane [01] failed in a worker process: ValueError: row 7 is bad") as info:
-        list(_failing(2))
+        list(_failing(2, start_inline=False))
     assert "raised by map on the record from dataset 0, shard 0, row 7" in str(info.value)
     assert time.monotonic() - start < 30
+
+
+def test_exception_before_the_workers_take_over_is_the_same_worker_error(monkeypatch):
+    monkeypatch.setattr(executor_module, "_HAND_OVER_AFTER", (10**6, 10**6))  # every output is computed here
+    it = iter(_failing(2))
+    with pytest.raises(WorkerError, match=r"lane [01] failed in this process, before its worker process took it over: "
+                       r"ValueError: row 7 is bad") as info:
+        list(it)
+    assert "raised by map on the record from dataset 0, shard 0, row 7" in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert all(not p.is_alive() for p in it.executor.procs)  # stopped, as after a worker's failure
+    with pytest.raises(WorkerError, match="Restore the last checkpoint"):
+        it.checkpoint()
 
 
 def test_same_exception_in_process():
@@ -169,7 +183,9 @@ def test_workers_share_the_cpus_for_tiktoken_threads_unless_one_has_them_all(wor
 
     monkeypatch.delenv("ZEPHON_ENCODER_THREADS", raising=False)  # the workers inherit this environment
     rows = [{"id": i} for i in range(8)]
-    pipe = Pipeline(Dataset.from_dict("d", {"s": InMemoryShard(rows)})).options(canonical_replicas=2, workers=workers).map(with_encoder_threads)
+    pipe = Pipeline(Dataset.from_dict("d", {"s": InMemoryShard(rows)})).options(
+        canonical_replicas=2, workers=workers, start_inline=False  # every record is read in a worker
+    ).map(with_encoder_threads)
     seen = {r.payload["encoder_threads"] for r in pipe}
     cpus = os.cpu_count() or 1
     share = max(1, cpus // workers)

@@ -134,3 +134,28 @@ def test_a_bad_operator_state_of_a_waiting_lane_is_refused_when_the_lane_is_due(
         mp.setattr(zephon_lazy, "LAZY_LANES", False)
         with pytest.raises(ValueError, match=message):
             iter(_pipe(4)).restore(bad)
+
+
+def test_the_background_stops_rebuilding_a_buffer_nothing_else_holds():
+    import threading
+    import weakref
+
+    calls: list[int] = []
+    gate = threading.Event()
+
+    def resolve(refs):
+        gate.wait(10)
+        calls.append(len(refs))
+        return list(refs)
+
+    rows = zephon_lazy.LazyRows(list(range(1000)), resolve, range(1000), check=False)
+    held = weakref.ref(rows)
+    zephon_lazy.kick()  # the background takes the first chunk, and waits at the gate
+    del rows  # dropped (a loader closed, or its lanes moved to worker processes)
+    gate.set()
+    deadline = time.monotonic() + 10
+    while held() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert held() is None
+    time.sleep(0.2)
+    assert len(calls) <= 1  # at most the chunk it was rebuilding; 1,000 references waited

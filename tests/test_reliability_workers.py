@@ -50,13 +50,17 @@ def run_script(tmp_path: Path, body: str, timeout: float = 90, name: str = "scen
 # -- 1. a worker output that cannot be pickled ----------------------------------------------------------
 
 
-def test_unpicklable_output_is_an_error_naming_lane_record_and_cause(tmp_path):
+@pytest.mark.parametrize("start_inline", [False, True])
+def test_unpicklable_output_is_an_error_naming_lane_record_and_cause(tmp_path, start_inline):
     out = run_script(
         tmp_path,
         """
         import threading, time
         import numpy as np
+        import zephon._executor
         from zephon import Pipeline, WorkerError
+
+        zephon._executor._HAND_OVER_AFTER = (10**6, 10**6)  # with start_inline, every output is computed in this process
 
         def with_lock(p):  # a result holding a lock cannot cross processes
             out = {"input_ids": np.arange(3, dtype=np.int32) + p["n"]}
@@ -65,7 +69,8 @@ def test_unpicklable_output_is_an_error_naming_lane_record_and_cause(tmp_path):
             return out
 
         if __name__ == "__main__":
-            pipe = Pipeline([{"n": i} for i in range(40)]).options(canonical_replicas=2, workers=2).map(with_lock).batch(1)
+            pipe = Pipeline([{"n": i} for i in range(40)]).options(canonical_replicas=2, workers=2, start_inline=START)
+            pipe = pipe.map(with_lock).batch(1)
             start = time.monotonic()
             try:
                 list(pipe)
@@ -74,13 +79,14 @@ def test_unpicklable_output_is_an_error_naming_lane_record_and_cause(tmp_path):
                 print(exc)
             else:
                 print("NO ERROR")
-        """,
+        """.replace("START", repr(start_inline)),
         timeout=60,
     )
     assert out.startswith("ERROR"), out
     assert float(out.split()[1]) < 10
-    assert "lane 1 failed in a worker process" in out
-    assert "cannot be sent to the main process" in out
+    where = "in this process, before its worker process took it over" if start_inline else "in a worker process"
+    assert f"lane 1 failed {where}" in out
+    assert "output 6 of lane 1 cannot be sent between processes" in out
     assert "dataset 0, shard 0, row 5" in out
     assert "cannot pickle '_thread.lock' object" in out
 

@@ -22,6 +22,7 @@ collection and at interpreter exit) stops every worker.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -34,19 +35,22 @@ import weakref
 from collections import deque
 from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 from ._lanes import LaneState, Plan, caller_order
 from ._log import progress
 from ._records import SampleBatch, describe_meta
 from ._stats import merge_meters
-from ._wire import pack_message, recv_message, send_message, send_parts
+from ._wire import copy_message, pack_message, recv_message, send_message, send_parts
 
 _POLL_S = 0.5
 #: A worker attaches a lane's encoded state to an output at most this often, so that the main
 #: process can rebuild the caller's states by replaying at most a few seconds of that lane's work
 #: after a worker dies. Encoding is the cost (milliseconds for a full shuffle buffer).
 _ATTACH_S = 5.0
+#: Tests only: worker ``w`` takes its lanes once exactly ``_HAND_OVER_AFTER[w]`` outputs were
+#: computed in the main process (waiting for it to be ready then), instead of as soon as it is ready.
+_HAND_OVER_AFTER: Sequence[int] | None = None
 #: How long ``close()`` waits for live workers to report their final states and counters before
 #: stopping them anyway (the states are then rebuilt in this process when asked for).
 _CLOSE_READ_S = 10.0
@@ -243,7 +247,7 @@ def _unpicklable_output(msg: tuple, exc: BaseException) -> tuple:
             break
     where = describe_meta(culprit.meta) if hasattr(culprit, "meta") else "the output"
     cause = (
-        f"output {count} of lane {lane} cannot be sent to the main process ({type(exc).__name__}: {exc}); it holds "
+        f"output {count} of lane {lane} cannot be sent between processes ({type(exc).__name__}: {exc}); it holds "
         f"{where}. With workers > 0 every payload must pickle: keep results of map to arrays, numbers, strings, "
         "lists and dicts (no locks, open files, generators or connections), or run with workers=0"
     )
@@ -314,10 +318,8 @@ def _load_error(exc: BaseException) -> str:
 def _worker_main(conn, lanes: list[int], credit: int, threads: int) -> None:
     # A Ctrl-C goes to the terminal's whole process group: only the main process should see it, so
     # the workers stay alive to answer checkpoint() (PyTorch's DataLoader workers do the same).
-    # The parent started this process with SIGINT blocked, so none arrived before this line.
+    # Started from the main thread, this process ignores SIGINT from its start (see _ignoring_sigint).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # Set before the plan (and with it the tokenizer library) is unpickled in this process.
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     # "true" even for one thread: RAYON_NUM_THREADS bounds the pool, and tokenizers' sequential
@@ -334,7 +336,7 @@ def _worker_main(conn, lanes: list[int], credit: int, threads: int) -> None:
         # The pipeline and the lanes' states come through the pipe, not with the process: the parent
         # then starts every worker without waiting for each to read them (they boot in parallel).
         try:
-            plan_bytes, encoded = conn.recv()
+            plan_bytes, encoded, handed = conn.recv()
         except (EOFError, OSError):
             return
         try:
@@ -342,7 +344,21 @@ def _worker_main(conn, lanes: list[int], credit: int, threads: int) -> None:
         except Exception as exc:
             outbox.send(("error", None, _load_error(exc), traceback.format_exc()))
             return
-        states = plan.decode_lanes({lane: encoded[lane] for lane in lanes}) if encoded else {lane: plan.init(lane) for lane in lanes}
+        chunks: dict = {}
+        if handed:  # the main process runs the lanes until this worker is ready, then hands them over
+            if not conn.poll(0):  # unless told to stop while starting
+                plan.warm()
+            outbox.send(("ready",))
+            msg = conn.recv()
+            if msg[0] == "stop":
+                return
+            _, given, encoded, chunks = msg
+            given.update(plan.decode_lanes(encoded) if encoded else {})
+            states = {lane: given[lane] for lane in lanes}
+        elif encoded:
+            states = plan.decode_lanes({lane: encoded[lane] for lane in lanes})
+        else:
+            states = {lane: plan.init(lane) for lane in lanes}
         history = {lane: deque([(states[lane].delivered, states[lane])]) for lane in lanes}
         meter = plan.meter()
         credits = {lane: credit for lane in lanes}
@@ -350,6 +366,8 @@ def _worker_main(conn, lanes: list[int], credit: int, threads: int) -> None:
         ended: set[int] = set()
         order = deque(_caller_order(states))
         ahead = plan.reader(states)
+        if ahead is not None and chunks:
+            ahead.give(chunks)
         while True:
             while conn.poll(0) or not any(credits[lane] > 0 and lane not in ended for lane in lanes):
                 msg = conn.recv()
@@ -399,9 +417,22 @@ def _worker_main(conn, lanes: list[int], credit: int, threads: int) -> None:
 
 
 class ProcessExecutor:
-    """Runs the rank's lanes ahead in ``workers`` spawned processes."""
+    """Runs the rank's lanes ahead in ``workers`` spawned processes.
 
-    def __init__(self, plan: Plan, lanes: list[int], workers: int, *, encoded: dict[int, Any] | None, credit: int = 4):
+    With ``lead`` (the lanes' states, decoded here), the lanes run in this process while the
+    workers start: each worker loads the pipeline and its tokenizers, says it is ready, and is
+    then handed its lanes' current states (by value; a restored lane not rebuilt here, as its
+    checkpoint encoding) and the chunks read ahead for them. The first outputs then come as early
+    as with ``workers=0``, and the workers' start-up costs the caller nothing. Until a worker
+    takes its lanes, their outputs are checked to pickle (so a run fails the same way whenever the
+    hand-over happens), and a lane that ends waits for its worker, so that a worker that cannot
+    load the pipeline is reported even on short runs.
+    """
+
+    def __init__(
+        self, plan: Plan, lanes: list[int], workers: int, *, encoded: dict[int, Any] | None, credit: int = 4,
+        lead: dict[int, LaneState] | None = None,
+    ):
         try:
             plan_bytes = pickle.dumps(plan)
         except Exception as exc:
@@ -432,18 +463,22 @@ class ProcessExecutor:
         self._states: dict[tuple[int, int], Any] = {}
         self._reports: dict[int, Any] = {}
         self._meters: dict[int, Any] = {}  # per worker: its last runtime counters (sent with its reports)
+        # The lanes run here until their worker is ready (see the class docstring).
+        self.lead = InlineExecutor(plan, lead) if lead is not None else None
+        self.lead_states: dict[int, LaneState] = self.lead.states if self.lead is not None else {}
+        self.lead_meter = self.lead.meter if self.lead is not None else None
+        self.led = 0  # outputs computed here
+        self.restored = {lane: (lead[lane], encoded[lane]) for lane in lanes} if lead is not None and encoded else {}
+        self.ready: set[int] = set()  # workers that loaded the pipeline and wait for their lanes
+        self.waiting: set[int] = set(range(n)) if lead is not None else set()  # workers not handed their lanes yet
         self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
-        # Start the workers with SIGINT blocked (they inherit the mask, and unblock it once they
-        # ignore SIGINT): a Ctrl-C while they start stays pending here and is not lost.
-        masked = hasattr(signal, "pthread_sigmask")
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
-        try:
+        with _ignoring_sigint():
             setups: list = []
             for w in range(n):
                 mine = lanes[w::n]
                 parent, child = ctx.Pipe()
                 _widen(parent), _widen(child)
-                sub = {lane: encoded[lane] for lane in mine} if encoded else None
+                sub = {lane: encoded[lane] for lane in mine} if encoded and lead is None else None
                 proc = ctx.Process(
                     target=_worker_main,
                     args=(child, mine, credit, threads),
@@ -461,12 +496,9 @@ class ProcessExecutor:
                     self.base[lane] = (self.delivered[lane], encoded[lane] if encoded else None)
             for conn, sub in zip(self.conns, setups):
                 try:
-                    conn.send((plan_bytes, sub))
+                    conn.send((plan_bytes, sub, lead is not None))
                 except (BrokenPipeError, OSError):
                     pass  # the worker died while starting: reported by the first wait for its output
-        finally:
-            if masked:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     # -- receiving ---------------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -482,27 +514,30 @@ class ProcessExecutor:
             timeout = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
             if timeout <= 0:
                 return False
-            ready = wait(self.conns + [p.sentinel for p in self.procs], timeout=timeout)
-            for obj in ready:
-                if obj in self.conns:
-                    w = self.conns.index(obj)
-                    try:
-                        msg = recv_message(obj)
-                    except (EOFError, OSError):
-                        self._died(w)
-                    except Exception as exc:
-                        self._fail(
-                            f"a message from the worker process for lanes {self._lanes_of(w)} could not be unpickled "
-                            f"in this process ({type(exc).__name__}: {exc}): is every payload type importable here?",
-                            traceback.format_exc(),
-                        )
-                    self._handle(w, msg)
-                else:
-                    w = [p.sentinel for p in self.procs].index(obj)
-                    if self.conns[w].poll(0):
-                        continue  # read what it sent before dying first
-                    self._died(w)
+            self._receive(wait(self.conns + [p.sentinel for p in self.procs], timeout=timeout))
         return True
+
+    def _receive(self, ready: list) -> None:
+        """Handle the messages (and deaths) ``wait`` found ready."""
+        for obj in ready:
+            if obj in self.conns:
+                w = self.conns.index(obj)
+                try:
+                    msg = recv_message(obj)
+                except (EOFError, OSError):
+                    self._died(w)
+                except Exception as exc:
+                    self._fail(
+                        f"a message from the worker process for lanes {self._lanes_of(w)} could not be unpickled "
+                        f"in this process ({type(exc).__name__}: {exc}): is every payload type importable here?",
+                        traceback.format_exc(),
+                    )
+                self._handle(w, msg)
+            else:
+                w = [p.sentinel for p in self.procs].index(obj)
+                if self.conns[w].poll(0):
+                    continue  # read what it sent before dying first
+                self._died(w)
 
     def _handle(self, w: int, msg: tuple) -> None:
         kind = msg[0]
@@ -516,6 +551,8 @@ class ProcessExecutor:
         elif kind == "reports":
             self._reports.update(msg[1])
             self._meters[w] = msg[2]
+        elif kind == "ready":
+            self.ready.add(w)
         elif kind == "error":
             _, lane, cause, tb = msg
             if lane is not None:
@@ -549,10 +586,84 @@ class ProcessExecutor:
         self._stop()
         raise WorkerError(self.death)
 
+    # -- running lanes here until their worker is ready ------------------------------------------------------
+    def _lead_next(self, lane: int) -> Any:
+        """The lane's next output, computed here, and delivered as a worker's would be: after a
+        round trip through the wire form (it must pickle; its arrays arrive writable, in memory of
+        their own), so nothing the caller sees depends on when the hand-over happens."""
+        assert self.lead is not None
+        try:
+            out = self.lead.next(lane)
+        except Exception as exc:
+            cause = "".join(traceback.format_exception_only(exc)).strip()
+            self.failure = f"lane {lane} failed in this process, before its worker process took it over: {cause}"
+            self._stop()
+            raise WorkerError(self.failure) from exc
+        if out is None:  # its end comes through its worker, which must load the pipeline first
+            w = self.owner[lane]
+            self._pump(lambda: w in self.ready)
+            self._hand_over(w)
+            return self.next(lane)
+        count = self.lead_states[lane].delivered
+        msg = ("out", lane, count, out, None)
+        try:
+            out = copy_message(msg)[3]
+        except Exception as exc:
+            _, _, cause, tb = _unpicklable_output(msg, exc)
+            self._fail(f"lane {lane} failed in this process, before its worker process took it over: {cause}", tb)
+        self.delivered[lane] = count
+        self.led += 1
+        return out
+
+    def _take_ready(self) -> None:
+        """Hand their lanes to the workers that are ready (``_HAND_OVER_AFTER``: see there)."""
+        if _HAND_OVER_AFTER is None:
+            self._receive(wait([self.conns[w] for w in self.waiting] + [self.procs[w].sentinel for w in self.waiting], timeout=0))
+            due = self.waiting & self.ready
+        else:
+            due = {w for w in self.waiting if self.led >= _HAND_OVER_AFTER[w]}
+            self._pump(lambda: due <= self.ready)
+        for w in sorted(due):
+            self._hand_over(w)
+
+    def _hand_over(self, w: int) -> None:
+        """Send worker ``w`` its lanes' states and the chunks read ahead for them; it runs them from now on."""
+        assert self.lead is not None
+        mine = [lane for lane in self._lanes_of(w) if lane in self.lead_states]
+        states = {lane: self.lead_states.pop(lane) for lane in mine}
+        chunks = self.lead.ahead.release(mine) if self.lead.ahead is not None else {}
+        given: dict[int, LaneState] = {}
+        encoded: dict[int, Any] = {}
+        for lane, state in states.items():
+            kept = self.restored.pop(lane, None)
+            if kept is None:
+                given[lane] = state
+            else:  # restored: as encoded (its records are rebuilt there, lazily), the checkpoint's if not stepped here
+                encoded[lane] = kept[1] if kept[0] is state else self.plan.encode(state)
+        try:
+            data = ForkingPickler.dumps(("go", given, encoded, chunks))
+        except Exception:  # a state holding what does not pickle travels encoded, as a checkpoint would
+            encoded.update({lane: self.plan.encode(state) for lane, state in given.items()})
+            given, chunks = {}, {}
+            data = ForkingPickler.dumps(("go", given, encoded, chunks))
+        for lane, state in states.items():
+            self.base[lane] = (state.delivered, given.get(lane, encoded.get(lane)))
+        self.waiting.discard(w)
+        if not self.waiting:
+            self.lead.close()
+        try:
+            self.conns[w].send_bytes(bytes(data))
+        except OSError:  # the worker is gone: report what it sent last, or how it died
+            self._pump(lambda: False)
+
     # -- the executor interface -------------------------------------------------------------------------
     def next(self, lane: int) -> Any:
         if self.closed:
             self._check_open()
+        if self.waiting:
+            self._take_ready()
+            if lane in self.lead_states:
+                return self._lead_next(lane)
         buf = self.buffers[lane]
         if not buf:
             self._pump(lambda: bool(buf) or lane in self.ended)
@@ -574,22 +685,39 @@ class ProcessExecutor:
             # counted as delivered and the checkpoint covers it); the next call reports the death.
         return out
 
+    def _remote(self) -> list[int]:
+        """The lanes running in workers (not here)."""
+        return [lane for lane in self.lanes if lane not in self.lead_states]
+
+    def _here(self) -> dict[int, Any]:
+        """The encoded states of the lanes still running here."""
+        return {lane: self.plan.encode(state) for lane, state in self.lead_states.items()}
+
+    def _in_order(self, states: dict[int, Any]) -> dict[int, Any]:
+        return {lane: states[lane] for lane in self.lanes}
+
     def lane_states(self) -> dict[int, Any]:
+        if self.failure is None and not self._remote():
+            return self._in_order(self._here())
         if not self.closed:
             try:
-                return self._ask_states(None)
+                states = self._ask_states(None)
+                assert states is not None
+                return self._in_order({**self._here(), **states})
             except WorkerError:
                 if self.death is None:
                     raise
         return self._stopped_states()
 
     def _ask_states(self, deadline: float | None) -> dict[int, Any] | None:
-        want = {(lane, self.delivered[lane]) for lane in self.lanes}
-        for lane in self.lanes:
+        """The encoded states of the lanes running in workers, after what the caller received."""
+        remote = self._remote()
+        want = {(lane, self.delivered[lane]) for lane in remote}
+        for lane in remote:
             self._send(self.owner[lane], ("state", lane, self.delivered[lane], lane in self.saw_end))
         if not self._pump(lambda: want <= set(self._states), deadline):
             return None
-        states = {lane: self._states.pop((lane, self.delivered[lane])) for lane in self.lanes}
+        states = {lane: self._states.pop((lane, self.delivered[lane])) for lane in remote}
         self._states.clear()
         for lane, data in states.items():
             if lane not in self.saw_end:  # a replay starts before the end
@@ -604,16 +732,19 @@ class ProcessExecutor:
                 f"Restore the last checkpoint you saved into a new pipeline.\n{self.failure}"
             )
         if self._final_states is None:
-            lanes = progress(self.lanes, total=len(self.lanes), desc="replaying lanes", unit="lane")
-            self._final_states = {lane: self._replay(lane)[1] for lane in lanes}
+            remote = progress(self._remote(), total=len(self._remote()), desc="replaying lanes", unit="lane")
+            self._final_states = self._in_order({**self._here(), **{lane: self._replay(lane)[1] for lane in remote}})
         return dict(self._final_states)
 
     def _replay(self, lane: int) -> tuple[LaneState | None, Any]:
         """The lane's state after exactly the delivered outputs, rebuilt from its kept state."""
         count, data = self.base[lane]
-        if count == self.delivered[lane] and data is not None and lane not in self.saw_end:
+        if count == self.delivered[lane] and data is not None and lane not in self.saw_end and not isinstance(data, LaneState):
             return None, data
-        state = self.plan.decode(lane, data) if data is not None else self.plan.init(lane)
+        if isinstance(data, LaneState):  # handed to its worker by value
+            state = data
+        else:
+            state = self.plan.decode(lane, data) if data is not None else self.plan.init(lane)
         while state.delivered < self.delivered[lane]:
             state, out = self.plan.next(lane, state)
             if out is None:
@@ -625,44 +756,58 @@ class ProcessExecutor:
         return state, self.plan.encode(state)
 
     def reports(self) -> dict[int, Any]:
+        here = {lane: self.plan.reports(state) for lane, state in self.lead_states.items()}
+        remote = self._remote()
+        if self.failure is None and not remote:
+            return self._in_order(here)
         if not self.closed:
             try:
-                self._reports = {}
-                for w in range(len(self.conns)):
-                    self._send(w, ("reports",))
-                self._pump(lambda: set(self._reports) >= set(self.lanes))
-                return dict(self._reports)
+                return self._in_order({**here, **self._ask_reports(None)})
             except WorkerError:
                 if self.death is None:
                     raise
         if self._final_reports is None:
             self._stopped_states()  # raises after a failure
-            reports = {}
-            for lane in self.lanes:
+            reports = dict(here)
+            for lane in remote:
                 state, data = self._replay(lane)
                 reports[lane] = self.plan.reports(state if state is not None else self.plan.decode(lane, data))
-            self._final_reports = reports
+            self._final_reports = self._in_order(reports)
         return dict(self._final_reports)
 
+    def _ask_reports(self, deadline: float | None) -> dict[int, Any] | None:
+        """The counters of the lanes running in workers (and the workers' runtime counters)."""
+        remote = self._remote()
+        self._reports = {}
+        for w in sorted({self.owner[lane] for lane in remote}):
+            self._send(w, ("reports",))
+        if not self._pump(lambda: set(self._reports) >= set(remote), deadline):
+            return None
+        return {lane: self._reports[lane] for lane in remote}
+
     def meters(self) -> dict[str, Any] | None:
-        """The workers' runtime counters as of their last reports (``reports()`` asks for them)."""
-        return merge_meters(self._meters.values())
+        """The runtime counters: the workers' as of their last reports (``reports()`` asks for
+        them), and those of the work done here before the hand-over."""
+        here = [self.lead_meter.snapshot()] if self.lead_meter is not None else []
+        return merge_meters([*here, *self._meters.values()])
 
     def close(self, read_final: bool = True) -> None:
         """Stop the workers; with ``read_final``, first keep their delivered states and counters."""
         if self.closed:
             return
+        if self.lead is not None:
+            self.lead.close()
         if read_final and self.failure is None and self.death is None:
             deadline = time.monotonic() + _CLOSE_READ_S
             try:
                 states = self._ask_states(deadline)
                 if states is not None:
-                    self._final_states = states
-                    self._reports = {}
-                    for w in range(len(self.conns)):
-                        self._send(w, ("reports",))
-                    if self._pump(lambda: set(self._reports) >= set(self.lanes), deadline):
-                        self._final_reports = dict(self._reports)
+                    here = self._here()
+                    self._final_states = self._in_order({**here, **states})
+                    reports = self._ask_reports(deadline)
+                    if reports is not None:
+                        here_reports = {lane: self.plan.reports(state) for lane, state in self.lead_states.items()}
+                        self._final_reports = self._in_order({**here_reports, **reports})
             except WorkerError:
                 pass  # a worker died or failed: the states are rebuilt when asked for
             except BaseException:
@@ -673,6 +818,24 @@ class ProcessExecutor:
     def _stop(self) -> None:
         self.closed = True
         self._finalizer()
+
+
+@contextlib.contextmanager
+def _ignoring_sigint() -> Iterator[None]:
+    """Ignore SIGINT in this process while workers are started, so that they ignore it from their
+    first instruction on: an ignored signal stays ignored across ``exec``, while a blocked one does
+    not stay blocked (starting a process resets the signal mask) and a Python handler is reset.
+    Otherwise a Ctrl-C while a worker imports the main module (seconds, with torch) would end it.
+    A Ctrl-C in these few milliseconds is not seen here either. Only the main thread may set
+    handlers: from another thread the workers ignore SIGINT once they run their own code."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 #: Socket buffer size asked for each end of a worker's pipe.

@@ -217,6 +217,13 @@ class Plan:
         counts = mixture_counts(state.mixture, (out,), len(self.source.datasets))
         return LaneState(source, chain, pending[1:], state.delivered + 1, done, counts), out
 
+    def warm(self) -> None:
+        """Load the tokenizers the operators encode with (a worker does this before it takes its lanes)."""
+        for _, op in self.chain.children:
+            warm = getattr(getattr(op, "handle", None), "warm", None)
+            if warm is not None:
+                warm()
+
     # -- naming records in errors -----------------------------------------------------------------------
     def describe(self, meta: Meta) -> str:
         """Where a record came from, by name: dataset, shard (and file), row and lane.

@@ -17,6 +17,7 @@ import contextlib
 import gc
 import os
 import threading
+import weakref
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -169,11 +170,13 @@ class _Rebuilder:
 
     One thread, not one per restored buffer: with many lanes, the lanes' first records get
     rebuilt first, round-robin, instead of every lane's whole buffer competing for the cores.
+    It holds each buffer weakly: a buffer nothing else holds any more (a loader closed or
+    restored again, lanes handed to worker processes) is no longer rebuilt.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._queue: deque[LazyRows] = deque()
+        self._queue: deque[weakref.ref[LazyRows]] = deque()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
 
@@ -181,7 +184,7 @@ class _Rebuilder:
         with self._lock:
             if self._pid != os.getpid():  # forked: the parent's thread does not exist here
                 self._queue, self._thread, self._pid = deque(), None, os.getpid()
-            self._queue.append(rows)
+            self._queue.append(weakref.ref(rows))
 
     def kick(self) -> None:
         """Start the thread if records wait and it is not running.
@@ -204,14 +207,18 @@ class _Rebuilder:
                 if not self._queue:
                     self._thread = None
                     return
-                rows = self._queue.popleft()
+                ref = self._queue.popleft()
+            rows = ref()
+            if rows is None:  # dropped: nobody needs its records
+                continue
             try:
                 more = rows.rebuild_some()
             except BaseException:  # never stop serving the others
                 more = False
+            del rows  # while it waits in the queue, only the queue's weak reference holds it
             if more:
                 with self._lock:
-                    self._queue.append(rows)
+                    self._queue.append(ref)
 
 
 _REBUILDER = _Rebuilder()

@@ -84,12 +84,12 @@ class Loader(Iterator[Any]):
         opts = self.options
         states = None
         t0 = time.perf_counter()
-        if opts.workers == 0:
+        if opts.workers == 0 or opts.start_inline:
             states = self.plan.decode_lanes(encoded) if encoded else {lane: self.plan.init(lane) for lane in lanes}
         if self.executor is not None:
             self.executor.close(read_final=False)  # what it ran is replaced, so its states are not needed
-        if states is None:
-            executor: Any = ProcessExecutor(self.plan, lanes, opts.workers, encoded=encoded, credit=opts.prefetch)
+        if opts.workers:
+            executor: Any = ProcessExecutor(self.plan, lanes, opts.workers, encoded=encoded, credit=opts.prefetch, lead=states)
         else:
             executor = ThreadExecutor(self.plan, states, opts.prefetch) if opts.thread else InlineExecutor(self.plan, states)
         self.executor = executor
@@ -110,7 +110,7 @@ class Loader(Iterator[Any]):
         log.info(
             "%s rank %d of %d: lanes %d-%d of %d in %s%s",
             "restored" if encoded else "started", topo.dp_rank, topo.dp_degree, lanes[0], lanes[-1], topo.canonical_replicas, where,
-            f" ({time.perf_counter() - t0:.2f} s to decode the lane states)" if encoded and not opts.workers else "",
+            f" ({time.perf_counter() - t0:.2f} s to decode the lane states)" if encoded and states is not None else "",
         )
 
     def restore(self, checkpoint: dict[str, Any]) -> "Loader":
