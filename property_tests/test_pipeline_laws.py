@@ -19,6 +19,8 @@ order, rank ``r``'s ``k``-th group of ``L/D`` microbatches (``Pipeline.steps()``
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import time
 from fractions import Fraction
@@ -600,11 +602,29 @@ def test_the_background_thread_delivers_exactly_the_in_process_batches(spec, lan
     assert_running_ahead_changes_nothing(spec, lanes, drain, data, 0.01, thread=True, prefetch=prefetch)
 
 
-# Worker processes are spawned (about 0.6 s each), hence few examples.
+# Worker processes are spawned (about 0.6 s each), hence few examples. With start_inline the lanes
+# run here first and move to each worker after a drawn number of outputs (in the run and in the
+# resumed run, whose lanes move as their checkpoint encoding).
 @settings(max_examples=examples(4))
 @given(spec=pipeline_specs(), lanes=st.integers(1, 4), drain=st.booleans(), workers=st.integers(1, 3), prefetch=st.integers(1, 4), data=st.data())
 def test_worker_processes_deliver_exactly_the_in_process_batches(spec, lanes, drain, workers, prefetch, data):
-    assert_running_ahead_changes_nothing(spec, lanes, drain, data, 0.1, workers=workers, prefetch=prefetch)
+    start_inline = data.draw(st.booleans(), label="start inline")
+    after = data.draw(st.lists(st.integers(0, 12), min_size=3, max_size=3), label="outputs computed here before each worker takes its lanes")
+    with _hand_over_after(tuple(after)):
+        assert_running_ahead_changes_nothing(
+            spec, lanes, drain, data, 0.1, workers=workers, prefetch=prefetch, start_inline=start_inline
+        )
+
+
+@contextlib.contextmanager
+def _hand_over_after(after):
+    import zephon._executor as executor
+
+    saved, executor._HAND_OVER_AFTER = executor._HAND_OVER_AFTER, after
+    try:
+        yield
+    finally:
+        executor._HAND_OVER_AFTER = saved
 
 
 # -- lazy restore ---------------------------------------------------------------------------------------

@@ -197,6 +197,10 @@ def explain_plan(plan: Plan, options: Options, topology: Topology | None, ops: S
             executor.update(
                 kind="worker processes (spawned)",
                 processes=n,
+                start=(
+                    "the lanes run in the calling process until each worker is ready (start_inline)"
+                    if options.start_inline else "the workers compute every output (start_inline=False)"
+                ),
                 lanes_per_process={f"worker {w}": mine[w::n] for w in range(n)},
                 tokenizer_threads_per_process=max(1, (os.cpu_count() or 1) // n),
             )
