@@ -10,6 +10,7 @@ batch is checked against the uninterrupted run's.
     python benchmarks/restore.py                         # buffers 1024 and 16384, 3 repeats
     python benchmarks/restore.py --buffers 1024 --repeats 1
     python benchmarks/restore.py --buffers 1024 --lanes 8 --backend tokenizers
+    python benchmarks/restore.py --lanes 8 --no-eager --workers 2   # restoring into worker processes
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def build(task: dict[str, Any]):
     source = StaticMixtureWorkSource([ds], {"corpus": 1.0}, exhausted_policy="repeat")
     return (
         Pipeline(source)
-        .options(canonical_replicas=task["lanes"])
+        .options(canonical_replicas=task["lanes"], workers=task.get("workers", 0))
         .tokenize(tokenizer=task["tokenizer"], special_tokens="eos", backend=task["backend"])
         .pack_flat(ROW, algorithm="wrap")
         .shuffle(task["buffer"], seed=42)
@@ -81,6 +82,7 @@ def child_restore(task: dict[str, Any]) -> dict[str, Any]:
     it = iter(pipe.restore(ckpt))
     batch = next(it)
     first, call = time.time() - t0, time.perf_counter() - t1
+    it.close()
     return {"restore_first_s": first, "restore_call_s": call, "digest": batch_digest(batch)}
 
 
@@ -101,6 +103,7 @@ def main() -> int:
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--lanes", type=int, default=1, help="canonical_replicas (each lane's buffer fills: lanes x buffer rows)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=0, help="worker processes of the restoring runs (the filling run: 0)")
     ap.add_argument("--no-eager", action="store_true", help="skip the eager restores (slow for large buffers)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=3600)
@@ -112,7 +115,7 @@ def main() -> int:
         print("RESULT " + json.dumps(result), flush=True)
         return 0
     buffers = [int(b) for b in args.buffers.split(",")]
-    print(f"{args.corpus} repeated, {args.tokenizer}, L={args.lanes}, load average {C.load_average()}")
+    print(f"{args.corpus} repeated, {args.tokenizer}, L={args.lanes}, workers={args.workers}, load average {C.load_average()}")
     results: dict[str, Any] = {"machine": C.machine_info(), "buffers": {}}
     with tempfile.TemporaryDirectory(prefix="zephon-restore-") as tmp:
         common = {"corpus": str(args.corpus.resolve()), "tokenizer": str(args.tokenizer.resolve()), "lanes": args.lanes,
@@ -124,7 +127,7 @@ def main() -> int:
             rec = {"fill": fill, "lazy": [], "eager": []}
             for _ in range(args.repeats):
                 for mode in ("lazy",) if args.no_eager else ("lazy", "eager"):
-                    r = run({**task, "mode": "restore", "eager": mode == "eager"}, args.timeout)
+                    r = run({**task, "mode": "restore", "eager": mode == "eager", "workers": args.workers}, args.timeout)
                     r["exact"] = r["digest"] == fill["digest"]
                     rec[mode].append(r)
             results["buffers"][b] = rec

@@ -163,9 +163,9 @@ def test_after_a_restore_mid_step_the_background_thread_computes_the_lanes_the_c
     order = []
     real_next = Plan.next
 
-    def recording(self, lane, state, *args):
+    def recording(self, lane, state, *args, **kwargs):
         order.append(lane)
-        return real_next(self, lane, state, *args)
+        return real_next(self, lane, state, *args, **kwargs)
 
     monkeypatch.setattr(Plan, "next", recording)
     resumed = iter(pipe.restore(ckpt))

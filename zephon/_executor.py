@@ -68,16 +68,20 @@ def _closed_error() -> RuntimeError:
 
 
 class InlineExecutor:
-    """Runs lanes in the calling thread; states are kept as values."""
+    """Runs lanes in the calling thread; states are kept as values.
 
-    def __init__(self, plan: Plan, states: dict[int, LaneState]):
+    ``background=False``: restored records are rebuilt only when due (see :meth:`Plan.next`).
+    """
+
+    def __init__(self, plan: Plan, states: dict[int, LaneState], *, background: bool = True):
         self.plan = plan
         self.states = dict(states)
         self.meter = plan.meter()
         self.ahead = plan.reader(self.states)
+        self.background = background
 
     def next(self, lane: int) -> Any:
-        state, out = self.plan.next(lane, self.states[lane], self.meter, self.ahead)
+        state, out = self.plan.next(lane, self.states[lane], self.meter, self.ahead, background=self.background)
         self.states[lane] = state
         return out
 
@@ -464,7 +468,8 @@ class ProcessExecutor:
         self._reports: dict[int, Any] = {}
         self._meters: dict[int, Any] = {}  # per worker: its last runtime counters (sent with its reports)
         # The lanes run here until their worker is ready (see the class docstring).
-        self.lead = InlineExecutor(plan, lead) if lead is not None else None
+        # (Restored records are rebuilt here only when due: the workers rebuild their lanes' own.)
+        self.lead = InlineExecutor(plan, lead, background=False) if lead is not None else None
         self.lead_states: dict[int, LaneState] = self.lead.states if self.lead is not None else {}
         self.lead_meter = self.lead.meter if self.lead is not None else None
         self.led = 0  # outputs computed here
@@ -630,12 +635,12 @@ class ProcessExecutor:
         """Send worker ``w`` its lanes' states and the chunks read ahead for them; it runs them from now on."""
         assert self.lead is not None
         mine = [lane for lane in self._lanes_of(w) if lane in self.lead_states]
-        states = {lane: self.lead_states.pop(lane) for lane in mine}
+        states = {lane: self.lead_states[lane] for lane in mine}
         chunks = self.lead.ahead.release(mine) if self.lead.ahead is not None else {}
         given: dict[int, LaneState] = {}
         encoded: dict[int, Any] = {}
         for lane, state in states.items():
-            kept = self.restored.pop(lane, None)
+            kept = self.restored.get(lane)
             if kept is None:
                 given[lane] = state
             else:  # restored: as encoded (its records are rebuilt there, lazily), the checkpoint's if not stepped here
@@ -646,15 +651,17 @@ class ProcessExecutor:
             encoded.update({lane: self.plan.encode(state) for lane, state in given.items()})
             given, chunks = {}, {}
             data = ForkingPickler.dumps(("go", given, encoded, chunks))
-        for lane, state in states.items():
+        try:
+            self.conns[w].send_bytes(data)
+        except OSError:  # the worker is gone: report what it sent last, or how it died
+            self._pump(lambda: False)
+        for lane, state in states.items():  # from here on, the lanes are the worker's
+            del self.lead_states[lane]
+            self.restored.pop(lane, None)
             self.base[lane] = (state.delivered, given.get(lane, encoded.get(lane)))
         self.waiting.discard(w)
         if not self.waiting:
             self.lead.close()
-        try:
-            self.conns[w].send_bytes(bytes(data))
-        except OSError:  # the worker is gone: report what it sent last, or how it died
-            self._pump(lambda: False)
 
     # -- the executor interface -------------------------------------------------------------------------
     def next(self, lane: int) -> Any:

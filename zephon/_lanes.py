@@ -166,12 +166,15 @@ class Plan:
             return None
         return ReadAhead(self, states, self.read_ahead)
 
-    def next(self, lane: int, state: LaneState, meter: Any = None, ahead: ReadAhead | None = None) -> tuple[LaneState, Any]:
+    def next(
+        self, lane: int, state: LaneState, meter: Any = None, ahead: ReadAhead | None = None, *, background: bool = True
+    ) -> tuple[LaneState, Any]:
         """The lane's next output and the state after it; ``(state, None)`` when it has ended.
 
         ``meter`` (a :class:`~zephon._stats.Meter`, optional) counts the reading and each
         operator's work; ``ahead`` (from :meth:`reader`) reads and tokenizes for several lanes at
-        once. Neither ever changes the output.
+        once. Neither ever changes the output. ``background=False``: restored records are rebuilt
+        only when due, none in the background (the lane is about to move to another process).
         """
         source, chain, pending, done = state.source, state.chain, state.pending, state.done
         size = self.read_size_of(state)
@@ -213,7 +216,8 @@ class Plan:
         out = pending[0]
         if type(out) is DeferredOutput:  # restored lazily: rebuilt now if the background has not yet
             out = out.output()
-        _lazy.kick()  # restored records wait: rebuild them in the background from now on
+        if background:
+            _lazy.kick()  # restored records wait: rebuild them in the background from now on
         counts = mixture_counts(state.mixture, (out,), len(self.source.datasets))
         return LaneState(source, chain, pending[1:], state.delivered + 1, done, counts), out
 
