@@ -88,8 +88,10 @@ def test_same_exception_in_process():
 def test_killed_worker_is_reported_within_seconds_and_nothing_is_left_behind():
     pipe = toy_pipeline(2, workers=2)
     it = iter(pipe)
-    next(it)
+    for _ in range(3):  # the workers start after the first global step (2 lanes)
+        next(it)
     procs = list(it.executor.procs)
+    assert len(procs) == 2
     os.kill(procs[1].pid, signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(WorkerError, match=r"lanes \[1\] was killed by signal 9"):
@@ -104,8 +106,10 @@ def test_killed_worker_is_reported_within_seconds_and_nothing_is_left_behind():
 def test_close_and_context_manager_stop_workers():
     with toy_pipeline(2, workers=2) as pipe:
         it = iter(pipe)
-        next(it)
+        for _ in range(3):
+            next(it)
         procs = list(it.executor.procs)
+        assert len(procs) == 2
     for p in procs:
         p.join(timeout=5)
         assert not p.is_alive()

@@ -94,14 +94,25 @@ def test_a_worker_that_dies_before_it_takes_its_lanes_is_reported_and_the_checkp
     it.close()
 
 
+def test_the_workers_start_after_the_first_global_step():
+    it = iter(_finite(workers=2))
+    got = [next(it) for _ in range(4)]  # one output of each of the 4 lanes, computed here
+    assert it.executor.procs == []
+    got.append(next(it))
+    assert len(it.executor.procs) == 2 and it.executor.lead_states  # started; the lanes still run here
+    got.extend(it)
+    assert outputs_equal(got, list(_finite()))
+
+
 def test_workers_ignore_ctrl_c_from_their_start():
     """SIGINT while a worker still imports (before any code of ours runs there) leaves it alive."""
     it = iter(_finite(workers=2))
+    first = [next(it) for _ in range(5)]  # the workers have just started
     for proc in it.executor.procs:
         os.kill(proc.pid, signal.SIGINT)
     time.sleep(1.0)
     assert [p.exitcode for p in it.executor.procs] == [None, None]
-    got = list(it)
+    got = first + list(it)
     assert outputs_equal(got, list(_finite()))
     assert not it.executor.lead_states  # the lanes ended in the workers: both had taken theirs
 

@@ -6,6 +6,10 @@ lanes ahead within a per-lane credit window and sends each output with its index
 process hands outputs out in lane order, so the result is the in-process result for any number
 of workers.
 
+Worker start-up (an interpreter, imports, tokenizers: most of a second) does not delay the first
+output: by default the lanes run in the main process until each worker is ready, and then move to
+it with their states (see :class:`ProcessExecutor`).
+
 Lane states are pure values, so a worker keeps the state after each output it sent until the
 main process confirms delivery; ``checkpoint()`` asks for the state after exactly the outputs the
 caller has received. The main process also keeps, per lane, a recent delivered state (one a
@@ -423,14 +427,17 @@ def _worker_main(conn, lanes: list[int], credit: int, threads: int) -> None:
 class ProcessExecutor:
     """Runs the rank's lanes ahead in ``workers`` spawned processes.
 
-    With ``lead`` (the lanes' states, decoded here), the lanes run in this process while the
-    workers start: each worker loads the pipeline and its tokenizers, says it is ready, and is
-    then handed its lanes' current states (by value; a restored lane not rebuilt here, as its
-    checkpoint encoding) and the chunks read ahead for them. The first outputs then come as early
-    as with ``workers=0``, and the workers' start-up costs the caller nothing. Until a worker
-    takes its lanes, their outputs are checked to pickle (so a run fails the same way whenever the
-    hand-over happens), and a lane that ends waits for its worker, so that a worker that cannot
-    load the pipeline is reported even on short runs.
+    With ``lead`` (the lanes' states, decoded here: ``start_inline``), the lanes run in this
+    process while the workers start: each worker loads the pipeline and its tokenizers, says it is
+    ready, and is then handed its lanes' current states (by value; restored lanes as encoded, so
+    that their records are rebuilt there) and the chunks read ahead for them. The first outputs
+    then come as early as with ``workers=0``. Nothing the caller sees depends on when a worker
+    takes over: outputs computed here go through the wire form (they must pickle, and arrive as a
+    worker's would), a failure here is a :class:`WorkerError` too, and a lane that ends here waits
+    for its worker, so that a worker that cannot load the pipeline is reported even on short runs.
+
+    State kept here: per lane, the outputs received and not yet taken, a delivered state (see the
+    module docstring), and, until its worker takes it, the lane's state itself.
     """
 
     def __init__(
@@ -444,21 +451,19 @@ class ProcessExecutor:
                 "workers > 0 needs a picklable pipeline (spawned processes): every map/filter function must be "
                 f"a module-level function, not a lambda or closure ({type(exc).__name__}: {exc})"
             ) from exc
-        ctx = mp.get_context("spawn")
         n = max(1, min(workers, len(lanes)))
-        threads = max(1, (os.cpu_count() or 1) // n)
         self.plan = plan
         self.lanes = list(lanes)
-        self.owner: dict[int, int] = {}
+        self.owner: dict[int, int] = {lane: i % n for i, lane in enumerate(lanes)}  # lanes w, w+n, ... of the block
         self.conns: list = []
         self.procs: list = []
         self.buffers: dict[int, deque] = {lane: deque() for lane in lanes}
         self.ended: dict[int, int] = {}  # lane -> its output count, once a worker found its end
         self.saw_end: set[int] = set()  # lanes whose end the caller was handed
-        self.delivered: dict[int, int] = {}
+        self.delivered: dict[int, int] = {lane: int(encoded[lane]["delivered"]) if encoded else 0 for lane in lanes}
         # Per lane, a delivered state kept in this process: (outputs delivered, encoded state, or
         # None for the initial state). The caller's states are rebuilt from it after the workers stop.
-        self.base: dict[int, tuple[int, Any]] = {}
+        self.base: dict[int, tuple[int, Any]] = {lane: (self.delivered[lane], encoded[lane] if encoded else None) for lane in lanes}
         self.closed = False
         self.failure: str | None = None  # a worker reported an exception: its message
         self.death: str | None = None  # a worker stopped without reporting: how
@@ -477,31 +482,34 @@ class ProcessExecutor:
         self.ready: set[int] = set()  # workers that loaded the pipeline and wait for their lanes
         self.waiting: set[int] = set(range(n)) if lead is not None else set()  # workers not handed their lanes yet
         self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
+        self._setup = (plan_bytes, n, credit, None if lead is not None else encoded)
+        if lead is None or _HAND_OVER_AFTER is not None:
+            self._start_workers()
+
+    def _start_workers(self) -> None:
+        """Spawn the workers and send each the pipeline (and, without a lead, its lanes' states).
+
+        With a lead, they start once it has computed the first global step (one output of every
+        lane): starting them earlier would take cores from that step (each worker's start-up is
+        about half a CPU-second), while the lead goes on until they are ready.
+        """
+        plan_bytes, n, credit, encoded = self._setup
+        ctx = mp.get_context("spawn")
+        threads = max(1, (os.cpu_count() or 1) // n)
         with _ignoring_sigint():
-            setups: list = []
             for w in range(n):
-                mine = lanes[w::n]
+                mine = self.lanes[w::n]
                 parent, child = ctx.Pipe()
                 _widen(parent), _widen(child)
-                sub = {lane: encoded[lane] for lane in mine} if encoded and lead is None else None
-                proc = ctx.Process(
-                    target=_worker_main,
-                    args=(child, mine, credit, threads),
-                    daemon=True,
-                    name=f"zephon-lanes-{mine[0]}",
-                )
+                proc = ctx.Process(target=_worker_main, args=(child, mine, credit, threads), daemon=True, name=f"zephon-lanes-{mine[0]}")
                 self.conns.append(parent)
                 proc.start()
                 self.procs.append(proc)
                 child.close()
-                setups.append(sub)
-                for lane in mine:
-                    self.owner[lane] = w
-                    self.delivered[lane] = int(encoded[lane]["delivered"]) if encoded else 0
-                    self.base[lane] = (self.delivered[lane], encoded[lane] if encoded else None)
-            for conn, sub in zip(self.conns, setups):
+            for w, conn in enumerate(self.conns):
+                sub = {lane: encoded[lane] for lane in self.lanes[w::n]} if encoded else None
                 try:
-                    conn.send((plan_bytes, sub, lead is not None))
+                    conn.send((plan_bytes, sub, self.lead is not None))
                 except (BrokenPipeError, OSError):
                     pass  # the worker died while starting: reported by the first wait for its output
 
@@ -606,6 +614,8 @@ class ProcessExecutor:
             raise WorkerError(self.failure) from exc
         if out is None:  # its end comes through its worker, which must load the pipeline first
             w = self.owner[lane]
+            if not self.procs:
+                self._start_workers()
             self._pump(lambda: w in self.ready)
             self._hand_over(w)
             return self.next(lane)
@@ -668,7 +678,10 @@ class ProcessExecutor:
         if self.closed:
             self._check_open()
         if self.waiting:
-            self._take_ready()
+            if self.procs:
+                self._take_ready()
+            elif self.led >= len(self.lanes):
+                self._start_workers()
             if lane in self.lead_states:
                 return self._lead_next(lane)
         buf = self.buffers[lane]
