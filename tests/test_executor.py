@@ -88,7 +88,7 @@ def test_same_exception_in_process():
 def test_killed_worker_is_reported_within_seconds_and_nothing_is_left_behind():
     pipe = toy_pipeline(2, workers=2)
     it = iter(pipe)
-    for _ in range(3):  # the workers start after the first global step (2 lanes)
+    for _ in range(3):  # the workers start after the first output
         next(it)
     procs = list(it.executor.procs)
     assert len(procs) == 2

@@ -94,9 +94,9 @@ def test_a_worker_that_dies_before_it_takes_its_lanes_is_reported_and_the_checkp
     it.close()
 
 
-def test_the_workers_start_after_the_first_global_step():
+def test_the_workers_start_after_the_first_output():
     it = iter(_finite(workers=2))
-    got = [next(it) for _ in range(4)]  # one output of each of the 4 lanes, computed here
+    got = [next(it)]  # computed here, with every core
     assert it.executor.procs == []
     got.append(next(it))
     assert len(it.executor.procs) == 2 and it.executor.lead_states  # started; the lanes still run here
@@ -107,7 +107,7 @@ def test_the_workers_start_after_the_first_global_step():
 def test_workers_ignore_ctrl_c_from_their_start():
     """SIGINT while a worker still imports (before any code of ours runs there) leaves it alive."""
     it = iter(_finite(workers=2))
-    first = [next(it) for _ in range(5)]  # the workers have just started
+    first = [next(it) for _ in range(2)]  # the workers have just started
     for proc in it.executor.procs:
         os.kill(proc.pid, signal.SIGINT)
     time.sleep(1.0)

@@ -463,7 +463,7 @@ def test_worker_signal_is_named_with_its_likely_cause(tmp_path, sig, expected):
 
         if __name__ == "__main__":
             it = iter(toy_pipeline(2, workers=2))
-            for _ in range(3):  # the workers start after the first global step
+            for _ in range(3):  # the workers start after the first output
                 next(it)
             os.kill(it.executor.procs[0].pid, signal.{sig})
             try:

@@ -489,9 +489,11 @@ class ProcessExecutor:
     def _start_workers(self) -> None:
         """Spawn the workers and send each the pipeline (and, without a lead, its lanes' states).
 
-        With a lead, they start once it has computed the first global step (one output of every
-        lane): starting them earlier would take cores from that step (each worker's start-up is
-        about half a CPU-second), while the lead goes on until they are ready.
+        With a lead, they start once it has computed the first output: starting them earlier
+        would take cores from it (each worker's start-up is about half a CPU-second). The lead
+        goes on until they are ready; starting them later (after a whole global step, say) would
+        leave more of the run to one process (measured: 15 % less throughput with 2 workers on 2
+        cores).
         """
         plan_bytes, n, credit, encoded = self._setup
         ctx = mp.get_context("spawn")
@@ -680,7 +682,7 @@ class ProcessExecutor:
         if self.waiting:
             if self.procs:
                 self._take_ready()
-            elif self.led >= len(self.lanes):
+            elif self.led:
                 self._start_workers()
             if lane in self.lead_states:
                 return self._lead_next(lane)

@@ -198,7 +198,8 @@ def explain_plan(plan: Plan, options: Options, topology: Topology | None, ops: S
                 kind="worker processes (spawned)",
                 processes=n,
                 start=(
-                    "the lanes run in the calling process until each worker is ready (start_inline)"
+                    "the lanes run in the calling process first; the workers start after the first output "
+                    "and each takes its lanes once ready (start_inline)"
                     if options.start_inline else "the workers compute every output (start_inline=False)"
                 ),
                 lanes_per_process={f"worker {w}": mine[w::n] for w in range(n)},

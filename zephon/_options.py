@@ -53,11 +53,12 @@ class Options:
             fewer idle cores). 0: each lane reads and tokenizes alone. Performance only.
         global_batch_size: optional check: records per optimizer step must be a multiple of
             L x microbatch_size (each global step takes one microbatch from every lane).
-        start_inline: with ``workers > 0``, compute the first outputs in the calling process while
-            the workers start (load the pipeline and its tokenizers), then hand each worker its
-            lanes' states as soon as it is ready: the first batch, also after a restore, comes as
-            early as with ``workers=0``. Never changes the data. ``False``: the workers compute
-            every output, and this process never loads the tokenizers.
+        start_inline: with ``workers > 0``, run the lanes in the calling process first: the first
+            batch, also after a restore, comes as early as with ``workers=0``; the workers start
+            after it (loading the pipeline and its tokenizers takes them most of a second)
+            and each takes its lanes' states as soon as it is ready. Never changes the data.
+            ``False``: the workers start at ``iter()`` and compute every output, and this process
+            never loads the tokenizers.
         thread: with ``workers=0``, run the lanes ahead in a background thread (``prefetch``
             outputs per lane) so reading and tokenizing overlap with the caller's work.
         drain: at the end of finite data, keep delivering the outputs of lanes that still have
