@@ -446,6 +446,41 @@ def test_function_defined_under_the_main_guard_gets_a_clear_error(tmp_path):
     assert "Move the function above the `if __name__ == '__main__':` line" in out
 
 
+def test_a_record_type_defined_under_the_main_guard_gets_a_clear_error_when_lanes_move(tmp_path):
+    out = run_script(
+        tmp_path,
+        """
+        import numpy as np
+        import zephon._executor
+        from zephon import Pipeline, WorkerError
+
+        def with_point(p):  # its records hold a Point, which a worker cannot import
+            return {"input_ids": np.arange(4, dtype=np.int32) + p["n"], "point": Point(p["n"])}
+
+        def without_point(p):
+            return {"input_ids": p["input_ids"]}
+
+        if __name__ == "__main__":
+            class Point:
+                def __init__(self, n):
+                    self.n = n
+
+            zephon._executor._HAND_OVER_AFTER = (1,)  # the lanes move after one output, Points in the buffers
+            pipe = Pipeline([{"n": i} for i in range(2_000)]).options(canonical_replicas=2, workers=1)
+            try:
+                list(pipe.map(with_point).shuffle(16, seed=1).map(without_point).batch(2))
+            except WorkerError as exc:
+                print(exc)
+            else:
+                print("NO ERROR")
+        """,
+        timeout=60,
+    )
+    assert "could not load its lanes' states" in out, out
+    assert "Can't get attribute 'Point'" in out
+    assert "must be importable" in out
+
+
 # -- 5. signals are named, with their likely cause --------------------------------------------------------
 
 

@@ -308,19 +308,19 @@ class _Outbox:
         self.thread.join(timeout=10)
 
 
-def _load_error(exc: BaseException) -> str:
-    """Why a worker could not unpickle the pipeline, and what to do."""
+def _load_error(exc: BaseException, what: str = "the pipeline") -> str:
+    """Why a worker could not unpickle ``what`` (the pipeline, or the lanes' states), and what to do."""
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, (AttributeError, ImportError)) or "Can't get attribute" in str(exc):
         return (
-            f"the worker could not load the pipeline ({text}). Functions given to map/filter (and any other object in "
-            "the pipeline) must be importable by module and name in a fresh process, because workers are spawned "
+            f"the worker could not load {what} ({text}). Functions given to map/filter (and any other object in "
+            "the pipeline or its records) must be importable by module and name in a fresh process, because workers are spawned "
             "and look them up by name: define them at the top level of a module, not inside "
             "`if __name__ == '__main__':`, inside another function, in a notebook cell or in `python -c`. Move the "
             "function above the `if __name__ == '__main__':` line of your script, or into a module that the script "
             "imports"
         )
-    return f"the worker could not load the pipeline ({text})"
+    return f"the worker could not load {what} ({text})"
 
 
 def _worker_main(conn, lanes: list[int], credit: int, threads: int) -> None:
@@ -357,7 +357,13 @@ def _worker_main(conn, lanes: list[int], credit: int, threads: int) -> None:
             if not conn.poll(0):  # unless told to stop while starting
                 plan.warm()
             outbox.send(("ready",))
-            msg = conn.recv()
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                return
+            except Exception as exc:  # a record in the states of a type this process cannot import
+                outbox.send(("error", None, _load_error(exc, "its lanes' states"), traceback.format_exc()))
+                return
             if msg[0] == "stop":
                 return
             _, given, encoded, chunks = msg
