@@ -94,20 +94,26 @@ def test_a_worker_that_dies_before_it_takes_its_lanes_is_reported_and_the_checkp
     it.close()
 
 
-def test_the_workers_start_after_the_first_output():
+@pytest.mark.parametrize("cpus, lanes_here_after_two", [(64, [0, 1, 2, 3]), (2, [0, 2])])
+def test_the_workers_start_after_the_first_output_and_the_lanes_wait_for_them_without_spare_cores(
+    monkeypatch, cpus, lanes_here_after_two
+):
+    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
     it = iter(_finite(workers=2))
     got = [next(it)]  # computed here, with every core
     assert it.executor.procs == []
-    got.append(next(it))
-    assert len(it.executor.procs) == 2 and it.executor.lead_states  # started; the lanes still run here
+    got.append(next(it))  # lane 1: the workers start; without a core each, lane 1 waits for its worker
+    assert len(it.executor.procs) == 2
+    assert sorted(it.executor.lead_states) == lanes_here_after_two
     got.extend(it)
     assert outputs_equal(got, list(_finite()))
 
 
-def test_workers_ignore_ctrl_c_from_their_start():
+def test_workers_ignore_ctrl_c_from_their_start(monkeypatch):
     """SIGINT while a worker still imports (before any code of ours runs there) leaves it alive."""
+    monkeypatch.setattr(executor_module, "_HAND_OVER_AFTER", (10**6, 10**6))  # they start at iter()
     it = iter(_finite(workers=2))
-    first = [next(it) for _ in range(2)]  # the workers have just started
+    first: list = []
     for proc in it.executor.procs:
         os.kill(proc.pid, signal.SIGINT)
     time.sleep(1.0)

@@ -55,8 +55,9 @@ class Options:
             L x microbatch_size (each global step takes one microbatch from every lane).
         start_inline: with ``workers > 0``, run the lanes in the calling process first: the first
             batch, also after a restore, comes as early as with ``workers=0``; the workers start
-            after it (loading the pipeline and its tokenizers takes them most of a second)
-            and each takes its lanes' states as soon as it is ready. Never changes the data.
+            after it (loading the pipeline and its tokenizers takes them most of a second), the
+            lanes keep running here meanwhile if there is a core for each worker besides this
+            process, and each worker takes its lanes' states as soon as it is ready. Never changes the data.
             ``False``: the workers start at ``iter()`` and compute every output, and this process
             never loads the tokenizers.
         thread: with ``workers=0``, run the lanes ahead in a background thread (``prefetch``
