@@ -421,24 +421,30 @@ def test_checkpoint_after_close_when_a_worker_was_already_gone(tmp_path):
 # -- 4. map functions that workers cannot import ---------------------------------------------------------
 
 
+def worker_error(tmp_path: Path, top: str, guarded: str, run: str) -> str:
+    """What a script prints for the ``WorkerError`` that ``run`` raises ("NO ERROR" if none): its
+    module-level code ``top``, then, under the main guard, ``guarded`` and ``run``."""
+    body = textwrap.dedent(top) + '\nif __name__ == "__main__":\n' + textwrap.indent(textwrap.dedent(guarded), "    ")
+    body += f"""
+    try:
+        {run}
+    except WorkerError as exc:
+        print(exc)
+    else:
+        print("NO ERROR")
+"""
+    return run_script(tmp_path, body, timeout=60)
+
+
 def test_function_defined_under_the_main_guard_gets_a_clear_error(tmp_path):
-    out = run_script(
+    out = worker_error(
         tmp_path,
+        "from zephon import Pipeline, WorkerError\n",
         """
-        from zephon import Pipeline, WorkerError
-
-        if __name__ == "__main__":
-            def local_fn(p):
-                return p
-
-            try:
-                list(Pipeline([{"n": i} for i in range(10)]).options(workers=1).map(local_fn))
-            except WorkerError as exc:
-                print(exc)
-            else:
-                print("NO ERROR")
+        def local_fn(p):
+            return p
         """,
-        timeout=60,
+        'list(Pipeline([{"n": i} for i in range(10)]).options(workers=1).map(local_fn))',
     )
     assert "could not load the pipeline" in out, out
     assert "Can't get attribute 'local_fn'" in out
@@ -447,7 +453,7 @@ def test_function_defined_under_the_main_guard_gets_a_clear_error(tmp_path):
 
 
 def test_a_record_type_defined_under_the_main_guard_gets_a_clear_error_when_lanes_move(tmp_path):
-    out = run_script(
+    out = worker_error(
         tmp_path,
         """
         import numpy as np
@@ -459,22 +465,16 @@ def test_a_record_type_defined_under_the_main_guard_gets_a_clear_error_when_lane
 
         def without_point(p):
             return {"input_ids": p["input_ids"]}
-
-        if __name__ == "__main__":
-            class Point:
-                def __init__(self, n):
-                    self.n = n
-
-            zephon._executor._HAND_OVER_AFTER = (1,)  # the lanes move after one output, Points in the buffers
-            pipe = Pipeline([{"n": i} for i in range(2_000)]).options(canonical_replicas=2, workers=1)
-            try:
-                list(pipe.map(with_point).shuffle(16, seed=1).map(without_point).batch(2))
-            except WorkerError as exc:
-                print(exc)
-            else:
-                print("NO ERROR")
         """,
-        timeout=60,
+        """
+        class Point:
+            def __init__(self, n):
+                self.n = n
+
+        zephon._executor._HAND_OVER_AFTER = (1,)  # the lanes move after one output, Points in the buffers
+        pipe = Pipeline([{"n": i} for i in range(2_000)]).options(canonical_replicas=2, workers=1)
+        """,
+        "list(pipe.map(with_point).shuffle(16, seed=1).map(without_point).batch(2))",
     )
     assert "could not load its lanes' states" in out, out
     assert "Can't get attribute 'Point'" in out
