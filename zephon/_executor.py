@@ -238,6 +238,11 @@ def _death_cause(code: int | None) -> tuple[str, str]:
     )
 
 
+def _failed_here(lane: int, cause: str) -> str:
+    """The failure of a lane that ran in the main process before its worker took it over."""
+    return f"lane {lane} failed in this process, before its worker process took it over: {cause}"
+
+
 def _unpicklable_output(msg: tuple, exc: BaseException) -> tuple:
     """The error message for an output of a worker that cannot be pickled: lane, record, cause."""
     kind = msg[0]
@@ -482,7 +487,6 @@ class ProcessExecutor:
         # (Restored records are rebuilt here only when due: the workers rebuild their lanes' own.)
         self.lead = InlineExecutor(plan, lead, background=False) if lead is not None else None
         self.lead_states: dict[int, LaneState] = self.lead.states if self.lead is not None else {}
-        self.lead_meter = self.lead.meter if self.lead is not None else None
         self.led = 0  # outputs computed here
         self.restored = {lane: (lead[lane], encoded[lane]) for lane in lanes} if lead is not None and encoded else {}
         self.ready: set[int] = set()  # workers that loaded the pipeline and wait for their lanes
@@ -624,15 +628,11 @@ class ProcessExecutor:
             out = self.lead.next(lane)
         except Exception as exc:
             cause = "".join(traceback.format_exception_only(exc)).strip()
-            self.failure = f"lane {lane} failed in this process, before its worker process took it over: {cause}"
+            self.failure = _failed_here(lane, cause)
             self._stop()
             raise WorkerError(self.failure) from exc
         if out is None:  # its end comes through its worker, which must load the pipeline first
-            w = self.owner[lane]
-            if not self.procs:
-                self._start_workers()
-            self._pump(lambda: w in self.ready)
-            self._hand_over(w)
+            self._hand_over_when_ready(self.owner[lane])
             return self.next(lane)
         count = self.lead_states[lane].delivered
         msg = ("out", lane, count, out, None)
@@ -640,7 +640,7 @@ class ProcessExecutor:
             out = copy_message(msg)[3]
         except Exception as exc:
             _, _, cause, tb = _unpicklable_output(msg, exc)
-            self._fail(f"lane {lane} failed in this process, before its worker process took it over: {cause}", tb)
+            self._fail(_failed_here(lane, cause), tb)
         self.delivered[lane] = count
         self.led += 1
         return out
@@ -655,6 +655,13 @@ class ProcessExecutor:
             self._pump(lambda: due <= self.ready)
         for w in sorted(due):
             self._hand_over(w)
+
+    def _hand_over_when_ready(self, w: int) -> None:
+        """Wait for worker ``w`` to be ready (starting the workers if need be), then hand it its lanes."""
+        if not self.procs:
+            self._start_workers()
+        self._pump(lambda: w in self.ready)
+        self._hand_over(w)
 
     def _hand_over(self, w: int) -> None:
         """Send worker ``w`` its lanes' states and the chunks read ahead for them; it runs them from now on."""
@@ -698,9 +705,7 @@ class ProcessExecutor:
             elif self.led:
                 self._start_workers()
             if lane in self.lead_states and self.procs and not self.lead_while_starting and _HAND_OVER_AFTER is None:
-                w = self.owner[lane]
-                self._pump(lambda: w in self.ready)
-                self._hand_over(w)
+                self._hand_over_when_ready(self.owner[lane])
             if lane in self.lead_states:
                 return self._lead_next(lane)
         buf = self.buffers[lane]
@@ -731,6 +736,10 @@ class ProcessExecutor:
     def _here(self) -> dict[int, Any]:
         """The encoded states of the lanes still running here."""
         return {lane: self.plan.encode(state) for lane, state in self.lead_states.items()}
+
+    def _here_reports(self) -> dict[int, Any]:
+        """The counters of the lanes still running here."""
+        return {lane: self.plan.reports(state) for lane, state in self.lead_states.items()}
 
     def _in_order(self, states: dict[int, Any]) -> dict[int, Any]:
         return {lane: states[lane] for lane in self.lanes}
@@ -795,7 +804,7 @@ class ProcessExecutor:
         return state, self.plan.encode(state)
 
     def reports(self) -> dict[int, Any]:
-        here = {lane: self.plan.reports(state) for lane, state in self.lead_states.items()}
+        here = self._here_reports()
         remote = self._remote()
         if self.failure is None and not remote:
             return self._in_order(here)
@@ -827,7 +836,7 @@ class ProcessExecutor:
     def meters(self) -> dict[str, Any] | None:
         """The runtime counters: the workers' as of their last reports (``reports()`` asks for
         them), and those of the work done here before the hand-over."""
-        here = [self.lead_meter.snapshot()] if self.lead_meter is not None else []
+        here = [self.lead.meter.snapshot()] if self.lead is not None else []
         return merge_meters([*here, *self._meters.values()])
 
     def close(self, read_final: bool = True) -> None:
@@ -841,12 +850,10 @@ class ProcessExecutor:
             try:
                 states = self._ask_states(deadline)
                 if states is not None:
-                    here = self._here()
-                    self._final_states = self._in_order({**here, **states})
+                    self._final_states = self._in_order({**self._here(), **states})
                     reports = self._ask_reports(deadline)
                     if reports is not None:
-                        here_reports = {lane: self.plan.reports(state) for lane, state in self.lead_states.items()}
-                        self._final_reports = self._in_order({**here_reports, **reports})
+                        self._final_reports = self._in_order({**self._here_reports(), **reports})
             except WorkerError:
                 pass  # a worker died or failed: the states are rebuilt when asked for
             except BaseException:
