@@ -181,7 +181,7 @@ def test_after_a_restore_mid_step_the_background_thread_computes_the_lanes_the_c
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_workers_share_the_cpus_for_tiktoken_threads_unless_one_has_them_all(workers, monkeypatch):
+def test_workers_share_the_cpus_for_tiktoken_threads(workers, monkeypatch):
     from _util import with_encoder_threads
     from zephon.io import Dataset, InMemoryShard
 
@@ -193,6 +193,6 @@ def test_workers_share_the_cpus_for_tiktoken_threads_unless_one_has_them_all(wor
     seen = {r.payload["encoder_threads"] for r in pipe}
     cpus = os.cpu_count() or 1
     share = max(1, cpus // workers)
-    # A share smaller than the machine is set for tiktoken; one worker with every CPU encodes as
-    # the calling process does (its own thread count, one more in the read-ahead thread).
-    assert seen == {str(share) if share < cpus else ""}
+    # Each worker's share, set for tiktoken in every thread: a single worker takes a thread per CPU,
+    # without the calling process's extra read-ahead thread (the main process needs the cores too).
+    assert seen == {str(share)}
