@@ -90,6 +90,29 @@ def test_each_run_is_compared_with_the_ceiling_when_it_ran():
     assert summary["recipe workers=1"]["ratio"] == pytest.approx(0.9)
     assert summary["recipe workers=1"]["steady_ratio"] is None
     assert summary["ceiling"]["ratio"] == 1.0
+    # Workers against inline: each run's ratio over the inline run's of the same round.
+    assert summary["recipe workers=1"]["inline_ratio"] == pytest.approx(0.9 / (120 / 150))
+    assert summary["recipe workers=0"]["inline_ratio"] == pytest.approx(1.0)
+    assert summary["ceiling"]["inline_ratio"] is None
+
+
+def test_workers_are_compared_with_the_inline_run_of_their_own_round():
+    from zephon._cli_bench import _summarize
+
+    def run(seq, rnd, rate):
+        return {"seq": seq, "round": rnd, "tokens": 10, "tokens_per_s": rate, "first_batch_s": 1.0, "rss_mib": 1.0,
+                "cpu_s_per_mtok": 1.0}
+
+    # Round 0 runs fast, round 1 slow (the ceiling too): within each round, workers are 0.9x and 1.1x inline.
+    results = {"runs": {
+        "ceiling": [run(0, 0, 100.0), run(2, 0, 100.0), run(4, 0, 100.0), run(5, 1, 50.0), run(7, 1, 50.0), run(9, 1, 50.0)],
+        "recipe workers=0": [run(1, 0, 80.0), run(6, 1, 40.0)],
+        "recipe workers=1": [run(3, 0, 72.0), run(8, 1, 44.0)],
+    }}
+    summary = _summarize(results)
+    rounds = [r["inline_ratio"] for r in results["runs"]["recipe workers=1"]]
+    assert rounds == [pytest.approx(0.9), pytest.approx(1.1)]
+    assert summary["recipe workers=1"]["inline_ratio"] == pytest.approx(1.0)  # the median of the two
 
 
 def test_bench_names_a_missing_path(tmp_path, capsys):

@@ -28,7 +28,8 @@ ceiling once per round):
   and, from a checkpoint taken half-way, a **restore** in a new process, timed to its first batch
   and checked against the batch the uninterrupted run delivered next.
 
-It prints one table (tokens/s, ratio to the ceiling when the run ran, time to first batch, peak
+It prints one table (tokens/s, ratio to the ceiling when the run ran and to the inline run of the
+same round, each over its own ceiling, time to first batch, peak
 RSS, CPU seconds per million tokens, checkpoint bytes, restore time) and writes every measurement
 to ``--json``. Two rates are given for the recipe: tokens *delivered* per second over the whole
 pass, start included, and the *steady* rate: tokens of the batches the lanes built after the
@@ -448,6 +449,10 @@ def _rows_before_first_batch(buffer: int, batch_size: int) -> int:
     return arrived
 
 
+#: The run the others are compared with in the ``x inline`` column.
+INLINE = "recipe workers=0"
+
+
 def _schedule(names: list[str], bracket: bool, last_round: bool) -> list[str]:
     """The runs of one round, in order: the ceiling first, and with ``bracket`` again before each
     recipe run (and after the last one of the last round), so that every recipe run sits between two."""
@@ -465,6 +470,15 @@ def _reference(ceilings: list[dict[str, Any]], run: dict[str, Any], key: str) ->
     after = [c for c in ceilings if c["seq"] > run["seq"] and c.get(key)]
     near = before[-1:] + after[:1]
     return statistics.fmean(c[key] for c in near) if near else None
+
+
+def _against_inline(runs: dict[str, list], run: dict[str, Any]) -> float | None:
+    """``run``'s ratio to the inline recipe run of the same round, each over the ceiling when it ran
+    (so that the machine's drift between the two runs cancels); ``None`` without an inline run."""
+    inline = [r for r in runs.get(INLINE, []) if r["round"] == run["round"]]
+    if not inline or not run.get("ratio") or not inline[0].get("ratio"):
+        return None
+    return run["ratio"] / inline[0]["ratio"]
 
 
 def _summarize(results: dict[str, Any]) -> dict[str, Any]:
@@ -488,12 +502,19 @@ def _summarize(results: dict[str, Any]) -> dict[str, Any]:
                 r["first_batch_minus_same_rows_s"] = r["first_batch_s"] - same if r.get("first_batch_s") and same is not None else None
             ratios = [r["ratio"] for r in rs]
             steady_ratios = [r["steady_ratio"] for r in rs]
+        if name == "ceiling":
+            inline_ratios: list = [None]
+        else:
+            for r in rs:
+                r["inline_ratio"] = _against_inline(runs, r)
+            inline_ratios = [r["inline_ratio"] for r in rs]
             deltas = [r["first_batch_minus_ceiling_s"] for r in rs]
             same_deltas = [r["first_batch_minus_same_rows_s"] for r in rs]
         row = {
             "tokens": rs[0]["tokens"] if rs else None,
             "tokens_per_s": _median([r["tokens_per_s"] for r in rs]),
             "ratio": _median(ratios),
+            "inline_ratio": _median(inline_ratios),
             "steady_tokens_per_s": _median(steady),
             "steady_ratio": _median(steady_ratios),
             "first_batch_s": _median([r["first_batch_s"] for r in rs]),
@@ -518,7 +539,7 @@ def _summarize(results: dict[str, Any]) -> dict[str, Any]:
 
 def format_table(results: dict[str, Any]) -> str:
     """The summary as an aligned text table."""
-    headers = ["run", "tokens/s", "x ceiling", "steady tok/s", "x ceiling", "1st batch s", "vs ceiling s", "vs same rows s", "RSS MiB", "wkr RSS MiB", "CPU s/Mtok",
+    headers = ["run", "tokens/s", "x ceiling", "x inline", "steady tok/s", "x ceiling", "1st batch s", "vs ceiling s", "vs same rows s", "RSS MiB", "wkr RSS MiB", "CPU s/Mtok",
                "ckpt bytes", "restore->1st s", "restore() s"]
 
     def f(x: Any, spec: str) -> str:
@@ -529,7 +550,8 @@ def format_table(results: dict[str, Any]) -> str:
         restore = f(s.get("restore_first_s"), ".3f")
         if s.get("restore_exact") is False:
             restore += " MISMATCH"
-        rows.append([name, f(s["tokens_per_s"], ",.0f"), f(s["ratio"], ".3f"), f(s.get("steady_tokens_per_s"), ",.0f"),
+        rows.append([name, f(s["tokens_per_s"], ",.0f"), f(s["ratio"], ".3f"), f(s.get("inline_ratio"), ".3f"),
+                     f(s.get("steady_tokens_per_s"), ",.0f"),
                      f(s.get("steady_ratio"), ".3f"), f(s["first_batch_s"], ".3f"),
                      "-" if name == "ceiling" else f(s["first_batch_minus_ceiling_s"], "+.3f"),
                      f(s.get("first_rows_s"), ".3f") if name == "ceiling" else f(s.get("first_batch_minus_same_rows_s"), "+.3f"),
@@ -579,7 +601,8 @@ def _main(args: argparse.Namespace) -> int:
           "tokens/s: tokens delivered per second over the whole pass; steady tok/s: tokens of every batch the lanes "
           "built after the first one (delivered, or left undelivered at the end of finite data) per second after the "
           "first batch; x ceiling: over the ceiling's tokens/s when the run ran (the mean of the ceiling runs just "
-          "before and after it; median over rounds); vs ceiling: time to first batch minus the ceiling's (both from "
+          "before and after it; median over rounds); x inline: its x ceiling over the inline run's (workers=0) in the "
+          "same round (median over rounds); vs ceiling: time to first batch minus the ceiling's (both from "
           "process start, tokenizer load included); vs same rows: time to first batch minus the ceiling's time to encode and "
           f"pack as many rows as the recipe's first batch draws from ({results['first_rows']}: the shuffle's warm-up window, "
           "then two rows for each row of the batch; the ceiling's row shows that time)")
