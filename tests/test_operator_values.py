@@ -621,3 +621,17 @@ def test_no_configuration_is_rewritten_after_construction():
     package = Path(zephon.__file__).parent
     for name in ("_pack.py", "_tokenize.py", "_chat.py", "_batch.py", "_shuffle.py", "_core.py"):
         assert "object.__setattr__" not in (package / name).read_text(encoding="utf-8"), name
+
+
+def test_a_template_given_with_a_new_tokenizer_stays_even_when_it_equals_the_old_shipped_one(env):
+    # Found by the law above: the template shipped with b, given again (an equal text, not the
+    # operator's own) together with another tokenizer, is a given template, as in the constructor.
+    op = TokenizeChat(str(env.b))
+    given = json.loads((env.b / "tokenizer_config.json").read_text(encoding="utf-8"))["chat_template"]
+    assert given == op.chat_template and given is not op.chat_template
+    for base in (op, pickle.loads(pickle.dumps(op))):
+        evolved = attrs.evolve(base, tokenizer=str(env.a), chat_template=given)
+        assert evolved == TokenizeChat(str(env.a), chat_template=given)
+        assert evolved.chat_template == given
+        # Passed through unchanged (the operator's own text), the shipped template follows the tokenizer.
+        assert attrs.evolve(base, tokenizer=str(env.a)) == TokenizeChat(str(env.a))

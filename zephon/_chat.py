@@ -328,7 +328,7 @@ class TokenizeChat(StatelessOp):
         # The shipped template is looked up even when chat_template is given, so that
         # attrs.evolve(op, chat_template=None) finds it without the tokenizer's files.
         shipped, missing = (origin.shipped, origin.missing) if same else shipped_template(tok, tid)
-        kept = origin is not None and isinstance(settings.chat_template, str) and settings.chat_template == origin.template
+        kept = origin is not None and settings.chat_template is origin.template
         if kept and (same or not origin.from_tokenizer):
             text, from_tokenizer = origin.template, origin.from_tokenizer
         else:

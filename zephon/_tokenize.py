@@ -63,7 +63,9 @@ class Origin:
         tokenizer_id: the ``tokenizer_id`` the operator was given, ``None`` when it was given
             ``tokenizer=``. The pair stays exclusive under ``attrs.evolve``: changing
             ``tokenizer`` of an operator built from an id also needs ``tokenizer_id=None``.
-        template: ``TokenizeChat``: the template text held in ``chat_template``.
+        template: ``TokenizeChat``: the template text held in ``chat_template``, recognised by
+            identity too: a text passed in is a given template, even one equal to this
+            (``attrs.evolve(op, tokenizer=t, chat_template=text)`` keeps ``text``).
         from_tokenizer: ``TokenizeChat``: the template is the one shipped with the tokenizer
             (``chat_template=None``), so it follows the tokenizer when that changes.
         shipped: ``TokenizeChat``: the template shipped with the tokenizer, or ``None``.
