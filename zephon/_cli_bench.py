@@ -481,35 +481,45 @@ def _against_inline(runs: dict[str, list], run: dict[str, Any]) -> float | None:
     return run["ratio"] / inline[0]["ratio"]
 
 
+def _steady(name: str, run: dict[str, Any]) -> float | None:
+    # The ceiling's rate is steady already: its clock starts with the tokenizer loaded and the
+    # texts in memory, and every row it encodes is counted.
+    return run.get("steady_tokens_per_s") or (run["tokens_per_s"] if name == "ceiling" else None)
+
+
+def _compare(run: dict[str, Any], ceilings: list[dict[str, Any]]) -> None:
+    """Set ``run``'s figures against the ceiling when it ran (kept per run in the JSON, next to its own)."""
+    ref, first = _reference(ceilings, run, "tokens_per_s"), _reference(ceilings, run, "first_batch_s")
+    steady, same = run.get("steady_tokens_per_s"), _reference(ceilings, run, "first_rows_s")
+    run["ratio"] = run["tokens_per_s"] / ref if run.get("tokens_per_s") and ref else None
+    run["steady_ratio"] = steady / ref if steady and ref else None
+    run["first_batch_minus_ceiling_s"] = run["first_batch_s"] - first if run.get("first_batch_s") and first is not None else None
+    run["first_batch_minus_same_rows_s"] = run["first_batch_s"] - same if run.get("first_batch_s") and same is not None else None
+
+
 def _summarize(results: dict[str, Any]) -> dict[str, Any]:
     runs = results["runs"]
     ceilings = runs["ceiling"]
+    recipes = {name: rs for name, rs in runs.items() if name != "ceiling"}
+    for rs in recipes.values():
+        for r in rs:
+            _compare(r, ceilings)
+    for rs in recipes.values():  # once every run's ratio is known, whatever the order of the runs
+        for r in rs:
+            r["inline_ratio"] = _against_inline(runs, r)
     summary: dict[str, Any] = {}
     for name, rs in runs.items():
-        # The ceiling's rate is steady already: its clock starts with the tokenizer loaded and the
-        # texts in memory, and every row it encodes is counted.
-        steady = [r.get("steady_tokens_per_s") or (r["tokens_per_s"] if name == "ceiling" else None) for r in rs]
+        steady = [_steady(name, r) for r in rs]
         if name == "ceiling":
             ratios = steady_ratios = [1.0] * len(rs)
             deltas = same_deltas = [0.0] * len(rs)
-        else:
-            for r, b in zip(rs, steady):  # kept per run in the JSON, next to the run's own figures
-                ref, first = _reference(ceilings, r, "tokens_per_s"), _reference(ceilings, r, "first_batch_s")
-                r["ratio"] = r["tokens_per_s"] / ref if r.get("tokens_per_s") and ref else None
-                r["steady_ratio"] = b / ref if b and ref else None
-                r["first_batch_minus_ceiling_s"] = r["first_batch_s"] - first if r.get("first_batch_s") and first is not None else None
-                same = _reference(ceilings, r, "first_rows_s")
-                r["first_batch_minus_same_rows_s"] = r["first_batch_s"] - same if r.get("first_batch_s") and same is not None else None
-            ratios = [r["ratio"] for r in rs]
-            steady_ratios = [r["steady_ratio"] for r in rs]
-        if name == "ceiling":
             inline_ratios: list = [None]
         else:
-            for r in rs:
-                r["inline_ratio"] = _against_inline(runs, r)
-            inline_ratios = [r["inline_ratio"] for r in rs]
+            ratios = [r["ratio"] for r in rs]
+            steady_ratios = [r["steady_ratio"] for r in rs]
             deltas = [r["first_batch_minus_ceiling_s"] for r in rs]
             same_deltas = [r["first_batch_minus_same_rows_s"] for r in rs]
+            inline_ratios = [r["inline_ratio"] for r in rs]
         row = {
             "tokens": rs[0]["tokens"] if rs else None,
             "tokens_per_s": _median([r["tokens_per_s"] for r in rs]),

@@ -517,7 +517,7 @@ class ProcessExecutor:
         threads = max(1, (os.cpu_count() or 1) // n)
         with _ignoring_sigint():
             for w in range(n):
-                mine = self.lanes[w::n]
+                mine = self._lanes_of(w)
                 parent, child = ctx.Pipe()
                 _widen(parent), _widen(child)
                 proc = ctx.Process(target=_worker_main, args=(child, mine, credit, threads), daemon=True, name=f"zephon-lanes-{mine[0]}")
@@ -526,7 +526,7 @@ class ProcessExecutor:
                 self.procs.append(proc)
                 child.close()
             for w, conn in enumerate(self.conns):
-                sub = {lane: encoded[lane] for lane in self.lanes[w::n]} if encoded else None
+                sub = {lane: encoded[lane] for lane in self._lanes_of(w)} if encoded else None
                 try:
                     conn.send((plan_bytes, sub, self.lead is not None))
                 except (BrokenPipeError, OSError):
