@@ -19,8 +19,6 @@ order, rank ``r``'s ``k``-th group of ``L/D`` microbatches (``Pipeline.steps()``
 
 from __future__ import annotations
 
-import contextlib
-
 import json
 import time
 from fractions import Fraction
@@ -34,6 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 from _util import toks_to_ids
+import zephon._executor as executor_module
 from zephon import Pipeline, merge_checkpoints
 from zephon._pack import ALGORITHMS as PACK_ALGORITHMS
 from zephon.io import Dataset, InMemoryShard
@@ -610,21 +609,11 @@ def test_the_background_thread_delivers_exactly_the_in_process_batches(spec, lan
 def test_worker_processes_deliver_exactly_the_in_process_batches(spec, lanes, drain, workers, prefetch, data):
     start_inline = data.draw(st.booleans(), label="start inline")
     after = data.draw(st.lists(st.integers(0, 12), min_size=3, max_size=3), label="outputs computed here before each worker takes its lanes")
-    with _hand_over_after(tuple(after)):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(executor_module, "_HAND_OVER_AFTER", tuple(after))
         assert_running_ahead_changes_nothing(
             spec, lanes, drain, data, 0.1, workers=workers, prefetch=prefetch, start_inline=start_inline
         )
-
-
-@contextlib.contextmanager
-def _hand_over_after(after):
-    import zephon._executor as executor
-
-    saved, executor._HAND_OVER_AFTER = executor._HAND_OVER_AFTER, after
-    try:
-        yield
-    finally:
-        executor._HAND_OVER_AFTER = saved
 
 
 # -- lazy restore ---------------------------------------------------------------------------------------

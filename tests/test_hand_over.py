@@ -113,12 +113,11 @@ def test_workers_ignore_ctrl_c_from_their_start(monkeypatch):
     """SIGINT while a worker still imports (before any code of ours runs there) leaves it alive."""
     monkeypatch.setattr(executor_module, "_HAND_OVER_AFTER", (10**6, 10**6))  # they start at iter()
     it = iter(_finite(workers=2))
-    first: list = []
     for proc in it.executor.procs:
         os.kill(proc.pid, signal.SIGINT)
     time.sleep(1.0)
     assert [p.exitcode for p in it.executor.procs] == [None, None]
-    got = first + list(it)
+    got = list(it)
     assert outputs_equal(got, list(_finite()))
     assert not it.executor.lead_states  # the lanes ended in the workers: both had taken theirs
 
