@@ -59,7 +59,8 @@ class Options:
             lanes keep running here meanwhile if there is a core for each worker besides this
             process, and each worker takes its lanes' states as soon as it is ready. Never changes the data.
             ``False``: the workers start at ``iter()`` and compute every output, and this process
-            never loads the tokenizers.
+            never builds a ``tokenizers`` tokenizer (the tiktoken backend's encoding is built with
+            the pipeline).
         thread: with ``workers=0``, run the lanes ahead in a background thread (``prefetch``
             outputs per lane) so reading and tokenizing overlap with the caller's work.
         drain: at the end of finite data, keep delivering the outputs of lanes that still have
