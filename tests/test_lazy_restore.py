@@ -1,7 +1,9 @@
-"""Lazy restore of whole lanes: the lane due first is rebuilt at ``restore``, the others later.
+"""Lazy restore of whole lanes: what the first output needs is rebuilt at ``restore``, the rest later.
 
+The lane due first gives its next output at ``restore``: an undelivered output it holds is rebuilt
+then (its operator states later, as the other lanes' are); otherwise its operator states are.
 The batches and checkpoints are those of an eager restore (property-tested in
-``property_tests/test_pipeline_laws.py``); here: which lanes wait, that they are rebuilt in the
+``property_tests/test_pipeline_laws.py``); here: what waits, that it is rebuilt in the
 background without being stepped, that a checkpoint taken before then is the restored one, and
 that a state which fails only once it is rebuilt is refused, naming lane and field, when its lane
 is due.
@@ -15,7 +17,7 @@ import pytest
 import zephon._lazy as zephon_lazy
 from _util import toy_dataset, toy_pipeline
 from zephon._checkpoint import seal
-from zephon._lazy import DeferredChain
+from zephon._lazy import DeferredChain, DeferredOutput
 from zephon.testing import outputs_equal
 
 
@@ -34,14 +36,39 @@ def _running(lanes=4, steps=6):
     return ck, after
 
 
-def test_only_the_lane_due_first_is_rebuilt_at_restore():
+def _first(ck):
+    """The lane due first after restoring ``ck``: fewest delivered outputs, then lowest id."""
+    lanes = range(len(ck["lanes"]))
+    return min(lanes, key=lambda ln: (ck["lanes"][str(ln)]["delivered"], ln))
+
+
+def _running_until(lanes, wanted):
+    """The first ``_running(lanes, steps)`` checkpoint for which ``wanted(ck, first lane)`` holds."""
+    for steps in range(lanes, 80):
+        ck, after = _running(lanes, steps)
+        if wanted(ck, _first(ck)):
+            return ck, after
+    raise AssertionError("no such checkpoint")
+
+
+def _decode(ck, lanes=4):
+    return _pipe(lanes).plan.decode_lanes({lane: ck["lanes"][str(lane)] for lane in range(lanes)})
+
+
+def test_only_the_output_due_first_is_rebuilt_at_restore():
     ck, _ = _running(4, steps=6)  # lanes 0, 1 delivered 2 outputs, lanes 2, 3 one: lane 2 is due first
-    states = _pipe(4).plan.decode_lanes({lane: ck["lanes"][str(lane)] for lane in range(4)})
-    waiting = sorted(lane for lane, s in states.items() if type(s.chain) is DeferredChain)
-    assert waiting == [0, 1, 3]
+    assert _first(ck) == 2 and ck["lanes"]["2"]["pending"]  # it holds undelivered outputs
+    states = _decode(ck)
+    assert all(type(s.chain) is DeferredChain for s in states.values())  # every lane's operator states wait
+    assert type(states[2].pending[0]) is not DeferredOutput  # the output due first is rebuilt
+    assert all(type(out) is DeferredOutput for lane in (0, 1, 3) for out in states[lane].pending)
+    # A lane due first that holds no undelivered output steps for its next one: its states are rebuilt now.
+    ck, _ = _running_until(4, lambda ck, first: not ck["lanes"][str(first)]["pending"])
+    states = _decode(ck)
+    assert sorted(lane for lane, s in states.items() if type(s.chain) is DeferredChain) == sorted(set(range(4)) - {_first(ck)})
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(zephon_lazy, "LAZY_LANES", False)
-        eager = _pipe(4).plan.decode_lanes({lane: ck["lanes"][str(lane)] for lane in range(4)})
+        eager = _decode(ck)
     assert not any(type(s.chain) is DeferredChain for s in eager.values())
 
 
@@ -60,7 +87,7 @@ def test_the_other_lanes_are_rebuilt_in_the_background_after_the_first_output():
     ck, _ = _running(4, steps=6)
     it = iter(_pipe(4).restore(ck))
     lazy = {lane: s.chain.lane for lane, s in it.executor.states.items() if type(s.chain) is DeferredChain}
-    assert sorted(lazy) == [0, 1, 3]
+    assert sorted(lazy) == [0, 1, 2, 3]  # lane 2 gives an undelivered output first: its states wait too
     assert not any(job._rows.done() for job in lazy.values())  # nothing before the first output
     next(it)  # lane 2's output; it starts the background rebuild
     deadline = time.monotonic() + 30
@@ -112,9 +139,18 @@ def test_a_state_that_fails_only_when_rebuilt_is_refused_when_its_lane_is_due():
         mp.setattr(zephon_lazy, "LAZY_LANES", False)
         with pytest.raises(ValueError, match=message):
             iter(_pipe(4)).restore(bad)
-    # The lane due first is always rebuilt at restore.
+    # The lane due first: its states are rebuilt when it steps, after the undelivered outputs it holds ...
+    bad, held = _damaged(ck, first), len(ck["lanes"][str(first)]["pending"])
+    assert held
+    it = iter(_pipe(4)).restore(bad)
     with pytest.raises(ValueError, match=rf"lane {first}: field 'ops': .*token range"):
-        iter(_pipe(4)).restore(_damaged(ck, first))
+        for _ in range(4 * (held + 1)):
+            next(it)
+    it.close()
+    # ... and at restore when it holds none: its next output needs them.
+    ck, _ = _running_until(4, lambda ck, first: not ck["lanes"][str(first)]["pending"] and 0 < _open_tokens(ck, first) < 15)
+    with pytest.raises(ValueError, match=rf"lane {_first(ck)}: field 'ops': .*token range"):
+        iter(_pipe(4)).restore(_damaged(ck, _first(ck)))
 
 
 def test_a_bad_operator_state_of_a_waiting_lane_is_refused_when_the_lane_is_due():

@@ -236,8 +236,19 @@ def test_impossible_values_are_refused_naming_lane_and_field_even_when_resigned(
     state = edited["lanes"]["1"]
     edit(state)
     edited["lanes"]["1"] = seal(1, state)  # re-signed with the library's own function
-    with pytest.raises(ValueError, match=message):
-        iter(small_pipeline()).restore(edited)  # a loader decodes the lane states as it restores
+    assert ck["lanes"]["1"]["delivered"] < ck["lanes"]["0"]["delivered"] and ck["lanes"]["1"]["pending"]
+    if "field 'ops'" in message and "is outside" in message:
+        # Lane 1 is due first and gives an undelivered output first: its operator states are
+        # checked at restore up to their records, and what needs a record (a token range inside
+        # its document) when the lane steps again, as every other lane's.
+        it = iter(small_pipeline()).restore(edited)
+        with pytest.raises(ValueError, match=message):
+            for _ in range(2 * (len(state["pending"]) + 1)):
+                next(it)
+        it.close()
+    else:
+        with pytest.raises(ValueError, match=message):
+            iter(small_pipeline()).restore(edited)  # a loader decodes the lane states as it restores
     plan = small_pipeline().plan
     with pytest.raises(ValueError, match=message):  # the plan refuses it too, checksum or not
         plan.decode(1, {k: v for k, v in state.items() if k != "checksum"})

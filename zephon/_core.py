@@ -530,8 +530,39 @@ class Chain(Operator):
             resolver = _bind(op, resolver)
         return ChainState(tuple(states))
 
+    def check_state(self, data: Any, upstream: Resolver) -> None:
+        """Refuse what :meth:`decode_state` refuses before it rebuilds a record: each operator's
+        fields, counters and sizes, and the references its records would be rebuilt from.
+
+        ``upstream`` checks the chain's input references, then raises :class:`RecordsLater`
+        instead of rebuilding them (:func:`records_later` checks none). What needs the records
+        themselves, such as a token range inside its document, is checked by ``decode_state``.
+        """
+        if not isinstance(data, dict) or set(data) != set(self.names):
+            self.decode_state(data, upstream)  # raises, naming what does not match
+        resolver = upstream
+        for name, op in self.children:
+            try:
+                op.decode_state(data[name], resolver)
+            except RecordsLater:
+                pass
+            except (msgspec.ValidationError, ValueError, TypeError) as exc:
+                raise ValueError(f"cannot restore the state of operator {name!r}: {exc}") from exc
+            resolver = _bind(op, resolver)
+
     def fingerprint(self) -> dict[str, Any]:
         return {"op": "Chain", "children": [[n, op.fingerprint()] for n, op in self.children]}
+
+
+class RecordsLater(Exception):
+    """Raised by the resolver of :meth:`Chain.check_state`: a state is checked up to its first record."""
+
+
+def records_later(refs: Sequence[Any]) -> list:
+    """A resolver that stops decoding where records would be rebuilt (see :meth:`Chain.check_state`)."""
+    if refs:
+        raise RecordsLater
+    return []
 
 
 def _bind(op: Operator, upstream: Resolver) -> Resolver:

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import attrs
 import msgspec
 
-from ._core import Chain, ChainState, Resolver
+from ._core import Chain, ChainState, Resolver, records_later
 from . import _lazy
 from ._lazy import DeferredChain, DeferredOutput, LazyLane, LazyRows
 from ._keys import fold_in, seed_key
@@ -345,30 +345,47 @@ class Plan:
         return self._decoded(lane, data, self._check_state(lane, data), lazy=False)
 
     def decode_lanes(self, encoded: dict[int, Any]) -> dict[int, LaneState]:
-        """Decode an executor's restored lane states: the lane due first whole, now; the others lazily.
+        """Decode an executor's restored lane states: what the first output needs now, the rest lazily.
 
-        The first output after a restore then waits for one lane's records only; the other
-        lanes' records are rebuilt in the background while it is used, or when the lane is
-        first stepped (every lane is checked now for what needs no operator). Whole and lazy
-        states give the same outputs.
+        The lane due first gives its next output now: an undelivered one is rebuilt now (its
+        operator states later, as the other lanes' are); otherwise its operator states are
+        rebuilt now. So the first output after a restore waits for one output's records only;
+        the rest is rebuilt in the background while it is used, or when a lane is first stepped
+        (every lane is checked now for what needs no operator). Whole and lazy states give the
+        same outputs.
         """
         with _lazy.no_gc():
             checked = {lane: self._check_state(lane, data) for lane, data in encoded.items()}
             first = next(iter(caller_order({lane: data["delivered"] for lane, data in encoded.items()})), None)
             return {
-                lane: self._decoded(lane, data, checked[lane], _lazy.LAZY_LANES and lane != first)
+                lane: self._decoded(lane, data, checked[lane], _lazy.LAZY_LANES, due=lane == first)
                 for lane, data in encoded.items()
             }
 
-    def _decoded(self, lane: int, data: Any, checked: tuple[SourceState, list, tuple[int, ...]], lazy: bool) -> LaneState:
-        """The lane state from ``data`` once :meth:`_check_state` gave ``checked``. With ``lazy``, the
-        operator states and undelivered outputs are rebuilt in the background (see
-        :mod:`zephon._lazy`) or when the lane is first stepped or encoded, and raise then what they
-        would raise now."""
+    def _decoded(
+        self, lane: int, data: Any, checked: tuple[SourceState, list, tuple[int, ...]], lazy: bool, due: bool = False
+    ) -> LaneState:
+        """The lane state from ``data`` once :meth:`_check_state` gave ``checked``.
+
+        With ``lazy``, the operator states and undelivered outputs are rebuilt in the background
+        (see :mod:`zephon._lazy`) or when the lane is first stepped or encoded, and raise then
+        what they would raise now. A ``due`` lane gives an output first: its undelivered outputs
+        are rebuilt as in an eager restore, and only its operator states lazily (when it has
+        none, everything now).
+        """
         source, refs, counts = checked
-        if lazy:
+        if lazy and not due:
             job = LazyLane(lambda: self._rebuild(lane, data["ops"], refs, recheck=data))
             pending = tuple(DeferredOutput(job, i, ref) for i, ref in enumerate(refs))
+            return LaneState(source, DeferredChain(job), pending, data["delivered"], data["done"], counts)  # type: ignore[arg-type]
+        if lazy and refs:
+            try:
+                self.chain.check_state(data["ops"], self._checked_resolver(lane, then=records_later))
+            except _DECODE_ERRORS as exc:
+                raise ValueError(f"lane {lane}: field 'ops': {exc}") from exc
+            resolver = self._checked_resolver(lane)
+            pending = self._rebuild_pending(lane, refs, resolver)
+            job = LazyLane(lambda: (self._rebuild_chain(lane, data["ops"], resolver, recheck=data), ()))
             return LaneState(source, DeferredChain(job), pending, data["delivered"], data["done"], counts)  # type: ignore[arg-type]
         chain, pending = self._rebuild(lane, data["ops"], refs)
         return LaneState(source, chain, pending, data["delivered"], data["done"], counts)
@@ -400,18 +417,28 @@ class Plan:
         ``recheck``: the state checked earlier, checked again first (a lazily restored lane's
         state is the caller's mapping, read later: a change made since is refused by its checksum).
         """
+        resolver: Resolver = self._checked_resolver(lane)
+        chain = self._rebuild_chain(lane, ops, resolver, recheck)
+        return chain, self._rebuild_pending(lane, refs, resolver)
+
+    def _rebuild_chain(self, lane: int, ops: Any, resolver: Resolver, recheck: Any = None) -> ChainState:
+        """A lane's operator states from their encoding (``recheck``: see :meth:`_rebuild`)."""
         if recheck is not None:
             from ._checkpoint import check_lane_state
 
             check_lane_state(lane, recheck, require_checksum=False)
-        resolver: Resolver = self._checked_resolver(lane)
         try:
-            chain = self.chain.decode_state(ops, resolver)
+            return self.chain.decode_state(ops, resolver)
         except _DECODE_ERRORS as exc:
             raise ValueError(f"lane {lane}: field 'ops': {exc}") from exc
-        # Few held records: rebuilt now, so that a damaged state fails here. More: the next output
-        # now and the others in the background; many (a read's worth): all of them lazily, the
-        # next one first (each is awaited or rebuilt when due, so a damaged one fails then).
+
+    def _rebuild_pending(self, lane: int, refs: list, resolver: Resolver) -> tuple:
+        """A lane's undelivered outputs from their references.
+
+        Few held records: rebuilt now, so that a damaged state fails here. More: the next output
+        now and the others in the background; many (a read's worth): all of them lazily, the
+        next one first (each is awaited or rebuilt when due, so a damaged one fails then).
+        """
         sizes = [len(r) if isinstance(r, list) else 1 for r in refs]
         now, later = refs, []
         if sum(sizes) >= _lazy.LAZY_MIN_PENDING:
@@ -425,7 +452,7 @@ class Plan:
         if later:
             rows = LazyRows(later, lambda some: self.chain.rebuild(some, resolver), range(len(later)), check=False)
             pending += tuple(DeferredOutput(rows, i, ref) for i, ref in enumerate(later))
-        return chain, pending
+        return pending
 
     def _check_cursor(self, lane: int, source: SourceState, done: bool) -> None:
         """The source cursor is one the lane reaches, and ``done`` says whether it is at the end."""
@@ -450,13 +477,14 @@ class Plan:
                 "end of the lane's data"
             )
 
-    def _checked_resolver(self, lane: int) -> Resolver:
-        """:meth:`resolve_source` for lane ``lane``'s state, refusing references outside the data.
+    def _checked_resolver(self, lane: int, then: Resolver | None = None) -> Resolver:
+        """:meth:`resolve_source` (or ``then``) for lane ``lane``'s state, refusing references outside the data.
 
         Every record a state holds rebuilds from source samples through here, so a reference to
         another lane, a dataset, shard or row that does not exist, or padding on a source sample
         is refused, naming it, before anything is read.
         """
+        then = then or self.resolve_source
         datasets = self.source.datasets
 
         def resolve(metas: Sequence[Any]) -> list[Record]:
@@ -479,7 +507,7 @@ class Plan:
                             f"a record reference names row {r} of shard {s} of dataset {datasets[d].name!r}, which has "
                             f"{sizes[s]} rows: {m!r}"
                         )
-            return self.resolve_source(metas)
+            return then(metas)
 
         return resolve
 

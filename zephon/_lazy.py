@@ -32,9 +32,10 @@ LAZY_MIN_RECORDS = 8
 #: lazily, the next one included (below it, the next output is rebuilt at ``restore``).
 LAZY_MIN_PENDING = 64
 
-#: When a loader restores several lanes, only the one due first is rebuilt at ``restore``; the
-#: others (operator states and undelivered outputs) are rebuilt in the background from the first
-#: output on, or when the lane is first due (see :meth:`zephon._lanes.Plan.decode_lanes`).
+#: When a loader restores lanes, only what the lane due first needs for its next output is rebuilt
+#: at ``restore`` (an undelivered output it holds, else its operator states); the rest (operator
+#: states and undelivered outputs) is rebuilt in the background from the first output on, or when
+#: the lane is first due (see :meth:`zephon._lanes.Plan.decode_lanes`).
 LAZY_LANES = True
 
 _TODO, _BUSY, _DONE = 0, 1, 2
