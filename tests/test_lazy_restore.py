@@ -195,3 +195,44 @@ def test_the_background_stops_rebuilding_a_buffer_nothing_else_holds():
     assert held() is None
     time.sleep(0.2)
     assert len(calls) <= 1  # at most the chunk it was rebuilding; 1,000 references waited
+
+
+def test_a_record_due_before_the_background_takes_the_next_ones_it_will_need_along():
+    calls: list[list[int]] = []
+
+    def resolve(refs):
+        calls.append(list(refs))
+        return [r * 10 for r in refs]
+
+    order = [5, 2, 9, 0, 7, 1, 8, 3, 6, 4, 11, 10]
+    rows = zephon_lazy.LazyRows(list(range(12)), resolve, order, check=False, along=3)
+    assert rows.record(5) == 50
+    assert calls == [[5, 2, 9, 0]]  # one bulk call: the record due and the next three in need order
+    assert [rows.record(i) for i in (2, 9, 0)] == [20, 90, 0] and len(calls) == 1
+    assert rows.record(4) == 40  # out of order: with the next waiting ones in need order
+    assert calls[1] == [4, 7, 1, 8]
+    alone = zephon_lazy.LazyRows(list(range(4)), resolve, range(4), check=False)  # along=0: alone
+    assert alone.record(2) == 20 and calls[-1] == [2]
+
+
+def test_materialize_all_rebuilds_the_waiting_records_in_one_call_per_buffer():
+    from zephon.types import Record
+
+    calls: list[list[int]] = []
+
+    def resolve(refs):
+        calls.append(list(refs))
+        if 13 in refs:
+            raise ValueError("row 13 changed")
+        return [Record({"v": r}, r) for r in refs]
+
+    rows = zephon_lazy.LazyRows(list(range(20)), resolve, range(20))
+    other = zephon_lazy.LazyRows([100, 101], resolve, range(2))
+    rows.record(3)  # rebuilt earlier, alone
+    records = [Record(zephon_lazy.Deferred(rows, i), i) for i in (7, 3, 1, 12)]
+    records += [Record({"v": "real"}, 50), Record(zephon_lazy.Deferred(other, 1), 101)]
+    got = zephon_lazy.materialize_all(records)
+    assert [r.payload["v"] for r in got] == [7, 3, 1, 12, "real", 101]
+    assert calls[1:] == [[7, 1, 12], [101]]  # the waiting ones, one call per buffer, in order
+    with pytest.raises(ValueError, match="row 13 changed"):  # an error is raised for the records it names
+        zephon_lazy.materialize_all([Record(zephon_lazy.Deferred(rows, 13), 13)])

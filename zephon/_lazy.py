@@ -21,7 +21,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-__all__ = ["Deferred", "DeferredChain", "DeferredOutput", "LazyLane", "LazyRows", "kick", "materialize"]
+__all__ = ["Deferred", "DeferredChain", "DeferredOutput", "LazyLane", "LazyRows", "kick", "materialize", "materialize_all"]
 
 #: A restored shuffle buffer, or a lane's restored undelivered outputs, holding at least this many
 #: records is rebuilt lazily; smaller ones at once, so that a checkpoint whose data changed fails
@@ -37,6 +37,10 @@ LAZY_MIN_PENDING = 64
 #: states and undelivered outputs) is rebuilt in the background from the first output on, or when
 #: the lane is first due (see :meth:`zephon._lanes.Plan.decode_lanes`).
 LAZY_LANES = True
+
+#: A restored shuffle record drawn before the background rebuilt it takes along this many of the
+#: next draws in the same bulk call (an output draws several records).
+DRAWN_ALONG = 7
 
 _TODO, _BUSY, _DONE = 0, 1, 2
 #: References rebuilt per bulk call by the background thread: the first calls are small, so that
@@ -55,15 +59,27 @@ class LazyRows:
             follows it (any index it never yields is rebuilt at the end).
         check: whether each rebuilt record must carry the meta it was asked for (records; off
             for whole outputs such as batches, whose rebuild checks its records itself).
+        along: a record rebuilt on demand takes along up to this many of the next waiting
+            references in ``order``, in the same bulk call (a shuffle draws several records for
+            one output; an encoder encodes a few documents a call far slower than many).
 
     State kept: per reference, whether it is waiting, being rebuilt or done, and its record (or the
     exception its rebuild raised, re-raised when the record is due). The process's rebuilder
     thread drops it once every reference is done.
     """
 
-    def __init__(self, metas: Sequence[Any], resolve: Callable[[Sequence[Any]], list], order: Iterable[int], *, check: bool = True):
+    def __init__(
+        self,
+        metas: Sequence[Any],
+        resolve: Callable[[Sequence[Any]], list],
+        order: Iterable[int],
+        *,
+        check: bool = True,
+        along: int = 0,
+    ):
         self._metas = list(metas)
         self._check = check
+        self._along = along
         self._resolve = resolve
         self._values: list[Any] = [None] * len(self._metas)
         self._status = bytearray(len(self._metas))
@@ -85,11 +101,21 @@ class LazyRows:
             if claimed:
                 self._status[index] = _BUSY
         if claimed:
-            self._rebuild([index])
+            self._rebuild([index] + (self._claim(self._order, self._along) if self._along else []))
         value = self._values[index]
         if isinstance(value, BaseException):
             raise value
         return value
+
+    def records(self, indices: Sequence[int]) -> list:
+        """The rebuilt records at ``indices``: those still waiting rebuilt now in one bulk call."""
+        with self._cond:
+            todo = [i for i in dict.fromkeys(indices) if self._status[i] == _TODO]
+            for i in todo:
+                self._status[i] = _BUSY
+        if todo:
+            self._rebuild(todo)
+        return [self.record(i) for i in indices]  # awaits those the background is rebuilding
 
     def done(self) -> bool:
         """Whether every record is rebuilt."""
@@ -332,3 +358,17 @@ def materialize(record: Any) -> Any:
     if type(payload) is Deferred:
         return payload.rows.record(payload.index)
     return record
+
+
+def materialize_all(records: Sequence[Any]) -> list:
+    """:func:`materialize` of each record, rebuilding those still waiting in one bulk call per buffer."""
+    out = list(records)
+    waiting: dict[int, tuple[LazyRows, list[int]]] = {}
+    for pos, rec in enumerate(out):
+        payload = rec.payload
+        if type(payload) is Deferred:
+            waiting.setdefault(id(payload.rows), (payload.rows, []))[1].append(pos)
+    for rows, positions in waiting.values():
+        for pos, rec in zip(positions, rows.records([out[pos].payload.index for pos in positions])):
+            out[pos] = rec
+    return out

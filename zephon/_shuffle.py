@@ -17,7 +17,7 @@ import msgspec
 from ._core import Operator, Resolver, _dec_hook, config_field, resolve_tree
 from ._keys import fold_in, randbelow
 from . import _lazy
-from ._lazy import Deferred, LazyRows, materialize
+from ._lazy import Deferred, LazyRows, materialize, materialize_all
 from ._records import Record
 
 
@@ -98,10 +98,10 @@ class Shuffle(Operator):
         while buffer:
             i = randbelow(state.key, draws, len(buffer))
             draws += 1
-            out.append(materialize(buffer[i]))
+            out.append(buffer[i])
             buffer[i] = buffer[-1]
             buffer.pop()
-        return ShuffleState(state.key, (), draws, state.emitted + len(out)), out
+        return ShuffleState(state.key, (), draws, state.emitted + len(out)), materialize_all(out)
 
     def report(self, state: ShuffleState) -> dict[str, int]:
         return {"buffered": len(state.buffer), "emitted": state.emitted}
@@ -130,7 +130,7 @@ class Shuffle(Operator):
         # Lazily: each record is rebuilt when it leaves the buffer, and all of them meanwhile in a
         # background thread, in the order the draws will take them.
         metas = [rec.meta for rec in state.buffer]
-        rows = LazyRows(metas, upstream, self._emission_order(state))
+        rows = LazyRows(metas, upstream, self._emission_order(state), along=_lazy.DRAWN_ALONG)
         buffer = tuple(Record(Deferred(rows, i), meta) for i, meta in enumerate(metas))
         return msgspec.structs.replace(state, buffer=buffer)
 
