@@ -2,15 +2,18 @@
 
 For each ``--buffers`` size, one process runs the recipe (``--lanes``, 1 by default; the corpus
 repeated so that the buffers fill) until every lane's shuffle buffer is full and half the lanes have
-delivered one more batch, saves that checkpoint and the digest of the batch that follows it. Then fresh processes (``--repeats`` each, round-robin) build the pipeline, restore
-the checkpoint and take the first batch: with the default lazy rebuild, and with the rebuild made
-eager (every lane and buffered record rebuilt before the first batch, as before lazy restore). Each restored
-batch is checked against the uninterrupted run's.
+delivered one more batch (``--later N``: N batches after that), saves that checkpoint and the
+digest of the batch that follows it, and says what the lane due first holds (its first output
+after the restore is rebuilt from that). Then fresh processes (``--repeats`` each, round-robin)
+build the pipeline, restore the checkpoint and take the first batch: with the default lazy
+rebuild, and with the rebuild made eager (every lane and buffered record rebuilt before the first
+batch, as before lazy restore). Each restored batch is checked against the uninterrupted run's.
 
     python benchmarks/restore.py                         # buffers 1024 and 16384, 3 repeats
     python benchmarks/restore.py --buffers 1024 --repeats 1
     python benchmarks/restore.py --buffers 1024 --lanes 8 --backend tokenizers
     python benchmarks/restore.py --lanes 8 --no-eager --workers 2   # restoring into worker processes
+    python benchmarks/restore.py --buffers 1024 --lanes 8 --later 3 --no-eager
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def child_fill(task: dict[str, Any]) -> dict[str, Any]:
     warmup = max(1, min(128, task["buffer"] // 16))
     rows_needed = task["buffer"] - warmup  # the buffer holds min(buffer, warmup + emitted) rows
     # every lane's buffer full, and the checkpoint half-way through a global step
-    batches = -(-rows_needed // MICRO) * task["lanes"] + task["lanes"] // 2
+    batches = -(-rows_needed // MICRO) * task["lanes"] + task["lanes"] // 2 + task.get("later", 0)
     t0 = time.perf_counter()
     for _ in range(batches):
         next(it)
@@ -65,7 +68,21 @@ def child_fill(task: dict[str, Any]) -> dict[str, Any]:
     digest = batch_digest(next(it))
     it.close()
     Path(task["path"]).write_text(ckpt, encoding="utf-8")
-    return {"batches": batches, "fill_s": time.perf_counter() - t0, "bytes": len(ckpt), "digest": digest}
+    return {"batches": batches, "fill_s": time.perf_counter() - t0, "bytes": len(ckpt), "digest": digest,
+            "due": due_lane(json.loads(ckpt))}
+
+
+def due_lane(ckpt: dict[str, Any]) -> dict[str, int]:
+    """What the lane due first after a restore of ``ckpt`` holds (fewest delivered outputs, then lowest id).
+
+    Its first output is rebuilt from one undelivered output when it holds some; otherwise from its
+    open rows and partial batch, then the records its shuffle draws.
+    """
+    lanes = ckpt["lanes"]
+    lane = min(lanes, key=lambda k: (lanes[k]["delivered"], int(k)))
+    state = lanes[lane]
+    return {"lane": int(lane), "undelivered": len(state["pending"]), "partial": len(state["ops"]["batch"]["partial"]),
+            "open_pieces": len(state["ops"]["pack_flat"]["stream"]), "buffered": len(state["ops"]["shuffle"]["buffer"])}
 
 
 def child_restore(task: dict[str, Any]) -> dict[str, Any]:
@@ -105,6 +122,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", type=int, default=0, help="worker processes of the restoring runs (the filling run: 0)")
     ap.add_argument("--no-eager", action="store_true", help="skip the eager restores (slow for large buffers)")
+    ap.add_argument("--later", type=int, default=0,
+                    help="take the checkpoint this many batches later (another lane is due first, holding other work)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -121,9 +140,12 @@ def main() -> int:
         common = {"corpus": str(args.corpus.resolve()), "tokenizer": str(args.tokenizer.resolve()), "lanes": args.lanes,
                   "backend": args.backend}
         for b in buffers:
-            task = {**common, "buffer": b, "path": os.path.join(tmp, f"{b}.json")}
+            task = {**common, "buffer": b, "path": os.path.join(tmp, f"{b}.json"), "later": args.later}
             fill = run({**task, "mode": "fill"}, args.timeout)
-            print(f"  buffer {b}: full after {fill['batches']} batches ({fill['fill_s']:.1f} s), checkpoint {fill['bytes']:,} bytes")
+            due = fill["due"]
+            print(f"  buffer {b}: checkpoint after {fill['batches']} batches ({fill['fill_s']:.1f} s), {fill['bytes']:,} bytes; "
+                  f"lane due first: {due['lane']}, holding {due['undelivered']} undelivered outputs, {due['partial']} rows "
+                  f"of a partial batch, {due['open_pieces']} pieces of an open row, {due['buffered']} buffered rows")
             rec = {"fill": fill, "lazy": [], "eager": []}
             for _ in range(args.repeats):
                 for mode in ("lazy",) if args.no_eager else ("lazy", "eager"):
