@@ -2,11 +2,13 @@
 
 A checkpoint holds records by reference; restoring a large shuffle buffer eagerly means re-reading
 and re-tokenizing every document behind it before the first output. :class:`LazyRows` instead
-rebuilds them in a background thread (one per process, serving every restored buffer in turn), in the order the buffer will emit them, while the lane
-runs: a record that is due before the thread reached it is rebuilt right then, on its own. Each
-buffered record carries a :class:`Deferred` payload until it leaves the buffer, when
-:func:`materialize` swaps in the rebuilt record. Rebuilding a record gives the same record whether
-it is done alone or in bulk, so the stream is exactly the eager one.
+rebuilds them in a background thread (one per process, serving every restored buffer in turn), in
+the order the buffer will emit them, while the lane runs: a record that is due before the thread
+reached it is rebuilt right then (with the next few it will need, see ``along``). Each buffered
+record carries a :class:`Deferred` payload until it leaves the buffer, when :func:`materialize`
+swaps in the rebuilt record (:func:`materialize_all`: many at once, in one bulk call). Rebuilding
+a record gives the same record whether it is done alone or in bulk, so the stream is exactly the
+eager one.
 
 This module imports nothing from zephon, so every layer may use it.
 """
