@@ -11,14 +11,19 @@ is due.
 
 import json
 import time
+from typing import ClassVar
 
+import attrs
+import msgspec
 import pytest
 
 import zephon._lazy as zephon_lazy
 from _util import toy_dataset, toy_pipeline
 from zephon._checkpoint import seal
+from zephon._core import Chain, ChainState, Operator, records_later
 from zephon._lazy import DeferredChain, DeferredOutput
 from zephon.testing import outputs_equal
+from zephon.types import Meta, Record, Segment
 
 
 def _pipe(lanes=4, **kw):
@@ -216,8 +221,6 @@ def test_a_record_due_before_the_background_takes_the_next_ones_it_will_need_alo
 
 
 def test_materialize_all_rebuilds_the_waiting_records_in_one_call_per_buffer():
-    from zephon.types import Record
-
     calls: list[list[int]] = []
 
     def resolve(refs):
@@ -236,3 +239,39 @@ def test_materialize_all_rebuilds_the_waiting_records_in_one_call_per_buffer():
     assert calls[1:] == [[7, 1, 12], [101]]  # the waiting ones, one call per buffer, in order
     with pytest.raises(ValueError, match="row 13 changed"):  # an error is raised for the records it names
         zephon_lazy.materialize_all([Record(zephon_lazy.Deferred(rows, 13), 13)])
+
+
+class _Held(msgspec.Struct, frozen=True, tag="held"):
+    records: tuple[Record, ...] = ()
+
+
+@attrs.frozen
+class _WrapsErrors(Operator):
+    """Holds records; reports any failure to rebuild them in its own words (as user operators may)."""
+
+    kind: ClassVar[str] = "wraps"
+    state_type: ClassVar[type] = _Held
+
+    def step(self, state, chunk):
+        return _Held(tuple(chunk)), []
+
+    def decode_state(self, data, upstream):
+        try:
+            return super().decode_state(data, upstream)
+        except Exception as exc:
+            raise ValueError(f"wraps: cannot rebuild its records ({exc})") from exc
+
+
+def test_checking_a_state_stops_before_its_records_even_inside_an_operator_that_wraps_errors():
+    chain = Chain((("wraps", _WrapsErrors()),))
+    meta = Meta(0, (Segment(0, 0, 3, 0, 0, -1),))
+    data = chain.encode_state(ChainState((_Held((Record({"x": 1}, meta),)),)))
+    chain.check_state(data, records_later)  # stops where the record would be rebuilt: no error
+
+    def refuses(refs):
+        raise ValueError("row 3 does not exist")
+
+    with pytest.raises(ValueError, match=r"operator 'wraps': wraps: cannot rebuild its records \(row 3 does not exist\)"):
+        chain.check_state(data, refuses)
+    with pytest.raises(ValueError, match=r"operator 'wraps'"):  # a malformed state, before any record
+        chain.check_state({"wraps": {"type": "held", "records": "three"}}, records_later)

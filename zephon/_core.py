@@ -554,8 +554,12 @@ class Chain(Operator):
         return {"op": "Chain", "children": [[n, op.fingerprint()] for n, op in self.children]}
 
 
-class RecordsLater(Exception):
-    """Raised by the resolver of :meth:`Chain.check_state`: a state is checked up to its first record."""
+class RecordsLater(BaseException):
+    """Raised by the resolver of :meth:`Chain.check_state`: a state is checked up to its first record.
+
+    A ``BaseException``, so that an operator's own ``except Exception`` around its upstream (one
+    that reports a failed rebuild in its own words) does not take it for a failure.
+    """
 
 
 def records_later(refs: Sequence[Any]) -> list:
