@@ -510,7 +510,8 @@ class Chain(Operator):
     def encode_state(self, state: ChainState) -> dict[str, Any]:
         return {name: op.encode_state(s) for (name, op), s in zip(self.children, state.states)}
 
-    def decode_state(self, data: Any, upstream: Resolver) -> ChainState:
+    def _check_names(self, data: Any) -> None:
+        """Refuse a chain state that is not a mapping of exactly this chain's operator names."""
         if not isinstance(data, dict):
             raise ValueError("chain state must be a mapping of operator name to state")
         missing = [n for n in self.names if n not in data]
@@ -520,6 +521,9 @@ class Chain(Operator):
                 f"checkpoint operators do not match the pipeline: missing {missing}, unknown {unknown}; "
                 f"the pipeline has {list(self.names)}"
             )
+
+    def decode_state(self, data: Any, upstream: Resolver) -> ChainState:
+        self._check_names(data)
         states = []
         resolver = upstream
         for name, op in self.children:
@@ -538,8 +542,7 @@ class Chain(Operator):
         instead of rebuilding them (:func:`records_later` checks none). What needs the records
         themselves, such as a token range inside its document, is checked by ``decode_state``.
         """
-        if not isinstance(data, dict) or set(data) != set(self.names):
-            self.decode_state(data, upstream)  # raises, naming what does not match
+        self._check_names(data)
         resolver = upstream
         for name, op in self.children:
             try:

@@ -103,7 +103,7 @@ class LazyRows:
             if claimed:
                 self._status[index] = _BUSY
         if claimed:
-            self._rebuild([index] + (self._claim(self._order, self._along) if self._along else []))
+            self._rebuild([index] + self._claim(self._order, self._along))
         value = self._values[index]
         if isinstance(value, BaseException):
             raise value
@@ -111,10 +111,7 @@ class LazyRows:
 
     def records(self, indices: Sequence[int]) -> list:
         """The rebuilt records at ``indices``: those still waiting rebuilt now in one bulk call."""
-        with self._cond:
-            todo = [i for i in dict.fromkeys(indices) if self._status[i] == _TODO]
-            for i in todo:
-                self._status[i] = _BUSY
+        todo = self._claim(iter(indices), len(indices))
         if todo:
             self._rebuild(todo)
         return [self.record(i) for i in indices]  # awaits those the background is rebuilding
@@ -126,6 +123,8 @@ class LazyRows:
     def _claim(self, indices: Iterator[int], size: int) -> list[int]:
         """Up to ``size`` waiting indices from ``indices``, marked busy."""
         out: list[int] = []
+        if size <= 0:
+            return out
         with self._cond:
             for i in indices:
                 if self._status[i] == _TODO:
