@@ -7,14 +7,17 @@ of two small tokenizers trained here: one for plain text and one for chat templa
 """
 
 import json
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
+import attrs
+import msgspec
 import numpy as np
 import pytest
 
 from _util import CHAT_SPECIALS, WORDS, docs, text_records, texts, train_bytelevel
 from zephon import ops
 from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance
+from zephon._core import Operator
 from zephon.types import Meta, Record, Segment
 
 
@@ -193,3 +196,37 @@ def test_operators_pickle(name, tokenizer):
     op = make_op(tokenizer)
     clone = pickle.loads(pickle.dumps(op))
     assert outputs_equal(run(op, [make_input()])[1], run(clone, [make_input()])[1])
+
+
+class _Repeats(msgspec.Struct, frozen=True, tag="repeats"):
+    held: tuple[Record, ...] = ()
+
+
+@attrs.frozen
+class _FlushesForever(Operator):
+    """Hands out what it holds at the end and returns the state it was given: it would never end."""
+
+    kind: ClassVar[str] = "flushes_forever"
+    state_type: ClassVar[type] = _Repeats
+
+    def init(self, key):
+        return _Repeats()
+
+    def step(self, state, chunk):
+        return _Repeats(state.held + tuple(chunk)), []
+
+    def flush(self, state):
+        return state, list(state.held)
+
+
+def test_a_flush_that_keeps_its_state_is_refused_naming_the_operator():
+    from zephon._core import Chain
+    from zephon.testing import run
+
+    records = docs([3, 4])
+    chain = Chain((("forever", _FlushesForever()),))
+    state, _ = chain.step(chain.init(0), records)
+    with pytest.raises(ValueError, match="operator 'forever': flush returned 2 outputs and the state it was given"):
+        chain.flush(state)
+    with pytest.raises(AssertionError, match="flushes_forever: flush returned outputs and the state it was given"):
+        run(_FlushesForever(), [records])

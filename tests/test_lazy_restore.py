@@ -275,3 +275,41 @@ def test_checking_a_state_stops_before_its_records_even_inside_an_operator_that_
         chain.check_state(data, refuses)
     with pytest.raises(ValueError, match=r"operator 'wraps'"):  # a malformed state, before any record
         chain.check_state({"wraps": {"type": "held", "records": "three"}}, records_later)
+
+
+def test_a_lane_whose_data_ended_rebuilds_one_piece_of_its_buffer_for_its_next_output(monkeypatch):
+    """Restored between pieces of its flush, a lane rebuilds one piece of its buffer, not all of it."""
+    import threading
+
+    from _util import toy_dataset, toy_pipeline
+    from zephon._shuffle import FLUSH_PIECE
+
+    def pipe():
+        return toy_pipeline(1, data=toy_dataset(600), buffer=128, mbs=2, policy="stop")
+
+    stream = list(pipe())
+    it = iter(pipe())
+    for delivered in range(len(stream)):
+        next(it)
+        ck = json.loads(json.dumps(it.checkpoint()))
+        lane = ck["lanes"]["0"]
+        if lane["done"] and not lane["pending"] and len(lane["ops"]["shuffle"]["buffer"]) >= 64:
+            break
+    else:
+        raise AssertionError("no checkpoint between pieces of a flush")
+    it.close()
+    main = threading.get_ident()
+    rebuilt: list[int] = []
+    rebuild = zephon_lazy.LazyRows._rebuild
+
+    def counting(self, indices):
+        if threading.get_ident() == main:
+            rebuilt.append(len(indices))
+        return rebuild(self, indices)
+
+    monkeypatch.setattr(zephon_lazy.LazyRows, "_rebuild", counting)
+    resumed = iter(pipe().restore(ck))
+    first = next(resumed)
+    assert sum(rebuilt) <= FLUSH_PIECE < len(lane["ops"]["shuffle"]["buffer"])
+    rest = [first, *resumed]
+    assert outputs_equal(rest, stream[delivered + 1 :])

@@ -65,6 +65,47 @@ def test_shuffle_checkpoint_equivalence():
     assert_checkpoint_equivalence(Shuffle(8, seed=5), [records[:3], records[3:4], records[4:20], records[20:]])
 
 
+def test_shuffle_flushes_a_piece_at_a_time_and_each_piece_is_a_checkpoint_boundary():
+    from zephon._shuffle import FLUSH_PIECE
+
+    op = Shuffle(64, seed=5)
+    records = docs([1] * 100)
+    state, _ = op.step(op.init(0), records)
+    held = len(state.buffer)
+    assert held > 3 * FLUSH_PIECE
+    pieces = []
+    while True:
+        state, piece = op.flush(state)
+        if not piece:
+            break
+        assert len(piece) <= FLUSH_PIECE and len(state.buffer) == held - sum(map(len, pieces)) - len(piece)
+        pieces.append(piece)
+    assert len(pieces) == -(-held // FLUSH_PIECE) and state.buffer == ()
+    _, whole = run(op, [records])
+    assert rows_of(whole[-held:]) == rows_of([r for p in pieces for r in p])
+    assert sorted(rows_of(whole)) == list(range(100))
+    # resuming from the state after any piece (through JSON) gives the rest: checked at every boundary
+    assert_checkpoint_equivalence(op, [records[:50], records[50:]])
+
+
+def test_a_chain_flushes_each_operator_fully_before_the_next():
+    """Pieces of a shuffle's flush reach the batch before its own flush: only the last batch is short."""
+    from zephon._core import Chain
+
+    records = docs([1] * 70)
+    chain = Chain((("shuffle", Shuffle(64, seed=1)), ("batch", Batch(3, drop_last=False))))
+    _, batches = run(chain, [records[:30], records[30:]])
+    _, shuffled = run(Shuffle(64, seed=1), [records], key=_child_key(0, "shuffle"))
+    assert [rows_of(b.records) for b in batches] == [rows_of(shuffled[i : i + 3]) for i in range(0, 70, 3)]
+    assert [len(b.records) for b in batches][-2:] == [3, 1]
+
+
+def _child_key(key, name):
+    from zephon._keys import fold_in
+
+    return fold_in(key, name)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
 def test_shuffle_rejects_bad_sizes(bad):
     with pytest.raises(ValueError, match="buffer_size"):

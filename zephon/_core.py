@@ -9,6 +9,9 @@ An operator is a frozen configuration object with three pure functions (optax's 
 ``chunk`` is a sequence of :class:`~zephon.types.Record`; outputs are records (or, for
 ``batch``, :class:`~zephon.types.SampleBatch`). State is a frozen ``msgspec.Struct``; the inputs
 are never mutated. Any split of a stream into chunks gives the same concatenated outputs.
+``flush`` runs at the end of a lane's data, again and again until it returns no outputs: an
+operator may hand out what it holds at once or a piece per call, and a flushed state returns
+nothing.
 
 Checkpoints store records *by reference*: a record in a state is encoded as its
 :class:`~zephon.types.Meta` (source pointers and token ranges) and rebuilt on decode by asking the
@@ -391,7 +394,7 @@ class Chain(Operator):
     """A named chain of operators, itself an operator.
 
     Outputs of child ``i`` feed child ``i + 1``; ``flush`` flushes children in order, passing
-    each one's flushed outputs through the rest. Every child is driven through its own
+    each one's flushed outputs through the rest, a piece per call (see :meth:`flush`). Every child is driven through its own
     ``step``/``flush``. State: the children's states by name.
 
     Examples:
@@ -476,17 +479,41 @@ class Chain(Operator):
         return items
 
     def flush(self, state: ChainState, meter: Any = None) -> tuple[ChainState, list]:
+        """The next outputs of the chain's end: ``[]`` once every child has handed out all it held.
+
+        Children flush in order, each until its flush returns nothing, and what one hands out
+        runs through the rest. It returns as soon as a flush produced chain outputs, so the caller
+        calls it again (a lane, when it has delivered them) until it returns ``[]``: a child that
+        hands out its records over several calls (a restored shuffle buffer, see
+        :meth:`~zephon._shuffle.Shuffle.flush`) is waited for a piece at a time. Children that
+        flush at once give what one call used to give, in the same order.
+
+        Raises:
+            ValueError: a child's flush returned outputs and its state unchanged (it would give
+                them forever: a flush hands out what the state holds, then returns nothing).
+        """
         states = list(state.states)
-        outputs: list = []
-        for i, (_, op) in enumerate(self.children):
-            t0 = time.perf_counter()
-            states[i], items = op.flush(states[i])
-            size = None
-            if meter is not None:
-                size = items_size(items)
-                meter.add(i, (0, 0), size, time.perf_counter() - t0)
-            outputs.extend(self._run(states, items, i + 1, meter, size))
-        return ChainState(tuple(states)), outputs
+        for i, (name, op) in enumerate(self.children):
+            while True:
+                t0 = time.perf_counter()
+                new, items = op.flush(states[i])
+                if not items:
+                    states[i] = new
+                    break
+                if new is states[i]:
+                    raise ValueError(
+                        f"operator {name!r}: flush returned {len(items)} outputs and the state it was given; a flush "
+                        "hands out what the state holds and returns a state without it (flushing that returns nothing)"
+                    )
+                states[i] = new
+                size = None
+                if meter is not None:
+                    size = items_size(items)
+                    meter.add(i, (0, 0), size, time.perf_counter() - t0)
+                outputs = self._run(states, items, i + 1, meter, size)
+                if outputs:
+                    return ChainState(tuple(states)), outputs
+        return ChainState(tuple(states)), []
 
     def reports(self, state: ChainState) -> dict[str, dict[str, int]]:
         """Each child's counters (its ``report(state)``), by name."""

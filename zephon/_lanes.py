@@ -178,7 +178,7 @@ class Plan:
         """
         source, chain, pending, done = state.source, state.chain, state.pending, state.done
         size = self.read_size_of(state)
-        if not pending and not done:  # it steps: restored lazily, its operators are rebuilt now if not yet
+        if not pending:  # it steps or flushes: restored lazily, its operators are rebuilt now if not yet
             chain = _chain_of(state)
         while not pending and not done:
             prepared = None if ahead is None else ahead.take(lane, source, size)
@@ -198,19 +198,19 @@ class Plan:
                 else:
                     chain, outs = self.chain.step_prepared(chain, prepared, meter)
             except Exception as exc:
-                self._note_records(exc, lane, records, flushing=False)
+                self._note_records(exc, lane, records)
                 raise
             if prepared is not None:
                 ahead.stepped(lane, source, len(outs), exhausted)
-            if exhausted:
-                try:
-                    chain, more = self.chain.flush(chain, meter)
-                except Exception as exc:
-                    self._note_records(exc, lane, records, flushing=True)
-                    raise
-                outs = outs + more
-                done = True
+            done = exhausted
             pending = tuple(outs)
+        if not pending:  # the end of its data: the operators hand out what they hold, a piece at a time
+            try:
+                chain, more = self.chain.flush(chain, meter)
+            except Exception as exc:
+                self._note_records(exc, lane, None)
+                raise
+            pending = tuple(more)
         if not pending:
             return LaneState(source, chain, (), state.delivered, True, state.mixture), None
         out = pending[0]
@@ -256,18 +256,20 @@ class Plan:
             return f"dataset {dataset}, shard {shard}"
         return f"dataset {name!r}, shard {shard_id!r}" + (f" (file {path})" if path else "")
 
-    def _note_records(self, exc: Exception, lane: int, records: Sequence[Record], *, flushing: bool) -> None:
+    def _note_records(self, exc: Exception, lane: int, records: Sequence[Record] | None) -> None:
         """Add a note to ``exc`` naming, by dataset and file, the record(s) it was raised on.
 
         An operator that traced the error to one record left its meta on the exception
         (``zephon_meta``, with a note by indices): that record is named. Otherwise the records
-        of the chunk being processed are, grouped by file.
+        of the chunk being processed are, grouped by file (``None``: the lane was flushing).
         """
         if not hasattr(exc, "add_note") or getattr(exc, "zephon_named", False):
             return
         meta = getattr(exc, "zephon_meta", None)
         if meta is not None:
             exc.add_note(f"zephon: that record is {self.describe(meta)}")
+        elif records is None:
+            exc.add_note(f"zephon: raised while lane {lane} was flushing at the end of its data")
         else:
             rows: dict[tuple[int, int], list[int]] = defaultdict(list)
             for rec in records:
@@ -277,17 +279,7 @@ class Plan:
             for (d, s), found in rows.items():
                 shown = ", ".join(map(str, found[:8])) + (f", ... ({len(found)} rows)" if len(found) > 8 else "")
                 parts.append(f"{self._shard_name(d, s)}, row{'s' if len(found) > 1 else ''} {shown}")
-            listed = "; ".join(parts)
-            if not flushing:
-                text = f"raised while lane {lane} was processing {len(records)} records: {listed}"
-            elif records:
-                text = (
-                    f"raised while lane {lane} was flushing at the end of its data (the last {len(records)} "
-                    f"records it read: {listed})"
-                )
-            else:
-                text = f"raised while lane {lane} was flushing at the end of its data"
-            exc.add_note(f"zephon: {text}")
+            exc.add_note(f"zephon: raised while lane {lane} was processing {len(records)} records: {'; '.join(parts)}")
         try:
             exc.zephon_named = True  # type: ignore[attr-defined]
         except AttributeError:

@@ -3,8 +3,8 @@
 The buffer first fills to a warm-up window ``w = max(1, min(128, buffer_size // 16))``; after that
 each arrival that pushes it past ``min(buffer_size, w + emitted)`` evicts one record chosen by the
 ``draws``-th counter-based draw of the operator's key (swap-pop). So the first outputs come early
-and the window grows to ``buffer_size``. ``flush`` drains the rest in draw order. The output is a
-permutation of the input and independent of how the input is chunked.
+and the window grows to ``buffer_size``. ``flush`` drains the rest in draw order, a piece per
+call. The output is a permutation of the input and independent of how the input is chunked.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ from ._keys import fold_in, randbelow
 from . import _lazy
 from ._lazy import Deferred, LazyRows, materialize, materialize_all
 from ._records import Record
+
+
+#: Records a flush hands out per call (see :meth:`Shuffle.flush`): one output's worth for a typical batch.
+FLUSH_PIECE = 8
 
 
 class ShuffleState(msgspec.Struct, frozen=True, tag="shuffle", forbid_unknown_fields=True):
@@ -92,16 +96,22 @@ class Shuffle(Operator):
         return ShuffleState(key, tuple(buffer), draws, emitted), out
 
     def flush(self, state: ShuffleState) -> tuple[ShuffleState, list[Record]]:
+        """The next ``FLUSH_PIECE`` records in draw order; the rest stays buffered for the next call.
+
+        A piece at a time, so that a lane whose data ends right after a restore rebuilds one
+        piece (one bulk call) for its next output, not its whole buffer. Pieces concatenate to
+        the whole flush, so the stream is the same; a checkpoint taken between pieces holds the rest.
+        """
         buffer = list(state.buffer)
         draws = state.draws
         out: list[Record] = []
-        while buffer:
+        while buffer and len(out) < FLUSH_PIECE:
             i = randbelow(state.key, draws, len(buffer))
             draws += 1
             out.append(buffer[i])
             buffer[i] = buffer[-1]
             buffer.pop()
-        return ShuffleState(state.key, (), draws, state.emitted + len(out)), materialize_all(out)
+        return ShuffleState(state.key, tuple(buffer), draws, state.emitted + len(out)), materialize_all(out)
 
     def report(self, state: ShuffleState) -> dict[str, int]:
         return {"buffered": len(state.buffer), "emitted": state.emitted}
