@@ -4,7 +4,9 @@ For each ``--buffers`` size, one process runs the recipe (``--lanes``, 1 by defa
 repeated so that the buffers fill) until every lane's shuffle buffer is full and half the lanes have
 delivered one more batch (``--later N``: N batches after that), saves that checkpoint and the
 digest of the batch that follows it, and says what the lane due first holds (its first output
-after the restore is rebuilt from that). Then fresh processes (``--repeats`` each, round-robin)
+after the restore is rebuilt from that). ``--at-end`` reads the corpus once instead and takes the
+checkpoint where the lane due first has read all its data: its next output comes from flushing
+its shuffle buffer. Then fresh processes (``--repeats`` each, round-robin)
 build the pipeline, restore the checkpoint and take the first batch: with the default lazy
 rebuild, and with the rebuild made eager (every lane and buffered record rebuilt before the first
 batch, as before lazy restore). Each restored batch is checked against the uninterrupted run's.
@@ -14,6 +16,7 @@ batch, as before lazy restore). Each restored batch is checked against the unint
     python benchmarks/restore.py --buffers 1024 --lanes 8 --backend tokenizers
     python benchmarks/restore.py --lanes 8 --no-eager --workers 2   # restoring into worker processes
     python benchmarks/restore.py --buffers 1024 --lanes 8 --later 3 --no-eager
+    python benchmarks/restore.py --buffers 1024 --lanes 8 --at-end --no-eager   # the lane due first flushes next
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def build(task: dict[str, Any]):
     from zephon.work import StaticMixtureWorkSource
 
     ds = Dataset.from_path("corpus", task["corpus"])
-    source = StaticMixtureWorkSource([ds], {"corpus": 1.0}, exhausted_policy="repeat")
+    source = StaticMixtureWorkSource([ds], {"corpus": 1.0}, exhausted_policy="stop" if task.get("at_end") else "repeat")
     return (
         Pipeline(source)
         .options(canonical_replicas=task["lanes"], workers=task.get("workers", 0))
@@ -57,6 +60,8 @@ def child_fill(task: dict[str, Any]) -> dict[str, Any]:
     from zephon.ledger import batch_digest
 
     it = iter(build(task))
+    if task.get("at_end"):
+        return _fill_at_end(task, it)
     warmup = max(1, min(128, task["buffer"] // 16))
     rows_needed = task["buffer"] - warmup  # the buffer holds min(buffer, warmup + emitted) rows
     # every lane's buffer full, and the checkpoint half-way through a global step
@@ -70,6 +75,26 @@ def child_fill(task: dict[str, Any]) -> dict[str, Any]:
     Path(task["path"]).write_text(ckpt, encoding="utf-8")
     return {"batches": batches, "fill_s": time.perf_counter() - t0, "bytes": len(ckpt), "digest": digest,
             "due": due_lane(json.loads(ckpt))}
+
+
+def _fill_at_end(task: dict[str, Any], it) -> dict[str, Any]:
+    """Run the finite corpus until the lane due first has read all its data and delivered what that
+    gave: its next output comes from flushing its shuffle buffer. Save that checkpoint."""
+    from zephon.ledger import batch_digest
+
+    t0 = time.perf_counter()
+    for batches in range(1, 1 << 40):
+        next(it)
+        ck = it.checkpoint()
+        lanes = ck["lanes"]
+        lane = lanes[min(lanes, key=lambda k: (lanes[k]["delivered"], int(k)))]
+        if lane["done"] and not lane["pending"] and lane["ops"]["shuffle"]["buffer"]:
+            break
+    text = json.dumps(ck)
+    digest = batch_digest(next(it))
+    it.close()
+    Path(task["path"]).write_text(text, encoding="utf-8")
+    return {"batches": batches, "fill_s": time.perf_counter() - t0, "bytes": len(text), "digest": digest, "due": due_lane(ck)}
 
 
 def due_lane(ckpt: dict[str, Any]) -> dict[str, int]:
@@ -124,6 +149,8 @@ def main() -> int:
     ap.add_argument("--no-eager", action="store_true", help="skip the eager restores (slow for large buffers)")
     ap.add_argument("--later", type=int, default=0,
                     help="take the checkpoint this many batches later (another lane is due first, holding other work)")
+    ap.add_argument("--at-end", action="store_true",
+                    help="the corpus read once; checkpoint where the lane due first has read all its data (it flushes next)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -140,7 +167,7 @@ def main() -> int:
         common = {"corpus": str(args.corpus.resolve()), "tokenizer": str(args.tokenizer.resolve()), "lanes": args.lanes,
                   "backend": args.backend}
         for b in buffers:
-            task = {**common, "buffer": b, "path": os.path.join(tmp, f"{b}.json"), "later": args.later}
+            task = {**common, "buffer": b, "path": os.path.join(tmp, f"{b}.json"), "later": args.later, "at_end": args.at_end}
             fill = run({**task, "mode": "fill"}, args.timeout)
             due = fill["due"]
             print(f"  buffer {b}: checkpoint after {fill['batches']} batches ({fill['fill_s']:.1f} s), {fill['bytes']:,} bytes; "
