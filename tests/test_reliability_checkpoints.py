@@ -127,6 +127,32 @@ def test_in_range_hand_edits_are_refused_naming_the_lane(edit, tmp_path):
         state_dict_to_checkpoint(sd)
 
 
+@pytest.mark.parametrize("options", [{}, {"workers": 1, "start_inline": False}], ids=["inline", "workers-decode"])
+def test_a_state_changed_after_restore_is_refused_when_a_loader_reads_it_and_each_read_verifies_once(options, monkeypatch):
+    """restore() verifies every lane; a loader made after it verifies its lanes once more, then decodes them.
+
+    Inline, the decode is the loader's verification (one checksum per lane, not two); when worker
+    processes decode the lanes (``start_inline=False``), the loader verifies them before it starts them.
+    """
+    import zephon._checkpoint as zephon_checkpoint
+
+    ck, _ = running()
+    pipe = small_pipeline().options(**options).restore(ck)
+    ck["lanes"]["1"]["delivered"] += 1  # the caller's copy changed after restore(): the states are shared
+    with pytest.raises(ValueError, match=r"^lane 1: checksum mismatch"):
+        iter(pipe)
+    ck, _ = running()
+    lanes = len(ck["lanes"])
+    calls: list[int] = []
+    checksum = zephon_checkpoint.lane_checksum
+    monkeypatch.setattr(zephon_checkpoint, "lane_checksum", lambda lane, state: calls.append(lane) or checksum(lane, state))
+    it = iter(small_pipeline().options(**options).restore(ck))
+    try:
+        assert sorted(calls) == sorted(2 * list(range(lanes)))  # restore(), then the loader's one read
+    finally:
+        it.close()
+
+
 def test_a_lane_state_moved_to_another_lane_is_refused():
     ck, _ = running()
     swapped = copy.deepcopy(ck)

@@ -84,7 +84,7 @@ class Loader(Iterator[Any]):
         opts = self.options
         states = None
         t0 = time.perf_counter()
-        if opts.workers == 0 or opts.start_inline:
+        if opts.decodes_inline:
             states = self.plan.decode_lanes(encoded) if encoded else {lane: self.plan.init(lane) for lane in lanes}
         if self.executor is not None:
             self.executor.close(read_final=False)  # what it ran is replaced, so its states are not needed
@@ -119,8 +119,9 @@ class Loader(Iterator[Any]):
         Whatever this loader yielded before is irrelevant: the next output is the one after the
         checkpoint. Fails loudly, listing the differing fields, if the data settings differ.
         """
-        validate(self.plan.fingerprint(), checkpoint)
-        encoded = select_lanes(checkpoint, self.topology.lanes)
+        lanes = self.topology.lanes
+        validate(self.plan.fingerprint(), checkpoint, decoded_next=lanes if self.options.decodes_inline else ())
+        encoded = select_lanes(checkpoint, lanes)
         self._start(encoded)
         return self
 

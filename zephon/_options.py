@@ -95,6 +95,12 @@ class Options:
     log_every: int | None = attrs.field(default=None, validator=_opt_int(1))
     io_options: Any = attrs.field(default=None, converter=_io_options)
 
+    @property
+    def decodes_inline(self) -> bool:
+        """Whether a loader decodes restored lane states in the calling process (inline, or workers
+        with ``start_inline``); otherwise the worker processes decode them."""
+        return self.workers == 0 or self.start_inline
+
     def evolve(self, **changes) -> "Options":
         """New options with ``changes`` (``num_workers`` is accepted for ``workers``)."""
         if "num_workers" in changes:

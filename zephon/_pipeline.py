@@ -357,7 +357,7 @@ class Pipeline:
         plan, topo = self._compiled(checkpoint), self.topology()
         encoded = None
         if checkpoint is not None:
-            validate(plan.fingerprint(), checkpoint)
+            validate(plan.fingerprint(), checkpoint, decoded_next=topo.lanes if self.run_options.decodes_inline else ())
             encoded = select_lanes(checkpoint, topo.lanes)
         loader = Loader(plan, topo, self.run_options, encoded)
         self._latest.loader = loader
