@@ -313,3 +313,56 @@ def test_a_lane_whose_data_ended_rebuilds_one_piece_of_its_buffer_for_its_next_o
     assert sum(rebuilt) <= FLUSH_PIECE < len(lane["ops"]["shuffle"]["buffer"])
     rest = [first, *resumed]
     assert outputs_equal(rest, stream[delivered + 1 :])
+
+
+def _large_shuffle_state():
+    from _util import docs
+    from zephon.ops import Shuffle
+
+    op = Shuffle(64, seed=2)
+    state, _ = op.step(op.init(0), docs([3] * 100))
+    assert len(state.buffer) >= zephon_lazy.LAZY_MIN_RECORDS
+    return op, json.loads(json.dumps(op.encode_state(state)))
+
+
+def _resigned(edit):
+    def apply(data):
+        data = json.loads(json.dumps(data))
+        edit(data)
+        return data
+
+    return apply
+
+
+SHUFFLE_EDITS = {
+    "draws": _resigned(lambda d: d.update(draws=d["draws"] + 1)),
+    "negative": _resigned(lambda d: d.update(draws=-1, emitted=-1)),
+    "too many": _resigned(lambda d: d["buffer"].extend(d["buffer"][:40])),
+    "bool in a reference": _resigned(lambda d: d["buffer"][3].__setitem__(4, True)),
+    "short reference": _resigned(lambda d: d["buffer"][5].pop()),
+    "float in a reference": _resigned(lambda d: d["buffer"][0].__setitem__(2, 1.5)),
+    "unknown field": _resigned(lambda d: d.update(extra=1)),
+}
+
+
+def test_checking_a_large_shuffle_buffer_decodes_no_reference(monkeypatch):
+    from zephon.ops import Shuffle
+
+    op, data = _large_shuffle_state()
+
+    def decode(*args):
+        raise AssertionError("decoded")
+
+    monkeypatch.setattr(Shuffle, "decode_state", decode)
+    op.check_state(data, records_later)  # counters, size and the form of each reference, none decoded
+
+
+@pytest.mark.parametrize("edit", SHUFFLE_EDITS, ids=list(SHUFFLE_EDITS))
+def test_checking_a_large_shuffle_buffer_refuses_what_decoding_it_refuses(edit):
+    op, data = _large_shuffle_state()
+    bad = SHUFFLE_EDITS[edit](data)
+    with pytest.raises((ValueError, TypeError, msgspec.ValidationError)) as decoding:
+        op.decode_state(bad, records_later)
+    with pytest.raises(type(decoding.value)) as checking:
+        op.check_state(bad, records_later)
+    assert str(checking.value) == str(decoding.value)

@@ -105,6 +105,18 @@ class Operator:
         state = msgspec.convert(data, self.state_type, dec_hook=_dec_hook)
         return resolve_tree(state, upstream)
 
+    def check_state(self, data: Any, upstream: Resolver) -> None:
+        """Refuse what :meth:`decode_state` refuses before it rebuilds a record, rebuilding none.
+
+        ``upstream`` raises :class:`RecordsLater` where records would be rebuilt; this default
+        decodes up to there. Override it where decoding costs without rebuilding anything (the
+        shuffle's large, lazily rebuilt buffers), raising the errors ``decode_state`` would.
+        """
+        try:
+            self.decode_state(data, upstream)
+        except RecordsLater:
+            pass
+
     # -- identity -------------------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
         """Every setting that decides the output (``data=False`` fields are left out)."""
@@ -394,8 +406,8 @@ class Chain(Operator):
     """A named chain of operators, itself an operator.
 
     Outputs of child ``i`` feed child ``i + 1``; ``flush`` flushes children in order, passing
-    each one's flushed outputs through the rest, a piece per call (see :meth:`flush`). Every child is driven through its own
-    ``step``/``flush``. State: the children's states by name.
+    each one's flushed outputs through the rest, a piece per call (see :meth:`flush`). Every
+    child is driven through its own ``step``/``flush``. State: the children's states by name.
 
     Examples:
         >>> from zephon import ops
@@ -484,9 +496,10 @@ class Chain(Operator):
         Children flush in order, each until its flush returns nothing, and what one hands out
         runs through the rest. It returns as soon as a flush produced chain outputs, so the caller
         calls it again (a lane, when it has delivered them) until it returns ``[]``: a child that
-        hands out its records over several calls (a restored shuffle buffer, see
-        :meth:`~zephon._shuffle.Shuffle.flush`) is waited for a piece at a time. Children that
-        flush at once give what one call used to give, in the same order.
+        hands out its records over several calls (the shuffle, see
+        :meth:`~zephon._shuffle.Shuffle.flush`) is waited for a piece at a time. The outputs are
+        the same whether children hand out at once or in pieces, since every child is flushed to
+        its end before the next.
 
         Raises:
             ValueError: a child's flush returned outputs and its state unchanged (it would give
@@ -573,9 +586,7 @@ class Chain(Operator):
         resolver = upstream
         for name, op in self.children:
             try:
-                op.decode_state(data[name], resolver)
-            except RecordsLater:
-                pass
+                op.check_state(data[name], resolver)
             except (msgspec.ValidationError, ValueError, TypeError) as exc:
                 raise ValueError(f"cannot restore the state of operator {name!r}: {exc}") from exc
             resolver = _bind(op, resolver)

@@ -34,6 +34,15 @@ class ShuffleState(msgspec.Struct, frozen=True, tag="shuffle", forbid_unknown_fi
     emitted: int = 0
 
 
+class _StoredState(msgspec.Struct, frozen=True, tag="shuffle", forbid_unknown_fields=True):
+    """A :class:`ShuffleState` as a checkpoint holds it: each buffered record a list of ints."""
+
+    key: int
+    buffer: tuple[list[int], ...] = ()
+    draws: int = 0
+    emitted: int = 0
+
+
 def _positive_int(name: str):
     def check(instance, attribute, value):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -117,24 +126,10 @@ class Shuffle(Operator):
         return {"buffered": len(state.buffer), "emitted": state.emitted}
 
     def decode_state(self, data: Any, upstream: Resolver) -> ShuffleState:
-        """Inverse of ``encode_state``, refusing counters and buffers that ``step`` never leaves.
-
-        Every record leaves the buffer through one draw, so ``draws == emitted``; after ``emitted``
-        outputs at most ``min(buffer_size, warmup + emitted)`` records wait (none when
-        ``buffer_size`` is 1). Checked before any record is rebuilt.
-        """
+        """Inverse of ``encode_state``, refusing counters and buffers that ``step`` never leaves
+        (see :meth:`_check_counters`), before any record is rebuilt."""
         state = msgspec.convert(data, ShuffleState, dec_hook=_dec_hook)
-        for name in ("draws", "emitted"):
-            if getattr(state, name) < 0:
-                raise ValueError(f"field {name!r} must be an int >= 0, got {getattr(state, name)}")
-        if state.draws != state.emitted:
-            raise ValueError(f"fields 'draws' ({state.draws}) and 'emitted' ({state.emitted}) must be equal: each output is one draw")
-        limit = 0 if self.buffer_size == 1 else min(self.buffer_size, self.warmup + state.emitted)
-        if len(state.buffer) > limit:
-            raise ValueError(
-                f"field 'buffer' holds {len(state.buffer)} records, but after {state.emitted} outputs a shuffle of "
-                f"buffer_size={self.buffer_size} holds at most {limit}"
-            )
+        self._check_counters(len(state.buffer), state.draws, state.emitted)
         if len(state.buffer) < _lazy.LAZY_MIN_RECORDS:
             return resolve_tree(state, upstream)
         # Lazily: each record is rebuilt when it leaves the buffer, and all of them meanwhile in a
@@ -143,6 +138,41 @@ class Shuffle(Operator):
         rows = LazyRows(metas, upstream, self._emission_order(state), along=_lazy.DRAWN_ALONG)
         buffer = tuple(Record(Deferred(rows, i), meta) for i, meta in enumerate(metas))
         return msgspec.structs.replace(state, buffer=buffer)
+
+    def check_state(self, data: Any, upstream: Resolver) -> None:
+        """Refuse what :meth:`decode_state` refuses before it rebuilds a record, building no record.
+
+        A large buffer's records are rebuilt lazily, so its references reach ``upstream`` only
+        then: its counters, its size and the form of each reference (ints, checked by msgspec)
+        are checked here, without decoding 16,384 references one by one. Anything else is
+        decoded, for the same errors.
+        """
+        try:
+            stored = msgspec.convert(data, _StoredState)
+        except msgspec.ValidationError:
+            stored = None
+        if stored is None or len(stored.buffer) < _lazy.LAZY_MIN_RECORDS or not all(
+            len(ref) >= 8 and not (len(ref) - 2) % 6 for ref in stored.buffer
+        ):
+            super().check_state(data, upstream)
+            return
+        self._check_counters(len(stored.buffer), stored.draws, stored.emitted)
+
+    def _check_counters(self, buffered: int, draws: int, emitted: int) -> None:
+        """Every record leaves the buffer through one draw, so ``draws == emitted``; after
+        ``emitted`` outputs at most ``min(buffer_size, warmup + emitted)`` records wait (none
+        when ``buffer_size`` is 1)."""
+        for name, value in (("draws", draws), ("emitted", emitted)):
+            if value < 0:
+                raise ValueError(f"field {name!r} must be an int >= 0, got {value}")
+        if draws != emitted:
+            raise ValueError(f"fields 'draws' ({draws}) and 'emitted' ({emitted}) must be equal: each output is one draw")
+        limit = 0 if self.buffer_size == 1 else min(self.buffer_size, self.warmup + emitted)
+        if buffered > limit:
+            raise ValueError(
+                f"field 'buffer' holds {buffered} records, but after {emitted} outputs a shuffle of "
+                f"buffer_size={self.buffer_size} holds at most {limit}"
+            )
 
     def _emission_order(self, state: ShuffleState):
         """The indices of ``state.buffer`` in the order ``step`` will emit them (then nothing).
