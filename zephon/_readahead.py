@@ -15,9 +15,9 @@ A lane then steps exactly as if it had read and tokenized the chunk itself: the 
 per-record, so the outputs, states and counters are the same (``Chain.step_prepared``). A
 prepared chunk is used only by the lane it was read for, from the source state and read size it
 was read with; any other is dropped. No other lane is read for until a chunk read here gave
-outputs, and once a lane has ended with ``m`` outputs left (iteration stops within ``m + 1``
-global steps), none for a lane that would read after that; so work is thrown away only when
-finite data ends, at most one chunk per lane (a lane may end with no outputs left). If reading
+outputs. Nothing read ahead is thrown away unless the loader is closed before the end of the
+data (then at most one chunk per lane): at the end of finite data the loader runs every lane to
+its end, counting what it does not deliver, and so reads every queued chunk. If reading
 or the per-record operators fail in the background, reading ahead stops (the thread first
 finishes what it is doing): each lane then reads on its own, and the failure is raised, and
 named, by the lane it belongs to.
@@ -109,9 +109,6 @@ class ReadAhead:
             self.started = True
         if self.failed or exhausted or not outputs or lane in self.queued:
             return
-        left = self._left()
-        if left is not None and outputs + 1 >= left:
-            return
         self.queued[lane] = self._submit(lane, (source, self.plan.read_size))
 
     def close(self) -> None:
@@ -143,19 +140,13 @@ class ReadAhead:
             self.started = True
 
     # -- internals ----------------------------------------------------------------------------------------
-    def _left(self) -> int | None:
-        """The fewest outputs an ended lane has left (iteration stops soon after), or ``None``."""
-        return min((len(s.pending) for s in self.states.values() if s.done), default=None)
-
     def _others(self, lane: int, size: int) -> list[tuple[int, tuple[Any, int]]]:
-        """The lanes to read for with ``lane``'s chunk: after it in lane order, with nothing queued,
-        and reading before iteration stops (as in :meth:`stepped`). None until a chunk read here
-        gave outputs, so that the first batch (after a start or a restore) waits for its own lane
-        only."""
+        """The lanes to read for with ``lane``'s chunk: after it in lane order, not done, with nothing
+        queued. None until a chunk read here gave outputs, so that the first batch (after a start
+        or a restore) waits for its own lane only."""
         states = self.states
         if not self.started:
             return []
-        left = self._left()
         lanes = list(states)
         i = lanes.index(lane) if lane in lanes else -1
         total, out = size, []
@@ -163,7 +154,7 @@ class ReadAhead:
             if total >= self.group:
                 break
             st = states[other]
-            if st.done or other in self.queued or (left is not None and len(st.pending) + 1 >= left):
+            if st.done or other in self.queued:
                 continue
             key = (st.source, self.plan.read_size_of(st))
             out.append((other, key))
