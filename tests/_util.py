@@ -1,7 +1,11 @@
 from pathlib import Path
+from typing import ClassVar
 
+import attrs
+import msgspec
 import numpy as np
 
+from zephon._core import Operator
 from zephon.types import Meta, Record, Segment
 
 
@@ -155,3 +159,24 @@ def with_lock(payload):
 
 def without_lock(payload):
     return {k: v for k, v in payload.items() if k != "lock"}
+
+
+class Held(msgspec.Struct, frozen=True, tag="held"):
+    """The state of :class:`Holds`: the records it received."""
+
+    records: tuple[Record, ...] = ()
+
+
+@attrs.frozen
+class Holds(Operator):
+    """An operator that keeps every record it receives and emits none while stepping (tests
+    subclass it to flush or decode in the ways under test)."""
+
+    kind: ClassVar[str] = "holds"
+    state_type: ClassVar[type] = Held
+
+    def init(self, key):
+        return Held()
+
+    def step(self, state, chunk):
+        return Held(state.records + tuple(chunk)), []

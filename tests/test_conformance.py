@@ -9,15 +9,12 @@ of two small tokenizers trained here: one for plain text and one for chat templa
 import json
 from typing import ClassVar, NamedTuple
 
-import attrs
-import msgspec
 import numpy as np
 import pytest
 
-from _util import CHAT_SPECIALS, WORDS, docs, text_records, texts, train_bytelevel
+from _util import CHAT_SPECIALS, WORDS, Holds, docs, text_records, texts, train_bytelevel
 from zephon import ops
 from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance
-from zephon._core import Operator
 from zephon.types import Meta, Record, Segment
 
 
@@ -198,25 +195,13 @@ def test_operators_pickle(name, tokenizer):
     assert outputs_equal(run(op, [make_input()])[1], run(clone, [make_input()])[1])
 
 
-class _Repeats(msgspec.Struct, frozen=True, tag="repeats"):
-    held: tuple[Record, ...] = ()
-
-
-@attrs.frozen
-class _FlushesForever(Operator):
+class _FlushesForever(Holds):
     """Hands out what it holds at the end and returns the state it was given: it would never end."""
 
     kind: ClassVar[str] = "flushes_forever"
-    state_type: ClassVar[type] = _Repeats
-
-    def init(self, key):
-        return _Repeats()
-
-    def step(self, state, chunk):
-        return _Repeats(state.held + tuple(chunk)), []
 
     def flush(self, state):
-        return state, list(state.held)
+        return state, list(state.records)
 
 
 def test_a_flush_that_keeps_its_state_is_refused_naming_the_operator():

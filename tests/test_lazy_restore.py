@@ -13,14 +13,13 @@ import json
 import time
 from typing import ClassVar
 
-import attrs
 import msgspec
 import pytest
 
 import zephon._lazy as zephon_lazy
-from _util import toy_dataset, toy_pipeline
+from _util import Held, Holds, toy_dataset, toy_pipeline
 from zephon._checkpoint import seal
-from zephon._core import Chain, ChainState, Operator, records_later
+from zephon._core import Chain, ChainState, records_later
 from zephon._lazy import DeferredChain, DeferredOutput
 from zephon.testing import outputs_equal
 from zephon.types import Meta, Record, Segment
@@ -241,19 +240,10 @@ def test_materialize_all_rebuilds_the_waiting_records_in_one_call_per_buffer():
         zephon_lazy.materialize_all([Record(zephon_lazy.Deferred(rows, 13), 13)])
 
 
-class _Held(msgspec.Struct, frozen=True, tag="held"):
-    records: tuple[Record, ...] = ()
-
-
-@attrs.frozen
-class _WrapsErrors(Operator):
+class _WrapsErrors(Holds):
     """Holds records; reports any failure to rebuild them in its own words (as user operators may)."""
 
     kind: ClassVar[str] = "wraps"
-    state_type: ClassVar[type] = _Held
-
-    def step(self, state, chunk):
-        return _Held(tuple(chunk)), []
 
     def decode_state(self, data, upstream):
         try:
@@ -265,7 +255,7 @@ class _WrapsErrors(Operator):
 def test_checking_a_state_stops_before_its_records_even_inside_an_operator_that_wraps_errors():
     chain = Chain((("wraps", _WrapsErrors()),))
     meta = Meta(0, (Segment(0, 0, 3, 0, 0, -1),))
-    data = chain.encode_state(ChainState((_Held((Record({"x": 1}, meta),)),)))
+    data = chain.encode_state(ChainState((Held((Record({"x": 1}, meta),)),)))
     chain.check_state(data, records_later)  # stops where the record would be rebuilt: no error
 
     def refuses(refs):
