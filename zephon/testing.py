@@ -2,9 +2,9 @@
 
 ``assert_checkpoint_equivalence(op, chunks)`` runs ``op`` over ``chunks`` once without
 interruption, then, at every step boundary (before the first chunk, after each chunk and after
-each piece of the flush), encodes the state, sends it through JSON, decodes it, resumes, and checks that the
-remaining outputs equal the uninterrupted ones. Records held in the state are rebuilt from the
-input records by their metas, as a pipeline rebuilds them from the source.
+each piece of the flush), encodes the state, sends it through JSON, decodes it, resumes, and
+checks that the remaining outputs equal the uninterrupted ones. Records held in the state are
+rebuilt from the input records by their metas, as a pipeline rebuilds them from the source.
 """
 
 from __future__ import annotations
