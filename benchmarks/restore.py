@@ -22,6 +22,7 @@ batch, as before lazy restore). Each restored batch is checked against the unint
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -56,57 +57,54 @@ def build(task: dict[str, Any]):
 
 
 def child_fill(task: dict[str, Any]) -> dict[str, Any]:
-    """Run until the buffer is full; save the checkpoint and the next batch's digest."""
+    """Run to the checkpoint wanted (every buffer full, or with ``at_end`` the lane due first at its
+    end); save it and the next batch's digest."""
     from zephon.ledger import batch_digest
 
     it = iter(build(task))
+    t0 = time.perf_counter()
     if task.get("at_end"):
-        return _fill_at_end(task, it)
-    warmup = max(1, min(128, task["buffer"] // 16))
-    rows_needed = task["buffer"] - warmup  # the buffer holds min(buffer, warmup + emitted) rows
-    # every lane's buffer full, and the checkpoint half-way through a global step
-    batches = -(-rows_needed // MICRO) * task["lanes"] + task["lanes"] // 2 + task.get("later", 0)
-    t0 = time.perf_counter()
-    for _ in range(batches):
-        next(it)
-    ckpt = json.dumps(it.checkpoint())
-    digest = batch_digest(next(it))
-    it.close()
-    Path(task["path"]).write_text(ckpt, encoding="utf-8")
-    return {"batches": batches, "fill_s": time.perf_counter() - t0, "bytes": len(ckpt), "digest": digest,
-            "due": due_lane(json.loads(ckpt))}
-
-
-def _fill_at_end(task: dict[str, Any], it) -> dict[str, Any]:
-    """Run the finite corpus until the lane due first has read all its data and delivered what that
-    gave: its next output comes from flushing its shuffle buffer. Save that checkpoint."""
-    from zephon.ledger import batch_digest
-
-    t0 = time.perf_counter()
-    for batches in range(1, 1 << 40):
-        next(it)
-        ck = it.checkpoint()
-        lanes = ck["lanes"]
-        lane = lanes[min(lanes, key=lambda k: (lanes[k]["delivered"], int(k)))]
-        if lane["done"] and not lane["pending"] and lane["ops"]["shuffle"]["buffer"]:
-            break
-    text = json.dumps(ck)
+        batches = _run_until_the_due_lane_ends(it)
+    else:
+        warmup = max(1, min(128, task["buffer"] // 16))
+        rows_needed = task["buffer"] - warmup  # the buffer holds min(buffer, warmup + emitted) rows
+        # every lane's buffer full, and the checkpoint half-way through a global step
+        batches = -(-rows_needed // MICRO) * task["lanes"] + task["lanes"] // 2 + task.get("later", 0)
+        for _ in range(batches):
+            next(it)
+    ckpt = it.checkpoint()
+    text = json.dumps(ckpt)
     digest = batch_digest(next(it))
     it.close()
     Path(task["path"]).write_text(text, encoding="utf-8")
-    return {"batches": batches, "fill_s": time.perf_counter() - t0, "bytes": len(text), "digest": digest, "due": due_lane(ck)}
+    return {"batches": batches, "fill_s": time.perf_counter() - t0, "bytes": len(text), "digest": digest, "due": due_lane(ckpt)}
+
+
+def _run_until_the_due_lane_ends(it) -> int:
+    """Batches taken until the lane due first has read all its data and delivered what that gave:
+    its next output comes from flushing its shuffle buffer."""
+    for batches in itertools.count(1):
+        next(it)
+        _, state = _due(it.checkpoint())
+        if state["done"] and not state["pending"] and state["ops"]["shuffle"]["buffer"]:
+            return batches
+
+
+def _due(ckpt: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The lane due first after a restore of ``ckpt`` (fewest delivered outputs, then lowest id) and its state."""
+    lanes = ckpt["lanes"]
+    lane = min(lanes, key=lambda k: (lanes[k]["delivered"], int(k)))
+    return int(lane), lanes[lane]
 
 
 def due_lane(ckpt: dict[str, Any]) -> dict[str, int]:
-    """What the lane due first after a restore of ``ckpt`` holds (fewest delivered outputs, then lowest id).
+    """What the lane due first after a restore of ``ckpt`` holds.
 
     Its first output is rebuilt from one undelivered output when it holds some; otherwise from its
     open rows and partial batch, then the records its shuffle draws.
     """
-    lanes = ckpt["lanes"]
-    lane = min(lanes, key=lambda k: (lanes[k]["delivered"], int(k)))
-    state = lanes[lane]
-    return {"lane": int(lane), "undelivered": len(state["pending"]), "partial": len(state["ops"]["batch"]["partial"]),
+    lane, state = _due(ckpt)
+    return {"lane": lane, "undelivered": len(state["pending"]), "partial": len(state["ops"]["batch"]["partial"]),
             "open_pieces": len(state["ops"]["pack_flat"]["stream"]), "buffered": len(state["ops"]["shuffle"]["buffer"])}
 
 

@@ -49,6 +49,17 @@ def output_size(out: Any) -> tuple[int, int]:
     return len(records), tokens
 
 
+def restored_lanes(plan: Plan, topology: Topology, options: Options, checkpoint: Any) -> dict[int, Any]:
+    """This rank's lane states from ``checkpoint``, once it is validated against ``plan``.
+
+    A loader that decodes its lanes itself (``options.decodes_inline``) verifies their checksums
+    in that decode, so :func:`validate` leaves them to it: each state is read once.
+    """
+    lanes = topology.lanes
+    validate(plan.fingerprint(), checkpoint, decoded_next=lanes if options.decodes_inline else ())
+    return select_lanes(checkpoint, lanes)
+
+
 class Loader(Iterator[Any]):
     """Runs a pipeline's lanes for one rank and yields their outputs in lane order.
 
@@ -119,10 +130,7 @@ class Loader(Iterator[Any]):
         Whatever this loader yielded before is irrelevant: the next output is the one after the
         checkpoint. Fails loudly, listing the differing fields, if the data settings differ.
         """
-        lanes = self.topology.lanes
-        validate(self.plan.fingerprint(), checkpoint, decoded_next=lanes if self.options.decodes_inline else ())
-        encoded = select_lanes(checkpoint, lanes)
-        self._start(encoded)
+        self._start(restored_lanes(self.plan, self.topology, self.options, checkpoint))
         return self
 
     def close(self) -> None:

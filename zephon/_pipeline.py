@@ -19,7 +19,7 @@ from ._core import Chain, FilterOp, MapOp, Operator, StatelessOp
 from ._distributed import Topology, resolve_topology
 from ._explain import Explanation, explain_plan
 from ._lanes import Plan
-from ._loader import Loader
+from ._loader import Loader, restored_lanes
 from ._log import progress
 from ._options import Options
 from ._pack import PackFlat, PackSequences
@@ -355,10 +355,7 @@ class Pipeline:
     def loader(self, checkpoint: dict[str, Any] | None = None) -> Loader:
         """A new loader running this pipeline for this rank, from the start or from ``checkpoint``."""
         plan, topo = self._compiled(checkpoint), self.topology()
-        encoded = None
-        if checkpoint is not None:
-            validate(plan.fingerprint(), checkpoint, decoded_next=topo.lanes if self.run_options.decodes_inline else ())
-            encoded = select_lanes(checkpoint, topo.lanes)
+        encoded = None if checkpoint is None else restored_lanes(plan, topo, self.run_options, checkpoint)
         loader = Loader(plan, topo, self.run_options, encoded)
         self._latest.loader = loader
         return loader

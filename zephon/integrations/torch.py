@@ -287,13 +287,13 @@ class TrainingStream(Iterator[dict]):
                 f"{type(state_dict).__name__} {sorted(state_dict)[:5] if isinstance(state_dict, Mapping) else ''}"
             )
         checkpoint = state_dict[STATE_KEY]
-        validate(self.plan.fingerprint(), checkpoint)
         if self._loader is not None:
-            self._loader.restore(checkpoint)
+            self._loader.restore(checkpoint)  # validates it
             self._produced, self._stopped = sum(self._loader.delivered.values()), False
             if self._seat is not None:
                 self._seat.publish(self._produced)
         else:
+            validate(self.plan.fingerprint(), checkpoint)
             select_lanes(checkpoint, self.share.lanes)  # fail now if lanes are missing
             self._pending = checkpoint
 
