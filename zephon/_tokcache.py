@@ -1,4 +1,4 @@
-"""An on-disk cache of what loading a tokenizer computes: its canonical JSON and the tiktoken proof.
+"""An on-disk cache of what loading a tokenizer computes: its canonical JSON, the tiktoken proof, fast-build files.
 
 Loading a ``tokenizer.json`` and proving that tiktoken gives its ids exactly (:mod:`zephon._tiktoken`)
 costs about half a second, in every process that starts. Both results are pure functions of their
@@ -8,7 +8,10 @@ inputs, so they are kept in the user's cache folder (``$ZEPHON_CACHE_DIR``, else
 - ``file-<sha256 of the file's bytes>.msgpack``: the canonical tokenizer JSON and the special ids
   guessed from the vocabulary, for a ``tokenizer.json`` file loaded by path;
 - ``proof-<content digest>.msgpack``: whether tiktoken is exact for that content (or why not) and,
-  when it is, tiktoken's inputs (pattern, byte ranks, special tokens).
+  when it is, tiktoken's inputs (pattern, byte ranks, special tokens);
+- ``bpe-<sha256 of the canonical JSON>.msgpack`` and its ``.vocab.json`` and ``.merges.txt``: a
+  BPE tokenizer's model as files that build it faster, once proven to give the same tokenizer
+  (:mod:`zephon._bpe_files`).
 
 Keys name the content, never the path or the time, so an edited file gets a new entry, and every
 entry also holds :data:`_SALT` (the versions of ``tokenizers`` and ``tiktoken``, this format and the
@@ -30,7 +33,7 @@ import msgspec
 
 from ._atomic import replacing
 
-__all__ = ["cache_enabled", "file_digest", "load_entry", "store_entry"]
+__all__ = ["cache_enabled", "entry_path", "file_digest", "load_entry", "store_entry"]
 
 logger = logging.getLogger("zephon")
 
@@ -109,6 +112,11 @@ def file_digest(path: str) -> str:
 
 def _path(kind: str, key: str) -> str:
     return os.path.join(cache_folder(), f"{kind}-{key}.msgpack")
+
+
+def entry_path(kind: str, key: str, name: str) -> str:
+    """The path of a file that belongs to the entry ``kind``/``key`` (``name``: its suffix)."""
+    return os.path.join(cache_folder(), f"{kind}-{key}.{name}")
 
 
 def load_entry(kind: str, key: str) -> dict[str, Any] | None:
