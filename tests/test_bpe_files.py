@@ -68,6 +68,15 @@ def test_the_first_build_proves_the_files_and_later_builds_use_them(make, tmp_pa
     assert [a.tolist() for a in handle.encode_batch(SAMPLES)] == [e.ids for e in plain.encode_batch(SAMPLES, add_special_tokens=False)]
 
 
+def test_a_tokenizer_given_as_an_object_is_proven_too(tmp_path, cache):
+    tok = Tokenizer.from_file(str(train_bytelevel(tmp_path / "tok")))
+    handle = load_tokenizer(tok, backend="tokenizers")
+    assert not cache.exists()  # nothing cached yet: the object was not loaded from a file
+    assert _built_fresh(handle).to_str() == tok.to_str()
+    assert _entry(handle)["reason"] == ""
+    assert _bpe_files.build(handle._json_digest).to_str() == tok.to_str()
+
+
 def test_damaged_or_missing_files_are_not_used_and_are_written_again(tmp_path, cache):
     handle = load_tokenizer(train_bytelevel(tmp_path / "tok"), backend="tokenizers")
     plain = Tokenizer.from_str(handle.tokenizer_json).to_str()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any
 
 from . import _tokcache
@@ -86,6 +87,7 @@ def _prove(key: str, spec: dict[str, Any], tok: Any) -> dict[str, Any]:
         "vocab_sha": hashlib.sha256(vocab).hexdigest(),
         "merges_sha": hashlib.sha256(b"#version: 0.2\n" + text).hexdigest(),
     }
+    os.makedirs(os.path.dirname(_file(key, "vocab.json")), exist_ok=True)
     for name, data in (("vocab.json", vocab), ("merges.txt", b"#version: 0.2\n" + text)):
         with replacing(_file(key, name)) as out:
             out.write(data)
