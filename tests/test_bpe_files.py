@@ -125,6 +125,21 @@ def test_what_the_files_cannot_build_is_recorded_and_built_from_the_json(tmp_pat
     assert _entry(other)["reason"] == "the fast build serializes differently"
     assert _bpe_files.build(other._json_digest) is None
 
+    # A fast build or a proof that fails is recorded; the build itself goes on from the JSON.
+    def refused(*_):
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(_bpe_files, "_assemble", original)
+    for name in ("_assemble", "_prove"):
+        kept = getattr(_bpe_files, name)
+        monkeypatch.setattr(_bpe_files, name, refused)
+        tok = Tokenizer.from_file(str(train_bytelevel(tmp_path / name)))
+        tok.add_tokens([f"<{name}>"])  # a tokenizer of its own: no entry yet
+        handle = load_tokenizer(tok, backend="tokenizers")
+        assert _built_fresh(handle).to_str() == Tokenizer.from_str(handle.tokenizer_json).to_str()
+        assert "failed (RuntimeError: refused)" in _entry(handle)["reason"]
+        monkeypatch.setattr(_bpe_files, name, kept)
+
 
 def test_nothing_is_written_with_the_cache_off(tmp_path, cache, monkeypatch):
     monkeypatch.setenv("ZEPHON_TOKENIZER_CACHE", "0")

@@ -63,6 +63,8 @@ def remember(tokenizer_json: str, key: str, tok: Any) -> None:
         entry = _prove(key, json.loads(tokenizer_json), tok)
     except OSError:
         return  # an unwritable folder: every process builds the slow way
+    except Exception as exc:  # never fails a build: recorded, and built from the JSON from now on
+        entry = {"reason": f"the proof failed ({type(exc).__name__}: {exc})"}
     _tokcache.store_entry(KIND, key, entry)
 
 
@@ -78,17 +80,17 @@ def _prove(key: str, spec: dict[str, Any], tok: Any) -> dict[str, Any]:
     if any(len(m) != 2 or any(not p or " " in p or "\n" in p or "\r" in p for p in m) for m in merges):
         return {"reason": "a merge has a token with a space or a line break, which merges.txt cannot hold"}
     vocab = json.dumps(model.get("vocab", {}), ensure_ascii=False).encode("utf-8")
-    text = "".join(f"{a} {b}\n" for a, b in merges).encode("utf-8")
+    text = ("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)).encode("utf-8")
     entry: dict[str, Any] = {
         "reason": "",
         "skeleton": json.dumps({**spec, "model": {"type": "BPE", "vocab": {}, "merges": []}, "added_tokens": []}),
         "options": {k: model[k] for k in _OPTIONS if model.get(k) is not None},
         "added": spec.get("added_tokens") or [],
         "vocab_sha": hashlib.sha256(vocab).hexdigest(),
-        "merges_sha": hashlib.sha256(b"#version: 0.2\n" + text).hexdigest(),
+        "merges_sha": hashlib.sha256(text).hexdigest(),
     }
     os.makedirs(os.path.dirname(_file(key, "vocab.json")), exist_ok=True)
-    for name, data in (("vocab.json", vocab), ("merges.txt", b"#version: 0.2\n" + text)):
+    for name, data in (("vocab.json", vocab), ("merges.txt", text)):
         with replacing(_file(key, name)) as out:
             out.write(data)
     try:
