@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -162,6 +163,19 @@ def children_peak_rss_mib(pid: int | None = None) -> dict[int, float]:
 
 
 # -- reporting ----------------------------------------------------------------------------------------
+
+
+def run_script(script: str, args: Sequence[str], *, what: str, env: dict[str, str] | None = None,
+               timeout: float | None = None) -> dict[str, Any]:
+    """Run ``script`` with ``args`` in a fresh interpreter; the JSON of its last ``RESULT `` line.
+
+    Raises ``RuntimeError`` naming ``what`` with the end of its output when it printed none.
+    """
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=timeout)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"{what} failed with exit code {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
 
 
 def median(values: Sequence[float | None]) -> float | None:

@@ -346,17 +346,8 @@ def child_main(raw: str) -> None:
 
 
 def run_child(task: dict[str, Any], env: dict[str, str], timeout: float) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(task)],
-        capture_output=True, text=True, env=env, timeout=timeout,
-    )
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(
-        f"child {task.get('name')} ({task['mode_child']}) failed with exit code {proc.returncode}:\n"
-        f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    )
+    return C.run_script(Path(__file__).resolve(), ["--child", json.dumps(task)], env=env, timeout=timeout,
+                        what=f"child {task.get('name')} ({task['mode_child']})")
 
 
 def select_configs(spec: str | None) -> list[str]:

@@ -25,7 +25,6 @@ import argparse
 import itertools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -128,11 +127,7 @@ def child_restore(task: dict[str, Any]) -> dict[str, Any]:
 
 def run(task: dict[str, Any], timeout: float) -> dict[str, Any]:
     task = {**task, "t0": time.time()}
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(task)], capture_output=True, text=True, timeout=timeout)
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return C.run_script(__file__, ["--child", json.dumps(task)], timeout=timeout, what=f"the {task['mode']} child")
 
 
 def main() -> int:

@@ -54,11 +54,7 @@ def child(way: str, path: str) -> dict:
 
 
 def run(way: str, path: str, env: dict) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", way, path], capture_output=True, text=True, env=env, check=False)
-    for line in reversed(out.stdout.splitlines()):
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"{way} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return C.run_script(__file__, ["--child", way, path], env=env, what=way)
 
 
 def main() -> int:
