@@ -7,6 +7,7 @@ import json
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from _shared import shared_path
 from _util import texts, train_bytelevel
 from zephon import _bpe_files, _tokcache, _tokenizer
 from zephon._tokenizer import load_tokenizer
@@ -50,12 +51,10 @@ def _entry(handle):
 
 
 @pytest.mark.parametrize("make", [train_bytelevel, _metaspace_bpe], ids=["bytelevel", "metaspace"])
-def test_the_first_build_proves_the_files_and_later_builds_use_them(make, tmp_path, cache, monkeypatch):
+def test_loading_proves_the_files_and_later_builds_use_them(make, tmp_path, cache, monkeypatch):
     handle = load_tokenizer(make(tmp_path / "tok"), backend="tokenizers")
     plain = Tokenizer.from_str(handle.tokenizer_json)
-    assert _entry(handle) is None  # loading the file gave a live tokenizer: nothing was built from the JSON
-    _built_fresh(handle)
-    assert _entry(handle)["reason"] == ""
+    assert _entry(handle)["reason"] == ""  # proven where it was loaded, before any build from the JSON
     assembled = []
     original = _bpe_files._assemble
     monkeypatch.setattr(_bpe_files, "_assemble", lambda *a: assembled.append(1) or original(*a))
@@ -71,10 +70,27 @@ def test_the_first_build_proves_the_files_and_later_builds_use_them(make, tmp_pa
 def test_a_tokenizer_given_as_an_object_is_proven_too(tmp_path, cache):
     tok = Tokenizer.from_file(str(train_bytelevel(tmp_path / "tok")))
     handle = load_tokenizer(tok, backend="tokenizers")
-    assert not cache.exists()  # nothing cached yet: the object was not loaded from a file
-    assert _built_fresh(handle).to_str() == tok.to_str()
     assert _entry(handle)["reason"] == ""
     assert _bpe_files.build(handle._json_digest).to_str() == tok.to_str()
+
+
+def test_the_first_build_proves_what_loading_did_not(tmp_path, cache):
+    # A handle made elsewhere (here: with the cache off) and built in a process with the cache on,
+    # as a worker or a restore may be: its first build from the JSON proves the files.
+    path = train_bytelevel(tmp_path / "tok")
+    with pytest.MonkeyPatch.context() as off:
+        off.setenv("ZEPHON_TOKENIZER_CACHE", "0")
+        handle = load_tokenizer(path, backend="tokenizers")
+    assert _entry(handle) is None
+    plain = _built_fresh(handle).to_str()
+    assert _entry(handle)["reason"] == ""
+    assert _bpe_files.build(handle._json_digest).to_str() == plain
+
+
+def test_a_tokenizer_for_tiktoken_is_not_proven(tmp_path, cache):
+    handle = load_tokenizer(shared_path("data", "gpt2", "tokenizer.json"))
+    assert handle.backend == "tiktoken"
+    assert _entry(handle) is None  # it is never built from its JSON: nothing to prove
 
 
 def test_damaged_or_missing_files_are_not_used_and_are_written_again(tmp_path, cache):
@@ -114,14 +130,14 @@ def test_what_the_files_cannot_build_is_recorded_and_built_from_the_json(tmp_pat
     assert "space" in _entry(handle)["reason"]
 
     # A fast build that does not serialize as from_str does is refused and never used.
-    other = load_tokenizer(train_bytelevel(tmp_path / "b"), backend="tokenizers")
     original = _bpe_files._assemble
 
     def without_added_tokens(entry, *files):
         return original({**entry, "added": []}, *files)
 
     monkeypatch.setattr(_bpe_files, "_assemble", without_added_tokens)
-    _built_fresh(other)
+    other = load_tokenizer(train_bytelevel(tmp_path / "b"), backend="tokenizers")
+    assert _built_fresh(other).to_str() == Tokenizer.from_str(other.tokenizer_json).to_str()
     assert _entry(other)["reason"] == "the fast build serializes differently"
     assert _bpe_files.build(other._json_digest) is None
 

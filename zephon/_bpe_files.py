@@ -5,14 +5,14 @@ model's 50,000 vocabulary entries and merges generically; ``models.BPE.from_file
 ``vocab.json`` and a ``merges.txt`` straight into the model. Every process that encodes with the
 ``tokenizers`` backend builds the tokenizer (a restore, each worker), so this is paid often.
 
-The first build of a tokenizer from its JSON writes its vocabulary and merges into the tokenizer
-cache (:mod:`zephon._tokcache`), builds it the fast way and keeps the entry only when both
-tokenizers serialize identically (``to_str``): the fast way is used only where it was proven to
-give the same tokenizer with this ``tokenizers`` version (part of the cache's salt). Otherwise the
-entry records why not and every build stays ``from_str``. A fast build takes the model from the
-files (checked against their recorded sha256 first), everything else from a skeleton (the
-tokenizer's JSON without its model's vocabulary and merges and without its added tokens), then the
-added tokens in their order, as ``from_str`` adds them.
+Loading a tokenizer for the ``tokenizers`` backend (or else its first build from its JSON) writes
+its vocabulary and merges into the tokenizer cache (:mod:`zephon._tokcache`), builds it the fast
+way and keeps the entry only when both tokenizers serialize identically (``to_str``): the fast way
+is used only where it was proven to give the same tokenizer with this ``tokenizers`` version (part
+of the cache's salt). Otherwise the entry records why not and every build stays ``from_str``. A
+fast build takes the model from the files (checked against their recorded sha256 first),
+everything else from a skeleton (the tokenizer's JSON without its model's vocabulary and merges
+and without its added tokens), then the added tokens in their order, as ``from_str`` adds them.
 
 Entries: ``bpe-<sha256 of the JSON>.msgpack`` beside ``bpe-<key>.vocab.json`` and
 ``bpe-<key>.merges.txt``.
@@ -28,7 +28,7 @@ from typing import Any
 from . import _tokcache
 from ._atomic import replacing
 
-__all__ = ["build", "remember"]
+__all__ = ["build", "prepare", "remember"]
 
 KIND = "bpe"
 #: The options ``models.BPE.from_file`` takes besides the two files.
@@ -66,6 +66,17 @@ def remember(tokenizer_json: str, key: str, tok: Any) -> None:
     except Exception as exc:  # never fails a build: recorded, and built from the JSON from now on
         entry = {"reason": f"the proof failed ({type(exc).__name__}: {exc})"}
     _tokcache.store_entry(KIND, key, entry)
+
+
+def prepare(tokenizer_json: str, key: str) -> None:
+    """Prove the files of ``tokenizer_json`` (sha256 ``key``) now unless an entry already says
+    whether they hold (intact or not: :func:`build` checks): the process that loads a tokenizer
+    does it, once per machine, instead of the first worker or restore that builds it."""
+    if not _tokcache.cache_enabled() or _tokcache.load_entry(KIND, key) is not None:
+        return
+    from tokenizers import Tokenizer
+
+    remember(tokenizer_json, key, Tokenizer.from_str(tokenizer_json))
 
 
 def _file(key: str, name: str) -> str:

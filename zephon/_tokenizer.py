@@ -208,6 +208,10 @@ class TokenizerHandle:
     def with_backend(self, backend: str) -> TokenizerHandle:
         """This handle with the encoder chosen again for ``backend`` (``auto``, ``tokenizers``, ``tiktoken``)."""
         effective = _choose_backend(self, backend)
+        if effective == "tokenizers":
+            # Once per machine: here, where the tokenizer is loaded, rather than in every worker
+            # or restore that builds it first (zephon._bpe_files).
+            _bpe_files.prepare(self.tokenizer_json, self._json_digest)
         return self if effective == self.backend else attrs.evolve(self, backend=effective)
 
     # -- encoding -----------------------------------------------------------------------------------
