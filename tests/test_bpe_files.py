@@ -140,6 +140,7 @@ def test_what_the_files_cannot_build_is_recorded_and_built_from_the_json(tmp_pat
     assert _built_fresh(other).to_str() == Tokenizer.from_str(other.tokenizer_json).to_str()
     assert _entry(other)["reason"] == "the fast build serializes differently"
     assert _bpe_files.build(other._json_digest) is None
+    assert not list(cache.glob(f"*{other._json_digest}.*.*"))  # the unused files are not kept
 
     # A fast build or a proof that fails is recorded; the build itself goes on from the JSON.
     def refused(*_):

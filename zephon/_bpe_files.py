@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 from . import _tokcache
-from ._atomic import replacing
+from ._atomic import discard, replacing
 
 __all__ = ["build", "prepare", "remember"]
 
@@ -79,10 +79,6 @@ def prepare(tokenizer_json: str, key: str) -> None:
     remember(tokenizer_json, key, Tokenizer.from_str(tokenizer_json))
 
 
-def _file(key: str, name: str) -> str:
-    return _tokcache.entry_path(KIND, key, name)
-
-
 def _prove(key: str, spec: dict[str, Any], tok: Any) -> dict[str, Any]:
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
@@ -100,22 +96,31 @@ def _prove(key: str, spec: dict[str, Any], tok: Any) -> dict[str, Any]:
         "vocab_sha": hashlib.sha256(vocab).hexdigest(),
         "merges_sha": hashlib.sha256(text).hexdigest(),
     }
-    os.makedirs(os.path.dirname(_file(key, "vocab.json")), exist_ok=True)
-    for name, data in (("vocab.json", vocab), ("merges.txt", text)):
-        with replacing(_file(key, name)) as out:
+    paths = _paths(key)
+    os.makedirs(os.path.dirname(paths[0]), exist_ok=True)
+    for path, data in zip(paths, (vocab, text)):
+        with replacing(path) as out:
             out.write(data)
     try:
-        fast = _assemble(entry, _file(key, "vocab.json"), _file(key, "merges.txt"))
+        differs = _assemble(entry, *paths).to_str() != tok.to_str()
+        reason = "the fast build serializes differently" if differs else ""
     except Exception as exc:
-        return {"reason": f"the fast build failed ({type(exc).__name__}: {exc})"}
-    if fast.to_str() != tok.to_str():
-        return {"reason": "the fast build serializes differently"}
+        reason = f"the fast build failed ({type(exc).__name__}: {exc})"
+    if reason:
+        for path in paths:  # never used: not kept
+            discard(path)
+        return {"reason": reason}
     return entry
+
+
+def _paths(key: str) -> tuple[str, str]:
+    """The entry's vocabulary and merges files."""
+    return _tokcache.entry_path(KIND, key, "vocab.json"), _tokcache.entry_path(KIND, key, "merges.txt")
 
 
 def _checked_files(key: str, entry: dict[str, Any]) -> tuple[str, str] | None:
     """The entry's two files, if they still hold what it recorded."""
-    paths = (_file(key, "vocab.json"), _file(key, "merges.txt"))
+    paths = _paths(key)
     for path, recorded in zip(paths, (entry.get("vocab_sha"), entry.get("merges_sha"))):
         try:
             with open(path, "rb") as f:
