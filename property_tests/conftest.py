@@ -8,6 +8,11 @@ variable is set, as on the CI runner, else ``dev``):
   failing examples printed as reproduction blobs; sized so the whole property suite runs in a
   few minutes on two cores.
 * ``nightly``: many examples, to search harder.
+* ``deep``: random (not derandomized: every run draws new examples), at least 500 examples a
+  law, no deadline, failing examples printed as reproduction blobs. It is run before an issue
+  is resolved (``HYPOTHESIS_PROFILE=deep pytest property_tests/test_operator_laws.py``), and
+  every failure it finds is fixed and then pinned as an ``@example`` on its law, so that the
+  derandomized ``ci`` profile, which may never draw that case, checks it on every run.
 
 Every profile turns off the ``too_slow`` and ``data_too_large`` health checks and the deadline:
 one example builds several datasets and runs whole multi-lane pipelines (sometimes a few times,
@@ -43,4 +48,12 @@ settings.register_profile(
     suppress_health_check=_SLOW_IS_EXPECTED,
 )
 settings.register_profile("nightly", max_examples=500, deadline=None, suppress_health_check=_SLOW_IS_EXPECTED)
+settings.register_profile(
+    "deep",
+    max_examples=500,
+    derandomize=False,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=_SLOW_IS_EXPECTED,
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 import pytest
-from hypothesis import given, note
+from hypothesis import example, given, note
 from hypothesis import strategies as st
 
 from _util import docs
@@ -274,10 +274,18 @@ def test_pack_flat_emits_each_token_at_most_once_and_counts_the_rest(algorithm, 
 # -- shuffle ----------------------------------------------------------------------------------------------
 
 
-@given(data=st.data(), records=streams(st.lists(st.integers(0, 3), max_size=120)), key=keys)
-def test_shuffle_emits_a_permutation_and_respects_its_buffer(data, records, key):
-    op = data.draw(shuffles, label="shuffle")
-    chunks = data.draw(chunkings(records), label="chunks")
+def cut(records, cuts):
+    """``records`` split at ``cuts`` (taken modulo ``len(records) + 1``; repeated cuts give empty chunks)."""
+    bounds = [0, *sorted(c % (len(records) + 1) for c in cuts), len(records)]
+    return [records[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+# A buffer larger than one flush piece (``FLUSH_PIECE`` = 8) left full at the end: the flush hands
+# out 9 records over two calls.
+@example(op=Shuffle(9, seed=0), records=docs([1] * 17), cuts=[], key=0)
+@given(op=shuffles, records=streams(st.lists(st.integers(0, 3), max_size=120)), cuts=st.lists(st.integers(0, 120), max_size=8), key=keys)
+def test_shuffle_emits_a_permutation_and_respects_its_buffer(op, records, cuts, key):
+    chunks = cut(records, cuts)
     state, out, seen = op.init(key), [], 0
     for chunk in chunks:
         state, emitted = op.step(state, chunk)
@@ -285,7 +293,7 @@ def test_shuffle_emits_a_permutation_and_respects_its_buffer(data, records, key)
         seen += len(chunk)
         assert len(state.buffer) <= op.buffer_size
         assert state.emitted == len(out) and len(out) + len(state.buffer) == seen
-    state, emitted = op.flush(state)
+    state, emitted = run(op, [], state=state)  # flush until it returns nothing (it hands out pieces)
     out.extend(emitted)
     assert sorted(r.meta.segments[0].row for r in out) == list(range(len(records)))
     by_row = {r.meta.segments[0].row: r for r in records}
