@@ -621,13 +621,14 @@ def test_tiktoken_on_a_trained_byte_level_bpe(bytelevel_tok):
     assert [a.tolist() for a in h.encode_batch(texts)] == [ids_of(bytelevel_tok, t) for t in texts]
 
 
-def test_tiktoken_falls_back_when_not_byte_level(small_tok, caplog):
-    with caplog.at_level(logging.WARNING, logger="zephon"):
-        h = load_tokenizer(small_tok, backend="tiktoken")
+def test_tiktoken_refused_when_not_byte_level_and_auto_falls_back(small_tok, caplog):
+    with pytest.raises(TokenizerLoadError, match="backend='tiktoken' cannot encode .*pre-tokenizer"):
+        load_tokenizer(small_tok, backend="tiktoken")
+    with caplog.at_level(logging.INFO, logger="zephon"):
+        h = load_tokenizer(small_tok)  # auto: tokenizers, logged at INFO
     assert h.backend == "tokenizers"
     assert "not using tiktoken" in caplog.text and "pre-tokenizer" in caplog.text
     assert [a.tolist() for a in h.encode_batch(TEXTS)] == [ids_of(small_tok, t) for t in TEXTS]
-    assert load_tokenizer(small_tok).backend == "tokenizers"  # auto, quietly
 
 
 def test_tiktoken_plan_rejects_reordered_merges(bytelevel_tok):
@@ -651,10 +652,12 @@ def test_tiktoken_verification_catches_differences(bytelevel_tok, small_tok):
     assert "differ" in _verify_tiktoken(small_tok, enc, plan, False)
 
 
-def test_tiktoken_missing_falls_back(bytelevel_tok, monkeypatch, caplog):
+def test_tiktoken_missing_is_an_error_and_auto_falls_back(bytelevel_tok, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "tiktoken", None)
-    with caplog.at_level(logging.WARNING, logger="zephon"):
-        h = load_tokenizer(bytelevel_tok, backend="tiktoken")
+    with pytest.raises(ImportError, match=r"pip install 'zephon\[fast\]'"):
+        load_tokenizer(bytelevel_tok, backend="tiktoken")
+    with caplog.at_level(logging.INFO, logger="zephon"):
+        h = load_tokenizer(bytelevel_tok)
     assert h.backend == "tokenizers" and "not installed" in caplog.text
 
 

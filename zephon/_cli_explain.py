@@ -17,9 +17,15 @@ def _run(args: argparse.Namespace) -> int:
             pipe = pipe.options(dp_degree=args.dp_degree, dp_rank=args.dp_rank)
         if args.workers is not None:
             pipe = pipe.options(workers=args.workers)
-        explanation = pipe.explain(measure=args.measure)
     except (OSError, ValueError, TypeError, ImportError) as exc:
         print(f"zephon explain: {exc}", file=sys.stderr)
+        return 2
+    try:
+        explanation = pipe.explain(measure=args.measure)
+    except (OSError, ValueError, TypeError, ImportError) as exc:
+        # The message is iteration's; the flags say where the topology came from.
+        given = f"--dp-degree {args.dp_degree} --dp-rank {args.dp_rank}: " if args.dp_degree is not None else ""
+        print(f"zephon explain: {given}{exc}", file=sys.stderr)
         return 2
     print(json.dumps(explanation.to_dict(), indent=1, default=str) if args.json else explanation)
     return 0

@@ -21,6 +21,7 @@ from ._distributed import Topology
 from ._lanes import Plan
 from ._options import Options
 from ._records import Record, SampleBatch
+from ._tokenizer import TokenizerHandle
 
 #: Options that decide the data; every other option only decides where and how fast lanes run.
 DATA_OPTIONS = ("canonical_replicas",)
@@ -50,6 +51,12 @@ def _settings(op: Operator) -> tuple[dict[str, Any], dict[str, Any]]:
             continue  # internal bookkeeping, not a setting
         value = describe(getattr(op, f.name))
         (data if f.metadata.get("data", True) else perf)[f.name] = value
+    handle = getattr(op, "tokenizer", None)
+    if isinstance(handle, TokenizerHandle) and "backend" in perf:
+        # The encoder in use, which "auto" resolved when the operator was built.
+        if perf["backend"] != handle.backend:
+            perf["backend_asked"] = perf["backend"]
+        perf["backend"] = handle.backend
     return data, perf
 
 
@@ -182,6 +189,7 @@ def explain_plan(plan: Plan, options: Options, topology: Topology | None, ops: S
         "prefetch": options.prefetch,
         "read_size": options.read_size,
         "read_ahead": options.read_ahead,
+        "kind": "worker processes (spawned)" if options.workers else ("a background thread" if options.thread else "the calling thread"),
     }
     if topology is not None:
         D, per = topology.dp_degree, L // topology.dp_degree
@@ -195,7 +203,6 @@ def explain_plan(plan: Plan, options: Options, topology: Topology | None, ops: S
         if options.workers:
             n = max(1, min(options.workers, len(mine)))
             executor.update(
-                kind="worker processes (spawned)",
                 processes=n,
                 start=(
                     "the lanes run in the calling process first; the workers start after the first output "
@@ -205,8 +212,6 @@ def explain_plan(plan: Plan, options: Options, topology: Topology | None, ops: S
                 lanes_per_process={f"worker {w}": mine[w::n] for w in range(n)},
                 tokenizer_threads_per_process=max(1, (os.cpu_count() or 1) // n),
             )
-        else:
-            executor["kind"] = "a background thread" if options.thread else "the calling thread"
     start = build(plan.fingerprint(), {lane: plan.encode(plan.init(lane)) for lane in range(L)})
     checkpoint: dict[str, Any] = {
         "per_lane": [
@@ -278,7 +283,7 @@ def render(data: dict[str, Any]) -> str:
         more = f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else ""
         out.append(f"  D={lanes['dp_degree']} ranks, this is rank {lanes['dp_rank']}; {parts}{more}")
     ex = data["executor"]
-    line = f"executor: {ex.get('kind', '?')}, prefetch {ex['prefetch']} per lane, read_size {ex['read_size']}"
+    line = f"executor: {ex['kind']}, prefetch {ex['prefetch']} per lane, read_size {ex['read_size']}"
     if "read_ahead" in ex:
         line += f", read_ahead {ex['read_ahead'] or 'off'}"
     if "processes" in ex:

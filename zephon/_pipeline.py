@@ -9,6 +9,8 @@ that runs it and owns its executor, checkpoints and stats.
 
 from __future__ import annotations
 
+import sys
+import weakref
 from typing import Any, Callable, Iterator
 
 import attrs
@@ -18,6 +20,7 @@ from ._checkpoint import build, checkpoint_to_state_dict, select_lanes, state_di
 from ._core import Chain, FilterOp, MapOp, Operator, StatelessOp
 from ._distributed import Topology, resolve_topology
 from ._explain import Explanation, explain_plan
+from ._fields import TOKEN_FIELDS
 from ._lanes import Plan
 from ._loader import Loader, restored_lanes
 from ._log import progress
@@ -25,6 +28,7 @@ from ._options import Options
 from ._pack import PackFlat, PackSequences
 from ._records import SampleBatch
 from ._shuffle import Shuffle
+from ._training_spec import _warn_at_caller
 from ._calibrate import compile_source
 from .work._estimate import Calibration
 from .work._source import make_source
@@ -49,15 +53,57 @@ class _Latest:
     against a single running pipeline keeps working; it is never part of the pipeline's value.
     """
 
-    __slots__ = ("loader", "pending", "plans")
+    __slots__ = ("loader", "pending", "plans", "origin", "made")
 
     def __init__(self) -> None:
         self.loader: Loader | None = None
         self.pending: dict[str, Any] | None = None
         self.plans: dict[str, Plan] = {}  # compiled plans, by the calibration they were given
+        self.origin: _Origin | None = None  # the builder call that made this pipeline object
+        self.made: list[tuple[weakref.ref, _Origin]] = []  # pipelines made from it, not yet run
 
     def __reduce__(self) -> tuple:  # a copied or pickled pipeline starts with no loader
         return (_Latest, ())
+
+
+class _Origin:
+    """The builder call that made a pipeline object, and whether it (or a pipeline built on it) ran.
+
+    A pipeline keeps one per pipeline it returned, with a weak reference to that result, so that
+    running it can tell a result that was used from one that was thrown away (see
+    ``Pipeline._note_run``). Running a pipeline marks its whole chain of origins used.
+    """
+
+    __slots__ = ("call", "parent", "used", "note")
+
+    def __init__(self, call: str, parent: "_Origin | None", note: str = "") -> None:
+        self.call = call  # e.g. "tokenize(...)", "options(canonical_replicas=4)"
+        self.parent = parent
+        self.used = False
+        self.note = note  # what the receiver runs with instead, when that matters
+
+    def mark_used(self) -> None:
+        origin: _Origin | None = self
+        while origin is not None and not origin.used:
+            origin.used = True
+            origin = origin.parent
+
+
+#: The builder methods that append an operator through ``add``.
+_BUILDERS = frozenset({"map", "filter", "tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "batch", "ensure_mixture"})
+#: Payload fields of conversations, which ``tokenize_chat`` renders.
+_CHAT_FIELDS = ("messages", "conversations", "conversation")
+
+
+def _untokenized_text(payload: Any) -> tuple[str, ...]:
+    """The fields of ``payload`` that hold text or conversations, when it holds no tokens."""
+    if not isinstance(payload, dict) or any(name in payload for name in TOKEN_FIELDS):
+        return ()
+    return tuple(
+        name
+        for name, value in payload.items()
+        if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value))
+    )
 
 
 def _steps(value: Any) -> tuple[tuple[str, Operator], ...]:
@@ -96,7 +142,17 @@ class Pipeline:
 
         ``num_workers`` is accepted for ``workers``.
         """
-        return attrs.evolve(self, options=self.run_options.evolve(**kwargs))
+        child = attrs.evolve(self, options=self.run_options.evolve(**kwargs))
+        call = "options(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
+        L = self.run_options.canonical_replicas
+        note = ""
+        if child.run_options.canonical_replicas != L:
+            note = (
+                f" It keeps canonical_replicas={L} (L={L} lane{'s' if L != 1 else ''}): the lane count decides every "
+                "global step's data and how ranks share it, so with the wrong L a multi-GPU job does not read "
+                "the data it was set up for."
+            )
+        return self._made(child, call, note)
 
     def add(self, op: Operator, *, name: str | None = None) -> "Pipeline":
         """A new pipeline with ``op`` appended under ``name`` (default: its kind, numbered when repeated)."""
@@ -117,7 +173,42 @@ class Pipeline:
                 name, i = f"{op.kind}_{i}", i + 1
         elif name in taken:
             raise ValueError(f"an operator named {name!r} already exists; choose another name")
-        return attrs.evolve(self, operators=steps + ((name, op),))
+        caller = sys._getframe(1)  # the builder method that called add(), named in the warning about a discarded result
+        method = caller.f_code.co_name if caller.f_globals is globals() and caller.f_code.co_name in _BUILDERS else "add"
+        del caller
+        return self._made(attrs.evolve(self, operators=steps + ((name, op),)), f"{method}(...)")
+
+    def _made(self, child: "Pipeline", call: str, note: str = "") -> "Pipeline":
+        """``child``, recorded as made from this pipeline by ``call`` (see :meth:`_note_run`)."""
+        origin = _Origin(call, self._latest.origin, note)
+        child._latest.origin = origin
+        latest = self._latest
+        latest.made = [m for m in latest.made if not m[1].used]
+        latest.made.append((weakref.ref(child), origin))
+        return child
+
+    def _note_run(self) -> None:
+        """Mark this pipeline used, and warn about every pipeline made from it that was discarded unused.
+
+        Pipelines are values: ``p.tokenize(...)`` as a statement changes nothing, so running ``p``
+        afterwards runs it without that step. A result that was garbage collected without ever
+        being run, compiled or built into something that was, is such a discarded call. A result
+        that is still alive is a deliberate variant and is never reported. Each is reported once.
+        """
+        latest = self._latest
+        if latest.origin is not None:
+            latest.origin.mark_used()
+        if not latest.made:
+            return
+        discarded = [o for ref, o in latest.made if ref() is None and not o.used]
+        latest.made = [m for m in latest.made if m[0]() is not None and not m[1].used]
+        for origin in discarded:
+            fix = origin.call if origin.call.startswith("options(") else origin.call.split("(")[0] + "(...)"
+            _warn_at_caller(
+                f"Pipeline.{origin.call} returned a new pipeline that was discarded: pipelines are values, and "
+                f"builder methods never change the pipeline they are called on. Write `p = p.{fix}` (or chain "
+                f"the calls). Running this pipeline without it.{origin.note}"
+            )
 
     def map(self, fn: Callable[[Any], Any], *, name: str | None = None) -> "Pipeline":
         """Replace each payload with ``fn(payload)``; returning ``None`` drops the record."""
@@ -259,6 +350,7 @@ class Pipeline:
 
     def _compiled(self, checkpoint: dict[str, Any] | None) -> Plan:
         """The plan; with ``checkpoint``, its frozen calibration is used instead of measuring."""
+        self._note_run()
         calibration = _checkpoint_calibration(checkpoint) if self.source.needs_calibration else None
         key = repr(calibration.describe()) if calibration is not None else ""
         plans = self._latest.plans
@@ -306,6 +398,7 @@ class Pipeline:
 
     def topology(self) -> Topology:
         """This process's data-parallel degree and rank and the lanes it owns (validated)."""
+        self._note_run()
         last = self.operators[-1][1] if self.operators else None
         return resolve_topology(self.run_options, last.microbatch_size if isinstance(last, Batch) else None)
 
@@ -325,12 +418,14 @@ class Pipeline:
             (['pack_flat', 'batch'], 4)
             >>> plan["operators"][1]["performance_settings"]
             {'pad_token_id': None}
+
+        Raises:
+            ValueError: the topology iterating would refuse (``canonical_replicas`` not divisible
+                by ``dp_degree``, a rank outside ``[0, dp_degree)``), with the same message.
         """
-        try:
-            topology = self.topology()
-        except ValueError:
-            topology = None  # explained without ranks; iterating raises the same error with its fix
-        return explain_plan(self.plan, self.run_options, topology, self.operators, measure=measure)
+        # A topology iteration would refuse (L not divisible by D, a rank outside [0, D)) raises
+        # here too, with the same error.
+        return explain_plan(self.plan, self.run_options, self.topology(), self.operators, measure=measure)
 
     def describe_step(self, step: int) -> list[dict[str, Any]]:
         """Which source samples and token ranges make up global step ``step``, lane by lane.
@@ -362,7 +457,31 @@ class Pipeline:
 
     def __iter__(self) -> Loader:
         pending, self._latest.pending = self._latest.pending, None
-        return self.loader(pending)
+        loader = self.loader(pending)
+        if not self.operators:
+            self._warn_if_untokenized(loader.plan, loader.topology.lanes[0])
+        return loader
+
+    def _warn_if_untokenized(self, plan: Plan, lane: int) -> None:
+        """Warn when a pipeline without operators yields text records (read here: the lane's first one).
+
+        Such a pipeline yields the source's records unchanged; ported code whose builder calls
+        were discarded lands here, and so does a forgotten ``tokenize``.
+        """
+        try:
+            _, first = plan.next(lane, plan.init(lane))
+        except Exception:  # noqa: BLE001 - the loader reads the same record and raises its error with context
+            return
+        fields = _untokenized_text(getattr(first, "payload", None))
+        if not fields:
+            return
+        chat = [f for f in fields if f in _CHAT_FIELDS or not isinstance(first.payload[f], str)]
+        fix = f"p = p.tokenize_chat(tokenizer, field={chat[0]!r})" if chat else f"p = p.tokenize(tokenizer, field={fields[0]!r})"
+        _warn_at_caller(
+            f"this pipeline has no operators, so it yields the source's records as they are: text, not tokens "
+            f"(fields {list(fields)} of the first record). Add a tokenizer, e.g. `{fix}`, and assign the result: "
+            "builder methods return a new pipeline."
+        )
 
     def steps(self, *, concat: bool = False) -> Iterator[Any]:
         """Iterate by optimizer step with a new loader; see :meth:`Loader.steps`."""
@@ -382,6 +501,7 @@ class Pipeline:
             from .integrations.torch import TrainingDataset
         except ImportError as exc:
             raise ImportError(f"to_torch_dataset needs torch: pip install 'zephon[torch]' ({exc})") from exc
+        self._note_run()
         return TrainingDataset(self, **to_training_options)
 
     # -- shortcuts to the latest loader (code written against a running pipeline) ----------------------

@@ -197,11 +197,15 @@ class Tokenize(StatelessOp):
             says so. Performance only.
         backend: ``"auto"`` (default), ``"tokenizers"`` or ``"tiktoken"``. tiktoken is used only
             for GPT-2 style byte-level BPE after it reproduced the tokenizers ids at load time
-            (about 4x faster on GPT-2); performance only.
+            (about 4x faster on GPT-2); ``"auto"`` then takes it and otherwise uses tokenizers,
+            ``"tiktoken"`` raises when it cannot be used. ``op.tokenizer.backend`` (and
+            ``explain()``) says which one encodes; performance only.
 
     Raises:
         ValueError: an invalid option or combination (listed in the messages), a missing BOS/EOS
-            id for the chosen mode, or a tokenizer that cannot be loaded (``TokenizerLoadError``).
+            id for the chosen mode, a tokenizer that cannot be loaded (``TokenizerLoadError``),
+            or ``backend="tiktoken"`` for a tokenizer tiktoken cannot encode exactly.
+        ImportError: ``backend="tiktoken"`` without tiktoken installed (``pip install 'zephon[fast]'``).
         TypeError: an option of the wrong type.
 
     Examples:

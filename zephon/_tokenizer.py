@@ -13,8 +13,8 @@ every handle with the same content, so a handle is cheap to send to ``spawn`` wo
 The tiktoken fast path is exact by construction checks and by test: it is offered only for GPT-2
 style byte-level BPE vocabularies whose merge order matches their token ids, and it is used only
 after it reproduced the ``tokenizers`` ids on a built-in sample of varied text and on every
-vocabulary entry (:mod:`zephon._tiktoken`). Otherwise the handle falls back to ``tokenizers`` and
-logs why on the ``"zephon"`` logger.
+vocabulary entry (:mod:`zephon._tiktoken`). ``backend="auto"`` otherwise uses ``tokenizers`` and
+logs why on the ``"zephon"`` logger; an explicit ``backend="tiktoken"`` raises instead.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ logger = logging.getLogger("zephon")
 BACKENDS = ("auto", "tokenizers", "tiktoken")
 
 _LOCAL_ADVICE = (
-    'pass a local file instead: tokenize(tokenizer="path/to/tokenizer.json"), or a folder holding '
-    'tokenizer.json (and optionally tokenizer_config.json): tokenize(tokenizer="path/to/folder")'
+    'pass a local file instead: tokenize(tokenizer="path/to/tokenizer.json") (or tokenizer_id="path/to/tokenizer.json"), '
+    'a folder holding tokenizer.json (and optionally tokenizer_config.json): tokenize(tokenizer="path/to/folder"), '
+    "or a tokenizers.Tokenizer object: tokenize(tokenizer=Tokenizer.from_file(...))"
 )
 
 # Well-known special tokens, tried in order when no tokenizer_config.json names them. GPT-2's
@@ -422,10 +423,13 @@ def load_tokenizer(tokenizer: Any = None, tokenizer_id: str | None = None, *, ba
         tokenizer_id: a local path (as above) or a Hugging Face model id such as ``"gpt2"`` or
             ``"org/name"``, looked up in the local hub cache (``$HF_HUB_CACHE``, ``$HF_HOME/hub``,
             ``~/.cache/huggingface/hub``) and, when ``huggingface_hub`` is installed and not
-            offline, downloaded.
+            offline (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``), downloaded; a connection probe
+            of about a second (to ``$HF_ENDPOINT`` or the HTTPS proxy) comes first, so that an
+            unreachable hub fails at once instead of after the hub client's retries.
         backend: ``"tokenizers"``; ``"tiktoken"`` (used when it is verified exact for this
-            tokenizer, else ``tokenizers`` with a warning); or ``"auto"`` (the same choice, logged at
-            INFO).
+            tokenizer, else an error: an explicit request is never replaced); or ``"auto"``
+            (tiktoken when it is installed and exact, else ``tokenizers``, logged at INFO). The
+            handle's ``backend`` says which one is used.
 
     Returns:
         The handle.
@@ -434,7 +438,10 @@ def load_tokenizer(tokenizer: Any = None, tokenizer_id: str | None = None, *, ba
         TokenizerLoadError: nothing or both of ``tokenizer``/``tokenizer_id`` given, a path with no
             ``tokenizer.json``, an unreadable file, or a model id neither cached nor downloadable.
         TypeError: ``tokenizer`` is of an unsupported type.
-        ValueError: ``backend`` is not one of ``"auto"``, ``"tokenizers"``, ``"tiktoken"``.
+        ValueError: ``backend`` is not one of ``"auto"``, ``"tokenizers"``, ``"tiktoken"``; or
+            ``backend="tiktoken"`` for a tokenizer tiktoken cannot encode exactly
+            (``TokenizerLoadError``, with the reason).
+        ImportError: ``backend="tiktoken"`` without tiktoken installed (``pip install 'zephon[fast]'``).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
@@ -692,6 +699,57 @@ def _offline() -> bool:
     return bool(getattr(constants, "HF_HUB_OFFLINE", False))
 
 
+#: Seconds the hub probe waits for a TCP connection (name resolution included).
+HUB_PROBE_TIMEOUT_S = 1.0
+
+
+def _hub_address() -> tuple[str, int]:
+    """``(host, port)`` a download would connect to first: the HTTPS proxy if one is set, else the hub.
+
+    The hub is ``$HF_ENDPOINT`` (as ``huggingface_hub`` reads it), by default ``https://huggingface.co``.
+    """
+    from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
+
+    endpoint = os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co"
+    url = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+    host = url.hostname or "huggingface.co"
+    proxy = getproxies().get(url.scheme) or getproxies().get("all")
+    if proxy and not proxy_bypass(host):
+        purl = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        if purl.hostname:
+            return purl.hostname, purl.port or (443 if purl.scheme == "https" else 80)
+    return host, url.port or (443 if url.scheme == "https" else 80)
+
+
+def _hub_unreachable() -> str:
+    """``""`` when a TCP connection to the hub (:func:`_hub_address`) opens within
+    :data:`HUB_PROBE_TIMEOUT_S`, else why not.
+
+    A download attempt against an unreachable hub retries for about 20 seconds; this probe
+    answers within about a second, so that ``tokenizer_id=`` fails fast offline. The probe runs in
+    a daemon thread, because name resolution ignores socket timeouts.
+    """
+    import socket
+
+    host, port = _hub_address()
+    outcome: list[str] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=HUB_PROBE_TIMEOUT_S).close()
+            outcome.append("")
+        except OSError as exc:
+            outcome.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=probe, name="zephon-hub-probe", daemon=True)
+    thread.start()
+    thread.join(HUB_PROBE_TIMEOUT_S + 0.25)
+    if not outcome:
+        return f"no connection to {host}:{port} within {HUB_PROBE_TIMEOUT_S:g} s"
+    return f"no connection to {host}:{port} ({outcome[0]})" if outcome[0] else ""
+
+
 def _cached_snapshot(repo_id: str, cache: Path) -> Path | None:
     repo_dir = cache / ("models--" + repo_id.replace("/", "--"))
     snapshots = repo_dir / "snapshots"
@@ -730,7 +788,9 @@ def _from_id(tokenizer_id: str) -> TokenizerHandle:
         reason = "huggingface_hub is not installed"
     else:
         if _offline():
-            reason = "offline mode is on (HF_HUB_OFFLINE)"
+            reason = "offline mode is on (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE)"
+        elif unreachable := _hub_unreachable():
+            reason = f"{unreachable}; HF_HUB_OFFLINE=1 skips the probe"
         else:
             try:
                 file = Path(hf_hub_download(tokenizer_id, "tokenizer.json", cache_dir=str(cache)))
@@ -747,7 +807,7 @@ def _from_id(tokenizer_id: str) -> TokenizerHandle:
                 return attrs.evolve(handle, source=f"{tokenizer_id} (downloaded to {file.parent})")
     raise TokenizerLoadError(
         f"cannot load tokenizer_id={tokenizer_id!r}: it is not a local path, it is not in the local Hugging Face "
-        f"cache (looked for {looked}), and the hub is unreachable: {reason}. To use a tokenizer you have as a "
+        f"cache (looked for {looked}), and it cannot be fetched from the hub: {reason}. To use a tokenizer you have as a "
         f"file, {_LOCAL_ADVICE}"
     )
 
@@ -756,17 +816,31 @@ def _from_id(tokenizer_id: str) -> TokenizerHandle:
 
 
 def _choose_backend(handle: TokenizerHandle, backend: str) -> str:
+    """The encoder ``handle`` uses for ``backend``: an explicit ``"tiktoken"`` is used or raises, never replaced.
+
+    ``"auto"`` takes tiktoken when it is installed and proven exact for this tokenizer, else
+    ``tokenizers`` (logged at INFO); the choice is the handle's ``backend``.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
     if backend == "tokenizers":
         return "tokenizers"
-    log = logger.warning if backend == "tiktoken" else logger.info
     if not _tiktoken_available():
-        log("tokenizer %s: tiktoken is not installed; using tokenizers", handle.source)
+        if backend == "tiktoken":
+            raise ImportError(
+                f"backend='tiktoken' needs tiktoken, which is not installed: pip install 'zephon[fast]'; or use "
+                "backend='auto' (tiktoken where it is installed and exact, else tokenizers, same ids) or backend='tokenizers'"
+            )
+        logger.info("tokenizer %s: tiktoken is not installed; using tokenizers", handle.source)
         return "tokenizers"
     reason = _VERIFIED.get(handle._content, lambda: _prove_tiktoken(handle))
     if reason:
-        log("tokenizer %s: not using tiktoken because %s; using tokenizers", handle.source, reason)
+        if backend == "tiktoken":
+            raise TokenizerLoadError(
+                f"backend='tiktoken' cannot encode the tokenizer {handle.source} exactly: {reason}; use backend='auto' "
+                "(tiktoken where it is exact, else tokenizers, same ids) or backend='tokenizers'"
+            )
+        logger.info("tokenizer %s: not using tiktoken because %s; using tokenizers", handle.source, reason)
         return "tokenizers"
     return "tiktoken"
 
