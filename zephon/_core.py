@@ -28,6 +28,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import attrs
 import msgspec
 
+from ._fingerprint import describe_callable, is_callable_value
 from ._lazy import DeferredOutput
 from ._records import Meta, Record, SampleBatch, Segment, describe_meta, meta_from_ints, meta_to_ints
 from ._stats import items_size
@@ -138,22 +139,11 @@ def describe(value: Any) -> Any:
     fp = getattr(value, "fingerprint", None)
     if callable(fp):
         return fp()
+    if is_callable_value(value):  # code, closure, defaults, partial arguments, globals read: see _fingerprint
+        return describe_callable(value)
     qual = getattr(value, "__qualname__", None) or type(value).__qualname__
     module = getattr(value, "__module__", None) or type(value).__module__
-    code = getattr(value, "__code__", None)
-    if code is not None:  # a change to a function's body changes the fingerprint
-        return f"{module}.{qual}#{_code_digest(code)}"
     return f"{module}.{qual}"
-
-
-def _code_digest(code: Any) -> str:
-    import hashlib
-
-    h = hashlib.sha256(code.co_code)
-    for const in code.co_consts:
-        h.update(_code_digest(const).encode() if hasattr(const, "co_code") else repr(const).encode())
-    h.update(repr(code.co_names).encode())
-    return h.hexdigest()[:12]
 
 
 def _enc_hook(obj: Any) -> Any:
@@ -361,35 +351,60 @@ def _each(fn: Callable[[Any], Any], payloads: list) -> list:
     return out
 
 
+def _optional_str(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"fingerprint must be a string naming the function's version (e.g. 'v1'), got {type(value).__name__}")
+    return value
+
+
 @attrs.frozen
 class MapOp(StatelessOp):
     """``Pipeline.map(fn)`` / ``stateless(fn)``: replace each payload with ``fn(payload)``.
 
     ``None`` drops the record. ``fn`` must be deterministic, and a module-level function (or other
-    picklable callable) when the pipeline runs worker processes.
+    picklable callable) when the pipeline runs worker processes. Its fingerprint covers what
+    decides its output (code, closure, defaults, partial arguments, plain globals it reads; see
+    :mod:`zephon._fingerprint`); ``fn_fingerprint``, a string the user changes whenever the
+    function's behaviour changes, replaces it (for a function holding a value that cannot be
+    described, such as an open file or a model).
     """
 
     fn: Callable[[Any], Any]
+    fn_fingerprint: str | None = attrs.field(default=None, kw_only=True, converter=_optional_str)
     kind: ClassVar[str] = "map"
 
     def apply_many(self, payloads: list) -> list[list]:
         return [[] if r is None else [r] for r in _each(self.fn, payloads)]
 
+    def fingerprint(self) -> dict[str, Any]:
+        return {"op": "MapOp", "fn": self.fn_fingerprint if self.fn_fingerprint is not None else describe_callable(self.fn)}
+
 
 @attrs.frozen
 class FilterOp(StatelessOp):
-    """``Pipeline.filter(predicate)``: keep payloads for which ``predicate(payload)`` is true."""
+    """``Pipeline.filter(predicate)``: keep payloads for which ``predicate(payload)`` is true.
+
+    Fingerprinted as :class:`MapOp`'s ``fn``; ``predicate_fingerprint`` replaces the derived one.
+    """
 
     predicate: Callable[[Any], bool]
+    predicate_fingerprint: str | None = attrs.field(default=None, kw_only=True, converter=_optional_str)
     kind: ClassVar[str] = "filter"
 
     def apply_many(self, payloads: list) -> list[list]:
         return [[p] if keep else [] for p, keep in zip(payloads, _each(self.predicate, payloads))]
 
+    def fingerprint(self) -> dict[str, Any]:
+        fp = self.predicate_fingerprint
+        return {"op": "FilterOp", "predicate": fp if fp is not None else describe_callable(self.predicate)}
 
-def stateless(fn: Callable[[Any], Any]) -> MapOp:
-    """Lift a per-payload function into an operator (``None`` results drop the record)."""
-    return MapOp(fn)
+
+def stateless(fn: Callable[[Any], Any], *, fingerprint: str | None = None) -> MapOp:
+    """Lift a per-payload function into an operator (``None`` results drop the record).
+
+    ``fingerprint``: a string naming the function's version, replacing the derived fingerprint.
+    """
+    return MapOp(fn, fn_fingerprint=fingerprint)
 
 
 # -- chains -------------------------------------------------------------------------------------------

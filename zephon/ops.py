@@ -13,6 +13,7 @@ from ._core import Operator as Operator
 from ._core import StatelessOp as StatelessOp
 from ._core import config_field as config_field
 from ._core import stateless as stateless
+from ._fingerprint import FingerprintWarning as FingerprintWarning
 from ._mixing import EnsureMixture as EnsureMixture
 from ._pack import PackFlat as PackFlat
 from ._pack import PackSequences as PackSequences
@@ -25,6 +26,7 @@ __all__ = [
     "Batch",
     "Chain",
     "FilterOp",
+    "FingerprintWarning",
     "MapOp",
     "Operator",
     "PackFlat",
