@@ -234,7 +234,8 @@ def test_pack_sequences_wrap_slices_aligned_fields_and_keeps_the_tail():
     assert [pieces(e) for e in envs][-1] == [(7, 4, 9), (8, 0, 2)]  # the end-of-data remainder is kept
     row1 = envs[1].payload["packed_samples"]
     assert row1[0] is records[2].payload  # d2 is whole in this row
-    assert sorted(row1[1]) == ["input_ids", "loss_mask"]  # d3[0:6] is a piece: aligned fields, sliced
+    assert sorted(row1[1]) == ["input_ids", "loss_mask", "text"]  # d3[0:6] is a piece: aligned fields sliced
+    assert row1[1]["text"] == "doc 3"  # and its other fields kept
     assert row1[1]["input_ids"].tolist() == list(range(3000, 3006)) and row1[1]["loss_mask"].tolist() == [1] * 6
     got = np.concatenate([p["input_ids"] for e in envs for p in e.payload["packed_samples"]])
     assert np.array_equal(got, stream(records))
@@ -366,10 +367,11 @@ def test_best_fit_wrap_defaults_are_resolved():
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_loss_mask_travels_with_its_tokens(name):
-    records = [doc(i, n, loss_mask=(np.arange(n) % 2).astype(np.uint8), text="left out") for i, n in enumerate(LENGTHS)]
+    records = [doc(i, n, loss_mask=(np.arange(n) % 2).astype(np.uint8), text=f"doc {i}") for i, n in enumerate(LENGTHS)]
     _, rows = run(PackFlat(8, **CONFIGS[name]), [records])
     for row in rows:
-        assert set(row.payload) == {"input_ids", "loss_mask", "positions"}
+        assert set(row.payload) == {"input_ids", "loss_mask", "positions", "segments"}  # text: per segment
+        assert [s["text"] for s in row.payload["segments"]] == [f"doc {s.row}" for s in row.meta.segments]
         ids, mask = row.payload["input_ids"], row.payload["loss_mask"]
         assert len(ids) == len(mask) == len(row.payload["positions"]) == 8
         real = 8 - row.meta.padding_length
@@ -378,9 +380,9 @@ def test_loss_mask_travels_with_its_tokens(name):
 
 
 def test_aligned_fields_travel_and_pad_with_zero():
-    records = [doc(i, n, loss_mask=np.ones(n, dtype=np.uint8) * (i % 2), text="dropped") for i, n in enumerate([3, 4])]
+    records = [doc(i, n, loss_mask=np.ones(n, dtype=np.uint8) * (i % 2), text="kept") for i, n in enumerate([3, 4])]
     _, rows = run(PackFlat(5, pad_token_id=9), [records])
-    assert set(rows[0].payload) == {"input_ids", "loss_mask", "positions"}
+    assert set(rows[0].payload) == {"input_ids", "loss_mask", "positions", "segments"}
     assert rows[0].payload["loss_mask"].tolist() == [0, 0, 0, 1, 1]
     assert rows[1].payload["loss_mask"].tolist() == [1, 1, 0, 0, 0]
     assert rows[1].payload["input_ids"].tolist() == [1002, 1003, 9, 9, 9]

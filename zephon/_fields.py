@@ -6,10 +6,16 @@ lists, tokenizers emit numpy arrays; every operator that cuts, joins or pads tok
 aligned fields along whatever their container. This module decides, in one place, which field
 holds the tokens, which fields are aligned with them, and turns both into 1-D numpy arrays once,
 at the operator's input. It imports nothing from zephon, so every layer may use it.
+
+Every other field (a scalar ``doc_id``, a string ``source``, an array of another length such as
+``pixel_values``) belongs to its document as a whole: packers and ``to_training`` carry it per
+segment, never drop it. :func:`check_carried` decides which of those values can be carried.
 """
 
 from __future__ import annotations
 
+import copy
+import pickle
 from typing import Any, Sequence
 
 import numpy as np
@@ -20,6 +26,10 @@ TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 ALIGNED_FIELDS = ("loss_mask", "labels", "attention_mask", "positions", "position_ids", "token_type_ids")
 #: Which special tokens ``tokenize`` adds around a text.
 SPECIAL_TOKEN_MODES = ("bos_eos", "bos", "eos", "none")
+#: The keys of a segment's dict (its offset and token count in the row); no document field may use them.
+SEGMENT_KEYS = ("start", "length")
+#: Values carried as they are, without trying to pickle them.
+_PLAIN = (str, int, float, bool, bytes, type(None), np.generic)
 
 
 def find_token_field(payload: Any, tokens_field: str, where: str) -> str:
@@ -64,6 +74,11 @@ def _numeric(value: Sequence[Any]) -> np.ndarray | None:
         return None
     arr = np.asarray(value)
     return arr if arr.ndim == 1 and arr.dtype.kind in "biuf" else None
+
+
+def is_aligned(value: Any, length: int) -> bool:
+    """Whether ``value`` is token-aligned: a numeric list, tuple or 1-D array of ``length`` entries."""
+    return _is_sequence(value) and len(value) == length and _numeric(value) is not None
 
 
 def aligned_payload(payload: dict, tfield: str, where: str, record: str = "") -> tuple[dict, tuple[str, ...]]:
@@ -122,6 +137,43 @@ def aligned_payload(payload: dict, tfield: str, where: str, record: str = "") ->
     if converted:
         payload = {**payload, **converted}
     return payload, tuple(keys)
+
+
+def check_carried(name: str, value: Any, where: str, record: str, fix: str) -> None:
+    """Refuse a per-segment field value that could not travel to another process.
+
+    Segment fields ride along with the rows to DataLoader workers and back, so each must pickle.
+    Plain values (numbers, strings, bytes, ``None``, numpy scalars and arrays of a non-object
+    dtype) pass at once; anything else is pickled once to find out.
+
+    Raises:
+        ValueError: naming the field, the record and ``fix``.
+    """
+    if isinstance(value, _PLAIN) or (isinstance(value, np.ndarray) and not value.dtype.hasobject):
+        return
+    try:
+        pickle.dumps(value, protocol=5)
+    except Exception as e:  # whatever the value's reducer raises
+        at = f" of {record}" if record else ""
+        raise ValueError(
+            f"{where}: field {name!r}{at} holds a {type(value).__name__} that cannot be carried with its segment "
+            f"(it does not pickle: {type(e).__name__}: {e}); {fix}"
+        ) from None
+
+
+def segment_entry(start: int, length: int, fields: dict, copy: bool = False) -> dict:
+    """One segment's dict: ``{"start": ..., "length": ..., **fields}`` (field values copied if asked)."""
+    if copy:
+        fields = {k: _copied(v) for k, v in fields.items()}
+    return {"start": start, "length": length, **fields}
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, (list, tuple, dict)):
+        return copy.deepcopy(value)
+    return value
 
 
 def _brief(value: Any) -> str:

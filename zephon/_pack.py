@@ -33,7 +33,7 @@ import msgspec
 import numpy as np
 
 from ._core import Operator, Resolver, _dec_hook, config_field, resolve_tree
-from ._fields import aligned_payload, find_token_field
+from ._fields import SEGMENT_KEYS, aligned_payload, check_carried, find_token_field, segment_entry
 from ._records import Meta, Record, Segment, describe_meta
 
 __all__ = ["ALGORITHMS", "OVERSIZED", "PackFlat", "PackSequences", "PackState", "packing_info"]
@@ -55,6 +55,18 @@ def _positions(lengths: Sequence[int]) -> np.ndarray:
     if max(lengths) <= len(_ARANGE):
         return np.concatenate([_ARANGE[:n] for n in lengths])
     return np.concatenate([np.arange(n, dtype=np.int32) for n in lengths])
+
+
+def _field_names(value: Any) -> Any:
+    """A sequence of field names as a tuple, first occurrence kept; anything else is left for the check."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return value
+    try:
+        return tuple(dict.fromkeys(value))
+    except TypeError:  # not iterable, or unhashable names
+        return value
 
 
 def _aligned_keys(payload: dict, tfield: str, where: str, *, skip_positions: bool = True) -> list[str]:
@@ -99,6 +111,7 @@ class PackState(msgspec.Struct, frozen=True, tag="pack", forbid_unknown_fields=T
         truncated_records, truncated_tokens: ``oversized="truncate"`` (tokens cut off).
         split_records: documents longer than ``max_length`` spread over several rows.
         tail_dropped_tokens: uncapped flat wrap without ``pad_token_id``: the end-of-data remainder.
+        dropped_field_values: field values removed by ``drop_fields`` (one per document and field).
     """
 
     bins: tuple[tuple[tuple[Record, int, int], ...], ...] = ()
@@ -115,6 +128,7 @@ class PackState(msgspec.Struct, frozen=True, tag="pack", forbid_unknown_fields=T
     truncated_tokens: int = 0
     split_records: int = 0
     tail_dropped_tokens: int = 0
+    dropped_field_values: int = 0
 
 
 _COUNTERS = tuple(n for n in PackState.__struct_fields__ if n not in ("bins", "stream", "pool", "arrivals"))
@@ -237,6 +251,7 @@ class _Packer(Operator):
     max_candidate_age: int | None = config_field(default=None, kw_only=True)
     tokens_field: str = config_field(default="auto", kw_only=True)
     pad_token_id: int | None = config_field(default=None, kw_only=True)
+    drop_fields: tuple[str, ...] = config_field(default=(), converter=_field_names, kw_only=True)
 
     state_type: ClassVar[type] = PackState
     flat: ClassVar[bool] = True
@@ -287,6 +302,10 @@ class _Packer(Operator):
         pad = self.pad_token_id
         if pad is not None and (not _is_int(pad) or pad < 0):
             raise ValueError(f"{k}: pad_token_id must be a non-negative int or None, got {pad!r}")
+        drop = self.drop_fields
+        if isinstance(drop, str) or not isinstance(drop, tuple) or not all(isinstance(n, str) and n for n in drop):
+            example = f"({drop!r},)" if isinstance(drop, str) else "('source',)"
+            raise TypeError(f"{k}: drop_fields must be a sequence of field names, e.g. drop_fields={example}; got {drop!r}")
         self._check_output()
 
     # The settings as given stay in the fields (so ``attrs.evolve`` equals construction); what
@@ -309,6 +328,8 @@ class _Packer(Operator):
     def fingerprint(self) -> dict[str, Any]:
         out = super().fingerprint()
         out["oversized"] = self.oversized_policy
+        if not self.drop_fields:
+            del out["drop_fields"]  # the default: fingerprints (and checkpoints) from before the option stay valid
         if self.algorithm == "best_fit_wrap":
             out["candidate_pool_size"], out["max_candidate_age"] = self.pool_size, self.candidate_age
         return out
@@ -344,7 +365,10 @@ class _Packer(Operator):
         w = _Work(state, self.candidate_age)
         out: list[Record] = []
         place = getattr(self, "_place_" + self.algorithm)
+        drop, counts = self.drop_fields, w.counts
         for rec in chunk:
+            if drop and isinstance(rec.payload, dict):
+                counts["dropped_field_values"] += sum(1 for name in drop if name in rec.payload)
             for piece in self._admit(self._normalize(rec), w):
                 place(w, piece, out)
         return w.freeze(), out
@@ -371,11 +395,12 @@ class _Packer(Operator):
         return w.freeze(), out
 
     def _normalize(self, rec: Record) -> Record:
-        """The input record with its token field and token-aligned fields as 1-D numpy arrays.
+        """The input record without its ``drop_fields``, its token field and token-aligned fields as
+        1-D numpy arrays, its other fields checked to be carriable per segment.
 
         Done once per document at the input (and when documents are rebuilt on restore), so
-        lists from JSON travel with the tokens exactly as arrays do; a misaligned field fails here,
-        naming the record.
+        lists from JSON travel with the tokens exactly as arrays do; a misaligned field, or one that
+        cannot be carried, fails here, naming the record and the field.
         """
         segs = rec.meta.segments
         if len(segs) != 1 or segs[0].end != -1:
@@ -383,12 +408,41 @@ class _Packer(Operator):
                 f"{self.kind}: inputs must be whole documents, but a record built from {len(segs)} segment(s) "
                 f"{[tuple(s) for s in segs[:2]]} arrived; put {self.kind} before other packers"
             )
-        field = find_token_field(rec.payload, self.tokens_field, self.kind)
-        ids = rec.payload[field]
-        if len(rec.payload) == 1 and type(ids) is np.ndarray and ids.ndim == 1 and ids.dtype.kind in "iu":
+        payload = rec.payload
+        field = find_token_field(payload, self.tokens_field, self.kind)
+        ids = payload[field]
+        drop = self.drop_fields
+        if drop and field in drop:
+            raise ValueError(
+                f"{self.kind}: drop_fields names the token field {field!r}, which is what is packed; remove it "
+                "from drop_fields (or filter such documents out before packing)"
+            )
+        if len(payload) == 1 and type(ids) is np.ndarray and ids.ndim == 1 and ids.dtype.kind in "iu":
             return rec  # only its tokens, as an integer array (what tokenize emits): nothing to normalise
-        payload, _ = aligned_payload(rec.payload, field, self.kind, describe_meta(rec.meta))
+        if drop and any(name in payload for name in drop):
+            payload = {k: v for k, v in payload.items() if k not in drop}
+        where = describe_meta(rec.meta)
+        payload, aligned = aligned_payload(payload, field, self.kind, where)
+        if len(payload) > len(aligned):
+            self._check_segment_fields(payload, aligned, where)
         return rec if payload is rec.payload else Record(payload, rec.meta)
+
+    def _check_segment_fields(self, payload: dict, aligned: tuple[str, ...], where: str) -> None:
+        """Refuse a field that is not token-aligned and cannot be carried with its segments."""
+        for name, value in payload.items():
+            if name in aligned:
+                continue
+            fix = (
+                f"drop it explicitly with {self.kind}(..., drop_fields=({name!r},)) (counted in stats), or "
+                f"convert it in a map() before {self.kind}"
+            )
+            if self.flat and (name in SEGMENT_KEYS or name == "segments"):
+                raise ValueError(
+                    f"{self.kind}: field {name!r} of {where} has a name that packed rows use for their segments "
+                    f"(payload 'segments', each with {', '.join(map(repr, SEGMENT_KEYS))}); rename it in a map() "
+                    f"before {self.kind}, or drop it explicitly with drop_fields=({name!r},)"
+                )
+            check_carried(name, value, self.kind, where, fix)
 
     def _inputs(self, upstream: Resolver) -> Resolver:
         return lambda metas: [self._normalize(r) for r in upstream(metas)]
@@ -610,6 +664,7 @@ class _Packer(Operator):
             "truncated_tokens": state.truncated_tokens,
             "split_records": state.split_records,
             "dropped_tail_tokens": state.tail_dropped_tokens,
+            "dropped_field_values": state.dropped_field_values,
             "pending_tokens": pending,
         }
 
@@ -729,18 +784,22 @@ class PackFlat(_Packer):
             fast = self._tokens_only(pieces, tfield)
             if fast is not None:
                 return fast
-        keys = _aligned_keys(first, tfield, self.kind)
+        skip = self.emit_positions  # with positions emitted, a payload's own positions is refused below
+        keys = _aligned_keys(first, tfield, self.kind, skip_positions=skip)
+        keyset = set(keys)
         columns: dict[str, list] = {k: [] for k in keys}
+        fields: list[dict | None] = []  # per piece: its document's fields that are not token-aligned
         # Documents holding only their tokens (what tokenize emits) need no per-document checks.
         tokens_only = len(first) == 1
         for rec, a, b in pieces:
             p = rec.payload
             if tokens_only and len(p) == 1 and tfield in p:
                 columns[tfield].append(np.asarray(p[tfield][a:b]))
+                fields.append(None)
                 continue
             if p is not first:
-                other = _aligned_keys(p, find_token_field(p, self.tokens_field, self.kind), self.kind)
-                if set(other) != set(keys):
+                other = _aligned_keys(p, find_token_field(p, self.tokens_field, self.kind), self.kind, skip_positions=skip)
+                if set(other) != keyset:
                     raise ValueError(
                         f"pack_flat: documents in one row have different token-aligned fields: {sorted(keys)} vs "
                         f"{sorted(other)} (document {rec.meta.segments[0].pointer}); give every document the same fields"
@@ -749,6 +808,7 @@ class PackFlat(_Packer):
                 raise ValueError("pack_flat: payload already has 'positions'; rename it or pass emit_positions=False")
             for k in keys:
                 columns[k].append(np.asarray(p[k][a:b]))
+            fields.append({k: v for k, v in p.items() if k not in keyset} if len(p) > len(keys) else None)
         payload: dict[str, Any] = {}
         for k in keys:
             arr = np.concatenate(columns[k])
@@ -763,6 +823,12 @@ class PackFlat(_Packer):
             payload[k] = arr
         if self.emit_positions:
             payload["positions"] = _positions([b - a for _, a, b in pieces] + ([padding] if padding else []))
+        if any(fields):
+            segments, offset = [], 0
+            for (_, a, b), own in zip(pieces, fields):
+                segments.append(segment_entry(offset, b - a, own or {}))
+                offset += b - a
+            payload["segments"] = segments
         return payload
 
     def _tokens_only(self, pieces: Sequence[Piece], tfield: str) -> dict[str, Any] | None:
@@ -833,8 +899,9 @@ class PackSequences(_Packer):
             tfield = find_token_field(p, self.tokens_field, self.kind)
             if a == 0 and b == len(p[tfield]):
                 samples.append(p)
-            else:
-                samples.append({k: _slice(p[k], a, b) for k in _aligned_keys(p, tfield, self.kind, skip_positions=False)})
+            else:  # token-aligned fields sliced, every other field kept as it is
+                aligned = set(_aligned_keys(p, tfield, self.kind, skip_positions=False))
+                samples.append({k: _slice(v, a, b) if k in aligned else v for k, v in p.items()})
         return {"packed_samples": samples}
 
 
@@ -877,3 +944,4 @@ def packing_info(record: Record, max_length: int | None = None) -> dict[str, Any
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+

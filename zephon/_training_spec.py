@@ -29,7 +29,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import attrs
 import numpy as np
 
-from ._fields import TOKEN_FIELDS
+from ._fields import SEGMENT_KEYS, TOKEN_FIELDS, check_carried, is_aligned, segment_entry
 
 __all__ = ["TrainingSpec"]
 
@@ -482,6 +482,9 @@ class TrainingSpec:
         # ids: the source pointer (dataset, shard, row) of every segment of every record.
         ids = [[tuple(s[:3]) for s in r.meta.segments] for r in records]
         result: dict[str, Any] = {"ids": ids, "texts": rows.texts}
+        segments = _segments(records, self.tokens_field, n, pad_len, left)
+        if segments is not None:
+            result["segments"] = segments
         for name, (arr, kind) in fields.items():
             if self.flatten:
                 arr = arr.reshape(-1)
@@ -667,6 +670,76 @@ def _gather(records: Sequence[Any], tokens_field: str, extras: Sequence[str], *,
             rows.append(_aligned_row(p[name], i, name, field, len(t)))
         extra_rows[name] = rows
     return _Rows(tokens, texts, positions, loss_mask, extra_rows)
+
+
+#: Payload fields of a plain record that the output already holds (so they are not segment fields).
+_CONSUMED = frozenset({"text", "positions", "loss_mask"})
+
+
+def _segments(records: Sequence[Any], tokens_field: str, n: np.ndarray, pad_len: np.ndarray, left: np.ndarray) -> list | None:
+    """Per record, one dict per segment: ``start`` (offset in the output row, before the label
+    shift), ``length`` (its tokens) and its document's fields that are not token-aligned; ``None``
+    when no record of the batch carries such fields.
+
+    A packed row (token ranges in its meta) carries its segments in ``payload["segments"]``, as
+    ``pack_flat`` writes them; a plain record is one segment whose fields are those of its payload
+    that the output does not hold otherwise (not its tokens, ``text``, ``positions``, ``loss_mask``
+    or another token-aligned field). Field values are copied, never aliased.
+    """
+    first = records[0].payload
+    if not isinstance(first, dict):
+        return None
+    field = _token_field(first, tokens_field)
+    found: list[tuple[bool, Any]] = []  # per record: (packed, its segments' dicts or its fields)
+    for i, rec in enumerate(records):
+        p, segs = rec.payload, rec.meta.segments
+        if segs and all(s.end >= 0 for s in segs):
+            own = p.get("segments")
+            if own is not None and not (
+                isinstance(own, list) and len(own) == len(segs) and all(isinstance(d, dict) and "length" in d for d in own)
+            ):
+                raise ValueError(
+                    f"to_training: record {i}: payload 'segments' must list one dict per meta segment "
+                    f"({len(segs)}), as pack_flat writes it; got {type(own).__name__}"
+                )
+            found.append((True, own))
+        else:
+            found.append((False, _record_fields(p, field, int(n[i]), i)))
+    if not any(v for _, v in found):
+        return None
+    out = []
+    for i, (rec, (packed, value)) in enumerate(zip(records, found)):
+        a = int(left[i])
+        if not packed:
+            out.append([segment_entry(a, int(n[i] - pad_len[i]), value, copy=True)])
+        elif value is not None:
+            out.append([
+                segment_entry(a + d["start"], d["length"], {k: v for k, v in d.items() if k not in SEGMENT_KEYS}, copy=True)
+                for d in value
+            ])
+        else:  # a packed row of documents without fields: offsets only
+            row = []
+            for s in rec.meta.segments:
+                row.append(segment_entry(a, s.end - s.start, {}))
+                a += s.end - s.start
+            out.append(row)
+    return out
+
+
+def _record_fields(payload: dict, field: str, length: int, i: int) -> dict:
+    """The fields of a plain record that are not token-aligned (and not otherwise in the output)."""
+    fields = {}
+    for name, value in payload.items():
+        if name == field or name in _CONSUMED or is_aligned(value, length):
+            continue
+        if name in SEGMENT_KEYS:
+            raise ValueError(
+                f"to_training: record {i}: field {name!r} has a name that output segments use "
+                f"({', '.join(map(repr, SEGMENT_KEYS))}); rename or drop it in a map() before batching"
+            )
+        check_carried(name, value, "to_training", f"record {i}", "drop or convert it in a map() before batching")
+        fields[name] = value
+    return fields
 
 
 def _token_field(payload: dict, tokens_field: str) -> str:
