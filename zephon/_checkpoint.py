@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping
 import msgspec
 
 from ._atomic import replacing
+from ._fingerprint import unfingerprintable
 
 #: The checkpoint format this version writes and reads (3: lane states carry checksums; 4: and the
 #: samples and tokens each lane delivered per dataset).
@@ -203,7 +204,7 @@ def validate(fingerprint: dict[str, Any], checkpoint: Any, *, decoded_next: Iter
     _check_format(checkpoint["format"])
     diffs = fingerprint_diff(checkpoint["fingerprint"], fingerprint)
     if diffs:
-        lines = "\n".join(f"  {path}: checkpoint={a} pipeline={b}" for path, a, b in diffs[:20])
+        lines = "\n".join(f"  {_named_change(path, fingerprint)}{path}: checkpoint={a} pipeline={b}" for path, a, b in diffs[:20])
         more = f"\n  ... and {len(diffs) - 20} more" if len(diffs) > 20 else ""
         parts = sorted({_part(path) for path, _, _ in diffs})
         hint = ""
@@ -217,7 +218,78 @@ def validate(fingerprint: dict[str, Any], checkpoint: Any, *, decoded_next: Iter
             f"{'differ' if len(parts) > 1 else 'differs'}); these differ:\n"
             f"{lines}{more}\nRebuild the pipeline with the checkpoint's settings (performance options may differ).{hint}"
         )
+    _refuse_undescribed(fingerprint)
     _check_document(checkpoint, decoded_next=decoded_next)
+
+
+def _operator_label(index: int, fingerprint: Any) -> str | None:
+    """``"map 'scale'"`` (``"operator 'pack' (PackFlat)"``) for operator ``index`` of a pipeline fingerprint."""
+    try:
+        name, fp = fingerprint["operators"][index]
+        op = fp["op"]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    kind = {"MapOp": "map", "FilterOp": "filter"}.get(op)
+    return f"{kind} {name!r}" if kind else f"operator {name!r} ({op})"
+
+
+_OPERATOR_PATH = re.compile(r"operators\[(\d+)\]\[1\]\.?(.*)")
+#: Parts of a function's fingerprint (``zephon._fingerprint``) followed by a name, in words.
+_NAMED_PARTS = {
+    "closure": "closure cell",
+    "defaults": "default of",
+    "kwdefaults": "keyword default of",
+    "globals": "global",
+    "keywords": "partial keyword",
+    "fields": "field",
+}
+_PARTS = {
+    "code": "the code",
+    "partial": "the partial's function",
+    "method": "the method's function",
+    "self": "the method's instance",
+    "instance": "the callable's fields",
+    "call": "its __call__",
+}
+
+
+def _named_change(path: str, fingerprint: Any) -> str:
+    """``"map 'scale': closure cell 'k' differs; "`` for a path inside an operator's fingerprint, else ``""``."""
+    m = _OPERATOR_PATH.fullmatch(path)
+    label = _operator_label(int(m[1]), fingerprint) if m else None
+    if label is None:
+        return ""
+    tokens = re.findall(r"\[\d+\]|[^.\[\]]+", m[2])
+    if not tokens:
+        return f"{label}: differs; "
+    field, rest = tokens[0], tokens[1:]
+    if field not in ("fn", "predicate"):
+        return f"{label}: setting {field!r} differs; "
+    words: list[str] = []
+    while rest:
+        token = rest.pop(0)
+        if token in _NAMED_PARTS and rest:
+            words.append(f"{_NAMED_PARTS[token]} {rest.pop(0)!r}")
+        elif token == "args" and rest and rest[0].startswith("["):
+            words.append(f"partial argument {rest.pop(0)[1:-1]}")
+        elif token in _PARTS:
+            words.append(_PARTS[token])
+        else:
+            break  # inside a value: the path says where
+    return f"{label}: {': '.join(words) if words else 'the function'} differs; "
+
+
+def _refuse_undescribed(fingerprint: Any) -> None:
+    """Refuse a restore into a pipeline whose fingerprint holds a value it could not describe."""
+    for i, entry in enumerate(fingerprint.get("operators") or ()):
+        markers = unfingerprintable(entry)
+        if markers:
+            raise ValueError(
+                f"cannot restore: {_operator_label(i, fingerprint) or f'operator {i}'} holds a value its fingerprint cannot "
+                f"describe ({'; '.join(markers)}), so the checkpoint cannot tell whether this pipeline computes what it "
+                "computed. Name the function's version, map(fn, fingerprint='v1') (change it whenever its output changes), "
+                "and resume from a checkpoint taken with that name"
+            )
 
 
 def _part(path: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+import warnings
 from typing import Any, Callable, Iterator
 
 import attrs
@@ -20,6 +21,7 @@ from ._checkpoint import build, checkpoint_to_state_dict, select_lanes, state_di
 from ._core import Chain, FilterOp, MapOp, Operator, StatelessOp
 from ._distributed import Topology, resolve_topology
 from ._explain import Explanation, explain_plan
+from ._fingerprint import FingerprintWarning, unfingerprintable
 from ._fields import TOKEN_FIELDS
 from ._lanes import Plan
 from ._loader import Loader, restored_lanes
@@ -104,6 +106,21 @@ def _untokenized_text(payload: Any) -> tuple[str, ...]:
         for name, value in payload.items()
         if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value))
     )
+
+
+def _checked_function(pipe: "Pipeline") -> "Pipeline":
+    """``pipe``, after warning if its last operator's function holds a value no fingerprint describes."""
+    name, op = pipe.operators[-1]
+    markers = unfingerprintable(op.fingerprint())
+    if markers:
+        warnings.warn(
+            f"{op.kind} {name!r}: the function holds a value its fingerprint cannot describe ({'; '.join(markers)}), so "
+            f"a checkpoint cannot tell whether a restore uses the same one, and restores are refused; pass "
+            f"{op.kind}(..., fingerprint='v1') naming the function's version (change it whenever its output changes)",
+            FingerprintWarning,
+            stacklevel=3,
+        )
+    return pipe
 
 
 def _steps(value: Any) -> tuple[tuple[str, Operator], ...]:
@@ -210,13 +227,26 @@ class Pipeline:
                 f"the calls). Running this pipeline without it.{origin.note}"
             )
 
-    def map(self, fn: Callable[[Any], Any], *, name: str | None = None) -> "Pipeline":
-        """Replace each payload with ``fn(payload)``; returning ``None`` drops the record."""
-        return self.add(MapOp(fn), name=name)
+    def map(self, fn: Callable[[Any], Any], *, name: str | None = None, fingerprint: str | None = None) -> "Pipeline":
+        """Replace each payload with ``fn(payload)``; returning ``None`` drops the record.
 
-    def filter(self, predicate: Callable[[Any], bool], *, name: str | None = None) -> "Pipeline":
-        """Keep only the payloads for which ``predicate(payload)`` is true (drops are counted)."""
-        return self.add(FilterOp(predicate), name=name)
+        A checkpoint records what decides ``fn``'s output (its source, closure cells, defaults,
+        partial arguments and the plain module-level values it reads) and a restore into another
+        ``fn`` is refused. A value that cannot be described (an open file, a model) warns here
+        (:class:`~zephon.ops.FingerprintWarning`) and refuses restores, until ``fingerprint``
+        names the function's version (``fingerprint="v1"``, changed whenever its output changes):
+        the string then replaces the derived fingerprint.
+        """
+        return _checked_function(self.add(MapOp(fn, fn_fingerprint=fingerprint), name=name))
+
+    def filter(
+        self, predicate: Callable[[Any], bool], *, name: str | None = None, fingerprint: str | None = None
+    ) -> "Pipeline":
+        """Keep only the payloads for which ``predicate(payload)`` is true (drops are counted).
+
+        ``fingerprint``: as for :meth:`map`.
+        """
+        return _checked_function(self.add(FilterOp(predicate, predicate_fingerprint=fingerprint), name=name))
 
     def tokenize(
         self,
