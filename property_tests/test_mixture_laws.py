@@ -1,5 +1,5 @@
-"""Laws of token mixtures and schedules: the same global batches for every D dividing L, any read
-chunking and any resume step; calibration frozen across resumes; the fingerprint refuses another
+"""Laws of token mixtures and schedules (with and without ensure_mixture following them): the same
+global batches for every D dividing L, any read chunking and any resume step; calibration frozen across resumes; the fingerprint refuses another
 plan except through change_plan."""
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def make(spec, *, weights=None):
 
     def build():
         p = Pipeline(src).tokenize(TOK, special_tokens="eos", eos_token_id=1)
-        if spec["ensure"] and spec["kind"] in ("tokens", "samples"):
-            p = p.ensure_mixture(w, max_buffer_size=16)
+        if spec["ensure"]:  # the source's weights or schedule, in the source's unit
+            p = p.ensure_mixture(max_buffer_size=16, weight_by="samples" if spec["kind"] == "samples" else "auto")
         return p.pack_flat(12).shuffle(3, seed=1).batch(2)
 
     return build

@@ -8,13 +8,24 @@ that dataset has nothing waiting, records wait in a bounded buffer; when the buf
 most owed dataset that *has* a record waiting goes next (a forced emission, counted). The end of the
 lane's data emits the buffer in the same order: nothing is discarded, ever.
 
+A schedule of weights is followed phase by phase on the lane's own clock, the records it has
+emitted: a phase that starts at source position ``P`` starts at the lane's emission ``ceil(P / L)``
+(each of the ``L`` lanes reads one ``L``-th of the positions, so for a schedule by step this is the
+step's first record on every lane). At a phase's start the emitted counters restart from zero, so
+each phase meets its own target rather than correcting the shares of the phases before it. The
+pipeline places the phases when it compiles (:func:`place_targets`), from the same numbers that
+place the source's own switch.
+
 Because it runs per lane on the lane's own stream, which is a pure function of the lane, the output
 is identical for every number of ranks. State: one integer per dataset (tokens, or the weight
-``weight_by`` gives, emitted) plus the buffer, held by reference, and two counters.
+``weight_by`` gives, emitted since the current phase began) plus the buffer, held by reference, and
+counters.
 """
 
 from __future__ import annotations
 
+import bisect
+import warnings
 from collections import deque
 from typing import Any, ClassVar, Sequence
 
@@ -24,11 +35,11 @@ import msgspec
 from ._core import Operator, Resolver, _dec_hook, config_field, resolve_tree
 from ._fields import payload_length
 from ._records import Record
-from .work._mixture import check_names, integer_weights, normalize
+from .work._mixture import MixtureSchedule, check_names, integer_weights, normalize
 
 
 class EnsureMixtureState(msgspec.Struct, frozen=True, tag="ensure_mixture", forbid_unknown_fields=True):
-    """Weight emitted per dataset, the waiting records (arrival order, by reference), emissions, forced ones."""
+    """Weight emitted per dataset in the current phase, the waiting records (arrival order, by reference), emissions, forced ones."""
 
     emitted: tuple[int, ...]
     buffer: tuple[Record, ...] = ()
@@ -61,11 +72,19 @@ def _names(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _mixture(value: Any) -> dict[str, float] | None:
-    if value is None:
-        return None
+def _mixture(value: Any) -> dict[str, float] | MixtureSchedule | None:
+    if value is None or isinstance(value, MixtureSchedule):
+        return value
     weights = getattr(value, "weights", value)
     return normalize(weights, zero_ok=True)
+
+
+def _phases(value: Any) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    out = tuple((int(start), tuple(int(w) for w in ws)) for start, ws in value)
+    starts = [p[0] for p in out]
+    if out and (starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:]))):
+        raise ValueError(f"ensure_mixture: phases start at emission 0 and at increasing emissions, got {starts}")
+    return out
 
 
 @attrs.frozen
@@ -76,8 +95,13 @@ class EnsureMixture(Operator):
     datasets and, by default, the source's mixture).
 
     Args:
-        mixture: target ``{dataset name: weight}`` (weights >= 0).
+        mixture: target ``{dataset name: weight}`` (weights >= 0), or a
+            :class:`~zephon.work.MixtureSchedule` of targets, which the pipeline places on the
+            lane's emissions (``phases``) with the numbers that place the source's schedule.
         datasets: the source's dataset names, in order (a record names its dataset by index).
+        phases: ``((first emission, integer weights), ...)``: the lane's targets phase by phase,
+            the emitted counters restarting at each phase (filled in by the pipeline for a
+            schedule; empty: ``mixture`` throughout).
         max_buffer_size: records a lane holds at most while it waits for the most owed dataset.
         weight_by: ``"auto"`` (tokens: the length of ``input_ids``/``tokens``/...), ``"samples"``
             (1 per record), a payload field (its number, or its length), or a function of the
@@ -88,7 +112,8 @@ class EnsureMixture(Operator):
             waiting record goes next, so no record waits without bound (Zephon's option; 0, the
             default here, turns it off: the buffer bound already limits waiting).
 
-    State: emitted weight per dataset, the buffer (by reference), outputs and forced outputs.
+    State: emitted weight per dataset in the current phase, the buffer (by reference), outputs
+    (the lane's clock: which phase is in force) and forced outputs.
     Restores and reshards like every lane state; ``report()`` gives ``buffered``, ``outputs``
     and ``forced`` (emissions off target because the buffer was full).
 
@@ -104,6 +129,7 @@ class EnsureMixture(Operator):
     weight_by: Any = config_field(default="auto", validator=_weight_by, kw_only=True)
     drain_target_ratio: float = config_field(default=0.8, validator=_ratio(True), kw_only=True)
     obsolete_drain_rate: float = config_field(default=0.0, validator=_ratio(False), kw_only=True)
+    phases: tuple[tuple[int, tuple[int, ...]], ...] = config_field(default=(), converter=_phases, kw_only=True)
 
     kind: ClassVar[str] = "ensure_mixture"
     state_type: ClassVar[type] = EnsureMixtureState
@@ -111,11 +137,32 @@ class EnsureMixture(Operator):
     def __attrs_post_init__(self) -> None:
         if self.mixture is None:
             raise ValueError("ensure_mixture: give the target mixture {name: weight} (Pipeline.ensure_mixture() uses the source's)")
-        check_names(self.mixture, self.datasets, "ensure_mixture's mixture")
+        if isinstance(self.mixture, MixtureSchedule):
+            self.mixture.validate_for(self.datasets)
+        else:
+            check_names(self.mixture, self.datasets, "ensure_mixture's mixture")
+        bad = [ws for _, ws in self.phases if len(ws) != len(self.datasets) or min(ws) < 0 or not any(ws)]
+        if bad:
+            raise ValueError(f"ensure_mixture: every phase gives one weight >= 0 per dataset ({len(self.datasets)}), one > 0; got {bad[0]}")
 
     @property
     def target(self) -> tuple[int, ...]:
-        return integer_weights([self.mixture[n] for n in self.datasets])
+        """The integer target weights at the start (the first phase's)."""
+        if self.phases:
+            return self.phases[0][1]
+        first = self.mixture.weights if isinstance(self.mixture, MixtureSchedule) else self.mixture
+        return integer_weights([first[n] for n in self.datasets])
+
+    def _timeline(self) -> tuple[list[int], list[tuple[int, ...]]]:
+        """Phase starts (emissions) and integer targets."""
+        if self.phases:
+            return [p[0] for p in self.phases], [p[1] for p in self.phases]
+        if isinstance(self.mixture, MixtureSchedule) and len(self.mixture.points) > 1:
+            raise ValueError(
+                "ensure_mixture: a schedule of targets is placed on the lanes' records when the pipeline compiles; add "
+                "it with Pipeline.ensure_mixture(schedule), or give phases= explicitly"
+            )
+        return [0], [self.target]
 
     def init(self, key: int) -> EnsureMixtureState:
         return EnsureMixtureState(tuple(0 for _ in self.datasets))
@@ -145,7 +192,9 @@ class EnsureMixture(Operator):
         return d
 
     def _run(self, state: EnsureMixtureState, chunk: Sequence[Record], flushing: bool) -> tuple[EnsureMixtureState, list[Record]]:
-        W = self.target
+        starts, targets = self._timeline()
+        phase = bisect.bisect_right(starts, state.outputs) - 1
+        W = targets[phase]
         n = len(W)
         emitted = list(state.emitted)
         queues: list[deque] = [deque() for _ in range(n)]
@@ -174,12 +223,18 @@ class EnsureMixture(Operator):
         since = state.since_drain
 
         def emit(j: int) -> None:
-            nonlocal held, outputs
+            nonlocal held, outputs, phase, W, live
             _, rec = queues[j].popleft()
             held -= 1
             emitted[j] += self._weight(rec)
             outputs += 1
             out.append(rec)
+            if phase + 1 < len(starts) and outputs >= starts[phase + 1]:
+                # A new phase: its target counts from here (the phases before it are not corrected).
+                phase = bisect.bisect_right(starts, outputs) - 1
+                W = targets[phase]
+                live = [k for k in range(n) if W[k] > 0]
+                emitted[:] = [0] * n
 
         def drain(final: bool) -> None:
             nonlocal forced, since
@@ -240,23 +295,75 @@ class EnsureMixture(Operator):
         return resolve_tree(state, upstream)
 
 
-def make_ensure_mixture(source: Any, mixture: Any = None, **kwargs: Any) -> EnsureMixture:
-    """The operator for ``source``: its dataset names, and its mixture when ``mixture`` is not given."""
-    from .work._mixture import MixtureSchedule
+SAMPLE_SUPPLY_WARNING = (
+    "ensure_mixture balances tokens, but the source's weights count samples, so what the lanes read is not "
+    "calibrated to a token target: unless the datasets' documents are about as long, the buffer fills and records "
+    "leave in forced (off-target) runs. Mix the source by tokens, StaticMixtureWorkSource(datasets, "
+    "MixtureSpec(weights, unit='tokens')) (or a MixtureSchedule with unit='tokens'), and call ensure_mixture() "
+    "without a mixture; or pass weight_by='samples' to balance samples"
+)
 
+
+def make_ensure_mixture(source: Any, mixture: Any = None, **kwargs: Any) -> EnsureMixture:
+    """The operator for ``source``: its dataset names, and its mixture (or schedule) when ``mixture`` is not given.
+
+    A token target (``weight_by="auto"``) over a source whose weights count samples warns: the
+    supply does not follow the target, so most emissions would be forced (see
+    :data:`SAMPLE_SUPPLY_WARNING`).
+    """
+    tokens = kwargs.get("weight_by", "auto") == "auto"
     if mixture is None:
-        m = source.mixture
-        if isinstance(m, MixtureSchedule) and len(m.points) > 1:
-            raise ValueError(
-                "ensure_mixture: the source follows a schedule, and ensure_mixture keeps one target; pass mixture= "
-                "explicitly (the schedule's weights still decide what each lane reads)"
-            )
-        if source.unit != "tokens" and kwargs.get("weight_by", "auto") == "auto":
+        if source.unit != "tokens" and tokens:
             raise ValueError(
                 "ensure_mixture: the source's weights count samples and ensure_mixture balances tokens; mix by tokens "
                 "(MixtureSpec(weights, unit='tokens'), so the supply is calibrated too), or pass mixture= with the "
                 "token weights you want, or weight_by='samples'"
             )
-        mixture = m.weights
+        mixture = source.mixture
+        if not isinstance(mixture, MixtureSchedule) or len(mixture.points) == 1:
+            mixture = mixture.weights
+    elif tokens and source.unit != "tokens":
+        warnings.warn(f"{SAMPLE_SUPPLY_WARNING}.", UserWarning, stacklevel=3)
     return EnsureMixture(mixture, datasets=source.names, **kwargs)
 
+
+def lane_phases(source: Any, schedule: MixtureSchedule, lanes: int, names: Sequence[str]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """``schedule``'s targets on one lane's emissions: ``((first emission, integer weights), ...)``.
+
+    Each piece of the schedule starts at the source position where the source places it (its own
+    schedule's positions when ``schedule`` is the source's, else the same placement rules applied
+    to ``schedule``); a lane reads one ``lanes``-th of the positions, so the piece at position
+    ``P`` starts at the lane's emission ``ceil(P / lanes)``.
+    """
+    import attrs as _attrs
+
+    if schedule == source.mixture:
+        placed = source
+    else:
+        try:
+            placed = _attrs.evolve(source, mixture=schedule, change=None)
+            placed.piece_positions  # noqa: B018
+        except ValueError as exc:
+            raise ValueError(f"ensure_mixture: cannot place its schedule on the source: {exc}") from None
+    out: list[tuple[int, tuple[int, ...]]] = []
+    for pos, weights in placed.piece_positions:
+        start = -(-pos // lanes)
+        W = integer_weights([weights[n] for n in names])
+        if out and out[-1][0] == start:
+            out[-1] = (start, W)
+        elif not out or out[-1][1] != W:
+            out.append((start, W))
+    return tuple(out)
+
+
+def place_targets(chain: Any, source: Any, lanes: int) -> Any:
+    """``chain`` with every ``ensure_mixture`` that follows a schedule given its phases (see :func:`lane_phases`)."""
+    from ._core import Chain
+
+    children, changed = [], False
+    for name, op in chain.children:
+        if isinstance(op, EnsureMixture) and isinstance(op.mixture, MixtureSchedule) and not op.phases:
+            op = attrs.evolve(op, phases=lane_phases(source, op.mixture, lanes, op.datasets))
+            changed = True
+        children.append((name, op))
+    return Chain(tuple(children)) if changed else chain

@@ -242,6 +242,10 @@ class MixtureSchedule:
             "unit": self.unit,
         }
 
+    def fingerprint(self) -> dict[str, Any]:
+        """The schedule as an operator setting describes it (``ensure_mixture(schedule)``)."""
+        return {"schedule": self.describe()}
+
 
 def as_mixture(m: Any) -> MixtureSpec | MixtureSchedule:
     """A :class:`MixtureSpec` or :class:`MixtureSchedule` from either, or from ``{name: weight}``."""

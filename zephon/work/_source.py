@@ -251,7 +251,7 @@ class StaticMixtureWorkSource:
         return attrs.evolve(self, calibration=calibration)
 
     @functools.cached_property
-    def _resolved(self) -> tuple[Timeline, int | None, str | None]:
+    def _resolved(self) -> tuple[Timeline, int | None, str | None, list, list]:
         if not self.resolvable:
             if self.needs_step_size:
                 raise ValueError(
@@ -489,6 +489,15 @@ class StaticMixtureWorkSource:
         """``(at, position)`` of every schedule point: where its weights take over."""
         return self._resolved[3]
 
+    @property
+    def piece_positions(self) -> list[tuple[int, dict[str, float]]]:
+        """``(position, weights)`` of every stretch of constant schedule weights (a ramp's pieces too).
+
+        The weights are the schedule's, in its unit (what ``ensure_mixture`` aims at); a static
+        mixture is one piece at 0. Redistributions and plan changes are not included.
+        """
+        return self._resolved[4]
+
 
 def _tokens_to_position(tl_phases: list[Phase], tps: tuple[float, ...], tokens: float) -> int:
     """The first position at which the estimated tokens before it reach ``tokens`` (phases so far, last one open)."""
@@ -505,8 +514,9 @@ def _padded(tl: Timeline, n: int) -> Timeline:
     return Timeline(tuple(Phase(p.start, tuple(p.weights) + (0,) * (n - len(p.weights))) for p in tl.phases))
 
 
-def resolve_timeline(src: StaticMixtureWorkSource) -> tuple[Timeline, int | None, str | None, list]:
-    """The source's timeline (schedule, units and redistributions applied), its end and why it ends there.
+def resolve_timeline(src: StaticMixtureWorkSource) -> tuple[Timeline, int | None, str | None, list, list]:
+    """The source's timeline (schedule, units and redistributions applied), its end and why it ends there,
+    the positions of the schedule's points and those of its pieces (see ``piece_positions``).
 
     Raises:
         ValueError: an impossible plan: a schedule point after the end of the data.
@@ -592,7 +602,7 @@ def resolve_timeline(src: StaticMixtureWorkSource) -> tuple[Timeline, int | None
                     f"{end}: {reason}. Give that dataset more data, let it repeat (exhausted_policy='repeat' or max_repeats=), "
                     "or move the point earlier"
                 )
-    return tl, end, reason, points
+    return tl, end, reason, points, [(pos, dict(w)) for pos, (_, w) in zip(positions, pieces)]
 
 
 @functools.lru_cache(maxsize=4096)
