@@ -32,6 +32,7 @@ from ._records import SampleBatch
 from ._shuffle import Shuffle
 from ._training_spec import _warn_at_caller
 from ._calibrate import compile_source
+from ._mixing import place_targets
 from .work._estimate import Calibration
 from .work._source import make_source
 
@@ -353,7 +354,9 @@ class Pipeline:
         """Reorder each lane so that the tokens it emits per dataset follow the mixture exactly.
 
         Place it after ``tokenize`` and before packing; see :class:`zephon.ops.EnsureMixture`.
-        ``mixture`` defaults to the source's (a static mixture; pass it for a schedule).
+        ``mixture`` defaults to the source's weights or schedule (a schedule is followed phase by
+        phase, placed where the source places it); a token target over a source whose weights
+        count samples warns.
         """
         from ._mixing import make_ensure_mixture
 
@@ -390,6 +393,7 @@ class Pipeline:
             if self.run_options.io_options is not None:
                 source = source.with_io_options(self.run_options.io_options)
             source = compile_source(source, chain, self.run_options.canonical_replicas, calibration=calibration)
+            chain = place_targets(chain, source, self.run_options.canonical_replicas)
             opts = self.run_options
             plans[key] = Plan(source, chain, opts.canonical_replicas, opts.read_size, opts.read_ahead)
         return plans[key]
