@@ -281,3 +281,12 @@ def test_torch_dataset_yields_the_segments():
     doc_ids = [s["doc_id"] for out in got for row in out["segments"] for s in row]
     assert set(doc_ids) == set(range(len(ROWS)))
     assert all(isinstance(out["input_ids"], torch.Tensor) for out in got)
+
+
+def test_segments_come_back_from_a_worker_process_unchanged():
+    here = list(pipeline("flat"))
+    there = list(pipeline("flat").options(workers=1))
+    assert len(there) == len(here)
+    for a, b in zip(here, there):
+        assert [r.meta for r in a.records] == [r.meta for r in b.records]
+        assert all(payload_equal(x.payload, y.payload) for x, y in zip(a.records, b.records))

@@ -3,9 +3,14 @@
 Two operators share one engine and differ only in what a finished bin becomes:
 
 - :class:`PackFlat` (``pack_flat``) concatenates a bin into one fixed-length training row
-  (token field and every token-aligned field, padded to ``max_length``, plus ``positions``);
+  (token field and every token-aligned field, padded to ``max_length``, plus ``positions``, and
+  ``segments``: per piece, its offset, length and its document's other fields);
 - :class:`PackSequences` (``pack_sequences``) emits the bin as an envelope
   ``{"packed_samples": [payload, ...]}`` for users who build their own tensors.
+
+No field is dropped silently: a field that is not token-aligned (a ``doc_id``, a ``source``, an
+image's ``pixel_values``) travels with every piece of its document, one that cannot travel (it does
+not pickle) is refused naming it, and only ``drop_fields=`` drops fields, counted.
 
 Four algorithms decide which tokens share a bin (Zephon 0.2.0's semantics, see ``PackFlat``):
 ``first_fit`` and ``best_fit`` place whole documents into up to ``num_bins`` open bins; ``wrap``
@@ -19,7 +24,8 @@ state holds those documents *by reference* (their metas and token ranges), never
 
 Every output's meta lists its pieces as segments ``(dataset, shard, row, child, start, end)`` and
 its ``padding_length``; that is all :meth:`~PackFlat.rebuild` needs to rebuild the row, through
-the same function that built it. Every token that is not emitted is counted in ``report()``.
+the same function that built it. The segment fields come back with the documents, by reference:
+the state never holds them. Every token that is not emitted is counted in ``report()``.
 """
 
 from __future__ import annotations
@@ -726,24 +732,35 @@ class PackFlat(_Packer):
             the final remainder at the end of the data (``None``: that remainder is dropped and
             counted as ``dropped_tail_tokens``).
         emit_positions: add int32 ``positions`` restarting at 0 at every piece and at the
-            padding tail (document ids are ``cumsum(positions == 0) - 1``).
+            padding tail (document ids are ``cumsum(positions == 0) - 1``). With ``False``, a
+            payload's own ``positions`` is packed like any token-aligned field.
+        drop_fields: field names removed from every document before packing, counted in
+            ``report()["dropped_field_values"]``: the one way to leave a field out.
 
     {common}
 
-    Output: the token field and every other 1-D array field of the same length (``loss_mask``
+    Output: the token field and every other 1-D numeric field of the same length (``loss_mask``
     travels with its tokens), concatenated, padded with ``pad_token_id`` (other fields with 0);
-    ``positions``; ``meta.padding_length`` (what ``to_training`` masks). Other fields are left
-    out. :func:`packing_info` gives a row's number of sequences, real tokens and efficiency.
+    ``positions``; ``meta.padding_length`` (what ``to_training`` masks). When a document of the
+    row has other fields (scalars, strings, arrays of another length such as ``pixel_values``),
+    ``segments`` lists one dict per piece, in ``meta.segments`` order: ``{"start": offset in the
+    row, "length": tokens, **the document's other fields}`` (a document without any gets only
+    ``start`` and ``length``); a document split over rows has its fields in each of its rows.
+    :func:`packing_info` gives a row's number of sequences, real tokens and efficiency.
 
     State: open bins, wrap remainder or candidate pool as ``(record, start, end)`` references
     plus counters; outputs depend only on the order of the lane's documents (not on chunking);
-    restores exactly; per lane, so resharding moves states whole.
+    restores exactly, segment fields included (they are rebuilt with their documents); per lane,
+    so resharding moves states whole.
 
     Raises:
         ValueError: for settings that contradict each other (see each argument), an oversized
             document under ``oversized="error"``, missing or misaligned token fields, fields that
-            differ between the documents of a row, an existing ``positions`` field, or a pad
-            value that does not fit the field's dtype.
+            differ between the documents of a row, an existing ``positions`` field, a pad value
+            that does not fit the field's dtype, a field that does not pickle, a field named
+            ``start``, ``length`` or ``segments`` (the names of the segments), or ``drop_fields``
+            naming the token field.
+        TypeError: ``drop_fields`` that is not a sequence of names.
 
     Examples:
         >>> import numpy as np
@@ -862,9 +879,11 @@ class PackSequences(_Packer):
     {common}
 
     Output: one envelope per bin. A piece that covers its whole document is that document's
-    payload unchanged (every field kept); a piece of a document is a dict of its token field and
-    token-aligned fields, sliced. ``meta.segments`` lists the pieces; ``padding_length`` is 0.
-    Unlike Zephon, uncapped wrap keeps its end-of-data remainder as a last, shorter envelope.
+    payload unchanged (every field kept); a piece of a document is its payload with the token
+    field and token-aligned fields sliced and every other field kept as it is. ``meta.segments``
+    lists the pieces; ``padding_length`` is 0. ``drop_fields`` and the refusal of fields that do
+    not pickle are as for :class:`PackFlat`. Unlike Zephon, uncapped wrap keeps its end-of-data
+    remainder as a last, shorter envelope.
 
     State, restore and resharding: as :class:`PackFlat`.
 
@@ -877,8 +896,8 @@ class PackSequences(_Packer):
         >>> _, envs = run(PackSequences(4), [docs])
         >>> for env in envs:
         ...     print([(sorted(p), p["input_ids"].tolist()) for p in env.payload["packed_samples"]])
-        [(['id', 'input_ids'], [0, 1, 2]), (['input_ids'], [0])]
-        [(['input_ids'], [1, 2, 3, 4])]
+        [(['id', 'input_ids'], [0, 1, 2]), (['id', 'input_ids'], [0])]
+        [(['id', 'input_ids'], [1, 2, 3, 4])]
         [(['id', 'input_ids'], [0, 1])]
     """
 

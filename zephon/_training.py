@@ -101,10 +101,22 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
     the model would read it. Without padding no pad id is needed. (Zephon 0.2.0 pads only in
     ``tokenize``, with the tokenizer's pad token, else its EOS, else 0.)
 
-    Output keys, in order: ``ids``, ``texts``, ``padding_mask``, ``input_ids``, ``labels``,
-    ``attention_mask``, extra fields (in the order given), ``positions``, ``loss_mask``,
-    ``num_valid_tokens``, ``cu_seqlens``, ``max_seqlen`` (each only when it applies), then
-    renamed and excluded. An empty batch gives ``{"ids": [], "texts": []}`` plus, when
+    **Segments.** Fields that are not token-aligned (a ``doc_id``, a ``source``, an image's
+    ``pixel_values``) are never dropped: when a record of the batch carries any, ``segments``
+    holds, per record, one dict per segment (aligned with ``ids``): ``{"start": offset in the
+    output row, "length": its tokens, **its document's fields}``. ``start`` counts added left
+    padding and is taken before the label shift (``input_ids[i, start:start + length]`` are the
+    segment's tokens, except a row's last token, which shifted inputs drop; flattened, add
+    ``i * row width``). A ``pack_flat`` row's segments are those it carries; a plain record is
+    one segment holding its payload's fields other than the token field, ``text`` (in
+    ``texts``), ``positions``, ``loss_mask`` and token-aligned fields. Segment values stay Python
+    and numpy objects, copied from the payloads, whatever ``dtype``; a record field named
+    ``start`` or ``length``, or one that does not pickle, is refused naming it.
+
+    Output keys, in order: ``ids``, ``texts``, ``segments``, ``padding_mask``, ``input_ids``,
+    ``labels``, ``attention_mask``, extra fields (in the order given), ``positions``,
+    ``loss_mask``, ``num_valid_tokens``, ``cu_seqlens``, ``max_seqlen`` (each only when it
+    applies), then renamed and excluded. An empty batch gives ``{"ids": [], "texts": []}`` plus, when
     requested, ``padding_mask=[]``, ``attention_mask=[]``, ``positions=[]`` (sequence mode),
     ``loss_mask=[]``, ``num_valid_tokens=0`` and ``cu_seqlens``/``max_seqlen`` = ``[]``/``[]``
     (``[0]``/``0`` when flattened).
