@@ -73,6 +73,9 @@ class Batch(Operator):
             dynamic padding; ``Pipeline.batch`` fills it from the pipeline's tokenizer (its pad
             token, else its EOS). It never changes which records form a batch.
 
+    Records are held whole, every payload field kept (scalars, strings, arrays of any shape);
+    ``to_training`` lists the fields that are not token-aligned per record in ``segments``.
+
     State: the waiting records, by reference; a key (grouping order); counters.
     """
 
