@@ -696,7 +696,7 @@ def _segments(records: Sequence[Any], tokens_field: str, n: np.ndarray, pad_len:
         if segs and all(s.end >= 0 for s in segs):
             own = p.get("segments")
             if own is not None and not (
-                isinstance(own, list) and len(own) == len(segs) and all(isinstance(d, dict) and "length" in d for d in own)
+                isinstance(own, list) and len(own) == len(segs) and all(isinstance(d, dict) and "start" in d and "length" in d for d in own)
             ):
                 raise ValueError(
                     f"to_training: record {i}: payload 'segments' must list one dict per meta segment "
