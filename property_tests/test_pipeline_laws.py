@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 from _util import toks_to_ids
-import zephon._executor as executor_module
+from _hand_over_pin import pin_hand_over
 from zephon import Pipeline, merge_checkpoints
 from zephon._pack import ALGORITHMS as PACK_ALGORITHMS
 from zephon.io import Dataset, InMemoryShard
@@ -610,7 +610,7 @@ def test_worker_processes_deliver_exactly_the_in_process_batches(spec, lanes, dr
     start_inline = data.draw(st.booleans(), label="start inline")
     after = data.draw(st.lists(st.integers(0, 12), min_size=3, max_size=3), label="outputs computed here before each worker takes its lanes")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(executor_module, "_HAND_OVER_AFTER", tuple(after))
+        pin_hand_over(mp, tuple(after))
         assert_running_ahead_changes_nothing(
             spec, lanes, drain, data, 0.1, workers=workers, prefetch=prefetch, start_inline=start_inline
         )

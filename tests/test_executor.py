@@ -7,7 +7,7 @@ import time
 import pytest
 
 from _util import fail_on_row_7, toy_dataset, toy_pipeline
-import zephon._executor as executor_module
+from _hand_over_pin import pin_hand_over
 from zephon import Pipeline, WorkerError
 from zephon.testing import outputs_equal
 from zephon.work import StaticMixtureWorkSource
@@ -61,14 +61,14 @@ def _failing(workers, **options):
 def test_exception_in_user_code_names_the_lane_and_cause():
     start = time.monotonic()
     with pytest.raises(WorkerError, match=r"lane [01] failed in a worker process: ValueError: row 7 is bad") as info:
-        list(_failing(2, start_inline=False))
+        list(_failing(2))
     assert "raised by map on the record from dataset 0, shard 0, row 7" in str(info.value)
     assert time.monotonic() - start < 30
 
 
 def test_exception_before_the_workers_take_over_is_the_same_worker_error(monkeypatch):
-    monkeypatch.setattr(executor_module, "_HAND_OVER_AFTER", (10**6, 10**6))  # every output is computed here
-    it = iter(_failing(2))
+    pin_hand_over(monkeypatch, (10**6, 10**6))  # every output is computed here
+    it = iter(_failing(2, start_inline=True))
     with pytest.raises(WorkerError, match=r"lane [01] failed in this process, before its worker process took it over: "
                        r"ValueError: row 7 is bad") as info:
         list(it)

@@ -1,8 +1,8 @@
-"""Workers that start while the lanes run in the main process (``start_inline``, the default).
+"""Workers that start while the lanes run in the main process (``start_inline=True``, opt-in).
 
 The lanes run here until each worker has loaded the pipeline, then move to it with their states,
 and the chunks read ahead for them. Where the hand-over happens never shows: not in the batches,
-the checkpoints, the counters or the errors. ``_HAND_OVER_AFTER`` pins the hand-over of each
+the checkpoints, the counters or the errors. ``pin_hand_over`` pins the hand-over of each
 worker to a number of outputs computed here. The laws over generated pipelines are in
 ``property_tests/test_pipeline_laws.py``.
 """
@@ -18,8 +18,8 @@ import weakref
 
 import pytest
 
-import zephon._executor as executor_module
 import zephon._lazy as zephon_lazy
+from _hand_over_pin import pin_hand_over
 from _util import toks_to_ids, toy_dataset, toy_pipeline, with_lock, without_lock
 from zephon import Pipeline, WorkerError
 from zephon.testing import outputs_equal
@@ -33,7 +33,7 @@ def _counts(stats):
 
 
 def _finite(lanes=4, **options):
-    return toy_pipeline(lanes, policy=None, **options)
+    return toy_pipeline(lanes, policy=None, start_inline=True, **options)
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,7 @@ def _finite(lanes=4, **options):
     [((0, 0), [0, 1, 2, 3]), ((1, 10**6), [0, 2]), ((5, 2), [1, 3]), ((10**6, 10**6), [])],
 )
 def test_where_the_lanes_move_never_changes_batches_checkpoints_or_counters(monkeypatch, after, moved):
-    monkeypatch.setattr(executor_module, "_HAND_OVER_AFTER", after)
+    pin_hand_over(monkeypatch, after)
     inline = iter(_finite())
     expected = list(inline)
     reference = iter(_finite())
@@ -61,11 +61,11 @@ def test_where_the_lanes_move_never_changes_batches_checkpoints_or_counters(monk
 
 
 def test_a_state_that_does_not_pickle_moves_as_its_checkpoint_encoding(monkeypatch):
-    monkeypatch.setattr(executor_module, "_HAND_OVER_AFTER", (3,))
+    pin_hand_over(monkeypatch, (3,))
 
     def build(**options):  # the shuffle buffer holds records with a lock; the batches do not
         return (
-            Pipeline(toy_dataset(120)).options(canonical_replicas=2, **options)
+            Pipeline(toy_dataset(120)).options(canonical_replicas=2, start_inline=True, **options)
             .map(toks_to_ids).map(with_lock).shuffle(8, seed=1).map(without_lock).batch(2)
         )
 
@@ -79,7 +79,7 @@ def test_a_state_that_does_not_pickle_moves_as_its_checkpoint_encoding(monkeypat
 
 
 def test_a_worker_that_dies_before_it_takes_its_lanes_is_reported_and_the_checkpoint_holds(monkeypatch):
-    monkeypatch.setattr(executor_module, "_HAND_OVER_AFTER", (10**6, 10**6))
+    pin_hand_over(monkeypatch, (10**6, 10**6))
     reference = iter(_finite())
     it = iter(_finite(workers=2))
     got = [next(it) for _ in range(3)]
@@ -109,28 +109,26 @@ def test_the_workers_start_after_the_first_output_and_the_lanes_wait_for_them_wi
     assert outputs_equal(got, list(_finite()))
 
 
-def test_workers_ignore_ctrl_c_from_their_start(monkeypatch):
+def test_workers_ignore_ctrl_c_from_their_start():
     """SIGINT while a worker still imports (before any code of ours runs there) leaves it alive."""
-    monkeypatch.setattr(executor_module, "_HAND_OVER_AFTER", (10**6, 10**6))  # they start at iter()
-    it = iter(_finite(workers=2))
+    it = iter(toy_pipeline(4, policy=None, workers=2))  # they start at iter()
     for proc in it.executor.procs:
         os.kill(proc.pid, signal.SIGINT)
     time.sleep(1.0)
     assert [p.exitcode for p in it.executor.procs] == [None, None]
     got = list(it)
     assert outputs_equal(got, list(_finite()))
-    assert not it.executor.lead_states  # the lanes ended in the workers: both had taken theirs
 
 
 def test_lanes_restored_here_and_moved_stop_being_rebuilt_here(monkeypatch):
     monkeypatch.setattr(zephon_lazy, "LAZY_MIN_RECORDS", 1)
-    monkeypatch.setattr(executor_module, "_HAND_OVER_AFTER", (2,))
+    pin_hand_over(monkeypatch, (2,))
     it = iter(toy_pipeline(4))
     for _ in range(10):
         next(it)
     ck = it.checkpoint()
     it.close()
-    resumed = iter(toy_pipeline(4, workers=1).restore(ck))
+    resumed = iter(toy_pipeline(4, workers=1, start_inline=True).restore(ck))
     jobs = [weakref.ref(s.chain.lane._rows) for s in resumed.executor.lead_states.values() if type(s.chain) is zephon_lazy.DeferredChain]
     assert jobs
     got = [next(resumed) for _ in range(6)]

@@ -57,10 +57,11 @@ def test_unpicklable_output_is_an_error_naming_lane_record_and_cause(tmp_path, s
         """
         import threading, time
         import numpy as np
-        import zephon._executor
+        import pytest
+        from _hand_over_pin import pin_hand_over
         from zephon import Pipeline, WorkerError
 
-        zephon._executor._HAND_OVER_AFTER = (10**6, 10**6)  # with start_inline, every output is computed in this process
+        pin_hand_over(pytest.MonkeyPatch(), (10**6, 10**6))  # with start_inline, every output is computed in this process
 
         def with_lock(p):  # a result holding a lock cannot cross processes
             out = {"input_ids": np.arange(3, dtype=np.int32) + p["n"]}
@@ -457,7 +458,8 @@ def test_a_record_type_defined_under_the_main_guard_gets_a_clear_error_when_lane
         tmp_path,
         """
         import numpy as np
-        import zephon._executor
+        import pytest
+        from _hand_over_pin import pin_hand_over
         from zephon import Pipeline, WorkerError
 
         def with_point(p):  # its records hold a Point, which a worker cannot import
@@ -471,8 +473,8 @@ def test_a_record_type_defined_under_the_main_guard_gets_a_clear_error_when_lane
             def __init__(self, n):
                 self.n = n
 
-        zephon._executor._HAND_OVER_AFTER = (1,)  # the lanes move after one output, Points in the buffers
-        pipe = Pipeline([{"n": i} for i in range(2_000)]).options(canonical_replicas=2, workers=1)
+        pin_hand_over(pytest.MonkeyPatch(), (1,))  # the lanes move after one output, Points in the buffers
+        pipe = Pipeline([{"n": i} for i in range(2_000)]).options(canonical_replicas=2, workers=1, start_inline=True)
         """,
         "list(pipe.map(with_point).shuffle(16, seed=1).map(without_point).batch(2))",
     )

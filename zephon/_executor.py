@@ -6,16 +6,19 @@ lanes ahead within a per-lane credit window and sends each output with its index
 process hands outputs out in lane order, so the result is the in-process result for any number
 of workers.
 
-Worker start-up (an interpreter, imports, tokenizers: most of a second) does not delay the first
-output: by default the lanes run in the main process until each worker is ready, and then move to
-it with their states (see :class:`ProcessExecutor`).
+User code (the functions given to ``map`` and ``filter``, the tokenizers) runs only in the
+workers: a function that crashes the interpreter (a segfault, ``os._exit``, the out-of-memory
+killer) ends a worker, never the caller. The workers start when the executor is made (at
+``iter()``). Only with ``start_inline`` (opt-in) do the lanes run in the main process until each
+worker is ready, and then move to it with their states (see :class:`ProcessExecutor`).
 
 Lane states are pure values, so a worker keeps the state after each output it sent until the
 main process confirms delivery; ``checkpoint()`` asks for the state after exactly the outputs the
 caller has received. The main process also keeps, per lane, a recent delivered state (one a
 worker attaches to an output every few seconds, or the last one a checkpoint read), so the
 caller's states survive workers that stop for any reason: they are rebuilt by replaying the few
-outputs after it in this process. Workers ignore SIGINT, so a Ctrl-C reaches only the main
+outputs after it, in a separate process (lanes are pure, so the replay gives exactly the states
+after the delivered outputs, and user code still never runs here). Workers ignore SIGINT, so a Ctrl-C reaches only the main
 process and the workers stay alive to answer ``checkpoint()``.
 
 A worker that raises, or whose output cannot be pickled, reports the lane, the record and the
@@ -39,10 +42,9 @@ import weakref
 from collections import deque
 from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 from ._lanes import LaneState, Plan, caller_order
-from ._log import progress
 from ._records import SampleBatch, describe_meta
 from ._stats import merge_meters
 from ._wire import copy_message, pack_message, recv_message, send_message, send_parts
@@ -52,11 +54,8 @@ _POLL_S = 0.5
 #: process can rebuild the caller's states by replaying at most a few seconds of that lane's work
 #: after a worker dies. Encoding is the cost (milliseconds for a full shuffle buffer).
 _ATTACH_S = 5.0
-#: Tests only: worker ``w`` takes its lanes once exactly ``_HAND_OVER_AFTER[w]`` outputs were
-#: computed in the main process (waiting for it to be ready then), instead of as soon as it is ready.
-_HAND_OVER_AFTER: Sequence[int] | None = None
 #: How long ``close()`` waits for live workers to report their final states and counters before
-#: stopping them anyway (the states are then rebuilt in this process when asked for).
+#: stopping them anyway (the states are then rebuilt by a replay when asked for).
 _CLOSE_READ_S = 10.0
 
 
@@ -435,6 +434,77 @@ def _worker_main(conn, lanes: list[int], credit: int, threads: int) -> None:
         outbox.close()
 
 
+def _replay_lane(plan: Plan, lane: int, data: Any, delivered: int, at_end: bool) -> LaneState:
+    """The lane's state after exactly ``delivered`` outputs, replayed from a kept one (``data``: a
+    state, its encoding, or ``None`` for the start); ``at_end``: the caller saw the lane end, so
+    does its state."""
+    if isinstance(data, LaneState):  # handed to its worker by value
+        state = data
+    else:
+        state = plan.decode(lane, data) if data is not None else plan.init(lane)
+    while state.delivered < delivered:
+        state, out = plan.next(lane, state)
+        if out is None:
+            raise RuntimeError(f"lane {lane} ended after {state.delivered} outputs while replaying to {delivered}")
+    if at_end:
+        state, out = plan.next(lane, state)
+        if out is not None:
+            raise RuntimeError(f"lane {lane} did not end after {state.delivered - 1} outputs while replaying")
+    return state
+
+
+def _replay_main(conn, plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]]) -> None:
+    """The process that replays lanes after the workers stopped: sends each lane's encoded state and counters."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    lane = None
+    try:
+        plan: Plan = pickle.loads(plan_bytes)
+        for lane, (data, delivered, at_end) in jobs.items():
+            state = _replay_lane(plan, lane, data, delivered, at_end)
+            conn.send(("replayed", lane, plan.encode(state), plan.reports(state)))
+    except BaseException as exc:
+        cause = "".join(traceback.format_exception_only(exc)).strip()
+        try:
+            conn.send(("error", lane, cause, traceback.format_exc()))
+        except OSError:
+            pass
+    finally:
+        conn.close()
+
+
+def _replay_elsewhere(plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]]) -> dict[int, tuple[Any, Any]]:
+    """Run :func:`_replay_main` in a spawned process: ``{lane: (encoded state, counters)}``.
+
+    Raises:
+        WorkerError: the replay raised (its lane and cause) or the process died (its exit code or
+            signal, as for a worker); the checkpoint cannot be rebuilt then.
+    """
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    with _ignoring_sigint():
+        proc = ctx.Process(target=_replay_main, args=(child, plan_bytes, jobs), daemon=True, name="zephon-replay")
+        proc.start()
+    child.close()
+    what = f"rebuilding the delivered states of lanes {sorted(jobs)} (a replay in a separate process)"
+    got: dict[int, tuple[Any, Any]] = {}
+    try:
+        while len(got) < len(jobs):
+            try:
+                msg = parent.recv()
+            except (EOFError, OSError):
+                proc.join(timeout=5)
+                how, why = _death_cause(proc.exitcode)
+                raise WorkerError(f"{what}: the process {how} ({why})") from None
+            if msg[0] == "error":
+                _, lane, cause, tb = msg
+                raise WorkerError(f"{what}: lane {lane} failed: {cause}\n--- traceback ---\n{tb}")
+            _, lane, enc, rep = msg
+            got[lane] = (enc, rep)
+    finally:
+        _shutdown([parent], [proc])
+    return got
+
+
 class ProcessExecutor:
     """Runs the rank's lanes ahead in ``workers`` spawned processes.
 
@@ -480,6 +550,7 @@ class ProcessExecutor:
         self.death: str | None = None  # a worker stopped without reporting: how
         self._final_states: dict[int, Any] | None = None
         self._final_reports: dict[int, Any] | None = None
+        self._replayed: dict[int, tuple[Any, Any]] = {}  # lane -> (encoded state, counters), rebuilt after the workers stopped
         self._states: dict[tuple[int, int], Any] = {}
         self._reports: dict[int, Any] = {}
         self._meters: dict[int, Any] = {}  # per worker: its last runtime counters (sent with its reports)
@@ -499,7 +570,7 @@ class ProcessExecutor:
         self.lead_while_starting = (os.cpu_count() or 1) > n + 1
         self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
         self._setup = (plan_bytes, n, credit, None if lead is not None else encoded)
-        if lead is None or _HAND_OVER_AFTER is not None:
+        if lead is None:
             self._start_workers()
 
     def _start_workers(self) -> None:
@@ -613,7 +684,7 @@ class ProcessExecutor:
         how, why = _death_cause(proc.exitcode)
         self.death = (
             f"the worker process for lanes {self._lanes_of(w)} {how} without reporting an error ({why}). "
-            "checkpoint() still covers exactly the outputs received (rebuilt in this process)"
+            "checkpoint() still covers exactly the outputs received (rebuilt in a separate process)"
         )
         self._stop()
         raise WorkerError(self.death)
@@ -646,14 +717,9 @@ class ProcessExecutor:
         return out
 
     def _take_ready(self) -> None:
-        """Hand their lanes to the workers that are ready (``_HAND_OVER_AFTER``: see there)."""
-        if _HAND_OVER_AFTER is None:
-            self._receive(wait([self.conns[w] for w in self.waiting] + [self.procs[w].sentinel for w in self.waiting], timeout=0))
-            due = self.waiting & self.ready
-        else:
-            due = {w for w in self.waiting if self.led >= _HAND_OVER_AFTER[w]}
-            self._pump(lambda: due <= self.ready)
-        for w in sorted(due):
+        """Hand their lanes to the workers that are ready."""
+        self._receive(wait([self.conns[w] for w in self.waiting] + [self.procs[w].sentinel for w in self.waiting], timeout=0))
+        for w in sorted(self.waiting & self.ready):
             self._hand_over(w)
 
     def _hand_over_when_ready(self, w: int) -> None:
@@ -704,7 +770,7 @@ class ProcessExecutor:
                 self._take_ready()
             elif self.led:
                 self._start_workers()
-            if lane in self.lead_states and self.procs and not self.lead_while_starting and _HAND_OVER_AFTER is None:
+            if lane in self.lead_states and self.procs and not self.lead_while_starting:
                 self._hand_over_when_ready(self.owner[lane])
             if lane in self.lead_states:
                 return self._lead_next(lane)
@@ -773,35 +839,34 @@ class ProcessExecutor:
         return states
 
     def _stopped_states(self) -> dict[int, Any]:
-        """The caller's states once the workers are gone: kept, or replayed from a kept one here."""
+        """The caller's states once the workers are gone: kept, or replayed from a kept one (see :meth:`_rebuilt`)."""
         if self.failure is not None:
             raise WorkerError(
                 "the worker processes stopped after this failure, so this loader has no state to read; "
                 f"Restore the last checkpoint you saved into a new pipeline.\n{self.failure}"
             )
         if self._final_states is None:
-            remote = progress(self._remote(), total=len(self._remote()), desc="replaying lanes", unit="lane")
-            self._final_states = self._in_order({**self._here(), **{lane: self._replay(lane)[1] for lane in remote}})
+            remote = self._remote()
+            kept = {lane: self.base[lane][1] for lane in remote if self._kept_exactly(lane)}
+            rebuilt = self._rebuilt([lane for lane in remote if lane not in kept])
+            self._final_states = self._in_order({**self._here(), **kept, **{lane: enc for lane, (enc, _) in rebuilt.items()}})
         return dict(self._final_states)
 
-    def _replay(self, lane: int) -> tuple[LaneState | None, Any]:
-        """The lane's state after exactly the delivered outputs, rebuilt from its kept state."""
+    def _kept_exactly(self, lane: int) -> bool:
+        """Whether the kept state of ``lane`` is its encoded state after exactly the delivered outputs."""
         count, data = self.base[lane]
-        if count == self.delivered[lane] and data is not None and lane not in self.saw_end and not isinstance(data, LaneState):
-            return None, data
-        if isinstance(data, LaneState):  # handed to its worker by value
-            state = data
-        else:
-            state = self.plan.decode(lane, data) if data is not None else self.plan.init(lane)
-        while state.delivered < self.delivered[lane]:
-            state, out = self.plan.next(lane, state)
-            if out is None:
-                raise RuntimeError(f"lane {lane} ended after {state.delivered} outputs while replaying to {self.delivered[lane]}")
-        if lane in self.saw_end:  # the caller saw this lane end: so does its state
-            state, out = self.plan.next(lane, state)
-            if out is not None:
-                raise RuntimeError(f"lane {lane} did not end after {state.delivered - 1} outputs while replaying")
-        return state, self.plan.encode(state)
+        return count == self.delivered[lane] and data is not None and lane not in self.saw_end and not isinstance(data, LaneState)
+
+    def _rebuilt(self, lanes: list[int]) -> dict[int, tuple[Any, Any]]:
+        """The encoded states and counters of ``lanes`` after exactly the delivered outputs, once the
+        workers are gone: each kept state replayed in a separate, spawned process (see
+        :func:`_replay_main`), so that the user code this runs cannot end this process either. A
+        replay that fails or dies is a :class:`WorkerError`; what was rebuilt is kept."""
+        todo = [lane for lane in lanes if lane not in self._replayed]
+        if todo:
+            jobs = {lane: (self.base[lane][1], self.delivered[lane], lane in self.saw_end) for lane in todo}
+            self._replayed.update(_replay_elsewhere(self._setup[0], jobs))
+        return {lane: self._replayed[lane] for lane in lanes}
 
     def reports(self) -> dict[int, Any]:
         here = self._here_reports()
@@ -816,11 +881,8 @@ class ProcessExecutor:
                     raise
         if self._final_reports is None:
             self._stopped_states()  # raises after a failure
-            reports = dict(here)
-            for lane in remote:
-                state, data = self._replay(lane)
-                reports[lane] = self.plan.reports(state if state is not None else self.plan.decode(lane, data))
-            self._final_reports = self._in_order(reports)
+            rebuilt = self._rebuilt(remote)
+            self._final_reports = self._in_order({**here, **{lane: rep for lane, (_, rep) in rebuilt.items()}})
         return dict(self._final_reports)
 
     def _ask_reports(self, deadline: float | None) -> dict[int, Any] | None:

@@ -334,12 +334,20 @@ class DeferredChain:
 
 @contextlib.contextmanager
 def no_gc() -> Iterator[None]:
-    """Run the block with the cyclic garbage collector paused.
+    """Run the block with the cyclic garbage collector paused, when called from the main thread.
 
     Decoding a restored state makes hundreds of thousands of small objects, none of them in a
     cycle; each collection they trigger walks every object of the process (a large checkpoint
     included): 0.1 s of a 0.25 s restore of 8 full 16,384-row shuffle buffers.
+
+    The switch is process-wide, so only the main thread (the one that restores, and whose own
+    code then runs with the collector off only inside this block) flips it. In any other thread
+    (the background rebuilder, a prefetch thread) the block runs with the collector as it is:
+    a background thread must never change what the rest of the process sees.
     """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     paused = gc.isenabled()
     gc.disable()
     try:

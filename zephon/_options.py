@@ -53,14 +53,19 @@ class Options:
             fewer idle cores). 0: each lane reads and tokenizes alone. Performance only.
         global_batch_size: optional check: records per optimizer step must be a multiple of
             L x microbatch_size (each global step takes one microbatch from every lane).
-        start_inline: with ``workers > 0``, run the lanes in the calling process first: the first
-            batch, also after a restore, comes as early as with ``workers=0``; the workers start
-            after it (loading the pipeline and its tokenizers takes them most of a second), the
-            lanes keep running here meanwhile if there is a core for each worker besides this
-            process, and each worker takes its lanes' states as soon as it is ready. Never changes the data.
-            ``False``: the workers start at ``iter()`` and compute every output, and this process
-            never builds a ``tokenizers`` tokenizer (the tiktoken backend's encoding is built with
-            the pipeline).
+        start_inline: with ``workers > 0``, whether user code may run in the calling process.
+            ``False`` (default): the workers start at ``iter()`` and compute every output, so a
+            map/filter function (or a tokenizer) that crashes the interpreter (a segfault,
+            ``os._exit``, the out-of-memory killer) ends a worker, never this process: the next
+            ``next()`` raises ``WorkerError`` naming the signal or exit code and the lanes, and
+            ``checkpoint()`` still covers exactly the delivered outputs. This process never
+            decodes a lane state nor builds a ``tokenizers`` tokenizer (the tiktoken backend's
+            encoding is built with the pipeline). ``True`` (opt-in): the lanes run here first, so
+            the first batch, also after a restore, comes as early as with ``workers=0`` (the
+            workers' start-up, most of a second, is not waited for); the workers start after it
+            and each takes its lanes' states once it is ready (meanwhile the lanes keep running
+            here if there is a core for each worker besides this process). A crash of user code
+            before the hand-over then ends this process. Never changes the data.
         thread: with ``workers=0``, run the lanes ahead in a background thread (``prefetch``
             outputs per lane) so reading and tokenizing overlap with the caller's work.
         drain: at the end of finite data, keep delivering the outputs of lanes that still have
@@ -90,7 +95,7 @@ class Options:
     global_batch_size: int | None = attrs.field(default=None, validator=_opt_int(1))
     drain: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     thread: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    start_inline: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    start_inline: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     agree_on_end: bool | None = attrs.field(default=None, validator=_opt_bool)
     log_every: int | None = attrs.field(default=None, validator=_opt_int(1))
     io_options: Any = attrs.field(default=None, converter=_io_options)
