@@ -424,7 +424,9 @@ def test_fingerprint_changes_when_a_file_changes(tmp_path):
     (shard,) = before["shards"]
     assert shard["path"] == "a.jsonl" and shard["rows"] == 3 and shard["bytes"] == path.stat().st_size
     assert Dataset.from_path("web", tmp_path).fingerprint() == before
-    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000_000))  # same size, new mtime
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000_000))  # same bytes, new mtime
+    assert Dataset.from_path("web", tmp_path).fingerprint() == before  # identified by content, not time
+    path.write_bytes(jsonl(rows_of(3, start=1))[: path.stat().st_size].ljust(path.stat().st_size, b" "))
     assert Dataset.from_path("web", tmp_path).fingerprint() != before
 
 

@@ -206,6 +206,9 @@ def validate(fingerprint: dict[str, Any], checkpoint: Any, *, decoded_next: Iter
     if diffs:
         lines = "\n".join(f"  {_named_change(path, fingerprint)}{path}: checkpoint={a} pipeline={b}" for path, a, b in diffs[:20])
         more = f"\n  ... and {len(diffs) - 20} more" if len(diffs) > 20 else ""
+        changed = shard_changes(checkpoint["fingerprint"], fingerprint, diffs)
+        if changed is not None:
+            raise ValueError(f"cannot restore: {changed}; these differ:\n{lines}{more}")
         parts = sorted({_part(path) for path, _, _ in diffs})
         hint = ""
         if "plan" in parts:
@@ -290,6 +293,54 @@ def _refuse_undescribed(fingerprint: Any) -> None:
                 "computed. Name the function's version, map(fn, fingerprint='v1') (change it whenever its output changes), "
                 "and resume from a checkpoint taken with that name"
             )
+
+
+_SHARD_FIELD = re.compile(r"(.*\.shards\[\d+\])\.(identity|bytes|rows)")
+
+
+def _at(doc: Any, path: str) -> Any:
+    """The value at a fingerprint path such as ``source.datasets[0].shards[3]``, else ``None``."""
+    for name, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", path):
+        try:
+            doc = doc[int(index)] if index else doc[name]
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+    return doc
+
+
+def _digest_text(identity: Any) -> str:
+    name, _, value = str(identity).partition("=")
+    return f"{name}:{value[:12]}…" if len(value) > 12 else str(identity)
+
+
+def shard_changes(a: Any, b: Any, diffs: list[tuple[str, str, str]]) -> str | None:
+    """What changed when the only differences are shards' content (identity, size, rows), else ``None``.
+
+    Names each shard and how it differs, and the fix: the data changed, not the settings.
+    """
+    shards = list(dict.fromkeys(m[1] for m in (_SHARD_FIELD.fullmatch(path) for path, _, _ in diffs) if m))
+    if not shards or len({_SHARD_FIELD.fullmatch(path) is not None for path, _, _ in diffs}) > 1:
+        return None
+    said, older = [], False
+    for where in shards:
+        old, new = _at(a, where), _at(b, where)
+        if not isinstance(old, dict) or not isinstance(new, dict):
+            return None
+        dataset = _at(a, where.rsplit(".shards[", 1)[0])
+        of = f"dataset {dataset['name']!r}: " if isinstance(dataset, dict) and "name" in dataset else ""
+        older = older or "mtime_ns=" in str(old.get("identity"))
+        said.append(
+            f"{of}shard {old.get('id', old.get('path'))!r} content differs from the checkpoint's (size {old.get('bytes')} → "
+            f"{new.get('bytes')}, digest {_digest_text(old.get('identity'))} → {_digest_text(new.get('identity'))})"
+        )
+    fix = (
+        "the checkpoint identifies files by modification time (it was written before shards were identified by their "
+        "content), so it cannot be matched to these files; start a new run, or resume with the zephon version that wrote it"
+        if older
+        else "the data changed since the checkpoint was written; restore the original files or start a new run"
+    )
+    listed = "; ".join(said[:5]) + (f"; and {len(said) - 5} more shards" if len(said) > 5 else "")
+    return f"{listed}: {fix}"
 
 
 def _part(path: str) -> str:

@@ -4,7 +4,7 @@ from ._dataset import Dataset as Dataset
 from ._dataset import InMemoryShard as InMemoryShard
 from ._dataset import as_dataset as as_dataset
 from ._dataset import build_index as build_index
-from ._jsonl import ShardChangedError as ShardChangedError
+from ._digest import ShardChangedError as ShardChangedError
 from ._storage import CacheOptions as CacheOptions
 from ._storage import IoOptions as IoOptions
 from ._storage import StorageError as StorageError

@@ -94,7 +94,7 @@ class ColumnarShard(FileIdentity):
     """One Parquet or Arrow IPC file read by random access.
 
     Attributes:
-        path, shard_id, size, mtime_ns, verify, digest, num_rows: as for every file shard.
+        path, shard_id, size, digest, seen, cache_dir, verify, num_rows: as for every file shard.
         fmt: ``"parquet"`` or ``"arrow"``.
         columns: the projected columns (``None``: all).
         group_rows: rows of each row group (record batch), read from the footer at opening.
@@ -103,17 +103,16 @@ class ColumnarShard(FileIdentity):
     _fields = FileIdentity._id_fields + ("fmt", "columns", "group_rows")
     __slots__ = _fields + ("__weakref__",)
 
-    def __init__(self, path: str, shard_id: str, fmt: str, columns: Sequence[str] | None = None, verify: str = "quick"):
-        self._init_identity(path, shard_id, verify)
+    def __init__(self, path: str, shard_id: str, fmt: str, columns: Sequence[str] | None = None, verify: str = "quick", *, cache_dir: str | None = None, digest: str | None = None):
+        self._init_identity(path, shard_id, verify, cache_dir, digest)
         self.fmt = fmt
         self.columns = None if columns is None else tuple(columns)
         self.group_rows: tuple[int, ...] = ()
 
     # -- opening ------------------------------------------------------------------------------------
     def count_rows(self, dataset: str, io: Any = None) -> int:
-        """Read the footer (row groups and schema) and take the content digest; once, at discovery."""
+        """Read the footer (row groups and schema); once, at discovery."""
         opened = self._open(dataset)
-        self._take_digest()  # after opening: the first open has no digest to compare with yet
         self.group_rows = tuple(np.diff(opened.starts).tolist())
         self.num_rows = int(opened.starts[-1])
         return self.num_rows
@@ -163,7 +162,7 @@ class ColumnarShard(FileIdentity):
 
         if self.fmt != "parquet":  # views of the mapping; nothing to keep
             return decode()
-        key = (self.path, self.size, self.mtime_ns, self.columns, g)
+        key = (self.path, self.digest, self.columns, g)
         return ROW_GROUPS.get(key, decode, max_bytes)
 
     def read(self, rows: np.ndarray, dataset: str, io: Any = None) -> list:

@@ -217,13 +217,15 @@ class Dataset:
         documents split at ``eos_token_id`` or by a Megatron ``.idx`` beside each ``.bin``). See
         the sources guide for each format's rows and costs.
 
-        Every format keeps JSONL's guarantees: files must stay unchanged while the dataset is in
-        use, and a change is reported (:class:`~zephon.io.ShardChangedError`) instead of read,
-        through the file's size and modification time (checked before every read) and a
-        digest of its first and last 64 KiB (of all of it with ``verify="full"``) checked when a
-        process opens it; a file cut short fails naming it. A remote shard is identified by its
-        size and ETag (or checksum) and read from a whole copy in the local shard cache
-        (``io_options``).
+        A shard is identified by its content: its size and a SHA-256 of its bytes, taken once per
+        file and kept in the digest cache (in ``cache_dir``), so a byte-identical copy of the data
+        (moved, re-copied, staged elsewhere, touched) is the same dataset and resumes its
+        checkpoints. Every format keeps JSONL's guarantees: files must stay unchanged while the
+        dataset is in use, and a change is reported (:class:`~zephon.io.ShardChangedError`)
+        instead of read: one ``stat`` before every read, and a new digest when the file's size,
+        times or inode changed; a file cut short fails naming it. A remote shard is identified by
+        its size and ETag (or checksum; else a digest of its content) and read from a whole copy
+        in the local shard cache (``io_options``).
 
         Args:
             name: the dataset's name.
@@ -231,10 +233,12 @@ class Dataset:
             fmt: ``None`` to detect the format from the endings; ``"jsonl"``, ``"parquet"``,
                 ``"arrow"`` or ``"tokens"`` to read every given (or, in a folder, every
                 non-hidden) file as that format.
-            cache_dir: cache folder for JSONL indexes, decompressed copies and token offsets;
-                default ``$ZEPHON_CACHE_DIR``, else ``~/.cache/zephon``.
+            cache_dir: cache folder for content digests, JSONL indexes, decompressed copies and
+                token offsets; default ``$ZEPHON_CACHE_DIR``, else ``~/.cache/zephon``.
             recursive: also search subfolders of a folder.
-            verify: ``"quick"`` or ``"full"``: how much of each file the content check hashes.
+            verify: ``"quick"``: a file is digested again when its size, times or inode change;
+                ``"full"``: also hashed whole again whenever a process opens it and now and then
+                while it is read (for filesystems whose times do not follow every write).
             columns: Parquet/Arrow only: the columns to decode (the others are never read);
                 ``None``: all. Rows hold only these fields.
             eos_token_id: token files: the end-of-document token that splits documents.
@@ -270,15 +274,15 @@ class Dataset:
             )
         if verify not in VERIFY_MODES:
             raise ValueError(
-                f"unknown verify {verify!r} for dataset {name!r}; use 'quick' (the first and last 64 KiB of each "
-                "file are checked for changes) or 'full' (whole files)"
+                f"unknown verify {verify!r} for dataset {name!r}; use 'quick' (a file is digested again when its "
+                "size, times or inode change) or 'full' (also hashed whole again whenever a process opens it)"
             )
         if index not in ("auto", "require", "off"):
             raise ValueError(f"unknown index {index!r} for dataset {name!r}; use 'auto', 'require' or 'off'")
         if token_dtype is not None and token_dtype not in TOKEN_DTYPES:
             raise ValueError(f"dataset {name!r}: token_dtype must be 'uint16', 'uint32', 'int32' or 'int64', got {token_dtype!r}")
         io = _as_io(io_options)
-        root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options)
+        root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options, cache_dir=resolve_cache_dir(cache_dir), cache=io.cache)
         kind = found[0].fmt
         if columns is not None:
             if kind not in ("parquet", "arrow"):
@@ -482,9 +486,10 @@ class Dataset:
     def fingerprint(self) -> dict[str, Any]:
         """A JSON-friendly description of the data, which changes when any shard's content changes.
 
-        Files are identified by size and modification time as seen when the dataset was opened (a
-        copy of the same files elsewhere gets a different identity); in-memory shards by a
-        BLAKE2b hash of their rows, computed once.
+        Files are identified by their path relative to the dataset root, size and a SHA-256 of
+        their content (a byte-identical copy elsewhere has the same fingerprint); remote objects
+        by size and ETag or checksum; in-memory shards by a BLAKE2b hash of their rows, computed
+        once.
 
         Returns:
             ``{"name", "format", "shards": [{"id", "path", "bytes", "rows", "identity"}, ...]}``.
@@ -589,19 +594,20 @@ class ShardSpec:
     eos_token_id: int | None = None
     token_dtype: str | None = None
 
-    def __call__(self, path: str, shard_id: str, compression: str | None = None) -> Any:
+    def __call__(self, path: str, shard_id: str, compression: str | None = None, digest: str | None = None) -> Any:
+        """The shard of the file at ``path``; ``digest``: its content identity if known (else taken)."""
         if self.fmt == "jsonl":
             if compression is None:
                 lower = path.lower()
                 compression = "gzip" if lower.endswith(".gz") else "zstd" if lower.endswith((".zst", ".zstd")) else None
-            return JsonlShard(path, shard_id, compression, self.cache_dir, self.verify)
+            return JsonlShard(path, shard_id, compression, self.cache_dir, self.verify, digest)
         if self.fmt in ("parquet", "arrow"):
             from ._columnar import ColumnarShard
 
-            return ColumnarShard(path, shard_id, self.fmt, self.columns, self.verify)
+            return ColumnarShard(path, shard_id, self.fmt, self.columns, self.verify, cache_dir=self.cache_dir, digest=digest)
         from ._tokens import TokenShard
 
-        return TokenShard(path, shard_id, dtype=self.token_dtype, eos_token_id=self.eos_token_id, cache_dir=self.cache_dir, verify=self.verify)
+        return TokenShard(path, shard_id, dtype=self.token_dtype, eos_token_id=self.eos_token_id, cache_dir=self.cache_dir, verify=self.verify, digest=digest)
 
     def settings(self) -> dict[str, Any]:
         """What decides an index entry's rows and digest."""
@@ -616,14 +622,12 @@ def make_shard(found: Any, spec: ShardSpec, storage_options: Mapping[str, Any] |
     if is_url(found.location):
         fs_key = (split_url(found.location)[0], tuple(sorted((storage_options or {}).items())))
         return RemoteShard(found.location, found.shard_id, found.size, found.identity, fs_key, spec)
-    return spec(found.location, found.shard_id, found.compression)
+    return spec(found.location, found.shard_id, found.compression, found.identity)
 
 
 def index_entry(found: Any, shard: Any) -> dict[str, Any]:
     """The dataset-index entry of a counted shard."""
     entry: dict[str, Any] = {"fmt": found.fmt, "bytes": found.size, "identity": found.identity, "rows": shard.num_rows}
-    if getattr(shard, "digest", None) is not None:
-        entry["digest"] = shard.digest
     if getattr(shard, "group_rows", None):
         entry["groups"] = list(shard.group_rows)
     return entry
@@ -631,8 +635,6 @@ def index_entry(found: Any, shard: Any) -> dict[str, Any]:
 
 def _apply_entry(shard: Any, entry: Mapping[str, Any]) -> None:
     shard.num_rows = int(entry["rows"])
-    if "digest" in entry and hasattr(shard, "digest"):
-        shard.digest = entry["digest"]
     if "groups" in entry and hasattr(shard, "group_rows"):
         shard.group_rows = tuple(int(g) for g in entry["groups"])
 
@@ -704,9 +706,9 @@ def build_index(
     from ._discover import discover, write_index
 
     name = "index"
-    root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options)
-    spec = ShardSpec(found[0].fmt, resolve_cache_dir(cache_dir), verify, None, eos_token_id, token_dtype)
     io = _as_io(io_options)
+    root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options, cache_dir=resolve_cache_dir(cache_dir), cache=io.cache)
+    spec = ShardSpec(found[0].fmt, resolve_cache_dir(cache_dir), verify, None, eos_token_id, token_dtype)
     shards = open_shards(name, root, found, spec, storage_options, io, index="off", progress=progress)
     entries = {f.shard_id: index_entry(f, s) for f, s in zip(found, shards)}
     where = write_index(root, entries, spec.settings(), storage_options)

@@ -1,12 +1,14 @@
 """Finding a dataset's shards: formats by file ending, folders, lists, globs, remote URLs; the index.
 
 Discovery turns what the user passed into a sorted list of :class:`Found` shards, each with its
-format and its identity (size plus modification time locally, size plus ETag or checksum on a
-remote store). Shard ids are paths relative to the dataset root (the folder, the glob's fixed
+format, size and identity: the content digest of a local file (``sha256=<hex>``, taken once per
+file and kept in the digest cache, see :mod:`zephon.io._digest`), the ETag or checksum of a
+remote object (a digest of its content on stores that give neither); never a modification time,
+so a byte-identical copy of the data is the same dataset. Shard ids are paths relative to the dataset root (the folder, the glob's fixed
 prefix, or the listed files' common folder), and shards are sorted by them.
 
 The dataset index (``.zephon-index.json`` in the root, written by ``zephon index PATH``) records
-each shard's identity, row count and what opening it would compute (content digest, row groups).
+each shard's identity, row count and what opening it would compute (row groups).
 Discovery reuses an entry only when the shard's identity still matches; a shard that changed
 since the index was built is counted again (with a warning), or refused with ``index="require"``.
 """
@@ -23,8 +25,9 @@ import attrs
 
 from .._atomic import replacing
 from ._columnar import ARROW_SUFFIXES, PARQUET_SUFFIXES
-from ._jsonl import SUFFIXES
-from ._storage import filesystem, identity_of, is_url, local_path, split_url
+from ._digest import cached, file_digests
+from ._jsonl import SUFFIXES, resolve_cache_dir
+from ._storage import CacheOptions, cached_name, fetch_by_content, filesystem, identity_of, is_url, local_path, split_url
 from ._tokens import TOKEN_SUFFIXES
 
 #: The formats ``Dataset.from_path`` reads, and the endings that select them.
@@ -35,14 +38,14 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "tokens": TOKEN_SUFFIXES,
 }
 INDEX_NAME = ".zephon-index.json"
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: identities are content digests (1: modification times)
 _LISTED = 10
 _GLOB = "*?["
 
 
 @attrs.frozen
 class Found:
-    """One shard found: where it is, its id, format, compression, size and identity."""
+    """One shard found: where it is, its id, format, compression, size and identity (its content's)."""
 
     location: str  # an absolute local path or a URL
     shard_id: str
@@ -92,13 +95,19 @@ def _glob_root(pattern: str) -> str:
     return head
 
 
-def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_options: Mapping[str, Any] | None) -> tuple[str, list[Found]]:
-    """``(root, shards sorted by id)`` of what ``path`` names."""
+def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_options: Mapping[str, Any] | None, cache_dir: str | None = None, cache: CacheOptions | None = None) -> tuple[str, list[Found]]:
+    """``(root, shards sorted by id)`` of what ``path`` names.
+
+    Digests are cached in ``cache_dir``; objects of stores without checksums are downloaded
+    into the shard cache (``cache``) to be digested.
+    """
     so = tuple(sorted((storage_options or {}).items()))
+    cache_dir = resolve_cache_dir(cache_dir)
+    cache = cache or CacheOptions()
     if isinstance(path, (str, os.PathLike)):
         text = os.fspath(path)
         if is_url(text):
-            root, found = _remote(name, [text], fmt, recursive, so, single=True)
+            root, found = _remote(name, [text], fmt, recursive, so, (cache_dir, cache), single=True)
         else:
             root, found = _local_one(name, os.path.abspath(local_path(text)), fmt, recursive)
     elif isinstance(path, Iterable) and not isinstance(path, (bytes, Mapping)):
@@ -109,7 +118,7 @@ def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_
         if any(remote) and not all(remote):
             raise ValueError(f"dataset {name!r}: the list mixes local paths and URLs; a dataset lives in one place")
         if all(remote):
-            root, found = _remote(name, items, fmt, recursive, so, single=False)
+            root, found = _remote(name, items, fmt, recursive, so, (cache_dir, cache), single=False)
         else:
             root, found = _local_list(name, [os.path.abspath(local_path(p)) for p in items], fmt)
     else:
@@ -122,18 +131,42 @@ def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_
     if len(set(ids)) != len(ids):
         twice = sorted({i for i in ids if ids.count(i) > 1})
         raise ValueError(f"dataset {name!r}: files listed more than once: {twice}")
-    return root, sorted(found, key=lambda f: f.shard_id)
+    return root, _identified(sorted(found, key=lambda f: f.shard_id), cache_dir)
+
+
+def _identified(found: list, cache_dir: str) -> list[Found]:
+    """``found`` with the local files' content digests as identities (several files at once)."""
+    local = [i for i, f in enumerate(found) if isinstance(f, _Local)]
+    if not local:
+        return found
+    digests = file_digests([found[i].location for i in local], cache_dir, [found[i].st for i in local])
+    out = list(found)
+    for i, digest in zip(local, digests):
+        f = found[i]
+        out[i] = Found(f.location, f.shard_id, f.fmt, f.compression, f.st.st_size, digest)
+    return out
 
 
 # -- local --------------------------------------------------------------------------------------------
 
 
-def _local_found(full: str, root: str, kind: tuple[str, str | None], st: os.stat_result) -> Found:
+@attrs.frozen
+class _Local:
+    """A local file found, before its content digest is taken."""
+
+    location: str
+    shard_id: str
+    fmt: str
+    compression: str | None
+    st: os.stat_result
+
+
+def _local_found(full: str, root: str, kind: tuple[str, str | None], st: os.stat_result) -> _Local:
     rel = os.path.relpath(full, root).replace(os.sep, "/")
-    return Found(full, rel, kind[0], kind[1], st.st_size, f"mtime_ns={st.st_mtime_ns}")
+    return _Local(full, rel, kind[0], kind[1], st)
 
 
-def _local_one(name: str, full: str, fmt: str | None, recursive: bool) -> tuple[str, list[Found]]:
+def _local_one(name: str, full: str, fmt: str | None, recursive: bool) -> tuple[str, list[_Local]]:
     if os.path.isdir(full):
         return full, _scan_folder(name, full, fmt, recursive)
     if _is_glob(full) and not os.path.exists(full):
@@ -150,14 +183,14 @@ def _local_one(name: str, full: str, fmt: str | None, recursive: bool) -> tuple[
     return root, [_checked_local(name, full, root, fmt)]
 
 
-def _checked_local(name: str, full: str, root: str, fmt: str | None) -> Found:
+def _checked_local(name: str, full: str, root: str, fmt: str | None) -> _Local:
     kind = format_of(os.path.basename(full), fmt)
     if kind is None:
         raise ValueError(f"dataset {name!r}: cannot tell the format of {full} from its name; supported endings: {_endings()}. Pass fmt='jsonl', 'parquet', 'arrow' or 'tokens' to say it.")
     return _local_found(full, root, kind, os.stat(full))
 
 
-def _local_list(name: str, paths: list[str], fmt: str | None) -> tuple[str, list[Found]]:
+def _local_list(name: str, paths: list[str], fmt: str | None) -> tuple[str, list[_Local]]:
     for p in paths:
         if not os.path.exists(p):
             raise _missing(name, p)
@@ -171,8 +204,8 @@ def _local_list(name: str, paths: list[str], fmt: str | None) -> tuple[str, list
     return root, [_checked_local(name, p, root, fmt) for p in paths]
 
 
-def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool) -> list[Found]:
-    found: list[Found] = []
+def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool) -> list[_Local]:
+    found: list[_Local] = []
     seen: list[str] = []
     subfolders = False
     for folder, dirs, files in os.walk(root):
@@ -204,7 +237,7 @@ def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool) -> list
 # -- remote -------------------------------------------------------------------------------------------
 
 
-def _remote(name: str, urls: list[str], fmt: str | None, recursive: bool, so: tuple, *, single: bool) -> tuple[str, list[Found]]:
+def _remote(name: str, urls: list[str], fmt: str | None, recursive: bool, so: tuple, caches: tuple[str, CacheOptions], *, single: bool) -> tuple[str, list[Found]]:
     protocols = {split_url(u)[0] for u in urls}
     if len(protocols) > 1:
         raise ValueError(f"dataset {name!r}: the URLs use several stores {sorted(protocols)}; a dataset lives in one place")
@@ -242,10 +275,24 @@ def _remote(name: str, urls: list[str], fmt: str | None, recursive: bool, so: tu
         if fmt == "tokens" and p.endswith(".idx"):
             continue
         rel = p[len(root) :].lstrip("/") if p.startswith(root) else p
-        found.append(Found(fs.unstrip_protocol(p), rel, kind[0], kind[1], int(info.get("size") or 0), identity_of(info)))
+        url, size = fs.unstrip_protocol(p), int(info.get("size") or 0)
+        found.append(Found(url, rel, kind[0], kind[1], size, identity_of(info) or _content_identity(fs, url, info, caches, name)))
     if not found:
         raise ValueError(f"dataset {name!r}: no supported files at {urls[0]}; supported endings: {_endings()}")
     return fs.unstrip_protocol(root), found
+
+
+def _content_identity(fs: Any, url: str, info: Mapping[str, Any], caches: tuple[str, CacheOptions], dataset: str) -> str:
+    """The content digest of an object on a store that gives no ETag or checksum.
+
+    Taken as the object is downloaded into the shard cache (where reading it finds it), and kept
+    in the digest cache keyed by the object's size and listed times (another upload is read
+    again); used from there while its copy is still in the shard cache.
+    """
+    stamps = {k: str(info.get(k)) for k in ("size", "mtime", "LastModified", "last_modified", "updated", "created") if info.get(k) is not None}
+    size = int(info.get("size") or 0)
+    copy = lambda digest: os.path.isfile(os.path.join(caches[1].folder, cached_name(url, size, digest)))  # noqa: E731
+    return cached(caches[0], url, stamps, lambda: fetch_by_content(url, fs, size, caches[1], dataset), usable=copy)
 
 
 # -- the dataset index --------------------------------------------------------------------------------

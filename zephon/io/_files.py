@@ -1,10 +1,12 @@
 """What every file shard shares: its identity when opened, the checks before each read, remote copies.
 
-A file shard records its size, modification time and a content digest (:func:`content_digest`)
-when its dataset is opened, and refuses, with :class:`~zephon.io.ShardChangedError`, to read a
-file that no longer matches: one ``stat`` before every read, the digest again whenever the file
-is opened in a process (first use, or after it was replaced by another file). A file shard pickles
-as its description only; what it opens is process-local.
+A file shard records its size and content digest (``"sha256=<hex>"``, taken once per file and
+kept in the digest cache, see :mod:`zephon.io._digest`) when its dataset is opened, and refuses,
+with :class:`~zephon.io.ShardChangedError`, to read a file that no longer holds those bytes: one
+``stat`` before every read, and a new digest whenever the file's stat key (size, times, inode)
+changed since it was last verified, so a touched or re-copied file reads on. With
+``verify="full"`` the whole file is hashed again whenever a process opens it. A file shard
+pickles as its description only; what it opens is process-local.
 
 :class:`RemoteShard` wraps a local shard of any format around a cached copy of a remote object.
 """
@@ -17,54 +19,48 @@ from typing import Any, Callable
 import numpy as np
 
 from .._cache import ProcessCache
-from ._jsonl import EDGE_BYTES, ShardChangedError, content_digest
+from ._digest import ShardChangedError, check_file, file_digest, hash_file, short
+from ._jsonl import resolve_cache_dir
 from ._storage import IoOptions, fetch, filesystem
 
 
 class FileIdentity:
-    """A file as seen when its dataset was opened: path, size, mtime and content digest."""
+    """A file as seen when its dataset was opened: path, size and content digest.
+
+    ``seen`` is the stat key at which the file was last found to hold those bytes (``None``:
+    not checked yet in this process).
+    """
 
     __slots__ = ()
-    _id_fields = ("path", "shard_id", "size", "mtime_ns", "verify", "digest", "num_rows")
+    _id_fields = ("path", "shard_id", "size", "digest", "seen", "cache_dir", "verify", "num_rows")
 
-    def _init_identity(self, path: str, shard_id: str, verify: str) -> None:
+    def _init_identity(self, path: str, shard_id: str, verify: str, cache_dir: str | None, digest: str | None) -> None:
         st = os.stat(path)
         self.path, self.shard_id, self.verify = path, shard_id, verify
-        self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
-        self.digest: str | None = None
+        self.cache_dir = cache_dir or resolve_cache_dir(None)
+        self.size = st.st_size
+        self.seen: Any = None
+        self.digest = digest or file_digest(path, self.cache_dir, st)
         self.num_rows = -1
 
-    def _take_digest(self) -> None:
-        if self.digest is None:
-            self.digest = content_digest(self.path, self.size, self.verify == "full")
-
     def check_stat(self, dataset: str) -> os.stat_result:
-        """One ``stat``: raises unless the file still has the size and time seen at opening."""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"dataset {dataset!r}: shard file {self.path} was removed after the dataset was opened; restore it or open the dataset again") from None
-        if (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns):
-            raise ShardChangedError(
-                f"dataset {dataset!r}: shard file {self.path} changed after the dataset was opened: size was {self.size} "
-                f"bytes, now {st.st_size}; mtime_ns was {self.mtime_ns}, now {st.st_mtime_ns}. Reading it would shift or "
-                "garble samples; leave shard files untouched while a dataset is in use and open the dataset again."
-            )
-        return st
+        """One ``stat``: raises unless the file still holds the bytes seen at opening (digested again when touched)."""
+        return check_file(self, dataset, "after the dataset was opened")
 
     def check_content(self, dataset: str) -> None:
-        """Compare the content digest with the one taken at opening (when a process opens the file)."""
-        if self.digest is None:
+        """``verify="full"``: hash the whole file again (when a process opens it) and compare."""
+        if self.verify != "full":
             return
-        if content_digest(self.path, self.size, self.verify == "full") != self.digest:
-            part = "its content" if self.verify == "full" else f"its first or last {EDGE_BYTES // 1024} KiB"
+        now = hash_file(self.path)
+        if now != self.digest:
             raise ShardChangedError(
-                f"dataset {dataset!r}: shard file {self.path} changed after the dataset was opened: {part} differ, "
-                "although its size and modification time are the same. Open the dataset again to read the new content."
+                f"dataset {dataset!r}: shard file {self.path} changed after the dataset was opened: its content differs "
+                f"({short(self.digest)} → {short(now)}), although its size, times and inode are the same (the filesystem "
+                "did not record the write). Open the dataset again to read the new content."
             )
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": f"size={self.size},mtime_ns={self.mtime_ns}"}
+        return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.digest}
 
     def __getstate__(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self._fields}
@@ -80,12 +76,12 @@ class FileIdentity:
 def open_cached(cache: ProcessCache, shard: Any, dataset: str, build: Callable[[os.stat_result], Any]) -> Any:
     """The shard's open state in this process, checked against the file before each use.
 
-    The state is keyed by the shard's description and the file's inode: a file replaced by
-    another of the same size and time is opened again, and its digest compared.
+    The state is keyed by the shard's description, content and the file's inode: a file
+    replaced by a copy of the same bytes is opened again.
     """
     st = shard.check_stat(dataset)
     variant = tuple(getattr(shard, f, None) for f in ("fmt", "columns", "eos_token_id", "dtype"))
-    key = (shard.path, shard.size, shard.mtime_ns, st.st_dev, st.st_ino, variant)
+    key = (shard.path, shard.size, shard.digest, st.st_dev, st.st_ino, variant)
 
     def make() -> Any:
         shard.check_content(dataset)
@@ -101,7 +97,7 @@ class RemoteShard:
         url: the object's URL.
         shard_id: its path relative to the dataset root.
         size: its size in bytes when the dataset was opened.
-        identity: its ETag or checksum (else modification time) then.
+        identity: its ETag or checksum (else a digest of its content) then.
         num_rows: its rows.
         fs_key: ``(protocol, storage options)`` of its filesystem.
         make: builds the local shard of the copy: ``make(local path, shard_id) -> shard``.
@@ -128,7 +124,7 @@ class RemoteShard:
                 raise ShardChangedError(f"dataset {dataset!r}: remote shard {self.url} now has {rows} rows, not the {self.num_rows} recorded when the dataset was opened; open the dataset again")
             return shard
 
-        return _LOCAL.get((copy, st.st_ino, st.st_mtime_ns), build)
+        return _LOCAL.get((copy, st.st_dev, st.st_ino), build)
 
     def count_rows(self, dataset: str, io: IoOptions) -> int:
         self.num_rows = self.local(dataset, io).num_rows

@@ -11,17 +11,20 @@ that race to build the same entry all end up reading a complete one. When the ca
 cannot be written, indexes and decompressed text are kept in memory instead (one warning per
 folder and process).
 
-Open files are process-local state: a shard holds only its description (path, size, mtime, row
-count), pickles without its mapping, and maps the file again on first use in a new process. At
+Open files are process-local state: a shard holds only its description (path, size, content
+digest, row count), pickles without its mapping, and maps the file again on first use in a new process. At
 most :data:`MAX_OPEN_SHARDS` shards are kept mapped per process (least recently used first out),
 so datasets with thousands of shards stay under the open-file limit.
 
-Files must not change while a dataset is in use, and a change is reported rather than read:
-every read compares the file's size and modification time with those seen when the dataset was
-opened (one ``stat`` call), and checks that the mapped file still has its mapped length (a mapped
-file that shrinks would crash the process on the next access). When a file is mapped, and at
-most once a second while it stays mapped, a digest of its first and last 64 KiB (of all of it
-with ``verify="full"``) is compared with the one taken when the dataset was opened. See
+A shard is identified by its content (a SHA-256 of the file, taken once and kept in the digest
+cache, see :mod:`zephon.io._digest`), so a byte-identical copy or a touched file reads on. Files
+must not change while a dataset is in use, and a change is reported rather than read: every read
+makes one ``stat`` call, and a file whose stat key (size, times, inode) differs from the one last
+verified is digested again and compared; a mapped copy is checked to keep its mapped length (a
+mapped file that shrinks would crash the process on the next access). With ``verify="full"`` the
+whole file is also hashed again when a process maps it, and at most once a second (and at most
+1% of the time) while it stays mapped, for filesystems whose times do not follow every write.
+Cached line indexes and decompressed copies are keyed by the content digest. See
 :class:`ShardChangedError`.
 """
 
@@ -40,6 +43,7 @@ import numpy as np
 
 from .._atomic import discard, replacing
 from .._cache import ProcessCache
+from ._digest import ShardChangedError, check_file, file_digest, hash_file, short
 
 #: File name endings read as JSONL, and the compression each implies.
 SUFFIXES: dict[str, str | None] = {".jsonl": None, ".jsonl.gz": "gzip", ".jsonl.zst": "zstd"}
@@ -47,8 +51,8 @@ SUFFIXES: dict[str, str | None] = {".jsonl": None, ".jsonl.gz": "gzip", ".jsonl.
 #: Shards kept mapped per process; older ones are unmapped and reopened on their next read.
 MAX_OPEN_SHARDS = 128
 
-_INDEX_MAGIC = b"ZPHIDX01"
-_INDEX_HEADER = 32  # magic, then little-endian int64 size, mtime_ns, rows
+_INDEX_MAGIC = b"ZPHIDX02"
+_INDEX_HEADER = 32  # magic, then little-endian int64 size, content stamp, rows
 _SCAN_BLOCK = 1 << 26  # bytes compared per numpy pass while looking for newlines
 _COPY_BLOCK = 1 << 20
 _BOM = b"\xef\xbb\xbf"
@@ -56,12 +60,10 @@ _JSON_WS = b" \t\r\n"
 _SNIPPET = 120
 _ZSTD_BLOCK = 1 << 16  # compressed bytes per decompress call (bounds the output of one call)
 
-#: How much of a file the default content check hashes: this many bytes at each end.
-EDGE_BYTES = 1 << 16
 #: ``verify`` settings of :meth:`zephon.io.Dataset.from_path`.
 VERIFY_MODES = ("quick", "full")
-# A mapped file's content is checked again at most every _RECHECK_S seconds, and never more than
-# _RECHECK_SHARE of the time (a full digest of a large file takes long).
+# With verify="full", a mapped file's content is hashed again at most every _RECHECK_S seconds,
+# and never more than _RECHECK_SHARE of the time (hashing a large file takes long).
 _RECHECK_S = 1.0
 _RECHECK_SHARE = 0.01
 
@@ -126,50 +128,10 @@ def _atomic_write(target: str, write: Callable[[Any], None]) -> bool:
 # -- change detection ---------------------------------------------------------------------------------
 
 
-class ShardChangedError(ValueError):
-    """A shard file changed after its dataset was opened, so its rows can no longer be read.
-
-    Rows are located by byte offsets fixed when the dataset was opened; reading a changed file
-    would return other samples, or crash the process if a mapped file shrank. The message names
-    the dataset, the file and what changed. A ``ValueError``, so code that catches data errors
-    catches it too.
-
-    Example:
-        >>> issubclass(ShardChangedError, ValueError)
-        True
-    """
-
-
-def content_digest(path: str, size: int, full: bool = False) -> str:
-    """A digest of the first and last :data:`EDGE_BYTES` of a file (of all of it with ``full``).
-
-    ``size`` is the size the file is expected to have; a shorter file gives another digest. The
-    digest is meant to detect accidental changes, not deliberate ones: SHA-1 (fast on CPUs with SHA
-    instructions) over the size and the bytes read. Files up to ``2 * EDGE_BYTES`` are hashed whole.
-
-    Example:
-        >>> import tempfile, os
-        >>> with tempfile.NamedTemporaryFile(delete=False) as f:
-        ...     _ = f.write(b'{"a": 1}\\n')
-        >>> content_digest(f.name, 9) == content_digest(f.name, 9, full=True)
-        True
-        >>> os.unlink(f.name)
-    """
-    h = hashlib.sha1(str(size).encode(), usedforsecurity=False)
-    with open(path, "rb", buffering=0) as f:
-        if full or size <= 2 * EDGE_BYTES:
-            block = bytearray(_COPY_BLOCK)
-            view = memoryview(block)
-            while True:
-                n = f.readinto(block)
-                if not n:
-                    break
-                h.update(view[:n])
-        else:
-            h.update(f.read(EDGE_BYTES))
-            f.seek(size - EDGE_BYTES)
-            h.update(f.read(EDGE_BYTES))
-    return h.hexdigest()
+def stamp(digest: str | None) -> int:
+    """A cache entry's 64-bit stamp of a content digest: entries of other content do not match."""
+    value = hashlib.blake2b((digest or "").encode(), digest_size=8).digest()
+    return int.from_bytes(value, "little", signed=True)
 
 
 # -- line index ---------------------------------------------------------------------------------------
@@ -216,8 +178,8 @@ def _index_file(cache_dir: str, data_path: str) -> str:
     return os.path.join(cache_dir, "index", _path_key(data_path) + ".idx")
 
 
-def load_index(cache_dir: str, data_path: str, size: int, mtime_ns: int, *, rows_only: bool = False) -> Any:
-    """The cached index of ``data_path`` if it matches ``size`` and ``mtime_ns``, else ``None``.
+def load_index(cache_dir: str, data_path: str, size: int, content: int, *, rows_only: bool = False) -> Any:
+    """The cached index of ``data_path`` if it matches ``size`` and ``content`` (a :func:`stamp`), else ``None``.
 
     With ``rows_only`` only the header is read and the row count is returned.
     """
@@ -226,8 +188,8 @@ def load_index(cache_dir: str, data_path: str, size: int, mtime_ns: int, *, rows
             head = f.read(_INDEX_HEADER)
             if len(head) != _INDEX_HEADER or head[:8] != _INDEX_MAGIC:
                 return None
-            c_size, c_mtime, rows = (int(x) for x in np.frombuffer(head, dtype="<i8", offset=8))
-            if c_size != size or c_mtime != mtime_ns or rows < 0:
+            c_size, c_stamp, rows = (int(x) for x in np.frombuffer(head, dtype="<i8", offset=8))
+            if c_size != size or c_stamp != content or rows < 0:
                 return None
             if rows_only:
                 return rows
@@ -239,9 +201,9 @@ def load_index(cache_dir: str, data_path: str, size: int, mtime_ns: int, *, rows
     return offsets.astype(np.int64, copy=False)
 
 
-def save_index(cache_dir: str, data_path: str, size: int, mtime_ns: int, offsets: np.ndarray) -> bool:
+def save_index(cache_dir: str, data_path: str, size: int, content: int, offsets: np.ndarray) -> bool:
     """Cache ``offsets`` for ``data_path`` (atomically); False when the cache cannot be written."""
-    header = _INDEX_MAGIC + np.array([size, mtime_ns, offsets.shape[0] - 1], dtype="<i8").tobytes()
+    header = _INDEX_MAGIC + np.array([size, content, offsets.shape[0] - 1], dtype="<i8").tobytes()
 
     def write(out: Any) -> None:
         out.write(header)
@@ -320,19 +282,19 @@ def _zstd_blocks(zstd: Any, source: str):
         )
 
 
-def _decompressed_file(cache_dir: str, source: str, size: int, mtime_ns: int) -> str:
-    # "2:" since incomplete zstd files are detected: copies made before were possibly cut short.
-    version = hashlib.blake2b(f"2:{size}:{mtime_ns}".encode(), digest_size=8).hexdigest()
+def _decompressed_file(cache_dir: str, source: str, size: int, digest: str | None) -> str:
+    # "3:" since copies are keyed by the source's content (before: by its modification time).
+    version = hashlib.blake2b(f"3:{size}:{digest}".encode(), digest_size=8).hexdigest()
     return os.path.join(cache_dir, "decompressed", f"{_path_key(source)}-{version}.jsonl")
 
 
-def decompress(cache_dir: str, source: str, compression: str, size: int, mtime_ns: int) -> str | bytes:
+def decompress(cache_dir: str, source: str, compression: str, size: int, digest: str | None) -> str | bytes:
     """The decompressed text of ``source``: a cache file path, or bytes if the cache is unwritable.
 
-    The cache entry is keyed by the source path, size and mtime, so a changed source is
+    The cache entry is keyed by the source path, size and content digest, so a changed source is
     decompressed again (older copies of the same source are removed).
     """
-    target = _decompressed_file(cache_dir, source, size, mtime_ns)
+    target = _decompressed_file(cache_dir, source, size, digest)
     if os.path.isfile(target):
         return target
 
@@ -376,8 +338,8 @@ class _Open:
         self.mapped = mapped  # the mapping behind ``buf``; None for text held in memory
         self.length = len(buf)
         self.inode = inode  # (st_dev, st_ino) of the source file when it was opened
-        self.checked = time.monotonic()  # when the content was last compared with the digest
-        self.check_s = check_s  # how long that comparison took
+        self.checked = time.monotonic()  # when the content was last hashed (verify="full")
+        self.check_s = check_s  # how long that took
 
 
 def _map(path: str) -> tuple[memoryview, mmap.mmap | None, os.stat_result]:
@@ -401,27 +363,29 @@ class JsonlShard:
         shard_id: its path relative to the dataset root, with ``/`` separators.
         compression: ``None``, ``"gzip"`` or ``"zstd"``.
         size: size in bytes of the source file when the dataset was opened.
-        mtime_ns: its modification time then.
+        digest: its content identity then (``"sha256=<hex>"``, see :mod:`zephon.io._digest`).
+        seen: the stat key at which the file was last found to hold those bytes (``None``: not
+            checked yet in this process); a read with another stat key digests it again.
         num_rows: its non-blank lines.
-        cache_dir: folder for indexes and decompressed copies.
-        verify: ``"quick"`` or ``"full"``: how much of the file :func:`content_digest` hashes.
-        digest: that digest, taken when the dataset was opened.
+        cache_dir: folder for indexes, decompressed copies and digests.
+        verify: ``"quick"`` or ``"full"`` (the file is also hashed whole when a process maps it,
+            and now and then while mapped).
     """
 
-    _fields = ("path", "shard_id", "compression", "size", "mtime_ns", "num_rows", "cache_dir", "verify", "digest")
+    _fields = ("path", "shard_id", "compression", "size", "digest", "seen", "num_rows", "cache_dir", "verify")
     __slots__ = _fields + ("__weakref__",)
 
-    def __init__(self, path: str, shard_id: str, compression: str | None, cache_dir: str, verify: str = "quick"):
+    def __init__(self, path: str, shard_id: str, compression: str | None, cache_dir: str, verify: str = "quick", digest: str | None = None):
         st = os.stat(path)
         self.path = path
         self.shard_id = shard_id
         self.compression = compression
         self.size = st.st_size
-        self.mtime_ns = st.st_mtime_ns
         self.cache_dir = cache_dir
         self.num_rows = -1
         self.verify = verify
-        self.digest: str | None = None
+        self.seen: Any = None  # a given digest is checked against the file at the first read
+        self.digest = digest or file_digest(path, cache_dir, st)
 
     def __del__(self) -> None:
         # The mapping is keyed by id(self), which a later object may reuse: drop it with the shard.
@@ -438,78 +402,50 @@ class JsonlShard:
         return _MAPS.get(id(self), lambda: self._load(dataset))
 
     def count_rows(self, dataset: str, io: Any = None) -> int:
-        """Count rows once (at dataset creation), from a cached index header when there is one.
-
-        Also takes the content digest that later opens of the file are compared with.
-        """
+        """Count rows once (at dataset creation), from a cached index header when there is one."""
         rows = self._cached_rows()
         if rows is None:
             rows = self._mapped(dataset).offsets.shape[0] - 1
         self.num_rows = rows
-        if self.digest is None:
-            self.digest = content_digest(self.path, self.size, self.verify == "full")
         return rows
 
     def _cached_rows(self) -> int | None:
+        content = stamp(self.digest)
         if self.compression is None:
-            return load_index(self.cache_dir, self.path, self.size, self.mtime_ns, rows_only=True)
-        plain = _decompressed_file(self.cache_dir, self.path, self.size, self.mtime_ns)
+            return load_index(self.cache_dir, self.path, self.size, content, rows_only=True)
+        plain = _decompressed_file(self.cache_dir, self.path, self.size, self.digest)
         try:
             st = os.stat(plain)
         except OSError:
             return None
-        return load_index(self.cache_dir, plain, st.st_size, st.st_mtime_ns, rows_only=True)
+        return load_index(self.cache_dir, plain, st.st_size, content, rows_only=True)
 
     # -- change detection -------------------------------------------------------------------------------
-    def _changed(self, dataset: str, when: str, st: os.stat_result) -> ShardChangedError:
-        return ShardChangedError(
-            f"dataset {dataset!r}: shard file {self.path} changed {when}: size was {self.size} bytes, now "
-            f"{st.st_size}; mtime_ns was {self.mtime_ns}, now {st.st_mtime_ns}. Rows are located by byte offsets "
-            "fixed when the dataset was opened, so reading the changed file would shift or garble samples. Leave "
-            "shard files untouched while a dataset is in use (write new files beside them), and open the dataset "
-            "again with Dataset.from_path to read the new content."
-        )
-
-    def _check_unchanged(self, dataset: str, st: os.stat_result) -> None:
-        if (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns):
-            raise self._changed(dataset, "after the dataset was opened", st)
-
-    def _check_content(self, dataset: str) -> float:
-        """Compare the file's digest with the one taken at opening; returns the seconds it took."""
+    def _hash_again(self, dataset: str) -> float:
+        """``verify="full"``: hash the whole file (not from the digest cache) and compare; the seconds it took."""
         start = time.monotonic()
-        digest = content_digest(self.path, self.size, self.verify == "full")
-        if self.digest is None:  # the dataset is being opened
-            self.digest = digest
-        elif digest != self.digest:
-            part = "its content" if self.verify == "full" else f"its first or last {EDGE_BYTES // 1024} KiB"
+        now = hash_file(self.path)
+        if now != self.digest:
             raise ShardChangedError(
-                f"dataset {dataset!r}: shard file {self.path} changed after the dataset was opened: {part} "
-                f"differ from what was there then, although its size ({self.size} bytes) and modification time "
-                "are the same (the file was rewritten in place and its time kept or restored). Leave shard files "
-                "untouched while a dataset is in use, and open the dataset again to read the new content."
+                f"dataset {dataset!r}: shard file {self.path} changed after the dataset was opened: its content differs "
+                f"({short(self.digest)} → {short(now)}), although its size ({self.size} bytes), times and inode are the "
+                "same (the filesystem did not record the write). Leave shard files untouched while a dataset is in use, "
+                "and open the dataset again to read the new content."
             )
         return time.monotonic() - start
 
     def _verify(self, state: _Open, dataset: str) -> _Open:
         """``state`` once the file is known to be the one opened; raises if it changed.
 
-        Runs before every read: one ``stat`` of the source (its size and modification time), one
-        ``fstat`` of a decompressed copy's mapping, and, at most once a second (and at most 1% of
-        the time), the content digest. Checking before touching the mapping matters: a mapped
-        file that has shrunk kills the process (``SIGBUS``) when the lost pages are read.
+        Runs before every read: one ``stat`` of the source (a new stat key makes it digested
+        again), one ``fstat`` of a decompressed copy's mapping, and with ``verify="full"``, at
+        most once a second (and at most 1% of the time), a hash of the whole file. Checking
+        before touching the mapping matters: a mapped file that has shrunk kills the process
+        (``SIGBUS``) when the lost pages are read.
         """
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"dataset {dataset!r}: shard file {self.path} was removed while reading; restore the file or open "
-                "the dataset again."
-            ) from None
-        if st.st_size != self.size or st.st_mtime_ns != self.mtime_ns:
-            raise self._changed(dataset, "while reading", st)
+        st = check_file(self, dataset, "while reading")
         if (st.st_dev, st.st_ino) != state.inode:
-            # Replaced by another file of the same size and time (a copy that keeps times): open the
-            # new one, whose content is compared with the digest as it is opened.
+            # Replaced by a file with the same bytes (a copy): map the new one.
             _MAPS.discard(id(self))
             return self._mapped(dataset)
         if self.compression is not None and state.mapped is not None:
@@ -520,36 +456,39 @@ class JsonlShard:
                     f"changed while reading: size was {state.length} bytes, now {now}. Something other than zephon "
                     "wrote to the cache folder; leave it alone while datasets are in use, and open the dataset again."
                 )
-        now_s = time.monotonic()
-        if now_s - state.checked >= max(_RECHECK_S, state.check_s / _RECHECK_SHARE):
-            state.check_s = self._check_content(dataset)
-            state.checked = time.monotonic()
+        if self.verify == "full":
+            now_s = time.monotonic()
+            if now_s - state.checked >= max(_RECHECK_S, state.check_s / _RECHECK_SHARE):
+                state.check_s = self._hash_again(dataset)
+                state.checked = time.monotonic()
         return state
 
     # -- opening ------------------------------------------------------------------------------------------
     def _load(self, dataset: str) -> _Open:
         mapped: mmap.mmap | None = None
-        try:
-            if self.compression is None:
-                buf, mapped, st = _map(self.path)
-            else:
-                st = os.stat(self.path)
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"dataset {dataset!r}: shard file {self.path} no longer exists; it was there when the dataset "
-                "was opened. Restore the file or open the dataset again."
-            ) from None
-        self._check_unchanged(dataset, st)
-        check_s = self._check_content(dataset)
+        st = check_file(self, dataset, "after the dataset was opened")
+        if self.compression is None:
+            for attempt in range(3):  # the file checked must be the file mapped
+                try:
+                    buf, mapped, mst = _map(self.path)
+                except FileNotFoundError:
+                    mst = None
+                if mst is not None and (mst.st_dev, mst.st_ino, mst.st_size) == (st.st_dev, st.st_ino, st.st_size):
+                    break
+                if attempt == 2:
+                    raise ShardChangedError(f"dataset {dataset!r}: shard file {self.path} is being replaced again and again while it is opened; leave shard files untouched while a dataset is in use")
+                st = check_file(self, dataset, "after the dataset was opened")
+        check_s = self._hash_again(dataset) if self.verify == "full" else 0.0
+        content = stamp(self.digest)
         plain: str | None = self.path
-        size, mtime_ns = st.st_size, st.st_mtime_ns
+        size = st.st_size
         if self.compression is not None:
-            buf, mapped, plain, size, mtime_ns = self._decompressed()
-        offsets = None if plain is None else load_index(self.cache_dir, plain, size, mtime_ns)
+            buf, mapped, plain, size = self._decompressed()
+        offsets = None if plain is None else load_index(self.cache_dir, plain, size, content)
         if offsets is None:
             offsets = build_line_index(buf)
             if plain is not None:
-                save_index(self.cache_dir, plain, size, mtime_ns, offsets)
+                save_index(self.cache_dir, plain, size, content, offsets)
         if self.num_rows >= 0 and offsets.shape[0] - 1 != self.num_rows:
             raise ShardChangedError(
                 f"dataset {dataset!r}: shard file {self.path} now has {offsets.shape[0] - 1} rows, not the "
@@ -557,18 +496,18 @@ class JsonlShard:
             )
         return _Open(buf, offsets, mapped, (st.st_dev, st.st_ino), check_s)
 
-    def _decompressed(self) -> tuple[memoryview, mmap.mmap | None, str | None, int, int]:
-        """``(buffer, mapping, cache path, size, mtime_ns)`` of the decompressed text.
+    def _decompressed(self) -> tuple[memoryview, mmap.mmap | None, str | None, int]:
+        """``(buffer, mapping, cache path, size)`` of the decompressed text.
 
         Mapping and cache path are ``None`` when the text is held in memory.
         """
         for attempt in range(2):
-            text = decompress(self.cache_dir, self.path, self.compression or "", self.size, self.mtime_ns)
+            text = decompress(self.cache_dir, self.path, self.compression or "", self.size, self.digest)
             if isinstance(text, bytes):
-                return memoryview(text), None, None, len(text), 0
+                return memoryview(text), None, None, len(text)
             try:
                 buf, mapped, st = _map(text)
-                return buf, mapped, text, st.st_size, st.st_mtime_ns
+                return buf, mapped, text, st.st_size
             except FileNotFoundError:  # removed from the cache meanwhile: decompress again, once
                 if attempt:
                     raise
@@ -605,18 +544,12 @@ class JsonlShard:
         )
 
     def fingerprint(self) -> dict[str, Any]:
-        return {
-            "path": self.shard_id,
-            "bytes": self.size,
-            "rows": self.num_rows,
-            "identity": f"size={self.size},mtime_ns={self.mtime_ns}",
-        }
+        return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.digest}
 
     def __getstate__(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self._fields}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state = {"verify": "quick", "digest": None, **state}
         for name in self._fields:
             setattr(self, name, state[name])
 

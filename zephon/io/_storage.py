@@ -3,10 +3,14 @@
 A remote shard (``s3://``, ``gs://``, ``az://``, ``hf://``, ``memory://``, any fsspec URL) is read
 from a whole-file copy in a local cache folder, then like a local file of its format. The cache
 is shared by the processes of a machine (copies are written to a temporary file and renamed into
-place), bounded by ``max_bytes`` with least-recently-used eviction (a copy's modification time
-is its last use), and keyed by the URL and the identity (size and ETag or checksum, else
-modification time) recorded when the dataset was discovered, so a shard that changed on the
-store is refused (:class:`~zephon.io.ShardChangedError`) instead of read.
+place), bounded by ``max_bytes`` with least-recently-used eviction, and keyed by the URL and the
+identity (size and ETag or checksum, else a digest of the content) recorded when the dataset was
+discovered, so a shard that changed on the store is refused
+(:class:`~zephon.io.ShardChangedError`) instead of read.
+
+A copy is never touched once written: open shards check their files' times, so the order of
+last use is kept apart, in ``<folder>/.used-<copy name>``, an empty file whose modification time
+is the copy's last use (its download time until it is used again).
 
 Downloads retry transient errors (connection resets, timeouts, throttling) a bounded number of
 times with exponential backoff, and fail at once, naming the URL, on permanent ones (missing
@@ -19,14 +23,16 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import threading
 import time
 from typing import Any, Callable, Mapping
 
 import attrs
 
-from .._atomic import replacing
+from .._atomic import discard, replacing
 from .._cache import ProcessCache
-from ._jsonl import ShardChangedError, default_cache_dir
+from ._digest import ShardChangedError
+from ._jsonl import default_cache_dir
 
 #: Errors of these ``errno`` values are retried.
 _TRANSIENT_ERRNO = {errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EAGAIN, errno.EPIPE, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EBUSY}
@@ -145,18 +151,17 @@ def split_url(url: str) -> tuple[str, str]:
     return protocol, rest
 
 
-def identity_of(info: Mapping[str, Any]) -> str:
-    """A remote file's identity from an fsspec ``info`` mapping: ETag or checksum, else time."""
+def identity_of(info: Mapping[str, Any]) -> str | None:
+    """A remote file's identity from an fsspec ``info`` mapping: its ETag or checksum, else ``None``.
+
+    Never a time: an object uploaded again with the same bytes is the same shard. Where the store
+    gives neither, discovery digests the content instead.
+    """
     for key in ("ETag", "etag", "md5Hash", "md5", "crc32c", "checksum", "content_md5", "sha", "oid"):
         value = info.get(key)
         if value:
             return f"{key.lower()}={str(value).strip(chr(34))}"
-    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
-        value = info.get(key)
-        if value:
-            stamp = value.timestamp() if hasattr(value, "timestamp") else value
-            return f"mtime={stamp}"
-    return "size-only"
+    return None
 
 
 def transient(err: BaseException) -> bool:
@@ -201,6 +206,25 @@ def cached_name(url: str, size: int, identity: str) -> str:
     return f"{key}-{base}"
 
 
+def _used(folder: str, name: str) -> str:
+    return os.path.join(folder, ".used-" + name)
+
+
+def _mark_used(folder: str, name: str) -> None:
+    """Record a use of the copy ``name`` (for LRU eviction) without touching the copy itself."""
+    marker = _used(folder, name)
+    try:
+        os.utime(marker)
+    except FileNotFoundError:
+        try:
+            with open(marker, "ab"):
+                pass
+        except OSError:
+            pass  # the order of use is a hint; reading goes on
+    except OSError:
+        pass
+
+
 def fetch(url: str, fs: Any, size: int, identity: str, options: CacheOptions, dataset: str) -> str:
     """The local copy of ``url`` (downloaded once, whole); refused if the object changed.
 
@@ -210,52 +234,118 @@ def fetch(url: str, fs: Any, size: int, identity: str, options: CacheOptions, da
         StorageError: a permanent error, or transient ones beyond the retries.
         ValueError: the cache is disabled, or smaller than the shard.
     """
-    if not options.enabled:
-        raise ValueError(f"dataset {dataset!r}: {url} is remote and the shard cache is disabled; remote shards are read from a local copy, so enable it: .options(io_options={{'cache': {{'enabled': True, 'dir': ..., 'max_bytes': ...}}}})")
+    _require_cache(options, url, dataset)
     folder = options.folder
-    target = os.path.join(folder, cached_name(url, size, identity))
+    name = cached_name(url, size, identity)
+    target = os.path.join(folder, name)
     try:
         st = os.stat(target)
         if st.st_size == size:
-            os.utime(target)  # its last use, for LRU eviction
+            _mark_used(folder, name)
             return target
     except OSError:
         pass
     if options.max_bytes is not None and size > options.max_bytes:
         raise ValueError(f"dataset {dataset!r}: shard {url} has {size} bytes, more than the shard cache's max_bytes ({options.max_bytes}); raise io_options cache.max_bytes")
     info = with_retries(url, "checking", lambda: fs.info(url), options)
-    now = (int(info.get("size") or 0), identity_of(info))
-    if now != (size, identity):
-        raise ShardChangedError(
-            f"dataset {dataset!r}: remote shard {url} changed after the dataset was opened: it had {size} bytes and "
-            f"{identity}, now {now[0]} bytes and {now[1]}. Rows would shift or change; open the dataset again to read "
-            "the new content (a checkpoint taken on the old content will not restore against it)."
-        )
+    listed = identity_of(info)
+    now = (int(info.get("size") or 0), listed or identity)
+    if now[0] != size or (listed is not None and listed != identity):
+        raise _changed_object(dataset, url, size, identity, *now)
     os.makedirs(folder, exist_ok=True)
     evict(folder, options.max_bytes, keep=size)
+    by_content = listed is None  # a store without checksums: the identity is the content's digest
 
     def download() -> str:
+        h = hashlib.sha256()
         with replacing(target) as out, fs.open(url, "rb") as src:
             got = 0
             while block := src.read(_COPY):
                 out.write(block)
+                if by_content:
+                    h.update(block)
                 got += len(block)
             if got != size:
                 raise ConnectionError(f"download ended after {got} of {size} bytes")
-        return target
+        _discard_marker(folder, name)
+        return f"sha256={h.hexdigest()}"
 
-    return with_retries(url, "downloading", download, options)
+    digest = with_retries(url, "downloading", download, options)
+    if by_content and digest != identity:
+        discard(target)
+        raise _changed_object(dataset, url, size, identity, size, digest)
+    return target
+
+
+def _require_cache(options: CacheOptions, url: str, dataset: str) -> None:
+    if not options.enabled:
+        raise ValueError(f"dataset {dataset!r}: {url} is remote and the shard cache is disabled; remote shards are read from a local copy, so enable it: .options(io_options={{'cache': {{'enabled': True, 'dir': ..., 'max_bytes': ...}}}})")
+
+
+def fetch_by_content(url: str, fs: Any, size: int, options: CacheOptions, dataset: str) -> str:
+    """Download ``url`` into the shard cache and return its identity, the digest of its content.
+
+    For stores that give no ETag or checksum: the copy is hashed as it is downloaded and kept
+    under the name that identity gives, so reading the shard later does not download it again.
+    """
+    _require_cache(options, url, dataset)
+    if options.max_bytes is not None and size > options.max_bytes:
+        raise ValueError(f"dataset {dataset!r}: shard {url} has {size} bytes, more than the shard cache's max_bytes ({options.max_bytes}); raise io_options cache.max_bytes")
+    folder = options.folder
+    os.makedirs(folder, exist_ok=True)
+    evict(folder, options.max_bytes, keep=size)
+    pending = os.path.join(folder, f".pending-{os.getpid()}-{threading.get_ident()}-{cached_name(url, size, '')}")
+
+    def download() -> str:
+        h = hashlib.sha256()
+        with replacing(pending) as out, fs.open(url, "rb") as src:
+            got = 0
+            while block := src.read(_COPY):
+                out.write(block)
+                h.update(block)
+                got += len(block)
+            if got != size:
+                raise ConnectionError(f"download ended after {got} of {size} bytes")
+        return f"sha256={h.hexdigest()}"
+
+    identity = with_retries(url, "downloading", download, options)
+    name = cached_name(url, size, identity)
+    os.replace(pending, os.path.join(folder, name))
+    _discard_marker(folder, name)
+    return identity
+
+
+def _changed_object(dataset: str, url: str, size: int, identity: str, now_size: int, now_identity: str) -> ShardChangedError:
+    return ShardChangedError(
+        f"dataset {dataset!r}: remote shard {url} changed after the dataset was opened: it had {size} bytes and "
+        f"{identity}, now {now_size} bytes and {now_identity}. Rows would shift or change; open the dataset again to read "
+        "the new content (a checkpoint taken on the old content will not restore against it)."
+    )
+
+
+def _discard_marker(folder: str, name: str) -> None:
+    try:
+        os.unlink(_used(folder, name))
+    except OSError:
+        pass
 
 
 def evict(folder: str, max_bytes: int | None, keep: int = 0) -> int:
-    """Remove least recently used copies until the folder holds at most ``max_bytes - keep``; bytes freed."""
+    """Remove least recently used copies until the folder holds at most ``max_bytes - keep``; bytes freed.
+
+    A copy's last use is its marker's modification time, else (never reused) its download time.
+    """
     if max_bytes is None:
         return 0
     entries = []
     for entry in os.scandir(folder):
         if entry.is_file() and not entry.name.startswith("."):
             st = entry.stat()
-            entries.append((st.st_mtime_ns, st.st_size, entry.path))
+            try:
+                used = os.stat(_used(folder, entry.name)).st_mtime_ns
+            except OSError:
+                used = st.st_mtime_ns
+            entries.append((max(used, st.st_mtime_ns), st.st_size, entry.path))
     total = sum(e[1] for e in entries)
     freed = 0
     for _, size, path in sorted(entries):
@@ -265,6 +355,7 @@ def evict(folder: str, max_bytes: int | None, keep: int = 0) -> int:
             os.unlink(path)
         except OSError:
             continue
+        _discard_marker(folder, os.path.basename(path))
         total -= size
         freed += size
     return freed

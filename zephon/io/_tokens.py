@@ -24,7 +24,7 @@ import numpy as np
 
 from .._cache import ProcessCache
 from ._files import FileIdentity, open_cached
-from ._jsonl import ShardChangedError, load_index, save_index
+from ._jsonl import ShardChangedError, load_index, save_index, stamp
 
 TOKEN_SUFFIXES = (".bin", ".npy")
 #: the ``token_dtype`` values of a flat token file
@@ -79,24 +79,21 @@ class TokenShard(FileIdentity):
     """One flat token file read as documents of token ids.
 
     Attributes:
-        path, shard_id, size, mtime_ns, verify, digest, num_rows: as for every file shard.
+        path, shard_id, size, digest, seen, cache_dir, verify, num_rows: as for every file shard.
         dtype: the token dtype (from the ``.npy`` header or the Megatron index, else as given).
         eos_token_id: the document separator (``None`` with a Megatron index).
-        cache_dir: where document offsets are cached.
     """
 
-    _fields = FileIdentity._id_fields + ("dtype", "eos_token_id", "cache_dir")
+    _fields = FileIdentity._id_fields + ("dtype", "eos_token_id")
     __slots__ = _fields + ("__weakref__",)
 
-    def __init__(self, path: str, shard_id: str, *, dtype: str | None, eos_token_id: int | None, cache_dir: str, verify: str = "quick"):
-        self._init_identity(path, shard_id, verify)
+    def __init__(self, path: str, shard_id: str, *, dtype: str | None, eos_token_id: int | None, cache_dir: str, verify: str = "quick", digest: str | None = None):
+        self._init_identity(path, shard_id, verify, cache_dir, digest)
         self.dtype = dtype
         self.eos_token_id = eos_token_id
-        self.cache_dir = cache_dir
 
     def count_rows(self, dataset: str, io: Any = None) -> int:
         rows = self._open(dataset).offsets.shape[0] - 1
-        self._take_digest()  # after opening: the first open has no digest to compare with yet
         self.num_rows = rows
         return self.num_rows
 
@@ -125,11 +122,11 @@ class TokenShard(FileIdentity):
             if self.eos_token_id is None:
                 raise ValueError(f"dataset {dataset!r}: {self.path} has no Megatron .idx beside it, so documents are split at an end-of-document token: pass eos_token_id= (for GPT-2 tokenizers 50256)")
             key = f"{self.path}#tokens-eos={self.eos_token_id}"
-            # The cached offsets are keyed by the file, its time and its length in tokens.
-            offsets = load_index(self.cache_dir, key, tokens.shape[0], self.mtime_ns)
+            # The cached offsets are keyed by the file, its content and its length in tokens.
+            offsets = load_index(self.cache_dir, key, tokens.shape[0], stamp(self.digest))
             if offsets is None:
                 offsets = eos_offsets(tokens, self.eos_token_id)
-                save_index(self.cache_dir, key, tokens.shape[0], self.mtime_ns, offsets)
+                save_index(self.cache_dir, key, tokens.shape[0], stamp(self.digest), offsets)
         if self.num_rows >= 0 and offsets.shape[0] - 1 != self.num_rows:
             raise ShardChangedError(f"dataset {dataset!r}: {self.path} now has {offsets.shape[0] - 1} documents, not {self.num_rows}; open the dataset again")
         tokens = tokens.view(np.ndarray)  # a plain read-only view of the mapping
