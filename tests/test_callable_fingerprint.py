@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from zephon.ops import FingerprintWarning, stateless
 
 ROWS = [{"n": i} for i in range(40)]
 OFFSET = 1
+LOG = logging.getLogger("zephon.test_callable_fingerprint")
 
 
 def add(k, p):
@@ -46,6 +48,7 @@ def with_default(p, k=2):
 
 
 def shifted(p):
+    LOG.debug("shifting %s", p)  # a logger read by the function decides nothing: not described
     return {"n": p["n"] + OFFSET}
 
 
@@ -149,6 +152,7 @@ def test_a_callable_attrs_instance_is_fingerprinted_by_its_fields():
 
 
 def test_a_changed_global_constant_is_refused(monkeypatch):
+    assert describe_callable(shifted)["globals"] == {"OFFSET": 1}
     before = pipeline(shifted)
     _, ck = checkpoint_after(before)
     monkeypatch.setattr(sys.modules[__name__], "OFFSET", 2)

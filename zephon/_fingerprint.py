@@ -13,7 +13,7 @@ than its name: :func:`describe_callable` covers
   their fields; objects with a ``fingerprint()`` method by it);
 * the module-level names its code reads (``co_names``, nested code included): plain data by
   value, functions recursively (with cycle protection); modules and classes are code, named by
-  the import that defines them, and are not described.
+  the import that defines them, and loggers decide no output: neither is described.
 
 Values are described deterministically (no ``id()``, no addresses; sets sorted): ``None``,
 bools, ints, floats, strings, bytes, tuples, lists, dicts, sets, enums, compiled regexes, numpy
@@ -38,6 +38,7 @@ import hashlib
 import inspect
 import json
 import linecache
+import logging
 import operator
 import re
 import sys
@@ -192,6 +193,8 @@ class _Describer:
             value = namespace[name]
             if isinstance(value, (types.ModuleType, type)):
                 continue  # code: identified by its import, not described
+            if isinstance(value, (logging.Logger, logging.LoggerAdapter)):
+                continue  # where messages go, not what the function returns
             if is_callable_value(value):
                 read[name] = self.callable(value, f"global {name!r}" + _of(where))
             else:
