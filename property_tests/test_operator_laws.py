@@ -129,15 +129,18 @@ each_operator = pytest.mark.parametrize("kind", list(OPERATORS))
 
 
 def states_reached(op, chunks, key):
-    """Every state ``op`` passes through on ``chunks``: initial, after each chunk, after the flush."""
+    """Every state ``op`` passes through on ``chunks``: initial, after each chunk, after each piece
+    of the flush (flushed until it returns nothing)."""
     state = op.init(key)
     states = [state]
     for chunk in chunks:
         state, _ = op.step(state, chunk)
         states.append(state)
-    state, _ = op.flush(state)
-    states.append(state)
-    return states
+    while True:
+        state, out = op.flush(state)
+        states.append(state)
+        if not out:
+            return states
 
 
 def real_tokens(row):
