@@ -195,9 +195,9 @@ def test_explain_separates_data_from_performance_and_lays_out_ranks_and_workers(
     assert lanes["ranks"] == {"0": [0, 3], "1": [4, 7]} and lanes["lanes_of_this_rank"] == [4, 5, 6, 7]
     assert lanes["records_per_global_step"] == 16
     assert plan["executor"]["lanes_per_process"] == {"worker 0": [4, 7], "worker 1": [5], "worker 2": [6]}
-    assert "run in the calling process first" in plan["executor"]["start"]
-    cold = pipe.options(start_inline=False).explain().to_dict()["executor"]["start"]
-    assert "the workers compute every output" in cold
+    assert "the workers compute every output" in plan["executor"]["start"]
+    inline = pipe.options(start_inline=True).explain().to_dict()["executor"]["start"]
+    assert "run in the calling process first" in inline
     text = str(pipe.explain())
     assert "rank 1: lanes 4-7" in text and "worker 0: lanes [4, 7]" in text and "checkpoint" in text
 
