@@ -2,6 +2,10 @@
 
 Readers in other processes see the old file or the new one, never a part. ``durable=True`` also
 survives a crash of the machine: the file is fsynced before the rename and its folder after.
+
+The file gets the permissions any new file of the process gets (``0666`` less the umask: ``0644``
+with umask ``022``), not the owner-only ``0600`` of a bare temporary file, so that on a shared
+cluster the teammates the umask lets in can read the indexes, caches and checkpoints written.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ def replacing(target: str | os.PathLike, *, durable: bool = False) -> Iterator[I
     folder = os.path.dirname(target) or "."
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(target)}.", suffix=".part")
     try:
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as out:
             yield out
             if durable:
@@ -33,6 +39,23 @@ def replacing(target: str | os.PathLike, *, durable: bool = False) -> Iterator[I
         raise
     if durable:
         fsync_directory(folder)
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the system tells it (Linux ``/proc``).
+
+    Elsewhere it is read by setting it and putting it back at once.
+    """
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def discard(path: str) -> None:
