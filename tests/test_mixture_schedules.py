@@ -186,3 +186,47 @@ def test_change_plan_can_add_a_dataset_from_step_k():
     first = [r.meta.segments[0].dataset for b in got[:12] for r in b.records]
     assert 2 not in first[:12] and 2 in [r.meta.segments[0].dataset for b in got for r in b.records]
     assert set(loader.stats()["mixture"]["global"]) == {"a", "b", "c"}
+
+
+# -- scheduled token shares, per phase ----------------------------------------------------------------------------
+
+
+def _phase_shares(ensure, *, chunk=64, steps=120, switch=40, seed=0):
+    """Token share of 'long' per phase (the first block after the switch left out) and forced emissions."""
+    from zephon.testing import length_datasets, word_tokenizer
+
+    sched = MixtureSchedule([(0, {"long": 0.7, "short": 0.3}), (switch, {"long": 0.5, "short": 0.5})], unit="tokens")
+    src = StaticMixtureWorkSource(length_datasets({"long": 200, "short": 20}, 1500, seed=seed), sched, exhausted_policy="repeat", chunk_size=chunk, seed=seed)
+    p = Pipeline(src).options(canonical_replicas=4).tokenize(word_tokenizer(), special_tokens="eos", eos_token_id=1)
+    p = (p.ensure_mixture() if ensure else p).batch(8)
+    tokens = [[0, 0], [0, 0]]
+    loader = iter(p)
+    for step, batches in zip(range(steps), loader.steps()):
+        if switch <= step < switch + -(-chunk // 8):
+            continue
+        for b in batches:
+            for r in b.records:
+                tokens[step >= switch][r.meta.segments[0].dataset] += len(r.payload["input_ids"])
+    forced = loader.stats()["operators"].get("ensure_mixture", {}).get("forced", 0)
+    return [t[0] / sum(t) for t in tokens], forced
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ensure_mixture_follows_the_sources_schedule_phase_by_phase(seed):
+    # ~130 k tokens a phase; every emission is within half a record of the lane's phase target,
+    # so 4 lanes x ~80 steps keep each phase within a few tenths of a point.
+    shares, forced = _phase_shares(True, seed=seed)
+    assert abs(shares[0] - 0.7) < 0.003 and abs(shares[1] - 0.5) < 0.003
+    assert forced == 0
+
+
+def test_a_scheduled_switch_never_reaches_a_lane_before_its_step():
+    # chunks of 256 records: one block is 32 steps of 8; a switch inside the block used to hand
+    # some lanes the new weights up to a block early. Calibrated shares: 1 pp (the estimate and
+    # ~400 long documents a phase, each ~100 to 300 tokens).
+    shares, _ = _phase_shares(False, chunk=256, steps=140, switch=60)
+    assert abs(shares[0] - 0.7) < 0.01 and abs(shares[1] - 0.5) < 0.01
+    src = StaticMixtureWorkSource([ds("a", 100), ds("b", 100)], MixtureSchedule([(0, {"a": 1, "b": 0}), (10, {"a": 1, "b": 1})]),
+                                  exhausted_policy="repeat", samples_per_step=12, step_lanes=3, chunk_size=16)
+    at = src.point_positions[1][1]
+    assert at % 48 == 0 and 120 <= at < 120 + 48  # the first block of 3 x 16 positions at or after step 10

@@ -163,7 +163,8 @@ def test_ensure_mixture_needs_tokens_with_weight_by_auto():
     src = StaticMixtureWorkSource(datasets(50), {"short": 1, "long": 1})
     with pytest.raises(ValueError, match="weights count samples and ensure_mixture balances tokens"):
         Pipeline(src).ensure_mixture()
-    p = Pipeline(src).ensure_mixture({"short": 1, "long": 1}).batch(2)
+    with pytest.warns(UserWarning, match="weights count samples"):
+        p = Pipeline(src).ensure_mixture({"short": 1, "long": 1}).batch(2)
     with pytest.raises(ValueError, match="place it after tokenize"):
         next(iter(p))
 
@@ -211,3 +212,16 @@ def test_zephon_spelling_token_estimation_on_the_source_means_token_weights():
     assert w[0] > 8 * w[1]  # ten times more short samples for the same tokens
     explicit = StaticMixtureWorkSource(datasets(), MixtureSpec({"short": 1, "long": 1}, unit="samples"), token_estimation=TokenEstimation())
     assert explicit.unit == "samples"
+
+
+def test_a_token_target_over_a_sample_weighted_source_warns_with_the_fix():
+    src = StaticMixtureWorkSource(datasets(50), {"short": 1, "long": 1})
+    with pytest.warns(UserWarning, match=r"weights count samples(.|\n)*MixtureSpec\(weights, unit='tokens'\)"):
+        Pipeline(src).ensure_mixture({"short": 0.3, "long": 0.7})
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Pipeline(src).ensure_mixture({"short": 1, "long": 1}, weight_by="samples")  # samples over samples: no warning
+        tokens = StaticMixtureWorkSource(datasets(50), MixtureSpec({"short": 1, "long": 1}, unit="tokens"))
+        Pipeline(tokens).ensure_mixture({"short": 0.3, "long": 0.7})

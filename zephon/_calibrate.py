@@ -22,6 +22,7 @@ from ._core import Chain, StatelessOp, sample_meta
 from ._fields import payload_length
 from ._records import Record
 from .work._estimate import Calibration, DatasetEstimate
+from .work._mixture import MixtureSchedule
 from .work._source import StaticMixtureWorkSource
 
 #: Operator kinds that turn text into tokens (the first one in a chain is the one calibration uses).
@@ -145,8 +146,12 @@ def step_size(source: StaticMixtureWorkSource, chain: Chain, lanes: int) -> Stat
     """``source`` with ``samples_per_step`` / ``tokens_per_step`` from the chain, when a schedule by step needs it.
 
     Unpacked records: lanes x microbatch size samples per step. Packed rows: lanes x microbatch
-    size x sequence length tokens per step (placed through the calibration).
+    size x sequence length tokens per step (placed through the calibration). A schedule also
+    gets ``step_lanes`` (its points start at a block of ``lanes`` work chunks).
     """
+    m = source.mixture
+    if isinstance(m, MixtureSchedule) and len(m.points) > 1 and source.step_lanes is None:
+        source = attrs.evolve(source, step_lanes=lanes)
     if not source.needs_step_size:
         return source
     batch = next((op for _, op in chain.children if op.kind == "batch"), None)

@@ -117,6 +117,11 @@ class StaticMixtureWorkSource:
             (the pipeline fills it in: lanes x microbatch size, for unpacked records).
         tokens_per_step: tokens per global step, the same for packed pipelines (lanes x
             microbatch size x sequence length; placed through the calibration).
+        step_lanes: the lanes a global step reads (the pipeline fills it in for a schedule).
+            Then every schedule point starts at the first block of ``step_lanes`` work chunks at
+            or after the position it names, so that no lane reads a point's weights before the
+            point: a lane reads one chunk of each block, and a switch inside a block would reach
+            the lanes of its later chunks early and those of its earlier chunks late.
 
     Examples:
         >>> from zephon.io import Dataset
@@ -140,6 +145,7 @@ class StaticMixtureWorkSource:
     calibration: Calibration | None = attrs.field(default=None, kw_only=True)
     samples_per_step: int | None = attrs.field(default=None, kw_only=True)
     tokens_per_step: int | None = attrs.field(default=None, kw_only=True)
+    step_lanes: int | None = attrs.field(default=None, kw_only=True)
     change: Change | None = attrs.field(default=None, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
@@ -155,7 +161,7 @@ class StaticMixtureWorkSource:
             raise ValueError(f"chunk_size must be an int >= 1, got {self.chunk_size!r}")
         if self.lane_assignment not in ("permute", "modulo"):
             raise ValueError(f"lane_assignment must be 'permute' or 'modulo', got {self.lane_assignment!r}")
-        for name in ("samples_per_step", "tokens_per_step"):
+        for name in ("samples_per_step", "tokens_per_step", "step_lanes"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name} must be an int >= 1 or None, got {v!r}")
@@ -478,6 +484,8 @@ class StaticMixtureWorkSource:
             fp["samples_per_step"] = self.samples_per_step
         if self.tokens_per_step is not None:
             fp["tokens_per_step"] = self.tokens_per_step
+        if self.step_lanes is not None:
+            fp["step_lanes"] = self.step_lanes
         if self.change is not None:
             fp["change"] = self.change.describe()
         if not plain and self.resolvable:
@@ -543,6 +551,9 @@ def resolve_timeline(src: StaticMixtureWorkSource) -> tuple[Timeline, int | None
         else:
             tokens = at * src.tokens_per_step if m.by == "step" else at
             pos = _tokens_to_position(phases, tps, tokens)
+        if phases and src.step_lanes is not None:  # the first block at or after the point (see step_lanes)
+            block = src.step_lanes * src.chunk_size
+            pos = -(-pos // block) * block
         pos = max(pos, phases[-1].start if phases else 0)
         positions.append(pos)
         if phases and pos == phases[-1].start:
