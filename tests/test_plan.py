@@ -103,8 +103,10 @@ def test_simulated_sample_counts_equal_a_real_run_exactly(plan_file):
             real[plan.source().names[r.meta.segments[0].dataset]] += 1
     assert sim.samples == real
     assert {n: v["samples"] for n, v in loader.stats()["mixture"]["global"].items()} == real
-    # the schedule shows: web 3:1 until step 20, 1:1 after
-    early, late = sim.per_step[:18].sum(axis=0), sim.per_step[22:].sum(axis=0)
+    # the schedule shows: web 3:1 until step 20, 1:1 from the first block of lanes' chunks at or after it
+    at = plan.source().point_positions[1][1] // 8  # 8 samples a step
+    assert 20 <= at <= 20 + 64 // 4  # at most one block (chunk_size / microbatch_size steps) late
+    early, late = sim.per_step[:20].sum(axis=0), sim.per_step[at:].sum(axis=0)
     assert early[0] > 2.5 * early[1] and abs(late[0] - late[1]) <= 0.2 * late.sum()
     assert sim.weights[0][1] == {"web": 0.75, "books": 0.25} and sim.weights[-1][1] == {"web": 0.5, "books": 0.5}
     # without a pipeline the plan's own steps give the same counts
@@ -134,9 +136,10 @@ def test_simulate_packed_steps_estimates_tokens_from_the_calibration():
 
 
 def test_zephon_plan_command_prints_the_plan_and_its_simulation(plan_file, tmp_path, capsys):
-    assert main(["plan", str(plan_file), "--steps", "30"]) == 0
+    assert main(["plan", str(plan_file), "--steps", "40"]) == 0
     out = capsys.readouterr().out
-    assert "first 30 global steps (2 lanes x 4 samples)" in out and "web" in out and "step 20: web 0.5000, books 0.5000" in out
+    # the point at step 20 starts at the first block of 2 lanes' 64-sample chunks at or after it: step 32
+    assert "first 40 global steps (2 lanes x 4 samples)" in out and "web" in out and "step 32: web 0.5000, books 0.5000" in out
     png = tmp_path / "shares.png"
     assert main(["plan", str(plan_file), "--steps", "30", "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -124,6 +124,8 @@ class Plan:
                 per_step["samples_per_step"] = shape.lanes * shape.microbatch_size
             else:
                 per_step["tokens_per_step"] = shape.lanes * shape.microbatch_size * shape.sequence_length
+            if isinstance(self.mixture, MixtureSchedule) and len(self.mixture.points) > 1:
+                per_step["step_lanes"] = shape.lanes  # points start at a block of lanes' chunks, as in a pipeline
         return StaticMixtureWorkSource(
             list(self.datasets),
             self.mixture,
