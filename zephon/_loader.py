@@ -314,6 +314,17 @@ class Loader(Iterator[Any]):
         """
         return build(self.plan.fingerprint(), self._delivered_states())
 
+    def lane_state(self, lane: int) -> dict[str, Any]:
+        """One lane's encoded state after its last output delivered (unsealed: no checksum).
+
+        What :meth:`checkpoint` holds for that lane, for one lane only: a loader running in the
+        calling thread (``workers=0``) encodes just that state, so attaching it to each output
+        costs one lane's encoding, not all of them.
+        """
+        if self._final_states is None and isinstance(self.executor, InlineExecutor) and not self._unyielded:
+            return self.plan.encode(self.executor.states[lane])  # in-process executors keep states as values
+        return self._delivered_states()[lane]
+
     def _delivered_states(self) -> dict[int, Any]:
         """The encoded lane states after the last output delivered (what a checkpoint holds)."""
         states = self._final_states if self._final_states is not None else self.executor.lane_states()

@@ -377,9 +377,10 @@ class Pipeline:
 
         Compiling fills in what the source needs from the pipeline: the samples or tokens of a
         global step (for a schedule by step) and the token calibration (measured once, with the
-        pipeline's own tokenizer; see :class:`zephon.work.TokenEstimation`).
+        pipeline's own tokenizer; see :class:`zephon.work.TokenEstimation`). With a pending
+        :meth:`restore`, the checkpoint's frozen calibration is used, as the resumed run uses it.
         """
-        return self._compiled(None)
+        return self._compiled(self._latest.pending)
 
     def _compiled(self, checkpoint: dict[str, Any] | None) -> Plan:
         """The plan; with ``checkpoint``, its frozen calibration is used instead of measuring."""
@@ -482,7 +483,13 @@ class Pipeline:
 
     # -- running ----------------------------------------------------------------------------------------
     def loader(self, checkpoint: dict[str, Any] | None = None) -> Loader:
-        """A new loader running this pipeline for this rank, from the start or from ``checkpoint``."""
+        """A new loader running this pipeline for this rank, from ``checkpoint``.
+
+        Without one, from a pending :meth:`restore` (which it uses up, as ``iter()`` does), else
+        from the start.
+        """
+        if checkpoint is None:
+            checkpoint, self._latest.pending = self._latest.pending, None
         plan, topo = self._compiled(checkpoint), self.topology()
         encoded = None if checkpoint is None else restored_lanes(plan, topo, self.run_options, checkpoint)
         loader = Loader(plan, topo, self.run_options, encoded)
@@ -521,22 +528,26 @@ class Pipeline:
         """Iterate by optimizer step with a new loader; see :meth:`Loader.steps`."""
         return iter(self).steps(concat=concat)
 
-    def to_torch_dataset(self, **to_training_options: Any) -> Any:
+    def to_torch_dataset(self, *, checkpoint: dict[str, Any] | None = None, **to_training_options: Any) -> Any:
         """This rank's microbatches as training tensors, a ``torch.utils.data.IterableDataset``.
 
-        Use it with ``DataLoader(ds, batch_size=None)`` or torchdata's ``StatefulDataLoader``,
-        whose ``state_dict()`` then carries zephon's checkpoint. Options are those of
-        :func:`~zephon.to_training` (``layout="megatron"`` included). With ``num_workers=W > 1``
-        the workers share this rank's lanes (``W`` must divide them) and agree on the end of the
-        data, so the delivered sequence stays exactly the pipeline's; see
-        :mod:`zephon.integrations.torch`. Needs torch.
+        Use it with ``zephon.integrations.torch.DataLoader`` (whose state resumes on any number
+        of workers), ``DataLoader(ds, batch_size=None)`` or torchdata's ``StatefulDataLoader``,
+        whose ``state_dict()`` then carries zephon's checkpoint. Every iteration starts at
+        ``checkpoint``, else at a pending :meth:`restore` (kept for the next ``iter()`` too),
+        else at the beginning. Options are those of :func:`~zephon.to_training`
+        (``layout="megatron"`` included). With ``num_workers=W > 1`` the workers share this
+        rank's lanes (``W`` must divide them) and agree on the end of the data, so the delivered
+        sequence stays exactly the pipeline's; see :mod:`zephon.integrations.torch`. Needs torch.
         """
         try:
             from .integrations.torch import TrainingDataset
         except ImportError as exc:
             raise ImportError(f"to_torch_dataset needs torch: pip install 'zephon[torch]' ({exc})") from exc
         self._note_run()
-        return TrainingDataset(self, **to_training_options)
+        if checkpoint is None and self._latest.pending is not None:
+            checkpoint = _copy_checkpoint(self._latest.pending)
+        return TrainingDataset(self, checkpoint=checkpoint, **to_training_options)
 
     # -- shortcuts to the latest loader (code written against a running pipeline) ----------------------
     def checkpoint(self) -> dict[str, Any]:
