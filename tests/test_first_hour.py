@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import socket
 import sys
 from pathlib import Path
@@ -217,3 +218,111 @@ def test_hub_id_with_a_reachable_hub_is_downloaded(no_hub, monkeypatch):
         with pytest.raises(TokenizerLoadError, match="the download failed .*the test's hub answers nothing"):
             load_tokenizer(tokenizer_id="gpt2")
     assert [args[:2] for args, _ in no_hub] == [("gpt2", "tokenizer.json")]
+
+
+# -- 4. the CLI: defaults that follow the tokenizer, errors in flags ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpt2_file() -> Path:
+    return shared_path("data", "gpt2", "tokenizer.json")
+
+
+@pytest.fixture
+def rows(tmp_path) -> Path:
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": f"hello world number {i}"}) + "\n" for i in range(3)))
+    return path
+
+
+def _inspect(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(["inspect", *map(str, argv)])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def _first_ids(out: str) -> list[int]:
+    reports = json.loads(out)
+    return [t[0] for t in reports[0]["records"][0]["first_tokens"]]
+
+
+def test_inspect_with_a_bare_gpt2_file_defaults_to_eos(gpt2_file, rows, capsys):
+    eot = Tokenizer.from_file(str(gpt2_file)).token_to_id("<|endoftext|>")
+    rc, out, err = _inspect(capsys, rows, "--tokenizer", gpt2_file, "--json")
+    assert rc == 0, err
+    ids = _first_ids(out)
+    expected = Tokenizer.from_file(str(gpt2_file)).encode("hello world number 0", add_special_tokens=False).ids + [eot]
+    assert ids == expected  # EOS after the text, no BOS: GPT-2's file has none
+
+
+def test_inspect_defaults_to_bos_and_eos_when_the_tokenizer_has_a_bos(gpt2_file, rows, capsys):
+    # The folder's tokenizer_config.json names <|endoftext|> as BOS too, as transformers reads it.
+    rc, out, err = _inspect(capsys, rows, "--tokenizer", gpt2_file.parent, "--json")
+    assert rc == 0, err
+    tok = Tokenizer.from_file(str(gpt2_file))
+    eot = tok.token_to_id("<|endoftext|>")
+    assert _first_ids(out) == [eot, *tok.encode("hello world number 0", add_special_tokens=False).ids, eot]
+
+
+def test_inspect_errors_name_the_flags(gpt2_file, rows, capsys):
+    rc, out, err = _inspect(capsys, rows, "--tokenizer", gpt2_file, "--special-tokens", "bos_eos")
+    assert rc == 2 and out == ""
+    assert "--special-tokens bos_eos needs a BOS token" in err and "use --special-tokens eos" in err
+    assert "special_tokens=" not in err and "bos_token_id=" not in err
+    rc, out, err = _inspect(capsys, rows, "--tokenizer", gpt2_file, "--field", "body")
+    assert rc == 1 and out.count("no field 'body'") == 3
+    assert "set --field to the key" in out and "field=" not in out.replace("missing_field=", "")
+    rc, out, err = _inspect(capsys, rows, "--tokenizer", rows.parent / "missing.json")
+    assert rc == 2 and "--tokenizer " in err and "no such file or folder" in err and "tokenizer_id=" not in err
+
+
+def test_inspect_takes_a_hub_id_as_its_help_says(gpt2_file, rows, capsys, monkeypatch, tmp_path):
+    parser_help = _help_of("inspect")
+    assert "Hugging Face id" in parser_help
+    hub = tmp_path / "hf" / "hub" / "models--org--gpt"
+    (hub / "snapshots" / "abc").mkdir(parents=True)
+    (hub / "refs").mkdir()
+    (hub / "refs" / "main").write_text("abc")
+    (hub / "snapshots" / "abc" / "tokenizer.json").write_bytes(gpt2_file.read_bytes())
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    rc, out, err = _inspect(capsys, rows, "--tokenizer", "org/gpt", "--json")
+    assert rc == 0, err
+    rc, out, err = _inspect(capsys, rows, "--tokenizer", "org/absent")
+    assert rc == 2 and "cannot load --tokenizer org/absent" in err and "offline mode is on" in err
+    assert "--tokenizer path/to/tokenizer.json" in err and "tokenizer_id=" not in err and "tokenize(" not in err
+
+
+def _help_of(command: str) -> str:
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), pytest.raises(SystemExit):
+        main([command, "--help"])
+    return buffer.getvalue()
+
+
+def test_plan_help_promises_what_its_tokenizer_flag_takes():
+    text = " ".join(_help_of("plan").split())
+    assert "Hugging Face id" in text and "default: bos_eos when the tokenizer has a BOS token, else eos" in text
+
+
+# -- 5. the demo prints the stats table and where every token went -----------------------------------------
+
+
+def test_demo_prints_the_stats_table_and_the_drops_in_total(capsys):
+    from zephon._demo import run_demo
+
+    assert run_demo(lanes=2) == 0
+    out = capsys.readouterr().out
+    assert "{'tokenize'" not in out and "{'" not in out  # no raw dict of counters
+    assert "operator   records in" in out and "dropped: " in out  # the stats table
+    (line,) = [line for line in out.splitlines() if line.startswith("tokens: ")]
+    numbers = [int(n.replace(",", "")) for n in re.findall(r"(\d[\d,]*) (?:tokenized|delivered|dropped in total|undelivered)", line)]
+    produced, delivered, dropped, undelivered = numbers
+    assert produced == delivered + dropped + undelivered and dropped > 0
+    by_op = re.search(r"\(([^;]*);", line).group(1)
+    assert sum(int(n.replace(",", "")) for n in re.findall(r" (\d[\d,]*)", " " + by_op)) == dropped

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from ._cli_tokenizer import SPECIAL_TOKEN_CHOICES, SPECIAL_TOKENS_HELP, TOKENIZER_HELP, in_flags
+
 #: Marks around supervised (loss_mask = 1) spans in the decoded text.
 OPEN, CLOSE = "[[", "]]"
 
@@ -38,19 +40,26 @@ def first_rows(path: str | Path, n: int) -> list[tuple[str, int, Any]]:
 
 
 def build_operator(args: argparse.Namespace) -> Any:
-    """The tokenizing operator the options describe, or ``None`` without a tokenizer."""
+    """The tokenizing operator the options describe, or ``None`` without a tokenizer.
+
+    ``--tokenizer`` is loaded first (a path, else a Hugging Face id) and ``--special-tokens``
+    defaults to what suits it (see :mod:`zephon._cli_tokenizer`).
+    """
+    from . import _cli_tokenizer as cli
+
     if args.tokenizer is None:
         if args.chat_template or args.prompt_field or args.completion_field:
             raise ValueError("--chat-template and --prompt-field/--completion-field need --tokenizer")
         return None
+    handle = cli.load(args.tokenizer)
     if args.prompt_field or args.completion_field:
         from ._chat import TokenizePromptCompletion
 
         return TokenizePromptCompletion(
-            tokenizer=args.tokenizer,
+            **cli.source_arguments(args.tokenizer),
             prompt_field=args.prompt_field or "prompt",
             completion_field=args.completion_field or "completion",
-            **({"special_tokens": args.special_tokens} if args.special_tokens else {}),
+            special_tokens=cli.special_tokens(handle, args.special_tokens),
         )
     if args.chat or args.chat_template:
         from ._chat import TokenizeChat
@@ -58,11 +67,12 @@ def build_operator(args: argparse.Namespace) -> Any:
         template = args.chat_template
         if template and Path(template).is_file():
             template = Path(template).read_text(encoding="utf-8")
-        return TokenizeChat(tokenizer=args.tokenizer, field=args.field or "messages", chat_template=template, loss_scope=args.loss_scope)
+        return TokenizeChat(
+            **cli.source_arguments(args.tokenizer), field=args.field or "messages", chat_template=template, loss_scope=args.loss_scope
+        )
     from ._tokenize import Tokenize
 
-    kwargs = {"special_tokens": args.special_tokens} if args.special_tokens else {}
-    return Tokenize(tokenizer=args.tokenizer, field=args.field or "text", **kwargs)
+    return Tokenize(tokenizer=handle, field=args.field or "text", special_tokens=cli.special_tokens(handle, args.special_tokens))
 
 
 def _describe_fields(payload: Any) -> str:
@@ -106,7 +116,7 @@ def inspect_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         try:
             (outs,) = op.apply_many([payload])
         except Exception as exc:  # shown per row: checking the data is the point
-            rep["error"] = f"{type(exc).__name__}: {exc}"
+            rep["error"] = f"{type(exc).__name__}: {in_flags(str(exc))}"
             reports.append(rep)
             continue
         rep["records"] = []
@@ -156,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         reports = inspect_rows(args)
     except (OSError, ValueError, TypeError, ImportError) as exc:
-        print(f"zephon inspect: {exc}", file=sys.stderr)
+        print(f"zephon inspect: {in_flags(str(exc))}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(reports, ensure_ascii=False, default=str, indent=1))
@@ -173,7 +183,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("path", help="a JSONL file (plain, .gz or .zst) or a folder of such shards")
     p.add_argument("--n", type=int, default=5, help="how many rows to show, from the start of the first shard (default 5)")
-    p.add_argument("--tokenizer", help="a tokenizer.json file, a folder holding one, or a Hugging Face id; without it rows are shown raw")
+    p.add_argument("--tokenizer", help=f"{TOKENIZER_HELP}; without it rows are shown raw")
     p.add_argument("--field", help="the text field (default 'text'), or the conversation field with --chat (default 'messages')")
     p.add_argument("--chat", action="store_true", help="rows are conversations: render them with the chat template")
     p.add_argument(
@@ -183,7 +193,7 @@ def register(sub: Any) -> None:
     p.add_argument("--loss-scope", default="assistant", help="which turns carry loss with --chat (default 'assistant')")
     p.add_argument("--prompt-field", help="prompt/completion rows: the prompt field (loss on the completion only)")
     p.add_argument("--completion-field", help="prompt/completion rows: the completion field")
-    p.add_argument("--special-tokens", choices=("bos_eos", "bos", "eos", "none"), help="special tokens around a text (default: the operator's)")
+    p.add_argument("--special-tokens", choices=SPECIAL_TOKEN_CHOICES, help=f"{SPECIAL_TOKENS_HELP}; not used with --chat")
     p.add_argument("--tokens", type=int, default=24, help="how many leading tokens to list with ids and masks (default 24)")
     p.add_argument("--chars", type=int, default=1500, help="cut each decoded text after this many characters (default 1500)")
     p.add_argument("--json", action="store_true", help="print the reports as JSON instead of text")

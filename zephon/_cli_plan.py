@@ -15,12 +15,14 @@ def _run(args: argparse.Namespace) -> int:
         if plan.source().needs_calibration:
             if args.tokenizer is None:
                 raise ValueError(
-                    "this plan counts tokens and holds no [calibration]: pass --tokenizer PATH (tokenizer.json) to measure "
+                    "this plan counts tokens and holds no [calibration]: pass --tokenizer (a tokenizer.json) to measure "
                     "tokens per byte on its small sample, or pin them in [token_estimation] primer"
                 )
+            from . import _cli_tokenizer as cli
             from ._pipeline import Pipeline
 
-            pipeline = Pipeline(plan).tokenize(args.tokenizer, special_tokens=args.special_tokens)
+            handle = cli.load(args.tokenizer)
+            pipeline = Pipeline(plan).tokenize(handle, special_tokens=cli.special_tokens(handle, args.special_tokens))
             shape = plan.steps
             if shape is None:
                 raise ValueError("the plan has no [steps] table (lanes, microbatch_size[, sequence_length]); simulate needs it")
@@ -44,11 +46,15 @@ def _run(args: argparse.Namespace) -> int:
             print(f"plot written to {args.plot}")
         return 0
     except (OSError, ValueError, TypeError, ImportError) as exc:
-        print(f"zephon plan: {exc}", file=sys.stderr)
+        from ._cli_tokenizer import in_flags
+
+        print(f"zephon plan: {in_flags(str(exc))}", file=sys.stderr)
         return 2
 
 
 def register(sub) -> None:
+    from ._cli_tokenizer import SPECIAL_TOKEN_CHOICES, SPECIAL_TOKENS_HELP, TOKENIZER_HELP
+
     p = sub.add_parser(
         "plan",
         help="print a data plan and simulate its first N global steps (samples, tokens, epochs, exhaustion per dataset)",
@@ -59,6 +65,8 @@ def register(sub) -> None:
     p.add_argument("config", help="the plan file (.toml or .json); dataset paths are relative to its folder")
     p.add_argument("--steps", type=int, required=True, help="global steps to simulate")
     p.add_argument("--plot", default=None, help="also draw the token (or sample) shares over steps to this PNG (needs matplotlib)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer.json to measure tokens per byte with, for a token plan without [calibration]")
-    p.add_argument("--special-tokens", default="eos", help="special tokens the tokenizer adds per document when measuring (default: eos)")
+    p.add_argument(
+        "--tokenizer", default=None, help=f"the tokenizer to measure tokens per byte with, for a token plan without [calibration]: {TOKENIZER_HELP}"
+    )
+    p.add_argument("--special-tokens", default=None, choices=SPECIAL_TOKEN_CHOICES, help=f"when measuring, {SPECIAL_TOKENS_HELP}")
     p.set_defaults(func=_run)

@@ -1,8 +1,9 @@
 """The quickstart demo: a generated corpus, a locally trained tokenizer, and the seed recipe.
 
 Builds everything it needs in a temporary folder (no downloads), runs
-tokenize -> pack_flat -> shuffle -> batch over ``lanes`` lanes, prints batch shapes and
-throughput, then proves an exact resume: checkpoint mid-run, JSON round trip, restore, compare.
+tokenize -> pack_flat -> shuffle -> batch over ``lanes`` lanes, prints batch shapes, throughput,
+the loader's stats table and where every token went (delivered, dropped in total and by operator,
+undelivered), then proves an exact resume: checkpoint mid-run, JSON round trip, restore, compare.
 """
 
 from __future__ import annotations
@@ -72,6 +73,26 @@ def build(paths: dict[str, Path], tokenizer: Path, lanes: int, workers: int = 0)
     )
 
 
+def token_account(stats: dict) -> str:
+    """Where every tokenized token went: delivered, dropped (totalled, by operator) or left undelivered.
+
+    Per operator that takes tokens in, those it did not pass on (``flow`` of ``Loader.stats()``);
+    at the end of the data the line adds up to the tokens the tokenizer produced.
+    """
+    flow = [(name, f) for name, f in stats["flow"].items() if f["tokens_in"] or f["tokens_out"]]
+    if not flow:
+        return "tokens: no per-operator flow measured"
+    produced = flow[0][1]["tokens_out"] if not flow[0][1]["tokens_in"] else flow[0][1]["tokens_in"]
+    lost = {name: f["tokens_in"] - f["tokens_out"] for name, f in flow if f["tokens_in"] and f["tokens_in"] != f["tokens_out"]}
+    delivered, left = stats["throughput"]["tokens"], stats["undelivered"]
+    by_op = ", ".join(f"{name} {n:,}" for name, n in lost.items()) or "none"
+    return (
+        f"tokens: {produced:,} tokenized = {delivered:,} delivered + {sum(lost.values()):,} dropped in total ({by_op}; "
+        f"{sum(lost.values()) / max(produced, 1):.2%}) + {left['tokens']:,} undelivered ({left['outputs']} output(s) short of "
+        "a whole global step; options(drain=True) delivers them)"
+    )
+
+
 def run_demo(*, lanes: int = 4, workers: int = 0) -> int:
     from .ledger import batch_digest
 
@@ -101,12 +122,10 @@ def run_demo(*, lanes: int = 4, workers: int = 0) -> int:
         print(f"lane order of the first {2 * lanes} batches: {[b.lane for b in batches[: 2 * lanes]]}")
         print(f"throughput: {tokens / elapsed:,.0f} tokens/s ({tokens:,} tokens in {elapsed:.2f} s; first batch after {first:.3f} s)")
         stats = loader.stats()
-        left = stats["undelivered"]
-        print(
-            f"end of data: {len(batches)} batches delivered; {left['outputs']} more ({left['tokens']:,} tokens) were "
-            f"produced but are not a whole global step (options(drain=True) delivers them); "
-            f"operators: {stats['operators']}"
-        )
+        print()
+        print(loader.stats_table())
+        print(token_account(stats))
+        print()
 
         k = len(batches) // 3
         it = iter(build(paths, tokenizer, lanes))
