@@ -305,6 +305,13 @@ def _help_of(command: str) -> str:
     return buffer.getvalue()
 
 
+def test_index_errors_name_the_flags(tmp_path, capsys):
+    (tmp_path / "tokens.bin").write_bytes(b"x")  # one byte: no whole uint16 token
+    assert main(["index", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "pass --token-dtype" in err and "token_dtype=" not in err
+
+
 def test_plan_help_promises_what_its_tokenizer_flag_takes():
     text = " ".join(_help_of("plan").split())
     assert "Hugging Face id" in text and "default: bos_eos when the tokenizer has a BOS token, else eos" in text

@@ -8,6 +8,18 @@ import sys
 import time
 
 
+#: build_index's arguments -> this command's flags, for its error messages.
+FLAGS = {
+    "fmt": "--fmt",
+    "recursive": "--recursive",
+    "verify": "--verify",
+    "eos_token_id": "--eos-token-id",
+    "token_dtype": "--token-dtype",
+    "cache_dir": "--cache-dir",
+    "storage_options": "--storage-options",
+}
+
+
 def _index(args: argparse.Namespace) -> int:
     from .io import build_index
 
@@ -26,7 +38,9 @@ def _index(args: argparse.Namespace) -> int:
             progress=not args.quiet,
         )
     except (OSError, ValueError, TypeError, ImportError) as exc:
-        print(f"zephon index: {exc}", file=sys.stderr)
+        from ._cli_tokenizer import in_flags
+
+        print(f"zephon index: {in_flags(str(exc), FLAGS)}", file=sys.stderr)
         return 2
     took = time.perf_counter() - start
     print(f"indexed {ds.num_shards} {ds.format} shards, {ds.num_rows} rows, in {took:.2f} s: {where}")

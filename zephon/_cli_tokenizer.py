@@ -41,26 +41,29 @@ FLAGS = {
     "prompt_field": "--prompt-field",
     "completion_field": "--completion-field",
 }
-_ARGUMENT = re.compile(r"(?<![\w.\-])(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")=(?:'([^']*)'|\"([^\"]*)\")?")
 
 
-def in_flags(message: str) -> str:
+def in_flags(message: str, flags: dict[str, str] | None = None) -> str:
     """``message`` with the Python arguments it names written as the CLI flags that set them.
 
     ``special_tokens='eos'`` becomes ``--special-tokens eos`` and ``set field= to`` becomes
-    ``set --field to``; the advice on passing a local tokenizer is given in flags.
+    ``set --field to``; the advice on passing a local tokenizer is given in flags. ``flags``
+    maps argument names to flags (default :data:`FLAGS`).
 
     Examples:
         >>> in_flags("use special_tokens='eos', or set field= to the key")
         'use --special-tokens eos, or set --field to the key'
     """
+    flags = FLAGS if flags is None else flags
     message = message.replace(_LOCAL_ADVICE, _CLI_ADVICE)
+    names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
+    argument = re.compile(r"(?<![\w.\-])(" + names + r")=(?:'([^']*)'|\"([^\"]*)\")?")
 
     def flag(m: re.Match) -> str:
         value = m.group(2) if m.group(2) is not None else m.group(3)
-        return FLAGS[m.group(1)] + ("" if value is None else f" {value}")
+        return flags[m.group(1)] + ("" if value is None else f" {value}")
 
-    return _ARGUMENT.sub(flag, message)
+    return argument.sub(flag, message)
 
 
 def load(value: str, *, backend: str = "auto") -> TokenizerHandle:
