@@ -161,6 +161,10 @@ class Pipeline:
         ``num_workers`` is accepted for ``workers``.
         """
         child = attrs.evolve(self, options=self.run_options.evolve(**kwargs))
+        if child.run_options.workers and not child.run_options.start_inline:  # workers fork from a server: start it now, it imports meanwhile
+            from ._executor import prestart
+
+            prestart()
         call = "options(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
         L = self.run_options.canonical_replicas
         note = ""
@@ -488,6 +492,10 @@ class Pipeline:
         Without one, from a pending :meth:`restore` (which it uses up, as ``iter()`` does), else
         from the start.
         """
+        if self.run_options.workers and not self.run_options.start_inline:  # the workers' fork server imports while the plan compiles
+            from ._executor import prestart
+
+            prestart()
         if checkpoint is None:
             checkpoint, self._latest.pending = self._latest.pending, None
         plan, topo = self._compiled(checkpoint), self.topology()
