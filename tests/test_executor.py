@@ -196,3 +196,21 @@ def test_workers_share_the_cpus_for_tiktoken_threads(workers, monkeypatch):
     # Each worker's share, set for tiktoken in every thread: a single worker takes a thread per CPU,
     # without the calling process's extra read-ahead thread (the main process needs the cores too).
     assert seen == {str(share)}
+
+
+def with_marker(payload):
+    """Tags the record with this process's ``ZEPHON_TEST_MARKER`` (module-level: the workers import it)."""
+    return {**payload, "marker": os.environ.get("ZEPHON_TEST_MARKER")}
+
+
+def test_workers_see_the_environment_of_the_caller_at_iter_not_of_when_the_pipeline_was_built(monkeypatch):
+    from zephon.io import Dataset, InMemoryShard
+
+    monkeypatch.setenv("ZEPHON_TEST_MARKER", "when built")
+    rows = [{"id": i} for i in range(8)]
+    pipe = Pipeline(Dataset.from_dict("d", {"s": InMemoryShard(rows)})).options(
+        canonical_replicas=2, workers=2  # the workers' fork server may start here, with this environment
+    ).map(with_marker)
+    monkeypatch.setenv("ZEPHON_TEST_MARKER", "at iter")
+    seen = [r.payload["marker"] for r in pipe]
+    assert seen == ["at iter"] * len(rows)

@@ -1,7 +1,8 @@
 """Running lanes: in the calling thread, ahead in a background thread, or ahead in worker processes.
 
-Only this module knows about processes and threads. Workers are spawned (no fork: safe with
-threads and native tokenizers), each owning a fixed subset of the rank's lanes. A worker runs its
+Only this module knows about processes and threads. Workers are forked from a fork server that
+was itself spawned (never a fork of the caller: safe with its threads and native tokenizers) and
+preloads zephon, so a worker starts with its imports done (see :func:`_context`), each owning a fixed subset of the rank's lanes. A worker runs its
 lanes ahead within a per-lane credit window and sends each output with its index; the main
 process hands outputs out in lane order, so the result is the in-process result for any number
 of workers.
@@ -9,7 +10,7 @@ of workers.
 User code (the functions given to ``map`` and ``filter``, the tokenizers) runs only in the
 workers: a function that crashes the interpreter (a segfault, ``os._exit``, the out-of-memory
 killer) ends a worker, never the caller. The workers start when the executor is made (at
-``iter()``). Only with ``start_inline`` (opt-in) do the lanes run in the main process until each
+``iter()``); their fork server as soon as a pipeline is given workers (:func:`prestart`). Only with ``start_inline`` (opt-in) do the lanes run in the main process until each
 worker is ready, and then move to it with their states (see :class:`ProcessExecutor`).
 
 Lane states are pure values, so a worker keeps the state after each output it sent until the
@@ -522,7 +523,7 @@ def _replay_main(conn, plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]]
 
 
 def _replay_elsewhere(plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]]) -> dict[int, tuple[Any, Any]]:
-    """Run :func:`_replay_main` in a spawned process: ``{lane: (encoded state, counters)}``.
+    """Run :func:`_replay_main` in a separate process (see :func:`_context`): ``{lane: (encoded state, counters)}``.
 
     Raises:
         WorkerError: the replay raised (its lane and cause) or the process died (its exit code or
@@ -555,7 +556,7 @@ def _replay_elsewhere(plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]])
 
 
 class ProcessExecutor:
-    """Runs the rank's lanes ahead in ``workers`` spawned processes.
+    """Runs the rank's lanes ahead in ``workers`` processes (see :func:`_context`).
 
     With ``lead`` (the lanes' states, decoded here: ``start_inline``), the lanes run in this
     process while the workers start: each worker loads the pipeline and its tokenizers, says it is
@@ -908,7 +909,7 @@ class ProcessExecutor:
 
     def _rebuilt(self, lanes: list[int]) -> dict[int, tuple[Any, Any]]:
         """The encoded states and counters of ``lanes`` after exactly the delivered outputs, once the
-        workers are gone: each kept state replayed in a separate, spawned process (see
+        workers are gone: each kept state replayed in a separate process (see
         :func:`_replay_main`), so that the user code this runs cannot end this process either. A
         replay that fails or dies is a :class:`WorkerError`; what was rebuilt is kept."""
         todo = [lane for lane in lanes if lane not in self._replayed]
