@@ -9,10 +9,11 @@ variable is set, as on the CI runner, else ``dev``):
   few minutes on two cores.
 * ``nightly``: many examples, to search harder.
 * ``deep``: random (not derandomized: every run draws new examples), at least 500 examples a
-  law, no deadline, failing examples printed as reproduction blobs. It is run before an issue
-  is resolved (``HYPOTHESIS_PROFILE=deep pytest property_tests/test_operator_laws.py``), and
-  every failure it finds is fixed and then pinned as an ``@example`` on its law, so that the
-  derandomized ``ci`` profile, which may never draw that case, checks it on every run.
+  law (a law that caps its count for ci lifts the cap: ``_budget.examples``), no deadline,
+  failing examples printed as reproduction blobs. It is run before an issue is resolved
+  (``HYPOTHESIS_PROFILE=deep pytest property_tests``), and every failure it finds is fixed and
+  then pinned as an ``@example`` on its law, so that the derandomized ``ci`` profile, which may
+  never draw that case, checks it on every run.
 
 Every profile turns off the ``too_slow`` and ``data_too_large`` health checks and the deadline:
 one example builds several datasets and runs whole multi-lane pipelines (sometimes a few times,

@@ -15,12 +15,13 @@ import warnings
 from unittest import mock
 
 import pytest
-from hypothesis import given, note
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 import torch.utils.data  # noqa: E402
 
+from _budget import examples  # noqa: E402
 from _util import toy_dataset, toy_pipeline  # noqa: E402
 
 OPTIONS = dict(return_labels=True, dtype=None)
@@ -71,3 +72,54 @@ def test_dataloader_rotation_delivers_the_pipeline_stream(lanes, ranks, workers,
         got = rotation(make().to_torch_dataset(**OPTIONS), workers, limit)
     note(f"{len(expected)} items expected, {len(got)} delivered")
     assert got == expected
+
+
+#: Who runs the lanes: zephon's DataLoader with ``num_workers`` torch workers, or the pipeline's own
+#: loader with ``options(workers=...)`` zephon processes.
+RUNNERS = st.sampled_from([("torch", 0), ("torch", 1), ("torch", 2), ("torch", 4), ("zephon", 0), ("zephon", 2)])
+
+
+def run(runner, make, checkpoint, n):
+    """Up to ``n`` training items of ``make()`` from ``checkpoint`` (None: the start), and the checkpoint after them."""
+    from zephon.integrations.torch import DataLoader
+
+    kind, workers = runner
+    if kind == "torch":
+        loader = DataLoader(make(), num_workers=workers, checkpoint=checkpoint, **OPTIONS)
+        items = [x for _, x in zip(range(n), loader)]
+    else:
+        loader = make().options(workers=workers).loader(checkpoint)
+        items = [torch.utils.data.default_convert(b.to_training(**OPTIONS)) for _, b in zip(range(n), loader)]
+    checkpoint = loader.checkpoint()
+    loader.close()
+    return items, checkpoint
+
+
+def same_items(xs, ys):
+    return len(xs) == len(ys) and all(
+        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) if isinstance(x[k], torch.Tensor) else x[k] == y[k] for k in x)
+        for x, y in zip(xs, ys)
+    )
+
+
+@settings(max_examples=examples(8))  # each example starts up to two DataLoaders of up to 4 worker processes
+@given(
+    lanes=st.sampled_from([2, 4]),
+    before=RUNNERS,
+    after=RUNNERS,
+    cut=st.integers(0, 13),
+    finite=st.booleans(),
+    seed=st.integers(0, 20),
+)
+def test_a_resume_on_other_workers_continues_the_uninterrupted_stream(lanes, before, after, cut, finite, seed):
+    # Saved at any item (mid-step included) with W1 torch or zephon workers, resumed with W2: the
+    # items before the save and after the resume, concatenated, are the uninterrupted run's.
+    make = lambda: toy_pipeline(lanes, policy=None if finite else "repeat", data=toy_dataset(60 if finite else 120, seed=seed))  # noqa: E731
+    total = 24
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the undelivered tail of finite data, tested elsewhere
+        expected, _ = run(("zephon", 0), make, None, total)
+        head, checkpoint = run(before, make, None, cut)
+        tail, _ = run(after, make, checkpoint, total - len(head))
+    note(f"{len(expected)} items expected; {len(head)} before the save, {len(tail)} after")
+    assert same_items(head + tail, expected)

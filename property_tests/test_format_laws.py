@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from _budget import examples
 from _util import toks_to_ids
 from zephon import Pipeline, merge_checkpoints
 from zephon.io import Dataset
@@ -78,7 +79,7 @@ def global_steps(pipes: list[Pipeline]) -> list[list]:
     return [[b for groups in per_rank for b in groups[k]] for k in range(n)]
 
 
-@settings(max_examples=12)
+@settings(max_examples=examples(12))
 @given(shards=corpora(), group_rows=st.integers(1, 12), lanes=st.sampled_from([1, 2, 4]), seed=st.integers(0, 3))
 def test_jsonl_parquet_and_arrow_copies_give_identical_batches(shards, group_rows, lanes, seed):
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,7 +91,7 @@ def test_jsonl_parquet_and_arrow_copies_give_identical_batches(shards, group_row
             assert outputs_equal(got, reference), f"{fmt} batches differ from JSONL"
 
 
-@settings(max_examples=12)
+@settings(max_examples=examples(12))
 @given(shards=corpora(), group_rows=st.integers(1, 12), lanes=st.sampled_from([2, 4]), data=st.data())
 def test_a_parquet_run_resumed_on_another_d_continues_the_jsonl_run(shards, group_rows, lanes, data):
     with tempfile.TemporaryDirectory() as tmp:

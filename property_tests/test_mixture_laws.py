@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _budget import examples
 from _util import global_steps
 from zephon import Pipeline
 from zephon.io import Dataset
@@ -61,7 +62,7 @@ def content(steps):
     return [[[r.meta for r in b.records] for b in step] for step in steps]
 
 
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(plans(), st.data())
 def test_global_batches_are_the_same_for_every_rank_count_chunking_and_resume(spec, data):
     build = make(spec)
@@ -81,7 +82,7 @@ def test_global_batches_are_the_same_for_every_rank_count_chunking_and_resume(sp
     assert content(head + rest) == content(reference)
 
 
-@settings(max_examples=10)
+@settings(max_examples=examples(10))
 @given(plans())
 def test_calibration_is_frozen_and_other_weights_are_refused_except_by_change_plan(spec):
     from zephon import _calibrate

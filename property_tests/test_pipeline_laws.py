@@ -31,6 +31,7 @@ from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
+from _budget import examples
 from _util import toks_to_ids
 from _hand_over_pin import pin_hand_over
 from zephon import Pipeline, merge_checkpoints
@@ -42,15 +43,6 @@ from zephon.work import SourceState, StaticMixtureWorkSource
 # Tiny generated finite sources often end mid-step or leave a lane without data, which a pipeline
 # warns about at the end of data; here that is a deliberate edge case, not a mistake.
 pytestmark = pytest.mark.filterwarnings("ignore:end of data:RuntimeWarning")
-
-_CI_EXAMPLES = 50
-
-
-def examples(n: int) -> int:
-    """``n`` examples for a law that spawns processes or runs many pipelines per example, under
-    dev and ci; proportionally more under a profile that asks for more than ci (nightly)."""
-    return max(n, n * settings.default.max_examples // _CI_EXAMPLES)
-
 
 LANE_COUNTS = (1, 2, 4, 8)
 
