@@ -26,6 +26,8 @@ Laws of one operator:
 
 from __future__ import annotations
 
+import bisect
+
 import msgspec
 import numpy as np
 import pytest
@@ -94,7 +96,9 @@ def pack_sequences(algorithm: str):
     return pack_settings(algorithm, flat=False).map(lambda kwargs: PackSequences(**kwargs))
 
 
-shuffles = st.builds(Shuffle, buffer_size=st.one_of(st.integers(1, 8), st.integers(9, 64)), seed=seeds)
+#: Lane sample positions of a schedule's switches (see ``Shuffle.drains``): none in most draws.
+drain_points = st.one_of(st.just(()), st.lists(st.integers(1, 120), max_size=4, unique=True).map(lambda ds: tuple(sorted(ds))))
+shuffles = st.builds(Shuffle, buffer_size=st.one_of(st.integers(1, 8), st.integers(9, 64)), seed=seeds, drains=drain_points)
 
 
 @st.composite
@@ -302,6 +306,9 @@ def test_shuffle_emits_a_permutation_and_respects_its_buffer(op, records, cuts, 
     by_row = {r.meta.segments[0].row: r for r in records}
     assert all(r is by_row[r.meta.segments[0].row] for r in out), "shuffle must pass records through unchanged"
     assert op.report(state) == {"buffered": 0, "emitted": len(records)}
+    # Records never cross a drain: every record from before a switch leaves before any from after it.
+    phases = [bisect.bisect_right(op.drains, r.meta.segments[0].row) for r in out]
+    assert phases == sorted(phases), "a shuffle moved records across a schedule switch"
 
 
 # -- batch ------------------------------------------------------------------------------------------------

@@ -46,9 +46,12 @@ class Explanation:
 def _settings(op: Operator) -> tuple[dict[str, Any], dict[str, Any]]:
     """An operator's ``(data settings, performance settings)``, as JSON-friendly values."""
     data, perf = {}, {}
+    fingerprint = op.fingerprint()
     for f in attrs.fields(type(op)):
         if f.name.startswith("_"):
             continue  # internal bookkeeping, not a setting
+        if f.metadata.get("data", True) and f.name not in fingerprint and getattr(op, f.name) == f.default:
+            continue  # a setting the fingerprint leaves out at its default (a shuffle's drains)
         value = describe(getattr(op, f.name))
         (data if f.metadata.get("data", True) else perf)[f.name] = value
     handle = getattr(op, "tokenizer", None)

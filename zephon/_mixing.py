@@ -357,13 +357,23 @@ def lane_phases(source: Any, schedule: MixtureSchedule, lanes: int, names: Seque
 
 
 def place_targets(chain: Any, source: Any, lanes: int) -> Any:
-    """``chain`` with every ``ensure_mixture`` that follows a schedule given its phases (see :func:`lane_phases`)."""
+    """``chain`` with the source's schedule placed on the lanes: every ``ensure_mixture`` that
+    follows a schedule gets its phases (see :func:`lane_phases`), and every ``shuffle`` the lane
+    positions of the source schedule's switches, where it empties its buffer (``Shuffle.drains``)."""
     from ._core import Chain
+    from ._shuffle import Shuffle
 
+    schedule = getattr(source, "mixture", None)
+    switches: tuple[int, ...] = ()
+    if isinstance(schedule, MixtureSchedule) and len(schedule.points) > 1:
+        switches = tuple(start for start, _ in lane_phases(source, schedule, lanes, source.names)[1:])
     children, changed = [], False
     for name, op in chain.children:
         if isinstance(op, EnsureMixture) and isinstance(op.mixture, MixtureSchedule) and not op.phases:
             op = attrs.evolve(op, phases=lane_phases(source, op.mixture, lanes, op.datasets))
+            changed = True
+        elif isinstance(op, Shuffle) and switches and not op.drains:
+            op = attrs.evolve(op, drains=switches)
             changed = True
         children.append((name, op))
     return Chain(tuple(children)) if changed else chain

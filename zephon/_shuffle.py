@@ -5,9 +5,20 @@ each arrival that pushes it past ``min(buffer_size, w + emitted)`` evicts one re
 ``draws``-th counter-based draw of the operator's key (swap-pop). So the first outputs come early
 and the window grows to ``buffer_size``. ``flush`` drains the rest in draw order, a piece per
 call. The output is a permutation of the input and independent of how the input is chunked.
+
+Under a mixture schedule the buffer never carries records across a switch of weights: the
+pipeline gives the shuffle the lane's sample positions where the source switches (``drains``),
+and the first record from at or after such a position first empties the buffer, in draw order.
+Without this a buffer of ``B`` records would hand the next phase's records out up to ``B``
+records before the switch and the last phase's up to ``B`` after it, missing both phases'
+shares. A record's position is its lane's count of sample starts before it (segments at a
+sample's first token), which holds through per-sample operators and packing; the records an
+upstream filter drops move the drain later by as many.
 """
 
 from __future__ import annotations
+
+import bisect
 
 from typing import Any, ClassVar, Sequence
 
@@ -26,12 +37,15 @@ FLUSH_PIECE = 8
 
 
 class ShuffleState(msgspec.Struct, frozen=True, tag="shuffle", forbid_unknown_fields=True):
-    """The buffered records (by reference), the draw counter and the number emitted."""
+    """The buffered records (by reference), the draw counter and the number emitted; with
+    ``drains``, the sample starts seen and the schedule phase of the buffered records."""
 
     key: int
     buffer: tuple[Record, ...] = ()
     draws: int = 0
     emitted: int = 0
+    samples: int = 0
+    phase: int = 0
 
 
 class _StoredState(msgspec.Struct, frozen=True, tag="shuffle", forbid_unknown_fields=True):
@@ -41,6 +55,20 @@ class _StoredState(msgspec.Struct, frozen=True, tag="shuffle", forbid_unknown_fi
     buffer: tuple[list[int], ...] = ()
     draws: int = 0
     emitted: int = 0
+    samples: int = 0
+    phase: int = 0
+
+
+def _drains(value: Any) -> tuple[int, ...]:
+    out = tuple(int(d) for d in value)
+    if any(d < 1 for d in out) or any(b <= a for a, b in zip(out, out[1:])):
+        raise ValueError(f"shuffle: drains are increasing sample positions >= 1, got {list(out)}")
+    return out
+
+
+def sample_starts(rec: Record) -> int:
+    """The samples whose first token ``rec`` holds: its lane clock for ``drains``."""
+    return sum(1 for seg in rec.meta.segments if seg.start == 0 and seg.child == 0)
 
 
 def _positive_int(name: str):
@@ -63,8 +91,11 @@ class Shuffle(Operator):
     Args:
         buffer_size: records held at most; larger mixes better and costs memory.
         seed: the shuffle's seed; the key is ``fold_in(lane key, "shuffle", seed)``.
+        drains: the lane's sample positions of the source schedule's switches, where the buffer
+            is emptied (see the module docstring); filled in by the pipeline.
 
-    State: the buffer by reference, two counters and the key. A restored buffer of
+    State: the buffer by reference, two counters and the key (with ``drains``, two more: the
+    sample starts seen and the buffered records' phase). A restored buffer of
     ``zephon._lazy.LAZY_MIN_RECORDS`` or more records is rebuilt lazily: a record is rebuilt when it is
     drawn, and the others meanwhile in a background thread, so the first output after a restore
     does not wait for the whole buffer (the outputs are the same).
@@ -77,6 +108,7 @@ class Shuffle(Operator):
 
     buffer_size: int = config_field(validator=_positive_int("buffer_size"))
     seed: int = config_field(default=0, validator=_int)
+    drains: tuple[int, ...] = config_field(default=(), converter=_drains, kw_only=True)
 
     kind: ClassVar[str] = "shuffle"
     state_type: ClassVar[type] = ShuffleState
@@ -88,12 +120,35 @@ class Shuffle(Operator):
     def init(self, key: int) -> ShuffleState:
         return ShuffleState(key=fold_in(key, self.seed))
 
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings; ``drains`` only when there are some (a shuffle without a schedule keeps
+        the fingerprint it always had)."""
+        out = super().fingerprint()
+        if not self.drains:
+            del out["drains"]
+        return out
+
     def step(self, state: ShuffleState, chunk: Sequence[Record]) -> tuple[ShuffleState, list[Record]]:
         buffer = list(state.buffer)
         draws, emitted = state.draws, state.emitted
         key, size, warmup = state.key, self.buffer_size, self.warmup
         out: list[Record] = []
+        drains, samples, phase = self.drains, state.samples, state.phase
         for rec in chunk:
+            if drains:
+                starts = sample_starts(rec)
+                if starts:
+                    at = bisect.bisect_right(drains, samples)
+                    if at != phase:  # the first record of the next phase: empty the buffer first
+                        while buffer:
+                            i = randbelow(key, draws, len(buffer))
+                            draws += 1
+                            out.append(materialize(buffer[i]))
+                            buffer[i] = buffer[-1]
+                            buffer.pop()
+                            emitted += 1
+                        phase = at
+                    samples += starts
             buffer.append(rec)
             if len(buffer) > min(size, warmup + emitted) or size == 1:
                 i = randbelow(key, draws, len(buffer))
@@ -102,7 +157,7 @@ class Shuffle(Operator):
                 buffer[i] = buffer[-1]
                 buffer.pop()
                 emitted += 1
-        return ShuffleState(key, tuple(buffer), draws, emitted), out
+        return ShuffleState(key, tuple(buffer), draws, emitted, samples, phase), out
 
     def flush(self, state: ShuffleState) -> tuple[ShuffleState, list[Record]]:
         """The next ``FLUSH_PIECE`` records in draw order; the rest stays buffered for the next call.
@@ -120,7 +175,7 @@ class Shuffle(Operator):
             out.append(buffer[i])
             buffer[i] = buffer[-1]
             buffer.pop()
-        return ShuffleState(state.key, tuple(buffer), draws, state.emitted + len(out)), materialize_all(out)
+        return msgspec.structs.replace(state, buffer=tuple(buffer), draws=draws, emitted=state.emitted + len(out)), materialize_all(out)
 
     def report(self, state: ShuffleState) -> dict[str, int]:
         return {"buffered": len(state.buffer), "emitted": state.emitted}
@@ -178,8 +233,9 @@ class Shuffle(Operator):
         """The indices of ``state.buffer`` in the order ``step`` will emit them (then nothing).
 
         The draws depend only on the counters and the buffer's length, which grows by one per
-        arrival, so the order is exact while the stream goes on; it stops after a bounded number
-        of draws (the rest are rebuilt in index order).
+        arrival, so the order is exact while the stream goes on, up to a drain (which it does not
+        foresee; records are still rebuilt when drawn, only the background order differs); it
+        stops after a bounded number of draws (the rest are rebuilt in index order).
         """
         pos = list(range(len(state.buffer)))
         left = len(pos)
