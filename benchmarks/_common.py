@@ -83,7 +83,7 @@ def eos_id(tokenizer: Any) -> int:
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's printable-character alphabet for bytes, inverted (character -> byte)."""
-    from zephon._tokenizer import _byte_decoder as table
+    from zephon.text.tokenizer import _byte_decoder as table
 
     return table()
 

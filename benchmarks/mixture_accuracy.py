@@ -69,7 +69,8 @@ def run(datasets, target, tokenizer, tok_kwargs, *, unit, ensure, tokens, lanes,
 
 
 def calibration_time(datasets, target, tokenizer, tok_kwargs, lanes) -> tuple[float, dict]:
-    from zephon import Pipeline, _calibrate
+    from zephon import Pipeline
+    from zephon.sources import calibrate as _calibrate
     from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
     _calibrate._CACHE.clear()

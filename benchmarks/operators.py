@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from zephon import _pack
+    from zephon.ops import pack as _pack
     from zephon.ops import Batch, PackFlat, Shuffle
     from zephon.testing import input_resolver
 

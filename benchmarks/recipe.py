@@ -250,7 +250,7 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     from tokenizers import Tokenizer
 
-    from zephon._cli_bench import pack_rows  # the same packing as `zephon bench`'s ceiling
+    from zephon.cli.bench import pack_rows  # the same packing as `zephon bench`'s ceiling
 
     texts = C.read_texts(Path(task["corpus"]))
     tok = Tokenizer.from_file(task["tokenizer"])

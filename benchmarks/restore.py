@@ -109,7 +109,7 @@ def due_lane(ckpt: dict[str, Any]) -> dict[str, int]:
 
 def child_restore(task: dict[str, Any]) -> dict[str, Any]:
     t0 = task["t0"]
-    import zephon._lazy as lazy
+    import zephon.runtime.lazy as lazy
     from zephon.ledger import batch_digest
 
     if task["eager"]:

@@ -9,7 +9,7 @@ order, as a loader runs them:
   only: the worst case for the counters, whose cost is per record and per chunk.
 
 ``bare`` calls ``Plan.next(lane, state)`` (no meter) and touches each output; ``counted`` passes
-a :class:`zephon._stats.Meter` and adds each output to a :class:`zephon._stats.Deliveries` with
+a :class:`zephon.runtime.stats.Meter` and adds each output to a :class:`zephon.runtime.stats.Deliveries` with
 the two clock reads of a ``next()`` call, which is everything ``stats()`` gathers on the way.
 Runs alternate, ``--repeats`` times each; the median is reported, with ``counted / bare``.
 
@@ -33,7 +33,7 @@ import _common as C  # noqa: E402
 
 
 def run(plan, lanes: int, counted: bool) -> tuple[float, int]:
-    from zephon._stats import Deliveries
+    from zephon.runtime.stats import Deliveries
 
     meter = plan.meter() if counted else None
     deliveries = Deliveries(len(plan.source.datasets))

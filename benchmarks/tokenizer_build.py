@@ -4,7 +4,7 @@ Every process that encodes with ``backend="tokenizers"`` builds the tokenizer on
 each worker). Each round runs, in fresh processes and in alternating order: ``from_file`` (what a
 hand-written loop does: ``Tokenizer.from_file`` of the ``tokenizer.json``), ``from_str`` (the
 canonical JSON of zephon's handle, as it was built before the cached model files) and ``files``
-(``zephon._bpe_files.build``: the vocabulary and merges files proven for that JSON). Only the
+(``zephon.text.bpe_files.build``: the vocabulary and merges files proven for that JSON). Only the
 build is timed (imports and reading the handle are not); each tokenizer then encodes a sample and
 the ids are checked equal. A private cache folder is used; a first process proves the files.
 
@@ -36,8 +36,8 @@ def child(way: str, path: str) -> dict:
 
     from tokenizers import Tokenizer
 
-    from zephon import _bpe_files
-    from zephon._tokenizer import load_tokenizer
+    from zephon.text import bpe_files as _bpe_files
+    from zephon.text.tokenizer import load_tokenizer
 
     handle = load_tokenizer(path, backend="tokenizers")  # from the cache: the canonical JSON, not built
     t = time.perf_counter()
@@ -70,7 +70,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="zephon-tokbuild-") as cache:
         env = {**os.environ, "ZEPHON_CACHE_DIR": cache, "ZEPHON_TOKENIZER_CACHE": "1"}
         # Loading it for the tokenizers backend caches the handle and proves the model files.
-        subprocess.run([sys.executable, "-c", f"from zephon._tokenizer import load_tokenizer as L; L({path!r}, backend='tokenizers')"],
+        subprocess.run([sys.executable, "-c", f"from zephon.text.tokenizer import load_tokenizer as L; L({path!r}, backend='tokenizers')"],
                        env=env, check=True)
         print(f"{path}, {args.rounds} rounds, load average {C.load_average()}")
         times: dict[str, list[float]] = {w: [] for w in WAYS}

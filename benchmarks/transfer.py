@@ -9,7 +9,7 @@ receives each one, as ``ProcessExecutor`` does:
 
 - ``old``: ``send_bytes(ForkingPickler.dumps(msg))`` / ``conn.recv()``, the arrays copied into
   the pickle and out of it;
-- ``new``: ``zephon._wire.send_message`` / ``recv_message``, the arrays sent out of band
+- ``new``: ``zephon.runtime.wire.send_message`` / ``recv_message``, the arrays sent out of band
   (pickle protocol 5) and received into buffers the rebuilt arrays keep.
 
 Runs alternate, ``--repeats`` times each; the median of each figure is reported: wall time per
@@ -48,7 +48,7 @@ def sender(conn, mode: str, seq: int, count: int) -> None:
     """The worker side: send the message ``count`` times, then the CPU seconds it took."""
     from multiprocessing.reduction import ForkingPickler
 
-    from zephon._wire import send_message
+    from zephon.runtime.wire import send_message
 
     msg = make_message(seq)
     conn.recv()  # start together with the receiver's clock
@@ -63,7 +63,7 @@ def sender(conn, mode: str, seq: int, count: int) -> None:
 
 def measure(mode: str, seq: int, count: int) -> dict[str, float]:
     """Per batch: wall seconds, and CPU seconds of the sender and of the receiver."""
-    from zephon._wire import recv_message
+    from zephon.runtime.wire import recv_message
 
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()

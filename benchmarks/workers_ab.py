@@ -45,7 +45,7 @@ def parse_config(text: str) -> tuple[str, int, dict[str, str]]:
 
 def run_round(configs: list, task: dict, reverse: bool) -> dict[str, float]:
     """One fresh recipe process per configuration; tokens/s by name."""
-    from zephon._cli_bench import _run_child
+    from zephon.cli.bench import _run_child
 
     order = configs[:1] + configs[1:][::-1] if reverse else configs
     rates = {}

@@ -7,7 +7,7 @@ Prints batch shapes, throughput, and an exact checkpoint/resume check. Needs no 
 
 import sys
 
-from zephon.__main__ import main
+from zephon.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main(["demo", *sys.argv[1:]]))

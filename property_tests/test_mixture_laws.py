@@ -85,7 +85,7 @@ def test_global_batches_are_the_same_for_every_rank_count_chunking_and_resume(sp
 @settings(max_examples=examples(10))
 @given(plans())
 def test_calibration_is_frozen_and_other_weights_are_refused_except_by_change_plan(spec):
-    from zephon import _calibrate
+    from zephon.sources import calibrate as _calibrate
 
     build = make(spec)
     L = spec["lanes"]

@@ -35,7 +35,7 @@ from hypothesis import example, given, note
 from hypothesis import strategies as st
 
 from _util import docs
-from zephon._pack import ALGORITHMS as PACK_ALGORITHMS
+from zephon.ops.pack import ALGORITHMS as PACK_ALGORITHMS
 from zephon.ops import Batch, Chain, PackFlat, PackSequences, Shuffle
 from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance, input_resolver, outputs_equal, run
 

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from _util import docs
-from zephon._pack import PackSequences
+from zephon.ops.pack import PackSequences
 from zephon.ops import PackFlat
 from zephon.testing import assert_checkpoint_equivalence, outputs_equal, run
 

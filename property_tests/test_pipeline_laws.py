@@ -35,7 +35,7 @@ from _budget import examples
 from _util import toks_to_ids
 from _hand_over_pin import pin_hand_over
 from zephon import Pipeline, merge_checkpoints
-from zephon._pack import ALGORITHMS as PACK_ALGORITHMS
+from zephon.ops.pack import ALGORITHMS as PACK_ALGORITHMS
 from zephon.io import Dataset, InMemoryShard
 from zephon.testing import outputs_equal
 from zephon.work import SourceState, StaticMixtureWorkSource
@@ -616,7 +616,7 @@ def test_worker_processes_deliver_exactly_the_in_process_batches(spec, lanes, dr
 # lane's next output too, or not, drawn; whole lanes lazily, or not, drawn); the checkpoints right
 # after the restore (nothing rebuilt yet) and after each batch must be equal too.
 
-import zephon._lazy as zephon_lazy  # noqa: E402
+import zephon.runtime.lazy as zephon_lazy  # noqa: E402
 
 shuffled_specs = pipeline_specs().filter(lambda s: s.shuffle is not None)
 

@@ -5,7 +5,7 @@ import attrs
 import msgspec
 import numpy as np
 
-from zephon._core import Operator
+from zephon.core.operator import Operator
 from zephon.types import Meta, Record, Segment
 
 

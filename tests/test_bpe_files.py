@@ -1,4 +1,4 @@
-"""A BPE tokenizer built from proven vocabulary and merges files in the cache (``zephon._bpe_files``)."""
+"""A BPE tokenizer built from proven vocabulary and merges files in the cache (``zephon.text.bpe_files``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from _shared import shared_path
 from _util import texts, train_bytelevel
-from zephon import _bpe_files, _tokcache, _tokenizer
-from zephon._tokenizer import load_tokenizer
+from zephon.text import bpe_files as _bpe_files
+from zephon.text import tokenizer_cache as _tokcache
+from zephon.text import tokenizer as _tokenizer
+from zephon.text.tokenizer import load_tokenizer
 
 SAMPLES = ["Hello, world!", " spaces  and\ttabs\n", "中文 émoji 😀 <|endoftext|> x <extra> <s>", "the data of lanes"]
 

@@ -20,7 +20,7 @@ import attrs
 import pytest
 
 from zephon import Pipeline
-from zephon._fingerprint import describe_callable, unfingerprintable
+from zephon.core.fingerprint import describe_callable, unfingerprintable
 from zephon.ops import FingerprintWarning, stateless
 
 ROWS = [{"n": i} for i in range(40)]
@@ -281,7 +281,7 @@ def test_the_fingerprint_is_the_same_in_every_process(tmp_path):
     (tmp_path / "fp_module.py").write_text(textwrap.dedent(MODULE))
     script = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); import fp_module; "
-        "from zephon._fingerprint import describe_callable; "
+        "from zephon.core.fingerprint import describe_callable; "
         "print(json.dumps([describe_callable(f) for f in fp_module.FUNCTIONS], sort_keys=True))"
     )
     outs = []

@@ -21,7 +21,7 @@ import jinja2  # noqa: F401  (the test extra installs it)
 
 from _shared import shared_path  # noqa: E402
 from zephon import Pipeline  # noqa: E402
-from zephon._chat import (  # noqa: E402
+from zephon.ops.chat import (
     BUILTIN_TEMPLATES,
     CHATML_TEMPLATE,
     LLAMA3_TEMPLATE,
@@ -31,9 +31,9 @@ from zephon._chat import (  # noqa: E402
     render_chat,
     strip_generation_tags,
 )
-from zephon._records import Meta, Record, SampleBatch, Segment  # noqa: E402
-from zephon._templates import template_markers  # noqa: E402
-from zephon._tokenizer import TokenizerHandle  # noqa: E402
+from zephon.core.records import Meta, Record, SampleBatch, Segment  # noqa: E402
+from zephon.text.templates import template_markers  # noqa: E402
+from zephon.text.tokenizer import TokenizerHandle  # noqa: E402
 from zephon.ops import Chain, PackFlat  # noqa: E402
 from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance  # noqa: E402
 
@@ -606,18 +606,18 @@ def test_template_names_stay_importable():
     import ast
     from pathlib import Path
 
-    import zephon._chat
-    import zephon._templates
+    import zephon.ops.chat
+    import zephon.text.templates
     import zephon.chat
 
     for name in zephon.chat.__all__:
-        assert getattr(zephon.chat, name) is getattr(zephon._templates, name)
+        assert getattr(zephon.chat, name) is getattr(zephon.text.templates, name)
     for name in ("BUILTIN_TEMPLATES", "CHATML_TEMPLATE", "LLAMA3_TEMPLATE", "RESERVED_KWARGS", "render_chat", "spans_to_mask"):
-        assert getattr(zephon._chat, name) is getattr(zephon._templates, name) and name in zephon._chat.__all__
-    # Templates sit below the operators: _templates never imports _chat.
-    source = (Path(__file__).resolve().parents[1] / "zephon" / "_templates.py").read_text(encoding="utf-8")
+        assert getattr(zephon.ops.chat, name) is getattr(zephon.text.templates, name) and name in zephon.ops.chat.__all__
+    # Templates sit below the operators: zephon/text/templates.py never imports the chat operator.
+    source = (Path(__file__).resolve().parents[1] / "zephon" / "text" / "templates.py").read_text(encoding="utf-8")
     imported = {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom) and n.level}
-    assert "_chat" not in imported and "_cache" in imported
+    assert not any("chat" in (m or "") for m in imported) and "core.cache" in imported
 
 
 # -- options, payloads ---------------------------------------------------------------------------------------------
@@ -673,7 +673,7 @@ def test_malformed_payloads(ops):
 
 
 def test_one_tokenizer_call_per_chunk(ops, monkeypatch):
-    import zephon._chat as chat
+    import zephon.ops.chat as chat
 
     calls = []
     real = chat._offset_encoder

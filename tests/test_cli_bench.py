@@ -7,7 +7,7 @@ import json
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from zephon.__main__ import main
+from zephon.cli.main import main
 
 
 @pytest.fixture()
@@ -67,7 +67,7 @@ def test_bench_runs_on_tiny_data_and_writes_json(tiny, tmp_path, capsys):
 
 
 def test_each_run_is_compared_with_the_ceiling_when_it_ran():
-    from zephon._cli_bench import _summarize
+    from zephon.cli.bench import _summarize
 
     def run(seq, rate, first, **kw):
         return {"seq": seq, "round": 0, "tokens": 10, "tokens_per_s": rate, "first_batch_s": first, "rss_mib": 1.0,
@@ -97,7 +97,7 @@ def test_each_run_is_compared_with_the_ceiling_when_it_ran():
 
 
 def test_workers_are_compared_with_the_inline_run_of_their_own_round():
-    from zephon._cli_bench import _summarize
+    from zephon.cli.bench import _summarize
 
     def run(seq, rnd, rate):
         return {"seq": seq, "round": rnd, "tokens": 10, "tokens_per_s": rate, "first_batch_s": 1.0, "rss_mib": 1.0,
@@ -129,7 +129,7 @@ def test_bench_names_a_missing_path(tmp_path, capsys):
 def test_the_same_work_ceiling_reads_the_documents_that_fill_the_rows_and_no_more():
     import numpy as np
 
-    from zephon._cli_bench import _docs_for_rows
+    from zephon.cli.bench import _docs_for_rows
 
     texts = ["x" * n for n in [5, 9, 3, 20, 7] * 10]  # a document of n tokens is n + 1 with its EOS
     encode = lambda batch: [np.zeros(len(t), dtype=np.int32) for t in batch]  # noqa: E731
@@ -142,7 +142,7 @@ def test_the_same_work_ceiling_reads_the_documents_that_fill_the_rows_and_no_mor
 
 @pytest.mark.parametrize("buffer,batch", [(1024, 8), (16, 2), (4096, 3), (1, 8)])
 def test_the_rows_before_the_first_batch_are_the_shuffles_warm_up_then_two_per_row(buffer, batch):
-    from zephon._cli_bench import _rows_before_first_batch
+    from zephon.cli.bench import _rows_before_first_batch
     from zephon.ops import Shuffle
 
     warmup = Shuffle(buffer).warmup

@@ -205,7 +205,7 @@ class _FlushesForever(Holds):
 
 
 def test_a_flush_that_keeps_its_state_is_refused_naming_the_operator():
-    from zephon._core import Chain
+    from zephon.core.operator import Chain
     from zephon.testing import run
 
     records = docs([3, 4])

@@ -27,7 +27,7 @@ from zephon import Pipeline
 from zephon.io import Dataset, ShardChangedError
 from zephon.work import StaticMixtureWorkSource
 try:
-    from zephon.io import _digest
+    from zephon.sources import digest as _digest
 except ImportError:
     _digest = None
 
@@ -200,7 +200,8 @@ def test_a_file_is_digested_once_then_read_from_the_digest_cache(tmp_path, monke
     # Another process: no memory of this one, only the digest cache on disk.
     child = """
         import json, sys
-        from zephon.io import Dataset, _digest
+        from zephon.io import Dataset
+        from zephon.sources import digest as _digest
         def refuse(path):
             raise AssertionError(f"{path} was digested again")
         _digest.hash_file = refuse

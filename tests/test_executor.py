@@ -156,7 +156,7 @@ def test_after_a_restore_mid_step_the_background_thread_computes_the_lanes_the_c
     # A restore three outputs into a global step of four lanes: the caller asks for lane 3, then
     # lanes 0, 1, 2 of the next step. The background thread must compute them in that order, or
     # the first batch waits for three lanes it does not need yet (each possibly flushing a buffer).
-    from zephon._lanes import Plan
+    from zephon.runtime.lanes import Plan
 
     pipe = finite(4, 0, thread=True)
     loader = iter(pipe)

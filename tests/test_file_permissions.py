@@ -15,9 +15,9 @@ import fsspec
 import pytest
 
 from zephon import Pipeline
-from zephon._atomic import replacing
-from zephon._checkpoint import save_checkpoint
-from zephon._tokcache import store_entry
+from zephon.core.atomic import replacing
+from zephon.runtime.checkpoint import save_checkpoint
+from zephon.text.tokenizer_cache import store_entry
 from zephon.io import Dataset, build_index
 
 

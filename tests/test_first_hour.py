@@ -21,8 +21,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from _shared import shared_path
 from zephon import Pipeline
 from zephon.ops import Tokenize
-from zephon.__main__ import main
-from zephon._tokenizer import TokenizerLoadError, load_tokenizer
+from zephon.cli.main import main
+from zephon.text.tokenizer import TokenizerLoadError, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = [f"document {i}: the loader packs tokens into rows, {i * 7} times." for i in range(200)]
@@ -134,7 +134,7 @@ def test_explain_command_fails_on_a_topology_iterating_refuses(tmp_path, capsys)
         '[source]\nseed = 0\n[[source.datasets]]\nname = "toy"\npath = "data"\n[options]\ncanonical_replicas = 4\n'
         '[[operators]]\nop = "pack_flat"\nmax_length = 8\n[[operators]]\nop = "batch"\nmicrobatch_size = 2\n'
     )
-    from zephon._config import load_pipeline_config
+    from zephon.pipeline.config import load_pipeline_config
 
     with pytest.raises(ValueError) as iterating:
         next(iter(load_pipeline_config(config).options(dp_degree=3, dp_rank=0)))
@@ -321,7 +321,7 @@ def test_plan_help_promises_what_its_tokenizer_flag_takes():
 
 
 def test_demo_prints_the_stats_table_and_the_drops_in_total(capsys):
-    from zephon._demo import run_demo
+    from zephon.cli.demo import run_demo
 
     assert run_demo(lanes=2) == 0
     out = capsys.readouterr().out

@@ -18,7 +18,7 @@ import weakref
 
 import pytest
 
-import zephon._lazy as zephon_lazy
+import zephon.runtime.lazy as zephon_lazy
 from _hand_over_pin import pin_hand_over
 from _util import toks_to_ids, toy_dataset, toy_pipeline, with_lock, without_lock
 from zephon import Pipeline, WorkerError

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zephon.io import Dataset, InMemoryShard, as_dataset
-from zephon.io import _jsonl
+from zephon.sources import jsonl as _jsonl
 
 from _shared import shared_path
 from _util import compress

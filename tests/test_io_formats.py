@@ -16,7 +16,7 @@ import pytest
 
 from zephon import Pipeline
 from zephon.io import Dataset, ShardChangedError
-from zephon.io import _columnar
+from zephon.sources import columnar as _columnar
 
 
 def rows_of(shard: int, n: int) -> list[dict]:

@@ -11,9 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet
 import pytest
 
-from zephon.__main__ import main
+from zephon.cli.main import main
 from zephon.io import Dataset, build_index
-from zephon.io import _columnar, _jsonl
+from zephon.sources import columnar as _columnar
+from zephon.sources import jsonl as _jsonl
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from zephon import Pipeline
 from zephon.io import CacheOptions, Dataset, ShardChangedError, StorageError
-from zephon.io import _storage
+from zephon.sources import storage as _storage
 
 
 class FlakyStore(MemoryFileSystem):

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from zephon._keys import draw, fold_in, permutation, permute, permute_np, randbelow, seed_key
+from zephon.core.keys import draw, fold_in, permutation, permute, permute_np, randbelow, seed_key
 
 
 def test_fold_in_is_deterministic_and_sensitive_to_every_part():

@@ -16,11 +16,11 @@ from typing import ClassVar
 import msgspec
 import pytest
 
-import zephon._lazy as zephon_lazy
+import zephon.runtime.lazy as zephon_lazy
 from _util import Held, Holds, toy_dataset, toy_pipeline
-from zephon._checkpoint import seal
-from zephon._core import Chain, ChainState, records_later
-from zephon._lazy import DeferredChain, DeferredOutput
+from zephon.runtime.checkpoint import seal
+from zephon.core.operator import Chain, ChainState, records_later
+from zephon.runtime.lazy import DeferredChain, DeferredOutput
 from zephon.testing import outputs_equal
 from zephon.types import Meta, Record, Segment
 
@@ -272,7 +272,7 @@ def test_a_lane_whose_data_ended_rebuilds_one_piece_of_its_buffer_for_its_next_o
     import threading
 
     from _util import toy_dataset, toy_pipeline
-    from zephon._shuffle import FLUSH_PIECE
+    from zephon.ops.shuffle import FLUSH_PIECE
 
     def pipe():
         return toy_pipeline(1, data=toy_dataset(600), buffer=128, mbs=2, policy="stop")

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from _util import global_steps, toy_pipeline
-from zephon.__main__ import main
+from zephon.cli.main import main
 from zephon.ledger import Ledger, batch_digest, diff, global_digests, read_ledger, step_digest
 from zephon.types import Meta, Record, SampleBatch, Segment
 

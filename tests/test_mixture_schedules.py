@@ -46,7 +46,7 @@ def test_linear_schedule_moves_weights_gradually():
 
 def test_schedule_by_tokens_places_points_by_estimated_tokens():
     from zephon.work import Calibration
-    from zephon.work._estimate import DatasetEstimate
+    from zephon.sources.estimate import DatasetEstimate
 
     cal = Calibration({"a": DatasetEstimate(1.0, 10), "b": DatasetEstimate(1.0, 100)})
     s = MixtureSchedule([(0, {"a": 1, "b": 0}), (1000, {"a": 0, "b": 1})], by="tokens")

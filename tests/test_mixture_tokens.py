@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from zephon import Pipeline
-from zephon import _calibrate
-from zephon._mixing import EnsureMixture
+from zephon.sources import calibrate as _calibrate
+from zephon.ops.mixing import EnsureMixture
 from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance, length_datasets, word_tokenizer
 from zephon.work import MixtureSpec, StaticMixtureWorkSource, TokenEstimation
 

@@ -17,9 +17,9 @@ import pytest
 
 import zephon
 from zephon import Pipeline
-from zephon.__main__ import COMMANDS, main
-from zephon._config import load_pipeline_config, pipeline_from_config, read_config
-from zephon._log import disable_logging, enable_logging, progress, progress_enabled
+from zephon.cli.main import COMMANDS, main
+from zephon.pipeline.config import load_pipeline_config, pipeline_from_config, read_config
+from zephon.core.log import disable_logging, enable_logging, progress, progress_enabled
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource
 
@@ -131,7 +131,7 @@ def test_stats_table_renders_every_section():
     for text in ("tokens/s", "waited", "packing: efficiency", "records in", "pack_flat", "undelivered", "dataset", "target"):
         assert text in table
     assert f"{stats['throughput']['tokens']:,} tokens" in table
-    assert pipe.stats_table() == zephon._stats.format_stats(pipe.stats())
+    assert pipe.stats_table() == zephon.runtime.stats.format_stats(pipe.stats())
 
 
 # -- logging and progress --------------------------------------------------------------------------

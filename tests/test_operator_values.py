@@ -42,8 +42,8 @@ from zephon.ops import (  # noqa: E402
     TokenizeChat,
     TokenizePromptCompletion,
 )
-from zephon._templates import CHATML_TEMPLATE, LLAMA3_TEMPLATE, strip_generation_tags  # noqa: E402
-from zephon._tokenizer import TokenizerLoadError, load_tokenizer  # noqa: E402
+from zephon.text.templates import CHATML_TEMPLATE, LLAMA3_TEMPLATE, strip_generation_tags  # noqa: E402
+from zephon.text.tokenizer import TokenizerLoadError, load_tokenizer  # noqa: E402
 from zephon.testing import outputs_equal, run  # noqa: E402
 from zephon.types import Meta, Record, Segment  # noqa: E402
 from _util import CHAT_SPECIALS  # noqa: E402
@@ -619,7 +619,7 @@ def test_evolve_needs_no_files_after_pickling(env, tmp_path):
 
 def test_no_configuration_is_rewritten_after_construction():
     package = Path(zephon.__file__).parent
-    for name in ("_pack.py", "_tokenize.py", "_chat.py", "_batch.py", "_shuffle.py", "_core.py"):
+    for name in ("ops/pack.py", "ops/tokenize.py", "ops/chat.py", "ops/batch.py", "ops/shuffle.py", "core/operator.py"):
         assert "object.__setattr__" not in (package / name).read_text(encoding="utf-8"), name
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from _util import doc, docs
-from zephon._pack import PackSequences, packing_info
+from zephon.ops.pack import PackSequences, packing_info
 from zephon.ops import PackFlat
 from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance, input_resolver, run
 

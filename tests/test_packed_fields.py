@@ -17,7 +17,7 @@ from zephon.io import Dataset
 from zephon.ops import PackFlat, PackSequences
 from zephon.testing import assert_checkpoint_equivalence, run, word_tokenizer
 from zephon.types import SampleBatch
-from zephon._records import payload_equal
+from zephon.core.records import payload_equal
 
 TOK = word_tokenizer()
 WORDS = [3, 9, 1, 5, 12, 2, 7, 4, 6, 2, 10, 3, 1, 8, 5, 4]  # words per text; tokens = words + EOS

@@ -1,6 +1,5 @@
 """Pipelines are values; loaders run them; operators and modules keep their shape."""
 
-import ast
 import warnings
 from pathlib import Path
 
@@ -112,56 +111,6 @@ def test_chain_steps_every_child_and_stateless_counters_live_in_their_own_state(
     # rows 0, 1 then row 0 again: row 1's tokens start at 1000, so it alone is dropped
     assert chain.reports(state) == {"trace": {"dropped_records": 0}, "drop": {"dropped_records": 1}}
     assert state.states[1].dropped_records == 1 and len(out) == 2
-
-
-def _zephon_imports(path: Path, package: Path) -> set[str]:
-    """Modules of zephon that ``path`` imports, at module level or inside functions."""
-    tree = ast.parse(path.read_text())
-    parts = path.relative_to(package.parent).with_suffix("").parts
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    here = parts if path.name == "__init__.py" else parts[:-1]
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = here[: len(here) - node.level + 1]
-                mod = ".".join(base + ((node.module,) if node.module else ()))
-                names = [f"{mod}.{a.name}" for a in node.names] if not node.module else []
-            else:
-                mod, names = node.module or "", []
-            for name in [mod, *names]:
-                if name.startswith("zephon") and (package.parent / (name.replace(".", "/") + ".py")).exists():
-                    out.add(name)
-        elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name.startswith("zephon."))
-    return out
-
-
-def test_the_package_has_no_import_cycles():
-    package = Path(zephon.__file__).parent
-    graph = {}
-    for path in package.rglob("*.py"):
-        parts = path.relative_to(package.parent).with_suffix("").parts
-        if parts[-1] == "__init__":
-            continue  # namespaces only re-export; they sit on top
-        graph[".".join(parts)] = {m for m in _zephon_imports(path, package) if not m.endswith("__init__")}
-    cycles = []
-
-    def visit(node, stack, done):
-        if node in stack:
-            cycles.append(stack[stack.index(node):] + [node])
-            return
-        if node in done:
-            return
-        for nxt in sorted(graph.get(node, ())):
-            visit(nxt, stack + [node], done)
-        done.add(node)
-
-    done: set = set()
-    for node in sorted(graph):
-        visit(node, [], done)
-    assert not cycles, f"import cycles: {cycles[:3]}"
 
 
 def test_pad_token_id_comes_from_the_pipelines_tokenizer(tmp_path):

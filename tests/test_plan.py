@@ -8,8 +8,8 @@ import attrs
 import pytest
 
 from zephon import Pipeline
-from zephon.__main__ import main
-from zephon.plan import Plan, StepShape
+from zephon.cli.main import main
+from zephon.pipeline.plan import Plan, StepShape
 from zephon.testing import length_datasets, word_tokenizer
 from zephon.work import MixtureSchedule, MixtureSpec
 
@@ -125,7 +125,7 @@ def test_simulate_reports_epochs_and_exhaustion():
 
 def test_simulate_packed_steps_estimates_tokens_from_the_calibration():
     from zephon.work import Calibration
-    from zephon.work._estimate import DatasetEstimate
+    from zephon.sources.estimate import DatasetEstimate
 
     ds = length_datasets({"a": 10, "b": 100}, 200, shards=2)
     cal = Calibration({"a": DatasetEstimate(1.0, 10.0), "b": DatasetEstimate(1.0, 100.0)})

@@ -11,8 +11,8 @@ import pytest
 
 from _util import fail_on_row_7, toks_to_ids, toy_dataset
 from zephon import Pipeline
-from zephon import _readahead
-from zephon._core import StatelessOp
+from zephon.runtime import readahead as _readahead
+from zephon.core.operator import StatelessOp
 from zephon.testing import outputs_equal
 
 pytestmark = pytest.mark.filterwarnings("ignore:end of data:RuntimeWarning")

@@ -21,7 +21,7 @@ import pytest
 
 from _util import toy_dataset, toy_pipeline
 from zephon import load_checkpoint, merge_checkpoints, save_checkpoint
-from zephon._checkpoint import FORMAT, lane_checksum, seal, state_dict_to_checkpoint
+from zephon.runtime.checkpoint import FORMAT, lane_checksum, seal, state_dict_to_checkpoint
 from zephon.testing import outputs_equal
 
 TESTS = Path(__file__).parent
@@ -134,7 +134,7 @@ def test_a_state_changed_after_restore_is_refused_when_a_loader_reads_it_and_eac
     Inline, the decode is the loader's verification (one checksum per lane, not two); when worker
     processes decode the lanes (``start_inline=False``), the loader verifies them before it starts them.
     """
-    import zephon._checkpoint as zephon_checkpoint
+    import zephon.runtime.checkpoint as zephon_checkpoint
 
     ck, _ = running()
     pipe = small_pipeline().options(**options).restore(ck)

@@ -22,9 +22,9 @@ import attrs
 import pytest
 
 from zephon import Pipeline
-from zephon._core import Operator, StatelessOp
+from zephon.core.operator import Operator, StatelessOp
 from zephon.io import Dataset, ShardChangedError
-from zephon.io import _jsonl
+from zephon.sources import jsonl as _jsonl
 
 from _util import compress, train_bytelevel
 
@@ -293,7 +293,7 @@ def test_a_bad_text_field_names_dataset_file_and_row(tmp_path, tokenizer, kind):
 
 @pytest.mark.parametrize("kind", ["missing", "int"])
 def test_a_bad_text_field_in_a_worker_names_dataset_file_and_row(tmp_path, tokenizer, kind):
-    from zephon._executor import WorkerError
+    from zephon.runtime.executor import WorkerError
 
     path = _bad_dataset(tmp_path / "web", kind)
     pipe = Pipeline(Dataset.from_path("web", tmp_path / "web")).options(workers=1)

@@ -66,7 +66,7 @@ def test_shuffle_checkpoint_equivalence():
 
 
 def test_shuffle_flushes_a_piece_at_a_time_and_each_piece_is_a_checkpoint_boundary():
-    from zephon._shuffle import FLUSH_PIECE
+    from zephon.ops.shuffle import FLUSH_PIECE
 
     op = Shuffle(64, seed=5)
     records = docs([1] * 100)
@@ -90,7 +90,7 @@ def test_shuffle_flushes_a_piece_at_a_time_and_each_piece_is_a_checkpoint_bounda
 
 def test_a_chain_flushes_each_operator_fully_before_the_next():
     """Pieces of a shuffle's flush reach the batch before its own flush: only the last batch is short."""
-    from zephon._core import Chain
+    from zephon.core.operator import Chain
 
     records = docs([1] * 70)
     chain = Chain((("shuffle", Shuffle(64, seed=1)), ("batch", Batch(3, drop_last=False))))
@@ -101,7 +101,7 @@ def test_a_chain_flushes_each_operator_fully_before_the_next():
 
 
 def _child_key(key, name):
-    from zephon._keys import fold_in
+    from zephon.core.keys import fold_in
 
     return fold_in(key, name)
 

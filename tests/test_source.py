@@ -7,7 +7,7 @@ import pytest
 
 from zephon.io import Dataset, InMemoryShard
 from zephon.work import MixtureSpec, StaticMixtureWorkSource
-from zephon.work._mixture import Interleave
+from zephon.sources.mixture import Interleave
 
 
 def dataset(name, sizes):

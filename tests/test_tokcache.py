@@ -11,8 +11,9 @@ import textwrap
 import pytest
 
 from _shared import shared_path
-from zephon import _tokcache, _tokenizer
-from zephon._tokenizer import load_tokenizer
+from zephon.text import tokenizer_cache as _tokcache
+from zephon.text import tokenizer as _tokenizer
+from zephon.text.tokenizer import load_tokenizer
 
 pytest.importorskip("tiktoken")
 
@@ -41,7 +42,7 @@ def _fresh_process_load(path, env) -> dict:
     code = textwrap.dedent(
         f"""
         import json
-        from zephon import _tiktoken, _tokenizer
+        from zephon.text import tiktoken_encoding as _tiktoken, tokenizer as _tokenizer
         ran = []
         original = _tokenizer._verify_tiktoken
         _tokenizer._verify_tiktoken = lambda *a: ran.append(1) or original(*a)

@@ -1,4 +1,4 @@
-"""Tokenizer resolution (``zephon._tokenizer``) and the ``tokenize`` operator (``zephon._tokenize``).
+"""Tokenizer resolution (``zephon.text.tokenizer``) and the ``tokenize`` operator (``zephon.ops.tokenize``).
 
 Two tokenizers are trained here (a whitespace BPE with [PAD]/[BOS]/[EOS]/[UNK] and a GPT-2 style
 byte-level BPE); the real GPT-2 tokenizer and corpus under ``<repo>/../shared/data`` are used when
@@ -21,12 +21,12 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from _shared import SHARED, shared_path
-from zephon._cache import ProcessCache
-from zephon._core import CHILD_BASE, EMPTY, sample_meta
-from zephon._records import Record
-from zephon._tiktoken import _tiktoken_plan, _verification_texts, _verify_tiktoken
-from zephon._tokenize import Tokenize
-from zephon._tokenizer import TokenizerHandle, TokenizerLoadError, load_tokenizer
+from zephon.core.cache import ProcessCache
+from zephon.core.operator import CHILD_BASE, EMPTY, sample_meta
+from zephon.core.records import Record
+from zephon.text.tiktoken_encoding import _tiktoken_plan, _verification_texts, _verify_tiktoken
+from zephon.ops.tokenize import Tokenize
+from zephon.text.tokenizer import TokenizerHandle, TokenizerLoadError, load_tokenizer
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -719,7 +719,7 @@ def test_process_cache_build_error_leaves_no_entry():
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_process_caches_after_fork(small_tok):
-    from zephon import _tokenizer
+    from zephon.text import tokenizer as _tokenizer
 
     h = load_tokenizer(small_tok)
     h.tokenizer  # noqa: B018 - builds the live tokenizer in this process
@@ -741,19 +741,20 @@ def _zephon_imports(module: str) -> set[str]:
     """The zephon modules ``zephon/<module>.py`` imports (relative imports, at any depth of the file)."""
     import ast
 
-    tree = ast.parse((Path(__file__).resolve().parents[1] / "zephon" / f"{module}.py").read_text(encoding="utf-8"))
+    tree = ast.parse((Path(__file__).resolve().parents[1] / "zephon" / f"{module.replace('.', '/')}.py").read_text(encoding="utf-8"))
     return {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
 
 
 def test_module_layout_has_no_cycles():
     # Loading imports the tiktoken path, never the reverse; the cache is below both.
-    assert "_tiktoken" in _zephon_imports("_tokenizer")
-    assert _zephon_imports("_tiktoken") == {"_cache"}
-    assert _zephon_imports("_cache") == set()
+    assert "tiktoken_encoding" in _zephon_imports("text.tokenizer")
+    assert _zephon_imports("text.tiktoken_encoding") == {"core.cache"}
+    assert _zephon_imports("core.cache") == set()
 
 
 def test_one_list_of_special_token_modes():
-    from zephon import _fields, _tokenize
+    from zephon.core import fields as _fields
+    from zephon.ops import tokenize as _tokenize
 
     assert _tokenize.SPECIAL_TOKEN_MODES is _fields.SPECIAL_TOKEN_MODES
 

@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zephon._training import TrainingSpec, to_training
+from zephon.training.convert import TrainingSpec, to_training
 from zephon.types import Meta, Record, SampleBatch, Segment
 
 BOS, EOS, PAD = 1, 2, 0
@@ -734,7 +734,7 @@ def test_module_imports_and_runs_without_torch():
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "import numpy as np\n"
-        "from zephon._training import TrainingSpec, to_training\n"
+        "from zephon.training.convert import TrainingSpec, to_training\n"
         "from zephon.types import Meta, Record, SampleBatch, Segment\n"
         "def rec(row, tokens):\n"
         "    return Record({'input_ids': np.array(tokens)}, Meta(0, (Segment(0, 0, row, 0, 0, -1),), 0))\n"

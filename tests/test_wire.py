@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from _util import read_only_ids, toy_dataset
 from zephon import Pipeline
-from zephon._records import Meta, Record, SampleBatch, Segment, payload_equal
-from zephon._wire import pack_message, recv_message, send_message, send_parts
+from zephon.core.records import Meta, Record, SampleBatch, Segment, payload_equal
+from zephon.runtime.wire import pack_message, recv_message, send_message, send_parts
 
 
 def round_trip(msg):

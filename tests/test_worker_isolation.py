@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-import zephon._lazy as zephon_lazy
+import zephon.runtime.lazy as zephon_lazy
 from _util import toy_dataset, toy_pipeline
-from zephon._lazy import DeferredChain
+from zephon.runtime.lazy import DeferredChain
 
 pytestmark = pytest.mark.filterwarnings("ignore:end of data:RuntimeWarning")
 

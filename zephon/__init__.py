@@ -16,37 +16,37 @@ __version__ = "0.1.0"
 
 #: public name -> the module defining it
 _LAZY = {
-    "Explanation": "._explain",
-    "Loader": "._loader",
-    "Options": "._options",
-    "Pipeline": "._pipeline",
-    "SampleBatch": "._records",
-    "TrainingSpec": "._training_spec",
-    "WorkerError": "._executor",
-    "disable_logging": "._log",
-    "enable_logging": "._log",
-    "load_checkpoint": "._checkpoint",
-    "load_pipeline_config": "._config",
-    "merge_checkpoints": "._checkpoint",
-    "pipeline_from_config": "._config",
-    "save_checkpoint": "._checkpoint",
-    "to_training": "._training",
+    "Explanation": ".pipeline.explain",
+    "Loader": ".runtime.loader",
+    "Options": ".runtime.options",
+    "Pipeline": ".pipeline.pipeline",
+    "SampleBatch": ".core.records",
+    "TrainingSpec": ".training.spec",
+    "WorkerError": ".runtime.executor",
+    "disable_logging": ".core.log",
+    "enable_logging": ".core.log",
+    "load_checkpoint": ".runtime.checkpoint",
+    "load_pipeline_config": ".pipeline.config",
+    "merge_checkpoints": ".runtime.checkpoint",
+    "pipeline_from_config": ".pipeline.config",
+    "save_checkpoint": ".runtime.checkpoint",
+    "to_training": ".training.convert",
 }
 
 __all__ = sorted([*_LAZY, "__version__"])
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
-    from ._checkpoint import load_checkpoint, merge_checkpoints, save_checkpoint
-    from ._config import load_pipeline_config, pipeline_from_config
-    from ._executor import WorkerError
-    from ._explain import Explanation
-    from ._loader import Loader
-    from ._log import disable_logging, enable_logging
-    from ._options import Options
-    from ._pipeline import Pipeline
-    from ._records import SampleBatch
-    from ._training import to_training
-    from ._training_spec import TrainingSpec
+    from .runtime.checkpoint import load_checkpoint, merge_checkpoints, save_checkpoint
+    from .pipeline.config import load_pipeline_config, pipeline_from_config
+    from .runtime.executor import WorkerError
+    from .pipeline.explain import Explanation
+    from .runtime.loader import Loader
+    from .core.log import disable_logging, enable_logging
+    from .runtime.options import Options
+    from .pipeline.pipeline import Pipeline
+    from .core.records import SampleBatch
+    from .training.convert import to_training
+    from .training.spec import TrainingSpec
 
 
 def __getattr__(name: str) -> Any:

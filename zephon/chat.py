@@ -5,14 +5,14 @@ The operators are :class:`zephon.ops.TokenizeChat` and :class:`zephon.ops.Tokeni
 Needs ``jinja2`` (``pip install zephon[chat]``).
 """
 
-from ._templates import BUILTIN_TEMPLATES as BUILTIN_TEMPLATES
-from ._templates import CHATML_TEMPLATE as CHATML_TEMPLATE
-from ._templates import LLAMA3_TEMPLATE as LLAMA3_TEMPLATE
-from ._templates import has_generation_tags as has_generation_tags
-from ._templates import render_chat as render_chat
-from ._templates import spans_to_mask as spans_to_mask
-from ._templates import strip_generation_tags as strip_generation_tags
-from ._templates import template_markers as template_markers
+from .text.templates import BUILTIN_TEMPLATES as BUILTIN_TEMPLATES
+from .text.templates import CHATML_TEMPLATE as CHATML_TEMPLATE
+from .text.templates import LLAMA3_TEMPLATE as LLAMA3_TEMPLATE
+from .text.templates import has_generation_tags as has_generation_tags
+from .text.templates import render_chat as render_chat
+from .text.templates import spans_to_mask as spans_to_mask
+from .text.templates import strip_generation_tags as strip_generation_tags
+from .text.templates import template_markers as template_markers
 
 __all__ = [
     "BUILTIN_TEMPLATES",

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 
 
-from ._core import Operator, _enc_hook
-from ._records import Meta, Record, SampleBatch, meta_from_ints, payload_equal
+from .core.operator import Operator, _enc_hook
+from .core.records import Meta, Record, SampleBatch, meta_from_ints, payload_equal
 
 __all__ = ["assert_checkpoint_equivalence", "assert_chunking_invariance", "input_resolver", "run", "outputs_equal"]
 

@@ -1,8 +1,8 @@
 """Data types that flow through a pipeline."""
 
-from ._records import Meta as Meta
-from ._records import Record as Record
-from ._records import SampleBatch as SampleBatch
-from ._records import Segment as Segment
+from .core.records import Meta as Meta
+from .core.records import Record as Record
+from .core.records import SampleBatch as SampleBatch
+from .core.records import Segment as Segment
 
 __all__ = ["Meta", "Record", "SampleBatch", "Segment"]

@@ -42,10 +42,17 @@ from typing import Any, Iterator, Mapping
 import attrs
 import torch.utils.data
 
-from .._batch import Batch
-from .._checkpoint import build, checkpoint_to_state_dict, merge_checkpoints, select_lanes, state_dict_to_checkpoint, validate
-from .._loader import Loader, out_lane, output_size
-from .._training import training_spec
+from ..ops.batch import Batch
+from ..runtime.checkpoint import (
+    build,
+    checkpoint_to_state_dict,
+    merge_checkpoints,
+    select_lanes,
+    state_dict_to_checkpoint,
+    validate,
+)
+from ..runtime.loader import Loader, out_lane, output_size
+from ..training.convert import training_spec
 
 __all__ = ["DataLoader", "TrainingDataset", "TrainingStream", "checkpoint_from_state"]
 

@@ -39,9 +39,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         f"zephon.integrations.torchtitan needs torchtitan: pip install 'zephon[titan]' ({exc})"
     ) from exc
 
-from .._batch import Batch
-from .._checkpoint import state_dict_to_checkpoint
-from .._training_spec import TrainingSpec
+from ..ops.batch import Batch
+from ..runtime.checkpoint import state_dict_to_checkpoint
+from ..training.spec import TrainingSpec
 
 __all__ = ["ZephonDataLoader", "ZephonDataset", "ZephonPlan", "ZephonProcessing", "use_zephon"]
 
@@ -286,8 +286,8 @@ def build_pipeline(config: Any, *, seq_len: int, local_batch_size: int, tokenize
         return pipe, getattr(tokenizer, "eos_id", None)
 
     from .. import Pipeline
-    from ..io import Dataset
-    from ..work import StaticMixtureWorkSource
+    from ..sources.dataset import Dataset
+    from ..sources.work_source import StaticMixtureWorkSource
 
     if not config.datasets:
         raise ValueError("ZephonDataLoader: dataloader.datasets is empty; list at least one ZephonDataset(name=, path=)")

@@ -1,0 +1,668 @@
+"""``zephon bench``: the pretraining recipe on your data and tokenizer, next to the bare encoder.
+
+Runs, each in a fresh process and round-robin (so background load falls on all of them alike),
+the ceiling again before every recipe run and once after the last, so that each recipe run is
+compared with the ceiling's rate when it ran: the mean of the ceiling runs just before and after
+it (a virtual machine's speed can drift by 10-30 % within minutes; ``--no-bracket`` runs the
+ceiling once per round):
+
+- the **ceiling**: the bare encoder on the same documents, in large calls over all cores
+  (``tokenizers``' ``encode_batch_fast``, or tiktoken's ``encode_to_numpy`` on a thread per CPU),
+  with numpy packing into ``--seq-len`` rows; its time to first batch includes loading the
+  tokenizer and reading the first documents. It also times the same work as the recipe's first
+  batch: as many rows as that batch draws from (the shuffle's warm-up window, then two rows for
+  each of the batch's rows while the window grows: 79 rows by default), with the documents that
+  fill them known in advance, read at once and encoded in one call by a fresh tokenizer, added
+  to its own time to start and load the tokenizer;
+- the **recipe**, once per ``--workers`` value (and with ``--thread``, in a background thread;
+  with ``--inline-workers``, each ``workers > 0`` once more with the opt-in head start
+  ``start_inline=True``; plain rows use the default, user code only in the workers)::
+
+      Pipeline(Dataset.from_path("data", DATA))
+          .options(canonical_replicas=LANES, workers=WORKERS)
+          .tokenize(tokenizer=TOKENIZER, special_tokens="eos", backend=BACKEND)
+          .pack_flat(SEQ_LEN, algorithm="wrap")
+          .shuffle(BUFFER, seed=42)
+          .batch(BATCH)
+      # every batch: to_training(return_labels=True); a checkpoint every --checkpoint-every batches
+
+  and, from a checkpoint taken half-way, a **restore** in a new process, timed to its first batch
+  and checked against the batch the uninterrupted run delivered next.
+
+It prints one table (tokens/s, ratio to the ceiling when the run ran and to the inline run of the
+same round, each over its own ceiling, time to first batch, peak
+RSS, CPU seconds per million tokens, checkpoint bytes, restore time) and writes every measurement
+to ``--json``. Two rates are given for the recipe: tokens *delivered* per second over the whole
+pass, start included, and the *steady* rate: tokens of the batches the lanes built after the
+first batch (delivered or not), per second after it. They differ by the start (loading the
+tokenizer, the first reads) and by the end of finite data: iteration stops at the first global
+step that some lane cannot complete, so the batches the other lanes built for it are counted but
+not delivered (a few percent of a short corpus with 8 lanes; with an endless source and full
+shuffle buffers every batch built is delivered). The ceiling's clock starts with its tokenizer
+loaded and its texts in memory, so its rate is a steady one. Nothing is asserted: the figures describe this machine under its current load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["register", "run_bench"]
+
+
+# -- child processes: one measurement each, printed as a JSON line ------------------------------------
+
+
+def _rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _children_rss_mib() -> float:
+    """The largest peak RSS (VmHWM) among this process's live children, in MiB (Linux; else 0)."""
+    pid = os.getpid()
+    best = 0.0
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            kids = [int(k) for k in fh.read().split()]
+    except OSError:
+        return best
+    for kid in kids:
+        try:
+            with open(f"/proc/{kid}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:"):
+                        best = max(best, int(line.split()[1]) / 1024)
+        except OSError:
+            continue
+    return best
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its ended (joined) children."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _files(data: str) -> list[str]:
+    from ..sources.dataset import Dataset
+
+    ds = Dataset.from_path("data", data)
+    return [ds.shard_path(i) for i in range(len(ds.shard_sizes))]
+
+
+def _texts(files: list[str], field: str, limit: int | None = None) -> list[str]:
+    """The documents' texts, read with plain ``json`` (what a hand-written loop does)."""
+    out: list[str] = []
+    for path in files:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    out.append(json.loads(line)[field])
+                    if limit is not None and len(out) >= limit:
+                        return out
+    return out
+
+
+def _bare_tiktoken(tokenizer_path: str) -> Any:
+    """A tiktoken encoding built straight from a byte-level BPE ``tokenizer.json`` (no checks)."""
+    import tiktoken
+
+    from ..text.tiktoken_encoding import GPT2_PATTERN, _byte_decoder
+
+    spec = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
+    decoder = _byte_decoder()
+    specials = {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
+    ranks = {bytes(decoder[c] for c in tok): tid for tok, tid in spec["model"]["vocab"].items() if tok not in specials}
+    return tiktoken.Encoding("bench", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
+
+
+def pack_rows(arrays: list, rest: Any, eos: Any, row: int) -> tuple[Any, Any]:
+    """The ceiling's packing: ``rest``, then each array followed by ``eos``, cut into rows of ``row``.
+
+    Returns the ``[n, row]`` rows and the tokens left over for the next call.
+    """
+    import numpy as np
+
+    parts = [rest]
+    for a in arrays:
+        parts.append(a)
+        parts.append(eos)
+    flat = np.concatenate(parts)
+    n = len(flat) // row
+    return flat[: n * row].reshape(n, row), flat[n * row :].copy()
+
+
+def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
+    """The bare encoder in large calls over all cores, plus numpy packing into rows."""
+    t0 = task["t0"]
+    import numpy as np
+
+    row, per_call, batch = task["seq_len"], task["docs_per_call"], task["batch_size"]
+    eos_arr = np.array([task["eos"]], dtype=np.uint32 if task["encoder"] == "tiktoken" else np.int32)
+    encode = _bare_encoder(task)
+
+    def pack(arrays: list, rest: Any) -> tuple[Any, Any]:
+        return pack_rows(arrays, rest, eos_arr, row)
+
+    # Time to first batch: tokenizer load (above), reading and encoding the first documents.
+    files = _files(task["data"])
+    ready = time.time() - t0  # started, tokenizer loaded, files listed
+    rows, rest, done, want = eos_arr[:0].reshape(0, row), eos_arr[:0], 0, 16
+    while len(rows) < batch:
+        texts = _texts(files, task["field"], limit=want)
+        more, rest = pack(encode(texts[done:]), rest)
+        rows = np.concatenate([rows, more])
+        if len(texts) < want:
+            break
+        done, want = len(texts), want * 4
+    first = time.time() - t0
+    # The same work as the recipe's first batch: as many rows as it draws from (its shuffle's
+    # warm-up window, then two rows for each of the batch's while the window grows). The documents
+    # are counted untimed, then timed with a fresh tokenizer (no cache shared with a previous call):
+    # reading exactly those documents, one encoder call, packing; added to the time it took to
+    # start, load the tokenizer and list the files.
+    need = max(batch, task.get("first_rows") or batch)
+    docs = _docs_for_rows(_texts(files, task["field"], limit=64 * need), encode, need * row)
+    encode_fresh = _bare_encoder(task)
+    t = time.perf_counter()
+    pack(encode_fresh(_texts(files, task["field"], limit=docs)), eos_arr[:0])
+    first_rows = ready + time.perf_counter() - t
+    # Throughput: texts in memory, the encoding loop alone.
+    texts = _texts(files, task["field"], task.get("max_docs"))
+    tokens = 0
+    rest = eos_arr[:0]
+    c0, w0 = time.process_time(), time.perf_counter()
+    for i in range(0, len(texts), per_call):
+        packed, rest = pack(encode(texts[i : i + per_call]), rest)
+        tokens += packed.size
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    return {"tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall, "first_batch_s": first,
+            "first_rows_s": first_rows, "first_rows": need, "first_rows_docs": docs,
+            "cpu_s_per_mtok": cpu / tokens * 1e6, "rss_mib": _rss_mib()}
+
+
+def _bare_encoder(task: dict[str, Any]) -> Callable[[list[str]], list]:
+    """A fresh tokenizer's encode function: texts to id arrays, in large calls over all cores."""
+    import numpy as np
+
+    if task["encoder"] == "tiktoken":
+        from concurrent.futures import ThreadPoolExecutor
+
+        enc = _bare_tiktoken(task["tokenizer"])
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        pool = ThreadPoolExecutor(cpus)
+        return lambda texts: list(pool.map(lambda t: enc.encode_to_numpy(t, disallowed_special=()), texts))
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(task["tokenizer"])
+    return lambda texts: [np.fromiter(e.ids, dtype=np.int32) for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def _docs_for_rows(texts: list[str], encode: Callable[[list[str]], list], tokens: int) -> int:
+    """How many of the first ``texts`` it takes to fill ``tokens`` (each document and its EOS)."""
+    total = 0
+    for start in range(0, len(texts), 16):
+        for i, ids in enumerate(encode(texts[start : start + 16])):
+            total += len(ids) + 1
+            if total >= tokens:
+                return start + i + 1
+    return len(texts)
+
+
+def _pipeline(task: dict[str, Any]) -> Any:
+    from .. import Pipeline
+    from ..sources.dataset import Dataset
+
+    return (
+        Pipeline(Dataset.from_path("data", task["data"]))
+        .options(canonical_replicas=task["lanes"], workers=task["workers"], thread=task["thread"],
+                 start_inline=task.get("start_inline", False),
+                 **({"read_size": task["read_size"]} if task.get("read_size") else {}),
+                 **({"read_ahead": task["read_ahead"]} if task.get("read_ahead") is not None else {}))
+        .tokenize(tokenizer=task["tokenizer"], field=task["field"], special_tokens="eos", backend=task["backend"])
+        .pack_flat(task["seq_len"], algorithm="wrap")
+        .shuffle(task["buffer"], seed=42)
+        .batch(task["batch_size"])
+    )
+
+
+def _real_tokens(batch: Any) -> int:
+    return sum(len(r.payload["input_ids"]) - r.meta.padding_length for r in batch.records)
+
+
+def child_recipe(task: dict[str, Any]) -> dict[str, Any]:
+    """One pass of the recipe with periodic checkpoints; keeps the half-way checkpoint for a restore."""
+    t0 = task["t0"]
+    import numpy as np
+
+    from ..runtime.ledger import batch_digest
+
+    pipe = _pipeline(task)
+    loader = iter(pipe)
+    tokens = batches = 0
+    first = None
+    ckpt_bytes: list[int] = []
+    saved: dict[str, Any] = {}
+    workers_rss = 0.0
+    c0, w0 = _cpu_s(), time.perf_counter()
+    for batch in loader:
+        batch.to_training(return_labels=True, dtype=np.int64)
+        tokens += _real_tokens(batch)
+        batches += 1
+        if first is None:
+            first = time.time() - t0
+            # The steady state starts here: tokenizer loaded, first reads done, buffers warming. The
+            # count is read after the clock (workers keep building while they report), so the
+            # batches built meanwhile are not counted in the steady rate.
+            w_first = time.perf_counter()
+            built_first = loader.stats()["operators"]["batch"]["real_tokens"]
+        if saved.get("pending"):
+            saved["next_digest"] = batch_digest(batch)
+            saved["pending"] = False
+        every = task["checkpoint_every"]
+        if every and batches % every == 0:
+            data = json.dumps(loader.checkpoint())
+            ckpt_bytes.append(len(data))
+            if task["workers"]:
+                workers_rss = max(workers_rss, _children_rss_mib())
+            if batches <= task["half"] or not saved:
+                saved = {"json": data, "after": batches, "pending": True}
+    end = time.perf_counter()
+    wall = end - w0
+    built = loader.stats()["operators"]["batch"]["real_tokens"]
+    steady = (built - built_first) / (end - w_first) if first is not None and end > w_first else None
+    loader.close()
+    cpu = _cpu_s() - c0
+    if saved.get("json") and task.get("checkpoint_path"):
+        Path(task["checkpoint_path"]).write_text(saved["json"], encoding="utf-8")
+    return {"tokens": tokens, "batches": batches, "seconds": wall, "tokens_per_s": tokens / wall if wall else None,
+            "built_tokens": built, "steady_tokens_per_s": steady,
+            "first_batch_s": first, "cpu_s_per_mtok": cpu / tokens * 1e6 if tokens else None, "rss_mib": _rss_mib(),
+            "workers_rss_mib": workers_rss or None, "checkpoint_bytes": max(ckpt_bytes) if ckpt_bytes else None,
+            "checkpoint_after": saved.get("after"), "next_digest": saved.get("next_digest")}
+
+
+def child_restore(task: dict[str, Any]) -> dict[str, Any]:
+    """A new process: build the pipeline, restore the saved checkpoint, time the first batch."""
+    t0 = task["t0"]
+    import numpy as np
+
+    from ..runtime.ledger import batch_digest
+
+    ckpt = json.loads(Path(task["checkpoint_path"]).read_text(encoding="utf-8"))
+    pipe = _pipeline(task)
+    t1 = time.perf_counter()
+    loader = iter(pipe.restore(ckpt))
+    batch = next(loader, None)
+    if batch is not None:
+        batch.to_training(return_labels=True, dtype=np.int64)
+    seconds, call = time.time() - t0, time.perf_counter() - t1
+    digest = None if batch is None else batch_digest(batch)
+    loader.close()
+    return {"restore_first_s": seconds, "restore_call_s": call, "digest": digest}
+
+
+_CHILDREN = {"ceiling": child_ceiling, "recipe": child_recipe, "restore": child_restore}
+
+
+def _child_main(raw: str) -> None:
+    task = json.loads(raw)
+    result = _CHILDREN[task["mode"]](task)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# -- the parent ---------------------------------------------------------------------------------------
+
+
+def _run_child(task: dict[str, Any], timeout: float) -> dict[str, Any]:
+    # t0 is taken here, so that every row counts interpreter start-up and imports alike.
+    task = {**task, "t0": time.time()}
+    # Bytecode caches on, as Python has them by default: a first run writes them, so start-up times
+    # do not count compiling zephon's sources anew in every process.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "zephon.cli.bench", json.dumps(task)], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"the {task['mode']} process failed (exit code {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def _median(values: list[Any]) -> Any:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _load() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _encoder_of(tokenizer: str, backend: str) -> tuple[str, int]:
+    """The encoder the recipe will use (``tokenize``'s backend choice) and the EOS id, for the ceiling."""
+    from ..text.tokenizer import load_tokenizer
+
+    handle = load_tokenizer(tokenizer, backend=backend)
+    if handle.eos_token_id is None:
+        raise SystemExit(f"zephon bench: the tokenizer {tokenizer} has no EOS token, which the recipe needs")
+    return handle.backend, handle.eos_token_id
+
+
+def run_bench(
+    data: str,
+    tokenizer: str,
+    *,
+    lanes: int = 8,
+    workers: tuple[int, ...] = (0,),
+    thread: bool = False,
+    cold_workers: bool = False,
+    inline_workers: bool = False,
+    backend: str = "auto",
+    field: str = "text",
+    seq_len: int = 2049,
+    batch_size: int = 8,
+    buffer: int = 1024,
+    checkpoint_every: int = 100,
+    docs_per_call: int = 512,
+    repeats: int = 3,
+    restore: bool = True,
+    read_size: int | None = None,
+    read_ahead: int | None = None,
+    bracket: bool = True,
+    timeout: float = 1800,
+    out: Any = print,
+) -> dict[str, Any]:
+    """Measure the recipe against the ceiling (see the module docstring); returns every measurement."""
+    import tempfile
+
+    encoder, eos = _encoder_of(tokenizer, backend)
+    common = {"data": os.path.abspath(data), "tokenizer": os.path.abspath(tokenizer), "field": field, "seq_len": seq_len,
+              "batch_size": batch_size, "lanes": lanes, "buffer": buffer, "backend": backend,
+              "checkpoint_every": checkpoint_every, "docs_per_call": docs_per_call, "eos": eos,
+              "read_size": read_size, "read_ahead": read_ahead}
+    first_rows = _rows_before_first_batch(buffer, batch_size)
+    configs: dict[str, dict[str, Any]] = {"ceiling": {**common, "mode": "ceiling", "encoder": encoder, "first_rows": first_rows}}
+    for w in workers:
+        configs[f"recipe workers={w}"] = {**common, "mode": "recipe", "workers": w, "thread": False}
+        if w and inline_workers:
+            configs[f"recipe workers={w} inline"] = {**common, "mode": "recipe", "workers": w, "thread": False, "start_inline": True}
+        if w and cold_workers:  # the default start: the same as the plain row, run again in the same rounds
+            configs[f"recipe workers={w} cold"] = {**common, "mode": "recipe", "workers": w, "thread": False, "start_inline": False}
+    if thread:
+        configs["recipe thread"] = {**common, "mode": "recipe", "workers": 0, "thread": True}
+    results: dict[str, Any] = {
+        "data": common["data"], "tokenizer": common["tokenizer"], "encoder": encoder, "lanes": lanes, "buffer": buffer,
+        "seq_len": seq_len, "batch_size": batch_size, "checkpoint_every": checkpoint_every, "repeats": repeats,
+        "docs_per_call": docs_per_call, "first_rows": first_rows, "cpus": os.cpu_count(), "load_average_start": _load(),
+        "runs": {n: [] for n in configs},
+    }
+    out(f"zephon bench: {data} with {tokenizer} ({encoder}), {lanes} lanes, {os.cpu_count()} CPUs, "
+        f"load average {results['load_average_start']}; {repeats} round(s)")
+    with tempfile.TemporaryDirectory(prefix="zephon-bench-") as tmp:
+        for name in configs:
+            configs[name]["checkpoint_path"] = os.path.join(tmp, f"{len(name)}-{abs(hash(name))}.json")
+        # One pass to count batches (for the half-way checkpoint) and build the line index once.
+        probe = _run_child({**configs[next(n for n in configs if n != "ceiling")], "half": 0, "checkpoint_every": 0}, timeout)
+        half = max(1, probe["batches"] // 2)
+        seq = 0
+        for rnd in range(repeats):
+            for name in _schedule(list(configs), bracket, last_round=rnd == repeats - 1):
+                res = _run_child({**configs[name], "half": half}, timeout)
+                res["round"], res["seq"] = rnd, seq
+                seq += 1
+                results["runs"][name].append(res)
+                out(f"  [{rnd + 1}/{repeats}] {name:22s} {res['tokens_per_s'] or 0:>12,.0f} tokens/s")
+        restores: dict[str, list] = {}
+        if restore:
+            for name, task in configs.items():
+                if task["mode"] != "recipe" or not os.path.exists(task["checkpoint_path"]):
+                    continue
+                restores[name] = [_run_child({**task, "mode": "restore"}, timeout) for _ in range(repeats)]
+        results["restores"] = restores
+    results["load_average_end"] = _load()
+    results["summary"] = _summarize(results)
+    return results
+
+
+def _rows_before_first_batch(buffer: int, batch_size: int) -> int:
+    """How many rows a lane's ``shuffle(buffer)`` takes in before it has given ``batch_size``: its
+    warm-up window, then two rows for each output while the window grows (counted by the operator)."""
+    from ..core.records import Meta, Record, Segment
+    from ..ops.shuffle import Shuffle
+
+    op = Shuffle(buffer, seed=0)
+    state, arrived, given = op.init(0), 0, 0
+    while given < batch_size:
+        state, out = op.step(state, [Record({}, Meta(0, (Segment(0, 0, arrived, 0, 0, -1),)))])
+        arrived, given = arrived + 1, given + len(out)
+    return arrived
+
+
+#: The run the others are compared with in the ``x inline`` column.
+INLINE = "recipe workers=0"
+
+
+def _schedule(names: list[str], bracket: bool, last_round: bool) -> list[str]:
+    """The runs of one round, in order: the ceiling first, and with ``bracket`` again before each
+    recipe run (and after the last one of the last round), so that every recipe run sits between two."""
+    recipes = [n for n in names if n != "ceiling"]
+    if not bracket:
+        return ["ceiling", *recipes]
+    order = [x for n in recipes for x in ("ceiling", n)]
+    return order + ["ceiling"] if last_round else order
+
+
+def _reference(ceilings: list[dict[str, Any]], run: dict[str, Any], key: str) -> float | None:
+    """The ceiling's ``key`` when ``run`` ran: the mean of the ceiling runs just before and just after it
+    (the machine's speed drifts; a run is compared with its neighbours in time), or the nearest one."""
+    before = [c for c in ceilings if c["seq"] < run["seq"] and c.get(key)]
+    after = [c for c in ceilings if c["seq"] > run["seq"] and c.get(key)]
+    near = before[-1:] + after[:1]
+    return statistics.fmean(c[key] for c in near) if near else None
+
+
+def _against_inline(runs: dict[str, list], run: dict[str, Any]) -> float | None:
+    """``run``'s ratio to the inline recipe run of the same round, each over the ceiling when it ran
+    (so that the machine's drift between the two runs cancels); ``None`` without an inline run."""
+    inline = [r for r in runs.get(INLINE, []) if r["round"] == run["round"]]
+    if not inline or not run.get("ratio") or not inline[0].get("ratio"):
+        return None
+    return run["ratio"] / inline[0]["ratio"]
+
+
+def _steady(name: str, run: dict[str, Any]) -> float | None:
+    # The ceiling's rate is steady already: its clock starts with the tokenizer loaded and the
+    # texts in memory, and every row it encodes is counted.
+    return run.get("steady_tokens_per_s") or (run["tokens_per_s"] if name == "ceiling" else None)
+
+
+def _compare(run: dict[str, Any], ceilings: list[dict[str, Any]]) -> None:
+    """Set ``run``'s figures against the ceiling when it ran (kept per run in the JSON, next to its own)."""
+    ref, first = _reference(ceilings, run, "tokens_per_s"), _reference(ceilings, run, "first_batch_s")
+    steady, same = run.get("steady_tokens_per_s"), _reference(ceilings, run, "first_rows_s")
+    run["ratio"] = run["tokens_per_s"] / ref if run.get("tokens_per_s") and ref else None
+    run["steady_ratio"] = steady / ref if steady and ref else None
+    run["first_batch_minus_ceiling_s"] = run["first_batch_s"] - first if run.get("first_batch_s") and first is not None else None
+    run["first_batch_minus_same_rows_s"] = run["first_batch_s"] - same if run.get("first_batch_s") and same is not None else None
+
+
+def _summarize(results: dict[str, Any]) -> dict[str, Any]:
+    runs = results["runs"]
+    ceilings = runs["ceiling"]
+    recipes = {name: rs for name, rs in runs.items() if name != "ceiling"}
+    for rs in recipes.values():
+        for r in rs:
+            _compare(r, ceilings)
+    for rs in recipes.values():  # once every run's ratio is known, whatever the order of the runs
+        for r in rs:
+            r["inline_ratio"] = _against_inline(runs, r)
+    summary: dict[str, Any] = {}
+    for name, rs in runs.items():
+        steady = [_steady(name, r) for r in rs]
+        if name == "ceiling":
+            ratios = steady_ratios = [1.0] * len(rs)
+            deltas = same_deltas = [0.0] * len(rs)
+            inline_ratios: list = [None]
+        else:
+            ratios = [r["ratio"] for r in rs]
+            steady_ratios = [r["steady_ratio"] for r in rs]
+            deltas = [r["first_batch_minus_ceiling_s"] for r in rs]
+            same_deltas = [r["first_batch_minus_same_rows_s"] for r in rs]
+            inline_ratios = [r["inline_ratio"] for r in rs]
+        row = {
+            "tokens": rs[0]["tokens"] if rs else None,
+            "tokens_per_s": _median([r["tokens_per_s"] for r in rs]),
+            "ratio": _median(ratios),
+            "inline_ratio": _median(inline_ratios),
+            "steady_tokens_per_s": _median(steady),
+            "steady_ratio": _median(steady_ratios),
+            "first_batch_s": _median([r["first_batch_s"] for r in rs]),
+            "first_batch_minus_ceiling_s": _median(deltas),
+            "first_rows_s": _median([r.get("first_rows_s") for r in rs]) if name == "ceiling" else None,
+            "first_batch_minus_same_rows_s": _median(same_deltas),
+            "rss_mib": _median([r["rss_mib"] for r in rs]),
+            "workers_rss_mib": _median([r.get("workers_rss_mib") for r in rs]),
+            "cpu_s_per_mtok": _median([r["cpu_s_per_mtok"] for r in rs]),
+            "checkpoint_bytes": _median([r.get("checkpoint_bytes") for r in rs]),
+        }
+        rest = results.get("restores", {}).get(name)
+        if rest:
+            expected = rs[0].get("next_digest")
+            row["restore_first_s"] = _median([r["restore_first_s"] for r in rest])
+            row["restore_call_s"] = _median([r.get("restore_call_s") for r in rest])
+            row["restore_after_batches"] = rs[0].get("checkpoint_after")
+            row["restore_exact"] = all(r["digest"] == expected for r in rest) if expected else None
+        summary[name] = row
+    return summary
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """The summary as an aligned text table."""
+    headers = ["run", "tokens/s", "x ceiling", "x inline", "steady tok/s", "x ceiling", "1st batch s", "vs ceiling s", "vs same rows s", "RSS MiB", "wkr RSS MiB", "CPU s/Mtok",
+               "ckpt bytes", "restore->1st s", "restore() s"]
+
+    def f(x: Any, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+
+    rows = []
+    for name, s in results["summary"].items():
+        restore = f(s.get("restore_first_s"), ".3f")
+        if s.get("restore_exact") is False:
+            restore += " MISMATCH"
+        rows.append([name, f(s["tokens_per_s"], ",.0f"), f(s["ratio"], ".3f"), f(s.get("inline_ratio"), ".3f"),
+                     f(s.get("steady_tokens_per_s"), ",.0f"),
+                     f(s.get("steady_ratio"), ".3f"), f(s["first_batch_s"], ".3f"),
+                     "-" if name == "ceiling" else f(s["first_batch_minus_ceiling_s"], "+.3f"),
+                     f(s.get("first_rows_s"), ".3f") if name == "ceiling" else f(s.get("first_batch_minus_same_rows_s"), "+.3f"),
+                     f(s["rss_mib"], ".0f"),
+                     f(s["workers_rss_mib"], ".0f"), f(s["cpu_s_per_mtok"], ".3f"), f(s["checkpoint_bytes"], ",.0f"),
+                     restore, f(s.get("restore_call_s"), ".3f")])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = [" | ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))]
+    lines.append("-+-".join("-" * w for w in widths))
+    for r in rows:
+        lines.append(" | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    return "\n".join(lines)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _workers(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of ints, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"a comma-separated list of ints >= 0, got {text!r}")
+    return values
+
+
+def _main(args: argparse.Namespace) -> int:
+    for what, path in (("--data", args.data), ("--tokenizer", args.tokenizer)):
+        if not os.path.exists(path):
+            print(f"zephon bench: {what} {path}: no such file or folder", file=sys.stderr)
+            return 2
+    results = run_bench(
+        args.data, args.tokenizer, lanes=args.lanes, workers=args.workers, thread=args.thread,
+        cold_workers=args.cold_workers, inline_workers=args.inline_workers, backend=args.backend,
+        field=args.field, seq_len=args.seq_len, batch_size=args.batch_size, buffer=args.buffer,
+        checkpoint_every=args.checkpoint_every, docs_per_call=args.docs_per_call, repeats=args.repeats,
+        restore=not args.no_restore, read_size=args.read_size, read_ahead=args.read_ahead, bracket=not args.no_bracket,
+    )
+    print()
+    print(format_table(results))
+    print(f"\nload average {results['load_average_start']} at the start, {results['load_average_end']} at the end. "
+          "tokens/s: tokens delivered per second over the whole pass; steady tok/s: tokens of every batch the lanes "
+          "built after the first one (delivered, or left undelivered at the end of finite data) per second after the "
+          "first batch; x ceiling: over the ceiling's tokens/s when the run ran (the mean of the ceiling runs just "
+          "before and after it; median over rounds); x inline: its x ceiling over the inline run's (workers=0) in the "
+          "same round (median over rounds); vs ceiling: time to first batch minus the ceiling's (both from "
+          "process start, tokenizer load included); vs same rows: time to first batch minus the ceiling's time to encode and "
+          f"pack as many rows as the recipe's first batch draws from ({results['first_rows']}: the shuffle's warm-up window, "
+          "then two rows for each row of the batch; the ceiling's row shows that time)")
+    Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")
+    print(f"saved {args.json}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``zephon bench`` to the command line."""
+    p = sub.add_parser("bench", help="measure the pretraining recipe on your data and tokenizer against the bare encoder",
+                       description="Run the pretraining recipe (tokenize, pack_flat, shuffle, batch, to_training, periodic "
+                                   "checkpoints) on your data and tokenizer, each run in a fresh process next to the bare "
+                                   "encoder, and print throughput, its ratio to the encoder, time to first batch, memory, CPU "
+                                   "per token, checkpoint size and restore time.")
+    p.add_argument("--data", required=True, help="a JSONL file or a folder of JSONL files (one document per line)")
+    p.add_argument("--tokenizer", required=True, help="a tokenizer.json file (or its folder)")
+    p.add_argument("--lanes", type=_positive, default=8, help="canonical_replicas, the number of lanes (default 8)")
+    p.add_argument("--workers", type=_workers, default=(0,),
+                   help="worker processes; a comma-separated list runs the recipe once per value (default 0)")
+    p.add_argument("--thread", action="store_true", help="also run the recipe with a background thread (workers=0, thread=True)")
+    p.add_argument("--inline-workers", action="store_true",
+                   help="also run each workers > 0 recipe with start_inline=True (rows marked 'inline': the lanes run in "
+                        "this process until the workers are ready)")
+    p.add_argument("--cold-workers", action="store_true",
+                   help="also run each workers > 0 recipe once more with start_inline=False, the default (rows marked "
+                        "'cold'), in the same rounds")
+    p.add_argument("--backend", default="auto", choices=("auto", "tokenizers", "tiktoken"), help="tokenize backend (default auto)")
+    p.add_argument("--field", default="text", help="the JSON field holding the text (default text)")
+    p.add_argument("--seq-len", type=_positive, default=2049, help="pack_flat row length (default 2049)")
+    p.add_argument("--batch-size", type=_positive, default=8, help="rows per microbatch (default 8)")
+    p.add_argument("--buffer", type=_positive, default=1024, help="shuffle buffer, rows per lane (default 1024)")
+    p.add_argument("--checkpoint-every", type=int, default=100, help="take a checkpoint every N batches (0: never; default 100)")
+    p.add_argument("--docs-per-call", type=_positive, default=512, help="documents per encoder call in the ceiling (default 512)")
+    p.add_argument("--read-size", type=_positive, default=None,
+                   help="options(read_size=...): documents read (and encoded in one call) per lane step (default: the library's)")
+    p.add_argument("--read-ahead", type=int, default=None,
+                   help="options(read_ahead=...): samples read and tokenized ahead per call (0: off; default: the library's)")
+    p.add_argument("--repeats", type=_positive, default=3, help="fresh-process rounds; medians are reported (default 3)")
+    p.add_argument("--no-restore", action="store_true", help="skip the restore measurement")
+    p.add_argument("--no-bracket", action="store_true",
+                   help="run the ceiling once per round instead of before every recipe run (faster, but on a machine "
+                        "whose speed drifts the ratios of later runs are off)")
+    p.add_argument("--json", default="zephon-bench.json", help="where to write every measurement (default zephon-bench.json)")
+    p.set_defaults(func=_main)
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1])

@@ -1,0 +1,94 @@
+"""Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs;
+``zephon inspect PATH`` shows tokenized records; ``zephon explain CONFIG`` prints a compiled plan;
+``zephon index PATH`` writes a dataset index;
+``zephon plan CONFIG --steps N`` simulates a data plan;
+``zephon bench`` measures the recipe on your data against the bare encoder.
+
+Each command registers itself with ``register(subparsers)`` and sets ``func(args) -> exit code``;
+commands that need more than a few lines live in a module of their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(lanes=args.lanes, workers=args.workers)
+
+
+def _ledger(args: argparse.Namespace) -> int:
+    from ..runtime import ledger as L
+
+    try:
+        if args.ledger_command == "diff":
+            result = L.diff(args.a, args.b)
+            print(result)
+            return 0 if result.match else 1
+        for step, digest in L.global_digests(L.read_ledger(args.path)).items():
+            print(step, digest)
+        return 0
+    except (OSError, ValueError) as exc:
+        print(f"zephon ledger: {exc}", file=sys.stderr)
+        return 2
+
+
+def _register_demo(sub) -> None:
+    demo = sub.add_parser("demo", help="run a demo pipeline on a generated corpus with a locally trained tokenizer")
+    demo.add_argument("--lanes", type=int, default=4, help="canonical_replicas: the number of lanes (default 4)")
+    demo.add_argument("--workers", type=int, default=0, help="worker processes running the lanes (default 0: in this process)")
+    demo.set_defaults(func=_demo)
+
+
+def _register_ledger(sub) -> None:
+    ledger = sub.add_parser("ledger", help="batch ledgers: compare the batches of two runs step by step")
+    lsub = ledger.add_subparsers(dest="ledger_command", required=True)
+    d = lsub.add_parser("diff", help="first step and lane where two ledgers diverge")
+    d.add_argument("a", help="a ledger file or a directory of per-rank ledger files")
+    d.add_argument("b", help="the other ledger file or directory")
+    show = lsub.add_parser("show", help="print the global digest of every complete step")
+    show.add_argument("path", help="a ledger file or a directory of per-rank ledger files")
+    ledger.set_defaults(func=_ledger)
+
+
+def _command(module: str):
+    """The ``register`` of a command that lives in a module of its own, imported when called."""
+
+    def register(sub) -> None:
+        import importlib
+
+        importlib.import_module(f".{module}", __package__).register(sub)
+
+    return register
+
+
+#: One entry per command, in the order ``zephon --help`` lists them.
+COMMANDS = [
+    _register_demo,
+    _register_ledger,
+    _command("plan"),
+    _command("index"),
+    _command("inspect"),
+    _command("explain"),
+    _command("bench"),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(prog="zephon", description="Deterministic, elastic LLM data loading.")
+    parser.add_argument("--version", action="version", version=f"zephon {__version__}", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for register in COMMANDS:
+        register(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

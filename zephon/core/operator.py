@@ -1,0 +1,637 @@
+"""The operator protocol, stateless operators, named chains, and state encoding by reference.
+
+An operator is a frozen configuration object with three pure functions (optax's shape)::
+
+    init(key) -> state
+    step(state, chunk) -> (state, outputs)
+    flush(state) -> (state, outputs)
+
+``chunk`` is a sequence of :class:`~zephon.types.Record`; outputs are records (or, for
+``batch``, :class:`~zephon.types.SampleBatch`). State is a frozen ``msgspec.Struct``; the inputs
+are never mutated. Any split of a stream into chunks gives the same concatenated outputs.
+``flush`` runs at the end of a lane's data, again and again until it returns no outputs: an
+operator may hand out what it holds at once or a piece per call, and a flushed state returns
+nothing.
+
+Checkpoints store records *by reference*: a record in a state is encoded as its
+:class:`~zephon.types.Meta` (source pointers and token ranges) and rebuilt on decode by asking the
+upstream operators to rematerialize it (``rebuild``). Records held in an operator's state are
+always records at that operator's *input*, so decoding an operator's state resolves them with the
+resolver of its input.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, ClassVar, Sequence
+
+import attrs
+import msgspec
+
+from .fingerprint import describe_callable, is_callable_value
+from ..runtime.lazy import DeferredOutput
+from .records import Meta, Record, SampleBatch, Segment, describe_meta, meta_from_ints, meta_to_ints
+from ..runtime.stats import items_size
+
+#: Rebuilds records from their metas at one point of a chain (bulk, order-preserving).
+Resolver = Callable[[Sequence[Any]], list]
+
+#: Multiplier that keeps child numbers of nested fan-outs distinct.
+CHILD_BASE = 1 << 16
+
+
+class Empty(msgspec.Struct, frozen=True, tag="empty", forbid_unknown_fields=True):
+    """The state of a stateless operator."""
+
+
+EMPTY = Empty()
+
+
+class _Unresolved:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<unresolved>"
+
+
+UNRESOLVED = _Unresolved()
+
+
+def config_field(*, default: Any = attrs.NOTHING, data: bool = True, validator=None, converter=None, kw_only: bool = False):
+    """An operator setting; ``data=False`` marks settings that cannot change the output (performance).
+
+    Normalise values in ``converter`` (never after construction), so ``attrs.evolve`` and the
+    constructor always agree.
+    """
+    return attrs.field(default=default, validator=validator, converter=converter, kw_only=kw_only, metadata={"data": data})
+
+
+class Operator:
+    """Base class of operators. Subclasses are ``@attrs.frozen`` and module-level (picklable).
+
+    Class attributes:
+        kind: the default name of the operator in a pipeline ("tokenize", "shuffle", ...).
+        state_type: the msgspec Struct type of its state.
+        fans_out: whether one input may produce several outputs (children get new child numbers).
+    """
+
+    kind: ClassVar[str] = "op"
+    state_type: ClassVar[type] = Empty
+    fans_out: ClassVar[bool] = False
+
+    def init(self, key: int) -> Any:
+        return EMPTY
+
+    def step(self, state: Any, chunk: Sequence[Any]) -> tuple[Any, list]:
+        raise NotImplementedError
+
+    def flush(self, state: Any) -> tuple[Any, list]:
+        return state, []
+
+    # -- rematerialization ------------------------------------------------------------------------
+    def rebuild(self, refs: Sequence[Any], upstream: Resolver) -> list:
+        """Rebuild outputs of this operator from their refs, using ``upstream`` for its inputs.
+
+        The default suits operators whose outputs are their inputs (shuffles, filters).
+        """
+        return upstream(refs)
+
+    # -- state encoding -----------------------------------------------------------------------------
+    def encode_state(self, state: Any) -> Any:
+        """The state as builtins (JSON- and msgpack-safe); records become their metas."""
+        return msgspec.to_builtins(state, enc_hook=_enc_hook)
+
+    def decode_state(self, data: Any, upstream: Resolver) -> Any:
+        """Inverse of :meth:`encode_state`; held records are rebuilt with ``upstream``."""
+        state = msgspec.convert(data, self.state_type, dec_hook=_dec_hook)
+        return resolve_tree(state, upstream)
+
+    def check_state(self, data: Any, upstream: Resolver) -> None:
+        """Refuse what :meth:`decode_state` refuses before it rebuilds a record, rebuilding none.
+
+        ``upstream`` raises :class:`RecordsLater` where records would be rebuilt; this default
+        decodes up to there. Override it where decoding costs without rebuilding anything (the
+        shuffle's large, lazily rebuilt buffers), raising the errors ``decode_state`` would.
+        """
+        try:
+            self.decode_state(data, upstream)
+        except RecordsLater:
+            pass
+
+    # -- identity -------------------------------------------------------------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        """Every setting that decides the output (``data=False`` fields are left out)."""
+        out: dict[str, Any] = {"op": type(self).__name__}
+        for f in attrs.fields(type(self)):
+            if f.metadata.get("data", True):
+                out[f.name] = describe(getattr(self, f.name))
+        return out
+
+
+def describe(value: Any) -> Any:
+    """A stable, JSON-friendly description of a configuration value."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [describe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): describe(v) for k, v in value.items()}
+    fp = getattr(value, "fingerprint", None)
+    if callable(fp):
+        return fp()
+    if is_callable_value(value):  # code, closure, defaults, partial arguments, globals read: see _fingerprint
+        return describe_callable(value)
+    qual = getattr(value, "__qualname__", None) or type(value).__qualname__
+    module = getattr(value, "__module__", None) or type(value).__module__
+    return f"{module}.{qual}"
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, DeferredOutput):  # a restored pending output, not rebuilt yet: its reference
+        ref = obj.ref
+        return [meta_to_ints(m) for m in ref] if isinstance(ref, list) else meta_to_ints(ref)
+    if isinstance(obj, Record):
+        return meta_to_ints(obj.meta)
+    if isinstance(obj, SampleBatch):
+        return [meta_to_ints(r.meta) for r in obj.records]
+    raise TypeError(f"cannot encode {type(obj).__name__} in operator state; keep state to ints, tuples and records")
+
+
+def _dec_hook(typ: type, obj: Any) -> Any:
+    if typ is Record:
+        return Record(UNRESOLVED, meta_from_ints(obj))
+    if typ is SampleBatch:
+        return SampleBatch(tuple(Record(UNRESOLVED, meta_from_ints(m)) for m in obj))
+    raise TypeError(f"cannot decode {typ!r}")
+
+
+def _collect(tree: Any, out: list) -> None:
+    if isinstance(tree, Record):
+        if tree.payload is UNRESOLVED:
+            out.append(tree.meta)
+    elif isinstance(tree, SampleBatch):
+        for r in tree.records:
+            _collect(r, out)
+    elif isinstance(tree, msgspec.Struct):
+        for name in tree.__struct_fields__:
+            _collect(getattr(tree, name), out)
+    elif isinstance(tree, (tuple, list)):
+        for x in tree:
+            _collect(x, out)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            _collect(x, out)
+
+
+def _substitute(tree: Any, it) -> Any:
+    if isinstance(tree, Record):
+        return next(it) if tree.payload is UNRESOLVED else tree
+    if isinstance(tree, SampleBatch):
+        return SampleBatch(tuple(_substitute(r, it) for r in tree.records))
+    if isinstance(tree, msgspec.Struct):
+        changes = {n: _substitute(getattr(tree, n), it) for n in tree.__struct_fields__}
+        return msgspec.structs.replace(tree, **changes) if changes else tree
+    if isinstance(tree, tuple):
+        return tuple(_substitute(x, it) for x in tree)
+    if isinstance(tree, list):
+        return [_substitute(x, it) for x in tree]
+    if isinstance(tree, dict):
+        return {k: _substitute(v, it) for k, v in tree.items()}
+    return tree
+
+
+def resolve_tree(tree: Any, upstream: Resolver) -> Any:
+    """Rebuild every unresolved record in ``tree`` with one bulk call to ``upstream``."""
+    metas: list = []
+    _collect(tree, metas)
+    if not metas:
+        return tree
+    records = upstream(metas)
+    if len(records) != len(metas):
+        raise RuntimeError(f"rebuild returned {len(records)} records for {len(metas)} references")
+    for meta, rec in zip(metas, records):
+        if rec.meta != meta:
+            raise RuntimeError(
+                f"checkpoint restore rebuilt a different record: expected {meta!r}, got {rec.meta!r}; "
+                "the data or a per-sample function changed since the checkpoint was taken"
+            )
+    return _substitute(tree, iter(records))
+
+
+# -- stateless operators ------------------------------------------------------------------------------
+
+
+class StatelessState(msgspec.Struct, frozen=True, tag="stateless", forbid_unknown_fields=True):
+    """The state of a per-payload operator: only its counter of inputs that produced nothing."""
+
+    dropped_records: int = 0
+
+
+class StatelessOp(Operator):
+    """An operator applied to each payload independently.
+
+    Subclasses implement :meth:`apply_many`: a list of payloads to, per payload, a list of output
+    payloads (empty drops it, several split it when ``fans_out``). One call per chunk lets
+    expensive work (batch tokenization) see many payloads at once. State: the number of inputs
+    that produced no output (``report()``), so drops are counted, checkpointed and restored.
+    """
+
+    state_type: ClassVar[type] = StatelessState
+
+    def apply_many(self, payloads: list) -> list[list]:
+        raise NotImplementedError
+
+    def init(self, key: int) -> StatelessState:
+        return StatelessState()
+
+    def step(self, state: StatelessState, chunk: Sequence[Record]) -> tuple[StatelessState, list]:
+        out, dropped = self.apply_records(chunk)
+        return (StatelessState(state.dropped_records + dropped) if dropped else state), out
+
+    def report(self, state: StatelessState) -> dict[str, int]:
+        return {"dropped_records": state.dropped_records}
+
+    def apply_records(self, chunk: Sequence[Record], results: list | None = None) -> tuple[list[Record], int]:
+        """Apply to a chunk of records; returns the outputs and how many inputs produced none.
+
+        ``results``: what ``apply_many`` returned for the chunk's payloads, when it ran already
+        (over a larger chunk, see :mod:`zephon.runtime.readahead`).
+        """
+        if not chunk:
+            return [], 0
+        if results is None:
+            try:
+                results = self.apply_many([r.payload for r in chunk])
+            except Exception as exc:
+                self._name_failing_record(exc, chunk)
+                raise
+        if len(results) != len(chunk):
+            raise RuntimeError(f"{self.kind}: apply_many returned {len(results)} results for {len(chunk)} inputs")
+        out: list[Record] = []
+        dropped = 0
+        for rec, outs in zip(chunk, results):
+            dropped += not outs
+            if not self.fans_out:
+                if len(outs) > 1:
+                    raise RuntimeError(f"{self.kind}: produced {len(outs)} outputs for one input but does not fan out")
+                if outs:
+                    out.append(rec if outs[0] is rec.payload else Record(outs[0], rec.meta))
+                continue
+            for i, payload in enumerate(outs):
+                out.append(Record(payload, child_meta(rec.meta, i)))
+        return out, dropped
+
+    def _name_failing_record(self, exc: Exception, chunk: Sequence[Record]) -> None:
+        """Add a note to ``exc`` naming the record it was raised on, and keep its meta on it.
+
+        ``apply_many`` sees a whole chunk; an exception that does not say which payload it came
+        from (no ``zephon_index``) is traced to one by applying the operator to each payload alone,
+        which costs nothing unless something failed. The meta is kept as ``exc.zephon_meta`` so
+        that the runner can name the record's dataset and file.
+        """
+        if getattr(exc, "zephon_meta", None) is not None or not hasattr(exc, "add_note"):
+            return  # already named (by an operator nested in this one)
+        index = getattr(exc, "zephon_index", None)
+        if index is None:
+            index = 0 if len(chunk) == 1 else self._first_failing(chunk)
+        if index is None or not 0 <= index < len(chunk):
+            return
+        meta = chunk[index].meta
+        exc.add_note(f"zephon: raised by {self.kind} on {describe_meta(meta)}")
+        try:
+            exc.zephon_meta = meta  # type: ignore[attr-defined]
+        except AttributeError:  # an exception type that takes no attributes
+            pass
+
+    def _first_failing(self, chunk: Sequence[Record]) -> int | None:
+        """The index of the first payload that fails on its own, or ``None`` if none does."""
+        for i, rec in enumerate(chunk):
+            try:
+                self.apply_many([rec.payload])
+            except Exception:
+                return i
+        return None
+
+    def rebuild(self, refs: Sequence[Meta], upstream: Resolver) -> list[Record]:
+        parents = [parent_meta(m) for m in refs] if self.fans_out else list(refs)
+        unique = list(dict.fromkeys(parents))
+        produced = {}
+        for rec in self.apply_records(upstream(unique))[0]:
+            produced[rec.meta] = rec
+        missing = [m for m in refs if m not in produced]
+        if missing:
+            raise RuntimeError(
+                f"{self.kind}: could not rebuild {len(missing)} record(s) (first: {missing[0]!r}); "
+                "a per-sample function is not deterministic or the data changed"
+            )
+        return [produced[m] for m in refs]
+
+
+def child_meta(meta: Meta, i: int) -> Meta:
+    if i >= CHILD_BASE:
+        raise ValueError(f"one record produced more than {CHILD_BASE} children; split it upstream into smaller records")
+    (seg,) = meta.segments
+    return Meta(meta.lane, (seg._replace(child=seg.child * CHILD_BASE + i),), meta.padding_length)
+
+
+def parent_meta(meta: Meta) -> Meta:
+    (seg,) = meta.segments
+    return Meta(meta.lane, (seg._replace(child=seg.child // CHILD_BASE),), meta.padding_length)
+
+
+def _each(fn: Callable[[Any], Any], payloads: list) -> list:
+    """``fn`` over payloads; an exception carries the failing index so the record can be named."""
+    out = []
+    for i, p in enumerate(payloads):
+        try:
+            out.append(fn(p))
+        except Exception as exc:
+            exc.zephon_index = i  # type: ignore[attr-defined]
+            raise
+    return out
+
+
+def _optional_str(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"fingerprint must be a string naming the function's version (e.g. 'v1'), got {type(value).__name__}")
+    return value
+
+
+@attrs.frozen
+class MapOp(StatelessOp):
+    """``Pipeline.map(fn)`` / ``stateless(fn)``: replace each payload with ``fn(payload)``.
+
+    ``None`` drops the record. ``fn`` must be deterministic, and a module-level function (or other
+    picklable callable) when the pipeline runs worker processes. Its fingerprint covers what
+    decides its output (code, closure, defaults, partial arguments, plain globals it reads; see
+    :mod:`zephon.core.fingerprint`); ``fn_fingerprint``, a string the user changes whenever the
+    function's behaviour changes, replaces it (for a function holding a value that cannot be
+    described, such as an open file or a model).
+    """
+
+    fn: Callable[[Any], Any]
+    fn_fingerprint: str | None = attrs.field(default=None, kw_only=True, converter=_optional_str)
+    kind: ClassVar[str] = "map"
+
+    def apply_many(self, payloads: list) -> list[list]:
+        return [[] if r is None else [r] for r in _each(self.fn, payloads)]
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"op": "MapOp", "fn": self.fn_fingerprint if self.fn_fingerprint is not None else describe_callable(self.fn)}
+
+
+@attrs.frozen
+class FilterOp(StatelessOp):
+    """``Pipeline.filter(predicate)``: keep payloads for which ``predicate(payload)`` is true.
+
+    Fingerprinted as :class:`MapOp`'s ``fn``; ``predicate_fingerprint`` replaces the derived one.
+    """
+
+    predicate: Callable[[Any], bool]
+    predicate_fingerprint: str | None = attrs.field(default=None, kw_only=True, converter=_optional_str)
+    kind: ClassVar[str] = "filter"
+
+    def apply_many(self, payloads: list) -> list[list]:
+        return [[p] if keep else [] for p, keep in zip(payloads, _each(self.predicate, payloads))]
+
+    def fingerprint(self) -> dict[str, Any]:
+        fp = self.predicate_fingerprint
+        return {"op": "FilterOp", "predicate": fp if fp is not None else describe_callable(self.predicate)}
+
+
+def stateless(fn: Callable[[Any], Any], *, fingerprint: str | None = None) -> MapOp:
+    """Lift a per-payload function into an operator (``None`` results drop the record).
+
+    ``fingerprint``: a string naming the function's version, replacing the derived fingerprint.
+    """
+    return MapOp(fn, fn_fingerprint=fingerprint)
+
+
+# -- chains -------------------------------------------------------------------------------------------
+
+
+class ChainState(msgspec.Struct, frozen=True, tag="chain", forbid_unknown_fields=True):
+    """The children's states, in chain order."""
+
+    states: tuple[Any, ...]
+
+
+@attrs.frozen
+class Chain(Operator):
+    """A named chain of operators, itself an operator.
+
+    Outputs of child ``i`` feed child ``i + 1``; ``flush`` flushes children in order, passing
+    each one's flushed outputs through the rest, a piece per call (see :meth:`flush`). Every
+    child is driven through its own ``step``/``flush``. State: the children's states by name.
+
+    Examples:
+        >>> from zephon import ops
+        >>> chain = Chain((("double", ops.stateless(lambda p: p * 2)),))
+        >>> [n for n, _ in chain.children]
+        ['double']
+    """
+
+    children: tuple[tuple[str, Operator], ...] = attrs.field(converter=tuple)
+    kind: ClassVar[str] = "chain"
+    state_type: ClassVar[type] = ChainState
+
+    def __attrs_post_init__(self) -> None:
+        names = [n for n, _ in self.children]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"Chain: operator names must be unique, {dupes} repeat; name each step distinctly")
+        for name, op in self.children:
+            if not isinstance(op, Operator):
+                raise TypeError(f"Chain: step {name!r} is a {type(op).__name__}, not an operator")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.children)
+
+    def init(self, key: int) -> ChainState:
+        from .keys import fold_in
+
+        return ChainState(tuple(op.init(fold_in(key, name)) for name, op in self.children))
+
+    def step(self, state: ChainState, chunk: Sequence[Any], meter: Any = None) -> tuple[ChainState, list]:
+        """Feed ``chunk`` through every child; ``meter`` (a :class:`~zephon.runtime.stats.Meter`) counts each one's work."""
+        states = list(state.states)
+        items = self._run(states, list(chunk), 0, meter)
+        return ChainState(tuple(states)), items
+
+    @property
+    def per_record_prefix(self) -> int:
+        """How many leading children are plain per-record operators (``StatelessOp.step``).
+
+        Their work on a chunk does not depend on their state, so it can run ahead of the chain,
+        over several lanes' chunks at once (:mod:`zephon.runtime.readahead`).
+        """
+        n = 0
+        for _, op in self.children:
+            if not isinstance(op, StatelessOp) or type(op).step is not StatelessOp.step:
+                break
+            n += 1
+        return n
+
+    def step_prepared(self, state: ChainState, prepared: Any, meter: Any = None) -> tuple[ChainState, list]:
+        """``step`` for a chunk whose first children already ran (a :class:`~zephon.runtime.readahead.Prepared`).
+
+        Gives what ``step(state, prepared.inputs)`` gives: the per-record children's drop
+        counters advance by what they dropped, and the rest of the chain runs on their outputs.
+        """
+        states = list(state.states)
+        k = len(prepared.dropped)
+        for i, dropped in enumerate(prepared.dropped):
+            if dropped:
+                states[i] = StatelessState(states[i].dropped_records + dropped)
+            if meter is not None:
+                meter.add(i, prepared.sizes[i], prepared.sizes[i + 1], prepared.seconds[i])
+        size = prepared.sizes[k] if meter is not None else None
+        items = self._run(states, list(prepared.outputs), k, meter, size)
+        return ChainState(tuple(states)), items
+
+    def _run(self, states: list, items: list, start: int, meter: Any = None, size: tuple[int, int] | None = None) -> list:
+        if meter is None:
+            for i in range(start, len(self.children)):
+                states[i], items = self.children[i][1].step(states[i], items)
+            return items
+        size = items_size(items) if size is None else size
+        for i in range(start, len(self.children)):
+            t0 = time.perf_counter()
+            states[i], items = self.children[i][1].step(states[i], items)
+            seconds = time.perf_counter() - t0
+            out = items_size(items)
+            meter.add(i, size, out, seconds)
+            size = out
+        return items
+
+    def flush(self, state: ChainState, meter: Any = None) -> tuple[ChainState, list]:
+        """The next outputs of the chain's end: ``[]`` once every child has handed out all it held.
+
+        Children flush in order, each until its flush returns nothing, and what one hands out
+        runs through the rest. It returns as soon as a flush produced chain outputs, so the caller
+        calls it again (a lane, when it has delivered them) until it returns ``[]``: a child that
+        hands out its records over several calls (the shuffle, see
+        :meth:`~zephon.ops.shuffle.Shuffle.flush`) is waited for a piece at a time. The outputs are
+        the same whether children hand out at once or in pieces, since every child is flushed to
+        its end before the next.
+
+        Raises:
+            ValueError: a child's flush returned outputs and its state unchanged (it would give
+                them forever: a flush hands out what the state holds, then returns nothing).
+        """
+        states = list(state.states)
+        for i, (name, op) in enumerate(self.children):
+            while True:
+                t0 = time.perf_counter()
+                new, items = op.flush(states[i])
+                if not items:
+                    states[i] = new
+                    break
+                if new is states[i]:
+                    raise ValueError(
+                        f"operator {name!r}: flush returned {len(items)} outputs and the state it was given; a flush "
+                        "hands out what the state holds and returns a state without it (flushing that returns nothing)"
+                    )
+                states[i] = new
+                size = None
+                if meter is not None:
+                    size = items_size(items)
+                    meter.add(i, (0, 0), size, time.perf_counter() - t0)
+                outputs = self._run(states, items, i + 1, meter, size)
+                if outputs:
+                    return ChainState(tuple(states)), outputs
+        return ChainState(tuple(states)), []
+
+    def reports(self, state: ChainState) -> dict[str, dict[str, int]]:
+        """Each child's counters (its ``report(state)``), by name."""
+        out: dict[str, dict[str, int]] = {}
+        for (name, op), s in zip(self.children, state.states):
+            report = getattr(op, "report", None)
+            if report is not None:
+                out[name] = dict(report(s))
+        return out
+
+    def resolver_at(self, index: int, upstream: Resolver) -> Resolver:
+        """The resolver of child ``index``'s input, built on the chain's input resolver."""
+        resolver = upstream
+        for _, op in self.children[:index]:
+            resolver = _bind(op, resolver)
+        return resolver
+
+    def rebuild(self, refs: Sequence[Any], upstream: Resolver) -> list:
+        return self.resolver_at(len(self.children), upstream)(refs)
+
+    def encode_state(self, state: ChainState) -> dict[str, Any]:
+        return {name: op.encode_state(s) for (name, op), s in zip(self.children, state.states)}
+
+    def _check_names(self, data: Any) -> None:
+        """Refuse a chain state that is not a mapping of exactly this chain's operator names."""
+        if not isinstance(data, dict):
+            raise ValueError("chain state must be a mapping of operator name to state")
+        missing = [n for n in self.names if n not in data]
+        unknown = [n for n in data if n not in self.names]
+        if missing or unknown:
+            raise ValueError(
+                f"checkpoint operators do not match the pipeline: missing {missing}, unknown {unknown}; "
+                f"the pipeline has {list(self.names)}"
+            )
+
+    def decode_state(self, data: Any, upstream: Resolver) -> ChainState:
+        self._check_names(data)
+        states = []
+        resolver = upstream
+        for name, op in self.children:
+            try:
+                states.append(op.decode_state(data[name], resolver))
+            except (msgspec.ValidationError, ValueError, TypeError) as exc:
+                raise ValueError(f"cannot restore the state of operator {name!r}: {exc}") from exc
+            resolver = _bind(op, resolver)
+        return ChainState(tuple(states))
+
+    def check_state(self, data: Any, upstream: Resolver) -> None:
+        """Refuse what :meth:`decode_state` refuses before it rebuilds a record: each operator's
+        fields, counters and sizes, and the references its records would be rebuilt from.
+
+        ``upstream`` checks the chain's input references, then raises :class:`RecordsLater`
+        instead of rebuilding them (:func:`records_later` checks none). What needs the records
+        themselves, such as a token range inside its document, is checked by ``decode_state``.
+        """
+        self._check_names(data)
+        resolver = upstream
+        for name, op in self.children:
+            try:
+                op.check_state(data[name], resolver)
+            except (msgspec.ValidationError, ValueError, TypeError) as exc:
+                raise ValueError(f"cannot restore the state of operator {name!r}: {exc}") from exc
+            resolver = _bind(op, resolver)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"op": "Chain", "children": [[n, op.fingerprint()] for n, op in self.children]}
+
+
+class RecordsLater(BaseException):
+    """Raised by the resolver of :meth:`Chain.check_state`: a state is checked up to its first record.
+
+    A ``BaseException``, so that an operator's own ``except Exception`` around its upstream (one
+    that reports a failed rebuild in its own words) does not take it for a failure.
+    """
+
+
+def records_later(refs: Sequence[Any]) -> list:
+    """A resolver that stops decoding where records would be rebuilt (see :meth:`Chain.check_state`)."""
+    if refs:
+        raise RecordsLater
+    return []
+
+
+def _bind(op: Operator, upstream: Resolver) -> Resolver:
+    def resolve(refs: Sequence[Any]) -> list:
+        return op.rebuild(refs, upstream) if refs else []
+
+    return resolve
+
+
+def sample_meta(lane: int, dataset: int, shard: int, row: int) -> Meta:
+    """The meta of a freshly read source sample."""
+    return Meta(lane, (Segment(dataset, shard, row, 0, 0, -1),), 0)

@@ -1,0 +1,214 @@
+"""Records, their provenance, and microbatches.
+
+A :class:`Record` is one item flowing through a lane: a ``payload`` (usually a dict of
+numpy arrays and strings) and a :class:`Meta` that says where it came from. The meta is
+small and exact; it is what checkpoints store instead of payloads, because every payload
+can be rebuilt from its source samples and token ranges (see ``docs/design/state-by-reference.md``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import msgspec
+
+from ..runtime.lazy import Deferred
+
+
+class Segment(NamedTuple):
+    """A token range ``[start, end)`` of one sample-level record.
+
+    ``(dataset, shard, row)`` is the source pointer, ``child`` the index of the record among
+    the outputs the per-sample operators produced for that source row (0 unless a sample was
+    split). ``end == -1`` means "the whole record".
+    """
+
+    dataset: int
+    shard: int
+    row: int
+    child: int
+    start: int
+    end: int
+
+    @property
+    def pointer(self) -> tuple[int, int, int]:
+        return (self.dataset, self.shard, self.row)
+
+    @property
+    def sample(self) -> tuple[int, int, int, int]:
+        """The sample-level record this segment is cut from."""
+        return (self.dataset, self.shard, self.row, self.child)
+
+
+class Meta(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """Provenance of a record.
+
+    Attributes:
+        lane: the lane that produced the record.
+        segments: the source samples and token ranges the record was built from, in order.
+        padding_length: trailing padding positions (masked by position in ``to_training``).
+    """
+
+    lane: int
+    segments: tuple[Segment, ...]
+    padding_length: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Real (non-padding) tokens covered by the segments, when every range is explicit."""
+        return sum(s.end - s.start for s in self.segments)
+
+
+def describe_meta(meta: Meta) -> str:
+    """Where a record came from, for error messages: its first source pointer and lane."""
+    if not meta.segments:
+        return f"a record of lane {meta.lane}"
+    seg = meta.segments[0]
+    more = f" (and {len(meta.segments) - 1} more segments)" if len(meta.segments) > 1 else ""
+    return f"the record from dataset {seg.dataset}, shard {seg.shard}, row {seg.row} (lane {meta.lane}){more}"
+
+
+def meta_to_ints(meta: Meta) -> list[int]:
+    """A meta as one flat list ``[lane, padding, dataset, shard, row, child, start, end, ...]``.
+
+    The compact form checkpoints use: a shuffle buffer holds a thousand of these.
+    """
+    out = [meta.lane, meta.padding_length]
+    for seg in meta.segments:
+        out.extend(seg)
+    return out
+
+
+def meta_from_ints(data: Any) -> Meta:
+    """Inverse of :func:`meta_to_ints`; errors name what is malformed."""
+    if (type(data) is list or type(data) is tuple) and len(data) >= 8 and not (len(data) - 2) % 6 and {*map(type, data)} == _INT:
+        # The common case, checked at C speed (a restored shuffle buffer holds thousands); the
+        # segments are built as tuples of six ints, which is what the checks above made sure of.
+        if len(data) == 8:
+            return Meta(data[0], (_tuple_new(Segment, data[2:]),), data[1])
+        return Meta(data[0], tuple([_tuple_new(Segment, data[i : i + 6]) for i in range(2, len(data), 6)]), data[1])
+    if not isinstance(data, (list, tuple)) or len(data) < 2 or (len(data) - 2) % 6:
+        raise ValueError(f"a record reference is [lane, padding, 6 ints per segment...], got {data!r}")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in data):
+        raise ValueError(f"a record reference holds integers only, got {data!r}")
+    segments = tuple(Segment(*data[i : i + 6]) for i in range(2, len(data), 6))
+    return Meta(data[0], segments, data[1])
+
+
+_INT = {int}
+_tuple_new = tuple.__new__
+
+
+class Record:
+    """One item of a lane: a payload and its provenance. Treat as immutable."""
+
+    __slots__ = ("payload", "meta")
+
+    def __init__(self, payload: Any, meta: Meta):
+        self.payload = payload
+        self.meta = meta
+
+    def __repr__(self) -> str:
+        return f"Record(meta={self.meta!r}, payload={_short(self.payload)})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Record):
+            return NotImplemented
+        if self.meta != other.meta:
+            return False
+        a, b = self.payload, other.payload
+        if type(a) is Deferred:  # a restored record not rebuilt yet: compare what it rebuilds to
+            a = a.value()
+        if type(b) is Deferred:
+            b = b.value()
+        return payload_equal(a, b)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class SampleBatch:
+    """A lane-pure microbatch of records, the output of ``batch``.
+
+    Attributes:
+        records: the records, in the lane's order.
+    """
+
+    __slots__ = ("records", "pad_token_id")
+
+    def __init__(self, records: tuple[Record, ...], pad_token_id: int | None = None):
+        self.records = tuple(records)
+        #: The tokenizer's padding id (its pad token, else its EOS) when the pipeline knows it;
+        #: ``to_training`` pads with it unless told otherwise. Not part of equality.
+        self.pad_token_id = pad_token_id
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self):
+        return iter(self.records)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SampleBatch):
+            return NotImplemented
+        return self.records == other.records
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"SampleBatch(lane={self.lane}, size={len(self.records)})"
+
+    @property
+    def lane(self) -> int | None:
+        """The lane every record came from (``None`` for an empty batch)."""
+        return self.records[0].meta.lane if self.records else None
+
+    @property
+    def lane_ids(self) -> tuple[int, ...]:
+        return tuple(r.meta.lane for r in self.records)
+
+    @property
+    def ids(self) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+        """Source pointers ``(dataset, shard, row)`` of each record, in segment order."""
+        return tuple(tuple(s.pointer for s in r.meta.segments) for r in self.records)
+
+    @property
+    def padding_waste(self) -> float:
+        """``1 - real tokens / (B x T_batch)`` if padded to the longest record (packed padding included)."""
+        from .fields import padding_waste
+
+        return padding_waste(self.records)
+
+    def to_training(self, **kwargs: Any) -> dict[str, Any]:
+        """Convert to training tensors; see :func:`zephon.to_training` for every option."""
+        from ..training.convert import to_training
+
+        return to_training(self, **kwargs)
+
+
+def payload_equal(a: Any, b: Any) -> bool:
+    """Exact structural equality of payloads holding numpy arrays, lists and scalars."""
+    import numpy as np
+
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(payload_equal(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and bool(np.array_equal(a, b))
+        )
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(payload_equal(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _short(payload: Any) -> str:
+    if isinstance(payload, dict):
+        parts = []
+        for k, v in payload.items():
+            shape = getattr(v, "shape", None)
+            parts.append(f"{k}: array{tuple(shape)}" if shape is not None else f"{k}: {type(v).__name__}")
+        return "{" + ", ".join(parts) + "}"
+    return type(payload).__name__

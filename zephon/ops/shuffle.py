@@ -1,0 +1,257 @@
+"""A per-lane streaming shuffle buffer, deterministic and restorable.
+
+The buffer first fills to a warm-up window ``w = max(1, min(128, buffer_size // 16))``; after that
+each arrival that pushes it past ``min(buffer_size, w + emitted)`` evicts one record chosen by the
+``draws``-th counter-based draw of the operator's key (swap-pop). So the first outputs come early
+and the window grows to ``buffer_size``. ``flush`` drains the rest in draw order, a piece per
+call. The output is a permutation of the input and independent of how the input is chunked.
+
+Under a mixture schedule the buffer never carries records across a switch of weights: the
+pipeline gives the shuffle the lane's sample positions where the source switches (``drains``),
+and the first record from at or after such a position first empties the buffer, in draw order.
+Without this a buffer of ``B`` records would hand the next phase's records out up to ``B``
+records before the switch and the last phase's up to ``B`` after it, missing both phases'
+shares. A record's position is its lane's count of sample starts before it (segments at a
+sample's first token), which holds through per-sample operators and packing; the records an
+upstream filter drops move the drain later by as many.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from typing import Any, ClassVar, Sequence
+
+import attrs
+import msgspec
+
+from ..core.operator import Operator, Resolver, _dec_hook, config_field, resolve_tree
+from ..core.keys import fold_in, randbelow
+from ..runtime import lazy as _lazy
+from ..runtime.lazy import Deferred, LazyRows, materialize, materialize_all
+from ..core.records import Record
+
+
+#: Records a flush hands out per call (see :meth:`Shuffle.flush`): one output's worth for a typical batch.
+FLUSH_PIECE = 8
+
+
+class ShuffleState(msgspec.Struct, frozen=True, tag="shuffle", forbid_unknown_fields=True):
+    """The buffered records (by reference), the draw counter and the number emitted; with
+    ``drains``, the sample starts seen and the schedule phase of the buffered records."""
+
+    key: int
+    buffer: tuple[Record, ...] = ()
+    draws: int = 0
+    emitted: int = 0
+    samples: int = 0
+    phase: int = 0
+
+
+class _StoredState(msgspec.Struct, frozen=True, tag="shuffle", forbid_unknown_fields=True):
+    """A :class:`ShuffleState` as a checkpoint holds it: each buffered record a list of ints."""
+
+    key: int
+    buffer: tuple[list[int], ...] = ()
+    draws: int = 0
+    emitted: int = 0
+    samples: int = 0
+    phase: int = 0
+
+
+def _drains(value: Any) -> tuple[int, ...]:
+    out = tuple(int(d) for d in value)
+    if any(d < 1 for d in out) or any(b <= a for a, b in zip(out, out[1:])):
+        raise ValueError(f"shuffle: drains are increasing sample positions >= 1, got {list(out)}")
+    return out
+
+
+def sample_starts(rec: Record) -> int:
+    """The samples whose first token ``rec`` holds: its lane clock for ``drains``."""
+    return sum(1 for seg in rec.meta.segments if seg.start == 0 and seg.child == 0)
+
+
+def _positive_int(name: str):
+    def check(instance, attribute, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"shuffle: {name} must be an int >= 1, got {value!r}")
+
+    return check
+
+
+def _int(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"shuffle: seed must be an int, got {value!r}")
+
+
+@attrs.frozen
+class Shuffle(Operator):
+    """Shuffle each lane's records through a buffer of ``buffer_size``.
+
+    Args:
+        buffer_size: records held at most; larger mixes better and costs memory.
+        seed: the shuffle's seed; the key is ``fold_in(lane key, "shuffle", seed)``.
+        drains: the lane's sample positions of the source schedule's switches, where the buffer
+            is emptied (see the module docstring); filled in by the pipeline.
+
+    State: the buffer by reference, two counters and the key (with ``drains``, two more: the
+    sample starts seen and the buffered records' phase). A restored buffer of
+    ``zephon.runtime.lazy.LAZY_MIN_RECORDS`` or more records is rebuilt lazily: a record is rebuilt when it is
+    drawn, and the others meanwhile in a background thread, so the first output after a restore
+    does not wait for the whole buffer (the outputs are the same).
+
+    Examples:
+        >>> op = Shuffle(4, seed=1)
+        >>> op.warmup
+        1
+    """
+
+    buffer_size: int = config_field(validator=_positive_int("buffer_size"))
+    seed: int = config_field(default=0, validator=_int)
+    drains: tuple[int, ...] = config_field(default=(), converter=_drains, kw_only=True)
+
+    kind: ClassVar[str] = "shuffle"
+    state_type: ClassVar[type] = ShuffleState
+
+    @property
+    def warmup(self) -> int:
+        return 0 if self.buffer_size == 1 else max(1, min(128, self.buffer_size // 16))
+
+    def init(self, key: int) -> ShuffleState:
+        return ShuffleState(key=fold_in(key, self.seed))
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings; ``drains`` only when there are some (a shuffle without a schedule keeps
+        the fingerprint it always had)."""
+        out = super().fingerprint()
+        if not self.drains:
+            del out["drains"]
+        return out
+
+    def step(self, state: ShuffleState, chunk: Sequence[Record]) -> tuple[ShuffleState, list[Record]]:
+        buffer = list(state.buffer)
+        draws, emitted = state.draws, state.emitted
+        key, size, warmup = state.key, self.buffer_size, self.warmup
+        out: list[Record] = []
+        drains, samples, phase = self.drains, state.samples, state.phase
+        for rec in chunk:
+            if drains:
+                starts = sample_starts(rec)
+                if starts:
+                    at = bisect.bisect_right(drains, samples)
+                    if at != phase:  # the first record of the next phase: empty the buffer first
+                        while buffer:
+                            i = randbelow(key, draws, len(buffer))
+                            draws += 1
+                            out.append(materialize(buffer[i]))
+                            buffer[i] = buffer[-1]
+                            buffer.pop()
+                            emitted += 1
+                        phase = at
+                    samples += starts
+            buffer.append(rec)
+            if len(buffer) > min(size, warmup + emitted) or size == 1:
+                i = randbelow(key, draws, len(buffer))
+                draws += 1
+                out.append(materialize(buffer[i]))
+                buffer[i] = buffer[-1]
+                buffer.pop()
+                emitted += 1
+        return ShuffleState(key, tuple(buffer), draws, emitted, samples, phase), out
+
+    def flush(self, state: ShuffleState) -> tuple[ShuffleState, list[Record]]:
+        """The next ``FLUSH_PIECE`` records in draw order; the rest stays buffered for the next call.
+
+        A piece at a time, so that a lane whose data ends right after a restore rebuilds one
+        piece (one bulk call) for its next output, not its whole buffer. Pieces concatenate to
+        the whole flush, so the stream is the same; a checkpoint taken between pieces holds the rest.
+        """
+        buffer = list(state.buffer)
+        draws = state.draws
+        out: list[Record] = []
+        while buffer and len(out) < FLUSH_PIECE:
+            i = randbelow(state.key, draws, len(buffer))
+            draws += 1
+            out.append(buffer[i])
+            buffer[i] = buffer[-1]
+            buffer.pop()
+        return msgspec.structs.replace(state, buffer=tuple(buffer), draws=draws, emitted=state.emitted + len(out)), materialize_all(out)
+
+    def report(self, state: ShuffleState) -> dict[str, int]:
+        return {"buffered": len(state.buffer), "emitted": state.emitted}
+
+    def decode_state(self, data: Any, upstream: Resolver) -> ShuffleState:
+        """Inverse of ``encode_state``, refusing counters and buffers that ``step`` never leaves
+        (see :meth:`_check_counters`), before any record is rebuilt."""
+        state = msgspec.convert(data, ShuffleState, dec_hook=_dec_hook)
+        self._check_counters(len(state.buffer), state.draws, state.emitted)
+        if len(state.buffer) < _lazy.LAZY_MIN_RECORDS:
+            return resolve_tree(state, upstream)
+        # Lazily: each record is rebuilt when it leaves the buffer, and all of them meanwhile in a
+        # background thread, in the order the draws will take them.
+        metas = [rec.meta for rec in state.buffer]
+        rows = LazyRows(metas, upstream, self._emission_order(state), along=_lazy.DRAWN_ALONG)
+        buffer = tuple(Record(Deferred(rows, i), meta) for i, meta in enumerate(metas))
+        return msgspec.structs.replace(state, buffer=buffer)
+
+    def check_state(self, data: Any, upstream: Resolver) -> None:
+        """Refuse what :meth:`decode_state` refuses before it rebuilds a record, building no record.
+
+        A large buffer's records are rebuilt lazily, so its references reach ``upstream`` only
+        then: its counters, its size and the form of each reference (ints, checked by msgspec)
+        are checked here, without decoding 16,384 references one by one. Anything else is
+        decoded, for the same errors.
+        """
+        try:
+            stored = msgspec.convert(data, _StoredState)
+        except msgspec.ValidationError:
+            stored = None
+        if stored is None or len(stored.buffer) < _lazy.LAZY_MIN_RECORDS or not all(
+            len(ref) >= 8 and not (len(ref) - 2) % 6 for ref in stored.buffer
+        ):
+            super().check_state(data, upstream)
+            return
+        self._check_counters(len(stored.buffer), stored.draws, stored.emitted)
+
+    def _check_counters(self, buffered: int, draws: int, emitted: int) -> None:
+        """Every record leaves the buffer through one draw, so ``draws == emitted``; after
+        ``emitted`` outputs at most ``min(buffer_size, warmup + emitted)`` records wait (none
+        when ``buffer_size`` is 1)."""
+        for name, value in (("draws", draws), ("emitted", emitted)):
+            if value < 0:
+                raise ValueError(f"field {name!r} must be an int >= 0, got {value}")
+        if draws != emitted:
+            raise ValueError(f"fields 'draws' ({draws}) and 'emitted' ({emitted}) must be equal: each output is one draw")
+        limit = 0 if self.buffer_size == 1 else min(self.buffer_size, self.warmup + emitted)
+        if buffered > limit:
+            raise ValueError(
+                f"field 'buffer' holds {buffered} records, but after {emitted} outputs a shuffle of "
+                f"buffer_size={self.buffer_size} holds at most {limit}"
+            )
+
+    def _emission_order(self, state: ShuffleState):
+        """The indices of ``state.buffer`` in the order ``step`` will emit them (then nothing).
+
+        The draws depend only on the counters and the buffer's length, which grows by one per
+        arrival, so the order is exact while the stream goes on, up to a drain (which it does not
+        foresee; records are still rebuilt when drawn, only the background order differs); it
+        stops after a bounded number of draws (the rest are rebuilt in index order).
+        """
+        pos = list(range(len(state.buffer)))
+        left = len(pos)
+        key, size, warmup = state.key, self.buffer_size, self.warmup
+        draws, emitted = state.draws, state.emitted
+        for _ in range(8 * max(left, size)):
+            if not left:
+                return
+            pos.append(-1)
+            if len(pos) > min(size, warmup + emitted) or size == 1:
+                i = randbelow(key, draws, len(pos))
+                draws += 1
+                emitted += 1
+                p = pos[i]
+                pos[i] = pos[-1]
+                pos.pop()
+                if p >= 0:
+                    left -= 1
+                    yield p

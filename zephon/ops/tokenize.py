@@ -1,0 +1,472 @@
+"""The ``tokenize`` operator: text field to ``input_ids``, with zephon's own BOS/EOS bracketing.
+
+It also holds what the three tokenizing operators (``Tokenize``, ``TokenizeChat``,
+``TokenizePromptCompletion``) share about their construction: the tokenizer they are given
+(``tokenizer=`` or ``tokenizer_id=``) is resolved into a :class:`~zephon.text.tokenizer.TokenizerHandle`
+*before* the attrs initializer stores the fields, and an :class:`Origin` records what the handle
+stands for, so that ``attrs.evolve(op, **changes)`` gives what the constructor gives for the
+arguments the operator was built with, changed by ``changes``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import attrs
+import numpy as np
+
+from ..core.operator import CHILD_BASE, StatelessOp, config_field
+from ..core.fields import SPECIAL_TOKEN_MODES as SPECIAL_TOKEN_MODES
+from ..text.tokenizer import BACKENDS, TokenizerHandle, load_tokenizer
+
+__all__ = ["SPECIAL_TOKEN_MODES", "Tokenize"]
+
+_MISSING_FIELD_MODES = ("error", "empty")
+_MISSING = object()
+
+
+# -- construction shared by the tokenizing operators ------------------------------------------------------
+
+
+class _Unset:
+    """``tokenizer_id`` not passed (``attrs.evolve`` never passes it; ``None`` is a value)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+
+
+def int_like(value: Any) -> Any:
+    """A numpy integer as ``int``; any other value unchanged, so that the checks can name what is wrong."""
+    return int(value) if isinstance(value, np.integer) else value
+
+
+@attrs.frozen(eq=False)
+class Origin:
+    """What a tokenizing operator was built from, where its fields alone do not say it.
+
+    The fields hold the resolved tokenizer (and, for ``TokenizeChat``, the template text);
+    ``attrs.evolve`` passes them back together with this record, which tells the constructor
+    which arguments they stand for. It is never compared, hashed or fingerprinted, and needs no
+    files, so an operator evolves the same way after pickling.
+
+    Attributes:
+        handle: the handle the operator holds in ``tokenizer``; the constructor recognises it by
+            identity, so any other tokenizer passed in is a change.
+        tokenizer_id: the ``tokenizer_id`` the operator was given, ``None`` when it was given
+            ``tokenizer=``. The pair stays exclusive under ``attrs.evolve``: changing
+            ``tokenizer`` of an operator built from an id also needs ``tokenizer_id=None``.
+        template: ``TokenizeChat``: the template text held in ``chat_template``, recognised by
+            identity too: a text passed in is a given template, even one equal to this
+            (``attrs.evolve(op, tokenizer=t, chat_template=text)`` keeps ``text``).
+        from_tokenizer: ``TokenizeChat``: the template is the one shipped with the tokenizer
+            (``chat_template=None``), so it follows the tokenizer when that changes.
+        shipped: ``TokenizeChat``: the template shipped with the tokenizer, or ``None``.
+        missing: ``TokenizeChat``: what ``chat_template=None`` raises when none ships.
+    """
+
+    handle: TokenizerHandle
+    tokenizer_id: Any = None
+    template: str | None = None
+    from_tokenizer: bool = False
+    shipped: str | None = None
+    missing: BaseException | None = None
+
+
+def origin_field() -> Any:
+    """The private ``_origin`` field (keyword ``_origin``, passed only by ``attrs.evolve``)."""
+    return attrs.field(default=None, kw_only=True, alias="_origin", eq=False, repr=False, metadata={"data": False})
+
+
+def given_settings(cls: type, options: dict[str, Any], *, skip: tuple[str, ...] = ("tokenizer",)) -> SimpleNamespace:
+    """The settings ``cls.__attrs_init__`` will store for ``options``: defaults filled in, converters applied.
+
+    The checks that must fail before the tokenizer is loaded run on these. An unknown keyword
+    raises ``TypeError`` first, as a generated ``__init__`` would.
+    """
+    fields = {f.alias: f for f in attrs.fields(cls) if f.init and f.name not in skip}
+    for name in options:
+        if name not in fields:
+            raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword argument {name!r}")
+    values = {}
+    for alias, f in fields.items():
+        value = options.get(alias, f.default)
+        values[f.name] = f.converter(value) if f.converter is not None else value
+    return SimpleNamespace(**values)
+
+
+def given_tokenizer(tokenizer: Any, tokenizer_id: Any, origin: Origin | None) -> tuple[Any, Any, bool]:
+    """The ``tokenizer=`` and ``tokenizer_id=`` a construction stands for, and whether they are unchanged.
+
+    A direct call passes what the user gave. ``attrs.evolve`` passes the operator's own handle
+    (recognised through ``origin``), which then stands for what the operator was given, and
+    ``tokenizer_id`` only when it is among the changes. Unchanged (third item ``True``): the
+    origin's handle is reused, without loading anything.
+    """
+    if origin is not None and tokenizer is origin.handle:
+        if tokenizer_id is UNSET:
+            tokenizer_id = origin.tokenizer_id
+        if origin.tokenizer_id is None:
+            return tokenizer, tokenizer_id, tokenizer_id is None
+        return None, tokenizer_id, tokenizer_id == origin.tokenizer_id
+    if tokenizer_id is UNSET:
+        tokenizer_id = None if origin is None else origin.tokenizer_id
+    return tokenizer, tokenizer_id, False
+
+
+def load_given(tokenizer: Any, tokenizer_id: Any, origin: Origin | None, *, backend: str = "auto") -> Origin:
+    """Resolve the tokenizer of a construction (see :func:`given_tokenizer`) into a fresh :class:`Origin`."""
+    tok, tid, same = given_tokenizer(tokenizer, tokenizer_id, origin)
+    handle = load_tokenizer(origin.handle, backend=backend) if same else load_tokenizer(tok, tid, backend=backend)
+    return Origin(handle, tid)
+
+
+def public_signature(cls: type) -> None:
+    """Give ``cls.__init__`` the signature of its fields, ``tokenizer_id`` second and ``_origin`` left out."""
+    types = {f.alias: f.type for f in attrs.fields(cls)}
+    params = [
+        p.replace(annotation=types.get(p.name, p.annotation))
+        for p in inspect.signature(cls.__attrs_init__).parameters.values()
+        if p.name != "_origin"
+    ]
+    tid = inspect.Parameter("tokenizer_id", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation="str | None")
+    params.insert(2, tid)  # after self and tokenizer
+    cls.__init__.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+
+
+@attrs.frozen(init=False)
+class Tokenize(StatelessOp):
+    """Tokenize a text field into ``{"input_ids": int32 array}``.
+
+    The tokenizer is resolved when the operator is built (see
+    :func:`~zephon.text.tokenizer.load_tokenizer`), so a missing file, a missing BOS/EOS id or a bad
+    option fails when the pipeline is assembled, not at the first batch. Each ``step`` encodes
+    the whole chunk in one native batch call. Special tokens are never added by the tokenizer's
+    own template; zephon brackets each document itself according to ``special_tokens``.
+
+    State: none (a stateless operator); it restores and reshards trivially. The output of a record
+    depends only on its payload, the tokenizer's content (:meth:`TokenizerHandle.fingerprint`) and
+    the data options below; ``parallelism`` and ``backend`` never change it.
+
+    The tokenizer given (``tokenizer=`` or ``tokenizer_id=``) is resolved before the fields are
+    stored: ``tokenizer`` always holds the :class:`~zephon.text.tokenizer.TokenizerHandle` and
+    ``tokenizer_id`` reads ``None``. numpy integers given for ids and lengths are stored as
+    ``int``. ``attrs.evolve(op, **changes)`` equals the constructor called with the operator's
+    arguments changed by ``changes``, and reuses the loaded tokenizer unless ``tokenizer`` or
+    ``tokenizer_id`` is among the changes.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to
+            ``tokenizer.json`` or its folder, or a ``TokenizerHandle``.
+        tokenizer_id: instead of ``tokenizer``: a local path or a Hugging Face id found in the local
+            hub cache (or downloadable).
+        field: the payload key holding the text; a dot path (``"meta.text"``) reaches nested
+            dicts when no key has that exact name. A ``str`` payload is itself the text.
+        special_tokens: ``"bos_eos"`` (default) puts BOS before and EOS after each document,
+            ``"bos"`` / ``"eos"`` only one of them, ``"none"`` neither. A bare GPT-2
+            ``tokenizer.json`` has no BOS, so ``"bos_eos"`` fails at construction and says to use
+            ``"eos"`` (documents separated by ``<|endoftext|>``) or ``bos_token_id=``; GPT-2's
+            folder, whose ``tokenizer_config.json`` names ``<|endoftext|>`` as BOS too, works as in
+            transformers. Special tokens written in the text itself (a literal
+            ``<|endoftext|>``) are encoded as the special id, as Hugging Face does.
+        bos_token_id: overrides the tokenizer's BOS id (not allowed with ``"none"``).
+        eos_token_id: overrides the tokenizer's EOS id (not allowed with ``"none"``).
+        max_length: the longest output, counting the added specials. Needs ``truncation`` or
+            ``split_long_samples``.
+        truncation: cut content so that the output, specials included, is at most ``max_length``
+            (both BOS and EOS are kept).
+        split_long_samples: bracket first, then cut into ``max_length`` pieces, each its own
+            record (child ``i`` of the source record). BOS is on the first piece only, EOS on the
+            last only; the last piece may be just ``[EOS]`` (as in Zephon 0.2.0), and an empty
+            sequence (``"none"`` mode, empty text) gives one empty piece, never zero records.
+        missing_field: ``"error"`` raises when a payload lacks ``field``; ``"empty"`` tokenizes
+            ``""`` instead (``[BOS, EOS]`` in ``"bos_eos"`` mode).
+        preserve_upstream_payload: keep the payload's other keys (the text included) next to
+            ``input_ids``; otherwise the output holds ``input_ids`` only.
+        parallelism: threads for the encoder (``None``: one per CPU), with either backend:
+            tiktoken runs on a pool of that many threads; ``tokenizers`` on its native Rayon pool,
+            one per process, which takes this size when this is the first tokenize to encode in
+            the process (with ``workers > 0``, in each worker), else keeps its size and a warning
+            says so. Performance only.
+        backend: ``"auto"`` (default), ``"tokenizers"`` or ``"tiktoken"``. tiktoken is used only
+            for GPT-2 style byte-level BPE after it reproduced the tokenizers ids at load time
+            (about 4x faster on GPT-2); ``"auto"`` then takes it and otherwise uses tokenizers,
+            ``"tiktoken"`` raises when it cannot be used. ``op.tokenizer.backend`` (and
+            ``explain()``) says which one encodes; performance only.
+
+    Raises:
+        ValueError: an invalid option or combination (listed in the messages), a missing BOS/EOS
+            id for the chosen mode, a tokenizer that cannot be loaded (``TokenizerLoadError``),
+            or ``backend="tiktoken"`` for a tokenizer tiktoken cannot encode exactly.
+        ImportError: ``backend="tiktoken"`` without tiktoken installed (``pip install 'zephon[fast]'``).
+        TypeError: an option of the wrong type.
+
+    Examples:
+        >>> from tokenizers import Tokenizer, models, pre_tokenizers
+        >>> vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "a": 3, "b": 4, "c": 5}
+        >>> tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        >>> tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        >>> _ = tok.add_special_tokens(["<s>", "</s>"])
+        >>> op = Tokenize(tok)
+        >>> op.apply_many([{"text": "a b c"}])
+        [[{'input_ids': array([1, 3, 4, 5, 2], dtype=int32)}]]
+        >>> split = Tokenize(tok, max_length=2, split_long_samples=True)
+        >>> [p["input_ids"].tolist() for p in split.apply_many([{"text": "a b c"}])[0]]
+        [[1, 3], [4, 5], [2]]
+    """
+
+    tokenizer: Any = config_field(default=None)
+    field: str = config_field(default="text", kw_only=True)
+    special_tokens: str = config_field(default="bos_eos", kw_only=True)
+    bos_token_id: int | None = config_field(default=None, converter=int_like, kw_only=True)
+    eos_token_id: int | None = config_field(default=None, converter=int_like, kw_only=True)
+    max_length: int | None = config_field(default=None, converter=int_like, kw_only=True)
+    truncation: bool = config_field(default=False, kw_only=True)
+    split_long_samples: bool = config_field(default=False, kw_only=True)
+    missing_field: str = config_field(default="error", kw_only=True)
+    preserve_upstream_payload: bool = config_field(default=False, kw_only=True)
+    parallelism: int | None = config_field(default=None, data=False, converter=int_like, kw_only=True)
+    backend: str = config_field(default="auto", data=False, kw_only=True)
+    _origin: Origin | None = origin_field()
+
+    kind: ClassVar[str] = "tokenize"
+
+    def __init__(self, tokenizer: Any = None, tokenizer_id: Any = UNSET, **options: Any) -> None:
+        settings = given_settings(type(self), options)
+        _check_options(settings)
+        origin = load_given(tokenizer, tokenizer_id, settings._origin, backend=settings.backend)
+        self.__attrs_init__(tokenizer=origin.handle, **{**options, "_origin": origin})
+
+    def __attrs_post_init__(self) -> None:
+        self._check_ids(self.tokenizer)
+
+    # -- validation ---------------------------------------------------------------------------------
+    def _check_ids(self, handle: TokenizerHandle) -> None:
+        vocab_size = None
+        for name in ("bos_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"tokenize: {name} must be an int, got {type(value).__name__}")
+            vocab_size = vocab_size or handle.vocab_size
+            if not 0 <= value < vocab_size:
+                raise ValueError(f"tokenize: {name}={value} is outside the tokenizer's ids [0, {vocab_size})")
+        bos, eos = self._specials()
+        mode = self.special_tokens
+        if mode in ("bos_eos", "bos") and bos is None:
+            raise ValueError(
+                f"tokenize: special_tokens={mode!r} needs a BOS token, but the tokenizer ({handle.source}) has none. "
+                "For GPT-2 style models use special_tokens='eos' (the usual pretraining recipe: documents "
+                "separated by <|endoftext|>), or pass bos_token_id= explicitly"
+            )
+        if mode in ("bos_eos", "eos") and eos is None:
+            raise ValueError(
+                f"tokenize: special_tokens={mode!r} needs an EOS token, but the tokenizer ({handle.source}) has none; "
+                "pass eos_token_id= explicitly or use special_tokens='bos'/'none'"
+            )
+
+    # -- configuration views ------------------------------------------------------------------------
+    @property
+    def fans_out(self) -> bool:  # type: ignore[override]
+        """One document becomes several records exactly when ``split_long_samples`` is on."""
+        return self.split_long_samples
+
+    @property
+    def handle(self) -> TokenizerHandle:
+        """The resolved tokenizer."""
+        return self.tokenizer
+
+    @property
+    def tokenizer_id(self) -> None:
+        """Always ``None``: a ``tokenizer_id`` given to the constructor is loaded into ``tokenizer``."""
+        return None
+
+    def _specials(self) -> tuple[int | None, int | None]:
+        """The BOS and EOS ids to add (``None`` where the mode adds none)."""
+        return special_ids(self.special_tokens, self.bos_token_id, self.eos_token_id, self.tokenizer)
+
+    # -- the work -----------------------------------------------------------------------------------
+    def apply_many(self, payloads: list) -> list[list]:
+        """Tokenize a chunk of payloads with one batch call to the tokenizer.
+
+        Args:
+            payloads: dicts holding ``field`` (or plain ``str`` texts).
+
+        Returns:
+            Per payload, its output payloads: one, or several with ``split_long_samples``.
+
+        Raises:
+            ValueError: a payload lacks ``field`` (with ``missing_field="error"``), or a text
+                cannot be encoded as UTF-8.
+            TypeError: a payload is neither a mapping nor a str, or its field is not a str.
+        """
+        if not payloads:
+            return []
+        texts = [self._text_of(p) for p in payloads]
+        bos, eos = self._specials()
+        n_specials = (bos is not None) + (eos is not None)
+        try:
+            if n_specials:  # _bracket copies the ids into a new array anyway
+                encoded = self.tokenizer.encode_ids(texts, num_threads=self.parallelism)
+            else:
+                encoded = self.tokenizer.encode_batch(texts, num_threads=self.parallelism)
+        except ValueError as exc:
+            raise ValueError(f"tokenize: field {self.field!r}: {exc}") from exc
+        keep = self.max_length - n_specials if self.truncation else None
+        out: list[list] = []
+        for payload, ids in zip(payloads, encoded):
+            if keep is not None and len(ids) > keep:
+                ids = ids[:keep]
+                if not n_specials:
+                    ids = ids.copy()  # do not keep the whole document alive behind a view
+            seq = _bracket(ids, bos, eos) if n_specials else ids
+            if self.split_long_samples:
+                pieces = self._split(seq)
+                out.append([self._output(payload, piece) for piece in pieces])
+            else:
+                out.append([self._output(payload, seq)])
+        return out
+
+    def _split(self, seq: np.ndarray) -> list[np.ndarray]:
+        size = self.max_length
+        if len(seq) <= size:
+            return [seq]
+        count = -(-len(seq) // size)
+        if count > CHILD_BASE:
+            raise ValueError(
+                f"tokenize: a document of {len(seq)} tokens splits into {count} pieces of max_length={size}, more than "
+                f"the {CHILD_BASE} children a record may have; raise max_length or split such documents upstream"
+            )
+        # Copies, so that a piece held long (by a shuffle buffer) does not pin the whole document.
+        return [seq[i : i + size].copy() for i in range(0, len(seq), size)]
+
+    def _text_of(self, payload: Any) -> str:
+        if isinstance(payload, str):
+            return payload
+        if not isinstance(payload, Mapping):
+            raise TypeError(
+                f"tokenize: payload is a {type(payload).__name__}, expected a dict with a {self.field!r} field "
+                "(or a str, which is tokenized as is)"
+            )
+        value = payload.get(self.field, _MISSING)
+        if value is _MISSING and "." in self.field:
+            value = payload
+            for part in self.field.split("."):
+                value = value.get(part, _MISSING) if isinstance(value, Mapping) else _MISSING
+                if value is _MISSING:
+                    break
+        if value is _MISSING:
+            if self.missing_field == "empty":
+                return ""
+            keys = list(payload.keys())
+            shown = ", ".join(repr(k) for k in keys[:8]) + (f", ... ({len(keys)} keys)" if len(keys) > 8 else "")
+            raise ValueError(
+                f"tokenize: payload has no field {self.field!r} (its keys: [{shown}]); set field= to the key "
+                "holding the text (a dot path like 'meta.text' reaches nested dicts), or missing_field='empty' "
+                "to tokenize such payloads as ''"
+            )
+        if not isinstance(value, str):
+            hint = (
+                "; decode it to str first (e.g. bytes.decode('utf-8') in a map step)"
+                if isinstance(value, (bytes, bytearray, memoryview))
+                else "; convert or filter such records in a map step before tokenize"
+            )
+            raise TypeError(f"tokenize: field {self.field!r} holds a {type(value).__name__}, expected str{hint}")
+        return value
+
+    def _output(self, payload: Any, ids: np.ndarray) -> dict:
+        if self.preserve_upstream_payload and isinstance(payload, Mapping):
+            out = dict(payload)
+            out["input_ids"] = ids
+            return out
+        return {"input_ids": ids}
+
+
+def _n_specials(mode: str) -> int:
+    return {"bos_eos": 2, "bos": 1, "eos": 1, "none": 0}[mode]
+
+
+def _check_options(v: SimpleNamespace) -> None:
+    """The checks of ``Tokenize`` that need no tokenizer (they run before it is loaded)."""
+    if not isinstance(v.field, str) or not v.field:
+        raise TypeError(f"tokenize: field must be a non-empty str naming the text key, got {v.field!r}")
+    if v.special_tokens not in SPECIAL_TOKEN_MODES:
+        hint = (
+            "; zephon adds BOS/EOS itself and never applies the tokenizer's template"
+            if v.special_tokens == "tokenizer_default"
+            else ""
+        )
+        raise ValueError(
+            f"tokenize: special_tokens must be one of {', '.join(map(repr, SPECIAL_TOKEN_MODES))}, "
+            f"got {v.special_tokens!r}{hint}"
+        )
+    if v.missing_field not in _MISSING_FIELD_MODES:
+        raise ValueError(f"tokenize: missing_field must be 'error' or 'empty', got {v.missing_field!r}")
+    for name in ("truncation", "split_long_samples", "preserve_upstream_payload"):
+        if not isinstance(getattr(v, name), bool):
+            raise TypeError(f"tokenize: {name} must be True or False, got {getattr(v, name)!r}")
+    for name in ("max_length", "parallelism"):
+        value = getattr(v, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"tokenize: {name} must be a positive int or None, got {value!r}")
+    if v.backend not in BACKENDS:
+        raise ValueError(f"tokenize: backend must be one of {', '.join(map(repr, BACKENDS))}, got {v.backend!r}")
+    if v.special_tokens == "none":
+        given = [n for n in ("bos_token_id", "eos_token_id") if getattr(v, n) is not None]
+        if given:
+            raise ValueError(
+                f"tokenize: {' and '.join(given)} cannot be used with special_tokens='none' (no specials are "
+                "added); drop it, or choose special_tokens='bos_eos', 'bos' or 'eos'"
+            )
+    if v.split_long_samples and v.truncation:
+        raise ValueError(
+            "tokenize: split_long_samples and truncation exclude each other: truncation drops the tail, "
+            "splitting keeps it as more records; choose one"
+        )
+    if v.split_long_samples and v.max_length is None:
+        raise ValueError("tokenize: split_long_samples=True requires max_length (the length of each piece)")
+    if v.truncation and v.max_length is None:
+        raise ValueError("tokenize: truncation=True requires max_length (the output length, specials included)")
+    if v.max_length is not None and not (v.truncation or v.split_long_samples):
+        raise ValueError(
+            f"tokenize: max_length={v.max_length} does nothing on its own; add truncation=True to cut "
+            "documents, or split_long_samples=True to split them into max_length pieces"
+        )
+    n_specials = _n_specials(v.special_tokens)
+    if v.truncation and v.max_length is not None and v.max_length - n_specials <= 0:
+        raise ValueError(
+            f"tokenize: max_length={v.max_length} leaves no room for content after the {n_specials} special "
+            f"token(s) of special_tokens={v.special_tokens!r}; use max_length > {n_specials}"
+        )
+
+
+public_signature(Tokenize)
+
+
+def special_ids(mode: str, bos_token_id: int | None, eos_token_id: int | None, handle: TokenizerHandle) -> tuple[int | None, int | None]:
+    """The BOS and EOS ids a ``special_tokens`` mode adds: explicit ids win over the tokenizer's."""
+    bos = eos = None
+    if mode in ("bos_eos", "bos"):
+        bos = bos_token_id if bos_token_id is not None else handle.bos_token_id
+    if mode in ("bos_eos", "eos"):
+        eos = eos_token_id if eos_token_id is not None else handle.eos_token_id
+    return bos, eos
+
+
+def _bracket(ids: np.ndarray, bos: int | None, eos: int | None) -> np.ndarray:
+    start = 0 if bos is None else 1
+    out = np.empty(len(ids) + start + (eos is not None), dtype=np.int32)
+    if bos is not None:
+        out[0] = bos
+    out[start : start + len(ids)] = ids
+    if eos is not None:
+        out[-1] = eos
+    return out

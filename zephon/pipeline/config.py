@@ -1,0 +1,193 @@
+"""Pipeline config files: a pipeline's source, run options and operators, in TOML or JSON.
+
+The format covers the processing side only (what ``zephon explain`` and scripts need to build a
+:class:`~zephon.Pipeline` without Python): datasets with mixture weights, source settings, run
+options and the operator list. Every key maps one to one onto a constructor or builder argument,
+so the documentation of those is the documentation of the keys::
+
+    # pipeline.toml
+    [source]                       # StaticMixtureWorkSource settings
+    seed = 0
+    shuffle_within_shard = true
+
+    [[source.datasets]]            # one table per dataset
+    name = "corpus"
+    path = "data/corpus"           # relative to this file
+    weight = 1.0
+
+    [options]                      # Pipeline.options(...)
+    canonical_replicas = 4
+
+    [[operators]]                  # in order; op = a Pipeline builder method
+    op = "tokenize"
+    tokenizer = "tokenizer.json"   # a file relative to this file, or a Hugging Face id
+    field = "text"
+    special_tokens = "eos"
+
+    [[operators]]
+    op = "pack_flat"
+    max_length = 2049
+
+An operator table takes ``op`` (``tokenize``, ``tokenize_chat``, ``pack_flat``,
+``pack_sequences``, ``shuffle``, ``batch``, or ``map``/``filter`` with ``function =
+"module:name"``), an optional ``name``, and the method's keyword arguments.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+#: Builder methods an operator table may name, besides ``map`` and ``filter``.
+OPERATORS = ("tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "batch")
+_TOP = ("source", "options", "operators")
+_SOURCE = ("datasets", "seed", "exhausted_policy", "passes", "shuffle_shards", "shuffle_within_shard", "chunk_size", "lane_assignment")
+_DATASET = ("name", "path", "weight", "format")
+#: Operator arguments that name files: resolved against the config file's folder when the file is there.
+_PATH_ARGS = ("tokenizer", "chat_template")
+
+
+def read_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The document of a ``.toml`` or ``.json`` pipeline config file."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no pipeline config file {p}")
+    text = p.read_text(encoding="utf-8")
+    if p.suffix == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"pipeline config {p}: not valid JSON ({exc})") from None
+    if p.suffix != ".toml":
+        raise ValueError(f"pipeline config {p}: use a .toml or .json file")
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ImportError:
+            raise ImportError("reading TOML on Python 3.10 needs tomli: pip install 'zephon[toml]' (or use a .json config)") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"pipeline config {p}: not valid TOML ({exc})") from None
+
+
+def load_pipeline_config(path: str | os.PathLike) -> Any:
+    """Build the :class:`~zephon.Pipeline` a config file describes (see the module docstring).
+
+    Relative dataset paths, and tokenizer or template files that exist relative to the file, are
+    resolved against the file's folder.
+
+    Raises:
+        FileNotFoundError: no such config file.
+        ValueError: invalid TOML/JSON, an unknown key (the allowed keys are listed), a missing
+            dataset field, an unknown ``op``, or arguments the operator refuses; errors name
+            the file and the table (``operators[2] (pack_flat)``).
+    """
+    p = Path(path)
+    return pipeline_from_config(read_config(p), base=p.parent, where=str(p))
+
+
+def _check_keys(table: Any, allowed: tuple[str, ...], where: str) -> Mapping[str, Any]:
+    if not isinstance(table, Mapping):
+        raise ValueError(f"{where} must be a table (mapping), got {type(table).__name__}")
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {list(allowed)}")
+    return table
+
+
+def _resolve(value: Any, base: Path) -> Any:
+    if isinstance(value, str) and not os.path.isabs(value) and (base / value).exists():
+        return str(base / value)
+    return value
+
+
+def _function(spec: Any, where: str) -> Any:
+    if not isinstance(spec, str) or ":" not in spec:
+        raise ValueError(f"{where}: function must be 'module:name' (an importable module-level function), got {spec!r}")
+    module, _, name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{where}: cannot import {spec!r} ({exc})") from None
+
+
+def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".", where: str = "pipeline config") -> Any:
+    """Build a :class:`~zephon.Pipeline` from a config document (a parsed TOML/JSON mapping).
+
+    Examples:
+        >>> doc = {"source": {"datasets": [{"name": "toy", "path": "toy"}]},
+        ...        "operators": [{"op": "shuffle", "buffer_size": 4}, {"op": "batch", "microbatch_size": 2}]}
+        >>> pipeline_from_config(doc)
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: pipeline config: source.datasets[0] (toy): no data at toy
+    """
+    from .pipeline import Pipeline
+    from ..sources.dataset import Dataset
+    from ..sources.work_source import StaticMixtureWorkSource
+
+    base = Path(base)
+    _check_keys(doc, _TOP, where)
+    source = dict(_check_keys(doc.get("source", {}), _SOURCE, f"{where}: [source]"))
+    tables = source.pop("datasets", None)
+    if not isinstance(tables, list) or not tables:
+        raise ValueError(f"{where}: [source] needs a non-empty list of datasets ([[source.datasets]] with name and path)")
+    datasets, weights = [], {}
+    for i, table in enumerate(tables):
+        at = f"{where}: source.datasets[{i}]"
+        _check_keys(table, _DATASET, at)
+        if "name" not in table or "path" not in table:
+            raise ValueError(f"{at}: a dataset needs 'name' and 'path'")
+        at = f"{at} ({table['name']})"
+        data = Path(table["path"]) if os.path.isabs(table["path"]) else base / table["path"]
+        if not data.exists():
+            raise FileNotFoundError(f"{at}: no data at {data}")
+        kwargs = {"format": table["format"]} if "format" in table else {}
+        datasets.append(Dataset.from_path(table["name"], data, **kwargs))
+        weights[table["name"]] = table.get("weight", 1.0)
+    try:
+        pipe = Pipeline(StaticMixtureWorkSource(datasets, weights, **source))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: [source]: {exc}") from None
+    try:
+        pipe = pipe.options(**_check_keys(doc.get("options", {}), tuple(_option_names()), f"{where}: [options]"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: [options]: {exc}") from None
+    ops = doc.get("operators", [])
+    if not isinstance(ops, list):
+        raise ValueError(f"{where}: operators must be a list of tables ([[operators]])")
+    for i, table in enumerate(ops):
+        if not isinstance(table, Mapping) or "op" not in table:
+            raise ValueError(f"{where}: operators[{i}] needs an 'op' key naming one of {[*OPERATORS, 'map', 'filter']}")
+        kwargs = dict(table)
+        op = kwargs.pop("op")
+        at = f"{where}: operators[{i}] ({op})"
+        if op in ("map", "filter"):
+            _check_keys(kwargs, ("function", "name"), at)
+            fn = _function(kwargs.get("function"), at)
+            pipe = getattr(pipe, op)(fn, name=kwargs.get("name"))
+            continue
+        if op not in OPERATORS:
+            raise ValueError(f"{at}: unknown op {op!r}; use one of {[*OPERATORS, 'map', 'filter']}")
+        for k in _PATH_ARGS:
+            if k in kwargs:
+                kwargs[k] = _resolve(kwargs[k], base)
+        try:
+            pipe = getattr(pipe, op)(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{at}: {exc}") from None
+    return pipe
+
+
+def _option_names() -> list[str]:
+    import attrs
+
+    from ..runtime.options import Options
+
+    return [f.name for f in attrs.fields(Options)] + ["num_workers"]

@@ -1,0 +1,315 @@
+"""``Pipeline.explain()``: the compiled plan, in words and as a dict.
+
+What decides the data (the source, every operator's data settings, the lane count) and what only
+decides speed (performance settings, ranks, the executor), which lanes each rank owns, how this
+rank's lanes are spread over worker processes, what a checkpoint holds per lane and how large it
+is (exact at the start; measured on lane 0 after a few outputs, and extrapolated to full buffers,
+when asked). Nothing here runs a loader; measuring runs lane 0 in this process.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import attrs
+import msgspec
+
+from ..runtime.checkpoint import build
+from ..core.operator import Operator, StatelessOp, describe
+from ..runtime.distributed import Topology
+from ..runtime.lanes import Plan
+from ..runtime.options import Options
+from ..core.records import Record, SampleBatch
+from ..text.tokenizer import TokenizerHandle
+
+#: Options that decide the data; every other option only decides where and how fast lanes run.
+DATA_OPTIONS = ("canonical_replicas",)
+
+
+@attrs.frozen
+class Explanation:
+    """The compiled plan of a pipeline: ``print()`` it, or read :attr:`data` (a JSON-safe dict)."""
+
+    data: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data
+
+    def __str__(self) -> str:
+        return render(self.data)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython shows the text
+        p.text(str(self))
+
+
+def _settings(op: Operator) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An operator's ``(data settings, performance settings)``, as JSON-friendly values."""
+    data, perf = {}, {}
+    fingerprint = op.fingerprint()
+    for f in attrs.fields(type(op)):
+        if f.name.startswith("_"):
+            continue  # internal bookkeeping, not a setting
+        if f.metadata.get("data", True) and f.name not in fingerprint and getattr(op, f.name) == f.default:
+            continue  # a setting the fingerprint leaves out at its default (a shuffle's drains)
+        value = describe(getattr(op, f.name))
+        (data if f.metadata.get("data", True) else perf)[f.name] = value
+    handle = getattr(op, "tokenizer", None)
+    if isinstance(handle, TokenizerHandle) and "backend" in perf:
+        # The encoder in use, which "auto" resolved when the operator was built.
+        if perf["backend"] != handle.backend:
+            perf["backend_asked"] = perf["backend"]
+        perf["backend"] = handle.backend
+    return data, perf
+
+
+def held_records(op: Operator) -> str:
+    """What an operator's state holds at most, in records (by reference), in words."""
+    kind = op.kind
+    if isinstance(op, StatelessOp):
+        return "no records (a counter of inputs that produced nothing)"
+    if kind == "shuffle":
+        return f"up to {op.buffer_size} records"
+    if kind == "batch":
+        if getattr(op, "group_by_length", False):
+            return f"up to {op.buffer_size or 8 * op.microbatch_size} records (length grouping buffer)"
+        return f"up to {op.microbatch_size - 1} records (a partial batch)"
+    if kind in ("pack_flat", "pack_sequences"):
+        algorithm = getattr(op, "algorithm", "")
+        if algorithm == "wrap":
+            return f"pieces of documents shorter than one row ({op.max_length} tokens)"
+        if algorithm == "best_fit_wrap":
+            return f"up to {op.candidate_pool_size or 'the default number of'} candidate pieces"
+        return f"up to {op.num_bins or 'the default number of'} open rows of documents"
+    return "see the operator's documentation"
+
+
+def _held_bound(op: Operator) -> int | None:
+    kind = op.kind
+    if isinstance(op, StatelessOp):
+        return 0
+    if kind == "shuffle":
+        return op.buffer_size
+    if kind == "batch":
+        return (op.buffer_size or 8 * op.microbatch_size) if getattr(op, "group_by_length", False) else op.microbatch_size - 1
+    return None
+
+
+def _count_records(tree: Any) -> int:
+    if isinstance(tree, Record):
+        return 1
+    if isinstance(tree, SampleBatch):
+        return len(tree.records)
+    if isinstance(tree, msgspec.Struct):
+        return sum(_count_records(getattr(tree, n)) for n in tree.__struct_fields__)
+    if isinstance(tree, (tuple, list)):
+        return sum(_count_records(x) for x in tree)
+    return 0
+
+
+def _size(obj: Any) -> int:
+    return len(msgspec.msgpack.encode(obj))
+
+
+def _measure(plan: Plan, steps: int, ops: Sequence[tuple[str, Operator]]) -> dict[str, Any]:
+    """Run lane 0 for ``steps`` outputs here; sizes of its encoded state, whole and per operator."""
+    state = plan.init(0)
+    done = 0
+    for _ in range(steps):
+        state, out = plan.next(0, state)
+        if out is None:
+            break
+        done += 1
+    encoded = plan.encode(state)
+    per_op = {}
+    lane_bytes = _size(encoded)
+    estimate = lane_bytes
+    for (name, op), s in zip(ops, state.chain.states):
+        size = _size(encoded["ops"][name])
+        held = _count_records(s)
+        bound = _held_bound(op)
+        full = size
+        if held and bound is not None and bound > held:
+            full = size + (size / held) * (bound - held)  # bytes per held record, to a full buffer
+        per_op[name] = {"bytes": size, "records_held": held, "bytes_when_full": int(full)}
+        estimate += int(full) - size
+    return {"steps": done, "lane_bytes": lane_bytes, "per_operator": per_op, "lane_bytes_when_full": estimate}
+
+
+def explain_plan(plan: Plan, options: Options, topology: Topology | None, ops: Sequence[tuple[str, Operator]], *, measure: int = 0) -> Explanation:
+    """The :class:`Explanation` of a compiled plan (see :meth:`zephon.Pipeline.explain`)."""
+    source = plan.source
+    datasets = []
+    weights = None
+    try:
+        names = list(source.names)
+        integer = source.mixture.integer_weights(names)
+        weights = {n: w / sum(integer) for n, w in zip(names, integer)}
+    except AttributeError:
+        pass
+    for ds in getattr(source, "datasets", ()):
+        datasets.append(
+            {
+                "name": ds.name,
+                "format": getattr(ds, "format", None),
+                "shards": len(ds.shard_ids),
+                "rows": ds.num_rows,
+                "weight": None if weights is None else weights.get(ds.name),
+            }
+        )
+    source_settings = {
+        k: getattr(source, k)
+        for k in ("seed", "exhausted_policy", "passes", "shuffle_shards", "shuffle_within_shard", "chunk_size", "lane_assignment")
+        if hasattr(source, k)
+    }
+    operators = []
+    for name, op in ops:
+        data, perf = _settings(op)
+        state_type = op.state_type
+        operators.append(
+            {
+                "name": name,
+                "operator": type(op).__name__,
+                "data_settings": data,
+                "performance_settings": perf,
+                "fans_out": bool(getattr(op, "fans_out", False)),
+                "state": {
+                    "type": state_type.__name__,
+                    "fields": list(getattr(state_type, "__struct_fields__", ())),
+                    "holds": held_records(op),
+                },
+            }
+        )
+    L = plan.lanes
+    last = ops[-1][1] if ops else None
+    microbatch = getattr(last, "microbatch_size", None) if last is not None and last.kind == "batch" else None
+    lanes: dict[str, Any] = {"canonical_replicas": L, "microbatch_size": microbatch}
+    if microbatch:
+        lanes["records_per_global_step"] = L * microbatch
+    executor: dict[str, Any] = {
+        "workers": options.workers,
+        "thread": options.thread,
+        "prefetch": options.prefetch,
+        "read_size": options.read_size,
+        "read_ahead": options.read_ahead,
+        "kind": "worker processes (spawned)" if options.workers else ("a background thread" if options.thread else "the calling thread"),
+    }
+    if topology is not None:
+        D, per = topology.dp_degree, L // topology.dp_degree
+        lanes.update(
+            dp_degree=D,
+            dp_rank=topology.dp_rank,
+            lanes_of_this_rank=list(topology.lanes),
+            ranks={str(r): [r * per, (r + 1) * per - 1] for r in range(D)},
+        )
+        mine = list(topology.lanes)
+        if options.workers:
+            n = max(1, min(options.workers, len(mine)))
+            executor.update(
+                processes=n,
+                start=(
+                    "the lanes run in the calling process first; the workers start after the first output "
+                    "and each takes its lanes once ready (start_inline)"
+                    if options.start_inline else "the workers compute every output (start_inline=False)"
+                ),
+                lanes_per_process={f"worker {w}": mine[w::n] for w in range(n)},
+                tokenizer_threads_per_process=max(1, (os.cpu_count() or 1) // n),
+            )
+    start = build(plan.fingerprint(), {lane: plan.encode(plan.init(lane)) for lane in range(L)})
+    checkpoint: dict[str, Any] = {
+        "per_lane": [
+            "source: the lane's cursor in the mixture [work chunk, offset]",
+            *(f"ops.{o['name']}: {o['state']['type']}, holding {o['state']['holds']}" for o in operators),
+            "pending: outputs computed and not yet delivered (by reference)",
+            "delivered, done: the lane's output count and whether it ended; checksum",
+        ],
+        "records_by_reference": "records are stored as (dataset, shard, row, token range) and rebuilt on restore",
+        "bytes_at_start": _size(start),
+        "lanes": L,
+    }
+    if measure:
+        m = _measure(plan, measure, ops)
+        checkpoint["measured"] = m
+        checkpoint["estimated_bytes_when_full"] = m["lane_bytes_when_full"] * L
+    run_options = {f.name: getattr(options, f.name) for f in attrs.fields(Options)}
+    return Explanation(
+        {
+            "source": {"type": type(source).__name__, "datasets": datasets, "settings": source_settings},
+            "operators": operators,
+            "options": {
+                "data": {k: v for k, v in run_options.items() if k in DATA_OPTIONS},
+                "performance": {k: v for k, v in run_options.items() if k not in DATA_OPTIONS},
+            },
+            "lanes": lanes,
+            "executor": executor,
+            "checkpoint": checkpoint,
+        }
+    )
+
+
+def _kib(n: float) -> str:
+    return f"{n:,.0f} B" if n < 1024 else (f"{n / 1024:,.1f} KiB" if n < 1024**2 else f"{n / 1024**2:,.1f} MiB")
+
+
+def _kv(d: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in d.items()) or "-"
+
+
+def render(data: dict[str, Any]) -> str:
+    """The text of an :class:`Explanation`."""
+    out = []
+    src = data["source"]
+    out.append(f"source: {src['type']} ({_kv(src['settings'])})")
+    for ds in src["datasets"]:
+        w = "" if ds["weight"] is None else f", weight {ds['weight']:.3f}"
+        out.append(f"  dataset {ds['name']!r}: {ds['shards']} shard(s), {ds['rows']:,} rows{w}")
+    out.append("")
+    out.append("operators (data settings decide the batches; performance settings may change between a checkpoint and its restore):")
+    for i, o in enumerate(data["operators"], 1):
+        out.append(f"  {i}. {o['name']}: {o['operator']}{' (splits records)' if o['fans_out'] else ''}")
+        out.append(f"       data: {_kv(o['data_settings'])}")
+        if o["performance_settings"]:
+            out.append(f"       performance: {_kv(o['performance_settings'])}")
+        out.append(f"       state: {o['state']['type']} {o['state']['fields']}; holds {o['state']['holds']}")
+    out.append("")
+    opts = data["options"]
+    out.append(f"options: data: {_kv(opts['data'])}; performance: {_kv(opts['performance'])}")
+    lanes = data["lanes"]
+    line = f"lanes: L={lanes['canonical_replicas']}"
+    if lanes.get("microbatch_size"):
+        line += f", microbatch {lanes['microbatch_size']}, {lanes['records_per_global_step']} records per global step"
+    out.append(line)
+    if "dp_degree" in lanes:
+        ranks = lanes["ranks"]
+        shown = list(ranks.items())[:8]
+        parts = ", ".join(f"rank {r}: lanes {a}-{b}" if a != b else f"rank {r}: lane {a}" for r, (a, b) in shown)
+        more = f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else ""
+        out.append(f"  D={lanes['dp_degree']} ranks, this is rank {lanes['dp_rank']}; {parts}{more}")
+    ex = data["executor"]
+    line = f"executor: {ex['kind']}, prefetch {ex['prefetch']} per lane, read_size {ex['read_size']}"
+    if "read_ahead" in ex:
+        line += f", read_ahead {ex['read_ahead'] or 'off'}"
+    if "processes" in ex:
+        line += f"; {ex['processes']} process(es), {ex['tokenizer_threads_per_process']} tokenizer thread(s) each"
+        out.append(line)
+        for w, lanes_of in ex["lanes_per_process"].items():
+            out.append(f"  {w}: lanes {lanes_of}")
+    else:
+        out.append(line)
+    ck = data["checkpoint"]
+    out.append("")
+    out.append(f"checkpoint: one state per lane ({ck['lanes']} lanes), {ck['records_by_reference']}:")
+    for item in ck["per_lane"]:
+        out.append(f"  - {item}")
+    out.append(f"  size at the start: {_kib(ck['bytes_at_start'])} (msgpack, all lanes)")
+    m = ck.get("measured")
+    if m:
+        out.append(
+            f"  measured on lane 0 after {m['steps']} output(s): {_kib(m['lane_bytes'])}; with full buffers about "
+            f"{_kib(m['lane_bytes_when_full'])} per lane, {_kib(ck['estimated_bytes_when_full'])} for all lanes"
+        )
+        for name, s in m["per_operator"].items():
+            out.append(f"    {name}: {_kib(s['bytes'])} holding {s['records_held']} record(s); full: {_kib(s['bytes_when_full'])}")
+    else:
+        out.append("  (explain(measure=N) runs lane 0 for N outputs and estimates the size with full buffers)")
+    return "\n".join(out)

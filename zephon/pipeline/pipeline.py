@@ -1,0 +1,647 @@
+"""The ``Pipeline`` value: a source, named operators and run options, built fluently.
+
+A pipeline is a work source plus a named chain of operators, run as ``canonical_replicas`` (L)
+independent lanes. It is a frozen value: every builder method (``map``, ``tokenize``, ...,
+``options``) returns a new pipeline and leaves the receiver unchanged, so two pipelines built from
+one base never affect each other. ``iter(pipeline)`` returns a :class:`~zephon.Loader`, the object
+that runs it and owns its executor, checkpoints and stats.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+import warnings
+from typing import Any, Callable, Iterator
+
+import attrs
+
+from ..ops.batch import Batch
+from ..runtime.checkpoint import (
+    build,
+    checkpoint_to_state_dict,
+    select_lanes,
+    state_dict_to_checkpoint,
+    validate,
+)
+from ..core.operator import Chain, FilterOp, MapOp, Operator, StatelessOp
+from ..runtime.distributed import Topology, resolve_topology
+from .explain import Explanation, explain_plan
+from ..core.fingerprint import FingerprintWarning, unfingerprintable
+from ..core.fields import TOKEN_FIELDS
+from ..runtime.lanes import Plan
+from ..runtime.loader import Loader, restored_lanes
+from ..core.log import progress
+from ..runtime.options import Options
+from ..ops.pack import PackFlat, PackSequences
+from ..core.records import SampleBatch
+from ..ops.shuffle import Shuffle
+from ..training.spec import _warn_at_caller
+from ..sources.calibrate import compile_source
+from ..ops.mixing import place_targets
+from ..sources.estimate import Calibration
+from ..sources.work_source import make_source
+
+
+def _checkpoint_calibration(checkpoint: Any) -> Calibration | None:
+    """The calibration frozen in a checkpoint's fingerprint, or ``None`` (not there, or no checkpoint)."""
+    try:
+        data = checkpoint["fingerprint"]["source"]["token_estimation"]
+    except (KeyError, TypeError):
+        return None
+    try:
+        return Calibration.from_description(data)
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+class _Latest:
+    """The loader last made from one pipeline object, and a restore waiting for the next one.
+
+    Only the shortcuts ``pipeline.checkpoint()/restore()/stats()/close()`` use it, so code written
+    against a single running pipeline keeps working; it is never part of the pipeline's value.
+    """
+
+    __slots__ = ("loader", "pending", "plans", "origin", "made")
+
+    def __init__(self) -> None:
+        self.loader: Loader | None = None
+        self.pending: dict[str, Any] | None = None
+        self.plans: dict[str, Plan] = {}  # compiled plans, by the calibration they were given
+        self.origin: _Origin | None = None  # the builder call that made this pipeline object
+        self.made: list[tuple[weakref.ref, _Origin]] = []  # pipelines made from it, not yet run
+
+    def __reduce__(self) -> tuple:  # a copied or pickled pipeline starts with no loader
+        return (_Latest, ())
+
+
+class _Origin:
+    """The builder call that made a pipeline object, and whether it (or a pipeline built on it) ran.
+
+    A pipeline keeps one per pipeline it returned, with a weak reference to that result, so that
+    running it can tell a result that was used from one that was thrown away (see
+    ``Pipeline._note_run``). Running a pipeline marks its whole chain of origins used.
+    """
+
+    __slots__ = ("call", "parent", "used", "note")
+
+    def __init__(self, call: str, parent: "_Origin | None", note: str = "") -> None:
+        self.call = call  # e.g. "tokenize(...)", "options(canonical_replicas=4)"
+        self.parent = parent
+        self.used = False
+        self.note = note  # what the receiver runs with instead, when that matters
+
+    def mark_used(self) -> None:
+        origin: _Origin | None = self
+        while origin is not None and not origin.used:
+            origin.used = True
+            origin = origin.parent
+
+
+#: The builder methods that append an operator through ``add``.
+_BUILDERS = frozenset({"map", "filter", "tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "batch", "ensure_mixture"})
+#: Payload fields of conversations, which ``tokenize_chat`` renders.
+_CHAT_FIELDS = ("messages", "conversations", "conversation")
+
+
+def _untokenized_text(payload: Any) -> tuple[str, ...]:
+    """The fields of ``payload`` that hold text or conversations, when it holds no tokens."""
+    if not isinstance(payload, dict) or any(name in payload for name in TOKEN_FIELDS):
+        return ()
+    return tuple(
+        name
+        for name, value in payload.items()
+        if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value))
+    )
+
+
+def _checked_function(pipe: "Pipeline") -> "Pipeline":
+    """``pipe``, after warning if its last operator's function holds a value no fingerprint describes."""
+    name, op = pipe.operators[-1]
+    markers = unfingerprintable(op.fingerprint())
+    if markers:
+        warnings.warn(
+            f"{op.kind} {name!r}: the function holds a value its fingerprint cannot describe ({'; '.join(markers)}), so "
+            f"a checkpoint cannot tell whether a restore uses the same one, and restores are refused; pass "
+            f"{op.kind}(..., fingerprint='v1') naming the function's version (change it whenever its output changes)",
+            FingerprintWarning,
+            stacklevel=3,
+        )
+    return pipe
+
+
+def _steps(value: Any) -> tuple[tuple[str, Operator], ...]:
+    return tuple((str(name), op) for name, op in value)
+
+
+@attrs.frozen
+class Pipeline:
+    """A deterministic data pipeline: a source, named operators and run options. A value.
+
+    Args:
+        source: a :class:`~zephon.work.StaticMixtureWorkSource`, a :class:`~zephon.io.Dataset`,
+            a list of datasets, or a plain list of dicts.
+        operators: ``(name, operator)`` pairs, in order (usually built with the methods below).
+        options: the run settings (:class:`~zephon.Options`; usually set with :meth:`options`).
+
+    Examples:
+        >>> from zephon import Pipeline
+        >>> rows = [{"n": i} for i in range(10)]
+        >>> base = Pipeline(rows)
+        >>> tens = base.map(lambda p: {"n": p["n"] * 10}).batch(4)
+        >>> [[r.payload["n"] for r in b.records] for b in tens]
+        [[0, 10, 20, 30], [40, 50, 60, 70]]
+        >>> len(base.operators), len(tens.operators)   # the base is unchanged
+        (0, 2)
+    """
+
+    source: Any = attrs.field(converter=make_source)
+    operators: tuple[tuple[str, Operator], ...] = attrs.field(default=(), converter=_steps)
+    run_options: Options = attrs.field(default=Options(), alias="options")
+    _latest: _Latest = attrs.field(init=False, factory=_Latest, eq=False, repr=False)
+
+    # -- building -------------------------------------------------------------------------------------
+    def options(self, **kwargs: Any) -> "Pipeline":
+        """A new pipeline with these run options changed (see :class:`Options`).
+
+        ``num_workers`` is accepted for ``workers``.
+        """
+        child = attrs.evolve(self, options=self.run_options.evolve(**kwargs))
+        if child.run_options.workers and not child.run_options.start_inline:  # workers fork from a server: start it now, it imports meanwhile
+            from ..runtime.executor import prestart
+
+            prestart()
+        call = "options(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
+        L = self.run_options.canonical_replicas
+        note = ""
+        if child.run_options.canonical_replicas != L:
+            note = (
+                f" It keeps canonical_replicas={L} (L={L} lane{'s' if L != 1 else ''}): the lane count decides every "
+                "global step's data and how ranks share it, so with the wrong L a multi-GPU job does not read "
+                "the data it was set up for."
+            )
+        return self._made(child, call, note)
+
+    def add(self, op: Operator, *, name: str | None = None) -> "Pipeline":
+        """A new pipeline with ``op`` appended under ``name`` (default: its kind, numbered when repeated)."""
+        if not isinstance(op, Operator):
+            raise TypeError(f"add() takes an operator, got {type(op).__name__}; wrap functions with zephon.ops.stateless")
+        steps = self.operators
+        if steps and isinstance(steps[-1][1], Batch):
+            raise ValueError(f"{op.kind} cannot come after batch(); batch() must be the last step")
+        if getattr(op, "fans_out", False) and any(not isinstance(o, StatelessOp) for _, o in steps):
+            raise ValueError(
+                f"{op.kind} splits records, so it must come before every buffering operator "
+                f"(it follows {[n for n, o in steps if not isinstance(o, StatelessOp)]})"
+            )
+        taken = {n for n, _ in steps}
+        if name is None:
+            name, i = op.kind, 1
+            while name in taken:
+                name, i = f"{op.kind}_{i}", i + 1
+        elif name in taken:
+            raise ValueError(f"an operator named {name!r} already exists; choose another name")
+        caller = sys._getframe(1)  # the builder method that called add(), named in the warning about a discarded result
+        method = caller.f_code.co_name if caller.f_globals is globals() and caller.f_code.co_name in _BUILDERS else "add"
+        del caller
+        return self._made(attrs.evolve(self, operators=steps + ((name, op),)), f"{method}(...)")
+
+    def _made(self, child: "Pipeline", call: str, note: str = "") -> "Pipeline":
+        """``child``, recorded as made from this pipeline by ``call`` (see :meth:`_note_run`)."""
+        origin = _Origin(call, self._latest.origin, note)
+        child._latest.origin = origin
+        latest = self._latest
+        latest.made = [m for m in latest.made if not m[1].used]
+        latest.made.append((weakref.ref(child), origin))
+        return child
+
+    def _note_run(self) -> None:
+        """Mark this pipeline used, and warn about every pipeline made from it that was discarded unused.
+
+        Pipelines are values: ``p.tokenize(...)`` as a statement changes nothing, so running ``p``
+        afterwards runs it without that step. A result that was garbage collected without ever
+        being run, compiled or built into something that was, is such a discarded call. A result
+        that is still alive is a deliberate variant and is never reported. Each is reported once.
+        """
+        latest = self._latest
+        if latest.origin is not None:
+            latest.origin.mark_used()
+        if not latest.made:
+            return
+        discarded = [o for ref, o in latest.made if ref() is None and not o.used]
+        latest.made = [m for m in latest.made if m[0]() is not None and not m[1].used]
+        for origin in discarded:
+            fix = origin.call if origin.call.startswith("options(") else origin.call.split("(")[0] + "(...)"
+            _warn_at_caller(
+                f"Pipeline.{origin.call} returned a new pipeline that was discarded: pipelines are values, and "
+                f"builder methods never change the pipeline they are called on. Write `p = p.{fix}` (or chain "
+                f"the calls). Running this pipeline without it.{origin.note}"
+            )
+
+    def map(self, fn: Callable[[Any], Any], *, name: str | None = None, fingerprint: str | None = None) -> "Pipeline":
+        """Replace each payload with ``fn(payload)``; returning ``None`` drops the record.
+
+        A checkpoint records what decides ``fn``'s output (its source, closure cells, defaults,
+        partial arguments and the plain module-level values it reads) and a restore into another
+        ``fn`` is refused. A value that cannot be described (an open file, a model) warns here
+        (:class:`~zephon.ops.FingerprintWarning`) and refuses restores, until ``fingerprint``
+        names the function's version (``fingerprint="v1"``, changed whenever its output changes):
+        the string then replaces the derived fingerprint.
+        """
+        return _checked_function(self.add(MapOp(fn, fn_fingerprint=fingerprint), name=name))
+
+    def filter(
+        self, predicate: Callable[[Any], bool], *, name: str | None = None, fingerprint: str | None = None
+    ) -> "Pipeline":
+        """Keep only the payloads for which ``predicate(payload)`` is true (drops are counted).
+
+        ``fingerprint``: as for :meth:`map`.
+        """
+        return _checked_function(self.add(FilterOp(predicate, predicate_fingerprint=fingerprint), name=name))
+
+    def tokenize(
+        self,
+        tokenizer: Any = None,
+        tokenizer_id: str | None = None,
+        *,
+        prompt_field: str | None = None,
+        completion_field: str | None = None,
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> "Pipeline":
+        """Tokenize a text field into ``input_ids``; see :class:`zephon.ops.Tokenize`.
+
+        With ``prompt_field`` and ``completion_field``, tokenize prompt/completion records instead:
+        ``input_ids`` plus a ``loss_mask`` that is 1 on the completion (and its EOS) only; see
+        :class:`zephon.ops.TokenizePromptCompletion`.
+        """
+        if prompt_field is None and completion_field is None:
+            from ..ops.tokenize import Tokenize
+
+            return self.add(Tokenize(tokenizer=tokenizer, tokenizer_id=tokenizer_id, **kwargs), name=name)
+        if prompt_field is None or completion_field is None:
+            raise ValueError(
+                "tokenize: prompt_field and completion_field go together; pass both (e.g. prompt_field='prompt', "
+                "completion_field='completion'), or neither to tokenize a single text field"
+            )
+        text_only = sorted(set(kwargs) & {"field", "split_long_samples", "missing_field", "preserve_upstream_payload"})
+        if text_only:
+            raise ValueError(f"tokenize: {text_only} apply to single-field tokenization only, not with prompt_field/completion_field")
+        from ..ops.chat import TokenizePromptCompletion
+
+        op = TokenizePromptCompletion(
+            tokenizer=tokenizer, tokenizer_id=tokenizer_id, prompt_field=prompt_field, completion_field=completion_field, **kwargs
+        )
+        return self.add(op, name=name)
+
+    def tokenize_chat(self, tokenizer: Any = None, tokenizer_id: str | None = None, *, name: str | None = None, **kwargs: Any) -> "Pipeline":
+        """Render conversations with a chat template into ``input_ids`` and an assistant ``loss_mask``.
+
+        See :class:`zephon.ops.TokenizeChat` (``loss_scope``, built-in ``"chatml"``/``"llama3"``
+        templates, ``{% generation %}`` tags or prefix rendering, ``empty_mask``).
+        """
+        from ..ops.chat import TokenizeChat
+
+        return self.add(TokenizeChat(tokenizer=tokenizer, tokenizer_id=tokenizer_id, **kwargs), name=name)
+
+    def pack_flat(self, max_length: int, *, name: str | None = None, **kwargs: Any) -> "Pipeline":
+        """Pack documents into rows of at most ``max_length`` tokens; see :class:`zephon.ops.PackFlat`.
+
+        ``algorithm`` is ``"wrap"`` (the default here; Zephon's is ``"first_fit"``), ``"first_fit"``,
+        ``"best_fit"`` or ``"best_fit_wrap"``.
+        """
+        return self.add(PackFlat(max_length, **kwargs), name=name)
+
+    def pack_sequences(self, max_length: int, *, name: str | None = None, **kwargs: Any) -> "Pipeline":
+        """Pack documents into envelopes ``{"packed_samples": [...]}``; see :class:`zephon.ops.PackSequences`."""
+        return self.add(PackSequences(max_length, **kwargs), name=name)
+
+    def shuffle(self, buffer_size: int, *, seed: int = 0, name: str | None = None) -> "Pipeline":
+        """Shuffle each lane through a buffer of ``buffer_size`` records."""
+        return self.add(Shuffle(buffer_size, seed=seed), name=name)
+
+    def batch(
+        self,
+        microbatch_size: int,
+        *,
+        drop_last: bool = True,
+        group_by_length: bool = False,
+        buffer_size: int | None = None,
+        pad_token_id: int | None = None,
+        name: str | None = None,
+    ) -> "Pipeline":
+        """Group records into lane-pure :class:`~zephon.types.SampleBatch` of ``microbatch_size``.
+
+        ``group_by_length=True`` batches records of similar length (sorting ``buffer_size``
+        records at a time) to cut padding of ragged records; see :class:`zephon.ops.Batch`.
+        Each batch carries ``pad_token_id`` for ``to_training``'s dynamic padding: by default the
+        pipeline's tokenizer's pad token, else its EOS (``None`` without a tokenizer).
+        """
+        if pad_token_id is None:
+            pad_token_id = self._tokenizer_pad_id()
+        op = Batch(microbatch_size, drop_last=drop_last, group_by_length=group_by_length, buffer_size=buffer_size, pad_token_id=pad_token_id)
+        return self.add(op, name=name)
+
+    def _tokenizer_pad_id(self) -> int | None:
+        """The padding id of the last tokenizer in the pipeline: its pad token, else its EOS."""
+        for _, op in reversed(self.operators):
+            handle = getattr(op, "tokenizer", None)
+            if handle is not None and hasattr(handle, "eos_token_id"):
+                pad = getattr(handle, "pad_token_id", None)
+                return pad if pad is not None else handle.eos_token_id
+        return None
+
+    def ensure_mixture(
+        self,
+        mixture: Any = None,
+        *,
+        max_buffer_size: int = 1000,
+        weight_by: Any = "auto",
+        drain_target_ratio: float = 0.8,
+        obsolete_drain_rate: float = 0.0,
+        name: str | None = None,
+    ) -> "Pipeline":
+        """Reorder each lane so that the tokens it emits per dataset follow the mixture exactly.
+
+        Place it after ``tokenize`` and before packing; see :class:`zephon.ops.EnsureMixture`.
+        ``mixture`` defaults to the source's weights or schedule (a schedule is followed phase by
+        phase, placed where the source places it); a token target over a source whose weights
+        count samples warns.
+        """
+        from ..ops.mixing import make_ensure_mixture
+
+        op = make_ensure_mixture(
+            self.source,
+            mixture,
+            max_buffer_size=max_buffer_size,
+            weight_by=weight_by,
+            drain_target_ratio=drain_target_ratio,
+            obsolete_drain_rate=obsolete_drain_rate,
+        )
+        return self.add(op, name=name)
+
+    # -- what it computes -----------------------------------------------------------------------------
+    @property
+    def plan(self) -> Plan:
+        """The compiled, picklable description of the lanes (source, chain, lane count).
+
+        Compiling fills in what the source needs from the pipeline: the samples or tokens of a
+        global step (for a schedule by step) and the token calibration (measured once, with the
+        pipeline's own tokenizer; see :class:`zephon.work.TokenEstimation`). With a pending
+        :meth:`restore`, the checkpoint's frozen calibration is used, as the resumed run uses it.
+        """
+        return self._compiled(self._latest.pending)
+
+    def _compiled(self, checkpoint: dict[str, Any] | None) -> Plan:
+        """The plan; with ``checkpoint``, its frozen calibration is used instead of measuring."""
+        self._note_run()
+        calibration = _checkpoint_calibration(checkpoint) if self.source.needs_calibration else None
+        key = repr(calibration.describe()) if calibration is not None else ""
+        plans = self._latest.plans
+        if key not in plans:
+            chain = Chain(self.operators)
+            source = self.source
+            if self.run_options.io_options is not None:
+                source = source.with_io_options(self.run_options.io_options)
+            source = compile_source(source, chain, self.run_options.canonical_replicas, calibration=calibration)
+            chain = place_targets(chain, source, self.run_options.canonical_replicas)
+            opts = self.run_options
+            plans[key] = Plan(source, chain, opts.canonical_replicas, opts.read_size, opts.read_ahead)
+        return plans[key]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything that decides the data: source (the plan), operators (the processing), lane count."""
+        return self.plan.fingerprint()
+
+    def change_plan(self, source: Any, *, from_step: int, checkpoint: dict[str, Any]) -> tuple["Pipeline", dict[str, Any]]:
+        """Change the plan (mixture, schedule, datasets, ends) of a running job from global step ``from_step`` on.
+
+        Steps before ``from_step`` stay exactly as this pipeline makes them: the lanes run on from
+        ``checkpoint`` (taken at or before ``from_step``) to ``from_step`` under this plan, and the
+        source position after everything they have read by then becomes the switch point. Before
+        it, samples come from this plan; from it on, from ``source``, with every dataset
+        continuing where it was (nothing repeats, nothing is skipped). The switch is recorded in
+        the new fingerprint, so the new pipeline resumes only from checkpoints of the changed run.
+
+        Args:
+            source: the new work source; its datasets are this one's, in the same order,
+                optionally followed by new ones. Seed, shuffles and chunk size must not change.
+            from_step: the first global step that may differ.
+            checkpoint: a checkpoint of this pipeline holding every lane, at step <= ``from_step``.
+
+        Returns:
+            ``(pipeline, checkpoint)``: the changed pipeline, and ``checkpoint`` restamped for it.
+
+        Raises:
+            ValueError: a checkpoint after ``from_step``, of other settings, or missing lanes; a
+                new source that renames, reorders or drops datasets or changes the seed,
+                shuffles or chunk size; a switch inside the last, partial block of lanes.
+        """
+        from .replan import change_plan
+
+        return change_plan(self, source, from_step=from_step, checkpoint=checkpoint)
+
+    def topology(self) -> Topology:
+        """This process's data-parallel degree and rank and the lanes it owns (validated)."""
+        self._note_run()
+        last = self.operators[-1][1] if self.operators else None
+        return resolve_topology(self.run_options, last.microbatch_size if isinstance(last, Batch) else None)
+
+    def explain(self, *, measure: int = 0) -> Explanation:
+        """The compiled plan: operators with their data and performance settings, lanes and ranks,
+        the executor layout, and what a checkpoint holds and its size.
+
+        Print the result for a report, or read ``.to_dict()``. Nothing runs unless ``measure`` is
+        given: then lane 0 runs here for ``measure`` outputs, its encoded state is measured per
+        operator, and the size with full buffers is extrapolated for all lanes.
+
+        Examples:
+            >>> from zephon import Pipeline
+            >>> pipe = Pipeline([{"input_ids": [1, 2, 3]}] * 8).options(canonical_replicas=2).pack_flat(4).batch(2)
+            >>> plan = pipe.explain().to_dict()
+            >>> [o["name"] for o in plan["operators"]], plan["lanes"]["records_per_global_step"]
+            (['pack_flat', 'batch'], 4)
+            >>> plan["operators"][1]["performance_settings"]
+            {'pad_token_id': None}
+
+        Raises:
+            ValueError: the topology iterating would refuse (``canonical_replicas`` not divisible
+                by ``dp_degree``, a rank outside ``[0, dp_degree)``), with the same message.
+        """
+        # A topology iteration would refuse (L not divisible by D, a rank outside [0, D)) raises
+        # here too, with the same error.
+        return explain_plan(self.plan, self.run_options, self.topology(), self.operators, measure=measure)
+
+    def describe_step(self, step: int) -> list[dict[str, Any]]:
+        """Which source samples and token ranges make up global step ``step``, lane by lane.
+
+        Runs every lane (in this process, from the start) up to that step; no training needed.
+        Returns one entry per lane: its records' segments as
+        ``(dataset name, shard id, row, start, end)`` and their padding.
+        """
+        plan = self.plan
+        out = []
+        for lane in progress(range(plan.lanes), total=plan.lanes, desc=f"running lanes to step {step}", unit="lane"):
+            state, item = plan.init(lane), None
+            for _ in range(step + 1):
+                state, item = plan.next(lane, state)
+                if item is None:
+                    break
+            records = [] if item is None else (item.records if isinstance(item, SampleBatch) else [item])
+            out.append({"lane": lane, "records": [_describe_record(plan, r) for r in records]})
+        return out
+
+    # -- running ----------------------------------------------------------------------------------------
+    def loader(self, checkpoint: dict[str, Any] | None = None) -> Loader:
+        """A new loader running this pipeline for this rank, from ``checkpoint``.
+
+        Without one, from a pending :meth:`restore` (which it uses up, as ``iter()`` does), else
+        from the start.
+        """
+        if self.run_options.workers and not self.run_options.start_inline:  # the workers' fork server imports while the plan compiles
+            from ..runtime.executor import prestart
+
+            prestart()
+        if checkpoint is None:
+            checkpoint, self._latest.pending = self._latest.pending, None
+        plan, topo = self._compiled(checkpoint), self.topology()
+        encoded = None if checkpoint is None else restored_lanes(plan, topo, self.run_options, checkpoint)
+        loader = Loader(plan, topo, self.run_options, encoded)
+        self._latest.loader = loader
+        return loader
+
+    def __iter__(self) -> Loader:
+        pending, self._latest.pending = self._latest.pending, None
+        loader = self.loader(pending)
+        if not self.operators:
+            self._warn_if_untokenized(loader.plan, loader.topology.lanes[0])
+        return loader
+
+    def _warn_if_untokenized(self, plan: Plan, lane: int) -> None:
+        """Warn when a pipeline without operators yields text records (read here: the lane's first one).
+
+        Such a pipeline yields the source's records unchanged; ported code whose builder calls
+        were discarded lands here, and so does a forgotten ``tokenize``.
+        """
+        try:
+            _, first = plan.next(lane, plan.init(lane))
+        except Exception:  # noqa: BLE001 - the loader reads the same record and raises its error with context
+            return
+        fields = _untokenized_text(getattr(first, "payload", None))
+        if not fields:
+            return
+        chat = [f for f in fields if f in _CHAT_FIELDS or not isinstance(first.payload[f], str)]
+        fix = f"p = p.tokenize_chat(tokenizer, field={chat[0]!r})" if chat else f"p = p.tokenize(tokenizer, field={fields[0]!r})"
+        _warn_at_caller(
+            f"this pipeline has no operators, so it yields the source's records as they are: text, not tokens "
+            f"(fields {list(fields)} of the first record). Add a tokenizer, e.g. `{fix}`, and assign the result: "
+            "builder methods return a new pipeline."
+        )
+
+    def steps(self, *, concat: bool = False) -> Iterator[Any]:
+        """Iterate by optimizer step with a new loader; see :meth:`Loader.steps`."""
+        return iter(self).steps(concat=concat)
+
+    def to_torch_dataset(self, *, checkpoint: dict[str, Any] | None = None, **to_training_options: Any) -> Any:
+        """This rank's microbatches as training tensors, a ``torch.utils.data.IterableDataset``.
+
+        Use it with ``zephon.integrations.torch.DataLoader`` (whose state resumes on any number
+        of workers), ``DataLoader(ds, batch_size=None)`` or torchdata's ``StatefulDataLoader``,
+        whose ``state_dict()`` then carries zephon's checkpoint. Every iteration starts at
+        ``checkpoint``, else at a pending :meth:`restore` (kept for the next ``iter()`` too),
+        else at the beginning. Options are those of :func:`~zephon.to_training`
+        (``layout="megatron"`` included). With ``num_workers=W > 1`` the workers share this
+        rank's lanes (``W`` must divide them) and agree on the end of the data, so the delivered
+        sequence stays exactly the pipeline's; see :mod:`zephon.integrations.torch`. Needs torch.
+        """
+        try:
+            from ..integrations.torch import TrainingDataset
+        except ImportError as exc:
+            raise ImportError(f"to_torch_dataset needs torch: pip install 'zephon[torch]' ({exc})") from exc
+        self._note_run()
+        if checkpoint is None and self._latest.pending is not None:
+            checkpoint = _copy_checkpoint(self._latest.pending)
+        return TrainingDataset(self, checkpoint=checkpoint, **to_training_options)
+
+    # -- shortcuts to the latest loader (code written against a running pipeline) ----------------------
+    def checkpoint(self) -> dict[str, Any]:
+        """The checkpoint of the latest loader made from this pipeline object.
+
+        Before any iteration: the pending restore, or the start. Prefer ``loader.checkpoint()``.
+        """
+        if self._latest.loader is not None:
+            return self._latest.loader.checkpoint()
+        topo = self.topology()
+        if self._latest.pending is not None:
+            lanes = select_lanes(self._latest.pending, topo.lanes)
+            return {**self._latest.pending, "lanes": {str(k): v for k, v in lanes.items()}}
+        plan = self.plan
+        return build(plan.fingerprint(), {lane: plan.encode(plan.init(lane)) for lane in topo.lanes})
+
+    def restore(self, checkpoint: dict[str, Any]) -> "Pipeline":
+        """Resume from ``checkpoint``: the latest loader resumes in place, and the next ``iter()`` starts there.
+
+        Fails loudly, listing the differing fields, if the data settings differ; performance
+        settings (workers, prefetch, read size, the number of ranks) may change freely. Returns
+        this pipeline. Prefer ``pipeline.loader(checkpoint)`` or ``loader.restore(checkpoint)``.
+        """
+        validate(self._compiled(checkpoint).fingerprint(), checkpoint)
+        self._latest.pending = _copy_checkpoint(checkpoint)
+        if self._latest.loader is not None:
+            self._latest.loader.restore(checkpoint)
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint as a DCP-friendly mapping (``{"zephon_fingerprint": ..., "lane_00003": ...}``)."""
+        return checkpoint_to_state_dict(self.checkpoint())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict` output (possibly saved on another number of ranks)."""
+        self.restore(state_dict_to_checkpoint(state_dict))
+
+    def stats(self) -> dict[str, Any]:
+        """The latest loader's counters (see :meth:`Loader.stats`); empty before iteration."""
+        if self._latest.loader is None:
+            from ..runtime.stats import Deliveries, summarize
+
+            empty = summarize(operators={}, meter=None, deliveries=Deliveries())
+            return {"delivered": 0, "complete_steps": 0, "lanes": {}, "undelivered": {"outputs": 0, "records": 0, "tokens": 0}, "operators": {}, **empty}
+        return self._latest.loader.stats()
+
+    def stats_table(self) -> str:
+        """The latest loader's :meth:`Loader.stats_table`; empty-pipeline counters before iteration."""
+        from ..runtime.stats import format_stats
+
+        return format_stats(self.stats())
+
+    def close(self) -> None:
+        """Stop the latest loader's workers (also done when it is garbage collected)."""
+        if self._latest.loader is not None:
+            self._latest.loader.close()
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _describe_record(plan: Plan, rec: Any) -> dict[str, Any]:
+    ds = plan.source.datasets
+    return {
+        "segments": [
+            (ds[s.dataset].name, ds[s.dataset].shard_ids[s.shard], s.row, s.start, s.end) for s in rec.meta.segments
+        ],
+        "padding_length": rec.meta.padding_length,
+    }
+
+
+def _copy_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``checkpoint``'s mapping and lane table; the lane states are shared, not copied.
+
+    Each lane state carries its checksum, verified whenever a loader reads the state (and again
+    before a lazily restored lane is rebuilt), so a change the caller makes to theirs after
+    ``restore()`` is refused, never resumed. Copying the states themselves would cost as much as
+    reading them (0.17 s for 8 lanes of full 16,384-row shuffle buffers).
+    """
+    return {**checkpoint, "lanes": dict(checkpoint["lanes"])}

@@ -1,0 +1,539 @@
+"""Plans: which data, in which mixture or schedule, in which order, until when, as a value of their own.
+
+A :class:`Plan` (datasets + mixture or schedule + seed and shuffles + ends + token estimation)
+is what a data experiment changes; the processing (tokenize, pack, batch) is the pipeline's. A
+plan prints, round-trips through a small TOML or JSON document (unknown keys are errors), has a
+fingerprint of its own, becomes the pipeline's source (``Pipeline(plan)``), and can be simulated
+(:meth:`Plan.simulate`) without tokenizing the data: samples, estimated tokens, epochs and
+exhaustion per dataset over the first N global steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import attrs
+import numpy as np
+
+from ..sources.estimate import Calibration, TokenEstimation
+from ..sources.mixture import MixtureSchedule, MixtureSpec, as_mixture
+from ..sources.work_source import StaticMixtureWorkSource
+
+_TOP_KEYS = {
+    "datasets", "mixture", "schedule", "seed", "shuffle_shards", "shuffle_within_shard", "exhausted_policy",
+    "max_repeats", "passes", "chunk_size", "lane_assignment", "token_estimation", "calibration", "steps",
+}
+
+
+@attrs.frozen
+class StepShape:
+    """What one global step holds: ``lanes`` x ``microbatch_size`` records, of ``sequence_length`` tokens when packed."""
+
+    lanes: int = 1
+    microbatch_size: int = 1
+    sequence_length: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("lanes", "microbatch_size", "sequence_length"):
+            v = getattr(self, name)
+            if v is None and name == "sequence_length":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"steps.{name} must be an int >= 1, got {v!r}")
+
+
+def _as_datasets(value: Any) -> tuple:
+    from ..sources.dataset import Dataset
+
+    out = []
+    for d in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(d, Dataset):
+            out.append(d)
+        elif isinstance(d, Mapping):
+            unknown = set(d) - {"name", "path"}
+            if unknown or "name" not in d or "path" not in d:
+                raise ValueError(f"a plan's dataset is {{name, path}}, got keys {sorted(d)}" + (f" (unknown {sorted(unknown)})" if unknown else ""))
+            out.append(Dataset.from_path(d["name"], d["path"]))
+        else:
+            raise TypeError(f"a plan's datasets are zephon.io.Dataset objects or {{name, path}} tables, got {d!r}")
+    return tuple(out)
+
+
+def _as_shape(value: Any) -> StepShape | None:
+    if value is None or isinstance(value, StepShape):
+        return value
+    if isinstance(value, Mapping):
+        unknown = set(value) - {"lanes", "microbatch_size", "sequence_length"}
+        if unknown:
+            raise ValueError(f"unknown keys in steps: {sorted(unknown)}; allowed: lanes, microbatch_size, sequence_length")
+        return StepShape(**value)
+    raise TypeError(f"steps must be a StepShape or a table of lanes, microbatch_size, sequence_length, got {value!r}")
+
+
+@attrs.frozen(eq=False)
+class Plan:
+    """A data plan: datasets, a mixture or schedule, order (seed, shuffles), ends and token estimation.
+
+    Args:
+        datasets: :class:`~zephon.io.Dataset` objects (or ``{"name", "path"}`` tables).
+        mixture: ``{name: weight}``, a :class:`~zephon.work.MixtureSpec` or a
+            :class:`~zephon.work.MixtureSchedule`.
+        steps: what a global step holds (:class:`StepShape`): places a schedule by step and
+            drives :meth:`simulate`.
+        calibration: frozen token estimates (a :class:`~zephon.work.Calibration`), if known.
+        The rest are :class:`~zephon.work.StaticMixtureWorkSource`'s arguments.
+
+    Examples:
+        >>> from zephon.io import Dataset
+        >>> a = Dataset.from_rows("a", [{"text": "x"}] * 6)
+        >>> b = Dataset.from_rows("b", [{"text": "y"}] * 3)
+        >>> plan = Plan([a, b], {"a": 2, "b": 1}, exhausted_policy="stop", steps={"lanes": 1, "microbatch_size": 3})
+        >>> len(plan), plan.simulate(2).samples
+        (9, {'a': 4, 'b': 2})
+    """
+
+    datasets: tuple = attrs.field(converter=_as_datasets)
+    mixture: MixtureSpec | MixtureSchedule = attrs.field(converter=as_mixture)
+    seed: int = 0
+    shuffle_shards: bool = True
+    shuffle_within_shard: bool = False
+    exhausted_policy: Any = None
+    max_repeats: Any = None
+    passes: int = 1
+    chunk_size: int = 64
+    lane_assignment: str = "permute"
+    token_estimation: TokenEstimation | None = None
+    calibration: Calibration | None = None
+    steps: StepShape | None = attrs.field(default=None, converter=_as_shape)
+
+    def __attrs_post_init__(self) -> None:
+        self.source()  # every check of the source runs now: an impossible plan fails at construction
+
+    # -- as a source ----------------------------------------------------------------------------------
+    def source(self, calibration: Calibration | None = None) -> StaticMixtureWorkSource:
+        """The work source this plan describes (``Pipeline(plan)`` uses it)."""
+        shape = self.steps
+        per_step: dict[str, int] = {}
+        if shape is not None:
+            if shape.sequence_length is None:
+                per_step["samples_per_step"] = shape.lanes * shape.microbatch_size
+            else:
+                per_step["tokens_per_step"] = shape.lanes * shape.microbatch_size * shape.sequence_length
+            if isinstance(self.mixture, MixtureSchedule) and len(self.mixture.points) > 1:
+                per_step["step_lanes"] = shape.lanes  # points start at a block of lanes' chunks, as in a pipeline
+        return StaticMixtureWorkSource(
+            list(self.datasets),
+            self.mixture,
+            seed=self.seed,
+            shuffle_shards=self.shuffle_shards,
+            shuffle_within_shard=self.shuffle_within_shard,
+            exhausted_policy=self.exhausted_policy,
+            passes=self.passes,
+            chunk_size=self.chunk_size,
+            lane_assignment=self.lane_assignment,
+            max_repeats=self.max_repeats,
+            token_estimation=self.token_estimation,
+            calibration=calibration or self.calibration,
+            **per_step,
+        )
+
+    def as_source(self) -> StaticMixtureWorkSource:
+        """The work source (what ``Pipeline(plan)`` calls)."""
+        return self.source()
+
+    def __len__(self) -> int:
+        """Samples in the whole plan (``TypeError`` when a dataset repeats without end)."""
+        return len(self.source())
+
+    def fingerprint(self) -> str:
+        """A digest of everything that decides which sample comes where (the plan's part of a checkpoint)."""
+        src = self.source()
+        data = json.dumps(src.fingerprint(), sort_keys=True, default=str)
+        return "sha256:" + hashlib.sha256(data.encode()).hexdigest()[:16]
+
+    # -- documents ------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as a document of builtins (datasets as ``{name, path}``; in-memory ones cannot be written)."""
+        datasets = []
+        for d in self.datasets:
+            paths = [d.shard_path(s) for s in range(d.num_shards)]
+            if None in paths or not paths:
+                raise ValueError(f"dataset {d.name!r} lives in memory, so a plan document cannot name it; use Dataset.from_path")
+            datasets.append({"name": d.name, "path": paths[0] if len(paths) == 1 else paths})
+        out: dict[str, Any] = {"datasets": datasets}
+        m, unit = self.mixture, self.as_source().unit
+        if isinstance(m, MixtureSchedule):
+            out["schedule"] = {"by": m.by, "interpolation": m.interpolation, "unit": unit, "points": [[a, dict(w)] for a, w in m.points]}
+        else:
+            out["mixture"] = {"unit": unit, "weights": dict(m.weights)}
+        for name in ("seed", "shuffle_shards", "shuffle_within_shard", "passes", "chunk_size", "lane_assignment"):
+            out[name] = getattr(self, name)
+        for name in ("exhausted_policy", "max_repeats"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.token_estimation is not None:
+            out["token_estimation"] = self.token_estimation.describe()
+        if self.calibration is not None:
+            out["calibration"] = self.calibration.describe()
+        if self.steps is not None:
+            out["steps"] = {k: v for k, v in attrs.asdict(self.steps).items() if v is not None}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, base: str | os.PathLike | None = None) -> "Plan":
+        """Inverse of :meth:`to_dict`; relative dataset paths are taken from ``base``.
+
+        Raises:
+            ValueError: unknown keys (named, with the allowed ones), both or neither of
+                ``mixture`` and ``schedule``, or anything the plan itself refuses.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a plan document is a table, got {type(data).__name__}")
+        unknown = set(data) - _TOP_KEYS
+        if unknown:
+            raise ValueError(f"unknown keys in the plan: {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
+        if ("mixture" in data) == ("schedule" in data):
+            raise ValueError("a plan has exactly one of [mixture] (fixed weights) and [schedule] (weights over time)")
+        kw: dict[str, Any] = {k: data[k] for k in ("seed", "shuffle_shards", "shuffle_within_shard", "exhausted_policy", "max_repeats", "passes", "chunk_size", "lane_assignment") if k in data}
+        if "mixture" in data:
+            mix = _table(data["mixture"], "mixture", {"weights", "unit"})
+            kw["mixture"] = MixtureSpec(mix["weights"], unit=mix.get("unit"))
+        else:
+            sch = _table(data["schedule"], "schedule", {"points", "by", "interpolation", "unit"})
+            kw["mixture"] = MixtureSchedule([tuple(p) for p in sch["points"]], **{k: sch[k] for k in ("by", "interpolation", "unit") if k in sch})
+        if "token_estimation" in data:
+            te = _table(data["token_estimation"], "token_estimation", {"primer", "calibration_samples", "calibration_shards_max", "field"})
+            kw["token_estimation"] = TokenEstimation(**te)
+        if "calibration" in data:
+            kw["calibration"] = Calibration.from_description(data["calibration"])
+        if "steps" in data:
+            kw["steps"] = data["steps"]
+        datasets = []
+        for d in data.get("datasets") or []:
+            d = _table(d, "datasets", {"name", "path"})
+            given = d.get("path", "")
+            paths = [Path(x) for x in (given if isinstance(given, list) else [given])]
+            if base is not None:
+                paths = [x if x.is_absolute() else Path(base) / x for x in paths]
+            datasets.append({"name": d.get("name"), "path": [str(x) for x in paths] if isinstance(given, list) else str(paths[0])})
+        if not datasets:
+            raise ValueError("a plan needs at least one [[datasets]] entry with name and path")
+        return cls(datasets, **kw)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str, *, base: str | os.PathLike | None = None) -> "Plan":
+        return cls.from_dict(json.loads(text), base=base)
+
+    def to_toml(self) -> str:
+        """The plan as TOML (the layout :meth:`from_toml` and ``zephon plan`` read)."""
+        return _toml(self.to_dict())
+
+    @classmethod
+    def from_toml(cls, text: str, *, base: str | os.PathLike | None = None) -> "Plan":
+        import tomllib
+
+        return cls.from_dict(tomllib.loads(text), base=base)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Plan":
+        """Read a ``.toml`` or ``.json`` plan file; dataset paths are relative to the file's folder."""
+        p = Path(path)
+        text = p.read_text()
+        data = _read(text, p)
+        return cls.from_dict(data, base=p.parent)
+
+    # -- looking at it --------------------------------------------------------------------------------
+    def __str__(self) -> str:
+        m, unit = self.mixture, self.as_source().unit
+        lines = [f"Plan {self.fingerprint()}"]
+        for d in self.datasets:
+            lines.append(f"  dataset {d.name}: {d.num_rows} rows in {d.num_shards} shard(s)")
+        if isinstance(m, MixtureSchedule):
+            lines.append(f"  schedule by {m.by} ({m.interpolation}), weights count {unit}:")
+            for a, w in m.points:
+                lines.append(f"    at {a}: " + ", ".join(f"{n} {x:.4g}" for n, x in w.items()))
+        else:
+            lines.append(f"  mixture ({unit}): " + ", ".join(f"{n} {x:.4g}" for n, x in m.weights.items()))
+        src = self.source()
+        ends = "never (endless)" if src.resolvable and src.end is None else (f"after {src.end} samples: {src.end_reason}" if src.resolvable else "after calibration")
+        lines.append(f"  order: seed {self.seed}, shuffle_shards={self.shuffle_shards}, shuffle_within_shard={self.shuffle_within_shard}")
+        lines.append(f"  ends: {ends}")
+        return "\n".join(lines)
+
+    def simulate(self, steps: int, *, pipeline: Any = None) -> "Simulation":
+        """Per dataset: samples, estimated tokens, epochs and exhaustion over the first ``steps`` global steps.
+
+        Reads no data and runs no tokenizer over it (only a calibration the plan needs, measured
+        on its small sample, as the pipeline does). For unpacked records (no ``sequence_length``)
+        the sample counts are exact for a pipeline whose steps hold the first records of each
+        lane in order (no shuffle, filter or split before ``batch``); for packed rows they are
+        estimates from the calibrated tokens per sample.
+
+        Args:
+            steps: global steps to simulate.
+            pipeline: a :class:`~zephon.Pipeline` built on this plan: its compiled source
+                (calibration measured with its tokenizer) and its step shape are used.
+        """
+        if pipeline is not None:
+            src = pipeline.plan.source
+            shape = _pipeline_shape(pipeline)
+        else:
+            src = self.source()
+            shape = self.steps
+            if src.needs_calibration:
+                raise ValueError(
+                    "this plan counts tokens: give it a calibration (a [calibration] table, or token_estimation with pinned "
+                    "tokens_per_byte), or pass pipeline= to measure with the pipeline's tokenizer"
+                )
+        if shape is None:
+            raise ValueError("simulate needs to know what a step holds: give the plan steps={lanes, microbatch_size[, sequence_length]}")
+        return simulate_source(src, shape, steps)
+
+
+def _pipeline_shape(pipeline: Any) -> StepShape:
+    ops = [op for _, op in pipeline.operators]
+    batch = next((op for op in ops if op.kind == "batch"), None)
+    if batch is None:
+        raise ValueError("simulate(pipeline=...) needs a pipeline that ends in batch()")
+    pack = next((op for op in ops if op.kind in ("pack_flat", "pack_sequences")), None)
+    return StepShape(pipeline.run_options.canonical_replicas, batch.microbatch_size, pack.max_length if pack is not None else None)
+
+
+@attrs.frozen
+class Simulation:
+    """What :meth:`Plan.simulate` found. ``samples``/``tokens`` are totals over the simulated steps."""
+
+    steps: int
+    shape: StepShape
+    names: tuple[str, ...]
+    samples: dict[str, int]
+    tokens: dict[str, float | None]
+    epochs: dict[str, float]
+    exhausted_at: dict[str, int | None]  # the step in which each dataset's first pass completes
+    weights: list[tuple[int, dict[str, float]]]  # (step, target shares) over time
+    per_step: Any = attrs.field(eq=False, repr=False)  # (steps, datasets) samples per step
+    unit: str = "samples"
+    exact: bool = True
+
+    def table(self) -> str:
+        head = f"first {self.steps} global steps ({self.shape.lanes} lanes x {self.shape.microbatch_size}"
+        head += f" rows of {self.shape.sequence_length} tokens)" if self.shape.sequence_length else " samples)"
+        head += "" if self.exact else "; sample counts estimated from tokens"
+        total = sum(t for t in self.tokens.values() if t is not None) or 0
+        rows = [("dataset", "samples", "est. tokens", "token share", "epochs", "first pass ends at step")]
+        for n in self.names:
+            t = self.tokens[n]
+            rows.append((
+                n,
+                str(self.samples[n]),
+                "-" if t is None else f"{t:,.0f}",
+                "-" if t is None or not total else f"{t / total:.4f}",
+                f"{self.epochs[n]:.3f}",
+                "-" if self.exhausted_at[n] is None else str(self.exhausted_at[n]),
+            ))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = [head] + ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+        if len(self.weights) > 1:
+            lines.append(f"target ({self.unit}) over steps:")
+            for step, w in self.weights:
+                lines.append(f"  step {step}: " + ", ".join(f"{n} {x:.4f}" for n, x in w.items()))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def plot(self, path: str | os.PathLike, tokens_per_sample: dict[str, float] | None = None) -> None:
+        """Draw each dataset's share (of tokens when estimated, else samples) per step to ``path`` (needs matplotlib)."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            raise ImportError("plotting a plan needs matplotlib: pip install 'zephon[plot]'") from None
+        per = np.asarray(self.per_step, dtype=float)
+        if tokens_per_sample:
+            per = per * np.asarray([tokens_per_sample[n] for n in self.names])
+        window = max(1, self.steps // 100)
+        kernel = np.ones(window)
+        smooth = np.stack([np.convolve(per[:, j], kernel, mode="same") for j in range(per.shape[1])], axis=1)
+        share = smooth / np.maximum(smooth.sum(axis=1, keepdims=True), 1e-12)
+        fig, ax = plt.subplots(figsize=(8, 4))
+        ax.stackplot(np.arange(1, self.steps + 1), share.T, labels=self.names)
+        ax.set_xlabel("global step")
+        ax.set_ylabel("token share" if tokens_per_sample else "sample share")
+        ax.set_ylim(0, 1)
+        ax.legend(loc="upper right")
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+
+
+def simulate_source(src: StaticMixtureWorkSource, shape: StepShape, steps: int) -> Simulation:
+    """:meth:`Plan.simulate` on a compiled source."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    names, n = src.names, len(src.names)
+    tps = src.calibration.tokens_per_sample(names) if src.calibration is not None else None
+    L, B = shape.lanes, shape.microbatch_size
+    exact = shape.sequence_length is None
+    if exact:
+        per_step = np.zeros((steps, n), dtype=np.int64)
+        for lane in range(L):
+            comps = _lane_components(src, L, lane, steps * B)
+            if len(comps) < steps * B:  # the lane ends: the run stops at its last whole step
+                steps_whole = len(comps) // B
+                per_step = per_step[:steps_whole]
+                comps = comps[: steps_whole * B]
+                steps = steps_whole
+            for j in range(n):
+                per_step[:, j] += (comps.reshape(steps, B) == j).sum(axis=1)
+    else:
+        T = L * B * shape.sequence_length
+        if tps is None:
+            raise ValueError("simulating packed steps needs the calibration (tokens per sample)")
+        positions = [_position_at_tokens(src, s * T) for s in range(steps + 1)]
+        counts = np.stack([src.timeline.counts_before(p) for p in positions])
+        per_step = np.diff(counts, axis=0)
+    cum = np.cumsum(per_step, axis=0)
+    total = cum[-1] if len(cum) else np.zeros(n, dtype=np.int64)
+    sizes = [d.num_rows for d in src.datasets]
+    exhausted = {}
+    for j, name in enumerate(names):
+        hit = np.flatnonzero(cum[:, j] >= sizes[j]) if sizes[j] else np.array([])
+        exhausted[name] = int(hit[0]) if hit.size else None
+    marks = sorted({0, *(_step_of(src, shape, p) for _, p in src.point_positions), max(0, steps - 1)} | {int(steps * f) for f in (0.25, 0.5, 0.75)})
+    weights = [(s, src.target_at(_position_of_step(src, shape, s))) for s in marks if s < steps]
+    return Simulation(
+        steps=steps,
+        shape=shape,
+        names=names,
+        samples={nm: int(total[j]) for j, nm in enumerate(names)},
+        tokens={nm: (float(total[j]) * tps[j] if tps else None) for j, nm in enumerate(names)},
+        epochs={nm: (int(total[j]) / sizes[j] if sizes[j] else 0.0) for j, nm in enumerate(names)},
+        exhausted_at=exhausted,
+        weights=_dedupe(weights),
+        per_step=per_step,
+        unit=src.unit,
+        exact=exact,
+    )
+
+
+def _dedupe(weights: list) -> list:
+    out = []
+    for s, w in weights:
+        w = {k: round(v, 4) for k, v in w.items()}
+        if not out or out[-1][1] != w:
+            out.append((s, w))
+    return out
+
+
+def _lane_components(src: StaticMixtureWorkSource, lanes: int, lane: int, count: int) -> np.ndarray:
+    """The datasets of lane ``lane``'s first ``count`` positions (fewer when the lane ends)."""
+    parts, have, k = [], 0, 0
+    while have < count:
+        rng = src.lane_range(lanes, lane, k)
+        if rng is None:
+            break
+        t0, t1 = rng
+        t1 = min(t1, t0 + count - have)
+        parts.append(src.timeline.assign(t0, t1)[0])
+        have += t1 - t0
+        k += 1
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _position_at_tokens(src: StaticMixtureWorkSource, tokens: float) -> int:
+    end = src.end
+    lo, hi = 0, 1
+    while src.tokens_before(hi) < tokens and (end is None or hi < end):
+        hi *= 2
+    if end is not None:
+        hi = min(hi, end)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if src.tokens_before(mid) < tokens:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _position_of_step(src: StaticMixtureWorkSource, shape: StepShape, step: int) -> int:
+    if shape.sequence_length is None:
+        return step * shape.lanes * shape.microbatch_size
+    return _position_at_tokens(src, step * shape.lanes * shape.microbatch_size * shape.sequence_length)
+
+
+def _step_of(src: StaticMixtureWorkSource, shape: StepShape, position: int) -> int:
+    if shape.sequence_length is None:
+        return position // (shape.lanes * shape.microbatch_size)
+    return int(src.tokens_before(position) // (shape.lanes * shape.microbatch_size * shape.sequence_length))
+
+
+# -- small helpers for documents ------------------------------------------------------------------------------
+
+
+def _table(value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"[{where}] must be a table, got {value!r}")
+    unknown = set(value) - allowed
+    if unknown:
+        raise ValueError(f"unknown keys in [{where}]: {sorted(unknown)}; allowed: {sorted(allowed)}")
+    return value
+
+
+def _read(text: str, path: Path) -> dict[str, Any]:
+    if path.suffix == ".json":
+        return json.loads(text)
+    import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not a TOML plan ({exc})") from None
+
+
+def _key(k: str) -> str:
+    return k if k.replace("_", "").replace("-", "").isalnum() and k.isascii() else json.dumps(k)
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"a plan document cannot hold {v}")
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, Mapping):
+        return "{ " + ", ".join(f"{_key(k)} = {_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    raise ValueError(f"a plan document cannot hold {v!r}")
+
+
+def _toml(doc: dict[str, Any]) -> str:
+    lines = []
+    for k, v in doc.items():
+        if not isinstance(v, Mapping) and k != "datasets":
+            lines.append(f"{_key(k)} = {_value(v)}")
+    for k, v in doc.items():
+        if isinstance(v, Mapping):
+            lines.append(f"\n[{k}]")
+            for kk, vv in v.items():
+                lines.append(f"{_key(kk)} = {_value(vv)}")
+    for d in doc.get("datasets", []):
+        lines.append("\n[[datasets]]")
+        for kk, vv in d.items():
+            lines.append(f"{_key(kk)} = {_value(vv)}")
+    return "\n".join(lines) + "\n"

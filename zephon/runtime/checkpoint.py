@@ -1,0 +1,625 @@
+"""Checkpoint documents: build, validate, compare, merge, convert for DCP, save and load.
+
+A checkpoint is ``{"format", "fingerprint", "lanes": {lane id: lane state}}``: builtins only
+(JSON- and msgpack-safe), keyed by *global* lane id, so the checkpoints of every rank merge by
+union and restore on any data-parallel size that divides the lane count. This module knows
+nothing about pipelines or executors: it takes their fingerprint and encoded lane states.
+
+Every lane state carries a ``checksum`` of its other fields (and of its lane id), so a state
+changed after it was written (a flipped bit, a hand edit that stays in range) is refused on
+restore instead of resuming into another stream. The state travels with its own checksum, so
+merging by union and the one-entry-per-lane DCP form keep it. A checkpoint file adds a SHA-256
+of all its bytes and is written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import msgspec
+
+from ..core.atomic import replacing
+from ..core.fingerprint import unfingerprintable
+
+#: The checkpoint format this version writes and reads (3: lane states carry checksums; 4: and the
+#: samples and tokens each lane delivered per dataset).
+FORMAT = "zephon.checkpoint/4"
+
+#: The layout of a checkpoint file written by :func:`save_checkpoint`.
+FILE_FORMAT = "zephon.checkpoint-file/1"
+
+#: The fields of an encoded lane state, besides its checksum.
+LANE_FIELDS = ("source", "ops", "pending", "delivered", "done", "mixture")
+
+_CANONICAL = msgspec.msgpack.Encoder(order="sorted")
+
+
+# -- lane states ----------------------------------------------------------------------------------
+
+
+def lane_checksum(lane: int, state: Mapping[str, Any]) -> str:
+    """The checksum of an encoded lane state: BLAKE2b-128 of its lane id and canonical msgpack.
+
+    The ``checksum`` field itself is left out, and keys are sorted, so the value survives JSON and
+    msgpack round trips. It guards against accidental change, not against someone who edits a
+    state on purpose: they can recompute it with this function.
+
+    Examples:
+        >>> lane_checksum(3, {"delivered": 0}) == lane_checksum(3, {"delivered": 0, "checksum": "x"})
+        True
+        >>> lane_checksum(3, {"delivered": 0}) != lane_checksum(2, {"delivered": 0})
+        True
+    """
+    body = {k: v for k, v in state.items() if k != "checksum"}
+    try:
+        data = _CANONICAL.encode(body)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"lane {lane}: the state holds a value a checkpoint never contains ({exc})") from None
+    h = hashlib.blake2b(digest_size=16, person=b"zephon-lane")
+    h.update(f"{FORMAT}\0{int(lane)}\0".encode())
+    h.update(data)
+    return "blake2b:" + h.hexdigest()
+
+
+def seal(lane: int, state: Mapping[str, Any]) -> dict[str, Any]:
+    """``state`` with its :func:`lane_checksum` (any previous checksum is replaced)."""
+    body = {k: v for k, v in state.items() if k != "checksum"}
+    return {**body, "checksum": lane_checksum(lane, body)}
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_lane_state(lane: int, state: Any, *, require_checksum: bool = True) -> None:
+    """Raise unless ``state`` is an unmodified lane state of this format.
+
+    Checks, in order: a mapping; its checksum (required unless ``require_checksum=False``, as
+    for a state straight from ``Plan.encode``); the fields and their types and ranges that need
+    no pipeline (the plan checks the rest when it decodes the state).
+
+    Raises:
+        ValueError: naming the lane and the field.
+    """
+    if state is None:
+        raise ValueError(f"lane {lane}: the state is null; expected the mapping checkpoint() wrote for the lane")
+    if not isinstance(state, dict):
+        raise ValueError(f"lane {lane}: the state must be a mapping, got {type(state).__name__}")
+    if "checksum" in state:
+        given = state["checksum"]
+        if not isinstance(given, str):
+            raise ValueError(f"lane {lane}: field 'checksum' must be a string, got {type(given).__name__}")
+        if given != lane_checksum(lane, state):
+            raise ValueError(
+                f"lane {lane}: checksum mismatch: the state was modified after it was written (a corrupted copy, "
+                "a hand edit, or the state of another lane); restore an unmodified checkpoint"
+            )
+    elif require_checksum:
+        raise ValueError(
+            f"lane {lane}: the state has no checksum; a {FORMAT!r} checkpoint holds lane states exactly as "
+            "checkpoint() wrote them"
+        )
+    fields = set(state) - {"checksum"}
+    if fields != set(LANE_FIELDS):
+        raise ValueError(
+            f"lane {lane}: state fields {sorted(fields)} do not match {sorted(LANE_FIELDS)} "
+            f"(missing {sorted(set(LANE_FIELDS) - fields)}, unknown {sorted(fields - set(LANE_FIELDS))})"
+        )
+    source = state["source"]
+    if not (isinstance(source, (list, tuple)) and len(source) == 2 and all(_is_int(x) and x >= 0 for x in source)):
+        raise ValueError(f"lane {lane}: field 'source' must be [work chunk, offset], two ints >= 0, got {_short(source)}")
+    if not (isinstance(state["ops"], dict) and all(isinstance(k, str) for k in state["ops"])):
+        raise ValueError(f"lane {lane}: field 'ops' must map operator names to states, got {_short(state['ops'])}")
+    if not isinstance(state["pending"], (list, tuple)):
+        raise ValueError(f"lane {lane}: field 'pending' must be a list of output references, got {_short(state['pending'])}")
+    delivered = state["delivered"]
+    if not (_is_int(delivered) and delivered >= 0):
+        raise ValueError(f"lane {lane}: field 'delivered' must be an int >= 0, got {_short(delivered)}")
+    if not isinstance(state["done"], bool):
+        raise ValueError(f"lane {lane}: field 'done' must be true or false, got {_short(state['done'])}")
+    counts = state["mixture"]
+    if not (isinstance(counts, (list, tuple)) and len(counts) % 2 == 0 and all(_is_int(x) and x >= 0 for x in counts)):
+        raise ValueError(f"lane {lane}: field 'mixture' must be [samples, tokens] per dataset, ints >= 0, got {_short(counts)}")
+
+
+def _lane_id(key: Any, lanes: int | None, where: str) -> int:
+    """The lane id a ``lanes`` key names; keys are canonical decimal strings in ``[0, lanes)``."""
+    if not (isinstance(key, str) and key.isdigit() and key.isascii() and str(int(key)) == key):
+        raise ValueError(f"{where}lane id {key!r} is not a lane number: lanes are keyed by decimal strings ('0', '1', ...)")
+    lane = int(key)
+    if lanes is not None and lane >= lanes:
+        raise ValueError(f"{where}lane {lane} outside [0, {lanes}): the checkpoint's pipeline has {lanes} lanes")
+    return lane
+
+
+def _check_document(checkpoint: Any, where: str = "", decoded_next: Iterable[int] = ()) -> None:
+    """Raise unless ``checkpoint`` is a checkpoint of this format whose lanes are all intact
+    (``decoded_next``: lanes checked by their decode right after, of which only the ids are checked here)."""
+    if not isinstance(checkpoint, dict):
+        raise ValueError(f"{where}not a zephon checkpoint: expected the mapping checkpoint() returns, got {type(checkpoint).__name__}")
+    missing = [k for k in ("format", "fingerprint", "lanes") if k not in checkpoint]
+    if missing:
+        raise ValueError(f"{where}not a zephon checkpoint: missing fields {missing}")
+    _check_format(checkpoint["format"], where)
+    if not isinstance(checkpoint["fingerprint"], dict):
+        raise ValueError(f"{where}field 'fingerprint' must be a mapping, got {type(checkpoint['fingerprint']).__name__}")
+    lanes = checkpoint["lanes"]
+    if not isinstance(lanes, dict):
+        raise ValueError(f"{where}field 'lanes' must map lane ids to states, got {type(lanes).__name__}")
+    count = checkpoint["fingerprint"].get("lanes")
+    count = count if _is_int(count) and count > 0 else None
+    later = set(decoded_next)
+    for key, state in lanes.items():
+        lane = _lane_id(key, count, where)
+        if lane in later:
+            continue
+        try:
+            check_lane_state(lane, state)
+        except ValueError as exc:
+            raise ValueError(f"{where}{exc}") from None
+
+
+def _check_format(fmt: Any, where: str = "") -> None:
+    if fmt == FORMAT:
+        return
+    if isinstance(fmt, str) and fmt.startswith("zephon.checkpoint/"):
+        raise ValueError(
+            f"{where}checkpoint format {fmt!r} is not supported: this version reads {FORMAT!r} (lane states "
+            "with checksums and per-dataset counts); resume it with the zephon version that wrote it, or start from a new checkpoint"
+        )
+    raise ValueError(f"{where}checkpoint format {fmt!r} is not supported (this version reads {FORMAT!r})")
+
+
+# -- documents ------------------------------------------------------------------------------------
+
+
+def build(fingerprint: dict[str, Any], encoded: dict[int, Any]) -> dict[str, Any]:
+    """A checkpoint document from a plan's fingerprint and encoded lane states (checksummed here)."""
+    return {"format": FORMAT, "fingerprint": fingerprint, "lanes": {str(lane): seal(lane, encoded[lane]) for lane in sorted(encoded)}}
+
+
+def validate(fingerprint: dict[str, Any], checkpoint: Any, *, decoded_next: Iterable[int] = ()) -> None:
+    """Raise unless ``checkpoint`` is an intact checkpoint of this format taken with ``fingerprint``.
+
+    ``decoded_next``: the lanes whose states the caller decodes right after, in the same call
+    (``Plan.decode_lanes`` verifies each one's checksum and fields, with the same errors), so that
+    a restore reads each state once for them; their ids are still checked here.
+
+    Raises:
+        TypeError: not a mapping.
+        ValueError: missing fields, another format, other data settings (the differing fields
+            are listed), a lane id outside ``[0, L)``, or a lane state that was modified (checksum
+            mismatch) or holds impossible values (the lane and the field are named).
+    """
+    if not isinstance(checkpoint, dict):
+        raise TypeError(f"restore() takes the dict returned by checkpoint(), got {type(checkpoint).__name__}")
+    missing = [k for k in ("format", "fingerprint", "lanes") if k not in checkpoint]
+    if missing:
+        raise ValueError(f"not a zephon checkpoint: missing fields {missing}")
+    _check_format(checkpoint["format"])
+    diffs = fingerprint_diff(checkpoint["fingerprint"], fingerprint)
+    if diffs:
+        lines = "\n".join(f"  {_named_change(path, fingerprint)}{path}: checkpoint={a} pipeline={b}" for path, a, b in diffs[:20])
+        more = f"\n  ... and {len(diffs) - 20} more" if len(diffs) > 20 else ""
+        changed = shard_changes(checkpoint["fingerprint"], fingerprint, diffs)
+        if changed is not None:
+            raise ValueError(f"cannot restore: {changed}; these differ:\n{lines}{more}")
+        parts = sorted({_part(path) for path, _, _ in diffs})
+        hint = ""
+        if "plan" in parts:
+            hint = (
+                " To change the plan (mixture, schedule, datasets, ends) of a running job from a step on, use "
+                "Pipeline.change_plan(new_source, from_step=k, checkpoint=...)."
+            )
+        raise ValueError(
+            f"cannot restore: the checkpoint was taken with different data settings (the {' and the '.join(parts)} "
+            f"{'differ' if len(parts) > 1 else 'differs'}); these differ:\n"
+            f"{lines}{more}\nRebuild the pipeline with the checkpoint's settings (performance options may differ).{hint}"
+        )
+    _refuse_undescribed(fingerprint)
+    _check_document(checkpoint, decoded_next=decoded_next)
+
+
+def _operator_label(index: int, fingerprint: Any) -> str | None:
+    """``"map 'scale'"`` (``"operator 'pack' (PackFlat)"``) for operator ``index`` of a pipeline fingerprint."""
+    try:
+        name, fp = fingerprint["operators"][index]
+        op = fp["op"]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    kind = {"MapOp": "map", "FilterOp": "filter"}.get(op)
+    return f"{kind} {name!r}" if kind else f"operator {name!r} ({op})"
+
+
+_OPERATOR_PATH = re.compile(r"operators\[(\d+)\]\[1\]\.?(.*)")
+#: Parts of a function's fingerprint (``zephon.core.fingerprint``) followed by a name, in words.
+_NAMED_PARTS = {
+    "closure": "closure cell",
+    "defaults": "default of",
+    "kwdefaults": "keyword default of",
+    "globals": "global",
+    "keywords": "partial keyword",
+    "fields": "field",
+}
+_PARTS = {
+    "code": "the code",
+    "partial": "the partial's function",
+    "method": "the method's function",
+    "self": "the method's instance",
+    "instance": "the callable's fields",
+    "call": "its __call__",
+}
+
+
+def _named_change(path: str, fingerprint: Any) -> str:
+    """``"map 'scale': closure cell 'k' differs; "`` for a path inside an operator's fingerprint, else ``""``."""
+    m = _OPERATOR_PATH.fullmatch(path)
+    label = _operator_label(int(m[1]), fingerprint) if m else None
+    if label is None:
+        return ""
+    tokens = re.findall(r"\[\d+\]|[^.\[\]]+", m[2])
+    if not tokens:
+        return f"{label}: differs; "
+    field, rest = tokens[0], tokens[1:]
+    if field not in ("fn", "predicate"):
+        return f"{label}: setting {field!r} differs; "
+    words: list[str] = []
+    while rest:
+        token = rest.pop(0)
+        if token in _NAMED_PARTS and rest:
+            words.append(f"{_NAMED_PARTS[token]} {rest.pop(0)!r}")
+        elif token == "args" and rest and rest[0].startswith("["):
+            words.append(f"partial argument {rest.pop(0)[1:-1]}")
+        elif token in _PARTS:
+            words.append(_PARTS[token])
+        else:
+            break  # inside a value: the path says where
+    return f"{label}: {': '.join(words) if words else 'the function'} differs; "
+
+
+def _refuse_undescribed(fingerprint: Any) -> None:
+    """Refuse a restore into a pipeline whose fingerprint holds a value it could not describe."""
+    for i, entry in enumerate(fingerprint.get("operators") or ()):
+        markers = unfingerprintable(entry)
+        if markers:
+            raise ValueError(
+                f"cannot restore: {_operator_label(i, fingerprint) or f'operator {i}'} holds a value its fingerprint cannot "
+                f"describe ({'; '.join(markers)}), so the checkpoint cannot tell whether this pipeline computes what it "
+                "computed. Name the function's version, map(fn, fingerprint='v1') (change it whenever its output changes), "
+                "and resume from a checkpoint taken with that name"
+            )
+
+
+_SHARD_FIELD = re.compile(r"(.*\.shards\[\d+\])\.(identity|bytes|rows)")
+
+
+def _at(doc: Any, path: str) -> Any:
+    """The value at a fingerprint path such as ``source.datasets[0].shards[3]``, else ``None``."""
+    for name, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", path):
+        try:
+            doc = doc[int(index)] if index else doc[name]
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+    return doc
+
+
+def _digest_text(identity: Any) -> str:
+    name, _, value = str(identity).partition("=")
+    return f"{name}:{value[:12]}…" if len(value) > 12 else str(identity)
+
+
+def shard_changes(a: Any, b: Any, diffs: list[tuple[str, str, str]]) -> str | None:
+    """What changed when the only differences are shards' content (identity, size, rows), else ``None``.
+
+    Names each shard and how it differs, and the fix: the data changed, not the settings.
+    """
+    shards = list(dict.fromkeys(m[1] for m in (_SHARD_FIELD.fullmatch(path) for path, _, _ in diffs) if m))
+    if not shards or len({_SHARD_FIELD.fullmatch(path) is not None for path, _, _ in diffs}) > 1:
+        return None
+    said, older = [], False
+    for where in shards:
+        old, new = _at(a, where), _at(b, where)
+        if not isinstance(old, dict) or not isinstance(new, dict):
+            return None
+        dataset = _at(a, where.rsplit(".shards[", 1)[0])
+        of = f"dataset {dataset['name']!r}: " if isinstance(dataset, dict) and "name" in dataset else ""
+        older = older or "mtime_ns=" in str(old.get("identity"))
+        said.append(
+            f"{of}shard {old.get('id', old.get('path'))!r} content differs from the checkpoint's (size {old.get('bytes')} → "
+            f"{new.get('bytes')}, digest {_digest_text(old.get('identity'))} → {_digest_text(new.get('identity'))})"
+        )
+    fix = (
+        "the checkpoint identifies files by modification time (it was written before shards were identified by their "
+        "content), so it cannot be matched to these files; start a new run, or resume with the zephon version that wrote it"
+        if older
+        else "the data changed since the checkpoint was written; restore the original files or start a new run"
+    )
+    listed = "; ".join(said[:5]) + (f"; and {len(said) - 5} more shards" if len(said) > 5 else "")
+    return f"{listed}: {fix}"
+
+
+def _part(path: str) -> str:
+    """Which part of a pipeline a fingerprint path belongs to: the plan (source), the processing, or the lanes."""
+    if path.startswith("source"):
+        return "plan"
+    if path.startswith("operators"):
+        return "processing"
+    return "lane count" if path.startswith("lanes") else "settings"
+
+
+def diff_parts(a: Any, b: Any) -> list[str]:
+    """The parts (``"plan"``, ``"processing"``, ``"lane count"``) in which two pipeline fingerprints differ.
+
+    Examples:
+        >>> diff_parts({"source": {"seed": 1}, "operators": [], "lanes": 2}, {"source": {"seed": 2}, "operators": [], "lanes": 2})
+        ['plan']
+    """
+    return sorted({_part(path) for path, _, _ in fingerprint_diff(a, b)})
+
+
+def fingerprint_diff(a: Any, b: Any, path: str = "") -> list[tuple[str, str, str]]:
+    """The paths where two fingerprints differ, with short renderings of both values."""
+    if not path and _norm(a) == _norm(b):
+        return []  # the usual case, settled in one comparison instead of one per leaf
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in list(a) + [k for k in b if k not in a]:
+            sub = f"{path}.{k}" if path else str(k)
+            if k not in a or k not in b:
+                out.append((sub, _short(a.get(k, "<absent>")), _short(b.get(k, "<absent>"))))
+            else:
+                out.extend(fingerprint_diff(a[k], b[k], sub))
+        return out
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        out = []
+        for i, (x, y) in enumerate(zip(a, b)):
+            out.extend(fingerprint_diff(x, y, f"{path}[{i}]"))
+        return out
+    if _norm(a) != _norm(b):
+        return [(path or "<root>", _short(a), _short(b))]
+    return []
+
+
+def _norm(x: Any) -> Any:
+    return json.loads(json.dumps(x, sort_keys=True, default=str))
+
+
+def _short(x: Any) -> str:
+    s = json.dumps(x, sort_keys=True, default=str)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def select_lanes(checkpoint: dict[str, Any], lanes: Iterable[int]) -> dict[int, Any]:
+    """The states of ``lanes`` from a (merged) checkpoint; errors name the missing lanes."""
+    have = checkpoint["lanes"]
+    lanes = list(lanes)
+    missing = [lane for lane in lanes if str(lane) not in have]
+    if missing:
+        raise ValueError(
+            f"the checkpoint holds lanes {sorted(int(k) for k in have)} but this rank needs {lanes} "
+            f"(missing {missing}); merge every rank's checkpoint with zephon.merge_checkpoints, "
+            "or save and load them with zephon.save_checkpoint / zephon.load_checkpoint"
+        )
+    return {lane: have[str(lane)] for lane in lanes}
+
+
+def merge_checkpoints(checkpoints: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Join per-rank checkpoints into one holding every lane.
+
+    Ranks that share lanes (tensor/pipeline-parallel peers) must agree on them exactly. Each lane
+    state keeps its checksum, and every one is verified.
+
+    Raises:
+        ValueError: another format, different fingerprints, a modified lane state, or
+            conflicting states for one lane.
+    """
+    return _merge([(f"checkpoint {i}", ck) for i, ck in enumerate(checkpoints)])
+
+
+def _merge(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Merge labelled checkpoints; errors name the checkpoint (``"checkpoint 2"``, a file path)."""
+    if not items:
+        raise ValueError("merge_checkpoints needs at least one checkpoint")
+    for label, ck in items:
+        _check_document(ck, f"{label}: ")
+    first_label, first = items[0]
+    lanes: dict[str, Any] = {}
+    owner: dict[str, str] = {}
+    for label, ck in items:
+        diffs = fingerprint_diff(first["fingerprint"], ck["fingerprint"])
+        if diffs:
+            raise ValueError(f"{label} was taken with different data settings than {first_label}: {diffs[:5]}")
+        for lane, state in ck["lanes"].items():
+            if lane in lanes and lanes[lane] != state:
+                raise ValueError(
+                    f"{owner[lane]} and {label} disagree on lane {lane}: were they taken at the same step on every rank? "
+                    "Call checkpoint() on all ranks after the same number of steps."
+                )
+            lanes[lane] = state
+            owner.setdefault(lane, label)
+    return {"format": first["format"], "fingerprint": first["fingerprint"], "lanes": dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))}
+
+
+# -- torch.distributed.checkpoint -----------------------------------------------------------------
+
+_STATE_KEY = re.compile(r"^lane_(\d+)$")
+
+
+def checkpoint_to_state_dict(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint as one entry per lane, for ``torch.distributed.checkpoint``.
+
+    Each rank's entries have distinct keys, so DCP keeps every rank's lanes, and a rank of
+    another data-parallel size asks for exactly the lanes it needs. Each entry is the lane state
+    with its checksum, as msgpack.
+    """
+    out: dict[str, Any] = {"zephon_format": checkpoint["format"], "zephon_fingerprint": msgspec.json.encode(checkpoint["fingerprint"]).decode()}
+    for lane, state in checkpoint["lanes"].items():
+        out[f"lane_{int(lane):05d}"] = msgspec.msgpack.encode(state)
+    return out
+
+
+def state_dict_to_checkpoint(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`checkpoint_to_state_dict`; verifies every lane's checksum.
+
+    Raises:
+        ValueError: a missing entry, an entry that is not a lane state, or a modified lane state.
+    """
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"load_state_dict() takes the mapping returned by state_dict(), got {type(state_dict).__name__}")
+    missing = [k for k in ("zephon_format", "zephon_fingerprint") if k not in state_dict]
+    if missing:
+        raise ValueError(f"not a zephon state_dict: missing {missing}; pass the mapping returned by state_dict()")
+    lanes: dict[str, Any] = {}
+    for key, value in state_dict.items():
+        m = _STATE_KEY.match(key) if isinstance(key, str) else None
+        if not m:
+            continue
+        lane = str(int(m.group(1)))
+        if lane in lanes:
+            raise ValueError(f"state_dict entry {key!r}: lane {lane} appears twice")
+        try:
+            data = value if isinstance(value, bytes) else bytes(value)
+            lanes[lane] = msgspec.msgpack.decode(data)
+        except (TypeError, ValueError, msgspec.DecodeError) as exc:
+            raise ValueError(f"state_dict entry {key!r}: not a msgpack lane state ({exc})") from None
+    fingerprint = state_dict["zephon_fingerprint"]
+    try:
+        fingerprint = msgspec.json.decode(fingerprint)
+    except (TypeError, msgspec.DecodeError) as exc:
+        raise ValueError(f"state_dict entry 'zephon_fingerprint': not the JSON state_dict() wrote ({exc})") from None
+    ck = {"format": state_dict["zephon_format"], "fingerprint": fingerprint, "lanes": dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))}
+    _check_document(ck, "state_dict: ")
+    return ck
+
+
+# -- files ----------------------------------------------------------------------------------------
+#
+# A file is the msgpack map {"format": FILE_FORMAT, "sha256": hex digest of "checkpoint",
+# "checkpoint": msgpack of the checkpoint document as bytes}: every byte is covered by the digest
+# or by the exact layout around it, so a torn or corrupted file is refused by name.
+
+_FILE = re.compile(r"^zephon-lanes-(\d+)-(\d+)\.msgpack$")
+_FILE_FIELDS = {"format", "sha256", "checkpoint"}
+
+
+def encode_file(checkpoint: dict[str, Any]) -> bytes:
+    """The bytes :func:`save_checkpoint` writes for ``checkpoint``."""
+    body = msgspec.msgpack.encode(checkpoint)
+    return msgspec.msgpack.encode({"format": FILE_FORMAT, "sha256": hashlib.sha256(body).hexdigest(), "checkpoint": body})
+
+
+def decode_file(data: bytes, name: str | os.PathLike = "<bytes>") -> dict[str, Any]:
+    """The checkpoint in a file's bytes, verified; errors name the file and what is wrong with it.
+
+    Raises:
+        ValueError: empty or truncated, not a zephon checkpoint file, another format, a checksum
+            mismatch (of the file or of a lane state), or impossible values.
+    """
+    where = f"checkpoint file {os.fspath(name)}"
+    if not data:
+        raise ValueError(f"{where} is empty (0 bytes): it was not written completely; use an earlier checkpoint")
+    try:
+        doc = msgspec.msgpack.decode(data)
+    except msgspec.DecodeError as exc:
+        if "truncated" in str(exc):
+            raise ValueError(
+                f"{where} is truncated ({len(data)} bytes): it was not written completely or was cut short; "
+                "use an earlier checkpoint"
+            ) from None
+        raise ValueError(f"{where} is not a zephon checkpoint: not valid msgpack ({exc})") from None
+    if isinstance(doc, dict) and "lanes" in doc and "format" in doc:  # a bare document: older versions wrote these
+        _check_format(doc["format"], f"{where}: ")
+        raise ValueError(
+            f"{where} holds a bare checkpoint document without the file's checksum; write checkpoint files with "
+            "zephon.save_checkpoint (or restore the document with pipeline.restore)"
+        )
+    if not isinstance(doc, dict) or doc.get("format") != FILE_FORMAT or set(doc) != _FILE_FIELDS:
+        if isinstance(doc, dict) and isinstance(doc.get("format"), str) and doc["format"].startswith("zephon.checkpoint-file/"):
+            raise ValueError(f"{where} has file format {doc['format']!r}; this version reads {FILE_FORMAT!r}")
+        fields = sorted(map(str, doc)) if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"{where} is not a zephon checkpoint: expected the fields {sorted(_FILE_FIELDS)} of {FILE_FORMAT!r}, got {fields}")
+    body, digest = doc["checkpoint"], doc["sha256"]
+    if not isinstance(body, bytes) or not isinstance(digest, str):
+        raise ValueError(f"{where} is not a zephon checkpoint: 'checkpoint' must be bytes and 'sha256' a string")
+    if hashlib.sha256(body).hexdigest() != digest:
+        raise ValueError(f"{where}: checksum mismatch: the file was modified or corrupted after it was written; use an earlier checkpoint")
+    try:
+        ck = msgspec.msgpack.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"{where} is not a zephon checkpoint: its document is not valid msgpack ({exc})") from None
+    _check_document(ck, f"{where}: ")
+    return ck
+
+
+def save_checkpoint(directory: str | os.PathLike, loader: Any) -> Path:
+    """Write this rank's checkpoint to ``directory`` (one file per rank, named by its lanes).
+
+    Args:
+        directory: created if missing.
+        loader: a running loader (``iter(pipeline)``), or a pipeline (its latest loader).
+
+    Returns the written path. The file carries a SHA-256 of its contents and is written
+    atomically: to a temporary name in ``directory`` (flushed and fsynced), renamed over the
+    final name, then the directory is fsynced. A crash leaves the previous file or the new one,
+    never a torn one; an interrupted write can leave a hidden ``.zephon-lanes-*.tmp`` file,
+    which :func:`load_checkpoint` ignores.
+    """
+    ck = loader.checkpoint()
+    lanes = sorted(int(k) for k in ck["lanes"])
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"zephon-lanes-{lanes[0]:05d}-{lanes[-1]:05d}.msgpack"
+    with replacing(path, durable=True) as out:
+        out.write(encode_file(ck))
+    return path
+
+
+def read_checkpoint(directory: str | os.PathLike, lanes: Iterable[int]) -> dict[str, Any]:
+    """The merged checkpoint of the files in ``directory`` that hold ``lanes``, each verified.
+
+    Only ``zephon-lanes-<first>-<last>.msgpack`` files are read; temporary files of interrupted
+    writes are ignored. Errors name the file.
+    """
+    d = Path(directory)
+    if not d.is_dir():
+        raise FileNotFoundError(f"no checkpoint directory {d}")
+    need = set(lanes)
+    items = []
+    for p in sorted(d.iterdir()):
+        m = _FILE.match(p.name)
+        if not m:
+            continue
+        first, last = int(m.group(1)), int(m.group(2))
+        if not need & set(range(first, last + 1)):
+            continue
+        ck = decode_file(p.read_bytes(), p)
+        outside = [k for k in ck["lanes"] if not first <= int(k) <= last]
+        if outside:
+            raise ValueError(
+                f"checkpoint file {p} holds lanes {sorted(map(int, outside))} outside the range {first}-{last} its "
+                "name gives; was it renamed? Keep the names save_checkpoint wrote"
+            )
+        items.append((f"checkpoint file {p}", ck))
+    if not items:
+        raise FileNotFoundError(f"no zephon-lanes-*.msgpack file in {d} covers lanes {sorted(need)}")
+    return _merge(items)
+
+
+def load_checkpoint(directory: str | os.PathLike, target: Any) -> Any:
+    """Restore ``target`` (a pipeline or a loader) from the files in ``directory`` holding its lanes.
+
+    Works for any data-parallel size: a rank reads only the files covering its lanes. Returns
+    what ``target.restore`` returns.
+
+    Raises:
+        FileNotFoundError: no directory, or no file covering this rank's lanes.
+        ValueError: a file that is truncated, corrupted (checksum mismatch), not a zephon
+            checkpoint or of another format, naming the file; or different data settings.
+    """
+    topology = target.topology() if callable(getattr(target, "topology", None)) else target.topology
+    return target.restore(read_checkpoint(directory, topology.lanes))

@@ -1,0 +1,416 @@
+"""The loader: what runs a pipeline.
+
+``iter(pipeline)`` builds a :class:`Loader` over the pipeline's plan for this rank's lanes. It
+owns the executor (inline, a background thread, or worker processes), yields the lanes' outputs
+round-robin in lane order, and is the one object with run-time state: ``checkpoint()`` /
+``restore()``, the DCP ``state_dict()``, ``stats()`` and ``close()``. The pipeline it came from is
+a value and never changes.
+
+At the end of finite data the loader stops at the first incomplete global step (every step holds
+one output of every lane), unless ``drain=True``. Whatever was produced and not delivered is
+counted, per lane and in total, in records and tokens, and reported once in a warning. With
+several data-parallel ranks, ``steps()`` agrees on the end through ``torch.distributed`` so that
+no rank waits forever in a collective its peers never enter.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import deque
+from typing import Any, Iterator
+
+from .checkpoint import build, checkpoint_to_state_dict, select_lanes, state_dict_to_checkpoint, validate
+from .distributed import Topology, all_ranks_have, distributed_group
+from .executor import InlineExecutor, ProcessExecutor, ThreadExecutor
+from ..core.fields import payload_length
+from .lanes import Plan, mixture_report
+from ..core.log import get_logger
+from .options import Options
+from ..core.records import SampleBatch
+from .stats import Deliveries, format_stats, summarize, summary_line
+
+log = get_logger("loader")
+
+
+def output_size(out: Any) -> tuple[int, int]:
+    """``(records, tokens)`` of one lane output (a record or a batch of records)."""
+    records = out.records if isinstance(out, SampleBatch) else (out,)
+    tokens = 0
+    for rec in records:
+        meta = rec.meta
+        if meta.segments and all(s.end >= 0 for s in meta.segments):
+            tokens += meta.num_tokens
+        else:
+            try:
+                tokens += payload_length(rec.payload) - meta.padding_length
+            except (TypeError, ValueError):
+                pass  # a payload without tokens has none to count
+    return len(records), tokens
+
+
+def restored_lanes(plan: Plan, topology: Topology, options: Options, checkpoint: Any) -> dict[int, Any]:
+    """This rank's lane states from ``checkpoint``, once it is validated against ``plan``.
+
+    A loader that decodes its lanes itself (``options.decodes_inline``) verifies their checksums
+    in that decode, so :func:`validate` leaves them to it: each state is read once.
+    """
+    lanes = topology.lanes
+    validate(plan.fingerprint(), checkpoint, decoded_next=lanes if options.decodes_inline else ())
+    return select_lanes(checkpoint, lanes)
+
+
+class Loader(Iterator[Any]):
+    """Runs a pipeline's lanes for one rank and yields their outputs in lane order.
+
+    Yields lane ``a``'s ``k``-th output before lane ``b``'s when ``(k, a) < (k, b)``, so the ``k``-th
+    group of ``len(topology.lanes)`` outputs is this rank's share of global step ``k``.
+    ``checkpoint()`` covers exactly the outputs yielded so far; ``restore()`` resumes exactly from
+    a checkpoint, in place, whatever has been yielded before.
+    """
+
+    def __init__(self, plan: Plan, topology: Topology, options: Options = Options(), encoded: dict[int, Any] | None = None):
+        if options.drain and options.agree_on_end:
+            raise ValueError(
+                "options: drain=True and agree_on_end=True exclude each other: a drained tail is not a whole "
+                "global step, so ranks cannot agree on it; pick one"
+            )
+        self.plan = plan
+        self.topology = topology
+        self.options = options
+        # Automatic agreement only when the ranks are torch.distributed's whole world (D from it):
+        # with an explicit dp_degree (TP/PP layouts) some ranks may not iterate at all.
+        auto = options.agree_on_end is None and options.dp_degree is None
+        self._dist = distributed_group() if (options.agree_on_end or auto) else None
+        self.executor: Any = None
+        self._start(encoded)
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def _start(self, encoded: dict[int, Any] | None) -> None:
+        """Start over from ``encoded`` (or the beginning), replacing any executor this loader had.
+
+        A checkpoint that does not decode fails before anything of the running loader changes.
+        """
+        lanes = list(self.topology.lanes)
+        opts = self.options
+        states = None
+        t0 = time.perf_counter()
+        if opts.decodes_inline:
+            states = self.plan.decode_lanes(encoded) if encoded else {lane: self.plan.init(lane) for lane in lanes}
+        if self.executor is not None:
+            self.executor.close(read_final=False)  # what it ran is replaced, so its states are not needed
+        if opts.workers:
+            executor: Any = ProcessExecutor(self.plan, lanes, opts.workers, encoded=encoded, credit=opts.prefetch, lead=states)
+        else:
+            executor = ThreadExecutor(self.plan, states, opts.prefetch) if opts.thread else InlineExecutor(self.plan, states)
+        self.executor = executor
+        self.delivered = {lane: (int(encoded[lane]["delivered"]) if encoded else 0) for lane in lanes}
+        self._pulled = dict(self.delivered)  # outputs taken from the executor, yielded or not
+        self._unyielded: deque = deque()  # taken, not yet yielded (a step being agreed on)
+        self.ended: dict[int, int] = {}
+        self.finished = False
+        self._final_states: dict[int, Any] | None = None
+        self._final_reports: dict[int, Any] | None = None
+        self._closed = False  # by close(): the stream does not go on (the end of the data is not a close)
+        self._undelivered = {lane: [0, 0, 0] for lane in lanes}  # outputs, records, tokens
+        self._final_meters: dict[str, Any] | None = None
+        self._deliveries = Deliveries()
+        self._next_log = opts.log_every or 0
+        topo = self.topology
+        where = f"{opts.workers} worker process(es)" if opts.workers else ("a background thread" if opts.thread else "the calling thread")
+        log.info(
+            "%s rank %d of %d: lanes %d-%d of %d in %s%s",
+            "restored" if encoded else "started", topo.dp_rank, topo.dp_degree, lanes[0], lanes[-1], topo.canonical_replicas, where,
+            f" ({time.perf_counter() - t0:.2f} s to decode the lane states)" if encoded and states is not None else "",
+        )
+
+    def restore(self, checkpoint: dict[str, Any]) -> "Loader":
+        """Resume exactly from ``checkpoint`` (this rank's, merged, or full), in place.
+
+        Whatever this loader yielded before is irrelevant: the next output is the one after the
+        checkpoint. Fails loudly, listing the differing fields, if the data settings differ.
+        """
+        self._start(restored_lanes(self.plan, self.topology, self.options, checkpoint))
+        return self
+
+    def close(self) -> None:
+        """Stop any worker thread or processes; ``checkpoint()`` and ``stats()`` still work.
+
+        Closing twice is harmless. After ``close()`` before the end of the data, ``next()`` raises
+        ``RuntimeError`` (the stream does not go on) until ``restore()``; after the end of the data
+        it raises ``StopIteration`` as before.
+        """
+        self._closed = True
+        self.executor.close(read_final=self._final_states is None)
+
+    def _check_open(self) -> None:
+        if self._closed and not self.finished:
+            raise RuntimeError(
+                "next() on a closed loader: close() (or the pipeline's close(), or leaving its `with` block) "
+                "stopped it before the end of its data, and its stream does not go on. checkpoint() and stats() "
+                "still work: loader.restore(loader.checkpoint()) continues from here, iter(pipeline) starts a new loader"
+            )
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- iteration ------------------------------------------------------------------------------------
+    def __iter__(self) -> "Loader":
+        return self
+
+    def __next__(self) -> Any:
+        if self._closed:
+            self._check_open()
+        waited = self._deliveries.start_wait()
+        if self.options.agree_on_end and self._dist is not None:
+            if not self._unyielded:
+                if self._take_step() is None:
+                    raise StopIteration
+            out = self._unyielded.popleft()
+        else:
+            out = self._pull()
+            if out is None:
+                raise StopIteration
+        self._deliver(out, waited)
+        return out
+
+    def _deliver(self, out: Any, waited: float) -> None:
+        """Count one output handed to the caller (``waited``: when the caller started waiting)."""
+        self.delivered[out_lane(out)] += 1
+        d = self._deliveries
+        d.add(out)
+        d.end_wait(waited)
+        if self._next_log and d.outputs >= self._next_log * len(self.delivered):
+            self._next_log += self.options.log_every
+            log.info("%s", summary_line(self._light_stats()))
+
+    def steps(self, *, concat: bool = False) -> Iterator[Any]:
+        """Iterate by optimizer step: this rank's L/D microbatches of each global step, in lane order.
+
+        At the end of finite data every rank stops at the same step when ``torch.distributed`` is
+        initialized with D > 1 (one all-reduce per step; ``options(agree_on_end=False)`` turns it
+        off). Without ``torch.distributed``, each rank stops at its own first incomplete step.
+
+        Args:
+            concat: yield one :class:`~zephon.types.SampleBatch` holding the step's records
+                instead of a list of microbatches.
+        """
+        while True:
+            waited = self._deliveries.start_wait()
+            group = self._take_step()
+            if group is None:
+                return
+            self._unyielded.clear()
+            for out in group:
+                self._deliver(out, waited)
+                waited = self._deliveries.last or waited
+            if concat:
+                yield SampleBatch(tuple(r for b in group for r in b.records), getattr(group[0], "pad_token_id", None))
+            else:
+                yield group
+
+    def next_lane(self) -> int:
+        live = [lane for lane in self._pulled if lane not in self.ended]
+        return min(live, key=lambda lane: (self._pulled[lane], lane))
+
+    def _pull(self) -> Any:
+        """The next output in lane order, or ``None`` at the end of this rank's data (and finish)."""
+        while not self.finished:
+            lane = self.next_lane()
+            out = self.executor.next(lane)
+            if out is not None:
+                self._pulled[lane] += 1
+                return out
+            self.ended[lane] = self._pulled[lane]
+            if not self.options.drain or len(self.ended) == len(self._pulled):
+                self._finish()
+        return None
+
+    def _take_step(self) -> list | None:
+        """This rank's next whole global step, agreed with every rank when distributed; else ``None``."""
+        self._check_open()
+        per_step = len(self.topology.lanes)
+        group: list = list(self._unyielded)
+        while len(group) < per_step and not self.finished:
+            out = self._pull()
+            if out is None:
+                break
+            group.append(out)
+            self._unyielded.append(out)
+        whole = len(group) == per_step
+        if self._dist is not None:
+            whole = all_ranks_have(whole, self._dist)
+        if whole:
+            return group
+        if not self.finished:
+            self._finish()
+        return None
+
+    def _finish(self) -> None:
+        """End of data: keep the delivered states, count what was produced and not delivered, stop."""
+        self.finished = True
+        ex = self.executor
+        if self._final_states is None:
+            self._final_states = ex.lane_states()
+        for out in self._unyielded:
+            self._count_undelivered(out)
+        live = [lane for lane in self._pulled if lane not in self.ended]
+        while live:  # what the lanes still had: counted, not delivered (round-robin, as executors run ahead)
+            for lane in list(live):
+                out = ex.next(lane)
+                if out is None:
+                    live.remove(lane)
+                else:
+                    self._count_undelivered(out)
+        if self._final_reports is None:
+            self._final_reports = ex.reports()
+            self._final_meters = ex.meters()
+        ex.close(read_final=False)
+        outputs, records, tokens = (sum(c[i] for c in self._undelivered.values()) for i in range(3))
+        log.info(
+            "end of data after %d complete steps: %d outputs delivered, %d produced and not delivered (%d records, %d tokens)",
+            min(self.delivered.values()), sum(self.delivered.values()), outputs, records, tokens,
+        )
+        self._warn_undelivered()
+
+    def _count_undelivered(self, out: Any) -> None:
+        records, tokens = output_size(out)
+        counts = self._undelivered[out_lane(out)]
+        counts[0] += 1
+        counts[1] += records
+        counts[2] += tokens
+
+    def _warn_undelivered(self) -> None:
+        outputs, records, tokens = (sum(c[i] for c in self._undelivered.values()) for i in range(3))
+        empty = [lane for lane, n in self.ended.items() if n == 0]
+        if not outputs:
+            return
+        lanes = [lane for lane, c in self._undelivered.items() if c[0]]
+        msg = (
+            f"end of data: {outputs} output(s) ({records} records, {tokens} tokens) of lanes {lanes} were produced "
+            "but not delivered, because iteration stops at the first incomplete global step (a step takes one "
+            "output from every lane)"
+        )
+        if empty:
+            msg += f"; lanes {empty} produced no output at all (fewer samples than lanes, or everything was dropped)"
+        if self._dist is not None:
+            msg += "; ranks stopped together at the last step every rank had whole"
+        msg += (
+            ". Pass options(drain=True) to receive the rest (the drained tail is the same only for the same "
+            "data-parallel size), use an endless source (exhausted_policy='repeat') with a fixed step count, or "
+            "lower canonical_replicas. stats()['undelivered'] has the counts per lane."
+        )
+        warnings.warn(msg, RuntimeWarning, stacklevel=5)
+
+    # -- state ----------------------------------------------------------------------------------------
+    def checkpoint(self) -> dict[str, Any]:
+        """This rank's lane states after the last output delivered (JSON/msgpack-safe).
+
+        Lanes are keyed by global lane id, so checkpoints of every rank can be merged with
+        :func:`~zephon.merge_checkpoints` and restored on any number of ranks dividing L.
+        """
+        return build(self.plan.fingerprint(), self._delivered_states())
+
+    def lane_state(self, lane: int) -> dict[str, Any]:
+        """One lane's encoded state after its last output delivered (unsealed: no checksum).
+
+        What :meth:`checkpoint` holds for that lane, for one lane only: a loader running in the
+        calling thread (``workers=0``) encodes just that state, so attaching it to each output
+        costs one lane's encoding, not all of them.
+        """
+        if self._final_states is None and isinstance(self.executor, InlineExecutor) and not self._unyielded:
+            return self.plan.encode(self.executor.states[lane])  # in-process executors keep states as values
+        return self._delivered_states()[lane]
+
+    def _delivered_states(self) -> dict[int, Any]:
+        """The encoded lane states after the last output delivered (what a checkpoint holds)."""
+        states = self._final_states if self._final_states is not None else self.executor.lane_states()
+        if self._unyielded:  # taken from the lanes but not delivered: give them back
+            states = dict(states)
+            for lane in {out_lane(o) for o in self._unyielded}:
+                states[lane] = self.plan.unread(states[lane], [o for o in self._unyielded if out_lane(o) == lane])
+        return states
+
+    # torch.distributed.checkpoint ``Stateful`` protocol: one key per lane, so DCP can save each
+    # rank's lanes and load them back on any data-parallel size.
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint as a DCP-friendly mapping (``{"zephon_fingerprint": ..., "lane_00003": ...}``)."""
+        return checkpoint_to_state_dict(self.checkpoint())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict` output (possibly saved on another number of ranks)."""
+        self.restore(state_dict_to_checkpoint(state_dict))
+
+    def stats(self) -> dict[str, Any]:
+        """What this loader has done: deliveries, throughput, packing, drops, operators, mixture.
+
+        Cheap and always on. ``operators`` are the operators' own counters (part of their
+        states, so they continue across a restore); every other section counts this loader's
+        work since it started or was last restored. With worker processes, the operator
+        sections are asked of the workers (one round trip).
+
+        Returns:
+            A dict with:
+
+            - ``delivered`` (outputs), ``complete_steps``, ``lanes`` (per lane: ``delivered``,
+              ``ended``: whether iteration saw the lane run out, ``undelivered`` as
+              ``{"outputs", "records", "tokens"}``) and ``undelivered`` (totals);
+            - ``operators``: each operator's counters summed over this rank's lanes;
+            - ``flow``: per stage (``source``, then each operator) ``records_in``,
+              ``records_out``, ``tokens_in``, ``tokens_out`` and ``seconds`` of work done
+              (including outputs computed ahead of delivery);
+            - ``throughput``: delivered ``outputs``, ``records``, real ``tokens``, ``seconds``
+              from the first request to the last delivery, ``tokens_per_s``, and
+              ``wait_seconds`` / ``wait_fraction``: time the caller spent waiting in ``next()``;
+            - ``packing``: ``real_tokens`` and ``slots`` delivered (records of a batch padded to
+              its longest), ``padding_tokens``, ``efficiency`` and ``padding_waste``;
+            - ``dropped``: per operator, its counters of data not emitted, by cause;
+            - ``mixture``: samples and tokens delivered per dataset, their shares, the target
+              and epochs, over this rank's lanes (``global``) and per lane (see
+              :func:`~zephon.runtime.lanes.mixture_report`); these counts travel in the checkpoint, so
+              they continue across restores.
+
+            Ratios are ``None`` until there is something to divide by.
+        """
+        reports = self._final_reports if self._final_reports is not None else self.executor.reports()
+        meters = self._final_meters if self._final_reports is not None else self.executor.meters()
+        ops: dict[str, dict[str, int]] = {}
+        for lane_report in reports.values():
+            for name, counters in lane_report.items():
+                agg = ops.setdefault(name, {})
+                for k, v in counters.items():
+                    agg[k] = agg.get(k, 0) + v
+        names = ("outputs", "records", "tokens")
+        return {
+            "delivered": sum(self.delivered.values()),
+            "complete_steps": min(self.delivered.values()),
+            "lanes": {
+                lane: {"delivered": n, "ended": lane in self.ended, "undelivered": dict(zip(names, self._undelivered[lane]))}
+                for lane, n in self.delivered.items()
+            },
+            "undelivered": {k: sum(c[i] for c in self._undelivered.values()) for i, k in enumerate(names)},
+            "operators": ops,
+            **summarize(operators=ops, meter=meters, deliveries=self._deliveries),
+            "mixture": mixture_report(self.plan.source, {lane: s["mixture"] for lane, s in self._delivered_states().items()}),
+        }
+
+    def stats_table(self) -> str:
+        """:meth:`stats` rendered as a plain-text report (print it)."""
+        return format_stats(self.stats())
+
+    def _light_stats(self) -> dict[str, Any]:
+        """The loader-side sections of :meth:`stats` (no round trip to workers), for summaries."""
+        d = summarize(operators={}, meter=None, deliveries=self._deliveries)
+        return {"complete_steps": min(self.delivered.values()), **d}
+
+
+def out_lane(out: Any) -> int:
+    """The lane an output came from (every output is lane-pure)."""
+    return out.lane if isinstance(out, SampleBatch) else out.meta.lane
+
+
+#: The name this class had before pipelines became values.
+PipelineIterator = Loader

@@ -1,0 +1,117 @@
+"""Run settings of a pipeline: lanes, ranks, workers, reads, and what happens at the end of data.
+
+Only ``canonical_replicas`` decides the data; every other option is about where and how fast the
+lanes run, so it may change between a checkpoint and its restore.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+
+def _io_options(value: Any) -> Any:
+    if value is None:
+        return None
+    from ..sources.storage import io_options
+
+    return io_options(value)
+
+
+def _opt_int(minimum: int):
+    def check(instance, attribute, value):
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"options: {attribute.name} must be an int >= {minimum}, got {value!r}")
+
+    return check
+
+
+def _opt_bool(instance, attribute, value) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"options: {attribute.name} must be True, False or None, got {value!r}")
+
+
+@attrs.frozen
+class Options:
+    """Run settings.
+
+    Attributes:
+        canonical_replicas: L, the number of lanes. Decides the data; keep it fixed for a run and
+            choose a common multiple of every data-parallel size you may use.
+        dp_degree: D, data-parallel ranks sharing the lanes (L/D each). ``None``: from
+            ``torch.distributed`` when initialized, else ``WORLD_SIZE``, else 1.
+        dp_rank: this rank's data-parallel index. ``None``: from ``torch.distributed``, else
+            ``RANK``, else 0. Tensor/pipeline-parallel peers pass their shared DP rank explicitly.
+        workers: worker processes that run this rank's lanes ahead (0: in the calling thread).
+        prefetch: outputs each lane may run ahead of the caller (with ``workers > 0`` or ``thread``).
+        read_size: source samples read per lane step (tokenizer batch size).
+        read_ahead: when a lane must read, the lanes about to read read too, up to this many
+            samples in all, and their chunks are tokenized in one call (bigger encoder calls,
+            fewer idle cores). 0: each lane reads and tokenizes alone. Performance only.
+        global_batch_size: optional check: records per optimizer step must be a multiple of
+            L x microbatch_size (each global step takes one microbatch from every lane).
+        start_inline: with ``workers > 0``, whether user code may run in the calling process.
+            ``False`` (default): the workers start at ``iter()`` and compute every output, so a
+            map/filter function (or a tokenizer) that crashes the interpreter (a segfault,
+            ``os._exit``, the out-of-memory killer) ends a worker, never this process: the next
+            ``next()`` raises ``WorkerError`` naming the signal or exit code and the lanes, and
+            ``checkpoint()`` still covers exactly the delivered outputs. This process never
+            decodes a lane state nor builds a ``tokenizers`` tokenizer (the tiktoken backend's
+            encoding is built with the pipeline). ``True`` (opt-in): the lanes run here first, so
+            the first batch, also after a restore, comes as early as with ``workers=0`` (the
+            workers' start-up, most of a second, is not waited for); the workers start after it
+            and each takes its lanes' states once it is ready (meanwhile the lanes keep running
+            here if there is a core for each worker besides this process). A crash of user code
+            before the hand-over then ends this process. Never changes the data.
+        thread: with ``workers=0``, run the lanes ahead in a background thread (``prefetch``
+            outputs per lane) so reading and tokenizing overlap with the caller's work.
+        drain: at the end of finite data, keep delivering the outputs of lanes that still have
+            some (round-robin) instead of stopping at the first incomplete global step. The
+            drained tail is not a whole global step, so it is the same only for the same D.
+        agree_on_end: make every data-parallel rank stop at the same global step at the end of
+            finite data (one all-reduce of a flag per step through ``torch.distributed``).
+            ``None`` (default): ``steps()`` agrees when ``torch.distributed`` is initialized with
+            more than one rank and D comes from it (``dp_degree=None``), plain iteration does not;
+            ``True``: both agree, over the default process group, so every rank of it must
+            iterate; ``False``: neither.
+        log_every: log a one-line summary (tokens delivered, tokens/s, time waited for data,
+            packing efficiency) every this many global steps, at INFO on the ``"zephon.loader"``
+            logger (``zephon.enable_logging()`` prints it). ``None`` (default): no summaries.
+        io_options: how shards are fetched and cached (a dict or
+            :class:`~zephon.io.IoOptions`): ``{"cache": {"enabled", "dir", "max_bytes", "retries",
+            "backoff_s", "max_backoff_s"}, "row_group_cache_bytes"}``. ``None``: each dataset's own.
+    """
+
+    canonical_replicas: int = attrs.field(default=1, validator=_opt_int(1))
+    dp_degree: int | None = attrs.field(default=None, validator=_opt_int(1))
+    dp_rank: int | None = attrs.field(default=None, validator=_opt_int(0))
+    workers: int = attrs.field(default=0, validator=_opt_int(0))
+    prefetch: int = attrs.field(default=4, validator=_opt_int(1))
+    read_size: int = attrs.field(default=64, validator=_opt_int(1))
+    read_ahead: int = attrs.field(default=512, validator=_opt_int(0))
+    global_batch_size: int | None = attrs.field(default=None, validator=_opt_int(1))
+    drain: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    thread: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    start_inline: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    agree_on_end: bool | None = attrs.field(default=None, validator=_opt_bool)
+    log_every: int | None = attrs.field(default=None, validator=_opt_int(1))
+    io_options: Any = attrs.field(default=None, converter=_io_options)
+
+    @property
+    def decodes_inline(self) -> bool:
+        """Whether a loader decodes restored lane states in the calling process (inline, or workers
+        with ``start_inline``); otherwise the worker processes decode them."""
+        return self.workers == 0 or self.start_inline
+
+    def evolve(self, **changes) -> "Options":
+        """New options with ``changes`` (``num_workers`` is accepted for ``workers``)."""
+        if "num_workers" in changes:
+            changes["workers"] = changes.pop("num_workers")
+        known = [f.name for f in attrs.fields(Options)]
+        unknown = sorted(set(changes) - set(known))
+        if unknown:
+            raise TypeError(f"options: unknown option(s) {unknown}; known: {known}")
+        return attrs.evolve(self, **changes)

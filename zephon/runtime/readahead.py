@@ -1,0 +1,273 @@
+"""Reading ahead: the lanes' next chunks, read and tokenized in a background thread, several at a time.
+
+Why: each lane reads ``read_size`` samples at a time. Tokenizing each chunk in its own call, in
+the thread that runs the lanes, leaves cores idle twice: while that thread packs, shuffles and
+batches (Python work the encoder could overlap), and at the end of every encoder call (while the
+encoder waits for its longest document). So once a lane has stepped a chunk that gave outputs,
+its next chunk (whose position and size are then known) is queued; one background thread reads
+the queued chunks and runs the chain's leading per-record operators (``tokenize``, ``map``,
+``filter``: :attr:`~zephon.core.operator.Chain.per_record_prefix`) once over all of them, up to ``group``
+samples a call, split back per lane. A lane that must read and finds nothing queued asks for its
+chunk together with the lanes that will read next (once a chunk read here gave outputs: the
+first batch after a start or a restore waits for its own lane only), and waits.
+
+A lane then steps exactly as if it had read and tokenized the chunk itself: the operators are
+per-record, so the outputs, states and counters are the same (``Chain.step_prepared``). A
+prepared chunk is used only by the lane it was read for, from the source state and read size it
+was read with; any other is dropped. No other lane is read for until a chunk read here gave
+outputs. Nothing read ahead is thrown away unless the loader is closed before the end of the
+data (then at most one chunk per lane): at the end of finite data the loader runs every lane to
+its end, counting what it does not deliver, and so reads every queued chunk. If reading
+or the per-record operators fail in the background, reading ahead stops (the thread first
+finishes what it is doing): each lane then reads on its own, and the failure is raised, and
+named, by the lane it belongs to.
+
+State: per lane, at most one queued chunk, and the thread. None of it is part of a checkpoint: it
+is work the lanes would do anyway, done earlier.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, NamedTuple, Sequence
+
+from ..text.tokenizer import EXTRA_ENCODER_THREADS
+from .stats import items_size
+
+#: The background thread's name (the tiktoken backend gives it one more encoder thread).
+THREAD_NAME = "zephon-read-ahead"
+
+
+class Prepared(NamedTuple):
+    """One lane's next chunk, read and run through the chain's per-record operators."""
+
+    key: tuple[Any, int]  # (source state read from, read size)
+    source: Any  # the source state after the read
+    pointers: list
+    exhausted: bool
+    inputs: list  # the records read
+    outputs: list  # after the per-record operators
+    dropped: tuple[int, ...]  # per per-record operator: inputs that produced nothing
+    sizes: tuple[tuple[int, int], ...]  # (records, tokens) into each operator, then out of the last
+    seconds: tuple[float, ...]  # each operator's share of the grouped call
+    read_s: float
+
+
+class _Request(NamedTuple):
+    lane: int
+    key: tuple[Any, int]
+    future: Future
+
+
+class ReadAhead:
+    """Prepares an executor's lanes' next chunks in a background thread (see the module docstring).
+
+    Args:
+        plan: the lanes' :class:`~zephon.runtime.lanes.Plan`.
+        states: the executor's live ``{lane: LaneState}`` (read, never written).
+        group: samples read per call of the per-record operators, at most.
+    """
+
+    def __init__(self, plan: Any, states: dict[int, Any], group: int) -> None:
+        self.plan = plan
+        self.states = states
+        self.group = group
+        self.queued: dict[int, _Request] = {}
+        self.failed = False
+        self.started = False  # a chunk read here gave outputs: from then on, misses read for others too
+        self._work = _Work(plan, group)
+        # Also at interpreter exit: a daemon thread still inside native code when the interpreter
+        # finalizes can abort the process.
+        self._finalizer = weakref.finalize(self, self._work.stop)
+
+    # -- the lanes' side -------------------------------------------------------------------------------
+    def take(self, lane: int, source: Any, size: int) -> Prepared | None:
+        """The lane's chunk read from ``source`` with ``size`` (waiting for it); ``None``: read it yourself."""
+        if self.failed:
+            return None
+        key = (source, size)
+        request = self.queued.pop(lane, None)
+        if request is None or request.key != key:
+            request = self._submit(lane, key)
+            for other, other_key in self._others(lane, size):
+                self.queued[other] = self._submit(other, other_key)
+        try:
+            return request.future.result()
+        except Exception:  # not KeyboardInterrupt: a Ctrl-C while waiting goes to the caller
+            self._fail()
+            return None
+
+    def stepped(self, lane: int, source: Any, outputs: int, exhausted: bool) -> None:
+        """A lane stepped a chunk that left it at ``source`` with ``outputs`` to deliver: queue its next.
+
+        After outputs the lane delivers before it reads again, so its next read has ``read_size``.
+        """
+        if outputs:
+            self.started = True
+        if self.failed or exhausted or not outputs or lane in self.queued:
+            return
+        self.queued[lane] = self._submit(lane, (source, self.plan.read_size))
+
+    def close(self) -> None:
+        """Stop the thread and wait for it (it finishes the call it is in)."""
+        self._finalizer()
+
+    # -- lanes moving between processes ----------------------------------------------------------------
+    def release(self, lanes: Sequence[int]) -> dict[int, Prepared]:
+        """Stop reading for ``lanes`` (they move to another process): their chunks read already, or
+        being read now (waited for), to go with them; chunks not started yet are not read."""
+        requests = [self.queued.pop(lane) for lane in lanes if lane in self.queued]
+        self._work.cancel(requests)
+        out: dict[int, Prepared] = {}
+        for r in requests:
+            if r.future.cancelled():
+                continue
+            try:
+                out[r.lane] = r.future.result()
+            except Exception:  # the lane reads it again where it goes, and fails there, named
+                continue
+        return out
+
+    def give(self, chunks: dict[int, Prepared]) -> None:
+        """Take chunks read for these lanes by another process's :meth:`release`."""
+        for lane, prepared in chunks.items():
+            future: Future = Future()
+            future.set_result(prepared)
+            self.queued[lane] = _Request(lane, prepared.key, future)
+            self.started = True
+
+    # -- internals ----------------------------------------------------------------------------------------
+    def _others(self, lane: int, size: int) -> list[tuple[int, tuple[Any, int]]]:
+        """The lanes to read for with ``lane``'s chunk: after it in lane order, not done, with nothing
+        queued. None until a chunk read here gave outputs, so that the first batch (after a start
+        or a restore) waits for its own lane only."""
+        states = self.states
+        if not self.started:
+            return []
+        lanes = list(states)
+        i = lanes.index(lane) if lane in lanes else -1
+        total, out = size, []
+        for other in lanes[i + 1 :] + lanes[: max(i, 0)]:
+            if total >= self.group:
+                break
+            st = states[other]
+            if st.done or other in self.queued:
+                continue
+            key = (st.source, self.plan.read_size_of(st))
+            out.append((other, key))
+            total += key[1]
+        return out
+
+    def _submit(self, lane: int, key: tuple[Any, int]) -> _Request:
+        request = _Request(lane, key, Future())
+        self._work.put(request)
+        return request
+
+    def _fail(self) -> None:
+        """Stop reading ahead; the lanes read on their own once the thread has stopped."""
+        self.failed = True
+        self.queued.clear()
+        self._work.stop()
+
+
+class _Work:
+    """The background thread and its queue of requests, served in groups (holds no ReadAhead)."""
+
+    def __init__(self, plan: Any, group: int) -> None:
+        self.plan, self.group = plan, group
+        self.requests: deque[_Request] = deque()
+        self.cond = threading.Condition()
+        self.stopped = False
+        self.thread: threading.Thread | None = None  # started with the first request
+
+    def put(self, request: _Request) -> None:
+        with self.cond:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.run, name=THREAD_NAME, daemon=True)
+                self.thread.start()
+            self.requests.append(request)
+            self.cond.notify()
+
+    def cancel(self, requests: Sequence[_Request]) -> None:
+        """Cancel those of ``requests`` that wait (the others are being served, or were)."""
+        with self.cond:
+            for r in requests:
+                if r in self.requests:
+                    self.requests.remove(r)
+                    r.future.cancel()
+
+    def stop(self) -> None:
+        """Cancel what waits and end the thread, waiting for the call it is in."""
+        with self.cond:
+            self.stopped = True
+            for r in self.requests:
+                r.future.cancel()
+            self.requests.clear()
+            self.cond.notify()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join()
+
+    def run(self) -> None:
+        # One encoder thread more than CPUs here: this thread encodes while the lanes run Python.
+        EXTRA_ENCODER_THREADS.set(1)
+        while True:
+            with self.cond:
+                while not self.requests and not self.stopped:
+                    self.cond.wait()
+                if self.stopped:
+                    return
+                batch, total = [], 0
+                while self.requests and (not batch or total + self.requests[0].key[1] <= self.group):
+                    r = self.requests.popleft()
+                    batch.append(r)
+                    total += r.key[1]
+            try:
+                results = prepare(self.plan, [(r.lane, r.key) for r in batch])
+            except BaseException as exc:  # each lane then reads alone, and the failure is raised there
+                for r in batch:
+                    r.future.set_exception(exc)
+                continue
+            for r, p in zip(batch, results):
+                r.future.set_result(p)
+
+
+def prepare(plan: Any, wanted: Sequence[tuple[int, tuple[Any, int]]]) -> list[Prepared]:
+    """Read every wanted chunk ``(lane, (source state, size))``, then run the chain's per-record
+    operators once over all of them; one :class:`Prepared` per chunk, in order."""
+    t0 = time.perf_counter()
+    reads = []
+    for lane, (source, size) in wanted:
+        after, pointers, exhausted = plan.source.read(source, plan.lanes, lane, size)
+        reads.append((after, pointers, exhausted, plan.fetch(lane, pointers)))
+    read_s = time.perf_counter() - t0
+    n_total = sum(len(r[3]) for r in reads) or 1
+    items = [r[3] for r in reads]
+    sizes = [[items_size(x)] for x in items]
+    dropped: list[list[int]] = [[] for _ in reads]
+    seconds = []
+    for _, op in plan.chain.children[: plan.chain.per_record_prefix]:
+        t = time.perf_counter()
+        flat = [rec for part in items for rec in part]
+        results = op.apply_many([rec.payload for rec in flat]) if flat else []
+        if len(results) != len(flat):
+            raise RuntimeError(f"{op.kind}: apply_many returned {len(results)} results for {len(flat)} inputs")
+        at = 0
+        for j, part in enumerate(items):
+            out, lost = op.apply_records(part, results[at : at + len(part)])
+            at += len(part)
+            items[j] = out
+            dropped[j].append(lost)
+            sizes[j].append(items_size(out))
+        seconds.append(time.perf_counter() - t)
+    prepared = []
+    for j, ((_, key), (after, pointers, exhausted, inputs)) in enumerate(zip(wanted, reads)):
+        share = len(inputs) / n_total
+        prepared.append(Prepared(
+            key, after, pointers, exhausted, inputs, items[j], tuple(dropped[j]),
+            tuple(sizes[j]), tuple(s * share for s in seconds), read_s * share,
+        ))
+    return prepared

@@ -1,0 +1,307 @@
+"""What a loader is doing: runtime counters of reading, operators and deliveries, and their table.
+
+Counting is always on and cheap: a few integer additions per chunk and per delivered output, and
+two clock reads per operator step (``benchmarks/stats_overhead.py`` measures it). The counters
+decide nothing: they are not part of checkpoints, and they start from zero when a loader starts
+or restores. The operators' own counters (``report(state)``: drops, rows, padding), which are part
+of their states and so survive a restore, are kept apart from these.
+
+This module imports nothing above the records, so the chain, the lanes and the executors can
+all feed a :class:`Meter`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..core.fields import TOKEN_FIELDS
+from ..core.records import SampleBatch
+
+#: The name of the reading stage in the runtime counters (records out = source samples read).
+SOURCE = "source"
+
+#: Operator counters that count data not emitted, by cause; gathered into ``stats()["dropped"]``.
+_DROP_WORDS = ("dropped", "truncated")
+
+
+def record_tokens(rec: Any) -> int:
+    """Real (non-padding) tokens of one record; 0 for a record without tokens yet (raw text)."""
+    meta = rec.meta
+    total = 0
+    for s in meta.segments:
+        if s.end < 0:
+            break
+        total += s.end - s.start
+    else:
+        if meta.segments:
+            return total
+    n = _length(rec.payload)
+    return 0 if n is None else max(0, n - meta.padding_length)
+
+
+def _length(payload: Any) -> int | None:
+    """Token slots of a payload (its token field, or a bare sequence), or ``None`` if it has none."""
+    if isinstance(payload, dict):
+        for k in TOKEN_FIELDS:
+            v = payload.get(k)
+            if v is not None:
+                try:
+                    return len(v)
+                except TypeError:
+                    return None
+        return None
+    if isinstance(payload, (list, tuple, np.ndarray)):
+        return len(payload)
+    return None
+
+
+def items_size(items: Sequence[Any]) -> tuple[int, int]:
+    """``(records, tokens)`` of a list of records or batches of records."""
+    records = tokens = 0
+    for item in items:
+        if isinstance(item, SampleBatch):
+            records += len(item.records)
+            for r in item.records:
+                tokens += record_tokens(r)
+        else:
+            records += 1
+            tokens += record_tokens(item)
+    return records, tokens
+
+
+class Meter:
+    """Runtime counters of the lanes one executor runs: reading, then each operator.
+
+    Per operator: records and tokens in and out, and seconds spent in its ``step``/``flush``
+    (work done, including outputs computed ahead of delivery). For reading: source samples per
+    dataset and seconds. Mutated only by the thread that runs the lanes; readers take
+    :meth:`snapshot`.
+    """
+
+    __slots__ = ("names", "ops", "samples", "read_s")
+
+    def __init__(self, names: Sequence[str], datasets: int) -> None:
+        self.names = tuple(names)
+        self.ops = [[0, 0, 0, 0, 0.0] for _ in self.names]  # records in/out, tokens in/out, seconds
+        self.samples = [0] * datasets
+        self.read_s = 0.0
+
+    def read(self, pointers: Sequence[tuple[int, int, int]], seconds: float) -> None:
+        samples = self.samples
+        for d, _, _ in pointers:
+            samples[d] += 1
+        self.read_s += seconds
+
+    def add(self, index: int, size_in: tuple[int, int], size_out: tuple[int, int], seconds: float) -> None:
+        c = self.ops[index]
+        c[0] += size_in[0]
+        c[1] += size_out[0]
+        c[2] += size_in[1]
+        c[3] += size_out[1]
+        c[4] += seconds
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters as builtins (picklable, mergeable with :func:`merge_meters`)."""
+        return {"ops": {n: list(c) for n, c in zip(self.names, self.ops)}, "samples": list(self.samples), "read_s": self.read_s}
+
+
+def merge_meters(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The sum of several :meth:`Meter.snapshot` results (workers of one rank); ``None`` if none."""
+    out: dict[str, Any] | None = None
+    for snap in snapshots:
+        if out is None:
+            out = {"ops": {n: list(c) for n, c in snap["ops"].items()}, "samples": list(snap["samples"]), "read_s": snap["read_s"]}
+            continue
+        for n, c in snap["ops"].items():
+            acc = out["ops"].setdefault(n, [0, 0, 0, 0, 0.0])
+            for i, v in enumerate(c):
+                acc[i] += v
+        out["samples"] = [a + b for a, b in zip(out["samples"], snap["samples"])]
+        out["read_s"] += snap["read_s"]
+    return out
+
+
+class Deliveries:
+    """What a loader handed to its caller, and how long the caller waited for it.
+
+    Per delivered output: records, real tokens, token slots (a batch's records padded to its
+    longest, as ``to_training(padding="longest")`` pads them; packed rows count their padding
+    tail). ``wait_s`` is the time spent inside ``next()``;
+    ``seconds`` runs from the first request to the last delivery.
+    """
+
+    __slots__ = ("outputs", "records", "tokens", "slots", "wait_s", "first", "last")
+
+    def __init__(self) -> None:
+        self.outputs = self.records = self.tokens = self.slots = 0
+        self.wait_s = 0.0
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def start_wait(self) -> float:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        return now
+
+    def end_wait(self, started: float) -> None:
+        self.last = time.perf_counter()
+        self.wait_s += self.last - started
+
+    def add(self, out: Any) -> None:
+        records = out.records if isinstance(out, SampleBatch) else (out,)
+        longest = 0
+        tokens = 0
+        for r in records:
+            segs = r.meta.segments
+            if len(segs) == 1 and segs[0].end < 0:  # a whole sample: its tokens are its payload's
+                n = record_tokens(r)
+            else:  # explicit token ranges (packed rows)
+                n = sum(s.end - s.start for s in segs if s.end >= 0)
+            tokens += n
+            length = _length(r.payload)
+            longest = max(longest, n if length is None else length)
+        self.outputs += 1
+        self.records += len(records)
+        self.tokens += tokens
+        self.slots += longest * len(records)
+
+    @property
+    def seconds(self) -> float:
+        return 0.0 if self.first is None or self.last is None else self.last - self.first
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def summarize(
+    *,
+    operators: Mapping[str, Mapping[str, int]],
+    meter: Mapping[str, Any] | None,
+    deliveries: Deliveries,
+) -> dict[str, Any]:
+    """The runtime sections of ``Loader.stats()``: ``flow``, ``throughput``, ``packing``, ``dropped``."""
+    flow: dict[str, dict[str, Any]] = {}
+    if meter is not None:
+        samples = sum(meter["samples"])
+        flow[SOURCE] = {"records_in": 0, "records_out": samples, "tokens_in": 0, "tokens_out": 0, "seconds": meter["read_s"]}
+        for name, (rin, rout, tin, tout, sec) in meter["ops"].items():
+            flow[name] = {"records_in": rin, "records_out": rout, "tokens_in": tin, "tokens_out": tout, "seconds": sec}
+    d = deliveries
+    throughput = {
+        "outputs": d.outputs,
+        "records": d.records,
+        "tokens": d.tokens,
+        "seconds": d.seconds,
+        "tokens_per_s": _ratio(d.tokens, d.seconds),
+        "wait_seconds": d.wait_s,
+        "wait_fraction": _ratio(d.wait_s, d.seconds),
+    }
+    packing = {
+        "real_tokens": d.tokens,
+        "slots": d.slots,
+        "padding_tokens": d.slots - d.tokens,
+        "efficiency": _ratio(d.tokens, d.slots),
+        "padding_waste": None if not d.slots else 1.0 - d.tokens / d.slots,
+    }
+    dropped = {}
+    for name, counters in operators.items():
+        causes = {k: v for k, v in counters.items() if any(w in k for w in _DROP_WORDS)}
+        if causes:
+            dropped[name] = causes
+    out: dict[str, Any] = {"flow": flow, "throughput": throughput, "packing": packing, "dropped": dropped}
+    return out
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def _num(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "-"
+        return f"{x:,.3f}" if abs(x) < 100 else f"{x:,.0f}"
+    if isinstance(x, int):
+        return f"{x:,}"
+    return str(x)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    fmt = lambda row: "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths)))  # noqa: E731
+    return [fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
+
+
+def format_stats(stats: Mapping[str, Any]) -> str:
+    """Render ``Loader.stats()`` as a plain-text report (operators, delivery, drops, mixture)."""
+    lines: list[str] = []
+    t = stats.get("throughput", {})
+    p = stats.get("packing", {})
+    lines.append(
+        f"delivered: {stats.get('delivered', 0):,} outputs ({t.get('records', 0):,} records, {t.get('tokens', 0):,} tokens) "
+        f"in {stats.get('complete_steps', 0):,} complete steps"
+    )
+    rate = t.get("tokens_per_s")
+    lines.append(
+        f"throughput: {_num(rate)} tokens/s over {_num(t.get('seconds'))} s; the caller waited {_num(t.get('wait_seconds'))} s "
+        f"for data ({_pct(t.get('wait_fraction'))} of that time)"
+    )
+    lines.append(
+        f"packing: efficiency {_pct(p.get('efficiency'))} ({p.get('real_tokens', 0):,} real tokens in {p.get('slots', 0):,} slots; "
+        f"padding waste {_pct(p.get('padding_waste'))})"
+    )
+    flow = stats.get("flow", {})
+    if flow:
+        lines.append("")
+        rows = []
+        total = sum(f["seconds"] for f in flow.values()) or 1.0
+        for name, f in flow.items():
+            rows.append(
+                [name, _num(f["records_in"]), _num(f["records_out"]), _num(f["tokens_in"]), _num(f["tokens_out"]), f"{f['seconds']:.3f}", _pct(f["seconds"] / total)]
+            )
+        lines += _table(["operator", "records in", "records out", "tokens in", "tokens out", "seconds", "time"], rows)
+    ops = stats.get("operators", {})
+    if ops:
+        lines.append("")
+        lines.append("operator counters (part of the checkpoint):")
+        for name, counters in ops.items():
+            shown = ", ".join(f"{k}={_num(v)}" for k, v in counters.items())
+            lines.append(f"  {name}: {shown}")
+    und = stats.get("undelivered", {})
+    dropped = stats.get("dropped", {})
+    lines.append("")
+    drops = [f"{name}.{k}={_num(v)}" for name, c in dropped.items() for k, v in c.items() if v]
+    lines.append("dropped: " + (", ".join(drops) if drops else "nothing"))
+    lines.append(
+        f"undelivered at the end of data: {und.get('outputs', 0):,} outputs ({und.get('records', 0):,} records, {und.get('tokens', 0):,} tokens)"
+    )
+    mix = stats.get("mixture")
+    if mix:
+        lines.append("")
+        lines.append(f"mixture (target shares count {mix.get('unit', 'samples')}):")
+        rows = [
+            [name, _pct(m["target"]), _num(m["samples"]), _pct(m["sample_share"]), _num(m["tokens"]), _pct(m["token_share"]), _num(m["epochs"])]
+            for name, m in mix.get("global", {}).items()
+        ]
+        lines += _table(["dataset", "target", "samples", "share", "tokens", "share", "epochs"], rows)
+    return "\n".join(lines)
+
+
+def summary_line(stats_light: Mapping[str, Any]) -> str:
+    """The one-line progress summary logged every ``log_every`` steps."""
+    t, p = stats_light["throughput"], stats_light["packing"]
+    return (
+        f"step {stats_light['complete_steps']:,}: {t['tokens']:,} tokens delivered, {_num(t['tokens_per_s'])} tokens/s, "
+        f"waited {_pct(t['wait_fraction'])}, packing {_pct(p['efficiency'])}"
+    )

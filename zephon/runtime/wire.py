@@ -1,0 +1,250 @@
+"""Messages over a ``multiprocessing`` connection with their buffers out of band.
+
+A message is pickled with protocol 5: every contiguous buffer (numpy arrays, bytearrays) is left
+out of the pickle and written after it, straight from the object's memory, with one ``writev``
+for all of them. The receiver reads them with one ``readv``, each into a fresh ``bytearray``, and
+rebuilds the arrays over those. Compared with one in-band pickle, the array bytes are copied once
+fewer on each side: not into the pickle, and not out of it.
+
+Batches (:class:`~zephon.core.records.SampleBatch`) of dict payloads holding only arrays and plain
+values reduce to a compact form (:func:`_reduce_batch`) that pickles without calling Python code
+per array and per meta; any other batch pickles as usual.
+
+Small buffers travel out of band too: choosing in-band ones would call Python code for every
+buffer while pickling, which costs more than the copy it saves, while an out-of-band buffer only
+adds an entry to the ``writev`` and ``readv`` calls.
+
+Wire format: the pickle's length, the pickle and a trailer (the buffers' sizes, then their count;
+every number a little-endian 64-bit integer; unpickling stops at the end of the pickle), then the
+buffers' bytes, back to back, all with one ``writev`` (on Windows, one connection message each).
+
+Every array arrives writable and owns its memory, as with an in-band pickle: read-only arrays
+(memory-mapped token files) are sent from their memory and rebuilt writable on the other side.
+Arrays that are not contiguous (strided slices) are copied into the pickle, as numpy pickles them.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import struct
+import sys
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from ..core.records import Meta, Record, SampleBatch
+
+#: Where numpy's protocol-5 pickles find the function that rebuilds an array over its buffer.
+_NUMPY_FROMBUFFER = {("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeric", "_frombuffer")}
+
+
+class _Pickler(pickle.Pickler):
+    """Protocol 5 with ``ForkingPickler``'s reducers; buffers are kept apart in ``buffers``.
+
+    ``ForkingPickler`` takes no ``buffer_callback``, so this pickler borrows its reducers: those of
+    ``copyreg``, of ``multiprocessing`` (connections) and those libraries register (torch tensors).
+    Arrays reduce as numpy makes them: a contiguous array as a buffer, others as an in-band copy.
+    Batches reduce with :func:`_reduce_batch`.
+    """
+
+    def __init__(self, file: io.BytesIO) -> None:
+        self.buffers: list[pickle.PickleBuffer] = []
+        super().__init__(file, 5, buffer_callback=self.buffers.append)
+        self.dispatch_table = ForkingPickler(file).dispatch_table  # a fresh copy of the current reducers
+        self.dispatch_table[SampleBatch] = _reduce_batch
+
+
+#: Payload values a batch's fast form carries as they are (anything else: the batch pickles as usual).
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+def _reduce_batch(batch: SampleBatch) -> Any:
+    """A batch in a form that pickles at C speed: per record its payload's keys and values, each
+    contiguous array as its buffer (out of band) with its dtype and shape; the metas as msgpack.
+
+    Pickling each array and meta as such calls Python code per object (numpy's and msgspec's
+    reducers): 120 µs for 8 packed rows of 2,049 tokens, against 50 µs this way, and about 15 µs
+    less to receive.
+    A batch holding anything else (nested containers, other array types, arrays without a buffer
+    such as datetimes, one array twice) pickles as usual.
+    """
+    records, seen, out = batch.records, set(), []
+    for r in records:
+        payload = r.payload
+        if type(payload) is not dict:
+            return batch.__reduce_ex__(5)
+        values, arrays = list(payload.values()), []
+        for i, v in enumerate(values):
+            t = type(v)
+            if t is np.ndarray and v.flags.c_contiguous and not v.dtype.hasobject and id(v) not in seen:
+                try:
+                    values[i] = pickle.PickleBuffer(v)
+                except (BufferError, ValueError):  # no buffer for its dtype (datetimes): numpy pickles it
+                    return batch.__reduce_ex__(5)
+                seen.add(id(v))
+                arrays.append((i, v.dtype, v.shape))
+            elif t not in _PLAIN:
+                return batch.__reduce_ex__(5)
+        out.append((tuple(payload), values, arrays))
+    return _rebuild_batch, (out, _META_ENCODER.encode([r.meta for r in records]), batch.pad_token_id)
+
+
+def _rebuild_batch(records: list, metas: bytes, pad_token_id: Any) -> SampleBatch:
+    """Inverse of :func:`_reduce_batch`: every array writable, over the buffer received for it."""
+    out = []
+    for (keys, values, arrays), meta in zip(records, _META_DECODER.decode(metas)):
+        for i, dtype, shape in arrays:
+            buf = values[i]
+            if isinstance(buf, memoryview):  # read-only in the sender: a read-only view of the received bytearray
+                buf = buf.obj
+            array = np.frombuffer(buf, dtype=dtype)
+            values[i] = array if len(shape) == 1 else array.reshape(shape)
+        out.append(Record(dict(zip(keys, values)), meta))
+    return SampleBatch(tuple(out), pad_token_id)
+
+
+_META_ENCODER = msgspec.msgpack.Encoder()
+_META_DECODER = msgspec.msgpack.Decoder(list[Meta])
+
+
+class _Unpickler(pickle.Unpickler):
+    """Rebuilds numpy arrays writable, over the buffers received for them."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _NUMPY_FROMBUFFER:
+            return _frombuffer
+        return super().find_class(module, name)
+
+
+def _frombuffer(buf: Any, dtype: np.dtype, shape: tuple[int, ...], order: str, axis_order: Any = None) -> np.ndarray:
+    """numpy's ``_frombuffer``, except that the array is always writable (as an in-band pickle makes it).
+
+    ``buf`` is a received bytearray, the array's own, or a read-only view of one when the array
+    was read-only in the sender (a memory-mapped file): the bytearray is used, writable.
+    """
+    if isinstance(buf, memoryview) and isinstance(buf.obj, bytearray):
+        buf = buf.obj
+    array = np.frombuffer(buf, dtype=dtype)
+    if order == "K" and axis_order is not None:
+        return array.reshape(shape, order="C").transpose(axis_order)
+    return array.reshape(shape, order=order)
+
+
+def pack_message(msg: Any) -> list[memoryview]:
+    """``msg`` (any picklable value) as the parts to send: the pickle with its trailer, then each buffer.
+
+    The parts are views of the pickle and of the message's own arrays: they are only valid while
+    those arrays are not changed.
+
+    Raises:
+        Exception: what pickling ``msg`` raises.
+    """
+    head = io.BytesIO()
+    pickler = _Pickler(head)
+    pickler.dump(msg)
+    buffers = [buf.raw() for buf in pickler.buffers]
+    sizes = [buf.nbytes for buf in buffers]
+    head.write(struct.pack(f"<{len(sizes) + 1}Q", *sizes, len(sizes)))
+    return [head.getbuffer(), *buffers]
+
+
+def send_parts(conn: Any, parts: list[memoryview]) -> None:
+    """Send what :func:`pack_message` made.
+
+    Raises:
+        OSError: the other end is gone.
+    """
+    if _RAW:
+        _write_all(conn.fileno(), [memoryview(struct.pack("<Q", parts[0].nbytes)), *parts])
+    else:
+        for part in parts:
+            conn.send_bytes(part)
+
+
+def send_message(conn: Any, msg: Any) -> None:
+    """Send ``msg`` over ``conn``, its buffers out of band (nothing is sent if it does not pickle).
+
+    Raises:
+        Exception: what pickling ``msg`` raises.
+        OSError: the other end is gone.
+    """
+    send_parts(conn, pack_message(msg))
+
+
+def copy_message(msg: Any) -> Any:
+    """``msg`` as :func:`recv_message` would receive it, made in this process: pickled with its
+    buffers out of band and rebuilt (every array writable, over memory of its own).
+
+    Raises:
+        Exception: what pickling ``msg`` raises.
+    """
+    parts = pack_message(msg)
+    return _Unpickler(io.BytesIO(parts[0]), buffers=[bytearray(part) for part in parts[1:]]).load()
+
+
+def recv_message(conn: Any) -> Any:
+    """Receive a message sent by :func:`send_message`; its arrays are writable and own their memory.
+
+    Raises:
+        EOFError: the other end closed the connection, also in the middle of a message.
+        Exception: what unpickling raises (a type that cannot be imported here, for one).
+    """
+    if _RAW:
+        length = bytearray(8)
+        _read_all(conn.fileno(), [length])
+        head = bytearray(int.from_bytes(length, "little"))
+        _read_all(conn.fileno(), [head])
+    else:
+        head = conn.recv_bytes()
+    (count,) = struct.unpack_from("<Q", head, len(head) - 8)
+    sizes = struct.unpack_from(f"<{count}Q", head, len(head) - 8 * (count + 1))
+    buffers = [bytearray(size) for size in sizes]
+    if _RAW:
+        _read_all(conn.fileno(), buffers)
+    else:
+        for buf in buffers:
+            got = conn.recv_bytes_into(buf)
+            if got != len(buf):
+                raise pickle.UnpicklingError(f"a buffer of {got} bytes arrived where {len(buf)} were announced")
+    return _Unpickler(io.BytesIO(head), buffers=buffers).load()
+
+
+# On POSIX systems a message is written with one system call: the pickle's length (8 bytes,
+# little-endian), the pickle, the buffers, straight from their memory; the reader reads the
+# length, the pickle, then all the buffers into theirs. (A multiprocessing message would copy each
+# part into a frame of its own, and wake the reader once per part.) Only messages of this module
+# go this way on the connection; messages the other way keep multiprocessing's frames.
+_RAW = hasattr(os, "writev") and sys.platform != "win32"
+_IOV_MAX = 512  # buffers per system call: Linux and macOS take up to 1024
+
+
+def _write_all(fd: int, buffers: list[memoryview]) -> None:
+    views = [buf for buf in buffers if buf.nbytes]
+    while views:
+        done = os.writev(fd, views[:_IOV_MAX])
+        views = _advance(views, done)
+
+
+def _read_all(fd: int, buffers: list[bytearray]) -> None:
+    views = [memoryview(buf) for buf in buffers if buf]
+    while views:
+        done = os.readv(fd, views[:_IOV_MAX])
+        if done == 0:
+            raise EOFError("the connection was closed by the other end")
+        views = _advance(views, done)
+
+
+def _advance(views: list[memoryview], done: int) -> list[memoryview]:
+    """What is left of ``views`` once their first ``done`` bytes were written or read."""
+    i = 0
+    while i < len(views) and done >= views[i].nbytes:
+        done -= views[i].nbytes
+        i += 1
+    rest = views[i:]
+    if done:
+        rest[0] = rest[0][done:]
+    return rest

@@ -1,0 +1,233 @@
+"""Parquet and Arrow IPC (Feather) shards, read by row group (record batch) with column projection.
+
+A columnar file is a list of row groups (Parquet) or record batches (Arrow IPC). A read of some
+rows decodes only the groups that hold them, and only the projected columns (``columns=``;
+every column by default). Decoded Parquet row groups are kept in a per-process LRU bounded in
+bytes (``io_options={"row_group_cache_bytes": ...}``), so a permuted read or a restore touches
+only what it needs and a shard of any size is never loaded whole. Arrow IPC files are memory
+mapped: their batches are views of the mapping, so nothing is decoded ahead.
+
+A payload is the row as a dict of Python values (``pyarrow``'s ``to_pylist``: lists for list
+columns, ``datetime`` for timestamps).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..core.cache import ProcessCache
+from .files import FileIdentity, open_cached
+from .jsonl import ShardChangedError
+
+#: Endings read as each columnar format.
+PARQUET_SUFFIXES = (".parquet", ".pq")
+ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
+
+_OPEN = ProcessCache(clear_after_fork=True, max_entries=128)
+
+
+def pyarrow() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.ipc  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise ImportError("reading Parquet or Arrow files needs pyarrow: pip install 'zephon[parquet]'") from None
+    return pyarrow
+
+
+class RowGroupCache:
+    """Decoded row groups, least recently used out first, at most ``max_bytes`` in all (per process)."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[Any, Any] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, key: Any, build: Any, max_bytes: int) -> Any:
+        with self._lock:
+            table = self._entries.get(key)
+            if table is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return table
+        table = build()
+        size = table.nbytes
+        with self._lock:
+            self.misses += 1
+            if key not in self._entries:
+                self._entries[key] = table
+                self._bytes += size
+            while self._bytes > max_bytes and len(self._entries) > 1:
+                _, old = self._entries.popitem(last=False)
+                self._bytes -= old.nbytes
+        return table
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+
+#: The decoded row groups of this process.
+ROW_GROUPS = RowGroupCache()
+
+
+class _Opened:
+    __slots__ = ("reader", "starts")
+
+    def __init__(self, reader: Any, starts: np.ndarray):
+        self.reader = reader
+        self.starts = starts  # first row of each group, then the row count
+
+
+class ColumnarShard(FileIdentity):
+    """One Parquet or Arrow IPC file read by random access.
+
+    Attributes:
+        path, shard_id, size, digest, seen, cache_dir, verify, num_rows: as for every file shard.
+        fmt: ``"parquet"`` or ``"arrow"``.
+        columns: the projected columns (``None``: all).
+        group_rows: rows of each row group (record batch), read from the footer at opening.
+    """
+
+    _fields = FileIdentity._id_fields + ("fmt", "columns", "group_rows")
+    __slots__ = _fields + ("__weakref__",)
+
+    def __init__(self, path: str, shard_id: str, fmt: str, columns: Sequence[str] | None = None, verify: str = "quick", *, cache_dir: str | None = None, digest: str | None = None):
+        self._init_identity(path, shard_id, verify, cache_dir, digest)
+        self.fmt = fmt
+        self.columns = None if columns is None else tuple(columns)
+        self.group_rows: tuple[int, ...] = ()
+
+    # -- opening ------------------------------------------------------------------------------------
+    def count_rows(self, dataset: str, io: Any = None) -> int:
+        """Read the footer (row groups and schema); once, at discovery."""
+        opened = self._open(dataset)
+        self.group_rows = tuple(np.diff(opened.starts).tolist())
+        self.num_rows = int(opened.starts[-1])
+        return self.num_rows
+
+    def _open(self, dataset: str) -> _Opened:
+        return open_cached(_OPEN, self, dataset, lambda st: self._build(dataset))
+
+    def _build(self, dataset: str) -> _Opened:
+        pa = pyarrow()
+        try:
+            if self.fmt == "parquet":
+                reader = pa.parquet.ParquetFile(self.path, memory_map=False)
+                meta = reader.metadata
+                counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+                names = reader.schema_arrow.names
+            else:
+                reader = _ArrowFile(pa, self.path)
+                counts, names = reader.counts, reader.names
+        except (pa.ArrowException, OSError, ValueError) as err:
+            if isinstance(err, FileNotFoundError):
+                raise
+            kind = "Parquet" if self.fmt == "parquet" else "Arrow IPC (Feather v2)"
+            raise ValueError(
+                f"dataset {dataset!r}: {self.path} is not a readable {kind} file ({type(err).__name__}: {err}). It may "
+                "have been cut short by an interrupted copy or write (its footer is at the end), or be in another "
+                "format: check the file, or re-create it."
+            ) from err
+        if self.columns is not None:
+            missing = [c for c in self.columns if c not in names]
+            if missing:
+                raise ValueError(f"dataset {dataset!r}: {self.path} has no column(s) {missing}; its columns are {names}. Fix columns=.")
+        starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).astype(np.int64)
+        if self.group_rows and tuple(counts) != self.group_rows:
+            raise ShardChangedError(f"dataset {dataset!r}: shard file {self.path} now has row groups of {counts} rows, not the {list(self.group_rows)} it had when the dataset was opened; open the dataset again")
+        return _Opened(reader, starts)
+
+    # -- reading ------------------------------------------------------------------------------------
+    def _group(self, opened: _Opened, g: int, dataset: str, max_bytes: int) -> Any:
+        def decode() -> Any:
+            try:
+                if self.fmt == "parquet":
+                    return opened.reader.read_row_group(g, columns=list(self.columns) if self.columns else None, use_threads=False)
+                return opened.reader.batch(g, self.columns)
+            except Exception as err:
+                lo, hi = int(opened.starts[g]), int(opened.starts[g + 1])
+                raise ValueError(f"dataset {dataset!r}: {self.path}, row group {g} (rows {lo}..{hi - 1}) cannot be decoded ({type(err).__name__}: {err}); the file is damaged: re-create it") from err
+
+        if self.fmt != "parquet":  # views of the mapping; nothing to keep
+            return decode()
+        key = (self.path, self.digest, self.columns, g)
+        return ROW_GROUPS.get(key, decode, max_bytes)
+
+    def read(self, rows: np.ndarray, dataset: str, io: Any = None) -> list:
+        """The rows (validated ``int64``, any order, repeats allowed) as dicts, in the order given."""
+        if rows.shape[0] == 0:
+            return []
+        opened = self._open(dataset)
+        max_bytes = io.row_group_cache_bytes if io is not None else 64 << 20
+        groups = np.searchsorted(opened.starts, rows, side="right") - 1
+        out: list = [None] * rows.shape[0]
+        for g in sorted(set(groups.tolist())):
+            where = np.flatnonzero(groups == g)
+            table = self._group(opened, g, dataset, max_bytes)
+            local = rows[where] - opened.starts[g]
+            try:
+                values = _rows_of(table, local)
+            except Exception as err:
+                r = int(rows[where[0]])
+                raise ValueError(f"dataset {dataset!r}: {self.path}, rows near {r} (row group {g}) cannot be converted to Python values ({type(err).__name__}: {err})") from err
+            for i, v in zip(where.tolist(), values):
+                out[i] = v
+        return out
+
+
+def _rows_of(table: Any, local: np.ndarray) -> list:
+    """Rows ``local`` of a decoded group as dicts, in the order given.
+
+    Sorted runs of consecutive rows are converted slice by slice (a zero-copy slice, then
+    ``to_pylist``), which avoids ``take`` and its copy for the common, mostly sequential read.
+    """
+    order = np.argsort(local, kind="stable")
+    ordered = local[order]
+    cut = np.flatnonzero(np.diff(ordered) != 1) + 1
+    values: list = []
+    for run in np.split(ordered, cut):
+        lo, n = int(run[0]), int(run[-1]) - int(run[0]) + 1
+        part = table.slice(lo, n).to_pylist()
+        values.extend(part if n == run.shape[0] else [part[int(r) - lo] for r in run])
+    if (np.diff(local) > 0).all():
+        return values
+    result: list = [None] * local.shape[0]
+    for i, v in zip(order.tolist(), values):
+        result[i] = v
+    return result
+
+
+class _ArrowFile:
+    """An Arrow IPC file (random-access format) or stream, memory mapped; batches by index."""
+
+    def __init__(self, pa: Any, path: str):
+        source = pa.memory_map(path, "r")
+        try:
+            reader = pa.ipc.open_file(source)
+            self._batches = None
+            self._reader = reader
+            self.counts = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+            self.names = reader.schema.names
+        except pa.ArrowInvalid:
+            # The stream format (what Hugging Face datasets writes): read once, zero-copy from the mapping.
+            source.seek(0)
+            table = pa.ipc.open_stream(source).read_all()
+            self._batches = table.to_batches()
+            self.counts = [b.num_rows for b in self._batches]
+            self.names = table.schema.names
+
+    def batch(self, i: int, columns: Sequence[str] | None) -> Any:
+        batch = self._batches[i] if self._batches is not None else self._reader.get_batch(i)
+        return batch.select(list(columns)) if columns else batch

@@ -1,0 +1,715 @@
+"""Datasets: named, immutable collections of shards read by ``(shard, row)``.
+
+A sample's stable pointer is ``(dataset, shard, row)``: the dataset's position in a source, the
+shard's position in the dataset, and the row's position in the shard. A :class:`Dataset` knows
+the last two only. Shard order is fixed when the dataset is made (sorted relative paths for files,
+insertion order for in-memory shards), and row numbers never move, so pointers stay valid for as
+long as the data is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import os
+from typing import Any, Iterable, Mapping, Sequence, Union
+
+import attrs
+import msgspec
+import numpy as np
+
+from ..core.log import progress as progress_bar
+from .jsonl import VERIFY_MODES, JsonlShard, resolve_cache_dir
+from .storage import IoOptions
+from .storage import io_options as _as_io
+from .token_files import TOKEN_DTYPES
+
+PathLike = Union[str, "os.PathLike[str]"]
+ShardId = Union[str, int]
+
+_LISTED = 10
+
+
+class InMemoryShard:
+    """Rows held in memory: a list of dicts, or a list or array of numpy arrays.
+
+    Reads return the stored objects themselves (arrays as read-only views); treat payloads as
+    read-only. The content hash used by :meth:`Dataset.fingerprint` is computed once, on first
+    use.
+
+    Args:
+        rows: a sequence of dicts, a sequence of numpy arrays, or one numpy array of two or more
+            dimensions (each row along the first axis is a sample).
+
+    Raises:
+        TypeError: rows of another kind, or dicts mixed with arrays.
+
+    Example:
+        >>> InMemoryShard([{"text": "a"}, {"text": "b"}]).num_rows
+        2
+    """
+
+    __slots__ = ("_rows", "_digest")
+
+    def __init__(self, rows: Sequence[Any] | np.ndarray):
+        self._digest: tuple[str, int] | None = None
+        if isinstance(rows, np.ndarray) and rows.dtype != object:
+            if rows.ndim < 2:
+                raise TypeError(
+                    f"InMemoryShard got a {rows.ndim}-d numpy array; pass a 2-d (or higher) array whose rows "
+                    "are samples, or a list of arrays or dicts"
+                )
+            self._rows: Any = _read_only(rows)
+            return
+        if isinstance(rows, (str, bytes, dict)) or not isinstance(rows, Iterable):
+            raise TypeError(
+                f"InMemoryShard expects a list of dicts or of numpy arrays, got {type(rows).__name__}; "
+                'for example InMemoryShard([{"text": "..."}, ...])'
+            )
+        items = list(rows)
+        kind = np.ndarray if items and isinstance(items[0], np.ndarray) else dict
+        for i, row in enumerate(items):
+            if not isinstance(row, kind):
+                raise TypeError(
+                    f"InMemoryShard rows must all be dicts or all be numpy arrays; row {i} is a "
+                    f"{type(row).__name__} (row 0 is a {type(items[0]).__name__})"
+                )
+        if kind is np.ndarray:
+            items = [_read_only(x) for x in items]
+        self._rows = tuple(items)
+
+    @property
+    def num_rows(self) -> int:
+        """Number of rows."""
+        return len(self._rows)
+
+    def read(self, rows: np.ndarray, dataset: str, io: Any = None) -> list:
+        data = self._rows
+        return [data[i] for i in rows.tolist()]
+
+    def _content_digest(self) -> tuple[str, int]:
+        if self._digest is None:
+            h = hashlib.blake2b(digest_size=16)
+            total = 0
+            data = self._rows
+            if isinstance(data, np.ndarray):
+                head = f"ndarray:{data.dtype.str}:{data.shape}".encode()
+                body = np.ascontiguousarray(data).tobytes()
+                h.update(head)
+                h.update(body)
+                total = len(body)
+            else:
+                encoder = msgspec.msgpack.Encoder(enc_hook=_encode_value)
+                for lo in range(0, len(data), 1024):
+                    chunk = encoder.encode(list(data[lo : lo + 1024]))
+                    h.update(chunk)
+                    total += len(chunk)
+            self._digest = ("blake2b:" + h.hexdigest(), total)
+        return self._digest
+
+    def fingerprint(self) -> dict[str, Any]:
+        identity, size = self._content_digest()
+        return {"path": None, "bytes": size, "rows": self.num_rows, "identity": identity}
+
+    def __getstate__(self) -> tuple[Any, Any]:
+        return (self._rows, self._digest)
+
+    def __setstate__(self, state: tuple[Any, Any]) -> None:
+        self._rows, self._digest = state
+
+    def __repr__(self) -> str:
+        return f"InMemoryShard(rows={self.num_rows})"
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def _encode_value(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        head = f"{value.dtype.str}:{value.shape}:".encode()
+        return msgspec.msgpack.Ext(1, head + np.ascontiguousarray(value).tobytes())
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(
+        f"cannot fingerprint an in-memory row holding a {type(value).__name__}; rows may hold dicts, lists, "
+        "str, int, float, bool, None and numpy arrays"
+    )
+
+
+@attrs.frozen(eq=False, repr=False)
+class Dataset:
+    """A named, immutable list of shards; every sample is addressed by ``(shard, row)``.
+
+    Make one with :meth:`from_path` (JSONL, Parquet, Arrow or token files, local or remote),
+    :meth:`from_hf` (a Hugging Face dataset), :meth:`from_dict` or :meth:`from_rows` (rows in
+    memory). A dataset pickles with the standard library; open files are not pickled but mapped
+    again on first read in each process.
+
+    Attributes:
+        name: the dataset's name (the mixture component name).
+        format: ``"jsonl"``, ``"parquet"``, ``"arrow"``, ``"tokens"``, ``"hf"`` or ``"inmem"``.
+        io: how shards are fetched and cached (:class:`~zephon.io.IoOptions`; not in the
+            fingerprint).
+        columns: the projected columns of a Parquet or Arrow dataset (``None``: all).
+        shard_ids: the shards' ids, in shard order: relative paths for files; for in-memory
+            shards the mapping's keys as given, all strings or all ints.
+
+    Example:
+        >>> ds = Dataset.from_rows("toy", [{"text": "a"}, {"text": "b"}, {"text": "c"}])
+        >>> ds.num_shards, ds.num_rows
+        (1, 3)
+        >>> ds.read(0, [2, 0, 2])
+        [{'text': 'c'}, {'text': 'a'}, {'text': 'c'}]
+    """
+
+    name: str
+    format: str
+    shard_ids: tuple[ShardId, ...] = attrs.field(converter=tuple)
+    _shards: tuple[Any, ...] = attrs.field(converter=tuple)
+    io: IoOptions = attrs.field(factory=IoOptions, kw_only=True, converter=_as_io)
+    columns: tuple[str, ...] | None = attrs.field(default=None, kw_only=True)
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a dataset needs a non-empty string name, got {self.name!r}")
+        if len(self.shard_ids) != len(self._shards):
+            raise ValueError(f"{len(self.shard_ids)} shard ids for {len(self._shards)} shards")
+        if not self._shards:
+            raise ValueError(f"dataset {self.name!r} has no shards")
+        if len(set(self.shard_ids)) != len(self.shard_ids):
+            raise ValueError(f"dataset {self.name!r} has repeated shard ids: {list(self.shard_ids)}")
+
+    # -- construction ---------------------------------------------------------------------------------
+
+    @classmethod
+    def from_path(
+        cls,
+        name: str,
+        path: PathLike | Sequence[PathLike],
+        *,
+        fmt: str | None = None,
+        cache_dir: PathLike | None = None,
+        recursive: bool = False,
+        verify: str = "quick",
+        columns: Sequence[str] | None = None,
+        eos_token_id: int | None = None,
+        token_dtype: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        io_options: Any = None,
+        index: str = "auto",
+        progress: bool = False,
+    ) -> Dataset:
+        """Open files as a dataset, one shard per file: JSONL, Parquet, Arrow IPC or token files.
+
+        ``path`` is a folder, one file, a glob (``"data/*.parquet"``, ``"data/**/*.jsonl.zst"``),
+        a list of files, or any of these as an fsspec URL (``s3://``, ``gs://``, ``az://``,
+        ``hf://``, ``memory://``; ``file://`` is local). Shards are ordered by their path relative
+        to the folder (the glob's fixed part, or the files' common folder), sorted, whatever
+        order they are listed or found in. Folder discovery skips hidden entries and, unless
+        ``recursive``, subfolders. One dataset holds one format.
+
+        Formats, by ending (``fmt=`` forces one): ``jsonl`` (``.jsonl``, ``.jsonl.gz``,
+        ``.jsonl.zst``), ``parquet`` (``.parquet``, ``.pq``), ``arrow`` (``.arrow``, ``.feather``,
+        ``.ipc``: Arrow IPC file or stream) and ``tokens`` (``.bin``, ``.npy``: flat token ids,
+        documents split at ``eos_token_id`` or by a Megatron ``.idx`` beside each ``.bin``). See
+        the sources guide for each format's rows and costs.
+
+        A shard is identified by its content: its size and a SHA-256 of its bytes, taken once per
+        file and kept in the digest cache (in ``cache_dir``), so a byte-identical copy of the data
+        (moved, re-copied, staged elsewhere, touched) is the same dataset and resumes its
+        checkpoints. Every format keeps JSONL's guarantees: files must stay unchanged while the
+        dataset is in use, and a change is reported (:class:`~zephon.io.ShardChangedError`)
+        instead of read: one ``stat`` before every read, and a new digest when the file's size,
+        times or inode changed; a file cut short fails naming it. A remote shard is identified by
+        its size and ETag (or checksum; else a digest of its content) and read from a whole copy
+        in the local shard cache (``io_options``).
+
+        Args:
+            name: the dataset's name.
+            path: a folder, a file, a glob, a list of files, or a URL of any of these.
+            fmt: ``None`` to detect the format from the endings; ``"jsonl"``, ``"parquet"``,
+                ``"arrow"`` or ``"tokens"`` to read every given (or, in a folder, every
+                non-hidden) file as that format.
+            cache_dir: cache folder for content digests, JSONL indexes, decompressed copies and
+                token offsets; default ``$ZEPHON_CACHE_DIR``, else ``~/.cache/zephon``.
+            recursive: also search subfolders of a folder.
+            verify: ``"quick"``: a file is digested again when its size, times or inode change;
+                ``"full"``: also hashed whole again whenever a process opens it and now and then
+                while it is read (for filesystems whose times do not follow every write).
+            columns: Parquet/Arrow only: the columns to decode (the others are never read);
+                ``None``: all. Rows hold only these fields.
+            eos_token_id: token files: the end-of-document token that splits documents.
+            token_dtype: ``.bin`` token files without a Megatron index: ``"uint16"`` (default)
+                or ``"uint32"``.
+            storage_options: passed to the fsspec filesystem of a URL (credentials, endpoint).
+            io_options: the shard cache and row-group cache settings (see
+                :meth:`with_io_options`); usually set for a whole pipeline with
+                ``Pipeline.options(io_options=...)``.
+            index: ``"auto"``: use the dataset index (``.zephon-index.json`` in the root, written
+                by ``zephon index PATH``) for shards whose identity still matches and count the
+                others (with a warning); ``"require"``: refuse a missing or stale index;
+                ``"off"``: ignore it.
+            progress: show a progress bar (needs ``tqdm``) while shards are counted.
+
+        Returns:
+            The dataset, with the files' format.
+
+        Raises:
+            FileNotFoundError: a path does not exist, or a glob matches nothing.
+            ValueError: unknown ``fmt``, ``verify`` or ``index``; no supported files; several
+                formats; a file that cannot be read as its format or is cut short; a stale index
+                with ``index="require"``.
+            ImportError: a format whose optional package is missing (the message names the
+                ``pip install`` line).
+        """
+        from .discover import FORMATS, discover
+
+        if fmt is not None and fmt not in FORMATS:
+            raise ValueError(
+                f"unknown fmt {fmt!r} for dataset {name!r}; supported: {', '.join(map(repr, FORMATS))}, "
+                "or fmt=None to detect it from the file endings"
+            )
+        if verify not in VERIFY_MODES:
+            raise ValueError(
+                f"unknown verify {verify!r} for dataset {name!r}; use 'quick' (a file is digested again when its "
+                "size, times or inode change) or 'full' (also hashed whole again whenever a process opens it)"
+            )
+        if index not in ("auto", "require", "off"):
+            raise ValueError(f"unknown index {index!r} for dataset {name!r}; use 'auto', 'require' or 'off'")
+        if token_dtype is not None and token_dtype not in TOKEN_DTYPES:
+            raise ValueError(f"dataset {name!r}: token_dtype must be 'uint16', 'uint32', 'int32' or 'int64', got {token_dtype!r}")
+        io = _as_io(io_options)
+        root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options, cache_dir=resolve_cache_dir(cache_dir), cache=io.cache)
+        kind = found[0].fmt
+        if columns is not None:
+            if kind not in ("parquet", "arrow"):
+                raise ValueError(f"dataset {name!r}: columns= applies to Parquet and Arrow files, not {kind}")
+            columns = _column_list(name, columns)
+        spec = ShardSpec(kind, resolve_cache_dir(cache_dir), verify, None if columns is None else tuple(columns), eos_token_id, token_dtype)
+        shards = open_shards(name, root, found, spec, storage_options, io, index=index, progress=progress)
+        return cls(name, kind, [s.shard_id for s in shards], shards, io=io, columns=spec.columns)
+
+    @classmethod
+    def from_hf(cls, name: str, hf_dataset: Any, *, split: str | None = None, shard_rows: int | None = None) -> Dataset:
+        """A Hugging Face ``datasets.Dataset`` (or a ``DatasetDict`` split) as a dataset.
+
+        Rows are read by random access from the HF dataset (memory mapped Arrow) and come as
+        dicts of Python values, whatever format the HF dataset was set to. The identity is the
+        HF dataset's own fingerprint, which changes with every transform and with its files.
+        ``datasets.IterableDataset`` streams are refused with how to materialize them.
+
+        Args:
+            name: the dataset's name.
+            hf_dataset: a ``datasets.Dataset``, or a ``datasets.DatasetDict`` with ``split``.
+            split: the split of a ``DatasetDict`` (optional when it has only one).
+            shard_rows: cut the rows into shards of this many (so ``shuffle_shards`` has
+                shards to shuffle); ``None``: one shard.
+
+        Returns:
+            The dataset, with format ``"hf"``.
+
+        Raises:
+            TypeError: a stream, an iterator, or another object.
+            ValueError: a ``DatasetDict`` with several splits and no ``split``; an empty dataset.
+        """
+        from .hf import HfShard, select_split
+
+        data = select_split(hf_dataset, name, split)
+        total = len(data)
+        if total == 0:
+            raise ValueError(f"dataset {name!r}: the Hugging Face dataset has no rows")
+        if shard_rows is not None and (isinstance(shard_rows, bool) or not isinstance(shard_rows, int) or shard_rows < 1):
+            raise ValueError(f"dataset {name!r}: shard_rows must be an int >= 1 or None, got {shard_rows!r}")
+        step = shard_rows or total
+        shards = [HfShard(data, lo, min(lo + step, total)) for lo in range(0, total, step)]
+        return cls(name, "hf", list(range(len(shards))), shards)
+
+    def with_io_options(self, io_options: Any) -> Dataset:
+        """The same dataset read with other I/O settings (shard cache, row-group cache).
+
+        These settings decide only where copies are kept and how much is kept decoded, never the
+        rows, so they are not part of the fingerprint.
+
+        Args:
+            io_options: a dict or :class:`~zephon.io.IoOptions`: ``{"cache": {"enabled", "dir",
+                "max_bytes", "retries", "backoff_s", "max_backoff_s"}, "row_group_cache_bytes"}``.
+
+        Example:
+            >>> ds = Dataset.from_rows("toy", [{"x": 1}])
+            >>> ds.with_io_options({"cache": {"max_bytes": "10gb"}}).io.cache.max_bytes
+            10737418240
+        """
+        return attrs.evolve(self, io=_as_io(io_options))
+
+    @classmethod
+    def from_dict(cls, name: str, shards: Mapping[ShardId, InMemoryShard | Sequence[Any]]) -> Dataset:
+        """A dataset of in-memory shards, in the mapping's insertion order.
+
+        Shard ids are either all strings or all integers (as Zephon 0.2.0 takes them, for example
+        ``{0: InMemoryShard(rows), 1: InMemoryShard(more)}``). They are kept as given: integer ids
+        stay Python ints in :attr:`shard_ids`, in :meth:`fingerprint` and in
+        ``Pipeline.describe_step``, so ``{0: rows}`` and ``{"0": rows}`` are different datasets
+        (their fingerprints differ). Shard *order* is the insertion order either way; ids never
+        affect which sample comes where.
+
+        Args:
+            name: the dataset's name.
+            shards: shard id to :class:`InMemoryShard` (a plain list of rows is wrapped in one).
+
+        Returns:
+            The dataset, with format ``"inmem"``.
+
+        Raises:
+            ValueError: no shards.
+            TypeError: a shard id that is neither a string nor an integer (``bool`` included),
+                string and integer ids mixed, or rows of an unsupported kind.
+
+        Example:
+            >>> ds = Dataset.from_dict("toy", {"a": InMemoryShard([{"x": 1}]), "b": InMemoryShard([{"x": 2}])})
+            >>> ds.shard_ids, ds.shard_sizes
+            (('a', 'b'), (1, 1))
+            >>> Dataset.from_dict("toy", {0: [{"x": 1}], 1: [{"x": 2}]}).shard_ids
+            (0, 1)
+        """
+        if not isinstance(shards, Mapping):
+            raise TypeError(
+                f"Dataset.from_dict expects a mapping of shard id to InMemoryShard, got {type(shards).__name__}; "
+                'for example Dataset.from_dict("web", {"0": InMemoryShard(rows)})'
+            )
+        if not shards:
+            raise ValueError(f"Dataset.from_dict({name!r}, ...) needs at least one shard")
+        ids = _shard_ids(name, list(shards))
+        values = [value if isinstance(value, InMemoryShard) else InMemoryShard(value) for value in shards.values()]
+        return cls(name, "inmem", ids, values)
+
+    @classmethod
+    def from_rows(cls, name: str, rows: Sequence[Any] | np.ndarray, *, shard_id: ShardId = "0") -> Dataset:
+        """A dataset of one in-memory shard.
+
+        Args:
+            name: the dataset's name.
+            rows: what :class:`InMemoryShard` accepts.
+            shard_id: the shard's id (a string or an integer, see :meth:`from_dict`).
+
+        Returns:
+            The dataset, with format ``"inmem"``.
+
+        Example:
+            >>> Dataset.from_rows("toy", [{"text": "hi"}]).shard_ids
+            ('0',)
+        """
+        return cls.from_dict(name, {shard_id: InMemoryShard(rows)})
+
+    # -- shape ------------------------------------------------------------------------------------------
+
+    @property
+    def num_shards(self) -> int:
+        """Number of shards."""
+        return len(self._shards)
+
+    @property
+    def shard_sizes(self) -> tuple[int, ...]:
+        """Rows per shard, in shard order."""
+        return tuple(s.num_rows for s in self._shards)
+
+    @property
+    def num_rows(self) -> int:
+        """Rows over all shards."""
+        return sum(s.num_rows for s in self._shards)
+
+    # -- reading ----------------------------------------------------------------------------------------
+
+    def read(self, shard: int, rows: Sequence[int] | np.ndarray) -> list[Any]:
+        """Payloads of ``rows`` of shard number ``shard``, in the order asked.
+
+        Rows may be unsorted and repeated; they are read in sorted order and put back. A JSONL
+        payload is the decoded object as stored (dicts, lists, str, int, float, bool, None); an
+        in-memory payload is the stored row itself. Treat payloads as read-only.
+
+        Args:
+            shard: shard index, ``0 <= shard < num_shards``.
+            rows: row indices within the shard (integers).
+
+        Returns:
+            One payload per requested row.
+
+        Raises:
+            IndexError: a shard or row out of range.
+            TypeError: non-integer indices.
+            ValueError: a line that is not a JSON object (named by file and line).
+            ShardChangedError: a file that changed since the dataset was opened (a ``ValueError``).
+        """
+        try:
+            index = operator.index(shard)
+        except TypeError:
+            raise TypeError(f"dataset {self.name!r}: shard must be an integer index, got {shard!r}") from None
+        if not 0 <= index < len(self._shards):
+            count = len(self._shards)
+            raise IndexError(f"dataset {self.name!r} has {count} shards (0..{count - 1}); got shard {index}")
+        target = self._shards[index]
+        return target.read(self._row_array(rows, index, target.num_rows), self.name, self.io)
+
+    def _row_array(self, rows: Any, shard: int, size: int) -> np.ndarray:
+        array = np.asarray(rows)
+        if array.ndim != 1:
+            raise ValueError(
+                f"dataset {self.name!r}: rows must be a 1-d sequence of integers, got shape {array.shape}"
+            )
+        if array.size == 0:
+            return np.empty(0, dtype=np.int64)
+        if array.dtype.kind not in "iu":
+            raise TypeError(f"dataset {self.name!r}: rows must be integers, got dtype {array.dtype}")
+        array = array.astype(np.int64, copy=False)
+        low, high = int(array.min()), int(array.max())
+        if low < 0 or high >= size:
+            bad = low if low < 0 else high
+            raise IndexError(
+                f"dataset {self.name!r}: shard {shard} ({self.shard_ids[shard]!r}) has {size} rows (0..{size - 1}); "
+                f"got row {bad}"
+            )
+        return array
+
+    def shard_path(self, shard: int) -> str | None:
+        """The absolute path of shard number ``shard``'s file; ``None`` for an in-memory shard.
+
+        Example:
+            >>> Dataset.from_rows("toy", [{"text": "a"}]).shard_path(0) is None
+            True
+        """
+        return getattr(self._shards[shard], "path", None)
+
+    # -- identity ---------------------------------------------------------------------------------------
+
+    def fingerprint(self) -> dict[str, Any]:
+        """A JSON-friendly description of the data, which changes when any shard's content changes.
+
+        Files are identified by their path relative to the dataset root, size and a SHA-256 of
+        their content (a byte-identical copy elsewhere has the same fingerprint); remote objects
+        by size and ETag or checksum; in-memory shards by a BLAKE2b hash of their rows, computed
+        once.
+
+        Returns:
+            ``{"name", "format", "shards": [{"id", "path", "bytes", "rows", "identity"}, ...]}``.
+
+        Example:
+            >>> fp = Dataset.from_rows("toy", [{"x": 1}]).fingerprint()
+            >>> fp["shards"][0]["rows"], fp["shards"][0]["identity"].startswith("blake2b:")
+            (1, True)
+        """
+        out: dict[str, Any] = {"name": self.name, "format": self.format}
+        if self.columns is not None:  # rows hold only these fields
+            out["columns"] = list(self.columns)
+        out["shards"] = [{"id": sid, **s.fingerprint()} for sid, s in zip(self.shard_ids, self._shards)]
+        return out
+
+    def __repr__(self) -> str:
+        return f"Dataset(name={self.name!r}, format={self.format!r}, shards={self.num_shards}, rows={self.num_rows})"
+
+
+def _shard_ids(name: str, keys: list[Any]) -> list[ShardId]:
+    """Validate in-memory shard ids: all strings or all integers (numpy integers become ints)."""
+    out: list[ShardId] = []
+    for key in keys:
+        if isinstance(key, str):
+            out.append(key)
+            continue
+        if not isinstance(key, (bool, np.bool_)):
+            try:
+                out.append(int(operator.index(key)))
+                continue
+            except TypeError:
+                pass
+        raise TypeError(
+            f"dataset {name!r}: shard id {key!r} ({type(key).__name__}) is neither a string nor an integer; "
+            'use {"a": rows, "b": more} or {0: rows, 1: more}'
+        )
+    if len({isinstance(i, str) for i in out}) > 1:
+        raise TypeError(
+            f"dataset {name!r}: shard ids mix strings and integers ({list(out)!r}); use all strings "
+            '({"0": rows, "1": more}) or all integers ({0: rows, 1: more})'
+        )
+    return out
+
+
+def as_dataset(obj: Any, name: str = "data") -> Dataset:
+    """``obj`` as a :class:`Dataset`: a dataset as is, or a list of dicts as one in-memory shard.
+
+    Args:
+        obj: a :class:`Dataset`, or a list (or tuple) of dicts.
+        name: the name given to a dataset made from a list.
+
+    Returns:
+        The dataset.
+
+    Raises:
+        TypeError: anything else, with how to make a dataset from it.
+
+    Example:
+        >>> as_dataset([{"text": "a"}, {"text": "b"}], name="toy")
+        Dataset(name='toy', format='inmem', shards=1, rows=2)
+    """
+    if isinstance(obj, Dataset):
+        return obj
+    if isinstance(obj, (str, os.PathLike)):
+        where = os.fspath(obj)
+        raise TypeError(f"as_dataset got the path {where!r}; open files with Dataset.from_path({name!r}, {where!r})")
+    if isinstance(obj, (list, tuple)):
+        for i, row in enumerate(obj):
+            if not isinstance(row, dict):
+                raise TypeError(
+                    f"as_dataset accepts a list of dicts, but item {i} is a {type(row).__name__}; for arrays use "
+                    f"Dataset.from_rows({name!r}, rows), for files Dataset.from_path({name!r}, path)"
+                )
+        return Dataset.from_rows(name, list(obj))
+    raise TypeError(
+        f"cannot use a {type(obj).__name__} as a dataset; pass a zephon.io.Dataset (Dataset.from_path(name, path) "
+        "for JSONL files, Dataset.from_dict(name, {shard_id: InMemoryShard(rows)}) for rows in memory) or a list "
+        "of dicts"
+    )
+
+
+# -- opening file shards ------------------------------------------------------------------------------
+
+
+def _column_list(name: str, columns: Any) -> list[str]:
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        raise TypeError(f"dataset {name!r}: columns must be a list of column names, got {columns!r}")
+    out = list(columns)
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"dataset {name!r}: columns must name at least one column, each once, got {out}")
+    return out
+
+
+@attrs.frozen
+class ShardSpec:
+    """How to open a local file of a dataset as a shard (picklable; also used for remote copies)."""
+
+    fmt: str
+    cache_dir: str
+    verify: str
+    columns: tuple[str, ...] | None = None
+    eos_token_id: int | None = None
+    token_dtype: str | None = None
+
+    def __call__(self, path: str, shard_id: str, compression: str | None = None, digest: str | None = None) -> Any:
+        """The shard of the file at ``path``; ``digest``: its content identity if known (else taken)."""
+        if self.fmt == "jsonl":
+            if compression is None:
+                lower = path.lower()
+                compression = "gzip" if lower.endswith(".gz") else "zstd" if lower.endswith((".zst", ".zstd")) else None
+            return JsonlShard(path, shard_id, compression, self.cache_dir, self.verify, digest)
+        if self.fmt in ("parquet", "arrow"):
+            from .columnar import ColumnarShard
+
+            return ColumnarShard(path, shard_id, self.fmt, self.columns, self.verify, cache_dir=self.cache_dir, digest=digest)
+        from .token_files import TokenShard
+
+        return TokenShard(path, shard_id, dtype=self.token_dtype, eos_token_id=self.eos_token_id, cache_dir=self.cache_dir, verify=self.verify, digest=digest)
+
+    def settings(self) -> dict[str, Any]:
+        """What decides an index entry's rows and digest."""
+        return {"fmt": self.fmt, "verify": self.verify, "eos_token_id": self.eos_token_id, "token_dtype": self.token_dtype}
+
+
+def make_shard(found: Any, spec: ShardSpec, storage_options: Mapping[str, Any] | None) -> Any:
+    """The shard of one found file: local, or a remote object read through the shard cache."""
+    from .files import RemoteShard
+    from .storage import is_url, split_url
+
+    if is_url(found.location):
+        fs_key = (split_url(found.location)[0], tuple(sorted((storage_options or {}).items())))
+        return RemoteShard(found.location, found.shard_id, found.size, found.identity, fs_key, spec)
+    return spec(found.location, found.shard_id, found.compression, found.identity)
+
+
+def index_entry(found: Any, shard: Any) -> dict[str, Any]:
+    """The dataset-index entry of a counted shard."""
+    entry: dict[str, Any] = {"fmt": found.fmt, "bytes": found.size, "identity": found.identity, "rows": shard.num_rows}
+    if getattr(shard, "group_rows", None):
+        entry["groups"] = list(shard.group_rows)
+    return entry
+
+
+def _apply_entry(shard: Any, entry: Mapping[str, Any]) -> None:
+    shard.num_rows = int(entry["rows"])
+    if "groups" in entry and hasattr(shard, "group_rows"):
+        shard.group_rows = tuple(int(g) for g in entry["groups"])
+
+
+def open_shards(name: str, root: str, found: list, spec: ShardSpec, storage_options: Any, io: Any, *, index: str = "auto", progress: bool = False) -> list:
+    """Shards of every found file, counted, or taken from the dataset index where it still holds."""
+    import warnings
+
+    from .discover import read_index
+
+    doc = read_index(root, storage_options) if index != "off" else None
+    entries: Mapping[str, Any] = {}
+    if doc is not None:
+        if doc.get("settings") == spec.settings():
+            entries = doc["shards"]
+        elif index == "require":
+            raise ValueError(f"dataset {name!r}: the index in {root} was built with {doc.get('settings')}, not {spec.settings()}; rebuild it with `zephon index {root}`")
+    elif index == "require":
+        raise ValueError(f"dataset {name!r}: {root} has no dataset index; build it with `zephon index {root}` (or pass index='auto')")
+    stale, unlisted, shards = [], [], []
+    for f in progress_bar(found, total=len(found), desc=f"counting {name}", unit="shard", force=progress or None):
+        shard = make_shard(f, spec, storage_options)
+        entry = entries.get(f.shard_id)
+        if entry is not None and (entry.get("fmt"), entry.get("bytes"), entry.get("identity")) == (f.fmt, f.size, f.identity):
+            _apply_entry(shard, entry)
+        else:
+            (stale if entry is not None else unlisted).append(f.shard_id)
+            if index == "require":
+                raise ValueError(
+                    f"dataset {name!r}: the index in {root} is stale: shard {f.shard_id} "
+                    f"{'changed since it was indexed' if entry is not None else 'is not in it'}; rebuild it with `zephon index {root}`"
+                )
+            shard.count_rows(name, io)
+        shards.append(shard)
+    if doc is not None and (stale or unlisted):
+        listed = ", ".join((stale + unlisted)[:_LISTED])
+        warnings.warn(
+            f"dataset {name!r}: the index in {root} is stale for {len(stale)} changed and {len(unlisted)} new shard(s) "
+            f"({listed}); they were counted again, not trusted. Rebuild it with `zephon index {root}`.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return shards
+
+
+def build_index(
+    path: PathLike | Sequence[PathLike],
+    *,
+    fmt: str | None = None,
+    recursive: bool = False,
+    verify: str = "quick",
+    eos_token_id: int | None = None,
+    token_dtype: str | None = None,
+    cache_dir: PathLike | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    io_options: Any = None,
+    progress: bool = False,
+) -> tuple[str, Dataset]:
+    """Count every shard of a dataset and write its index, ``.zephon-index.json``, in its root.
+
+    ``Dataset.from_path`` then takes each shard's row count, content digest and row groups from
+    the index instead of opening the shard, as long as the shard's size and identity still match
+    (see ``index=``). The arguments are ``Dataset.from_path``'s and must match the ones it is
+    opened with where they decide rows (``fmt``, ``verify``, ``eos_token_id``, ``token_dtype``).
+
+    Returns:
+        ``(where the index was written, the dataset)``.
+    """
+    from .discover import discover, write_index
+
+    name = "index"
+    io = _as_io(io_options)
+    root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options, cache_dir=resolve_cache_dir(cache_dir), cache=io.cache)
+    spec = ShardSpec(found[0].fmt, resolve_cache_dir(cache_dir), verify, None, eos_token_id, token_dtype)
+    shards = open_shards(name, root, found, spec, storage_options, io, index="off", progress=progress)
+    entries = {f.shard_id: index_entry(f, s) for f, s in zip(found, shards)}
+    where = write_index(root, entries, spec.settings(), storage_options)
+    return where, Dataset(os.path.basename(root.rstrip("/")) or "data", spec.fmt, [s.shard_id for s in shards], shards, io=io)

@@ -1,0 +1,208 @@
+"""Content identity of shard files: a SHA-256 of the bytes, taken once per file and cached.
+
+A shard is identified by what it holds, not by where or when it was written, so a byte-identical
+copy (``cp -r``, ``rsync`` without ``-t``, data staged to a local disk at job start, a ``touch``)
+is the same shard, and a checkpoint resumes on it; one changed byte makes another shard.
+
+Reading a whole file costs time, so its digest is taken once and kept in the digest cache,
+``<cache>/digests/`` (one small JSON entry per file, named by its real path), keyed by the
+file's *stat key*: device, inode, size, modification time and status-change time (ctime). A
+later open whose stat key matches reads the entry instead of the file. ctime is in the key
+because every write changes it and no tool can put it back: a same-size rewrite whose
+modification time was restored (``cp -p`` onto the file, ``os.utime``) is digested again.
+Entries are written atomically; a digest taken while the file changed under it is not kept.
+When the cache folder cannot be written, digests are kept for the process only (one warning).
+
+What is kept: the entries on disk, and a per-process memo of the digests taken or read.
+
+:func:`check_file` is the check every file shard runs before a read: one ``stat``; a file whose
+stat key differs from the one last verified is digested again (once) and compared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from ..core.atomic import replacing
+
+#: The digest's name, the prefix of every identity it makes (``sha256=<hex>``).
+ALGORITHM = "sha256"
+BLOCK = 1 << 20  # bytes hashed per read
+#: Files digested at once when a dataset is opened (``hashlib`` releases the GIL while hashing).
+PARALLEL = 8
+_VERSION = 1
+
+StatKey = tuple[int, int, int, int, int]
+
+
+class ShardChangedError(ValueError):
+    """A shard file changed after its dataset was opened, so its rows can no longer be read.
+
+    Rows are located by byte offsets fixed when the dataset was opened; reading a changed file
+    would return other samples, or crash the process if a mapped file shrank. The message names
+    the dataset, the file and what changed. A ``ValueError``, so code that catches data errors
+    catches it too. A file whose bytes are the same (copied again, touched) is not a change.
+
+    Example:
+        >>> issubclass(ShardChangedError, ValueError)
+        True
+    """
+
+
+def stat_key(st: os.stat_result) -> StatKey:
+    """What any change to a file changes: ``(device, inode, size, mtime_ns, ctime_ns)``."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def hash_file(path: str) -> str:
+    """The identity of a file's bytes, ``"sha256=<hex>"``, read in :data:`BLOCK`-byte blocks.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile() as f:
+        ...     _ = f.write(b"abc"); f.flush()
+        ...     hash_file(f.name)[:19]
+        'sha256=ba7816bf8f01'
+    """
+    h = hashlib.sha256()
+    block = bytearray(BLOCK)
+    view = memoryview(block)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(block):
+            h.update(view[:n])
+    return f"{ALGORITHM}={h.hexdigest()}"
+
+
+# -- the digest cache ---------------------------------------------------------------------------------
+
+_memo: dict[tuple[str, Any], str] = {}
+_memo_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+def _entry_file(cache_dir: str, name: str) -> str:
+    key = hashlib.blake2b(name.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+    return os.path.join(cache_dir, "digests", key + ".json")
+
+
+def cached(cache_dir: str, name: str, key: Any, compute: Callable[[], str], *, keep: Callable[[], bool] = lambda: True, usable: Callable[[str], bool] = lambda d: True) -> str:
+    """The digest recorded for ``(name, key)`` (if ``usable``), else ``compute()`` recorded (when ``keep()``)."""
+    key = json.loads(json.dumps(key))  # as it reads back
+    memo = (name, json.dumps(key))
+    with _memo_lock:
+        hit = _memo.get(memo)
+    if hit is not None and usable(hit):
+        return hit
+    where = _entry_file(cache_dir, name)
+    try:
+        with open(where, "rb") as f:
+            doc = json.loads(f.read())
+        if doc.get("v") == _VERSION and doc.get("name") == name and doc.get("key") == key and isinstance(doc.get("digest"), str) and usable(doc["digest"]):
+            with _memo_lock:
+                _memo[memo] = doc["digest"]
+            return doc["digest"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    digest = compute()
+    if not keep():
+        return digest
+    with _memo_lock:
+        _memo[memo] = digest
+    try:
+        os.makedirs(os.path.dirname(where), exist_ok=True)
+        with replacing(where) as out:
+            out.write(json.dumps({"v": _VERSION, "name": name, "key": key, "digest": digest}).encode())
+    except OSError as err:
+        folder = os.path.dirname(where)
+        if folder not in _warned:
+            _warned.add(folder)
+            warnings.warn(f"zephon digest cache {folder} cannot be written ({type(err).__name__}: {err}); shard digests are kept in memory, so every process reads the files again. Pass cache_dir= or set ZEPHON_CACHE_DIR to a writable folder.", RuntimeWarning, stacklevel=3)
+    return digest
+
+
+def file_digest(path: str, cache_dir: str, st: os.stat_result | None = None) -> str:
+    """The identity of the file at ``path`` (``"sha256=<hex>"``), from the digest cache when it holds.
+
+    ``st`` is the file's ``stat`` if the caller has it. A digest taken while the file changed
+    (its stat key differs afterwards) is returned but not recorded.
+    """
+    st = st or os.stat(path)
+    key = stat_key(st)
+
+    def unchanged() -> bool:
+        try:
+            return stat_key(os.stat(path)) == key
+        except OSError:
+            return False
+
+    return cached(cache_dir, os.path.realpath(path), list(key), lambda: hash_file(path), keep=unchanged)
+
+
+def file_digests(paths: list[str], cache_dir: str, stats: list[os.stat_result]) -> list[str]:
+    """:func:`file_digest` of many files, up to :data:`PARALLEL` at once."""
+    if len(paths) <= 1:
+        return [file_digest(p, cache_dir, s) for p, s in zip(paths, stats)]
+    with ThreadPoolExecutor(min(PARALLEL, len(paths))) as pool:
+        return list(pool.map(lambda ps: file_digest(ps[0], cache_dir, ps[1]), zip(paths, stats)))
+
+
+# -- the check before a read --------------------------------------------------------------------------
+
+
+def short(identity: str | None) -> str:
+    """``sha256=1a2b3c4d5e6f…`` for messages."""
+    if not identity:
+        return "none"
+    name, _, value = identity.partition("=")
+    return f"{name} {value[:12]}…" if value else identity[:16]
+
+
+def check_file(shard: Any, dataset: str, when: str) -> os.stat_result:
+    """One ``stat`` of ``shard.path``; raises unless the file still holds the shard's bytes.
+
+    ``shard`` has ``path``, ``size``, ``digest``, ``cache_dir`` and ``seen`` (the stat key last
+    verified in this process, or ``None``). A new stat key (the file was touched, copied again,
+    replaced) makes the file digested again, from the digest cache when it holds; equal bytes
+    are accepted and ``seen`` updated. ``when`` says when, for messages ("while reading").
+
+    Raises:
+        FileNotFoundError: the file is gone.
+        ShardChangedError: another size, or other bytes.
+    """
+    try:
+        st = os.stat(shard.path)
+    except FileNotFoundError:
+        if when == "while reading":
+            raise FileNotFoundError(f"dataset {dataset!r}: shard file {shard.path} was removed while reading; restore the file or open the dataset again.") from None
+        raise FileNotFoundError(f"dataset {dataset!r}: shard file {shard.path} no longer exists; it was there when the dataset was opened. Restore the file or open the dataset again.") from None
+    key = stat_key(st)
+    if key == shard.seen:
+        return st
+    if st.st_size != shard.size:
+        raise changed(shard, dataset, when, st, None)
+    now = file_digest(shard.path, shard.cache_dir, st)
+    if now != shard.digest:
+        raise changed(shard, dataset, when, st, now)
+    shard.seen = key
+    return st
+
+
+def changed(shard: Any, dataset: str, when: str, st: os.stat_result, now: str | None) -> ShardChangedError:
+    """The error for a shard file whose size (``now`` is ``None``) or bytes differ."""
+    times = ""
+    if shard.seen is not None:
+        was = shard.seen[3]
+        times = f"; mtime_ns was {was}, now {st.st_mtime_ns}" if was != st.st_mtime_ns else "; its modification time is the same"
+    what = "" if now is None else f"; its content differs ({short(shard.digest)} → {short(now)})"
+    return ShardChangedError(
+        f"dataset {dataset!r}: shard file {shard.path} changed {when}: size was {shard.size} bytes, now {st.st_size}{times}{what}. "
+        "Rows are located by byte offsets fixed when the dataset was opened, so reading the changed file would shift or "
+        "garble samples. Leave shard files untouched while a dataset is in use (write new files beside them), and open "
+        "the dataset again with Dataset.from_path to read the new content."
+    )

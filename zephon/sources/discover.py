@@ -1,0 +1,349 @@
+"""Finding a dataset's shards: formats by file ending, folders, lists, globs, remote URLs; the index.
+
+Discovery turns what the user passed into a sorted list of :class:`Found` shards, each with its
+format, size and identity: the content digest of a local file (``sha256=<hex>``, taken once per
+file and kept in the digest cache, see :mod:`zephon.sources.digest`), the ETag or checksum of a
+remote object (a digest of its content on stores that give neither); never a modification time,
+so a byte-identical copy of the data is the same dataset. Shard ids are paths relative to the dataset root (the folder, the glob's fixed
+prefix, or the listed files' common folder), and shards are sorted by them.
+
+The dataset index (``.zephon-index.json`` in the root, written by ``zephon index PATH``) records
+each shard's identity, row count and what opening it would compute (row groups).
+Discovery reuses an entry only when the shard's identity still matches; a shard that changed
+since the index was built is counted again (with a warning), or refused with ``index="require"``.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import json
+import os
+import warnings
+from typing import Any, Iterable, Mapping
+
+import attrs
+
+from ..core.atomic import replacing
+from .columnar import ARROW_SUFFIXES, PARQUET_SUFFIXES
+from .digest import cached, file_digests
+from .jsonl import SUFFIXES, resolve_cache_dir
+from .storage import (
+    CacheOptions,
+    cached_name,
+    fetch_by_content,
+    filesystem,
+    identity_of,
+    is_url,
+    local_path,
+    split_url,
+)
+from .token_files import TOKEN_SUFFIXES
+
+#: The formats ``Dataset.from_path`` reads, and the endings that select them.
+FORMATS: dict[str, tuple[str, ...]] = {
+    "jsonl": tuple(SUFFIXES),
+    "parquet": PARQUET_SUFFIXES,
+    "arrow": ARROW_SUFFIXES,
+    "tokens": TOKEN_SUFFIXES,
+}
+INDEX_NAME = ".zephon-index.json"
+INDEX_VERSION = 2  # 2: identities are content digests (1: modification times)
+_LISTED = 10
+_GLOB = "*?["
+
+
+@attrs.frozen
+class Found:
+    """One shard found: where it is, its id, format, compression, size and identity (its content's)."""
+
+    location: str  # an absolute local path or a URL
+    shard_id: str
+    fmt: str
+    compression: str | None
+    size: int
+    identity: str
+
+
+def format_of(filename: str, forced: str | None) -> tuple[str, str | None] | None:
+    """``(format, compression)`` of a file name, or ``None`` when the name says nothing."""
+    lower = filename.lower()
+    if forced == "jsonl":
+        if lower.endswith(".gz"):
+            return "jsonl", "gzip"
+        if lower.endswith((".zst", ".zstd")):
+            return "jsonl", "zstd"
+        return "jsonl", None
+    if forced is not None:
+        return forced, None
+    for suffix, compression in SUFFIXES.items():
+        if lower.endswith(suffix):
+            return "jsonl", compression
+    for fmt, suffixes in FORMATS.items():
+        if fmt != "jsonl" and lower.endswith(suffixes):
+            return fmt, None
+    return None
+
+
+def _endings() -> str:
+    return "; ".join(f"{fmt}: {', '.join(s)}" for fmt, s in FORMATS.items())
+
+
+def _missing(name: str, path: str) -> FileNotFoundError:
+    return FileNotFoundError(f"dataset {name!r}: path {path} does not exist")
+
+
+def _is_glob(path: str) -> bool:
+    return any(c in path for c in _GLOB)
+
+
+def _glob_root(pattern: str) -> str:
+    """The folder part of a glob before its first wildcard."""
+    head = pattern
+    while _is_glob(head):
+        head = os.path.dirname(head)
+    return head
+
+
+def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_options: Mapping[str, Any] | None, cache_dir: str | None = None, cache: CacheOptions | None = None) -> tuple[str, list[Found]]:
+    """``(root, shards sorted by id)`` of what ``path`` names.
+
+    Digests are cached in ``cache_dir``; objects of stores without checksums are downloaded
+    into the shard cache (``cache``) to be digested.
+    """
+    so = tuple(sorted((storage_options or {}).items()))
+    cache_dir = resolve_cache_dir(cache_dir)
+    cache = cache or CacheOptions()
+    if isinstance(path, (str, os.PathLike)):
+        text = os.fspath(path)
+        if is_url(text):
+            root, found = _remote(name, [text], fmt, recursive, so, (cache_dir, cache), single=True)
+        else:
+            root, found = _local_one(name, os.path.abspath(local_path(text)), fmt, recursive)
+    elif isinstance(path, Iterable) and not isinstance(path, (bytes, Mapping)):
+        items = [os.fspath(p) for p in path]
+        if not items:
+            raise ValueError(f"dataset {name!r}: the list of files is empty")
+        remote = [is_url(p) for p in items]
+        if any(remote) and not all(remote):
+            raise ValueError(f"dataset {name!r}: the list mixes local paths and URLs; a dataset lives in one place")
+        if all(remote):
+            root, found = _remote(name, items, fmt, recursive, so, (cache_dir, cache), single=False)
+        else:
+            root, found = _local_list(name, [os.path.abspath(local_path(p)) for p in items], fmt)
+    else:
+        raise TypeError(f"dataset {name!r}: path must be a folder, a file, a glob, a URL or a list of files, got {type(path).__name__}")
+    formats = sorted({f.fmt for f in found})
+    if len(formats) > 1:
+        counts = {f: sum(x.fmt == f for x in found) for f in formats}
+        raise ValueError(f"dataset {name!r}: {root} holds shards of several formats {counts}; a dataset has one format: pass fmt= or a glob such as '*.parquet', and make one dataset per format")
+    ids = [f.shard_id for f in found]
+    if len(set(ids)) != len(ids):
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        raise ValueError(f"dataset {name!r}: files listed more than once: {twice}")
+    return root, _identified(sorted(found, key=lambda f: f.shard_id), cache_dir)
+
+
+def _identified(found: list, cache_dir: str) -> list[Found]:
+    """``found`` with the local files' content digests as identities (several files at once)."""
+    local = [i for i, f in enumerate(found) if isinstance(f, _Local)]
+    if not local:
+        return found
+    digests = file_digests([found[i].location for i in local], cache_dir, [found[i].st for i in local])
+    out = list(found)
+    for i, digest in zip(local, digests):
+        f = found[i]
+        out[i] = Found(f.location, f.shard_id, f.fmt, f.compression, f.st.st_size, digest)
+    return out
+
+
+# -- local --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Local:
+    """A local file found, before its content digest is taken."""
+
+    location: str
+    shard_id: str
+    fmt: str
+    compression: str | None
+    st: os.stat_result
+
+
+def _local_found(full: str, root: str, kind: tuple[str, str | None], st: os.stat_result) -> _Local:
+    rel = os.path.relpath(full, root).replace(os.sep, "/")
+    return _Local(full, rel, kind[0], kind[1], st)
+
+
+def _local_one(name: str, full: str, fmt: str | None, recursive: bool) -> tuple[str, list[_Local]]:
+    if os.path.isdir(full):
+        return full, _scan_folder(name, full, fmt, recursive)
+    if _is_glob(full) and not os.path.exists(full):
+        matches = sorted(p for p in globlib.glob(full, recursive=True) if os.path.isfile(p))
+        if not matches:
+            raise FileNotFoundError(f"dataset {name!r}: the glob {full} matches no files")
+        root = _glob_root(full)
+        return root, [_checked_local(name, p, root, fmt) for p in matches]
+    if not os.path.exists(full):
+        raise _missing(name, full)
+    if not os.path.isfile(full):
+        raise ValueError(f"dataset {name!r}: {full} is neither a file nor a folder")
+    root = os.path.dirname(full)
+    return root, [_checked_local(name, full, root, fmt)]
+
+
+def _checked_local(name: str, full: str, root: str, fmt: str | None) -> _Local:
+    kind = format_of(os.path.basename(full), fmt)
+    if kind is None:
+        raise ValueError(f"dataset {name!r}: cannot tell the format of {full} from its name; supported endings: {_endings()}. Pass fmt='jsonl', 'parquet', 'arrow' or 'tokens' to say it.")
+    return _local_found(full, root, kind, os.stat(full))
+
+
+def _local_list(name: str, paths: list[str], fmt: str | None) -> tuple[str, list[_Local]]:
+    for p in paths:
+        if not os.path.exists(p):
+            raise _missing(name, p)
+        if not os.path.isfile(p):
+            raise ValueError(f"dataset {name!r}: {p} is not a file; list files, or pass a folder on its own")
+    real = [os.path.realpath(p) for p in paths]
+    if len(set(real)) != len(real):
+        twice = sorted({p for p, r in zip(paths, real) if real.count(r) > 1})
+        raise ValueError(f"dataset {name!r}: files listed more than once: {twice}")
+    root = os.path.dirname(paths[0]) if len(paths) == 1 else os.path.commonpath([os.path.dirname(p) for p in paths])
+    return root, [_checked_local(name, p, root, fmt) for p in paths]
+
+
+def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool) -> list[_Local]:
+    found: list[_Local] = []
+    seen: list[str] = []
+    subfolders = False
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        with os.scandir(folder) as it:
+            entries = {e.name: e for e in it}
+        for filename in sorted(files):
+            rel = os.path.relpath(os.path.join(folder, filename), root).replace(os.sep, "/")
+            seen.append(rel)
+            entry = entries.get(filename)
+            if filename.startswith(".") or entry is None or not entry.is_file():
+                continue
+            if fmt == "tokens" and filename.endswith(".idx"):
+                continue  # Megatron indexes sit beside their .bin
+            kind = format_of(filename, fmt)
+            if kind is not None:
+                found.append(_local_found(entry.path, root, kind, entry.stat()))
+        if not recursive:
+            subfolders = bool(dirs)
+            seen.extend(d + "/" for d in dirs)
+            break
+    if not found:
+        listing = ", ".join(seen[:_LISTED]) + (f" and {len(seen) - _LISTED} more" if len(seen) > _LISTED else "")
+        hint = " Subfolders are not searched; pass recursive=True to include them." if subfolders else ""
+        raise ValueError(f"dataset {name!r}: no supported files in {root} (found: {listing or 'nothing'}); supported endings: {_endings()}. Pass fmt= to read other files.{hint}")
+    return found
+
+
+# -- remote -------------------------------------------------------------------------------------------
+
+
+def _remote(name: str, urls: list[str], fmt: str | None, recursive: bool, so: tuple, caches: tuple[str, CacheOptions], *, single: bool) -> tuple[str, list[Found]]:
+    protocols = {split_url(u)[0] for u in urls}
+    if len(protocols) > 1:
+        raise ValueError(f"dataset {name!r}: the URLs use several stores {sorted(protocols)}; a dataset lives in one place")
+    protocol = protocols.pop()
+    fs = filesystem(protocol, so)
+    entries: dict[str, Mapping[str, Any]] = {}
+    for url in urls:
+        rest = fs._strip_protocol(url)
+        if _is_glob(rest):
+            hits = fs.glob(rest, detail=True)
+            if not hits:
+                raise FileNotFoundError(f"dataset {name!r}: the glob {url} matches no objects")
+            entries.update({p: i for p, i in hits.items() if i.get("type") != "directory"})
+            root = _glob_root(rest)
+            continue
+        if not fs.exists(rest):
+            raise FileNotFoundError(f"dataset {name!r}: {url} does not exist")
+        if fs.isdir(rest):
+            hits = fs.find(rest, detail=True, maxdepth=None if recursive else 1)
+            entries.update({p: i for p, i in hits.items() if not p.rsplit("/", 1)[-1].startswith(".")})
+            root = rest.rstrip("/")
+        else:
+            entries[rest] = fs.info(rest)
+            root = rest.rsplit("/", 1)[0]
+    if not single:
+        parents = [p.rsplit("/", 1)[0] for p in entries]
+        root = os.path.commonpath(parents) if len(parents) > 1 else parents[0]
+    found = []
+    for p, info in entries.items():
+        kind = format_of(p.rsplit("/", 1)[-1], fmt)
+        if kind is None:
+            if single and (_is_glob(urls[0]) or fs.isdir(fs._strip_protocol(urls[0]))):
+                continue
+            raise ValueError(f"dataset {name!r}: cannot tell the format of {p} from its name; supported endings: {_endings()}. Pass fmt=.")
+        if fmt == "tokens" and p.endswith(".idx"):
+            continue
+        rel = p[len(root) :].lstrip("/") if p.startswith(root) else p
+        url, size = fs.unstrip_protocol(p), int(info.get("size") or 0)
+        found.append(Found(url, rel, kind[0], kind[1], size, identity_of(info) or _content_identity(fs, url, info, caches, name)))
+    if not found:
+        raise ValueError(f"dataset {name!r}: no supported files at {urls[0]}; supported endings: {_endings()}")
+    return fs.unstrip_protocol(root), found
+
+
+def _content_identity(fs: Any, url: str, info: Mapping[str, Any], caches: tuple[str, CacheOptions], dataset: str) -> str:
+    """The content digest of an object on a store that gives no ETag or checksum.
+
+    Taken as the object is downloaded into the shard cache (where reading it finds it), and kept
+    in the digest cache keyed by the object's size and listed times (another upload is read
+    again); used from there while its copy is still in the shard cache.
+    """
+    stamps = {k: str(info.get(k)) for k in ("size", "mtime", "LastModified", "last_modified", "updated", "created") if info.get(k) is not None}
+    size = int(info.get("size") or 0)
+    copy = lambda digest: os.path.isfile(os.path.join(caches[1].folder, cached_name(url, size, digest)))  # noqa: E731
+    return cached(caches[0], url, stamps, lambda: fetch_by_content(url, fs, size, caches[1], dataset), usable=copy)
+
+
+# -- the dataset index --------------------------------------------------------------------------------
+
+
+def index_location(root: str) -> str:
+    return root.rstrip("/") + "/" + INDEX_NAME if is_url(root) else os.path.join(root, INDEX_NAME)
+
+
+def read_index(root: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The dataset index in ``root``, or ``None`` when there is none (or it is unreadable)."""
+    where = index_location(root)
+    try:
+        if is_url(where):
+            protocol, _ = split_url(where)
+            fs = filesystem(protocol, tuple(sorted((storage_options or {}).items())))
+            if not fs.exists(where):
+                return None
+            text = fs.cat_file(where)
+        else:
+            with open(where, "rb") as f:
+                text = f.read()
+        doc = json.loads(text)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        warnings.warn(f"the dataset index {where} cannot be read ({err}); counting shards without it. Rebuild it with `zephon index`.", RuntimeWarning, stacklevel=3)
+        return None
+    if not isinstance(doc, dict) or doc.get("zephon_index") != INDEX_VERSION or not isinstance(doc.get("shards"), dict):
+        warnings.warn(f"the dataset index {where} is not a version-{INDEX_VERSION} zephon index; counting shards without it. Rebuild it with `zephon index`.", RuntimeWarning, stacklevel=3)
+        return None
+    return doc
+
+
+def write_index(root: str, entries: dict[str, Any], settings: dict[str, Any], storage_options: Mapping[str, Any] | None = None) -> str:
+    """Write the dataset index of ``root`` (atomically for local folders); returns where."""
+    doc = json.dumps({"zephon_index": INDEX_VERSION, "settings": settings, "shards": entries}, sort_keys=True).encode()
+    where = index_location(root)
+    if is_url(where):
+        protocol, _ = split_url(where)
+        filesystem(protocol, tuple(sorted((storage_options or {}).items()))).pipe_file(where, doc)
+        return where
+    with replacing(where) as out:
+        out.write(doc)
+    return where

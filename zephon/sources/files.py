@@ -1,0 +1,157 @@
+"""What every file shard shares: its identity when opened, the checks before each read, remote copies.
+
+A file shard records its size and content digest (``"sha256=<hex>"``, taken once per file and
+kept in the digest cache, see :mod:`zephon.sources.digest`) when its dataset is opened, and refuses,
+with :class:`~zephon.io.ShardChangedError`, to read a file that no longer holds those bytes: one
+``stat`` before every read, and a new digest whenever the file's stat key (size, times, inode)
+changed since it was last verified, so a touched or re-copied file reads on. With
+``verify="full"`` the whole file is hashed again whenever a process opens it. A file shard
+pickles as its description only; what it opens is process-local.
+
+:class:`RemoteShard` wraps a local shard of any format around a cached copy of a remote object.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from ..core.cache import ProcessCache
+from .digest import ShardChangedError, check_file, file_digest, hash_file, short
+from .jsonl import resolve_cache_dir
+from .storage import IoOptions, fetch, filesystem
+
+
+class FileIdentity:
+    """A file as seen when its dataset was opened: path, size and content digest.
+
+    ``seen`` is the stat key at which the file was last found to hold those bytes (``None``:
+    not checked yet in this process).
+    """
+
+    __slots__ = ()
+    _id_fields = ("path", "shard_id", "size", "digest", "seen", "cache_dir", "verify", "num_rows")
+
+    def _init_identity(self, path: str, shard_id: str, verify: str, cache_dir: str | None, digest: str | None) -> None:
+        st = os.stat(path)
+        self.path, self.shard_id, self.verify = path, shard_id, verify
+        self.cache_dir = cache_dir or resolve_cache_dir(None)
+        self.size = st.st_size
+        self.seen: Any = None
+        self.digest = digest or file_digest(path, self.cache_dir, st)
+        self.num_rows = -1
+
+    def check_stat(self, dataset: str) -> os.stat_result:
+        """One ``stat``: raises unless the file still holds the bytes seen at opening (digested again when touched)."""
+        return check_file(self, dataset, "after the dataset was opened")
+
+    def check_content(self, dataset: str) -> None:
+        """``verify="full"``: hash the whole file again (when a process opens it) and compare."""
+        if self.verify != "full":
+            return
+        now = hash_file(self.path)
+        if now != self.digest:
+            raise ShardChangedError(
+                f"dataset {dataset!r}: shard file {self.path} changed after the dataset was opened: its content differs "
+                f"({short(self.digest)} → {short(now)}), although its size, times and inode are the same (the filesystem "
+                "did not record the write). Open the dataset again to read the new content."
+            )
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.digest}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._fields}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name in self._fields:
+            setattr(self, name, state[name])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.shard_id!r}, rows={self.num_rows})"
+
+
+def open_cached(cache: ProcessCache, shard: Any, dataset: str, build: Callable[[os.stat_result], Any]) -> Any:
+    """The shard's open state in this process, checked against the file before each use.
+
+    The state is keyed by the shard's description, content and the file's inode: a file
+    replaced by a copy of the same bytes is opened again.
+    """
+    st = shard.check_stat(dataset)
+    variant = tuple(getattr(shard, f, None) for f in ("fmt", "columns", "eos_token_id", "dtype"))
+    key = (shard.path, shard.size, shard.digest, st.st_dev, st.st_ino, variant)
+
+    def make() -> Any:
+        shard.check_content(dataset)
+        return build(st)
+
+    return cache.get(key, make)
+
+
+class RemoteShard:
+    """A shard of any format on remote storage, read from a whole-file copy in the shard cache.
+
+    Attributes:
+        url: the object's URL.
+        shard_id: its path relative to the dataset root.
+        size: its size in bytes when the dataset was opened.
+        identity: its ETag or checksum (else a digest of its content) then.
+        num_rows: its rows.
+        fs_key: ``(protocol, storage options)`` of its filesystem.
+        make: builds the local shard of the copy: ``make(local path, shard_id) -> shard``.
+    """
+
+    _fields = ("url", "shard_id", "size", "identity", "num_rows", "fs_key", "make")
+    __slots__ = _fields
+
+    def __init__(self, url: str, shard_id: str, size: int, identity: str, fs_key: tuple, make: Callable[[str, str], Any], num_rows: int = -1):
+        self.url, self.shard_id, self.size, self.identity = url, shard_id, size, identity
+        self.fs_key, self.make, self.num_rows = fs_key, make, num_rows
+
+    path = property(lambda self: self.url)
+
+    def local(self, dataset: str, io: IoOptions) -> Any:
+        """The local shard of this object's cached copy (downloaded when missing)."""
+        copy = fetch(self.url, filesystem(*self.fs_key), self.size, self.identity, io.cache, dataset)
+        st = os.stat(copy)
+
+        def build() -> Any:
+            shard = self.make(copy, self.shard_id)
+            rows = shard.count_rows(dataset)
+            if self.num_rows >= 0 and rows != self.num_rows:
+                raise ShardChangedError(f"dataset {dataset!r}: remote shard {self.url} now has {rows} rows, not the {self.num_rows} recorded when the dataset was opened; open the dataset again")
+            return shard
+
+        return _LOCAL.get((copy, st.st_dev, st.st_ino), build)
+
+    def count_rows(self, dataset: str, io: IoOptions) -> int:
+        self.num_rows = self.local(dataset, io).num_rows
+        return self.num_rows
+
+    def read(self, rows: np.ndarray, dataset: str, io: IoOptions | None = None) -> list:
+        io = io or IoOptions()
+        for attempt in range(2):
+            try:
+                return self.local(dataset, io).read(rows, dataset, io)
+            except FileNotFoundError:  # evicted by another process meanwhile: fetch again, once
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.identity}
+
+    def __getstate__(self) -> tuple:
+        return tuple(getattr(self, f) for f in self._fields)
+
+    def __setstate__(self, state: tuple) -> None:
+        for f, v in zip(self._fields, state):
+            setattr(self, f, v)
+
+    def __repr__(self) -> str:
+        return f"RemoteShard({self.url!r}, rows={self.num_rows})"
+
+
+_LOCAL = ProcessCache(max_entries=256)

@@ -1,0 +1,626 @@
+"""JSONL shards: line-offset indexes, their on-disk cache, decompression and fast row decoding.
+
+A JSONL shard is read by random access: a line-offset index (``int64`` byte offsets, one per
+non-blank line, then the end of the data) maps a row number to a byte range, which is sliced out
+of an ``mmap`` and decoded with ``msgspec``. The index is built once per file by a numpy scan for
+``b"\\n"`` and cached on disk under ``<cache>/index/``; compressed shards are decompressed once
+into ``<cache>/decompressed/`` and then read like plain files.
+
+Everything written to the cache goes through a temporary file and ``os.replace``, so processes
+that race to build the same entry all end up reading a complete one. When the cache folder
+cannot be written, indexes and decompressed text are kept in memory instead (one warning per
+folder and process).
+
+Open files are process-local state: a shard holds only its description (path, size, content
+digest, row count), pickles without its mapping, and maps the file again on first use in a new process. At
+most :data:`MAX_OPEN_SHARDS` shards are kept mapped per process (least recently used first out),
+so datasets with thousands of shards stay under the open-file limit.
+
+A shard is identified by its content (a SHA-256 of the file, taken once and kept in the digest
+cache, see :mod:`zephon.sources.digest`), so a byte-identical copy or a touched file reads on. Files
+must not change while a dataset is in use, and a change is reported rather than read: every read
+makes one ``stat`` call, and a file whose stat key (size, times, inode) differs from the one last
+verified is digested again and compared; a mapped copy is checked to keep its mapped length (a
+mapped file that shrinks would crash the process on the next access). With ``verify="full"`` the
+whole file is also hashed again when a process maps it, and at most once a second (and at most
+1% of the time) while it stays mapped, for filesystems whose times do not follow every write.
+Cached line indexes and decompressed copies are keyed by the content digest. See
+:class:`ShardChangedError`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import mmap
+import os
+import time
+import warnings
+from typing import Any, Callable
+
+import msgspec
+import numpy as np
+
+from ..core.atomic import discard, replacing
+from ..core.cache import ProcessCache
+from .digest import ShardChangedError, check_file, file_digest, hash_file, short
+
+#: File name endings read as JSONL, and the compression each implies.
+SUFFIXES: dict[str, str | None] = {".jsonl": None, ".jsonl.gz": "gzip", ".jsonl.zst": "zstd"}
+
+#: Shards kept mapped per process; older ones are unmapped and reopened on their next read.
+MAX_OPEN_SHARDS = 128
+
+_INDEX_MAGIC = b"ZPHIDX02"
+_INDEX_HEADER = 32  # magic, then little-endian int64 size, content stamp, rows
+_SCAN_BLOCK = 1 << 26  # bytes compared per numpy pass while looking for newlines
+_COPY_BLOCK = 1 << 20
+_BOM = b"\xef\xbb\xbf"
+_JSON_WS = b" \t\r\n"
+_SNIPPET = 120
+_ZSTD_BLOCK = 1 << 16  # compressed bytes per decompress call (bounds the output of one call)
+
+#: ``verify`` settings of :meth:`zephon.io.Dataset.from_path`.
+VERIFY_MODES = ("quick", "full")
+# With verify="full", a mapped file's content is hashed again at most every _RECHECK_S seconds,
+# and never more than _RECHECK_SHARE of the time (hashing a large file takes long).
+_RECHECK_S = 1.0
+_RECHECK_SHARE = 0.01
+
+_DECODE = msgspec.json.Decoder(dict)
+_DECODE_ANY = msgspec.json.Decoder()
+
+
+# -- cache folder -------------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> str:
+    """The cache folder: ``$ZEPHON_CACHE_DIR`` if set, else ``~/.cache/zephon``."""
+    return os.environ.get("ZEPHON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "zephon")
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> str:
+    """An absolute cache folder from an explicit value or the default."""
+    root = default_cache_dir() if cache_dir is None else os.fspath(cache_dir)
+    return os.path.abspath(os.path.expanduser(root))
+
+
+def _path_key(path: str) -> str:
+    return hashlib.blake2b(os.path.realpath(path).encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+
+
+_warned_dirs: set[str] = set()
+
+
+def _warn_unwritable(folder: str, err: OSError) -> None:
+    if folder in _warned_dirs:
+        return
+    _warned_dirs.add(folder)
+    warnings.warn(
+        f"zephon cache folder {folder} cannot be written ({err.__class__.__name__}: {err}); keeping JSONL "
+        "indexes and decompressed shards in memory, so every process rebuilds them. Pass cache_dir= or set "
+        "ZEPHON_CACHE_DIR to a writable folder to build them once.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+def _atomic_write(target: str, write: Callable[[Any], None]) -> bool:
+    """Write ``target`` through a temporary file and ``os.replace``; False if the folder is unwritable.
+
+    An ``OSError`` while writing means the cache cannot be used (False). Any other error from
+    ``write``, including :class:`_SourceError` (an unreadable compressed source), propagates after
+    the temporary file is removed.
+    """
+    folder = os.path.dirname(target)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with replacing(target) as out:
+            write(out)
+        return True
+    except _SourceError:
+        raise
+    except OSError as err:
+        _warn_unwritable(folder, err)
+        return False
+
+
+# -- change detection ---------------------------------------------------------------------------------
+
+
+def stamp(digest: str | None) -> int:
+    """A cache entry's 64-bit stamp of a content digest: entries of other content do not match."""
+    value = hashlib.blake2b((digest or "").encode(), digest_size=8).digest()
+    return int.from_bytes(value, "little", signed=True)
+
+
+# -- line index ---------------------------------------------------------------------------------------
+
+
+def build_line_index(buf: Any) -> np.ndarray:
+    """Byte offsets of every non-blank line of ``buf``, followed by ``len(buf)``.
+
+    A line holding only JSON whitespace (spaces, tabs, ``\\r``) is blank and gets no entry; a final
+    line without a trailing newline counts; a UTF-8 byte-order mark at the start is skipped. Row
+    ``i`` is ``buf[offsets[i]:offsets[i + 1]]`` (trailing newline and blank lines included, which
+    the JSON decoder ignores).
+
+    Args:
+        buf: the file contents (``bytes``, a read-only ``mmap`` or a ``memoryview``).
+
+    Returns:
+        An ``int64`` array of ``rows + 1`` offsets.
+
+    Example:
+        >>> build_line_index(b'{"a": 1}\\n\\n  \\n{"a": 2}').tolist()
+        [0, 13, 21]
+    """
+    size = len(buf)
+    if size == 0:
+        return np.zeros(1, dtype=np.int64)
+    data = np.frombuffer(buf, dtype=np.uint8)
+    newlines = [np.flatnonzero(data[lo : lo + _SCAN_BLOCK] == 10) + lo for lo in range(0, size, _SCAN_BLOCK)]
+    nl = np.concatenate(newlines).astype(np.int64, copy=False)
+    first = 3 if size >= 3 and bytes(buf[:3]) == _BOM else 0
+    starts = np.concatenate((np.array([first], dtype=np.int64), nl + 1))
+    ends = np.concatenate((nl, np.array([size], dtype=np.int64)))
+    keep = ends > starts
+    # Only lines that start with whitespace can be blank; check those few one by one.
+    head = data[np.minimum(starts, size - 1)]
+    maybe_blank = keep & ((head == 32) | (head == 9) | (head == 13))
+    for i in np.flatnonzero(maybe_blank).tolist():
+        if not bytes(buf[starts[i] : ends[i]]).strip(_JSON_WS):
+            keep[i] = False
+    return np.concatenate((starts[keep], np.array([size], dtype=np.int64)))
+
+
+def _index_file(cache_dir: str, data_path: str) -> str:
+    return os.path.join(cache_dir, "index", _path_key(data_path) + ".idx")
+
+
+def load_index(cache_dir: str, data_path: str, size: int, content: int, *, rows_only: bool = False) -> Any:
+    """The cached index of ``data_path`` if it matches ``size`` and ``content`` (a :func:`stamp`), else ``None``.
+
+    With ``rows_only`` only the header is read and the row count is returned.
+    """
+    try:
+        with open(_index_file(cache_dir, data_path), "rb") as f:
+            head = f.read(_INDEX_HEADER)
+            if len(head) != _INDEX_HEADER or head[:8] != _INDEX_MAGIC:
+                return None
+            c_size, c_stamp, rows = (int(x) for x in np.frombuffer(head, dtype="<i8", offset=8))
+            if c_size != size or c_stamp != content or rows < 0:
+                return None
+            if rows_only:
+                return rows
+            offsets = np.fromfile(f, dtype="<i8", count=rows + 1)
+    except (OSError, ValueError):
+        return None
+    if offsets.shape[0] != rows + 1 or int(offsets[-1]) != size:
+        return None
+    return offsets.astype(np.int64, copy=False)
+
+
+def save_index(cache_dir: str, data_path: str, size: int, content: int, offsets: np.ndarray) -> bool:
+    """Cache ``offsets`` for ``data_path`` (atomically); False when the cache cannot be written."""
+    header = _INDEX_MAGIC + np.array([size, content, offsets.shape[0] - 1], dtype="<i8").tobytes()
+
+    def write(out: Any) -> None:
+        out.write(header)
+        out.write(offsets.astype("<i8", copy=False).tobytes())
+
+    return _atomic_write(_index_file(cache_dir, data_path), write)
+
+
+# -- decompression ------------------------------------------------------------------------------------
+
+
+class _SourceError(OSError):
+    """A compressed source could not be read (kept apart from cache-write failures)."""
+
+
+def _zstandard() -> Any:
+    try:
+        import zstandard
+    except ImportError:
+        raise ImportError(
+            "reading .jsonl.zst shards needs the optional zstandard package: pip install zstandard "
+            "(or pip install zephon[zstd])"
+        ) from None
+    return zstandard
+
+
+def _chunks(source: str, compression: str):
+    """Decompressed blocks of ``source``; unreadable input raises :class:`_SourceError`."""
+    hint = f"gzip -t {source}" if compression == "gzip" else f"zstd -t {source}"
+    zstd = None if compression == "gzip" else _zstandard()  # a missing package is not a bad file
+    try:
+        if compression == "gzip":  # gzip raises EOFError itself when the last member is cut short
+            with gzip.open(source, "rb") as reader:
+                while True:
+                    block = reader.read(_COPY_BLOCK)
+                    if not block:
+                        return
+                    yield block
+        else:
+            yield from _zstd_blocks(zstd, source)
+    except Exception as err:  # gzip raises OSError/EOFError, zstandard its own ZstdError
+        raise _SourceError(
+            f"could not decompress {source} ({err.__class__.__name__}: {err}); check the file is complete "
+            f"and really {compression}-compressed (for example with `{hint}`), or re-create it"
+        ) from err
+
+
+def _zstd_blocks(zstd: Any, source: str):
+    """Decompressed blocks of a zstd file of one or more frames; an incomplete last frame raises.
+
+    zstandard's stream reader stops quietly where a cut-short file ends, which would lose the
+    rows of the last frame without a word; decompressing frame by frame shows whether the input
+    ended inside one. Each call gets :data:`_ZSTD_BLOCK` compressed bytes, which bounds its output.
+    """
+    dctx = zstd.ZstdDecompressor()
+    frame = dctx.decompressobj()
+    inside = False  # whether the current frame has had input and not ended
+    with open(source, "rb") as f:
+        while True:
+            data = f.read(_ZSTD_BLOCK)
+            if not data:
+                break
+            while data:
+                inside = True
+                block = frame.decompress(data)
+                if block:
+                    yield block
+                if not frame.eof:
+                    break
+                data = frame.unused_data  # the start of the next frame, if any
+                frame = dctx.decompressobj()
+                inside = False
+    if inside:
+        raise EOFError(
+            "the file ends inside a zstd frame (it was cut short, for example by an interrupted copy or write)"
+        )
+
+
+def _decompressed_file(cache_dir: str, source: str, size: int, digest: str | None) -> str:
+    # "3:" since copies are keyed by the source's content (before: by its modification time).
+    version = hashlib.blake2b(f"3:{size}:{digest}".encode(), digest_size=8).hexdigest()
+    return os.path.join(cache_dir, "decompressed", f"{_path_key(source)}-{version}.jsonl")
+
+
+def decompress(cache_dir: str, source: str, compression: str, size: int, digest: str | None) -> str | bytes:
+    """The decompressed text of ``source``: a cache file path, or bytes if the cache is unwritable.
+
+    The cache entry is keyed by the source path, size and content digest, so a changed source is
+    decompressed again (older copies of the same source are removed).
+    """
+    target = _decompressed_file(cache_dir, source, size, digest)
+    if os.path.isfile(target):
+        return target
+
+    def write(out: Any) -> None:
+        for block in _chunks(source, compression):
+            out.write(block)
+
+    try:
+        written = _atomic_write(target, write)
+    except _SourceError as err:
+        raise ValueError(str(err)) from err.__cause__
+    if written:
+        prefix = os.path.basename(target).split("-")[0] + "-"
+        folder = os.path.dirname(target)
+        for name in os.listdir(folder):
+            if name.startswith(prefix) and name != os.path.basename(target):
+                discard(os.path.join(folder, name))
+        return target
+    try:
+        return b"".join(_chunks(source, compression))
+    except _SourceError as err:
+        raise ValueError(str(err)) from err.__cause__
+
+
+# -- open shards --------------------------------------------------------------------------------------
+
+# The open state (an :class:`_Open`) of each shard in use, by ``id(shard)`` (each shard drops its
+# entry when it is collected). Only the most recently used MAX_OPEN_SHARDS stay, the limit being
+# read at each insertion; read-only mappings stay valid in a forked child, so they are kept.
+_MAPS = ProcessCache(clear_after_fork=False, max_entries=lambda: MAX_OPEN_SHARDS)
+
+
+class _Open:
+    """A shard as this process holds it: its text, line offsets, and what was opened."""
+
+    __slots__ = ("buf", "offsets", "mapped", "length", "inode", "checked", "check_s")
+
+    def __init__(self, buf: Any, offsets: np.ndarray, mapped: mmap.mmap | None, inode: tuple[int, int], check_s: float):
+        self.buf = buf
+        self.offsets = offsets
+        self.mapped = mapped  # the mapping behind ``buf``; None for text held in memory
+        self.length = len(buf)
+        self.inode = inode  # (st_dev, st_ino) of the source file when it was opened
+        self.checked = time.monotonic()  # when the content was last hashed (verify="full")
+        self.check_s = check_s  # how long that took
+
+
+def _map(path: str) -> tuple[memoryview, mmap.mmap | None, os.stat_result]:
+    """``(buffer, mapping, stat)`` of a file mapped read-only (no mapping for an empty file).
+
+    The buffer is a ``memoryview`` so that slices passed to the decoder are not copied.
+    """
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_size == 0:
+            return memoryview(b""), None, st
+        mapped = mmap.mmap(f.fileno(), st.st_size, access=mmap.ACCESS_READ)
+        return memoryview(mapped), mapped, st
+
+
+class JsonlShard:
+    """One JSONL file (plain, gzip or zstd) read by random access.
+
+    Attributes:
+        path: absolute path of the source file.
+        shard_id: its path relative to the dataset root, with ``/`` separators.
+        compression: ``None``, ``"gzip"`` or ``"zstd"``.
+        size: size in bytes of the source file when the dataset was opened.
+        digest: its content identity then (``"sha256=<hex>"``, see :mod:`zephon.sources.digest`).
+        seen: the stat key at which the file was last found to hold those bytes (``None``: not
+            checked yet in this process); a read with another stat key digests it again.
+        num_rows: its non-blank lines.
+        cache_dir: folder for indexes, decompressed copies and digests.
+        verify: ``"quick"`` or ``"full"`` (the file is also hashed whole when a process maps it,
+            and now and then while mapped).
+    """
+
+    _fields = ("path", "shard_id", "compression", "size", "digest", "seen", "num_rows", "cache_dir", "verify")
+    __slots__ = _fields + ("__weakref__",)
+
+    def __init__(self, path: str, shard_id: str, compression: str | None, cache_dir: str, verify: str = "quick", digest: str | None = None):
+        st = os.stat(path)
+        self.path = path
+        self.shard_id = shard_id
+        self.compression = compression
+        self.size = st.st_size
+        self.cache_dir = cache_dir
+        self.num_rows = -1
+        self.verify = verify
+        self.seen: Any = None  # a given digest is checked against the file at the first read
+        self.digest = digest or file_digest(path, cache_dir, st)
+
+    def __del__(self) -> None:
+        # The mapping is keyed by id(self), which a later object may reuse: drop it with the shard.
+        if _MAPS is not None:  # None while the interpreter shuts down
+            _MAPS.discard(id(self))
+
+    @property
+    def _state(self) -> _Open | None:
+        """The open shard while this process holds it, else ``None``."""
+        return _MAPS.peek(id(self))
+
+    def _mapped(self, dataset: str) -> _Open:
+        """The open shard, mapping the file on first use in this process."""
+        return _MAPS.get(id(self), lambda: self._load(dataset))
+
+    def count_rows(self, dataset: str, io: Any = None) -> int:
+        """Count rows once (at dataset creation), from a cached index header when there is one."""
+        rows = self._cached_rows()
+        if rows is None:
+            rows = self._mapped(dataset).offsets.shape[0] - 1
+        self.num_rows = rows
+        return rows
+
+    def _cached_rows(self) -> int | None:
+        content = stamp(self.digest)
+        if self.compression is None:
+            return load_index(self.cache_dir, self.path, self.size, content, rows_only=True)
+        plain = _decompressed_file(self.cache_dir, self.path, self.size, self.digest)
+        try:
+            st = os.stat(plain)
+        except OSError:
+            return None
+        return load_index(self.cache_dir, plain, st.st_size, content, rows_only=True)
+
+    # -- change detection -------------------------------------------------------------------------------
+    def _hash_again(self, dataset: str) -> float:
+        """``verify="full"``: hash the whole file (not from the digest cache) and compare; the seconds it took."""
+        start = time.monotonic()
+        now = hash_file(self.path)
+        if now != self.digest:
+            raise ShardChangedError(
+                f"dataset {dataset!r}: shard file {self.path} changed after the dataset was opened: its content differs "
+                f"({short(self.digest)} → {short(now)}), although its size ({self.size} bytes), times and inode are the "
+                "same (the filesystem did not record the write). Leave shard files untouched while a dataset is in use, "
+                "and open the dataset again to read the new content."
+            )
+        return time.monotonic() - start
+
+    def _verify(self, state: _Open, dataset: str) -> _Open:
+        """``state`` once the file is known to be the one opened; raises if it changed.
+
+        Runs before every read: one ``stat`` of the source (a new stat key makes it digested
+        again), one ``fstat`` of a decompressed copy's mapping, and with ``verify="full"``, at
+        most once a second (and at most 1% of the time), a hash of the whole file. Checking
+        before touching the mapping matters: a mapped file that has shrunk kills the process
+        (``SIGBUS``) when the lost pages are read.
+        """
+        st = check_file(self, dataset, "while reading")
+        if (st.st_dev, st.st_ino) != state.inode:
+            # Replaced by a file with the same bytes (a copy): map the new one.
+            _MAPS.discard(id(self))
+            return self._mapped(dataset)
+        if self.compression is not None and state.mapped is not None:
+            now = state.mapped.size()  # an fstat of the mapped copy
+            if now != state.length:
+                raise ShardChangedError(
+                    f"dataset {dataset!r}: the decompressed copy of shard file {self.path} in {self.cache_dir} "
+                    f"changed while reading: size was {state.length} bytes, now {now}. Something other than zephon "
+                    "wrote to the cache folder; leave it alone while datasets are in use, and open the dataset again."
+                )
+        if self.verify == "full":
+            now_s = time.monotonic()
+            if now_s - state.checked >= max(_RECHECK_S, state.check_s / _RECHECK_SHARE):
+                state.check_s = self._hash_again(dataset)
+                state.checked = time.monotonic()
+        return state
+
+    # -- opening ------------------------------------------------------------------------------------------
+    def _load(self, dataset: str) -> _Open:
+        mapped: mmap.mmap | None = None
+        st = check_file(self, dataset, "after the dataset was opened")
+        if self.compression is None:
+            for attempt in range(3):  # the file checked must be the file mapped
+                try:
+                    buf, mapped, mst = _map(self.path)
+                except FileNotFoundError:
+                    mst = None
+                if mst is not None and (mst.st_dev, mst.st_ino, mst.st_size) == (st.st_dev, st.st_ino, st.st_size):
+                    break
+                if attempt == 2:
+                    raise ShardChangedError(f"dataset {dataset!r}: shard file {self.path} is being replaced again and again while it is opened; leave shard files untouched while a dataset is in use")
+                st = check_file(self, dataset, "after the dataset was opened")
+        check_s = self._hash_again(dataset) if self.verify == "full" else 0.0
+        content = stamp(self.digest)
+        plain: str | None = self.path
+        size = st.st_size
+        if self.compression is not None:
+            buf, mapped, plain, size = self._decompressed()
+        offsets = None if plain is None else load_index(self.cache_dir, plain, size, content)
+        if offsets is None:
+            offsets = build_line_index(buf)
+            if plain is not None:
+                save_index(self.cache_dir, plain, size, content, offsets)
+        if self.num_rows >= 0 and offsets.shape[0] - 1 != self.num_rows:
+            raise ShardChangedError(
+                f"dataset {dataset!r}: shard file {self.path} now has {offsets.shape[0] - 1} rows, not the "
+                f"{self.num_rows} it had when the dataset was opened; open the dataset again."
+            )
+        return _Open(buf, offsets, mapped, (st.st_dev, st.st_ino), check_s)
+
+    def _decompressed(self) -> tuple[memoryview, mmap.mmap | None, str | None, int]:
+        """``(buffer, mapping, cache path, size)`` of the decompressed text.
+
+        Mapping and cache path are ``None`` when the text is held in memory.
+        """
+        for attempt in range(2):
+            text = decompress(self.cache_dir, self.path, self.compression or "", self.size, self.digest)
+            if isinstance(text, bytes):
+                return memoryview(text), None, None, len(text)
+            try:
+                buf, mapped, st = _map(text)
+                return buf, mapped, text, st.st_size
+            except FileNotFoundError:  # removed from the cache meanwhile: decompress again, once
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    # -- reading ------------------------------------------------------------------------------------------
+    def read(self, rows: np.ndarray, dataset: str, io: Any = None) -> list:
+        """Decode ``rows`` (validated ``int64``, any order, repeats allowed), in the order given.
+
+        Raises:
+            ShardChangedError: the file changed since the dataset was opened.
+            FileNotFoundError: the file was removed.
+            ValueError: a requested line is not one JSON object.
+        """
+        state = self._verify(self._mapped(dataset), dataset)
+        buf, offsets = state.buf, state.offsets
+        return _decode_rows(buf, offsets, rows, lambda r, err: self._bad_row(buf, offsets, r, err, dataset))
+
+    def _bad_row(self, buf: Any, offsets: np.ndarray, row: int, err: Exception, dataset: str) -> ValueError:
+        a, b = int(offsets[row]), int(offsets[row + 1])
+        line = int(np.count_nonzero(np.frombuffer(buf[:a], dtype=np.uint8) == 10)) + 1
+        raw = bytes(buf[a:b]).strip(_JSON_WS)
+        snippet = raw[:_SNIPPET].decode("utf-8", "replace") + ("..." if len(raw) > _SNIPPET else "")
+        where = f"dataset {dataset!r}: {self.path}, line {line} (row {row})"
+        if isinstance(err, msgspec.ValidationError):
+            kind = _json_kind(_DECODE_ANY.decode(raw))
+            return ValueError(
+                f"{where} holds a JSON {kind}, not an object: {snippet!r}. Each line of a JSONL shard must be "
+                'one JSON object such as {"text": "..."}; wrap the value in an object under a field name.'
+            )
+        return ValueError(
+            f"{where} is not valid JSON ({err}): {snippet!r}. Each non-blank line of a JSONL shard must be one "
+            "complete JSON object on a single line; fix or remove that line (blank lines are skipped)."
+        )
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.digest}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._fields}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name in self._fields:
+            setattr(self, name, state[name])
+
+    def __repr__(self) -> str:
+        return f"JsonlShard({self.shard_id!r}, rows={self.num_rows})"
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"
+
+
+class _Miscount(Exception):
+    """A byte range decoded to more values than lines (two objects on one line)."""
+
+
+def _decode_rows(buf: Any, offsets: np.ndarray, rows: np.ndarray, bad: Callable[[int, Exception], Exception]) -> list:
+    """Decode ``rows`` of a JSONL buffer in the order given.
+
+    Rows are visited in sorted order (sequential through the mapping); each run of consecutive
+    rows is decoded with one ``decode_lines`` call. Repeated rows are decoded again, so no two
+    returned payloads share objects.
+    """
+    n = rows.shape[0]
+    if n == 0:
+        return []
+    if n == 1:
+        r = int(rows[0])
+        try:
+            return [_DECODE.decode(buf[offsets[r] : offsets[r + 1]])]
+        except msgspec.DecodeError as err:
+            raise bad(r, err) from None
+    step = np.diff(rows)
+    order = None
+    if (step < 0).any():
+        order = np.argsort(rows, kind="stable")
+        rows = rows[order]
+        step = np.diff(rows)
+    cut = np.flatnonzero(step != 1) + 1
+    first = np.concatenate(([0], cut))
+    last = np.concatenate((cut, [n])) - 1
+    lo = offsets[rows[first]].tolist()
+    hi = offsets[rows[last] + 1].tolist()
+    count = (last - first + 1).tolist()
+    out: list = []
+    try:
+        for a, b, k in zip(lo, hi, count):
+            if k == 1:
+                out.append(_DECODE.decode(buf[a:b]))
+            else:
+                values = _DECODE.decode_lines(buf[a:b])
+                if len(values) != k:
+                    raise _Miscount
+                out.extend(values)
+    except (msgspec.DecodeError, _Miscount):
+        out = []
+        for r in rows.tolist():
+            try:
+                out.append(_DECODE.decode(buf[offsets[r] : offsets[r + 1]]))
+            except msgspec.DecodeError as err:
+                raise bad(r, err) from None
+    if order is None:
+        return out
+    result: list = [None] * n
+    for i, payload in zip(order.tolist(), out):
+        result[i] = payload
+    return result

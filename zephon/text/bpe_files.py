@@ -1,0 +1,152 @@
+"""A faster build of a BPE tokenizer: its model read from vocabulary and merges files in the cache.
+
+``Tokenizer.from_str`` of GPT-2's tokenizer takes 0.08-0.15 s, about a third of it parsing the
+model's 50,000 vocabulary entries and merges generically; ``models.BPE.from_file`` reads a
+``vocab.json`` and a ``merges.txt`` straight into the model. Every process that encodes with the
+``tokenizers`` backend builds the tokenizer (a restore, each worker), so this is paid often.
+
+Loading a tokenizer for the ``tokenizers`` backend (or else its first build from its JSON) writes
+its vocabulary and merges into the tokenizer cache (:mod:`zephon.text.tokenizer_cache`), builds it the fast
+way and keeps the entry only when both tokenizers serialize identically (``to_str``): the fast way
+is used only where it was proven to give the same tokenizer with this ``tokenizers`` version (part
+of the cache's salt). Otherwise the entry records why not and every build stays ``from_str``. A
+fast build takes the model from the files (checked against their recorded sha256 first),
+everything else from a skeleton (the tokenizer's JSON without its model's vocabulary and merges
+and without its added tokens), then the added tokens in their order, as ``from_str`` adds them.
+
+Entries: ``bpe-<sha256 of the JSON>.msgpack`` beside ``bpe-<key>.vocab.json`` and
+``bpe-<key>.merges.txt``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+from . import tokenizer_cache as _tokcache
+from ..core.atomic import discard, replacing
+
+__all__ = ["build", "prepare", "remember"]
+
+KIND = "bpe"
+#: The options ``models.BPE.from_file`` takes besides the two files.
+_OPTIONS = ("dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", "byte_fallback", "ignore_merges")
+
+
+def build(key: str) -> Any | None:
+    """The tokenizer whose JSON has sha256 ``key``, built from its cached files; ``None`` without a
+    proven entry."""
+    entry = _tokcache.load_entry(KIND, key)
+    if entry is None or entry.get("reason") != "":
+        return None
+    try:
+        files = _checked_files(key, entry)
+        return None if files is None else _assemble(entry, *files)
+    except Exception:  # a damaged entry only costs the slow build; remember() rewrites it
+        return None
+
+
+def remember(tokenizer_json: str, key: str, tok: Any) -> None:
+    """Prove the fast build of ``tokenizer_json`` (sha256 ``key``) against ``tok``, the same JSON
+    built by ``Tokenizer.from_str``, and record the outcome.
+
+    Does nothing when the cache is off or already has an entry whose files are intact.
+    """
+    if not _tokcache.cache_enabled():
+        return
+    entry = _tokcache.load_entry(KIND, key)
+    if entry is not None and (entry.get("reason") != "" or _checked_files(key, entry) is not None):
+        return
+    try:
+        entry = _prove(key, json.loads(tokenizer_json), tok)
+    except OSError:
+        return  # an unwritable folder: every process builds the slow way
+    except Exception as exc:  # never fails a build: recorded, and built from the JSON from now on
+        entry = {"reason": f"the proof failed ({type(exc).__name__}: {exc})"}
+    _tokcache.store_entry(KIND, key, entry)
+
+
+def prepare(tokenizer_json: str, key: str) -> None:
+    """Prove the files of ``tokenizer_json`` (sha256 ``key``) now unless an entry already says
+    whether they hold (intact or not: :func:`build` checks): the process that loads a tokenizer
+    does it, once per machine, instead of the first worker or restore that builds it."""
+    if not _tokcache.cache_enabled() or _tokcache.load_entry(KIND, key) is not None:
+        return
+    from tokenizers import Tokenizer
+
+    remember(tokenizer_json, key, Tokenizer.from_str(tokenizer_json))
+
+
+def _prove(key: str, spec: dict[str, Any], tok: Any) -> dict[str, Any]:
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE":
+        return {"reason": f"the model is {model.get('type')!r}, not BPE"}
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
+    if any(len(m) != 2 or any(not p or " " in p or "\n" in p or "\r" in p for p in m) for m in merges):
+        return {"reason": "a merge has a token with a space or a line break, which merges.txt cannot hold"}
+    vocab = json.dumps(model.get("vocab", {}), ensure_ascii=False).encode("utf-8")
+    text = ("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)).encode("utf-8")
+    entry: dict[str, Any] = {
+        "reason": "",
+        "skeleton": json.dumps({**spec, "model": {"type": "BPE", "vocab": {}, "merges": []}, "added_tokens": []}),
+        "options": {k: model[k] for k in _OPTIONS if model.get(k) is not None},
+        "added": spec.get("added_tokens") or [],
+        "vocab_sha": hashlib.sha256(vocab).hexdigest(),
+        "merges_sha": hashlib.sha256(text).hexdigest(),
+    }
+    paths = _paths(key)
+    os.makedirs(os.path.dirname(paths[0]), exist_ok=True)
+    for path, data in zip(paths, (vocab, text)):
+        with replacing(path) as out:
+            out.write(data)
+    try:
+        differs = _assemble(entry, *paths).to_str() != tok.to_str()
+        reason = "the fast build serializes differently" if differs else ""
+    except Exception as exc:
+        reason = f"the fast build failed ({type(exc).__name__}: {exc})"
+    if reason:
+        for path in paths:  # never used: not kept
+            discard(path)
+        return {"reason": reason}
+    return entry
+
+
+def _paths(key: str) -> tuple[str, str]:
+    """The entry's vocabulary and merges files."""
+    return _tokcache.entry_path(KIND, key, "vocab.json"), _tokcache.entry_path(KIND, key, "merges.txt")
+
+
+def _checked_files(key: str, entry: dict[str, Any]) -> tuple[str, str] | None:
+    """The entry's two files, if they still hold what it recorded."""
+    paths = _paths(key)
+    for path, recorded in zip(paths, (entry.get("vocab_sha"), entry.get("merges_sha"))):
+        try:
+            with open(path, "rb") as f:
+                if hashlib.sha256(f.read()).hexdigest() != recorded:
+                    return None
+        except OSError:
+            return None
+    return paths
+
+
+def _assemble(entry: dict[str, Any], vocab: str, merges: str) -> Any:
+    from tokenizers import AddedToken, Tokenizer, models
+
+    skeleton = Tokenizer.from_str(entry["skeleton"])
+    tok = Tokenizer(models.BPE.from_file(vocab, merges, **entry["options"]))
+    for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder"):
+        value = getattr(skeleton, part)
+        if value is not None:
+            setattr(tok, part, value)
+    added = [
+        AddedToken(
+            t["content"], single_word=t["single_word"], lstrip=t["lstrip"], rstrip=t["rstrip"],
+            normalized=t["normalized"], special=t["special"],
+        )
+        for t in entry["added"]
+    ]
+    if added:
+        tok.add_tokens(added)
+    return tok

@@ -1,0 +1,637 @@
+"""Chat templates: the built-ins, rendering with generation tags, special markers and span masks.
+
+Templates are Jinja in the Hugging Face form, rendered as transformers renders them (a sandboxed
+environment with ``trim_blocks``, ``lstrip_blocks``, ``tojson``, ``raise_exception`` and
+``loopcontrols``). ``{% generation %}...{% endgeneration %}`` blocks (as in transformers'
+``return_assistant_tokens_mask``) record the character span of each block while the template
+renders; :func:`spans_to_mask` turns character spans into token masks through token offsets.
+
+:func:`check_markers` guards against a template whose special markers (``<|im_start|>``...) the
+tokenizer does not have as tokens: such a marker would be split into ordinary text tokens, and
+the data would silently teach a format the model never sees at inference.
+
+The operators that use all this are in :mod:`zephon.ops.chat`; the public names are re-exported by
+:mod:`zephon.chat`. Needs ``jinja2`` (``pip install zephon[chat]``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..core.cache import ProcessCache
+
+__all__ = [
+    "BUILTIN_TEMPLATES",
+    "CHATML_TEMPLATE",
+    "LLAMA3_TEMPLATE",
+    "RESERVED_KWARGS",
+    "check_markers",
+    "has_generation_tags",
+    "render_chat",
+    "spans_to_mask",
+    "strip_generation_tags",
+    "template_markers",
+]
+
+# The variable through which a render passes its span recorder to the generation extension. It
+# lives in the render's own context, so one compiled template serves concurrent renders.
+_RECORDER = "_zephon_generation_recorder"
+#: Render variables a template receives from the operator; chat_template_kwargs cannot set them.
+RESERVED_KWARGS = frozenset(
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception", _RECORDER}
+)
+
+
+# -- built-in templates -------------------------------------------------------------------------------
+# Every tag and expression strips the whitespace before it ({%- / {{-), so only the quoted strings
+# produce output and the layout of the source does not matter.
+
+#: ChatML as Qwen writes it: ``<|im_start|>role\n...<|im_end|>\n`` turns; tools listed in the system
+#: turn; tool calls as ``<tool_call>`` JSON inside the assistant turn; tool results as ``tool`` turns.
+CHATML_TEMPLATE = r"""
+{%- set has_system = messages and messages[0]['role'] == 'system' %}
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if has_system %}
+        {{- messages[0]['content'] + '\n\n' }}
+    {%- endif %}
+    {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\n' + (tool | tojson) }}
+    {%- endfor %}
+    {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{%- elif has_system %}
+    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message['role'] == 'system' %}
+        {%- if not loop.first %}
+            {{- raise_exception('chatml: a system message may only come first') }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- '<|im_start|>assistant\n' }}
+        {%- generation %}
+            {%- if message['content'] %}
+                {{- message['content'] }}
+            {%- endif %}
+            {%- for call in message['tool_calls'] or [] %}
+                {%- if call['function'] is defined %}
+                    {%- set call = call['function'] %}
+                {%- endif %}
+                {%- if message['content'] or not loop.first %}
+                    {{- '\n' }}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": ' + (call['name'] | tojson) + ', "arguments": ' }}
+                {%- if call['arguments'] is string %}
+                    {{- call['arguments'] }}
+                {%- else %}
+                    {{- call['arguments'] | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+            {{- '<|im_end|>' }}
+        {%- endgeneration %}
+        {{- '\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message['role'] + '\n' }}
+        {%- if message['content'] is string %}
+            {{- message['content'] }}
+        {%- elif message['content'] %}
+            {{- message['content'] | tojson }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+#: Llama 3 style: ``bos_token``, then ``<|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>``
+#: turns with trimmed contents; tools listed in the system turn; tool calls as
+#: ``{"name": ..., "parameters": ...}`` JSON; tool results as ``ipython`` turns.
+LLAMA3_TEMPLATE = r"""
+{{- bos_token }}
+{%- set has_system = messages and messages[0]['role'] == 'system' %}
+{%- if has_system or tools %}
+    {{- '<|start_header_id|>system<|end_header_id|>\n\n' }}
+    {%- if has_system %}
+        {{- messages[0]['content'] | trim }}
+    {%- endif %}
+    {%- if tools %}
+        {%- if has_system %}
+            {{- '\n\n' }}
+        {%- endif %}
+        {{- 'You have access to the following functions. To call a function, respond with JSON of the form {"name": function name, "parameters": dictionary of argument name and its value}.\n' }}
+        {%- for tool in tools %}
+            {{- '\n' + (tool | tojson) }}
+        {%- endfor %}
+    {%- endif %}
+    {{- '<|eot_id|>' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message['role'] == 'system' %}
+        {%- if not loop.first %}
+            {{- raise_exception('llama3: a system message may only come first') }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+        {%- generation %}
+            {%- if message['content'] %}
+                {{- message['content'] | trim }}
+            {%- endif %}
+            {%- for call in message['tool_calls'] or [] %}
+                {%- if call['function'] is defined %}
+                    {%- set call = call['function'] %}
+                {%- endif %}
+                {%- if message['content'] or not loop.first %}
+                    {{- '\n' }}
+                {%- endif %}
+                {{- '{"name": ' + (call['name'] | tojson) + ', "parameters": ' }}
+                {%- if call['arguments'] is string %}
+                    {{- call['arguments'] }}
+                {%- else %}
+                    {{- call['arguments'] | tojson }}
+                {%- endif %}
+                {{- '}' }}
+            {%- endfor %}
+            {{- '<|eot_id|>' }}
+        {%- endgeneration %}
+    {%- else %}
+        {%- set role = 'ipython' if message['role'] == 'tool' else message['role'] %}
+        {{- '<|start_header_id|>' + role + '<|end_header_id|>\n\n' }}
+        {%- if message['content'] is string %}
+            {{- message['content'] | trim }}
+        {%- elif message['content'] %}
+            {{- message['content'] | tojson }}
+        {%- endif %}
+        {{- '<|eot_id|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+
+#: Built-in templates by name (each with ``{% generation %}`` blocks; see :func:`strip_generation_tags`).
+BUILTIN_TEMPLATES: dict[str, str] = {"chatml": CHATML_TEMPLATE, "llama3": LLAMA3_TEMPLATE}
+
+_TAG = re.compile(r"\{%([-+]?)(\s*)(end)?generation(\s*)([-+]?)%\}")
+
+
+def strip_generation_tags(template: str) -> str:
+    """``template`` with its ``{% generation %}`` blocks turned into plain, always-true blocks.
+
+    The tags become ``{% if true %}`` / ``{% endif %}`` with the same whitespace controls, so the
+    rendered text is unchanged; only the span information is gone. Useful to check that prefix
+    rendering finds the same spans as the tags.
+
+    Args:
+        template: Jinja chat template text.
+
+    Returns:
+        The template text without generation tags.
+
+    Examples:
+        >>> strip_generation_tags("{%- generation %}{{ x }}{% endgeneration -%}")
+        '{%- if true %}{{ x }}{% endif -%}'
+    """
+
+    def replace(m: re.Match) -> str:
+        left, lspace, end, rspace, right = m.groups()
+        word = "endif" if end else "if true"
+        return "{%" + left + (lspace or " ") + word + (rspace or " ") + right + "%}"
+
+    return _TAG.sub(replace, template)
+
+
+def has_generation_tags(template: str) -> bool:
+    """Whether ``template`` holds a ``{% generation %}`` block (comments and strings do not count).
+
+    Raises:
+        ValueError: ``template`` is not valid Jinja.
+    """
+    jinja2 = _jinja()
+    return any(node.name == "_record" for node in _parse(template).find_all(jinja2.nodes.ExtensionAttribute))
+
+
+def _parse(template: str) -> Any:
+    """The Jinja syntax tree of ``template``; ``ValueError`` when it is not valid Jinja."""
+    jinja2 = _jinja()
+    try:
+        return _environment().parse(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"the chat template is not valid Jinja: {exc} (line {exc.lineno})") from exc
+
+
+# -- rendering ------------------------------------------------------------------------------------------
+
+
+def _jinja():
+    try:
+        import jinja2
+        import jinja2.ext
+        import jinja2.nodes
+        import jinja2.sandbox
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "chat templates need jinja2, which is not installed; install it with pip install 'zephon[chat]'"
+        ) from exc
+    return jinja2
+
+
+class _Recorder:
+    """Collects, during one render, the output length so far and each generation block's text."""
+
+    __slots__ = ("length", "blocks")
+
+    def __init__(self) -> None:
+        self.length = 0
+        self.blocks: list[tuple[int, str]] = []
+
+
+# The Jinja environment and the compiled templates (by their text) of this process.
+_JINJA = ProcessCache()
+
+
+def _environment() -> Any:
+    """The process's sandboxed environment, configured as transformers configures its own."""
+    return _JINJA.get("environment", _new_environment)
+
+
+def _new_environment() -> Any:
+    jinja2 = _jinja()
+
+    class GenerationExtension(jinja2.ext.Extension):
+        """``{% generation %}...{% endgeneration %}``: renders its body and records where it went.
+
+        The block's start is the length of the output yielded so far, which is exact when the
+        block is rendered straight into the template's output (not inside a macro, a
+        ``{% set %}`` block or a ``{% filter %}`` block); :func:`render_chat` checks it.
+        """
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            call = self.call_method("_record", [jinja2.nodes.ContextReference()])
+            return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+        def _record(self, context, caller):
+            text = caller()
+            recorder = context.get(_RECORDER)
+            if isinstance(recorder, _Recorder):
+                recorder.blocks.append((recorder.length, str(text)))
+            return text
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # As transformers: no HTML escaping, keyword options exposed.
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    # No strftime_now: a date in the data would make it depend on the day it was built; templates
+    # that test `strftime_now is defined` fall back to their fixed date.
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationExtension, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env
+
+
+def _compiled(template: str) -> Any:
+    """``template`` compiled once per process."""
+
+    def compile_it() -> Any:
+        jinja2 = _jinja()
+        try:
+            return _environment().from_string(template)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ValueError(f"the chat template is not valid Jinja: {exc} (line {exc.lineno})") from exc
+
+    return _JINJA.get(("template", template), compile_it)
+
+
+def render_chat(
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    add_generation_prompt: bool = False,
+    tools: Any = None,
+    bos_token: str = "",
+    eos_token: str = "",
+    **kwargs: Any,
+) -> tuple[str, list[tuple[int, int]]]:
+    """Render a conversation and report the character spans of its ``{% generation %}`` blocks.
+
+    Args:
+        template: Jinja chat template text (Hugging Face form).
+        messages: the conversation.
+        add_generation_prompt: append the assistant header for the next turn.
+        tools: the tool schemas, passed to the template as ``tools``.
+        bos_token: the string the template sees as ``bos_token``.
+        eos_token: the string the template sees as ``eos_token``.
+        **kwargs: more template variables.
+
+    Returns:
+        The text and the ``[start, end)`` character span of each generation block, in order.
+
+    Raises:
+        ValueError: the template is not valid Jinja, or a generation block's recorded span does
+            not hold its text (the block sits inside a macro, a ``{% set %}`` or a ``{% filter %}``
+            block, whose output is buffered).
+        jinja2.TemplateError: the template raised (``raise_exception``) or failed.
+
+    Examples:
+        >>> text, spans = render_chat("chatml", [{"role": "user", "content": "hi"},
+        ...                                      {"role": "assistant", "content": "hello"}])
+        >>> text
+        '<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\nhello<|im_end|>\\n'
+        >>> [text[a:b] for a, b in spans]
+        ['hello<|im_end|>']
+    """
+    variables = dict(kwargs)
+    variables.update(
+        messages=messages,
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        bos_token=bos_token,
+        eos_token=eos_token,
+    )
+    return _render(BUILTIN_TEMPLATES.get(template, template), variables, track=True)
+
+
+def _render(template: str, variables: dict[str, Any], *, track: bool) -> tuple[str, list[tuple[int, int]]]:
+    """Render ``template``; with ``track``, also the checked spans of its generation blocks."""
+    compiled = _compiled(template)
+    if not track:
+        return compiled.render(variables), []
+    recorder = _Recorder()
+    variables = {**variables, _RECORDER: recorder}
+    parts = []
+    for piece in compiled.generate(variables):
+        parts.append(piece)
+        recorder.length += len(piece)
+    text = "".join(parts)
+    spans = []
+    for start, block in recorder.blocks:
+        end = start + len(block)
+        if text[start:end] != block:
+            raise ValueError(
+                "a {% generation %} block of the chat template is rendered inside a macro, a {% set %} block or a "
+                "{% filter %} block, so where its text lands cannot be tracked; move the generation tags out to "
+                "the template's main flow (around the text of each assistant turn), or strip them and use "
+                "span_source='prefix'"
+            )
+        spans.append((start, end))
+    return text, spans
+
+
+# -- the chat template of a tokenizer -------------------------------------------------------------------
+
+
+def _folder_template(folder: Path) -> tuple[str | None, str]:
+    jinja_file = folder / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+    config = folder / "tokenizer_config.json"
+    if config.is_file():
+        return _config_template(config), str(config)
+    return None, str(config)
+
+
+def _config_template(config: Path) -> str | None:
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"tokenize_chat: cannot read {str(config)!r}: {exc}; fix or remove it") from exc
+    value = data.get("chat_template") if isinstance(data, dict) else None
+    if isinstance(value, list):  # named templates, as transformers saves several
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        if "default" not in named:
+            raise ValueError(
+                f"tokenize_chat: {str(config)!r} holds named chat templates {sorted(map(str, named))} and none is "
+                "called 'default'; pass the one you want as chat_template="
+            )
+        value = named["default"]
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"tokenize_chat: 'chat_template' in {str(config)!r} is a {type(value).__name__}, not text")
+    return value
+
+
+def _tokenizer_template(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, list[str]]:
+    """The chat template shipped with the tokenizer, and where it was looked for."""
+    looked: list[str] = []
+    own = getattr(tokenizer, "chat_template", None)
+    if isinstance(own, str) and own:  # a transformers tokenizer object
+        return own, looked
+    for candidate in (tokenizer, tokenizer_id):
+        if isinstance(candidate, (str, os.PathLike)):
+            path = Path(os.fspath(candidate)).expanduser()
+            if path.exists():
+                text, where = _folder_template(path if path.is_dir() else path.parent)
+                if text is not None:
+                    return text, looked
+                looked.append(where)
+                return None, looked
+    if isinstance(tokenizer_id, str):
+        # A Hugging Face id: the snapshot load_tokenizer read the tokenizer from.
+        try:
+            from .tokenizer import _cached_snapshot, _hub_cache_dir
+
+            snapshot = _cached_snapshot(tokenizer_id, _hub_cache_dir())
+        except (ImportError, ValueError):
+            snapshot = None
+        if snapshot is not None:
+            text, where = _folder_template(snapshot)
+            if text is not None:
+                return text, looked
+            looked.append(where)
+    return None, looked
+
+
+def _usage() -> str:
+    names = ", ".join(repr(n) for n in BUILTIN_TEMPLATES)
+    return (
+        f"pass chat_template= as a built-in name ({names}), Jinja text, or a path to a .jinja file or a "
+        "tokenizer_config.json"
+    )
+
+
+def shipped_template(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, BaseException | None]:
+    """The chat template shipped with a tokenizer; else ``None`` and the error that asking for it raises.
+
+    The error is returned, not raised: an operator looks the template up once, when it is built,
+    and raises it only where ``chat_template=None`` needs the template (then or under
+    ``attrs.evolve``). It carries no traceback, so holding it keeps no frames alive.
+    """
+    try:
+        text, looked = _tokenizer_template(tokenizer, tokenizer_id)
+    except Exception as exc:  # an unreadable config; raised when the template is asked for
+        exc.__traceback__ = exc.__cause__ = exc.__context__ = None
+        return None, exc
+    if text is not None:
+        return text, None
+    where = f" (looked in {', '.join(looked)})" if looked else ""
+    return None, ValueError(f"tokenize_chat: no chat template given and none ships with the tokenizer{where}; {_usage()}")
+
+
+def _resolve_template(chat_template: Any, tokenizer: Any, tokenizer_id: Any) -> str:
+    usage = _usage()
+    if chat_template is None:
+        text, missing = shipped_template(tokenizer, tokenizer_id)
+        if text is None:
+            raise copy.copy(missing)
+        return text
+    if isinstance(chat_template, os.PathLike):
+        chat_template = os.fspath(chat_template)
+    if not isinstance(chat_template, str):
+        raise TypeError(f"tokenize_chat: chat_template must be a str or None, got {type(chat_template).__name__}; {usage}")
+    if chat_template in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[chat_template]
+    if "{{" in chat_template or "{%" in chat_template:
+        return chat_template
+    path = Path(chat_template).expanduser()
+    if path.is_dir():
+        text, where = _folder_template(path)
+        if text is None:
+            raise ValueError(f"tokenize_chat: chat_template={chat_template!r}: no chat template in {where}; {usage}")
+        return text
+    if path.is_file():
+        if path.suffix == ".json":
+            text = _config_template(path)
+            if text is None:
+                raise ValueError(f"tokenize_chat: {chat_template!r} has no 'chat_template' entry; {usage}")
+            return text
+        return path.read_text(encoding="utf-8")
+    raise ValueError(
+        f"tokenize_chat: chat_template={chat_template!r} is not a built-in name, not Jinja text and not an existing "
+        f"file; {usage}"
+    )
+
+
+# -- spans and markers -------------------------------------------------------------------------------------
+
+
+def spans_to_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """uint8 mask of the tokens whose character range ``[start, end)`` overlaps a span.
+
+    Args:
+        offsets: ``[n, 2]`` character offsets of the tokens.
+        spans: ``[start, end)`` character spans.
+
+    Returns:
+        The mask, one entry per token.
+    """
+    mask = np.zeros(len(offsets), dtype=np.uint8)
+    if len(offsets) and spans:
+        starts, ends = offsets[:, 0], offsets[:, 1]
+        for a, b in spans:
+            if b > a:
+                mask[(starts < b) & (ends > a)] = 1
+    return mask
+
+
+#: Literal text taken for a special-token marker: ``<|...|>`` (and the full-width ``<｜...｜>`` of
+#: DeepSeek), ``<s>`` and ``</s>``. Bracket forms such as ``[INST]`` are left out: some tokenizers
+#: rightly encode them as plain text (Mistral's first tokenizer does).
+_MARKER = re.compile(r"<\|[^|<>\s]{1,64}\|>|<｜[^｜<>\s]{1,64}｜>|</?s>")
+
+
+def template_markers(template: str) -> tuple[str, ...]:
+    """The special-token markers ``template`` writes literally, in order of first appearance.
+
+    Markers are looked for in the template's text and string constants (comments do not count).
+    Tokens a template receives as variables (``bos_token``, ``eos_token``) are the tokenizer's own
+    and are not listed.
+
+    Raises:
+        ValueError: ``template`` is not valid Jinja.
+
+    Examples:
+        >>> template_markers(CHATML_TEMPLATE)
+        ('<|im_start|>', '<|im_end|>')
+        >>> template_markers("{# <|ignored|> #}{{ bos_token }}[INST] {{ messages[0]['content'] }}</s>")
+        ('</s>',)
+    """
+    nodes = _jinja().nodes
+    found: dict[str, None] = {}
+    for node in _parse(template).find_all((nodes.TemplateData, nodes.Const)):
+        text = node.data if isinstance(node, nodes.TemplateData) else node.value
+        if isinstance(text, str):
+            found.update(dict.fromkeys(_MARKER.findall(text)))
+    return tuple(found)
+
+
+def _unsplit_markers(markers: Sequence[str], tokenizer: Any) -> dict[str, int]:
+    """The markers ``tokenizer`` does not encode as their own single token, with their id counts.
+
+    Args:
+        markers: marker strings.
+        tokenizer: a ``tokenizers.Tokenizer``.
+
+    Returns:
+        Marker to the number of ids it encodes to (1 when it is one foreign id, such as ``[UNK]``).
+    """
+    out = {}
+    for marker in markers:
+        ids = tokenizer.encode(marker, add_special_tokens=False).ids
+        if len(ids) != 1 or ids[0] != tokenizer.token_to_id(marker):
+            out[marker] = len(ids)
+    return out
+
+
+def check_markers(template: str, tokenizer: Any, name: str, *, op: str = "tokenize_chat") -> None:
+    """Check that every special marker of ``template`` is one token of ``tokenizer``.
+
+    A marker the tokenizer lacks (``<|im_start|>`` with the GPT-2 tokenizer, 7 ordinary tokens)
+    would render and tokenize without error, and the data would teach a turn format the model
+    never sees at inference; so it is an error when the operator is built.
+
+    Args:
+        template: the template text.
+        tokenizer: the ``tokenizers.Tokenizer`` that encodes the rendered text.
+        name: where the tokenizer came from, for the message.
+        op: the operator, for the message.
+
+    Raises:
+        ValueError: names the markers that are not single tokens and how to fix it.
+    """
+    bad = _unsplit_markers(template_markers(template), tokenizer)
+    if not bad:
+        return
+    listed = ", ".join(f"{m!r} ({n} ids)" if n != 1 else f"{m!r} (an unrelated id)" for m, n in bad.items())
+    known = [m for m in bad if tokenizer.token_to_id(m) is not None]
+    why = (
+        f"; its vocabulary has {', '.join(map(repr, known))}, but it encodes special tokens written in text as "
+        "plain text (encode_special_tokens=True): turn that off"
+        if known and getattr(tokenizer, "encode_special_tokens", False)
+        else ""
+    )
+    fits = [
+        f"chat_template={key!r}"
+        for key, text in BUILTIN_TEMPLATES.items()
+        if text != template and not _unsplit_markers(template_markers(text), tokenizer)
+    ]
+    pick = f" ({' or '.join(fits)} does)" if fits else ""
+    markers = "[" + ", ".join(map(repr, bad)) + "]"
+    raise ValueError(
+        f"{op}: the chat template writes special tokens that the tokenizer ({name}) does not have as single "
+        f"tokens: {listed}{why}. Rendered conversations would carry them as ordinary text pieces, unlike the "
+        f"format the model sees at inference. Add them as special tokens before passing the tokenizer "
+        f"(tokenizer.add_special_tokens({markers}) on a tokenizers.Tokenizer, or "
+        f"add_special_tokens({{'additional_special_tokens': {markers}}}) on a transformers tokenizer, then "
+        f"resize the model's embeddings), use the tokenizer the template was written for, or pick a template "
+        f"that matches this tokenizer{pick}"
+    )

@@ -1,0 +1,257 @@
+"""Training tensors from a microbatch: shifted labels, loss masks, positions, boundaries, padding.
+
+:func:`to_training` is the last step between a :class:`~zephon.SampleBatch` and a training loop.
+It is a pure function of the batch and its options; it keeps no state. Its options form a
+:class:`~zephon.training.spec.TrainingSpec`, which validates them once and does the conversion:
+``to_training(batch, **options)`` is ``TrainingSpec(**options)(batch)``, and a loop that converts
+many batches with the same options can build the spec once and call it on each batch.
+
+This module sits below the records and the pipeline: it takes any object with ``records`` (and,
+optionally, ``pad_token_id``), so ``SampleBatch.to_training`` can delegate here.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import attrs
+
+from .spec import TrainingSpec
+
+__all__ = ["LAYOUTS", "TrainingSpec", "to_training", "training_spec"]
+
+_OPTIONS = tuple(a.alias for a in attrs.fields(TrainingSpec) if a.init)
+#: Names other libraries use, which spelling distance alone would map to the wrong option.
+_ALIASES = {"pad_id": "pad_token_id", "eos_id": "eos_token_id", "return_tensors": "dtype", "labels": "return_labels"}
+
+#: Field layouts of training frameworks: ``to_training(batch, layout=name, **options)`` starts from
+#: these options, and options given next to ``layout`` override them.
+LAYOUTS: dict[str, dict[str, Any]] = {
+    # Megatron-LM / Megatron-Core GPT batches: ``tokens``, ``labels``, ``loss_mask`` (float32),
+    # ``position_ids`` (0, 1, 2, ... over the row, Megatron's default ``reset_position_ids=False``)
+    # and, for packed rows, ``cu_seqlens``/``max_seqlen`` (document boundaries, int32) for its
+    # packed-sequence attention (``PackedSeqParams``).
+    "megatron": dict(
+        return_labels=True,
+        return_loss_mask=True,
+        return_cu_seqlens=True,
+        position_mode="sequence",
+        rename_fields={"input_ids": "tokens", "positions": "position_ids"},
+        exclude_fields=("ids", "texts"),
+    ),
+}
+
+
+def training_spec(layout: str | None = None, **options: Any) -> TrainingSpec:
+    """The :class:`TrainingSpec` of ``to_training``'s options, starting from a ``layout`` preset.
+
+    Unknown option names fail with the closest known one; ``layout`` must be a key of
+    :data:`LAYOUTS` (or ``None``), and options given next to it override the preset's.
+
+    Examples:
+        >>> spec = training_spec(layout="megatron", return_cu_seqlens=False)
+        >>> spec.return_loss_mask, dict(spec.rename_fields)["input_ids"], spec.return_cu_seqlens
+        (True, 'tokens', False)
+    """
+    unknown = [name for name in options if name not in _OPTIONS]
+    if unknown:
+        name = unknown[0]
+        close = [_ALIASES[name]] if name in _ALIASES else difflib.get_close_matches(name, _OPTIONS + ("layout",), n=1)
+        fix = f"did you mean {close[0]!r}?" if close else f"the options are {', '.join(_OPTIONS)}, layout"
+        raise TypeError(f"to_training: unknown option {name!r}; {fix}")
+    if layout is not None:
+        if not isinstance(layout, str) or layout not in LAYOUTS:
+            raise ValueError(f"to_training: unknown layout {layout!r}; the layouts are {sorted(LAYOUTS)} (or None)")
+        options = {**LAYOUTS[layout], **options}
+    return TrainingSpec(**options)
+
+
+def to_training(batch: Any, **options: Any) -> dict[str, Any]:
+    """Convert a microbatch into the fields a training step consumes.
+
+    **What ``labels`` means.** With ``return_labels=True`` and the default
+    ``shift_labels=True``, inputs and labels are already shifted, as in Zephon 0.2.0:
+    ``input_ids = row[:-1]`` and ``labels = row[1:]``, so ``labels[t]`` is the token the model
+    must predict after reading ``input_ids[: t + 1]`` (pack ``context + 1`` tokens per row). A
+    label is ``ignore_index`` when its target or the input predicting it is padding, when the
+    payload ``loss_mask`` is 0 on its target token, or (``eos_mask_loss``) when the input
+    predicting it is EOS. With ``shift_labels=False`` the labels are the Hugging Face layout for
+    models that shift internally: same length as ``input_ids``, ``labels[t] = input_ids[t]`` or
+    ``ignore_index``, under the same masking (so ``labels[:, 1:]`` of this layout equals the
+    shifted labels, and ``labels[:, 0]`` is always ignored: nothing predicts the first token).
+
+    The payload ``loss_mask`` (as ``tokenize_chat`` emits it) is aligned with the tokens and
+    marks *target* tokens: 1 on a token means "learn to produce this token". A prompt mask of 0
+    on ``[10, 20, 30]`` and 1 on ``[40, 50]`` therefore supervises the predictions 30->40 and
+    40->50. Token-aligned fields may be numpy arrays or plain lists (pre-tokenized JSON).
+
+    **Padding.** Records of different lengths must be padded: ``padding="longest"`` pads every
+    row to the longest record (rounded up to ``pad_to_multiple_of``), ``padding="max_length"``
+    to ``max_length`` (never truncating). Padding is added on ``padding_side`` with the pad id
+    (token field) and 0 (every other field, positions included). It combines with the trailing
+    ``meta.padding_length`` of packed rows: both are masked by position in ``labels``,
+    ``padding_mask`` and ``attention_mask``. For ``cu_seqlens`` each block of added padding is
+    one segment of its own, like the padding tail of a packed row.
+
+    **The pad id.** Padding writes ``pad_token_id`` when given, else the batch's own
+    ``pad_token_id`` (a pipeline that tokenizes sets it on every batch from the tokenizer: its
+    pad token, else its EOS). When padding is requested and neither is known, the call raises
+    ``ValueError``: there is no default, because id 0 is a real token in most vocabularies and
+    the model would read it. Without padding no pad id is needed. (Zephon 0.2.0 pads only in
+    ``tokenize``, with the tokenizer's pad token, else its EOS, else 0.)
+
+    **Segments.** Fields that are not token-aligned (a ``doc_id``, a ``source``, an image's
+    ``pixel_values``) are never dropped: when a record of the batch carries any, ``segments``
+    holds, per record, one dict per segment (aligned with ``ids``): ``{"start": offset in the
+    output row, "length": its tokens, **its document's fields}``. ``start`` counts added left
+    padding and is taken before the label shift (``input_ids[i, start:start + length]`` are the
+    segment's tokens, except a row's last token, which shifted inputs drop; flattened, add
+    ``i * row width``). A ``pack_flat`` row's segments are those it carries; a plain record is
+    one segment holding its payload's fields other than the token field, ``text`` (in
+    ``texts``), ``positions``, ``loss_mask`` and token-aligned fields. Segment values stay Python
+    and numpy objects, copied from the payloads, whatever ``dtype``; a record field named
+    ``start`` or ``length``, or one that does not pickle, is refused naming it.
+
+    Output keys, in order: ``ids``, ``texts``, ``segments``, ``padding_mask``, ``input_ids``,
+    ``labels``, ``attention_mask``, extra fields (in the order given), ``positions``,
+    ``loss_mask``, ``num_valid_tokens``, ``cu_seqlens``, ``max_seqlen`` (each only when it
+    applies), then renamed and excluded. An empty batch gives ``{"ids": [], "texts": []}`` plus, when
+    requested, ``padding_mask=[]``, ``attention_mask=[]``, ``positions=[]`` (sequence mode),
+    ``loss_mask=[]``, ``num_valid_tokens=0`` and ``cu_seqlens``/``max_seqlen`` = ``[]``/``[]``
+    (``[0]``/``0`` when flattened).
+
+    The output depends only on the batch and the options; nothing is kept between calls, and
+    payloads are never modified or aliased by the output. To convert many batches with the same
+    options, build ``spec = TrainingSpec(**options)`` once and call ``spec(batch)``: the options
+    are then validated once, not per batch, and the output is the same.
+
+    Args:
+        batch: the microbatch: an object with ``records`` (each with a ``payload`` and a
+            ``meta`` holding ``padding_length`` and ``segments``) and, optionally,
+            ``pad_token_id``, such as a :class:`~zephon.SampleBatch`. Payloads are all dicts
+            (token field plus optional ``positions``, ``loss_mask``, ``text`` and extra fields)
+            or all bare 1-D arrays of tokens.
+        layout: a preset of the options below for one framework's field names: ``"megatron"``
+            gives ``tokens``, ``labels``, float32 ``loss_mask``, ``position_ids`` (0, 1, 2, ...
+            per row) and, from the payload ``positions`` of packed rows, ``cu_seqlens`` and
+            ``max_seqlen`` (see :data:`LAYOUTS`). Options given next to it override the preset.
+        tokens_field: the token field of dict payloads, or ``"auto"`` (default): the first of
+            input_ids, tokens, token_ids, ids that has a length. Ignored for array payloads. The
+            output is named ``input_ids`` whatever the source field.
+        return_labels: emit ``labels`` (see above). Default False.
+        dtype: ``"auto"`` (default: ``torch.long`` when torch is importable, else ``np.int64``),
+            ``None`` (Python lists), a numpy dtype (numpy arrays) or a torch dtype (tensors).
+            Every sequence field (tokens, labels, positions, attention mask, extra fields, the
+            raw payload loss mask) uses it; ``loss_mask`` is always float32, ``padding_mask``
+            bool, ``cu_seqlens``/``max_seqlen`` int32.
+        extra_fields: more token-aligned payload fields to stack (sliced like ``input_ids``).
+            ``positions`` is surfaced without being listed. Default ``()``.
+        ignore_index: the label value the loss skips. Default -100.
+        rename_fields: ``{emitted name: new name}``, applied before exclusion. Sources must be
+            emitted (except in an empty batch); swaps are allowed; targets must stay unique.
+        flatten: reshape every sequence field to ``[B * S]`` after shifting and masking;
+            ``ids`` and ``texts`` stay per-record lists and ``cu_seqlens`` becomes one compact
+            batch-wide array. Default False.
+        exclude_fields: output names (after renaming) to drop; absent names are ignored.
+        return_num_valid_tokens: emit ``num_valid_tokens``, the Python int count of
+            ``labels != ignore_index``. Requires ``return_labels``.
+        return_loss_mask: emit a label-aligned float32 ``loss_mask`` equal to
+            ``labels != ignore_index`` after all masking. Requires ``return_labels``.
+        return_cu_seqlens: emit ``cu_seqlens`` and ``max_seqlen`` for variable-length
+            attention, from the zeros of the original payload ``positions`` (even with
+            ``position_mode="sequence"``). Not flat: int32 ``[B, K]``, each row padded with its
+            own length, and int32 ``[B]`` maxima. Flat: one int32 array ending at ``B * S`` and
+            a Python int maximum.
+        return_padding_mask: emit a bool input-aligned ``padding_mask``, True on padding slots.
+        eos_mask_loss: ignore every label predicted *from* an EOS input (the EOS -> next
+            document prediction, not the prediction of EOS). Requires ``return_labels`` and
+            ``eos_token_id``.
+        eos_token_id: the EOS id for ``eos_mask_loss`` (a non-negative integer); given without
+            ``eos_mask_loss`` it is ignored, with a warning pointing at the caller's line.
+        position_mode: ``"preserve"`` (default) forwards the payload ``positions`` (per
+            document); ``"sequence"`` emits ``0, 1, 2, ...`` over each record instead.
+        shift_labels: with ``return_labels``, ``True`` (default) shifts inputs and labels
+            (Zephon); ``False`` gives unshifted, same-length labels (Hugging Face models).
+        padding: ``None``/``False`` (default: records must have equal lengths), ``"longest"``
+            (or ``True``), or ``"max_length"``.
+        max_length: the row length for ``padding="max_length"``.
+        pad_to_multiple_of: round the padded length up to a multiple of this; with shifted
+            labels the rounded length is that of the returned ``input_ids`` (row length - 1).
+        padding_side: ``"right"`` (default) or ``"left"``; where added padding goes.
+        pad_token_id: the token id written into added padding slots; default ``None``: the
+            batch's ``pad_token_id``, required (from one or the other) when ``padding`` is
+            requested. It never matters for the loss, which masks padding by position.
+        return_attention_mask: emit ``attention_mask`` (1 on real tokens, 0 on every padding
+            slot). Default: whenever ``padding`` is requested, so every batch of a run has the
+            same keys even if it needed no padding.
+
+    Returns:
+        A dict of lists / numpy arrays / torch tensors as described above.
+
+    Raises:
+        TypeError: an unknown option; payloads that are neither dicts nor arrays, a mix of
+            both, or a bare string for ``exclude_fields`` / ``extra_fields``.
+        ValueError: an invalid option or combination of options; padding requested without a
+            pad id; records of different lengths without ``padding``; a missing, misaligned or
+            non-integer field (the message names the record and field); positions unusable for
+            ``cu_seqlens``; a padding length outside its row; values that do not fit the
+            requested dtype; rename collisions.
+
+    Examples:
+        A packed row holding two documents, ``BOS a1 a2 EOS BOS b1 b2 EOS``:
+
+        >>> import numpy as np
+        >>> from zephon.types import Meta, Record, SampleBatch, Segment
+        >>> row = {"input_ids": np.array([1, 11, 12, 2, 1, 21, 22, 2]),
+        ...        "positions": np.array([0, 1, 2, 3, 0, 1, 2, 3], dtype=np.int32)}
+        >>> meta = Meta(0, (Segment(0, 0, 0, 0, 0, 4), Segment(0, 0, 1, 0, 0, 4)))
+        >>> out = to_training(SampleBatch((Record(row, meta),)), dtype=None, return_labels=True,
+        ...                   eos_mask_loss=True, eos_token_id=2, return_cu_seqlens=True)
+        >>> out["input_ids"], out["labels"]
+        ([[1, 11, 12, 2, 1, 21, 22]], [[11, 12, 2, -100, 21, 22, 2]])
+        >>> out["positions"], out["cu_seqlens"], out["max_seqlen"]
+        ([[0, 1, 2, 3, 0, 1, 2]], [[0, 4, 7]], [4])
+
+        Ragged prompt/response records, padded to the longest with the tokenizer's EOS (2):
+
+        >>> def doc(row, tokens, mask):
+        ...     payload = {"input_ids": np.array(tokens), "loss_mask": np.array(mask, np.uint8)}
+        ...     return Record(payload, Meta(0, (Segment(0, 0, row, 0, 0, -1),)))
+        >>> batch = SampleBatch((doc(0, [10, 20, 30, 40, 50], [0, 0, 0, 1, 1]),
+        ...                      doc(1, [60, 70, 80], [0, 1, 1])))
+        >>> out = to_training(batch, dtype=np.int64, return_labels=True, padding="longest", pad_token_id=2)
+        >>> out["input_ids"].tolist(), out["labels"].tolist()
+        ([[10, 20, 30, 40], [60, 70, 80, 2]], [[-100, -100, 40, 50], [70, 80, -100, -100]])
+        >>> out["attention_mask"].tolist()
+        [[1, 1, 1, 1], [1, 1, 1, 0]]
+
+        The same options applied to many batches, validated once:
+
+        >>> spec = TrainingSpec(dtype=np.int64, return_labels=True, padding="longest", pad_token_id=2)
+        >>> spec(batch)["labels"].tolist() == out["labels"].tolist()
+        True
+    """
+    return _spec_of(options)(batch)
+
+
+#: Specs by their options (with the values' types, so that ``1`` does not stand for ``True``).
+_SPECS: dict[tuple, TrainingSpec] = {}
+_SPECS_MAX = 64
+
+
+def _spec_of(options: dict[str, Any]) -> TrainingSpec:
+    """``training_spec(**options)``, built once per distinct options (validating costs about a fifth
+    of converting a packed batch). Options that do not hash, and those that warn, are not kept."""
+    try:
+        key = tuple((k, type(v), v) for k, v in sorted(options.items()))
+        spec = _SPECS.get(key)
+    except TypeError:
+        return training_spec(**options)
+    if spec is None:
+        spec = training_spec(**options)
+        if spec.eos_token_id is None or spec.eos_mask_loss:  # it did not warn: keep it
+            if len(_SPECS) >= _SPECS_MAX:
+                _SPECS.clear()
+            _SPECS[key] = spec
+    return spec

@@ -1,0 +1,929 @@
+"""The options of :func:`~zephon.to_training` as a validated value, and their application to a batch.
+
+:class:`TrainingSpec` is a frozen attrs class built from ``to_training``'s keyword options. Its
+converters normalise them (``padding=True`` becomes ``"longest"``, name lists become tuples,
+numpy integers become ``int``) and its validators reject invalid values and combinations, once,
+when it is built. Calling it converts a batch; it keeps no state, so one spec serves every
+batch of a run, from any thread or process (it pickles).
+
+Everything is computed on contiguous numpy buffers (one row copy per record, then vectorized
+masks), and only the final conversion picks the framework: torch tensors wrap those buffers
+without a copy. torch is imported lazily, only for torch output, so this module imports without it.
+
+Padding is always known *by position*, never by token id: the trailing ``meta.padding_length``
+slots that packing added, plus the slots that dynamic padding (``padding="longest"``) adds here.
+A pad id that also occurs as real content therefore never loses or gains supervision.
+
+A batch is anything with ``records`` (each with a ``payload`` and a ``meta`` holding
+``padding_length`` and ``segments``) and, optionally, ``pad_token_id``; this module imports
+nothing from the record or pipeline layers, which sit above it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections import Counter
+from typing import Any, Iterator, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from ..core.fields import SEGMENT_KEYS, TOKEN_FIELDS, check_carried, is_aligned, segment_entry
+
+__all__ = ["TrainingSpec"]
+
+_INT32_MAX = 2**31 - 1
+_POSITION_MODES = ("preserve", "sequence")
+_PADDING_SIDES = ("right", "left")
+#: Modules whose frames a warning skips to reach the caller: this package and attrs (evolve).
+_INTERNAL_PACKAGES = frozenset({__package__.partition(".")[0], "attr", "attrs"})
+
+
+# -- converters and validators -------------------------------------------------------------------------
+# Converters only normalise values they recognise and pass anything else through, so that the
+# validators (which run after every field is set) report the value the caller gave. Every converter
+# is idempotent, so attrs.evolve on a spec gives what the constructor gives.
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _int(value: Any) -> Any:
+    return int(value) if _is_int(value) else value
+
+
+def _names(value: Any) -> Any:
+    """A sequence of names as a tuple, first occurrence kept; anything else is left for the validator."""
+    if isinstance(value, str):
+        return value
+    try:
+        return tuple(dict.fromkeys(value))
+    except TypeError:  # not iterable, or unhashable names
+        return value
+
+
+def _padding(value: Any) -> Any:
+    if value is None or value is False or (isinstance(value, str) and value == "do_not_pad"):
+        return None
+    if value is True or (isinstance(value, str) and value == "longest"):
+        return "longest"
+    return value
+
+
+def _renames(value: Any) -> Any:
+    if value is None:
+        return _FrozenDict({})
+    if isinstance(value, Mapping):
+        return _FrozenDict(value)
+    return value
+
+
+def _check_names(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, str):
+        raise TypeError(
+            f"to_training: {attribute.name} must be a sequence of names, not a string; "
+            f"write {attribute.name}=({value!r},)"
+        )
+    if not isinstance(value, tuple):
+        raise TypeError(f"to_training: {attribute.name} must be a sequence of field names, got {value!r}")
+
+
+def _one_of(choices: tuple[str, ...]):
+    def check(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if not (isinstance(value, str) and value in choices):
+            allowed = " or ".join(repr(c) for c in choices)
+            raise ValueError(f"to_training: {attribute.name} must be {allowed}, got {value!r}")
+
+    return check
+
+
+def _optional_nonnegative_int(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (not _is_int(value) or value < 0):
+        tail = " or None" if attribute.name == "pad_token_id" else ""
+        raise ValueError(f"to_training: {attribute.name} must be a nonnegative integer{tail}, got {value!r}")
+
+
+def _check_tokens_field(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"to_training: tokens_field must be a payload field name or 'auto', got {value!r}")
+
+
+def _check_ignore_index(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not _is_int(value):
+        raise ValueError(f"to_training: ignore_index must be an integer, got {value!r}")
+
+
+def _check_renames(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, _FrozenDict):
+        raise TypeError(
+            f"to_training: rename_fields must be a mapping {{emitted name: new name}}, got {type(value).__name__}"
+        )
+
+
+def _check_padding(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not (value is None or (isinstance(value, str) and value in ("longest", "max_length"))):
+        raise ValueError(
+            f"to_training: padding must be None/False, 'longest' (or True) or 'max_length', got {value!r}"
+        )
+
+
+def _check_attention(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"to_training: return_attention_mask must be None, True or False, got {value!r}")
+
+
+def _output_of(spec: TrainingSpec) -> _Output:
+    return _Output.of(spec.dtype)
+
+
+# -- the spec ------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class TrainingSpec:
+    """The options of :func:`~zephon.to_training`, validated once; call it on a batch to convert it.
+
+    ``TrainingSpec(**options)(batch)`` equals ``to_training(batch, **options)``, and every option
+    has the name, default and meaning documented there. Build the spec once and apply it to every
+    batch of a run: misuse fails (or warns) where the spec is built, and each batch skips the checks.
+
+    Args:
+        **options: the keyword options of :func:`~zephon.to_training`.
+
+    Attributes:
+        extra_fields, exclude_fields: tuples of names (``extra_fields`` without repeats).
+        rename_fields: a read-only ``{emitted name: new name}`` mapping, empty for ``None``.
+        padding: ``None`` (no padding), ``"longest"`` or ``"max_length"``; ``False`` and
+            ``"do_not_pad"`` become ``None``, ``True`` becomes ``"longest"``.
+        ignore_index, eos_token_id, max_length, pad_to_multiple_of, pad_token_id: Python ints
+            (or ``None`` where allowed), numpy integers included.
+        return_labels, shift_labels, flatten, eos_mask_loss, and the ``return_*`` flags other
+            than ``return_attention_mask``: bools (by truth value).
+        The other options are kept as given.
+
+    Raises:
+        TypeError: an unknown option, a bare string for ``exclude_fields`` / ``extra_fields``, a
+            non-mapping ``rename_fields`` or a non-string ``tokens_field``.
+        ValueError: an invalid option or combination of options (see :func:`~zephon.to_training`).
+
+    Examples:
+        >>> import numpy as np
+        >>> from zephon.types import Meta, Record, SampleBatch, Segment
+        >>> spec = TrainingSpec(return_labels=True, padding=True, pad_token_id=0, dtype=None)
+        >>> spec.padding, spec.extra_fields
+        ('longest', ())
+        >>> def doc(row, tokens):
+        ...     return Record({"input_ids": np.array(tokens)}, Meta(0, (Segment(0, 0, row, 0, 0, -1),)))
+        >>> for batch in [SampleBatch((doc(0, [5, 6, 7]), doc(1, [8, 9]))), SampleBatch((doc(2, [4, 3]),))]:
+        ...     print(spec(batch)["labels"])
+        [[6, 7], [9, -100]]
+        [[3]]
+    """
+
+    tokens_field: str = attrs.field(default="auto", validator=_check_tokens_field)
+    return_labels: bool = attrs.field(default=False, converter=bool)
+    dtype: Any = attrs.field(default="auto")
+    extra_fields: tuple[str, ...] = attrs.field(default=(), converter=_names, validator=_check_names)
+    ignore_index: int = attrs.field(default=-100, converter=_int, validator=_check_ignore_index)
+    rename_fields: Mapping[str, str] = attrs.field(default=None, converter=_renames, validator=_check_renames)
+    flatten: bool = attrs.field(default=False, converter=bool)
+    exclude_fields: tuple[str, ...] = attrs.field(default=(), converter=_names, validator=_check_names)
+    return_num_valid_tokens: bool = attrs.field(default=False, converter=bool)
+    return_loss_mask: bool = attrs.field(default=False, converter=bool)
+    return_cu_seqlens: bool = attrs.field(default=False, converter=bool)
+    return_padding_mask: bool = attrs.field(default=False, converter=bool)
+    eos_mask_loss: bool = attrs.field(default=False, converter=bool)
+    eos_token_id: int | None = attrs.field(default=None, converter=_int, validator=_optional_nonnegative_int)
+    position_mode: str = attrs.field(default="preserve", validator=_one_of(_POSITION_MODES))
+    shift_labels: bool = attrs.field(default=True, converter=bool)
+    padding: str | None = attrs.field(default=None, converter=_padding, validator=_check_padding)
+    max_length: int | None = attrs.field(default=None, converter=_int)
+    pad_to_multiple_of: int | None = attrs.field(default=None, converter=_int)
+    padding_side: str = attrs.field(default="right", validator=_one_of(_PADDING_SIDES))
+    pad_token_id: int | None = attrs.field(default=None, converter=_int, validator=_optional_nonnegative_int)
+    return_attention_mask: bool | None = attrs.field(default=None, validator=_check_attention)
+    # Derived from dtype when the spec is built ("auto" looks for torch once, not per batch).
+    _output: _Output = attrs.field(
+        init=False, default=attrs.Factory(_output_of, takes_self=True), repr=False, eq=False
+    )
+
+    def __attrs_post_init__(self) -> None:
+        # Combinations of options; each single option was checked by its validator.
+        for flag in ("return_loss_mask", "return_num_valid_tokens", "eos_mask_loss"):
+            if getattr(self, flag) and not self.return_labels:
+                raise ValueError(f"to_training: {flag} requires return_labels=True (it describes the labels)")
+        if not self.shift_labels and not self.return_labels:
+            raise ValueError("to_training: shift_labels=False only applies to labels; pass return_labels=True with it")
+        if self.eos_mask_loss and self.eos_token_id is None:
+            raise ValueError(
+                "to_training: eos_mask_loss requires an explicit eos_token_id (the tokenizer's EOS id), "
+                "e.g. eos_mask_loss=True, eos_token_id=tokenizer.eos_token_id"
+            )
+        if self.padding == "max_length":
+            if not _is_int(self.max_length) or self.max_length < 1:
+                raise ValueError(
+                    "to_training: padding='max_length' requires max_length, a positive integer; "
+                    f"got {self.max_length!r}"
+                )
+        elif self.max_length is not None:
+            raise ValueError(
+                "to_training: max_length is only used with padding='max_length'; pass both, or drop max_length "
+                "(padding='longest' pads to the longest record)"
+            )
+        if self.pad_to_multiple_of is not None:
+            if not _is_int(self.pad_to_multiple_of) or self.pad_to_multiple_of < 1:
+                raise ValueError(
+                    f"to_training: pad_to_multiple_of must be a positive integer, got {self.pad_to_multiple_of!r}"
+                )
+            if self.padding is None:
+                raise ValueError(
+                    "to_training: pad_to_multiple_of needs padding; pass padding='longest' (or 'max_length') with it"
+                )
+        self._check_extra_fields()
+        if self.eos_token_id is not None and not self.eos_mask_loss:
+            _warn_at_caller(
+                "to_training: eos_token_id is ignored without eos_mask_loss=True; pass eos_mask_loss=True "
+                "to mask predictions made from EOS, or drop eos_token_id"
+            )
+
+    def _check_extra_fields(self) -> None:
+        generated = {"ids", "texts", "input_ids"} | ({"labels"} if self.return_labels else set())
+        flagged = {
+            "padding_mask": (self.return_padding_mask, "return_padding_mask=True"),
+            "attention_mask": (
+                self.emit_attention, "an attention mask (padding requested or return_attention_mask=True)"
+            ),
+            "cu_seqlens": (self.return_cu_seqlens, "return_cu_seqlens=True"),
+            "max_seqlen": (self.return_cu_seqlens, "return_cu_seqlens=True"),
+            "num_valid_tokens": (self.return_num_valid_tokens, "return_num_valid_tokens=True"),
+        }
+        for name in self.extra_fields:
+            if name in generated:
+                raise ValueError(
+                    f"to_training: extra_fields cannot overwrite generated field {name!r}; rename the payload field "
+                    "or use rename_fields on the output"
+                )
+            if name in flagged and flagged[name][0]:
+                raise ValueError(
+                    f"to_training: extra_fields cannot include {name!r} with {flagged[name][1]}; that output is "
+                    "generated"
+                )
+            if name == "loss_mask" and self.return_labels:
+                raise ValueError(
+                    "to_training: extra_fields cannot include 'loss_mask' with return_labels=True: extra fields are "
+                    "input-aligned, not label-aligned. Use return_loss_mask=True for the label-aligned mask, or "
+                    "return_labels=False for the raw mask."
+                )
+
+    @property
+    def emit_attention(self) -> bool:
+        """Whether ``attention_mask`` is emitted: ``return_attention_mask``, else whenever padding is requested."""
+        return (self.padding is not None) if self.return_attention_mask is None else self.return_attention_mask
+
+    def pad_token_id_for(self, batch: Any) -> int | None:
+        """The id written into added padding slots of ``batch``.
+
+        ``pad_token_id`` when given, else the batch's own ``pad_token_id`` attribute (a pipeline
+        that tokenizes sets it from the tokenizer: its pad token, else its EOS). Without
+        ``padding`` nothing is padded, so the batch is not looked at and the result may be ``None``.
+
+        Raises:
+            ValueError: padding is requested and neither gives an id, or the batch's id is invalid.
+        """
+        if self.pad_token_id is not None or self.padding is None:
+            return self.pad_token_id
+        pad = getattr(batch, "pad_token_id", None)
+        if pad is not None:
+            if not _is_int(pad) or pad < 0:
+                raise ValueError(
+                    f"to_training: the batch's pad_token_id must be a nonnegative integer, got {pad!r}; "
+                    "pass pad_token_id= to override it"
+                )
+            return int(pad)
+        raise ValueError(
+            f"to_training: padding={self.padding!r} requires pad_token_id (the id written into added padding "
+            "slots), and neither this call nor the batch (batch.pad_token_id) gives one. There is no default: "
+            "id 0 is a real token in most vocabularies ('!' in GPT-2), so padding with it would silently feed "
+            "the model a real token. Fix: pass pad_token_id= (e.g. tokenizer.pad_token_id, or "
+            "tokenizer.eos_token_id when it has no pad token), or tokenize in the pipeline so that its batches "
+            "carry the id."
+        )
+
+    def __call__(self, batch: Any) -> dict[str, Any]:
+        """Convert ``batch``, exactly as ``to_training(batch, **options)`` does.
+
+        Raises:
+            TypeError, ValueError: what :func:`~zephon.to_training` raises for the batch's data.
+        """
+        pad_id = self.pad_token_id_for(batch)  # before the empty-batch shortcut: a missing id fails on every batch
+
+        # -- empty batch -----------------------------------------------------------------------------------
+        records = batch.records
+        if not records:
+            empty: dict[str, Any] = {"ids": [], "texts": []}
+            if self.return_padding_mask:
+                empty["padding_mask"] = []
+            if self.emit_attention:
+                empty["attention_mask"] = []
+            if self.position_mode == "sequence":
+                empty["positions"] = []
+            if self.return_loss_mask:
+                empty["loss_mask"] = []
+            if self.return_num_valid_tokens:
+                empty["num_valid_tokens"] = 0
+            if self.return_cu_seqlens:
+                empty["cu_seqlens"] = [0] if self.flatten else []
+                empty["max_seqlen"] = 0 if self.flatten else []
+            return _rename_and_exclude(empty, self.rename_fields, self.exclude_fields, allow_missing=True)
+
+        fast = self._packed(records) if self._packed_layout else None
+        if fast is not None:
+            return fast
+
+        # -- gather rows -----------------------------------------------------------------------------------
+        extras = self.extra_fields
+        labelled = self.return_labels
+        need_positions = self.return_cu_seqlens or self.position_mode == "preserve" or "positions" in extras
+        rows = _gather(records, self.tokens_field, extras, need_positions=need_positions)
+        if self.return_cu_seqlens and rows.positions is None:
+            raise ValueError(
+                "to_training: return_cu_seqlens requires a 'positions' field in every payload (document starts are "
+                "its zeros); use pack_flat(emit_positions=True)"
+            )
+        B = len(records)
+        n = np.fromiter((len(t) for t in rows.tokens), dtype=np.int64, count=B)
+        pad_len = np.fromiter((r.meta.padding_length for r in records), dtype=np.int64, count=B)
+        bad = np.flatnonzero((pad_len < 0) | (pad_len > n))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"to_training: record {i} has meta.padding_length={int(pad_len[i])} but only {int(n[i])} tokens; "
+                "padding_length must lie within its row (0 <= padding_length <= tokens)"
+            )
+
+        # -- layout: row length T and where each record starts ---------------------------------------------
+        if self.padding is None:
+            if B > 1 and (n != n[0]).any():
+                j = int(np.flatnonzero(n != n[0])[0])
+                raise ValueError(
+                    f"to_training: records have different lengths (record 0: {int(n[0])} tokens, record {j}: "
+                    f"{int(n[j])} tokens); pass padding='longest' to pad them to the longest record "
+                    "(or padding='max_length', max_length=N)"
+                )
+            T = int(n[0])
+        else:
+            if self.padding == "longest":
+                T = int(n.max())
+            else:
+                over = np.flatnonzero(n > self.max_length)
+                if over.size:
+                    i = int(over[0])
+                    raise ValueError(
+                        f"to_training: record {i} has {int(n[i])} tokens, more than max_length={self.max_length}; "
+                        "padding never truncates: raise max_length, use padding='longest', or cut records upstream"
+                    )
+                T = self.max_length
+            if self.pad_to_multiple_of:
+                # Round the length the model sees: with shifted labels that is T - 1.
+                shift = 1 if (labelled and self.shift_labels) else 0
+                T = -(-(T - shift) // self.pad_to_multiple_of) * self.pad_to_multiple_of + shift
+        left = (T - n) if self.padding_side == "left" else np.zeros(B, dtype=np.int64)
+        padded = bool((n != T).any())
+        cols = np.arange(T, dtype=np.int64)
+        stop = left + n
+        every_real = not padded and not pad_len.any()  # the usual packed batch: full rows, no padding
+        if every_real:
+            real = np.ones((B, T), dtype=np.bool_)
+        else:
+            real = (cols >= left[:, None]) & (cols < (stop - pad_len)[:, None])  # real tokens, by position
+
+        # Without requested padding every row already has length T, so no slot takes the fill value.
+        tok = _fill(rows.tokens, B, T, left, 0 if pad_id is None else pad_id, np.int64)
+        pos = _fill(rows.positions, B, T, left, 0, np.int64) if rows.positions is not None else None
+        mask = _fill(rows.loss_mask, B, T, left, 0, np.bool_) if rows.loss_mask is not None else None
+        if self.return_cu_seqlens:
+            first = np.fromiter((p[0] if len(p) else 0 for p in rows.positions), dtype=np.int64, count=B)
+            if (first != 0).any():
+                i = int(np.flatnonzero(first != 0)[0])
+                raise ValueError(
+                    f"to_training: record {i}: positions must start at zero (got {int(first[i])}), because "
+                    "document starts are the zeros of positions; use pack_flat(emit_positions=True)"
+                )
+
+        # -- labels (computed on the full row, then shifted views) ------------------------------------------
+        W = max(T - 1, 0) if (labelled and self.shift_labels) else T  # input-aligned width
+        fields: dict[str, tuple[np.ndarray, str]] = {}  # name -> (array, kind), in output order
+        if self.return_padding_mask:
+            fields["padding_mask"] = (~real[:, :W], "bool")
+        fields["input_ids"] = (tok[:, :W], "seq")
+        labels = None
+        if labelled:
+            # Label t (shifted) is the target row[t + 1] predicted from input row[t]: both must be real tokens.
+            if every_real and mask is None and not self.eos_mask_loss:
+                shifted = tok[:, 1:].copy()  # every label is a real target
+            else:
+                valid = real[:, 1:] & real[:, :-1]
+                if mask is not None:
+                    valid &= mask[:, 1:]
+                if self.eos_mask_loss:
+                    valid &= tok[:, :-1] != self.eos_token_id
+                shifted = np.where(valid, tok[:, 1:], np.int64(self.ignore_index))
+            if self.shift_labels:
+                labels = shifted
+            else:
+                labels = np.empty((B, T), dtype=np.int64)
+                labels[:, :1] = self.ignore_index
+                labels[:, 1:] = shifted
+            fields["labels"] = (labels, "seq")
+        if self.emit_attention:
+            fields["attention_mask"] = (real[:, :W], "seq")
+
+        positions_out = None
+        if self.position_mode == "sequence":
+            if padded:
+                positions_out = cols[None, :W] - left[:, None]
+                positions_out[(positions_out < 0) | (positions_out >= n[:, None])] = 0
+            else:
+                positions_out = np.empty((B, W), dtype=np.int64)
+                positions_out[:] = cols[:W]
+        elif pos is not None:
+            positions_out = pos[:, :W]
+        for name in extras:
+            if name == "positions":
+                if positions_out is None:
+                    raise ValueError("to_training: extra field 'positions' is missing from the payloads")
+                fields["positions"] = (positions_out, "seq")
+            else:
+                arr = _fill(rows.extras[name], B, T, left, 0, None)
+                fields[name] = (arr[:, :W], "seq")
+        if positions_out is not None and "positions" not in fields:
+            fields["positions"] = (positions_out, "seq")
+
+        if self.return_loss_mask:
+            fields["loss_mask"] = (labels != self.ignore_index, "float")
+        elif mask is not None and not labelled and "loss_mask" not in fields:
+            fields["loss_mask"] = (mask, "seq")  # the raw payload mask, unshifted, as 0/1
+
+        # -- boundaries for variable-length attention ----------------------------------------------------
+        cu = None
+        if self.return_cu_seqlens:
+            seg = pos
+            if padded:
+                # Added padding blocks count up from 0, so each block is a segment of its own.
+                in_record = (cols >= left[:, None]) & (cols < stop[:, None])
+                block = np.where(cols < left[:, None], cols, cols - stop[:, None])
+                seg = np.where(in_record, pos, block)
+            cu = _cu_seqlens(seg[:, :W] == 0, self.flatten)
+
+        # -- assemble ------------------------------------------------------------------------------------
+        out = self._output
+        # ids: the source pointer (dataset, shard, row) of every segment of every record.
+        ids = [[tuple(s[:3]) for s in r.meta.segments] for r in records]
+        result: dict[str, Any] = {"ids": ids, "texts": rows.texts}
+        segments = _segments(records, self.tokens_field, n, pad_len, left)
+        if segments is not None:
+            result["segments"] = segments
+        for name, (arr, kind) in fields.items():
+            if self.flatten:
+                arr = arr.reshape(-1)
+            result[name] = out.convert(arr, kind, name)
+        if self.return_num_valid_tokens:
+            result["num_valid_tokens"] = int(np.count_nonzero(labels != self.ignore_index))
+        if cu is not None:
+            result["cu_seqlens"], result["max_seqlen"] = out.boundaries(*cu, self.flatten)
+        return _rename_and_exclude(result, self.rename_fields, self.exclude_fields, allow_missing=False)
+
+
+    @property
+    def _packed_layout(self) -> bool:
+        """Whether these options convert a batch of full packed rows to plain shifted ids, labels and
+        positions (the pretraining recipe), which :meth:`_packed` does with fewer copies."""
+        return (
+            self.padding is None and self.return_labels and self.shift_labels and not self.eos_mask_loss
+            and not self.return_padding_mask and not self.emit_attention and self.position_mode == "preserve"
+            and not self.extra_fields and not self.return_loss_mask and not self.return_cu_seqlens
+            and not self.return_num_valid_tokens and not self.flatten
+            and self._output.kind != "list" and self._output.np_dtype == np.int64
+        )
+
+    def _packed(self, records: Sequence[Any]) -> dict[str, Any] | None:
+        """The output for records that are full rows of integer ids (and ``positions``) with nothing
+        else and no padding, written straight into the shifted ``[B, T - 1]`` arrays; ``None`` for
+        any other batch (the general path then checks it and names what is wrong)."""
+        first = records[0].payload
+        if type(first) is not dict:
+            return None
+        field = self.tokens_field
+        if field == "auto":
+            field = next((name for name in TOKEN_FIELDS if name in first), "")
+        ids0 = first.get(field)
+        has_positions = "positions" in first
+        if type(ids0) is not np.ndarray or ids0.ndim != 1 or len(first) != 1 + has_positions or len(ids0) < 2:
+            return None
+        B, T = len(records), len(ids0)
+        W = T - 1
+        inputs = np.empty((B, W), dtype=np.int64)
+        labels = np.empty((B, W), dtype=np.int64)
+        positions = np.empty((B, W), dtype=np.int64) if has_positions else None
+        for i, rec in enumerate(records):
+            p = rec.payload
+            if type(p) is not dict or len(p) != len(first) or rec.meta.padding_length:
+                return None
+            ids = p.get(field)
+            if type(ids) is not np.ndarray or ids.shape != (T,) or ids.dtype.kind not in "iu":
+                return None
+            inputs[i] = ids[:W]
+            labels[i] = ids[1:]
+            if positions is not None:
+                pos = p.get("positions")
+                if type(pos) is not np.ndarray or pos.shape != (T,) or pos.dtype.kind not in "iu":
+                    return None
+                positions[i] = pos[:W]
+        out = self._output
+        result: dict[str, Any] = {
+            "ids": [[tuple(s[:3]) for s in r.meta.segments] for r in records],
+            "texts": [""] * B,
+            "input_ids": out.convert(inputs, "seq", "input_ids"),
+            "labels": out.convert(labels, "seq", "labels"),
+        }
+        if positions is not None:
+            result["positions"] = out.convert(positions, "seq", "positions")
+        return _rename_and_exclude(result, self.rename_fields, self.exclude_fields, allow_missing=False)
+
+
+# -- rows, buffers and output conversion ---------------------------------------------------------------
+
+
+class _FrozenDict(Mapping):
+    """A read-only, hashable, picklable copy of a mapping (``rename_fields``)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[Any, Any]):
+        self._items = dict(items)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_FrozenDict, (self._items,))
+
+
+def _warn_at_caller(message: str) -> None:
+    """Warn at the first frame outside this package, so the warning names the caller's line.
+
+    ``to_training`` is reached directly, through ``SampleBatch.to_training``, by building a spec
+    or by ``attrs.evolve`` on one, so no fixed ``stacklevel`` fits every path.
+    """
+    level = 1
+    frame = inspect.currentframe()
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _INTERNAL_PACKAGES:
+        frame = frame.f_back
+        level += 1
+    del frame  # do not keep the stack alive
+    warnings.warn(message, UserWarning, stacklevel=level)
+
+
+class _Rows:
+    __slots__ = ("tokens", "texts", "positions", "loss_mask", "extras")
+
+    def __init__(self, tokens, texts, positions, loss_mask, extras):
+        self.tokens = tokens
+        self.texts = texts
+        self.positions = positions
+        self.loss_mask = loss_mask
+        self.extras = extras
+
+
+def _gather(records: Sequence[Any], tokens_field: str, extras: Sequence[str], *, need_positions: bool) -> _Rows:
+    """Per-record 1-D numpy rows of every field the output needs, validated and named in errors."""
+    payloads = [r.payload for r in records]
+    first = payloads[0]
+    if not isinstance(first, dict):
+        if not hasattr(first, "shape"):
+            raise TypeError(
+                f"to_training: expects dict or array-like (numpy/torch) payloads, got {type(first).__name__} "
+                "in record 0"
+            )
+        for i, p in enumerate(payloads):
+            if isinstance(p, dict) or not hasattr(p, "shape"):
+                raise TypeError(
+                    f"to_training: mixed payload types: record 0 is an array but record {i} is "
+                    f"{type(p).__name__}; a batch must be all dicts or all arrays"
+                )
+        if extras:
+            raise ValueError(
+                f"to_training: extra_fields {list(extras)} need dict payloads, but the records are bare arrays"
+            )
+        tokens = [_tokens_row(p, i, "payload") for i, p in enumerate(payloads)]
+        return _Rows(tokens, [""] * len(payloads), None, None, {})
+
+    for i, p in enumerate(payloads):
+        if not isinstance(p, dict):
+            raise TypeError(
+                f"to_training: mixed payload types: record 0 is a dict but record {i} is {type(p).__name__}; "
+                "a batch must be all dicts or all arrays"
+            )
+    field = _token_field(first, tokens_field)
+    tokens = []
+    for i, p in enumerate(payloads):
+        if field not in p:
+            raise ValueError(
+                f"to_training: record {i}: token field {field!r} not found in payload (keys {sorted(p)[:8]}); "
+                "every record needs the same token field"
+            )
+        tokens.append(_tokens_row(p[field], i, field))
+    texts = [str(p.get("text", "")) for p in payloads]
+
+    positions = None
+    if _present(payloads, "positions", "pack every record with pack_flat(emit_positions=True)") and need_positions:
+        positions = [_aligned_row(p["positions"], i, "positions", field, len(t))
+                     for i, (p, t) in enumerate(zip(payloads, tokens))]
+    loss_mask = None
+    if _present(payloads, "loss_mask", "give every record a loss_mask (tokenize_chat emits one)"):
+        loss_mask = [_aligned_row(p["loss_mask"], i, "loss_mask", field, len(t)) != 0
+                     for i, (p, t) in enumerate(zip(payloads, tokens))]
+    extra_rows: dict[str, list[np.ndarray]] = {}
+    for name in extras:
+        if name == "positions":
+            continue  # handled with the positions above, at this slot of the output
+        rows = []
+        for i, (p, t) in enumerate(zip(payloads, tokens)):
+            if name not in p:
+                raise ValueError(
+                    f"to_training: record {i}: extra field {name!r} not found in payload (keys {sorted(p)[:8]})"
+                )
+            rows.append(_aligned_row(p[name], i, name, field, len(t)))
+        extra_rows[name] = rows
+    return _Rows(tokens, texts, positions, loss_mask, extra_rows)
+
+
+#: Payload fields of a plain record that the output already holds (so they are not segment fields).
+_CONSUMED = frozenset({"text", "positions", "loss_mask"})
+
+
+def _segments(records: Sequence[Any], tokens_field: str, n: np.ndarray, pad_len: np.ndarray, left: np.ndarray) -> list | None:
+    """Per record, one dict per segment: ``start`` (offset in the output row, before the label
+    shift), ``length`` (its tokens) and its document's fields that are not token-aligned; ``None``
+    when no record of the batch carries such fields.
+
+    A packed row (token ranges in its meta) carries its segments in ``payload["segments"]``, as
+    ``pack_flat`` writes them; a plain record is one segment whose fields are those of its payload
+    that the output does not hold otherwise (not its tokens, ``text``, ``positions``, ``loss_mask``
+    or another token-aligned field). Field values are copied, never aliased.
+    """
+    first = records[0].payload
+    if not isinstance(first, dict):
+        return None
+    field = _token_field(first, tokens_field)
+    found: list[tuple[bool, Any]] = []  # per record: (packed, its segments' dicts or its fields)
+    for i, rec in enumerate(records):
+        p, segs = rec.payload, rec.meta.segments
+        if segs and all(s.end >= 0 for s in segs):
+            own = p.get("segments")
+            if own is not None and not (
+                isinstance(own, list) and len(own) == len(segs) and all(isinstance(d, dict) and "start" in d and "length" in d for d in own)
+            ):
+                raise ValueError(
+                    f"to_training: record {i}: payload 'segments' must list one dict per meta segment "
+                    f"({len(segs)}), as pack_flat writes it; got {type(own).__name__}"
+                )
+            found.append((True, own))
+        else:
+            found.append((False, _record_fields(p, field, int(n[i]), i)))
+    if not any(v for _, v in found):
+        return None
+    out = []
+    for i, (rec, (packed, value)) in enumerate(zip(records, found)):
+        a = int(left[i])
+        if not packed:
+            out.append([segment_entry(a, int(n[i] - pad_len[i]), value, copy=True)])
+        elif value is not None:
+            out.append([
+                segment_entry(a + d["start"], d["length"], {k: v for k, v in d.items() if k not in SEGMENT_KEYS}, copy=True)
+                for d in value
+            ])
+        else:  # a packed row of documents without fields: offsets only
+            row = []
+            for s in rec.meta.segments:
+                row.append(segment_entry(a, s.end - s.start, {}))
+                a += s.end - s.start
+            out.append(row)
+    return out
+
+
+def _record_fields(payload: dict, field: str, length: int, i: int) -> dict:
+    """The fields of a plain record that are not token-aligned (and not otherwise in the output)."""
+    fields = {}
+    for name, value in payload.items():
+        if name == field or name in _CONSUMED or is_aligned(value, length):
+            continue
+        if name in SEGMENT_KEYS:
+            raise ValueError(
+                f"to_training: record {i}: field {name!r} has a name that output segments use "
+                f"({', '.join(map(repr, SEGMENT_KEYS))}); rename or drop it in a map() before batching"
+            )
+        check_carried(name, value, "to_training", f"record {i}", "drop or convert it in a map() before batching")
+        fields[name] = value
+    return fields
+
+
+def _token_field(payload: dict, tokens_field: str) -> str:
+    if tokens_field != "auto":
+        return tokens_field
+    for name in TOKEN_FIELDS:
+        if name in payload and hasattr(payload[name], "__len__"):
+            return name
+    hint = ""
+    if "packed_samples" in payload:
+        hint = (
+            " This is a pack_sequences envelope (a list of documents), which cannot be converted: use pack_flat, "
+            "or build tensors from the documents yourself."
+        )
+    raise ValueError(
+        f"to_training: cannot auto-detect the token field: record 0 has keys {sorted(payload)[:8]}; expected one of "
+        f"{', '.join(TOKEN_FIELDS)}, or pass tokens_field=.{hint}"
+    )
+
+
+def _present(payloads: list[dict], name: str, fix: str) -> bool:
+    has = [name in p for p in payloads]
+    if any(has) and not all(has):
+        i = has.index(False)
+        raise ValueError(f"to_training: {name!r} present in some payloads but missing in record {i}; {fix}")
+    return has[0]
+
+
+def _tokens_row(value: Any, i: int, field: str) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.ndim != 1:
+        raise ValueError(
+            f"to_training: record {i}: token field {field!r} must be 1-D, got shape {arr.shape}; "
+            "to_training requires 2-D input_ids (one row per record)"
+        )
+    if arr.dtype.kind not in "iu" and arr.size:
+        raise ValueError(
+            f"to_training: record {i}: token field {field!r} holds {arr.dtype} values; token ids must be integers"
+        )
+    return arr
+
+
+def _aligned_row(value: Any, i: int, name: str, field: str, length: int) -> np.ndarray:
+    # An empty JSON list has no element type (numpy says float64); it must not turn its column to floats.
+    arr = np.zeros(0, np.int64) if isinstance(value, (list, tuple)) and not value else np.asarray(value)
+    if arr.ndim != 1 or len(arr) != length:
+        got = f"length {len(arr)}" if arr.ndim == 1 else f"shape {arr.shape}"
+        raise ValueError(
+            f"to_training: record {i}: {name!r} {got} does not match {field!r} length {length}; "
+            f"{name!r} must be a sequence with one entry per token"
+        )
+    return arr
+
+
+def _fill(rows: list[np.ndarray], B: int, T: int, left: np.ndarray, fill: int, dtype: Any) -> np.ndarray:
+    """Rows copied into one contiguous ``[B, T]`` buffer at their offsets; other slots hold ``fill``."""
+    if dtype is None:
+        dtype = np.result_type(*[r.dtype for r in rows]) if rows else np.int64
+    if all(len(r) == T for r in rows):
+        out = np.empty((B, T), dtype=dtype)
+        for i, r in enumerate(rows):
+            out[i] = r
+        return out
+    out = np.full((B, T), fill, dtype=dtype)
+    for i, r in enumerate(rows):
+        a = int(left[i])
+        out[i, a : a + len(r)] = r
+    return out
+
+
+def _cu_seqlens(starts: np.ndarray, flatten: bool) -> tuple[np.ndarray, Any]:
+    """int32 cumulative boundaries and maxima from a ``[B, W]`` bool matrix of segment starts."""
+    B, W = starts.shape
+    if (B * W if flatten else W) > _INT32_MAX:
+        raise ValueError("to_training: cumulative sequence lengths exceed the int32 range; use shorter rows")
+    if flatten:
+        cu = np.append(np.flatnonzero(starts.reshape(-1)), B * W).astype(np.int32)
+        return cu, int(np.diff(cu).max(initial=0))
+    rows, columns = np.nonzero(starts)
+    counts = starts.sum(axis=1)
+    cu = np.full((B, int(counts.max(initial=0)) + 1), W, dtype=np.int32)
+    offsets = np.cumsum(counts) - counts
+    cu[rows, np.arange(len(rows)) - offsets[rows]] = columns
+    return cu, np.diff(cu, axis=1).max(axis=1, initial=0).astype(np.int32)
+
+
+@attrs.frozen
+class _Output:
+    """The output framework (``"list"``, ``"numpy"`` or ``"torch"``) and dtypes, and the conversion into it.
+
+    ``np_dtype`` is the numpy dtype sequence fields are cast to (``None``: keep their own; a torch
+    dtype without a numpy twin, such as bfloat16, is then applied in torch).
+    """
+
+    kind: str
+    np_dtype: np.dtype | None = None
+    torch_dtype: Any = None
+
+    @classmethod
+    def of(cls, dtype: Any) -> _Output:
+        if dtype is None:
+            return cls("list")
+        if isinstance(dtype, str) and dtype == "auto":
+            try:
+                import torch
+            except ImportError:
+                return cls("numpy", np.dtype(np.int64))
+            return cls("torch", np.dtype(np.int64), torch.long)
+        if type(dtype).__module__ == "torch":
+            import torch
+
+            try:
+                np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+            except (TypeError, RuntimeError):  # e.g. bfloat16 has no numpy twin: convert in torch
+                np_dtype = None
+            return cls("torch", np_dtype, dtype)
+        try:
+            return cls("numpy", np.dtype(dtype))
+        except TypeError:
+            raise ValueError(
+                f"to_training: dtype must be 'auto', None, a numpy dtype or a torch dtype, got {dtype!r}"
+            ) from None
+
+    def convert(self, arr: np.ndarray, kind: str, name: str) -> Any:
+        if kind == "float":
+            arr = arr.astype(np.float32)
+        elif kind == "bool":
+            arr = np.ascontiguousarray(arr)
+        elif arr.dtype == np.bool_ and self.np_dtype is None:
+            arr = arr.astype(np.int64)  # masks as 0/1 ints, like every sequence field
+        elif self.np_dtype is not None:
+            if self.np_dtype.kind in "iu" and self.np_dtype != np.int64 and arr.size:
+                info = np.iinfo(self.np_dtype)
+                lo, hi = int(arr.min()), int(arr.max())
+                if lo < info.min or hi > info.max:
+                    raise ValueError(
+                        f"to_training: field {name!r} holds values in [{lo}, {hi}] that do not fit dtype "
+                        f"{self.np_dtype}; pass a wider dtype (the default is int64)"
+                    )
+            arr = np.ascontiguousarray(arr, dtype=self.np_dtype)
+        else:
+            arr = np.ascontiguousarray(arr)
+        if self.kind == "list":
+            return arr.tolist()
+        if self.kind == "numpy":
+            return arr
+        import torch
+
+        t = torch.from_numpy(arr)
+        if kind == "seq" and self.np_dtype is None:
+            t = t.to(self.torch_dtype)
+        return t
+
+    def boundaries(self, cu: np.ndarray, maxima: Any, flatten: bool) -> tuple[Any, Any]:
+        if self.kind == "list":
+            return cu.tolist(), maxima if flatten else maxima.tolist()
+        if self.kind == "numpy":
+            return cu, maxima
+        import torch
+
+        return torch.from_numpy(cu), maxima if flatten else torch.from_numpy(maxima)
+
+
+def _rename_and_exclude(
+    result: dict[str, Any],
+    rename_fields: Mapping[str, str],
+    exclude_fields: Sequence[str],
+    *,
+    allow_missing: bool,
+) -> dict[str, Any]:
+    """Rename emitted keys (swaps allowed, collisions rejected before exclusion), then drop excluded ones."""
+    if rename_fields:
+        missing = [k for k in rename_fields if k not in result]
+        if missing and not allow_missing:
+            raise ValueError(
+                f"to_training: rename_fields source keys not in output: {missing}; emitted keys: {list(result)}"
+            )
+        counts = Counter(rename_fields.get(k, k) for k in result)
+        collisions = sorted(k for k, c in counts.items() if c > 1)
+        if collisions:
+            raise ValueError(
+                f"to_training: rename_fields target keys collide: {collisions}; every output name must be unique"
+            )
+        result = {rename_fields.get(k, k): v for k, v in result.items()}
+    for name in exclude_fields:
+        result.pop(name, None)
+    return result
