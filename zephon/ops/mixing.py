@@ -359,14 +359,12 @@ def lane_phases(source: Any, schedule: MixtureSchedule, lanes: int, names: Seque
 def place_targets(chain: Any, source: Any, lanes: int) -> Any:
     """``chain`` with the source's schedule placed on the lanes: every ``ensure_mixture`` that
     follows a schedule gets its phases (see :func:`lane_phases`), and every ``shuffle`` the lane
-    positions of the source schedule's switches, where it empties its buffer (``Shuffle.drains``)."""
+    positions of the source's weight jumps, where it empties its buffer (``Shuffle.drains``)."""
     from ..core.operator import Chain
     from .shuffle import Shuffle
 
-    schedule = getattr(source, "mixture", None)
-    switches: tuple[int, ...] = ()
-    if isinstance(schedule, MixtureSchedule) and len(schedule.points) > 1:
-        switches = tuple(start for start, _ in lane_phases(source, schedule, lanes, source.names)[1:])
+    positions = getattr(source, "switch_positions", ())
+    switches = tuple(sorted({-(-pos // lanes) for pos in positions} - {0}))
     children, changed = [], False
     for name, op in chain.children:
         if isinstance(op, EnsureMixture) and isinstance(op.mixture, MixtureSchedule) and not op.phases:

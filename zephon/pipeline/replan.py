@@ -66,7 +66,7 @@ def change_plan(pipeline: Any, new: Any, *, from_step: int, checkpoint: dict[str
             f"change_plan: step {from_step} lies in the last, partial block of work chunks of the old plan (position {position} "
             f"of {old.end}); change the plan earlier"
         )
-    changed = attrs.evolve(new, change=Change(position, old.timeline, from_step))
+    changed = attrs.evolve(new, change=Change(position, old.timeline, from_step, switches=old.switch_positions))
     result = attrs.evolve(pipeline, source=changed)
     new_plan = result._compiled(None)
     if new_plan.source.end is not None:

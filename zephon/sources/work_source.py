@@ -84,6 +84,8 @@ class Change:
     position: int
     before: Timeline
     step: int | None = None
+    #: The old plan's weight jumps (:attr:`StaticMixtureWorkSource.switch_positions`), kept before ``position``.
+    switches: tuple[int, ...] = ()
 
     def describe(self) -> dict[str, Any]:
         digest = hashlib.sha256(json.dumps(self.before.describe()).encode()).hexdigest()[:16]
@@ -500,6 +502,21 @@ class StaticMixtureWorkSource:
         if not plain and self.resolvable:
             fp["timeline"] = self.timeline.describe()
         return fp
+
+    @property
+    def switch_positions(self) -> tuple[int, ...]:
+        """Positions where the weights jump: the points after the first of a schedule with step
+        interpolation, and, under a changed plan, the old plan's jumps before the change.
+
+        A linear ramp's pieces are not jumps (its weights move by 1/64 of the ramp a piece), nor is
+        the change itself. A shuffle empties its buffer at each (see ``zephon.ops.Shuffle.drains``).
+        """
+        start = self.change.position if self.change is not None else 0
+        kept = tuple(p for p in self.change.switches if p < start) if self.change is not None else ()
+        m = self.mixture
+        if not isinstance(m, MixtureSchedule) or m.interpolation != "step":
+            return kept
+        return kept + tuple(sorted({pos for _, pos in self.point_positions[1:] if pos > start}))
 
     @property
     def point_positions(self) -> list[tuple[Any, int]]:
