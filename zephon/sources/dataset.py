@@ -348,7 +348,7 @@ class Dataset:
     def from_dict(cls, name: str, shards: Mapping[ShardId, InMemoryShard | Sequence[Any]]) -> Dataset:
         """A dataset of in-memory shards, in the mapping's insertion order.
 
-        Shard ids are either all strings or all integers (as Zephon 0.2.0 takes them, for example
+        Shard ids are either all strings or all integers (for example
         ``{0: InMemoryShard(rows), 1: InMemoryShard(more)}``). They are kept as given: integer ids
         stay Python ints in :attr:`shard_ids`, in :meth:`fingerprint` and in
         ``Pipeline.describe_step``, so ``{0: rows}`` and ``{"0": rows}`` are different datasets

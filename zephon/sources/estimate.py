@@ -42,7 +42,7 @@ def _positive(instance: Any, attribute: Any, value: Any) -> None:
 
 @attrs.frozen
 class TokenEstimation:
-    """How the tokens per sample of each dataset are obtained (Zephon 0.2.0's name and fields).
+    """How the tokens per sample of each dataset are obtained.
 
     Args:
         primer: ``"measure"`` (tokenize a small deterministic sample of every dataset with the
@@ -50,7 +50,7 @@ class TokenEstimation:
             are measured), or one float (tokens per byte for every dataset; no tokenizer runs).
             Bytes per sample are always measured on the sample (reading only, no tokenizer).
         calibration_samples: rows read per dataset, spread evenly over up to
-            ``calibration_shards_max`` of its shards (Zephon's names and defaults).
+            ``calibration_shards_max`` of its shards.
         field: the text field whose UTF-8 bytes are counted when the pipeline has no tokenize
             step that names one (a ``str`` payload is its own text; other payloads count their
             JSON encoding).

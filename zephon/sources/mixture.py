@@ -70,8 +70,7 @@ class MixtureSpec:
         unit: what the weights count: ``"samples"`` or ``"tokens"``, which calibrates tokens
             per sample for each dataset (see :class:`~zephon.work.TokenEstimation`) and mixes so
             that each dataset's share of the *tokens* is its weight. ``None`` (the default):
-            samples, or tokens when the source is given ``token_estimation`` (Zephon 0.2.0's
-            token mode).
+            samples, or tokens when the source is given ``token_estimation``.
 
     Examples:
         >>> MixtureSpec({"web": 3, "code": 1}).weights

@@ -105,7 +105,7 @@ def _as_options(cls: type, value: Any, where: str) -> Any:
     if not isinstance(value, Mapping):
         raise TypeError(f"io_options: {where} must be a dict or {cls.__name__}, got {type(value).__name__}")
     known = [f.name for f in attrs.fields(cls)]
-    aliases = {"root": "dir", "limit_bytes": "max_bytes"}  # Zephon 0.2.0's names
+    aliases = {"root": "dir", "limit_bytes": "max_bytes"}  # other accepted spellings (docs/guide/sources.md)
     value = {aliases.get(k, k): v for k, v in value.items()}
     unknown = sorted(set(value) - set(known))
     if unknown:

@@ -120,7 +120,7 @@ class StaticMixtureWorkSource:
         lane_assignment: ``"permute"`` (a seeded permutation of each block of L chunks, which
             spreads periodic patterns over lanes) or ``"modulo"`` (chunk ``g`` to lane ``g % L``).
         token_estimation: how tokens per sample are obtained for a token-unit mixture or a
-            schedule by tokens (:class:`TokenEstimation`; Zephon's spelling). Defaults to
+            schedule by tokens (:class:`TokenEstimation`). Defaults to
             measuring when the mixture needs it.
         calibration: the measured numbers (a :class:`Calibration`); the pipeline fills it in
             from its tokenizer, or from the checkpoint it resumes.
@@ -236,7 +236,7 @@ class StaticMixtureWorkSource:
 
     @property
     def unit(self) -> str:
-        """What the weights count: the mixture's unit; unset, tokens with ``token_estimation`` (Zephon's token mode), else samples."""
+        """What the weights count: the mixture's unit; unset, tokens with ``token_estimation``, else samples."""
         return self.mixture.unit or ("tokens" if self.token_estimation is not None else "samples")
 
     @property

@@ -71,7 +71,7 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
     """Convert a microbatch into the fields a training step consumes.
 
     **What ``labels`` means.** With ``return_labels=True`` and the default
-    ``shift_labels=True``, inputs and labels are already shifted, as in Zephon 0.2.0:
+    ``shift_labels=True``, inputs and labels are already shifted:
     ``input_ids = row[:-1]`` and ``labels = row[1:]``, so ``labels[t]`` is the token the model
     must predict after reading ``input_ids[: t + 1]`` (pack ``context + 1`` tokens per row). A
     label is ``ignore_index`` when its target or the input predicting it is padding, when the
@@ -98,8 +98,7 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
     ``pad_token_id`` (a pipeline that tokenizes sets it on every batch from the tokenizer: its
     pad token, else its EOS). When padding is requested and neither is known, the call raises
     ``ValueError``: there is no default, because id 0 is a real token in most vocabularies and
-    the model would read it. Without padding no pad id is needed. (Zephon 0.2.0 pads only in
-    ``tokenize``, with the tokenizer's pad token, else its EOS, else 0.)
+    the model would read it. Without padding no pad id is needed.
 
     **Segments.** Fields that are not token-aligned (a ``doc_id``, a ``source``, an image's
     ``pixel_values``) are never dropped: when a record of the batch carries any, ``segments``
@@ -172,7 +171,7 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
         position_mode: ``"preserve"`` (default) forwards the payload ``positions`` (per
             document); ``"sequence"`` emits ``0, 1, 2, ...`` over each record instead.
         shift_labels: with ``return_labels``, ``True`` (default) shifts inputs and labels
-            (Zephon); ``False`` gives unshifted, same-length labels (Hugging Face models).
+            (the next-token layout); ``False`` gives unshifted, same-length labels (Hugging Face models).
         padding: ``None``/``False`` (default: records must have equal lengths), ``"longest"``
             (or ``True``), or ``"max_length"``.
         max_length: the row length for ``padding="max_length"``.
