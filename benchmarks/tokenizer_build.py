@@ -3,7 +3,7 @@
 Every process that encodes with ``backend="tokenizers"`` builds the tokenizer once (a restore,
 each worker). Each round runs, in fresh processes and in alternating order: ``from_file`` (what a
 hand-written loop does: ``Tokenizer.from_file`` of the ``tokenizer.json``), ``from_str`` (the
-canonical JSON of zephon's handle, as it was built before the cached model files) and ``files``
+canonical JSON of zephon's handle, how it is built without the cached model files) and ``files``
 (``zephon.text.bpe_files.build``: the vocabulary and merges files proven for that JSON). Only the
 build is timed (imports and reading the handle are not); each tokenizer then encodes a sample and
 the ids are checked equal. A private cache folder is used; a first process proves the files.

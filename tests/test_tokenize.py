@@ -333,13 +333,13 @@ def test_id_overrides(small_tok):
 def test_apply_many_matches_per_document_and_calls_the_encoder_once(small_tok, monkeypatch):
     op = Tokenize(small_tok)
     calls = []
-    original = TokenizerHandle.encode_ids
+    original = TokenizerHandle.encode_bracketed
 
     def spy(self, texts, **kw):
         calls.append(len(texts))
         return original(self, texts, **kw)
 
-    monkeypatch.setattr(TokenizerHandle, "encode_ids", spy)
+    monkeypatch.setattr(TokenizerHandle, "encode_bracketed", spy)
     lines = _corpus_lines()[:64]
     batch = op.apply_many([{"text": t} for t in lines])
     assert calls == [64]

@@ -1,8 +1,8 @@
 """A faster build of a BPE tokenizer: its model read from vocabulary and merges files in the cache.
 
-``Tokenizer.from_str`` of GPT-2's tokenizer takes 0.08-0.15 s, about a third of it parsing the
-model's 50,000 vocabulary entries and merges generically; ``models.BPE.from_file`` reads a
-``vocab.json`` and a ``merges.txt`` straight into the model. Every process that encodes with the
+``Tokenizer.from_str`` parses a BPE model's vocabulary and merges generically (50,000 of each for
+GPT-2); ``models.BPE.from_file`` reads a ``vocab.json`` and a ``merges.txt`` straight into the
+model, in less time (``benchmarks/tokenizer_build.py``; figures in ``benchmarks/README.md``). Every process that encodes with the
 ``tokenizers`` backend builds the tokenizer (a restore, each worker), so this is paid often.
 
 Loading a tokenizer for the ``tokenizers`` backend (or else its first build from its JSON) writes

@@ -35,7 +35,7 @@ import numpy as np
 from . import bpe_files as _bpe_files
 from . import tokenizer_cache as _tokcache
 from ..core.cache import ProcessCache
-from .tiktoken_encoding import GPT2_PATTERN as GPT2_PATTERN  # noqa: F401  (importable from here, as before)
+from .tiktoken_encoding import GPT2_PATTERN as GPT2_PATTERN  # noqa: F401  (public here too)
 from .tiktoken_encoding import (
     _build_tiktoken,
     _tiktoken_available,
@@ -188,8 +188,8 @@ class TokenizerHandle:
     def _build_tokenizer(self) -> Any:
         from tokenizers import Tokenizer
 
-        # From the cached model files where they were proven to give this tokenizer (a third faster
-        # for a large BPE); the first build from the JSON proves them (zephon.text.bpe_files).
+        # From the cached model files where they were proven to give this tokenizer (a quicker
+        # build of a large BPE); the first build from the JSON proves them (zephon.text.bpe_files).
         tok = _bpe_files.build(self._json_digest)
         if tok is None:
             tok = Tokenizer.from_str(self.tokenizer_json)
@@ -211,7 +211,7 @@ class TokenizerHandle:
 
     def warm(self) -> None:
         """Build this process's live encoder now (and its threads), not on the first batch."""
-        self.encode_ids(["warm"])
+        self.encode_batch(["warm"])
 
     def with_backend(self, backend: str) -> TokenizerHandle:
         """This handle with the encoder chosen again for ``backend`` (``auto``, ``tokenizers``, ``tiktoken``)."""
@@ -243,46 +243,85 @@ class TokenizerHandle:
         Raises:
             ValueError: a text cannot be encoded as UTF-8 (it holds an unpaired surrogate).
         """
-        return [a if a.dtype == np.int32 and a.flags.writeable else a.astype(np.int32) for a in self.encode_ids(texts, num_threads=num_threads)]
+        return self.encode_bracketed(texts, num_threads=num_threads)
 
-    def encode_ids(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[np.ndarray]:
-        """Like :meth:`encode_batch`, but each array may be ``uint32`` or read-only (no copy made).
+    def encode_bracketed(
+        self,
+        texts: Sequence[str],
+        *,
+        bos: int | None = None,
+        eos: int | None = None,
+        keep: int | None = None,
+        num_threads: int | None = None,
+    ) -> list[np.ndarray]:
+        """Like :meth:`encode_batch`, each text's ids cut to their first ``keep`` and put between
+        ``bos`` and ``eos`` (each only when not ``None``), in one new array per text.
 
-        For callers that copy the ids anyway (``tokenize`` brackets each document in a new array).
+        ``tokenize`` brackets every document this way: with ``tokenizers``, the ids are cut and
+        bracketed while they are still the Python list ``Encoding.ids`` returns, so that they are
+        copied into an array once.
         """
         if not texts:
             return []
         try:
             if self.backend == "tiktoken" and _tiktoken_usable():
-                return self._encode_tiktoken(texts, num_threads)
-            return self._encode_tokenizers(texts, num_threads)
+                return self._encode_tiktoken(texts, num_threads, bos, eos, keep)
+            return self._encode_tokenizers(texts, num_threads, bos, eos, keep)
         except (TypeError, UnicodeEncodeError, ValueError) as exc:
             _raise_unencodable(texts, exc)
             raise
 
-    def _encode_tokenizers(self, texts: Sequence[str], num_threads: int | None = None) -> list[np.ndarray]:
+    def _encode_tokenizers(
+        self, texts: Sequence[str], num_threads: int | None, bos: int | None, eos: int | None, keep: int | None
+    ) -> list[np.ndarray]:
         tok = self.tokenizer
         texts = texts if isinstance(texts, list) else list(texts)
         _size_rayon_pool(num_threads)
-        # encode_batch_fast skips the offsets, which we never use (same ids, ~25% faster).
+        # encode_batch_fast skips the offsets, which we never use (same ids, less work).
         encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
         encodings = encode(texts, add_special_tokens=False)
-        # Encoding.ids builds a Python list (most of the cost); np.fromiter over it beat np.array,
-        # np.asarray and fromiter with count= in measurements (about 5% of the encode time).
-        return [np.fromiter(enc.ids, dtype=np.int32) for enc in encodings]
+        # Encoding.ids builds a Python list (most of the cost of getting the ids out); it is cut and
+        # bracketed as a list, then np.fromiter reads it once into its array.
+        out = []
+        for enc in encodings:
+            ids = enc.ids
+            if keep is not None and len(ids) > keep:
+                del ids[keep:]
+            if bos is not None:
+                ids.insert(0, bos)
+            if eos is not None:
+                ids.append(eos)
+            out.append(np.fromiter(ids, dtype=np.int32, count=len(ids)))
+        return out
 
-    def _encode_tiktoken(self, texts: Sequence[str], num_threads: int | None) -> list[np.ndarray]:
+    def _encode_tiktoken(
+        self, texts: Sequence[str], num_threads: int | None, bos: int | None, eos: int | None, keep: int | None
+    ) -> list[np.ndarray]:
         enc = self._encoding()
         allowed = frozenset() if self.encode_special_tokens else enc.special_tokens_set
+        start = 0 if bos is None else 1
+        extra = start + (eos is not None)
         if hasattr(enc, "encode_to_numpy"):
 
-            def one(text: str) -> np.ndarray:  # uint32, read-only: a view of tiktoken's buffer
+            def ids_of(text: str) -> np.ndarray:  # uint32, read-only: a view of tiktoken's buffer
                 return enc.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
 
         else:  # tiktoken < 0.8
 
-            def one(text: str) -> np.ndarray:
+            def ids_of(text: str) -> np.ndarray:
                 return np.array(enc.encode(text, allowed_special=allowed, disallowed_special=()), dtype=np.int32)
+
+        def one(text: str) -> np.ndarray:
+            ids = ids_of(text)
+            if keep is not None and len(ids) > keep:
+                ids = ids[:keep]
+            out = np.empty(len(ids) + extra, dtype=np.int32)
+            if bos is not None:
+                out[0] = bos
+            out[start : start + len(ids)] = ids
+            if eos is not None:
+                out[-1] = eos
+            return out
 
         threads = min(num_threads or _encoder_threads(), len(texts))
         if threads == 1:
@@ -342,12 +381,10 @@ def _encoder_threads() -> int:
 
     A worker process of ``workers=N`` gets ``ZEPHON_ENCODER_THREADS`` = CPUs // N, so that N
     workers do not each start a thread per CPU, and even a single worker leaves the main process
-    room to receive its batches (measured on 2 cores: 0.93-0.98 of inline with two threads, 0.87
-    with three). In the calling process, the read-ahead thread
-    encodes while the lanes run Python code in another thread, and each tiktoken call takes the GIL
-    back between documents: one more thread keeps the cores busy while another waits for it
-    (measured on 2 cores: about 3 % more tokens/s; two more was slower, and so was one more in
-    each of 2 workers).
+    room to receive its batches. In the calling process, the read-ahead thread encodes while the
+    lanes run Python code in another thread, and each tiktoken call takes the GIL back between
+    documents: one more thread keeps the cores busy while another waits for it (the figures are in
+    ``benchmarks/README.md``, "Tokenizer fast paths").
     """
     env = os.environ.get("ZEPHON_ENCODER_THREADS", "")
     if env.isdigit() and int(env) > 0:

@@ -1,7 +1,7 @@
 """An on-disk cache of what loading a tokenizer computes: its canonical JSON, the tiktoken proof, fast-build files.
 
-Loading a ``tokenizer.json`` and proving that tiktoken gives its ids exactly (:mod:`zephon.text.tiktoken_encoding`)
-costs about half a second, in every process that starts. Both results are pure functions of their
+Loading a ``tokenizer.json`` (its canonical JSON) and proving that tiktoken gives its ids exactly
+(:mod:`zephon.text.tiktoken_encoding`) would otherwise be paid in every process that starts. Both results are pure functions of their
 inputs, so they are kept in the user's cache folder (``$ZEPHON_CACHE_DIR``, else
 ``~/.cache/zephon``), under ``tokenizers/``:
 
@@ -57,7 +57,7 @@ def _installed_version(name: str) -> str:
     """The installed version of distribution ``name`` (``"-"`` if none), without importing it.
 
     Read from the ``NAME-VERSION.dist-info`` folder beside the package, which costs a directory
-    listing; ``importlib.metadata`` (its import alone takes about 20 ms) only when that is not there.
+    listing; ``importlib.metadata`` (a slow import) only when that is not there.
     """
     import importlib.util
 
