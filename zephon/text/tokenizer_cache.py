@@ -54,32 +54,12 @@ def cache_folder() -> str:
 
 
 def _installed_version(name: str) -> str:
-    """The installed version of distribution ``name`` (``"-"`` if none), without importing it.
-
-    Read from the ``NAME-VERSION.dist-info`` folder beside the package, which costs a directory
-    listing; ``importlib.metadata`` (a slow import) only when that is not there.
-    """
-    import importlib.util
+    """The installed version of distribution ``name`` (``"-"`` if none), without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
 
     try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None:
-        return "-"
-    folders = list(spec.submodule_search_locations or ()) or ([os.path.dirname(spec.origin)] if spec.origin else [])
-    for folder in folders:
-        try:
-            found = [n for n in os.listdir(os.path.dirname(folder)) if n.startswith(f"{name}-") and n.endswith(".dist-info")]
-        except OSError:
-            continue
-        if len(found) == 1:
-            return found[0][len(name) + 1 : -len(".dist-info")]
-    try:
-        from importlib.metadata import version
-
         return version(name)
-    except Exception:
+    except PackageNotFoundError:
         return "-"
 
 
