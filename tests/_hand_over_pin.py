@@ -1,7 +1,7 @@
 """Pinning where the lanes of ``start_inline=True`` move to their workers, for tests.
 
 Production hands a worker its lanes as soon as it is ready; tests that must know where each
-output was computed replace that choice (on :class:`~zephon.runtime.executor.ProcessExecutor`) with a
+output was computed replace that choice (on :class:`~zephon.runtime.process_executor.ProcessExecutor`) with a
 count: worker ``w`` takes its lanes once exactly ``after[w]`` outputs were computed in the main
 process (waiting for it to be ready then). The workers start at ``iter()`` and the lanes stay in
 the main process until due, whatever the number of cores.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from zephon.runtime.executor import ProcessExecutor
+from zephon.runtime.process_executor import ProcessExecutor
 
 
 def pin_hand_over(monkeypatch, after: Sequence[int]) -> None:

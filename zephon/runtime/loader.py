@@ -22,7 +22,9 @@ from typing import Any, Iterator
 
 from .checkpoint import build, checkpoint_to_state_dict, select_lanes, state_dict_to_checkpoint, validate
 from .distributed import Topology, all_ranks_have, distributed_group
-from .executor import InlineExecutor, ProcessExecutor, ThreadExecutor
+from .inline_executor import InlineExecutor
+from .process_executor import ProcessExecutor
+from .thread_executor import ThreadExecutor
 from ..core.fields import payload_length
 from .lanes import Plan, mixture_report
 from ..core.log import get_logger

@@ -1,0 +1,40 @@
+"""Running lanes in the calling thread (``workers=0``): states are kept here, as values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .lanes import LaneState, Plan
+
+
+class InlineExecutor:
+    """Runs lanes in the calling thread; states are kept as values.
+
+    ``background=False``: restored records are rebuilt only when due (see :meth:`Plan.next`).
+    """
+
+    def __init__(self, plan: Plan, states: dict[int, LaneState], *, background: bool = True):
+        self.plan = plan
+        self.states = dict(states)
+        self.meter = plan.meter()
+        self.ahead = plan.reader(self.states)
+        self.background = background
+
+    def next(self, lane: int) -> Any:
+        state, out = self.plan.next(lane, self.states[lane], self.meter, self.ahead, background=self.background)
+        self.states[lane] = state
+        return out
+
+    def meters(self) -> dict[str, Any] | None:
+        """The runtime counters of the work done so far (see :class:`~zephon.runtime.stats.Meter`)."""
+        return self.meter.snapshot()
+
+    def lane_states(self) -> dict[int, Any]:
+        return {lane: self.plan.encode(s) for lane, s in self.states.items()}
+
+    def reports(self) -> dict[int, Any]:
+        return {lane: self.plan.reports(s) for lane, s in self.states.items()}
+
+    def close(self, read_final: bool = True) -> None:
+        if self.ahead is not None:
+            self.ahead.close()

@@ -1,0 +1,601 @@
+"""Running lanes ahead in worker processes (``workers > 0``): the main process's side.
+
+Workers are forked from a fork server that was itself spawned (never a fork of the caller: safe
+with its threads and native tokenizers) and preloads zephon (see
+:func:`~zephon.runtime.executor.start_context`); each owns a fixed subset of the rank's lanes and
+runs them ahead (:mod:`~zephon.runtime.process_worker`). The main process hands outputs out in
+lane order, so the result is the in-process result for any number of workers.
+
+User code (the functions given to ``map`` and ``filter``, the tokenizers) runs only in the
+workers: a function that crashes the interpreter (a segfault, ``os._exit``, the out-of-memory
+killer) ends a worker, never the caller. The workers start when the executor is made (at
+``iter()``); their fork server as soon as a pipeline is given workers
+(:func:`~zephon.runtime.executor.prestart`). Only with ``start_inline`` (opt-in) do the lanes run in the main process until each
+worker is ready, and then move to it with their states (see :class:`ProcessExecutor`).
+
+The main process keeps, per lane, a recent delivered state (one a worker attaches to an output
+every few seconds, or the last one a checkpoint read), so the caller's states survive workers
+that stop for any reason: they are rebuilt by replaying the few outputs after it, in a separate
+process (lanes are pure, so the replay gives exactly the states after the delivered outputs, and
+user code still never runs here). Workers ignore SIGINT, so a Ctrl-C reaches only the main
+process and the workers stay alive to answer ``checkpoint()``.
+
+A worker that raises, or whose output cannot be pickled, reports the lane, the record and the
+cause; one that dies is noticed through its process sentinel within the poll interval and
+reported with its exit code or signal and the likely cause. ``close()`` (also on garbage
+collection and at interpreter exit) stops every worker.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import time
+import traceback
+import weakref
+from collections import deque
+from multiprocessing.connection import wait
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Callable
+
+from .executor import WorkerError, closed_error, ignoring_sigint, start_context
+from .inline_executor import InlineExecutor
+from .lanes import LaneState, Plan
+from .process_worker import replay_main, unpicklable_output, worker_main
+from .stats import merge_meters
+from .wire import copy_message, recv_message
+
+_POLL_S = 0.5
+#: How long ``close()`` waits for live workers to report their final states and counters before
+#: stopping them anyway (the states are then rebuilt by a replay when asked for).
+_CLOSE_READ_S = 10.0
+
+
+_SIGNAL_CAUSES = {
+    "SIGKILL": "the kernel's out-of-memory killer (check `dmesg` or the job's memory limit) or an external `kill -9`",
+    "SIGSEGV": "a crash in native code (a tokenizer or another extension library), or a memory-mapped file that was "
+    "changed or truncated while in use",
+    "SIGBUS": "a memory-mapped file that was truncated or replaced while in use, or a full /dev/shm; also a crash in "
+    "native code",
+    "SIGTERM": "stopped from outside: a job scheduler (preemption or a time limit), `kill`, or a system shutdown",
+    "SIGABRT": "an abort in native code (a failed assertion or a fatal error in an extension library or the interpreter)",
+    "SIGFPE": "an arithmetic fault in native code",
+    "SIGILL": "native code built for another CPU (an illegal instruction)",
+    "SIGHUP": "the terminal or session that started the job went away (run it under nohup, tmux or a scheduler)",
+    "SIGPIPE": "a write to a closed pipe or socket",
+    "SIGXCPU": "the CPU-time limit (`ulimit -t`) ran out",
+    "SIGXFSZ": "the file-size limit (`ulimit -f`) was exceeded",
+    "SIGUSR1": "a signal sent by a job scheduler or another process (some schedulers send it before preemption)",
+    "SIGUSR2": "a signal sent by a job scheduler or another process",
+    "SIGINT": "an interrupt sent to the worker itself (workers ignore SIGINT unless user code re-enables it)",
+}
+
+
+def _death_cause(code: int | None) -> tuple[str, str]:
+    """How a worker ended (``exitcode`` of its process), and the likely cause."""
+    if code is None:
+        return "closed its connection while still running", "it has been stopped"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = None
+        how = f"was killed by signal {-code}" + (f" ({name})" if name else "")
+        return how, "likely cause: " + _SIGNAL_CAUSES.get(name or "", "a signal sent by another process or by the system")
+    if code == 0:
+        return "exited with code 0", (
+            "it stopped without being asked: user code that calls os._exit(), or a worker that lost its connection "
+            "to this process"
+        )
+    return f"exited with code {code}", (
+        "its stderr says why. Usually the worker could not start: a script that starts workers must guard its "
+        "entry point with `if __name__ == '__main__':` (worker processes are spawned and import the main module); "
+        "or user code called os._exit()"
+    )
+
+
+def _failed_here(lane: int, cause: str) -> str:
+    """The failure of a lane that ran in the main process before its worker took it over."""
+    return f"lane {lane} failed in this process, before its worker process took it over: {cause}"
+
+
+def _replay_elsewhere(plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]]) -> dict[int, tuple[Any, Any]]:
+    """Run :func:`~zephon.runtime.process_worker.replay_main` in a separate process (see :func:`_context`): ``{lane: (encoded state, counters)}``.
+
+    Raises:
+        WorkerError: the replay raised (its lane and cause) or the process died (its exit code or
+            signal, as for a worker); the checkpoint cannot be rebuilt then.
+    """
+    ctx = start_context()
+    parent, child = ctx.Pipe()
+    with ignoring_sigint():
+        proc = ctx.Process(target=replay_main, args=(child, plan_bytes, jobs, dict(os.environ)), daemon=True, name="zephon-replay")
+        proc.start()
+    child.close()
+    what = f"rebuilding the delivered states of lanes {sorted(jobs)} (a replay in a separate process)"
+    got: dict[int, tuple[Any, Any]] = {}
+    try:
+        while len(got) < len(jobs):
+            try:
+                msg = parent.recv()
+            except (EOFError, OSError):
+                proc.join(timeout=5)
+                how, why = _death_cause(proc.exitcode)
+                raise WorkerError(f"{what}: the process {how} ({why})") from None
+            if msg[0] == "error":
+                _, lane, cause, tb = msg
+                raise WorkerError(f"{what}: lane {lane} failed: {cause}\n--- traceback ---\n{tb}")
+            _, lane, enc, rep = msg
+            got[lane] = (enc, rep)
+    finally:
+        _shutdown([parent], [proc])
+    return got
+
+
+class ProcessExecutor:
+    """Runs the rank's lanes ahead in ``workers`` processes (see :func:`_context`).
+
+    With ``lead`` (the lanes' states, decoded here: ``start_inline``), the lanes run in this
+    process while the workers start: each worker loads the pipeline and its tokenizers, says it is
+    ready, and is then handed its lanes' current states (by value; restored lanes as encoded, so
+    that their records are rebuilt there) and the chunks read ahead for them. The first outputs
+    then come as early as with ``workers=0``. Nothing the caller sees depends on when a worker
+    takes over: outputs computed here go through the wire form (they must pickle, and arrive as a
+    worker's would), a failure here is a :class:`WorkerError` too, and a lane that ends here waits
+    for its worker, so that a worker that cannot load the pipeline is reported even on short runs.
+
+    State kept here: per lane, the outputs received and not yet taken, a delivered state (see the
+    module docstring), and, until its worker takes it, the lane's state itself.
+    """
+
+    def __init__(
+        self, plan: Plan, lanes: list[int], workers: int, *, encoded: dict[int, Any] | None, credit: int = 4,
+        lead: dict[int, LaneState] | None = None,
+    ):
+        try:
+            plan_bytes = pickle.dumps(plan)
+        except Exception as exc:
+            raise TypeError(
+                "workers > 0 needs a picklable pipeline (spawned processes): every map/filter function must be "
+                f"a module-level function, not a lambda or closure ({type(exc).__name__}: {exc})"
+            ) from exc
+        n = max(1, min(workers, len(lanes)))
+        self.plan = plan
+        self.lanes = list(lanes)
+        self.owner: dict[int, int] = {lane: i % n for i, lane in enumerate(lanes)}  # lanes w, w+n, ... of the block
+        self.conns: list = []
+        self.procs: list = []
+        self.buffers: dict[int, deque] = {lane: deque() for lane in lanes}
+        self.ended: dict[int, int] = {}  # lane -> its output count, once a worker found its end
+        self.saw_end: set[int] = set()  # lanes whose end the caller was handed
+        self.delivered: dict[int, int] = {lane: int(encoded[lane]["delivered"]) if encoded else 0 for lane in lanes}
+        # Per lane, a delivered state kept in this process: (outputs delivered, encoded state, or
+        # None for the initial state). The caller's states are rebuilt from it after the workers stop.
+        self.base: dict[int, tuple[int, Any]] = {lane: (self.delivered[lane], encoded[lane] if encoded else None) for lane in lanes}
+        self.closed = False
+        self.failure: str | None = None  # a worker reported an exception: its message
+        self.death: str | None = None  # a worker stopped without reporting: how
+        self._final_states: dict[int, Any] | None = None
+        self._final_reports: dict[int, Any] | None = None
+        self._replayed: dict[int, tuple[Any, Any]] = {}  # lane -> (encoded state, counters), rebuilt after the workers stopped
+        self._states: dict[tuple[int, int], Any] = {}
+        self._reports: dict[int, Any] = {}
+        self._meters: dict[int, Any] = {}  # per worker: its last runtime counters (sent with its reports)
+        # The lanes run here until their worker is ready (see the class docstring).
+        # (Restored records are rebuilt here only when due: the workers rebuild their lanes' own.)
+        self.lead = InlineExecutor(plan, lead, background=False) if lead is not None else None
+        self.lead_states: dict[int, LaneState] = self.lead.states if self.lead is not None else {}
+        self.led = 0  # outputs computed here
+        self.restored = {lane: (lead[lane], encoded[lane]) for lane in lanes} if lead is not None and encoded else {}
+        self.ready: set[int] = set()  # workers that loaded the pipeline and wait for their lanes
+        self.waiting: set[int] = set(range(n)) if lead is not None else set()  # workers not handed their lanes yet
+        # Whether the lanes keep running here while the workers start: only with a core for each
+        # worker besides this process. Otherwise they share the cores, each worker's start takes
+        # longer, and the lanes stay longer in one process than the head start gains (measured on
+        # 2 cores with 2 workers: 20 % less throughput over a pass); the caller then waits for the
+        # workers after the first output, as it would have before it without a head start.
+        self.lead_while_starting = (os.cpu_count() or 1) > n + 1
+        self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
+        self._setup = (plan_bytes, n, credit, None if lead is not None else encoded)
+        if lead is None:
+            self._start_workers()
+
+    def _start_workers(self) -> None:
+        """Spawn the workers and send each the pipeline (and, without a lead, its lanes' states).
+
+        With a lead, they start once it has computed the first output: starting them earlier
+        would take cores from it (each worker's start-up is about half a CPU-second). The lead
+        goes on until they are ready if the machine has a core for each (see
+        ``lead_while_starting``); starting them later (after a whole global step, say) would
+        leave more of the run to one process (measured: 15 % less throughput with 2 workers on 2
+        cores).
+        """
+        plan_bytes, n, credit, encoded = self._setup
+        ctx = start_context()
+        threads = max(1, (os.cpu_count() or 1) // n)
+        with ignoring_sigint():
+            for w in range(n):
+                mine = self._lanes_of(w)
+                parent, child = ctx.Pipe()
+                _widen(parent), _widen(child)
+                proc = ctx.Process(target=worker_main, args=(child, mine, credit, threads, dict(os.environ)), daemon=True, name=f"zephon-lanes-{mine[0]}")
+                self.conns.append(parent)
+                proc.start()
+                self.procs.append(proc)
+                child.close()
+            for w, conn in enumerate(self.conns):
+                sub = {lane: encoded[lane] for lane in self._lanes_of(w)} if encoded else None
+                try:
+                    conn.send((plan_bytes, sub, self.lead is not None))
+                except (BrokenPipeError, OSError):
+                    pass  # the worker died while starting: reported by the first wait for its output
+
+    # -- receiving ---------------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.failure is not None or self.death is not None:
+            raise WorkerError(self.failure or self.death)
+        if self.closed:
+            raise closed_error()
+
+    def _pump(self, until: Callable[[], bool], deadline: float | None = None) -> bool:
+        """Handle messages until ``until()``; ``False`` if ``deadline`` (monotonic) passed first."""
+        while not until():
+            self._check_open()
+            timeout = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
+            if timeout <= 0:
+                return False
+            self._receive(wait(self.conns + [p.sentinel for p in self.procs], timeout=timeout))
+        return True
+
+    def _receive(self, ready: list) -> None:
+        """Handle the messages (and deaths) ``wait`` found ready."""
+        for obj in ready:
+            if obj in self.conns:
+                w = self.conns.index(obj)
+                try:
+                    msg = recv_message(obj)
+                except (EOFError, OSError):
+                    self._died(w)
+                except Exception as exc:
+                    self._fail(
+                        f"a message from the worker process for lanes {self._lanes_of(w)} could not be unpickled "
+                        f"in this process ({type(exc).__name__}: {exc}): is every payload type importable here?",
+                        traceback.format_exc(),
+                    )
+                self._handle(w, msg)
+            else:
+                w = [p.sentinel for p in self.procs].index(obj)
+                if self.conns[w].poll(0):
+                    continue  # read what it sent before dying first
+                self._died(w)
+
+    def _handle(self, w: int, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "out":
+            self.buffers[msg[1]].append(msg)
+        elif kind == "end":
+            self.ended[msg[1]] = msg[2]
+        elif kind == "state":
+            _, lane, count, data = msg
+            self._states[(lane, count)] = data
+        elif kind == "reports":
+            self._reports.update(msg[1])
+            self._meters[w] = msg[2]
+        elif kind == "ready":
+            self.ready.add(w)
+        elif kind == "error":
+            _, lane, cause, tb = msg
+            if lane is not None:
+                where = f"lane {lane} failed in a worker process"
+            else:
+                where = f"the worker process for lanes {self._lanes_of(w)} failed"
+            self._fail(f"{where}: {cause}", tb)
+
+    def _lanes_of(self, w: int) -> list[int]:
+        return [lane for lane, o in self.owner.items() if o == w]
+
+    def _fail(self, message: str, tb: str) -> None:
+        self.failure = f"{message}\n--- worker traceback ---\n{tb}" if tb else message
+        self._stop()
+        raise WorkerError(self.failure)
+
+    def _send(self, w: int, msg: tuple) -> None:
+        try:
+            self.conns[w].send(msg)
+        except OSError:  # the worker is gone: report what it sent last, or how it died
+            self._pump(lambda: False)
+
+    def _died(self, w: int) -> None:
+        proc = self.procs[w]
+        proc.join(timeout=1)
+        how, why = _death_cause(proc.exitcode)
+        self.death = (
+            f"the worker process for lanes {self._lanes_of(w)} {how} without reporting an error ({why}). "
+            "checkpoint() still covers exactly the outputs received (rebuilt in a separate process)"
+        )
+        self._stop()
+        raise WorkerError(self.death)
+
+    # -- running lanes here until their worker is ready ------------------------------------------------------
+    def _lead_next(self, lane: int) -> Any:
+        """The lane's next output, computed here, and delivered as a worker's would be: after a
+        round trip through the wire form (it must pickle; its arrays arrive writable, in memory of
+        their own), so nothing the caller sees depends on when the hand-over happens."""
+        assert self.lead is not None
+        try:
+            out = self.lead.next(lane)
+        except Exception as exc:
+            cause = "".join(traceback.format_exception_only(exc)).strip()
+            self.failure = _failed_here(lane, cause)
+            self._stop()
+            raise WorkerError(self.failure) from exc
+        if out is None:  # its end comes through its worker, which must load the pipeline first
+            self._hand_over_when_ready(self.owner[lane])
+            return self.next(lane)
+        count = self.lead_states[lane].delivered
+        msg = ("out", lane, count, out, None)
+        try:
+            out = copy_message(msg)[3]
+        except Exception as exc:
+            _, _, cause, tb = unpicklable_output(msg, exc)
+            self._fail(_failed_here(lane, cause), tb)
+        self.delivered[lane] = count
+        self.led += 1
+        return out
+
+    def _take_ready(self) -> None:
+        """Hand their lanes to the workers that are ready."""
+        self._receive(wait([self.conns[w] for w in self.waiting] + [self.procs[w].sentinel for w in self.waiting], timeout=0))
+        for w in sorted(self.waiting & self.ready):
+            self._hand_over(w)
+
+    def _hand_over_when_ready(self, w: int) -> None:
+        """Wait for worker ``w`` to be ready (starting the workers if need be), then hand it its lanes."""
+        if not self.procs:
+            self._start_workers()
+        self._pump(lambda: w in self.ready)
+        self._hand_over(w)
+
+    def _hand_over(self, w: int) -> None:
+        """Send worker ``w`` its lanes' states and the chunks read ahead for them; it runs them from now on."""
+        assert self.lead is not None
+        mine = [lane for lane in self._lanes_of(w) if lane in self.lead_states]
+        states = {lane: self.lead_states[lane] for lane in mine}
+        chunks = self.lead.ahead.release(mine) if self.lead.ahead is not None else {}
+        given: dict[int, LaneState] = {}
+        encoded: dict[int, Any] = {}
+        for lane, state in states.items():
+            kept = self.restored.get(lane)
+            if kept is None:
+                given[lane] = state
+            else:  # restored: as encoded (its records are rebuilt there, lazily), the checkpoint's if not stepped here
+                encoded[lane] = kept[1] if kept[0] is state else self.plan.encode(state)
+        try:
+            data = ForkingPickler.dumps(("go", given, encoded, chunks))
+        except Exception:  # a state holding what does not pickle travels encoded, as a checkpoint would
+            encoded.update({lane: self.plan.encode(state) for lane, state in given.items()})
+            given, chunks = {}, {}
+            data = ForkingPickler.dumps(("go", given, encoded, chunks))
+        try:
+            self.conns[w].send_bytes(data)
+        except OSError:  # the worker is gone: report what it sent last, or how it died
+            self._pump(lambda: False)
+        for lane, state in states.items():  # from here on, the lanes are the worker's
+            del self.lead_states[lane]
+            self.restored.pop(lane, None)
+            self.base[lane] = (state.delivered, given.get(lane, encoded.get(lane)))
+        self.waiting.discard(w)
+        if not self.waiting:
+            self.lead.close()
+
+    # -- the executor interface -------------------------------------------------------------------------
+    def next(self, lane: int) -> Any:
+        if self.closed:
+            self._check_open()
+        if self.waiting:
+            if self.procs:
+                self._take_ready()
+            elif self.led:
+                self._start_workers()
+            if lane in self.lead_states and self.procs and not self.lead_while_starting:
+                self._hand_over_when_ready(self.owner[lane])
+            if lane in self.lead_states:
+                return self._lead_next(lane)
+        buf = self.buffers[lane]
+        if not buf:
+            self._pump(lambda: bool(buf) or lane in self.ended)
+            if not buf:
+                self.saw_end.add(lane)
+                return None
+        _, _, count, out, enc = buf.popleft()
+        if count != self.delivered[lane] + 1:  # a message lost (an interrupt inside receiving): never skip
+            self._fail(f"lane {lane}: output {self.delivered[lane] + 1} was lost in transfer (got {count})", "")
+        self.delivered[lane] = count
+        if enc is not None:
+            self.base[lane] = (count, enc)
+        try:
+            self._send(self.owner[lane], ("delivered", lane, count))
+        except WorkerError:
+            if self.failure is not None:
+                raise
+            # The worker died after it sent this output: the caller still gets it (it is
+            # counted as delivered and the checkpoint covers it); the next call reports the death.
+        return out
+
+    def _remote(self) -> list[int]:
+        """The lanes running in workers (not here)."""
+        return [lane for lane in self.lanes if lane not in self.lead_states]
+
+    def _here(self) -> dict[int, Any]:
+        """The encoded states of the lanes still running here."""
+        return {lane: self.plan.encode(state) for lane, state in self.lead_states.items()}
+
+    def _here_reports(self) -> dict[int, Any]:
+        """The counters of the lanes still running here."""
+        return {lane: self.plan.reports(state) for lane, state in self.lead_states.items()}
+
+    def _in_order(self, states: dict[int, Any]) -> dict[int, Any]:
+        return {lane: states[lane] for lane in self.lanes}
+
+    def lane_states(self) -> dict[int, Any]:
+        if self.failure is None and not self._remote():
+            return self._in_order(self._here())
+        if not self.closed:
+            try:
+                states = self._ask_states(None)
+                assert states is not None
+                return self._in_order({**self._here(), **states})
+            except WorkerError:
+                if self.death is None:
+                    raise
+        return self._stopped_states()
+
+    def _ask_states(self, deadline: float | None) -> dict[int, Any] | None:
+        """The encoded states of the lanes running in workers, after what the caller received."""
+        remote = self._remote()
+        want = {(lane, self.delivered[lane]) for lane in remote}
+        for lane in remote:
+            self._send(self.owner[lane], ("state", lane, self.delivered[lane], lane in self.saw_end))
+        if not self._pump(lambda: want <= set(self._states), deadline):
+            return None
+        states = {lane: self._states.pop((lane, self.delivered[lane])) for lane in remote}
+        self._states.clear()
+        for lane, data in states.items():
+            if lane not in self.saw_end:  # a replay starts before the end
+                self.base[lane] = (self.delivered[lane], data)
+        return states
+
+    def _stopped_states(self) -> dict[int, Any]:
+        """The caller's states once the workers are gone: kept, or replayed from a kept one (see :meth:`_rebuilt`)."""
+        if self.failure is not None:
+            raise WorkerError(
+                "the worker processes stopped after this failure, so this loader has no state to read; "
+                f"Restore the last checkpoint you saved into a new pipeline.\n{self.failure}"
+            )
+        if self._final_states is None:
+            remote = self._remote()
+            kept = {lane: self.base[lane][1] for lane in remote if self._kept_exactly(lane)}
+            rebuilt = self._rebuilt([lane for lane in remote if lane not in kept])
+            self._final_states = self._in_order({**self._here(), **kept, **{lane: enc for lane, (enc, _) in rebuilt.items()}})
+        return dict(self._final_states)
+
+    def _kept_exactly(self, lane: int) -> bool:
+        """Whether the kept state of ``lane`` is its encoded state after exactly the delivered outputs."""
+        count, data = self.base[lane]
+        return count == self.delivered[lane] and data is not None and lane not in self.saw_end and not isinstance(data, LaneState)
+
+    def _rebuilt(self, lanes: list[int]) -> dict[int, tuple[Any, Any]]:
+        """The encoded states and counters of ``lanes`` after exactly the delivered outputs, once the
+        workers are gone: each kept state replayed in a separate process (see
+        :func:`_replay_main`), so that the user code this runs cannot end this process either. A
+        replay that fails or dies is a :class:`WorkerError`; what was rebuilt is kept."""
+        todo = [lane for lane in lanes if lane not in self._replayed]
+        if todo:
+            jobs = {lane: (self.base[lane][1], self.delivered[lane], lane in self.saw_end) for lane in todo}
+            self._replayed.update(_replay_elsewhere(self._setup[0], jobs))
+        return {lane: self._replayed[lane] for lane in lanes}
+
+    def reports(self) -> dict[int, Any]:
+        here = self._here_reports()
+        remote = self._remote()
+        if self.failure is None and not remote:
+            return self._in_order(here)
+        if not self.closed:
+            try:
+                return self._in_order({**here, **self._ask_reports(None)})
+            except WorkerError:
+                if self.death is None:
+                    raise
+        if self._final_reports is None:
+            self._stopped_states()  # raises after a failure
+            rebuilt = self._rebuilt(remote)
+            self._final_reports = self._in_order({**here, **{lane: rep for lane, (_, rep) in rebuilt.items()}})
+        return dict(self._final_reports)
+
+    def _ask_reports(self, deadline: float | None) -> dict[int, Any] | None:
+        """The counters of the lanes running in workers (and the workers' runtime counters)."""
+        remote = self._remote()
+        self._reports = {}
+        for w in sorted({self.owner[lane] for lane in remote}):
+            self._send(w, ("reports",))
+        if not self._pump(lambda: set(self._reports) >= set(remote), deadline):
+            return None
+        return {lane: self._reports[lane] for lane in remote}
+
+    def meters(self) -> dict[str, Any] | None:
+        """The runtime counters: the workers' as of their last reports (``reports()`` asks for
+        them), and those of the work done here before the hand-over."""
+        here = [self.lead.meter.snapshot()] if self.lead is not None else []
+        return merge_meters([*here, *self._meters.values()])
+
+    def close(self, read_final: bool = True) -> None:
+        """Stop the workers; with ``read_final``, first keep their delivered states and counters."""
+        if self.closed:
+            return
+        if self.lead is not None:
+            self.lead.close()
+        if read_final and self.failure is None and self.death is None:
+            deadline = time.monotonic() + _CLOSE_READ_S
+            try:
+                states = self._ask_states(deadline)
+                if states is not None:
+                    self._final_states = self._in_order({**self._here(), **states})
+                    reports = self._ask_reports(deadline)
+                    if reports is not None:
+                        self._final_reports = self._in_order({**self._here_reports(), **reports})
+            except WorkerError:
+                pass  # a worker died or failed: the states are rebuilt when asked for
+            except BaseException:
+                self._stop()
+                raise
+        self._stop()
+
+    def _stop(self) -> None:
+        self.closed = True
+        self._finalizer()
+
+
+#: Socket buffer size asked for each end of a worker's pipe.
+_SOCKET_BUFFER = 4 << 20
+
+
+def _widen(conn: Any) -> None:
+    """Ask for ``_SOCKET_BUFFER``-byte socket buffers on ``conn`` (a socket pair end; best effort).
+
+    With the default (about 200 KiB on Linux) a worker's batch of 128 KiB fills the buffer: the
+    worker blocks in the middle of a write and the main process reads it in several calls,
+    each a context switch. The system caps the size (``net.core.wmem_max``, ``rmem_max``).
+    """
+    try:
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+    except (OSError, ValueError):
+        return
+    with sock:
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, option, _SOCKET_BUFFER)
+            except OSError:
+                pass
+
+
+def _shutdown(conns, procs) -> None:
+    for conn in conns:
+        try:
+            conn.send(("stop",))
+        except Exception:
+            pass
+    for proc in procs:
+        proc.join(timeout=2)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=2)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    for conn in conns:
+        try:
+            conn.close()
+        except Exception:
+            pass

@@ -1,0 +1,270 @@
+"""The worker side of :mod:`~zephon.runtime.process_executor`: a worker's loop, and the replay process.
+
+A worker runs its lanes ahead within a per-lane credit window and sends each output with its
+index (and, every few seconds, the lane's encoded state); it keeps the state after each output it
+sent until the main process confirms delivery, so it can answer ``checkpoint()`` for exactly the
+outputs the caller received. The replay process rebuilds lanes' states after the workers stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+from collections import deque
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+from ..core.records import SampleBatch, describe_meta
+from .executor import caller_order_of
+from .lanes import LaneState, Plan
+from .wire import pack_message, send_message, send_parts
+
+#: A worker attaches a lane's encoded state to an output at most this often, so that the main
+#: process can rebuild the caller's states by replaying at most a few seconds of that lane's work
+#: after a worker dies. Encoding is the cost (milliseconds for a full shuffle buffer).
+_ATTACH_S = 5.0
+
+
+def unpicklable_output(msg: tuple, exc: BaseException) -> tuple:
+    """The error message for an output of a worker that cannot be pickled: lane, record, cause."""
+    kind = msg[0]
+    if kind != "out":
+        cause = f"a {kind!r} message cannot be sent to the main process: {type(exc).__name__}: {exc}"
+        return ("error", None, cause, traceback.format_exc())
+    _, lane, count, out, _ = msg
+    records = out.records if isinstance(out, SampleBatch) else (out,)
+    culprit = records[0] if records else None
+    for rec in records:  # name the first record that does not pickle
+        try:
+            ForkingPickler.dumps(getattr(rec, "payload", rec))
+        except Exception:
+            culprit = rec
+            break
+    where = describe_meta(culprit.meta) if hasattr(culprit, "meta") else "the output"
+    cause = (
+        f"output {count} of lane {lane} cannot be sent between processes ({type(exc).__name__}: {exc}); it holds "
+        f"{where}. With workers > 0 every payload must pickle: keep results of map to arrays, numbers, strings, "
+        "lists and dicts (no locks, open files, generators or connections), or run with workers=0"
+    )
+    return ("error", lane, cause, traceback.format_exc())
+
+
+
+class _Outbox:
+    """Sends a worker's messages from a thread, so producing never waits for the pipe to drain.
+
+    Pickling happens here, so a message that cannot be pickled is reported to the main process as
+    an error (and nothing after it is sent), instead of ending this thread silently. Arrays travel
+    out of band (see :mod:`zephon.runtime.wire`): they are not copied into the pickle.
+    """
+
+    def __init__(self, conn) -> None:
+        import queue
+
+        self.conn = conn
+        self.queue: Any = queue.Queue()
+        self.failed = False
+        self.thread = threading.Thread(target=self._run, name="zephon-outbox", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for msg in iter(self.queue.get, None):
+                if self.failed:
+                    continue  # after a failure, the main process stops this worker
+                try:
+                    parts = pack_message(msg)
+                except Exception as exc:
+                    self.failed = True
+                    parts = pack_message(unpicklable_output(msg, exc))
+                send_parts(self.conn, parts)
+        except OSError:  # the main process is gone
+            return
+        except BaseException as exc:  # never end silently: the main process would wait forever
+            self.failed = True
+            try:
+                cause = f"the worker's sender thread failed: {type(exc).__name__}: {exc}"
+                send_message(self.conn, ("error", None, cause, traceback.format_exc()))
+            except Exception:
+                pass
+
+    def send(self, msg: tuple) -> None:
+        self.queue.put(msg)
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=10)
+
+
+def _load_error(exc: BaseException, what: str = "the pipeline") -> str:
+    """Why a worker could not unpickle ``what`` (the pipeline, or the lanes' states), and what to do."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, (AttributeError, ImportError)) or "Can't get attribute" in str(exc):
+        return (
+            f"the worker could not load {what} ({text}). Functions given to map/filter (and any other object in "
+            "the pipeline or its records) must be importable by module and name in a fresh process, because workers are spawned "
+            "and look them up by name: define them at the top level of a module, not inside "
+            "`if __name__ == '__main__':`, inside another function, in a notebook cell or in `python -c`. Move the "
+            "function above the `if __name__ == '__main__':` line of your script, or into a module that the script "
+            "imports"
+        )
+    return f"the worker could not load {what} ({text})"
+
+
+def take_environment(env: dict[str, str] | None) -> None:
+    """Make this process's environment the caller's as of the start (``env``): a process forked
+    from the fork server would otherwise see the server's, as of when the server started."""
+    if env is not None and env != os.environ:
+        os.environ.clear()
+        os.environ.update(env)
+
+
+def worker_main(conn, lanes: list[int], credit: int, threads: int, env: dict[str, str] | None = None) -> None:
+    # A Ctrl-C goes to the terminal's whole process group: only the main process should see it, so
+    # the workers stay alive to answer checkpoint() (PyTorch's DataLoader workers do the same).
+    # Started from the main thread, this process ignores SIGINT from its start (see ignoring_sigint).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    take_environment(env)
+    # Set before the plan (and with it the tokenizer library) is unpickled in this process.
+    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+    # "true" even for one thread: RAYON_NUM_THREADS bounds the pool, and tokenizers' sequential
+    # path (TOKENIZERS_PARALLELISM=false) costs about 30% more CPU per token.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    # The tiktoken backend's threads: a share of the CPUs, in every thread. Even a single worker
+    # shares the cores with the main process (which receives and converts every batch), so it takes
+    # no extra thread for its read-ahead as the calling process does (measured on 2 cores, 18
+    # alternating runs: workers=1 at 0.93-0.98 of inline with 2 threads, 0.87 with 3).
+    os.environ.setdefault("ZEPHON_ENCODER_THREADS", str(threads))
+    outbox = _Outbox(conn)
+    current = None
+    try:
+        # The pipeline and the lanes' states come through the pipe, not with the process: the parent
+        # then starts every worker without waiting for each to read them (they boot in parallel).
+        try:
+            plan_bytes, encoded, handed = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            plan: Plan = pickle.loads(plan_bytes)
+        except Exception as exc:
+            outbox.send(("error", None, _load_error(exc), traceback.format_exc()))
+            return
+        chunks: dict = {}
+        if handed:  # the main process runs the lanes until this worker is ready, then hands them over
+            if not conn.poll(0):  # unless told to stop while starting
+                plan.warm()
+            outbox.send(("ready",))
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                return
+            except Exception as exc:  # a record in the states of a type this process cannot import
+                outbox.send(("error", None, _load_error(exc, "its lanes' states"), traceback.format_exc()))
+                return
+            if msg[0] == "stop":
+                return
+            _, given, encoded, chunks = msg
+            given.update(plan.decode_lanes(encoded) if encoded else {})
+            states = {lane: given[lane] for lane in lanes}
+        elif encoded:
+            states = plan.decode_lanes({lane: encoded[lane] for lane in lanes})
+        else:
+            states = {lane: plan.init(lane) for lane in lanes}
+        history = {lane: deque([(states[lane].delivered, states[lane])]) for lane in lanes}
+        meter = plan.meter()
+        credits = {lane: credit for lane in lanes}
+        attach_at = {lane: time.monotonic() + _ATTACH_S for lane in lanes}
+        ended: set[int] = set()
+        order = deque(caller_order_of(states))
+        ahead = plan.reader(states)
+        if ahead is not None and chunks:
+            ahead.give(chunks)
+        while True:
+            while conn.poll(0) or not any(credits[lane] > 0 and lane not in ended for lane in lanes):
+                msg = conn.recv()
+                kind = msg[0]
+                if kind == "stop":
+                    return
+                if kind == "delivered":  # the caller received output number `count` of `lane`
+                    _, lane, count = msg
+                    credits[lane] += 1
+                    hist = history[lane]
+                    while len(hist) > 1 and hist[0][0] < count:
+                        hist.popleft()
+                elif kind == "state":  # after `count` outputs; at_end: once the caller saw the lane end
+                    _, lane, count, at_end = msg
+                    match = [s for c, s in history[lane] if c == count]
+                    if not match:
+                        raise RuntimeError(f"no state kept for lane {lane} after {count} outputs")
+                    outbox.send(("state", lane, count, plan.encode(match[-1] if at_end else match[0])))
+                elif kind == "reports":
+                    outbox.send(("reports", {lane: plan.reports(states[lane]) for lane in lanes}, meter.snapshot()))
+            lane = next(lane for lane in order if credits[lane] > 0 and lane not in ended)
+            order.remove(lane)
+            order.append(lane)
+            current = lane
+            state, out = plan.next(lane, states[lane], meter, ahead)
+            states[lane] = state
+            if out is None:
+                ended.add(lane)
+                history[lane].append((state.delivered, state))  # the state once its end was seen
+                outbox.send(("end", lane, state.delivered))
+                continue
+            credits[lane] -= 1
+            history[lane].append((state.delivered, state))
+            now = time.monotonic()
+            enc = None
+            if now >= attach_at[lane]:  # now and then, the state after this output rides along
+                enc = plan.encode(state)
+                attach_at[lane] = now + _ATTACH_S
+            outbox.send(("out", lane, state.delivered, out, enc))
+    except (KeyboardInterrupt, EOFError, BrokenPipeError):
+        return
+    except BaseException as exc:  # report every failure with its lane, then exit
+        cause = "".join(traceback.format_exception_only(exc)).strip()  # keeps the exception's notes
+        outbox.send(("error", current, cause, traceback.format_exc()))
+    finally:
+        outbox.close()
+
+
+def replay_lane(plan: Plan, lane: int, data: Any, delivered: int, at_end: bool) -> LaneState:
+    """The lane's state after exactly ``delivered`` outputs, replayed from a kept one (``data``: a
+    state, its encoding, or ``None`` for the start); ``at_end``: the caller saw the lane end, so
+    does its state."""
+    if isinstance(data, LaneState):  # handed to its worker by value
+        state = data
+    else:
+        state = plan.decode(lane, data) if data is not None else plan.init(lane)
+    while state.delivered < delivered:
+        state, out = plan.next(lane, state)
+        if out is None:
+            raise RuntimeError(f"lane {lane} ended after {state.delivered} outputs while replaying to {delivered}")
+    if at_end:
+        state, out = plan.next(lane, state)
+        if out is not None:
+            raise RuntimeError(f"lane {lane} did not end after {state.delivered - 1} outputs while replaying")
+    return state
+
+
+def replay_main(conn, plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]], env: dict[str, str] | None = None) -> None:
+    """The process that replays lanes after the workers stopped: sends each lane's encoded state and counters."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    take_environment(env)
+    lane = None
+    try:
+        plan: Plan = pickle.loads(plan_bytes)
+        for lane, (data, delivered, at_end) in jobs.items():
+            state = replay_lane(plan, lane, data, delivered, at_end)
+            conn.send(("replayed", lane, plan.encode(state), plan.reports(state)))
+    except BaseException as exc:
+        cause = "".join(traceback.format_exception_only(exc)).strip()
+        try:
+            conn.send(("error", lane, cause, traceback.format_exc()))
+        except OSError:
+            pass
+    finally:
+        conn.close()

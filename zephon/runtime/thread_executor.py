@@ -1,0 +1,95 @@
+"""Running lanes ahead in one background thread of this process (``workers=0, thread=True``)."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from .executor import caller_order_of, closed_error
+from .inline_executor import InlineExecutor
+from .lanes import LaneState, Plan
+
+
+def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: dict, stop: threading.Event, meter: Any) -> None:
+    """The background thread of :class:`ThreadExecutor`.
+
+    A module-level function holding no reference to the executor, so an executor dropped without
+    ``close()`` is still collected, and its finalizer stops this thread.
+    """
+    live = caller_order_of(states)
+    ahead = plan.reader(states)
+    try:
+        while live and not stop.is_set():
+            for lane in list(live):
+                credits[lane].acquire()
+                if stop.is_set():
+                    return
+                state, out = plan.next(lane, states[lane], meter, ahead)
+                if stop.is_set():
+                    return
+                states[lane] = state
+                queues[lane].put(("out", state, out))
+                if out is None:
+                    live.remove(lane)
+    except BaseException as exc:  # hand the failure to the caller, whichever lane it waits on
+        for q in queues.values():
+            q.put(("error", exc, None))
+    finally:
+        if ahead is not None:
+            ahead.close()
+
+
+def _stop_prefetch(stop: threading.Event, credits: dict, thread: threading.Thread) -> None:
+    """Stop the background thread; also at interpreter exit, where it is waited for (briefly), since a
+    daemon thread still inside native code when the interpreter finalizes can abort the process."""
+    stop.set()
+    for sem in credits.values():  # wake the thread wherever it waits for credit
+        sem.release()
+    if thread.is_alive() and thread is not threading.current_thread():
+        thread.join(timeout=5)
+
+
+class ThreadExecutor(InlineExecutor):
+    """Runs lanes ahead in one background thread of this process (``workers=0, thread=True``).
+
+    The thread computes each lane's next outputs, paired with the state after them, up to
+    ``credit`` ahead per lane; the caller's view only advances when it takes an output, so the
+    checkpoint is exactly what it received. Tokenizers release the GIL while encoding, so the
+    caller's own work (tensor conversion, the training step) overlaps with reading ahead.
+    """
+
+    def __init__(self, plan: Plan, states: dict[int, LaneState], credit: int = 4):
+        import queue
+
+        self.plan = plan
+        self.states = dict(states)  # state after the last output the caller took
+        self.lanes = list(states)
+        self.queues = {lane: queue.Queue() for lane in self.lanes}
+        self.credits = {lane: threading.Semaphore(credit) for lane in self.lanes}
+        self.stop = threading.Event()
+        self.closed = False
+        self.meter = plan.meter()  # written by the thread; snapshots read it (its lists never change size)
+        self.thread = threading.Thread(
+            target=_prefetch, args=(plan, dict(states), self.queues, self.credits, self.stop, self.meter), name="zephon-prefetch", daemon=True
+        )
+        self._finalizer = weakref.finalize(self, _stop_prefetch, self.stop, self.credits, self.thread)
+        self.thread.start()
+
+    def next(self, lane: int) -> Any:
+        if self.closed:
+            raise closed_error()
+        kind, state, out = self.queues[lane].get()
+        if kind == "error":
+            self.queues[lane].put((kind, state, out))
+            raise state
+        self.credits[lane].release()
+        self.states[lane] = state
+        return out
+
+    def close(self, read_final: bool = True) -> None:
+        if not self.closed:
+            self.closed = True
+            # The thread wakes at once, or after the step it is computing (then it exits without
+            # handing that step out); a step that does not end within the join is left to run.
+            self._finalizer()
