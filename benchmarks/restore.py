@@ -9,7 +9,7 @@ checkpoint where the lane due first has read all its data: its next output comes
 its shuffle buffer. Then fresh processes (``--repeats`` each, round-robin)
 build the pipeline, restore the checkpoint and take the first batch: with the default lazy
 rebuild, and with the rebuild made eager (every lane and buffered record rebuilt before the first
-batch, as before lazy restore). Each restored batch is checked against the uninterrupted run's.
+batch). Each restored batch is checked against the uninterrupted run's.
 
     python benchmarks/restore.py                         # buffers 1024 and 16384, 3 repeats
     python benchmarks/restore.py --buffers 1024 --repeats 1
@@ -109,12 +109,11 @@ def due_lane(ckpt: dict[str, Any]) -> dict[str, int]:
 
 def child_restore(task: dict[str, Any]) -> dict[str, Any]:
     t0 = task["t0"]
-    import zephon.runtime.lazy as lazy
+    import zephon.runtime.lanes as lanes
     from zephon.ledger import batch_digest
 
     if task["eager"]:
-        lazy.LAZY_MIN_RECORDS = lazy.LAZY_MIN_PENDING = 1 << 62
-        lazy.LAZY_LANES = False
+        lanes.DEFERRED_RESTORE = False
     ckpt = json.loads(Path(task["path"]).read_text(encoding="utf-8"))
     pipe = build(task)
     t1 = time.perf_counter()

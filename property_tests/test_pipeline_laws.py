@@ -608,23 +608,19 @@ def test_worker_processes_deliver_exactly_the_in_process_batches(spec, lanes, dr
         )
 
 
-# -- lazy restore ---------------------------------------------------------------------------------------
-# Restoring lazily (lanes other than the one due first, buffers and undelivered outputs rebuilt on
-# demand and in the background) gives exactly the batches and checkpoints of restoring eagerly:
-# each example resumes once with everything rebuilt at once (LAZY_LANES off, LAZY_MIN_RECORDS and
-# LAZY_MIN_PENDING out of reach) and once with every one rebuilt lazily (LAZY_MIN_RECORDS = 1; each
-# lane's next output too, or not, drawn; whole lanes lazily, or not, drawn); the checkpoints right
-# after the restore (nothing rebuilt yet) and after each batch must be equal too.
+# -- deferred restore ------------------------------------------------------------------------------------
+# Restoring with what the first output does not need left as references (rebuilt when due) gives
+# exactly the batches and checkpoints of restoring every lane whole: each example resumes once
+# with DEFERRED_RESTORE off and once on; the checkpoints right after the restore (nothing rebuilt
+# yet) and after each batch must be equal too.
 
-import zephon.runtime.lazy as zephon_lazy  # noqa: E402
+import zephon.runtime.lanes as zephon_lanes  # noqa: E402
 
 shuffled_specs = pipeline_specs().filter(lambda s: s.shuffle is not None)
 
 
-def _resume_with(spec, lanes, ckpt, n, threshold, monkeypatch, pending_threshold=None, lazy_lanes=False):
-    monkeypatch.setattr(zephon_lazy, "LAZY_LANES", lazy_lanes)
-    monkeypatch.setattr(zephon_lazy, "LAZY_MIN_RECORDS", threshold)
-    monkeypatch.setattr(zephon_lazy, "LAZY_MIN_PENDING", threshold if pending_threshold is None else pending_threshold)
+def _resume_with(spec, lanes, ckpt, n, deferred, monkeypatch):
+    monkeypatch.setattr(zephon_lanes, "DEFERRED_RESTORE", deferred)
     pipe = spec.build(lanes=lanes).restore(json.loads(json.dumps(ckpt)))
     it = iter(pipe)
     checkpoints = [it.checkpoint()]  # before anything was rebuilt
@@ -641,59 +637,25 @@ def _resume_with(spec, lanes, ckpt, n, threshold, monkeypatch, pending_threshold
 
 @settings(max_examples=examples(25))
 @given(spec=shuffled_specs, lanes=st.sampled_from([1, 2, 4]), data=st.data())
-def test_lazy_restore_gives_the_eager_batches_and_checkpoints(spec, lanes, data):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(zephon_lazy, "LAZY_LANES", False)
-        mp.setattr(zephon_lazy, "LAZY_MIN_RECORDS", 10**9)
-        mp.setattr(zephon_lazy, "LAZY_MIN_PENDING", 10**9)
-        it = iter(spec.build(lanes=lanes))
-        stream = [b for _, b in zip(range(60), it)]
+def test_deferred_restore_gives_the_whole_restores_batches_and_checkpoints(spec, lanes, data):
+    it = iter(spec.build(lanes=lanes))
+    stream = [b for _, b in zip(range(60), it)]
     if not stream:
         return
     at = data.draw(st.integers(0, len(stream) - 1), label="resume after")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(zephon_lazy, "LAZY_MIN_RECORDS", 10**9)
-        it = iter(spec.build(lanes=lanes))
-        for _ in range(at):
-            next(it)
-        ckpt = it.checkpoint()
-        it.close()
-    n = len(stream) - at
-    with pytest.MonkeyPatch.context() as mp:
-        eager = _resume_with(spec, lanes, ckpt, n, 10**9, mp)
-    all_pending_lazy = data.draw(st.booleans(), label="the next output of each lane lazy too")
-    lazy_lanes = data.draw(st.booleans(), label="lanes after the first rebuilt lazily")
-    with pytest.MonkeyPatch.context() as mp:
-        lazy_run = _resume_with(spec, lanes, ckpt, n, 1, mp, 1 if all_pending_lazy else 10**9, lazy_lanes)
-    assert outputs_equal(eager[0], stream[at:])
-    assert outputs_equal(lazy_run[0], eager[0])
-    assert lazy_run[1] == eager[1]
-
-
-def test_a_lazily_restored_buffer_is_rebuilt_in_the_background(monkeypatch):
-    """Once started, the rebuilder thread rebuilds every record of a restored buffer, none drawn."""
-    import time
-
-    from _util import toy_dataset, toy_pipeline
-
-    it = iter(toy_pipeline(1, data=toy_dataset(200), buffer=64))
-    for _ in range(10):
+    it = iter(spec.build(lanes=lanes))
+    for _ in range(at):
         next(it)
     ckpt = it.checkpoint()
-    monkeypatch.setattr(zephon_lazy, "LAZY_MIN_RECORDS", 1)
-    restored = toy_pipeline(1, data=toy_dataset(200), buffer=64).plan.decode(0, ckpt["lanes"]["0"])
-    shuffle_state = next(s for s in restored.chain.states if hasattr(s, "buffer") and s.buffer and hasattr(s, "draws"))
-    rows = shuffle_state.buffer[0].payload.rows
-    zephon_lazy.kick()  # what the lane's first output after a restore does
-    deadline = time.monotonic() + 30
-    while not rows.done() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert rows.done()
-    eager = toy_pipeline(1, data=toy_dataset(200), buffer=64)
-    monkeypatch.setattr(zephon_lazy, "LAZY_MIN_RECORDS", 10**9)
-    eager_state = eager.plan.decode(0, ckpt["lanes"]["0"])
-    eager_buffer = next(s for s in eager_state.chain.states if hasattr(s, "buffer") and s.buffer and hasattr(s, "draws")).buffer
-    assert [zephon_lazy.materialize(r) for r in shuffle_state.buffer] == list(eager_buffer)
+    it.close()
+    n = len(stream) - at
+    with pytest.MonkeyPatch.context() as mp:
+        whole = _resume_with(spec, lanes, ckpt, n, False, mp)
+    with pytest.MonkeyPatch.context() as mp:
+        deferred = _resume_with(spec, lanes, ckpt, n, True, mp)
+    assert outputs_equal(whole[0], stream[at:])
+    assert outputs_equal(deferred[0], whole[0])
+    assert deferred[1] == whole[1]
 
 
 # -- reading ahead ----------------------------------------------------------------------------------------

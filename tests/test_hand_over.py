@@ -9,16 +9,13 @@ worker to a number of outputs computed here. The laws over generated pipelines a
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import signal
 import time
-import weakref
 
 import pytest
 
-import zephon.runtime.lazy as zephon_lazy
 from _hand_over_pin import pin_hand_over
 from _util import toks_to_ids, toy_dataset, toy_pipeline, with_lock, without_lock
 from zephon import Pipeline, WorkerError
@@ -118,26 +115,3 @@ def test_workers_ignore_ctrl_c_from_their_start():
     assert [p.exitcode for p in it.executor.procs] == [None, None]
     got = list(it)
     assert outputs_equal(got, list(_finite()))
-
-
-def test_lanes_restored_here_and_moved_stop_being_rebuilt_here(monkeypatch):
-    monkeypatch.setattr(zephon_lazy, "LAZY_MIN_RECORDS", 1)
-    pin_hand_over(monkeypatch, (2,))
-    it = iter(toy_pipeline(4))
-    for _ in range(10):
-        next(it)
-    ck = it.checkpoint()
-    it.close()
-    resumed = iter(toy_pipeline(4, workers=1, start_inline=True).restore(ck))
-    jobs = [weakref.ref(s.chain.lane._rows) for s in resumed.executor.lead_states.values() if type(s.chain) is zephon_lazy.DeferredChain]
-    assert jobs
-    got = [next(resumed) for _ in range(6)]
-    assert not resumed.executor.lead_states
-    deadline = time.monotonic() + 10  # (the background may be rebuilding one of them right now)
-    while any(job() is not None for job in jobs) and time.monotonic() < deadline:
-        gc.collect()
-        time.sleep(0.01)
-    assert all(job() is None for job in jobs)  # nothing here holds them once the lanes moved
-    resumed.close()
-    reference = iter(toy_pipeline(4).restore(ck))
-    assert outputs_equal(got, [next(reference) for _ in range(6)])

@@ -131,7 +131,7 @@ def test_nothing_reads_ahead_without_a_per_record_operator_first():
 
     rows = [{"input_ids": np.arange(5, dtype=np.int32)} for _ in range(20)]
     pipe = Pipeline(Dataset.from_rows("t", rows)).options(canonical_replicas=2).pack_flat(8, algorithm="wrap").batch(2)
-    assert pipe.plan.chain.per_record_prefix == 0
+    assert _readahead.per_record_prefix(pipe.plan.chain) == 0
     assert pipe.plan.reader({0: pipe.plan.init(0)}) is None
     assert len(list(pipe)) > 0
 

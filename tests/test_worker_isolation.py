@@ -16,14 +16,11 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-import zephon.runtime.lazy as zephon_lazy
 from _util import toy_dataset, toy_pipeline
-from zephon.runtime.lazy import DeferredChain
 
 pytestmark = pytest.mark.filterwarnings("ignore:end of data:RuntimeWarning")
 
@@ -136,31 +133,6 @@ def test_with_start_inline_the_first_outputs_run_here_so_a_crash_ends_this_proce
 
 
 # -- the garbage collector ---------------------------------------------------------------------------
-
-def test_the_background_rebuild_of_a_restore_never_turns_the_collector_off_for_the_process():
-    def pipe():
-        return toy_pipeline(4, data=toy_dataset(20000), buffer=5000, max_length=8)
-
-    it = iter(pipe())
-    for _ in range(400):  # full buffers: rebuilding a lane's operator states takes many thread switches
-        next(it)
-    ck = json.loads(json.dumps(it.checkpoint()))
-    it.close()
-    assert gc.isenabled()
-    resumed = iter(pipe().restore(ck))
-    jobs = [s.chain.lane._rows for s in resumed.executor.states.values() if type(s.chain) is DeferredChain]
-    assert len(jobs) >= 3  # the lanes not due first wait for the background
-    next(resumed)  # starts the background rebuild
-    polls, off = 0, 0
-    deadline = time.monotonic() + 60
-    while not all(job.done() for job in jobs) and time.monotonic() < deadline:
-        polls += 1
-        off += not gc.isenabled()
-    assert all(job.done() for job in jobs)
-    assert polls > 0 and off == 0, f"the collector was off in {off} of {polls} polls of this thread"
-    assert gc.isenabled()
-    resumed.close()
-
 
 def test_a_restore_on_the_calling_thread_leaves_the_collector_as_it_found_it():
     it = iter(toy_pipeline(4, data=toy_dataset(600), buffer=200))

@@ -15,8 +15,9 @@ from typing import Any, Sequence
 import numpy as np
 
 
-from .core.operator import Operator, _enc_hook
-from .core.records import Meta, Record, SampleBatch, meta_from_ints, payload_equal
+from .core.operator import Operator
+from .core.records import Meta, Record, SampleBatch, payload_equal
+from .core.state import output_ref
 
 __all__ = ["assert_checkpoint_equivalence", "assert_chunking_invariance", "input_resolver", "run", "outputs_equal"]
 
@@ -116,7 +117,7 @@ def assert_checkpoint_equivalence(op: Operator, chunks: Sequence[Sequence[Record
             break
     everything = [x for part in produced for x in part]
 
-    rebuilt = op.rebuild([_ref(x) for x in everything], resolve)
+    rebuilt = op.rebuild([output_ref(x) for x in everything], resolve)
     assert outputs_equal(everything, rebuilt), f"{op.kind}: rebuild() from metas differs: {_describe_mismatch(everything, rebuilt)}"
 
     for k, saved in enumerate(states):
@@ -141,14 +142,6 @@ def assert_chunking_invariance(op: Operator, records: Sequence[Any], cuts: Seque
     chunks = [list(records[a:b]) for a, b in zip(bounds, bounds[1:])]
     _, split = run(op, chunks, key=key)
     assert outputs_equal(whole, split), f"{op.kind}: chunking at {cuts} changed the outputs: {_describe_mismatch(whole, split)}"
-
-
-def _ref(x: Any) -> Any:
-    if isinstance(x, SampleBatch):
-        return [r.meta for r in x.records]
-    if isinstance(x, Record):
-        return x.meta
-    return meta_from_ints(_enc_hook(x))
 
 
 # -- generated data for mixture experiments ---------------------------------------------------------------

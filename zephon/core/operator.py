@@ -13,28 +13,25 @@ are never mutated. Any split of a stream into chunks gives the same concatenated
 operator may hand out what it holds at once or a piece per call, and a flushed state returns
 nothing.
 
-Checkpoints store records *by reference*: a record in a state is encoded as its
-:class:`~zephon.types.Meta` (source pointers and token ranges) and rebuilt on decode by asking the
-upstream operators to rematerialize it (``rebuild``). Records held in an operator's state are
-always records at that operator's *input*, so decoding an operator's state resolves them with the
-resolver of its input.
+Checkpoints store records *by reference* (:mod:`zephon.core.state`): a record in a state is
+encoded as its :class:`~zephon.types.Meta` (source pointers and token ranges) and rebuilt on
+decode by asking the upstream operators to rematerialize it (``rebuild``). Records held in an
+operator's state are always records at that operator's *input*, so decoding an operator's state
+resolves them with the resolver of its input. Metering, read-ahead and deferred rebuilds are the
+runtime's: it wraps operators (:mod:`zephon.runtime.lanes`); nothing here knows of them.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, ClassVar, Sequence
 
 import attrs
 import msgspec
 
+from . import state as _state
 from .fingerprint import describe_callable, is_callable_value
-from ..runtime.lazy import DeferredOutput
-from .records import Meta, Record, SampleBatch, Segment, describe_meta, meta_from_ints, meta_to_ints
-from ..runtime.stats import items_size
-
-#: Rebuilds records from their metas at one point of a chain (bulk, order-preserving).
-Resolver = Callable[[Sequence[Any]], list]
+from .records import Meta, Record, Segment, describe_meta
+from .state import Resolver
 
 #: Multiplier that keeps child numbers of nested fan-outs distinct.
 CHILD_BASE = 1 << 16
@@ -45,16 +42,6 @@ class Empty(msgspec.Struct, frozen=True, tag="empty", forbid_unknown_fields=True
 
 
 EMPTY = Empty()
-
-
-class _Unresolved:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<unresolved>"
-
-
-UNRESOLVED = _Unresolved()
 
 
 def config_field(*, default: Any = attrs.NOTHING, data: bool = True, validator=None, converter=None, kw_only: bool = False):
@@ -73,11 +60,20 @@ class Operator:
         kind: the default name of the operator in a pipeline ("tokenize", "shuffle", ...).
         state_type: the msgspec Struct type of its state.
         fans_out: whether one input may produce several outputs (children get new child numbers).
+        reads_held_payloads: whether ``step`` and ``flush`` read the payloads of the records the
+            state holds. ``False`` (the shuffle, which moves records by their metas): a restore may
+            leave them as references, and the runtime rebuilds each one as it is output.
+
+    A stateful operator implements ``init``, ``step`` and ``flush``; its state is a tagged frozen
+    ``msgspec.Struct`` (encoded generically, :mod:`zephon.core.state`), and its fingerprint is its
+    ``data`` settings. ``rebuild`` needs overriding only by an operator whose outputs are new
+    records (not its inputs); ``decode_state`` only to refuse values ``step`` never leaves.
     """
 
     kind: ClassVar[str] = "op"
     state_type: ClassVar[type] = Empty
     fans_out: ClassVar[bool] = False
+    reads_held_payloads: ClassVar[bool] = True
 
     def init(self, key: int) -> Any:
         return EMPTY
@@ -99,24 +95,11 @@ class Operator:
     # -- state encoding -----------------------------------------------------------------------------
     def encode_state(self, state: Any) -> Any:
         """The state as builtins (JSON- and msgpack-safe); records become their metas."""
-        return msgspec.to_builtins(state, enc_hook=_enc_hook)
+        return _state.encode(state)
 
     def decode_state(self, data: Any, upstream: Resolver) -> Any:
         """Inverse of :meth:`encode_state`; held records are rebuilt with ``upstream``."""
-        state = msgspec.convert(data, self.state_type, dec_hook=_dec_hook)
-        return resolve_tree(state, upstream)
-
-    def check_state(self, data: Any, upstream: Resolver) -> None:
-        """Refuse what :meth:`decode_state` refuses before it rebuilds a record, rebuilding none.
-
-        ``upstream`` raises :class:`RecordsLater` where records would be rebuilt; this default
-        decodes up to there. Override it where decoding costs without rebuilding anything (the
-        shuffle's large, lazily rebuilt buffers), raising the errors ``decode_state`` would.
-        """
-        try:
-            self.decode_state(data, upstream)
-        except RecordsLater:
-            pass
+        return _state.resolve(_state.decode(data, state_type(self)), upstream)
 
     # -- identity -------------------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
@@ -144,78 +127,10 @@ def describe(value: Any) -> Any:
     qual = getattr(value, "__qualname__", None) or type(value).__qualname__
     module = getattr(value, "__module__", None) or type(value).__module__
     return f"{module}.{qual}"
-
-
-def _enc_hook(obj: Any) -> Any:
-    if isinstance(obj, DeferredOutput):  # a restored pending output, not rebuilt yet: its reference
-        ref = obj.ref
-        return [meta_to_ints(m) for m in ref] if isinstance(ref, list) else meta_to_ints(ref)
-    if isinstance(obj, Record):
-        return meta_to_ints(obj.meta)
-    if isinstance(obj, SampleBatch):
-        return [meta_to_ints(r.meta) for r in obj.records]
-    raise TypeError(f"cannot encode {type(obj).__name__} in operator state; keep state to ints, tuples and records")
-
-
-def _dec_hook(typ: type, obj: Any) -> Any:
-    if typ is Record:
-        return Record(UNRESOLVED, meta_from_ints(obj))
-    if typ is SampleBatch:
-        return SampleBatch(tuple(Record(UNRESOLVED, meta_from_ints(m)) for m in obj))
-    raise TypeError(f"cannot decode {typ!r}")
-
-
-def _collect(tree: Any, out: list) -> None:
-    if isinstance(tree, Record):
-        if tree.payload is UNRESOLVED:
-            out.append(tree.meta)
-    elif isinstance(tree, SampleBatch):
-        for r in tree.records:
-            _collect(r, out)
-    elif isinstance(tree, msgspec.Struct):
-        for name in tree.__struct_fields__:
-            _collect(getattr(tree, name), out)
-    elif isinstance(tree, (tuple, list)):
-        for x in tree:
-            _collect(x, out)
-    elif isinstance(tree, dict):
-        for x in tree.values():
-            _collect(x, out)
-
-
-def _substitute(tree: Any, it) -> Any:
-    if isinstance(tree, Record):
-        return next(it) if tree.payload is UNRESOLVED else tree
-    if isinstance(tree, SampleBatch):
-        return SampleBatch(tuple(_substitute(r, it) for r in tree.records))
-    if isinstance(tree, msgspec.Struct):
-        changes = {n: _substitute(getattr(tree, n), it) for n in tree.__struct_fields__}
-        return msgspec.structs.replace(tree, **changes) if changes else tree
-    if isinstance(tree, tuple):
-        return tuple(_substitute(x, it) for x in tree)
-    if isinstance(tree, list):
-        return [_substitute(x, it) for x in tree]
-    if isinstance(tree, dict):
-        return {k: _substitute(v, it) for k, v in tree.items()}
-    return tree
-
-
-def resolve_tree(tree: Any, upstream: Resolver) -> Any:
-    """Rebuild every unresolved record in ``tree`` with one bulk call to ``upstream``."""
-    metas: list = []
-    _collect(tree, metas)
-    if not metas:
-        return tree
-    records = upstream(metas)
-    if len(records) != len(metas):
-        raise RuntimeError(f"rebuild returned {len(records)} records for {len(metas)} references")
-    for meta, rec in zip(metas, records):
-        if rec.meta != meta:
-            raise RuntimeError(
-                f"checkpoint restore rebuilt a different record: expected {meta!r}, got {rec.meta!r}; "
-                "the data or a per-sample function changed since the checkpoint was taken"
-            )
-    return _substitute(tree, iter(records))
+def state_type(op: Operator) -> type:
+    """The Struct type of ``op``'s states: its ``state_type``, else the type ``init`` returns."""
+    declared = type(op).state_type
+    return type(op.init(0)) if declared is Empty and type(op).init is not Operator.init else declared
 
 
 # -- stateless operators ------------------------------------------------------------------------------
@@ -453,59 +368,18 @@ class Chain(Operator):
 
         return ChainState(tuple(op.init(fold_in(key, name)) for name, op in self.children))
 
-    def step(self, state: ChainState, chunk: Sequence[Any], meter: Any = None) -> tuple[ChainState, list]:
-        """Feed ``chunk`` through every child; ``meter`` (a :class:`~zephon.runtime.stats.Meter`) counts each one's work."""
+    def step(self, state: ChainState, chunk: Sequence[Any]) -> tuple[ChainState, list]:
+        """Feed ``chunk`` through every child."""
         states = list(state.states)
-        items = self._run(states, list(chunk), 0, meter)
+        items = self._run(states, list(chunk), 0)
         return ChainState(tuple(states)), items
 
-    @property
-    def per_record_prefix(self) -> int:
-        """How many leading children are plain per-record operators (``StatelessOp.step``).
-
-        Their work on a chunk does not depend on their state, so it can run ahead of the chain,
-        over several lanes' chunks at once (:mod:`zephon.runtime.readahead`).
-        """
-        n = 0
-        for _, op in self.children:
-            if not isinstance(op, StatelessOp) or type(op).step is not StatelessOp.step:
-                break
-            n += 1
-        return n
-
-    def step_prepared(self, state: ChainState, prepared: Any, meter: Any = None) -> tuple[ChainState, list]:
-        """``step`` for a chunk whose first children already ran (a :class:`~zephon.runtime.readahead.Prepared`).
-
-        Gives what ``step(state, prepared.inputs)`` gives: the per-record children's drop
-        counters advance by what they dropped, and the rest of the chain runs on their outputs.
-        """
-        states = list(state.states)
-        k = len(prepared.dropped)
-        for i, dropped in enumerate(prepared.dropped):
-            if dropped:
-                states[i] = StatelessState(states[i].dropped_records + dropped)
-            if meter is not None:
-                meter.add(i, prepared.sizes[i], prepared.sizes[i + 1], prepared.seconds[i])
-        size = prepared.sizes[k] if meter is not None else None
-        items = self._run(states, list(prepared.outputs), k, meter, size)
-        return ChainState(tuple(states)), items
-
-    def _run(self, states: list, items: list, start: int, meter: Any = None, size: tuple[int, int] | None = None) -> list:
-        if meter is None:
-            for i in range(start, len(self.children)):
-                states[i], items = self.children[i][1].step(states[i], items)
-            return items
-        size = items_size(items) if size is None else size
+    def _run(self, states: list, items: list, start: int) -> list:
         for i in range(start, len(self.children)):
-            t0 = time.perf_counter()
             states[i], items = self.children[i][1].step(states[i], items)
-            seconds = time.perf_counter() - t0
-            out = items_size(items)
-            meter.add(i, size, out, seconds)
-            size = out
         return items
 
-    def flush(self, state: ChainState, meter: Any = None) -> tuple[ChainState, list]:
+    def flush(self, state: ChainState) -> tuple[ChainState, list]:
         """The next outputs of the chain's end: ``[]`` once every child has handed out all it held.
 
         Children flush in order, each until its flush returns nothing, and what one hands out
@@ -523,7 +397,6 @@ class Chain(Operator):
         states = list(state.states)
         for i, (name, op) in enumerate(self.children):
             while True:
-                t0 = time.perf_counter()
                 new, items = op.flush(states[i])
                 if not items:
                     states[i] = new
@@ -534,11 +407,7 @@ class Chain(Operator):
                         "hands out what the state holds and returns a state without it (flushing that returns nothing)"
                     )
                 states[i] = new
-                size = None
-                if meter is not None:
-                    size = items_size(items)
-                    meter.add(i, (0, 0), size, time.perf_counter() - t0)
-                outputs = self._run(states, items, i + 1, meter, size)
+                outputs = self._run(states, items, i + 1)
                 if outputs:
                     return ChainState(tuple(states)), outputs
         return ChainState(tuple(states)), []
@@ -589,40 +458,8 @@ class Chain(Operator):
             resolver = _bind(op, resolver)
         return ChainState(tuple(states))
 
-    def check_state(self, data: Any, upstream: Resolver) -> None:
-        """Refuse what :meth:`decode_state` refuses before it rebuilds a record: each operator's
-        fields, counters and sizes, and the references its records would be rebuilt from.
-
-        ``upstream`` checks the chain's input references, then raises :class:`RecordsLater`
-        instead of rebuilding them (:func:`records_later` checks none). What needs the records
-        themselves, such as a token range inside its document, is checked by ``decode_state``.
-        """
-        self._check_names(data)
-        resolver = upstream
-        for name, op in self.children:
-            try:
-                op.check_state(data[name], resolver)
-            except (msgspec.ValidationError, ValueError, TypeError) as exc:
-                raise ValueError(f"cannot restore the state of operator {name!r}: {exc}") from exc
-            resolver = _bind(op, resolver)
-
     def fingerprint(self) -> dict[str, Any]:
         return {"op": "Chain", "children": [[n, op.fingerprint()] for n, op in self.children]}
-
-
-class RecordsLater(BaseException):
-    """Raised by the resolver of :meth:`Chain.check_state`: a state is checked up to its first record.
-
-    A ``BaseException``, so that an operator's own ``except Exception`` around its upstream (one
-    that reports a failed rebuild in its own words) does not take it for a failure.
-    """
-
-
-def records_later(refs: Sequence[Any]) -> list:
-    """A resolver that stops decoding where records would be rebuilt (see :meth:`Chain.check_state`)."""
-    if refs:
-        raise RecordsLater
-    return []
 
 
 def _bind(op: Operator, upstream: Resolver) -> Resolver:

@@ -12,8 +12,6 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from ..runtime.lazy import Deferred
-
 
 class Segment(NamedTuple):
     """A token range ``[start, end)`` of one sample-level record.
@@ -99,14 +97,44 @@ _INT = {int}
 _tuple_new = tuple.__new__
 
 
+class _Unresolved:
+    """The payload of a record held by reference: only its meta is known (a restored state)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<unresolved>"
+
+    def __reduce__(self) -> str:
+        return "UNRESOLVED"
+
+
+#: The payload of a reference: a record a restored state holds by its meta until the runtime rebuilds it.
+UNRESOLVED = _Unresolved()
+
+
 class Record:
-    """One item of a lane: a payload and its provenance. Treat as immutable."""
+    """One item of a lane: a payload and its provenance. Immutable.
+
+    A record whose payload is :data:`UNRESOLVED` is a *reference* (:func:`reference`): a restored
+    state holds it until the runtime rebuilds the record from its meta. Equality compares metas
+    and payloads, so a reference equals only a reference with the same meta.
+    """
 
     __slots__ = ("payload", "meta")
 
     def __init__(self, payload: Any, meta: Meta):
-        self.payload = payload
-        self.meta = meta
+        object.__setattr__(self, "payload", payload)
+        object.__setattr__(self, "meta", meta)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a Record is immutable; make a new one (Record(payload, meta)) instead of setting {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("a Record is immutable")
+
+    def __reduce__(self):
+        return (Record, (self.payload, self.meta))
 
     def __repr__(self) -> str:
         return f"Record(meta={self.meta!r}, payload={_short(self.payload)})"
@@ -114,20 +142,23 @@ class Record:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Record):
             return NotImplemented
-        if self.meta != other.meta:
-            return False
-        a, b = self.payload, other.payload
-        if type(a) is Deferred:  # a restored record not rebuilt yet: compare what it rebuilds to
-            a = a.value()
-        if type(b) is Deferred:
-            b = b.value()
-        return payload_equal(a, b)
+        return self.meta == other.meta and payload_equal(self.payload, other.payload)
 
     __hash__ = None  # type: ignore[assignment]
 
+    @property
+    def is_reference(self) -> bool:
+        """Whether only the meta is known (see :func:`reference`)."""
+        return self.payload is UNRESOLVED
+
+
+def reference(meta: Meta) -> Record:
+    """The record behind ``meta``, held by reference until the runtime rebuilds it."""
+    return Record(UNRESOLVED, meta)
+
 
 class SampleBatch:
-    """A lane-pure microbatch of records, the output of ``batch``.
+    """A lane-pure microbatch of records, the output of ``batch``. Immutable.
 
     Attributes:
         records: the records, in the lane's order.
@@ -136,10 +167,16 @@ class SampleBatch:
     __slots__ = ("records", "pad_token_id")
 
     def __init__(self, records: tuple[Record, ...], pad_token_id: int | None = None):
-        self.records = tuple(records)
+        object.__setattr__(self, "records", tuple(records))
         #: The tokenizer's padding id (its pad token, else its EOS) when the pipeline knows it;
         #: ``to_training`` pads with it unless told otherwise. Not part of equality.
-        self.pad_token_id = pad_token_id
+        object.__setattr__(self, "pad_token_id", pad_token_id)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a SampleBatch is immutable; make a new one instead of setting {name!r}")
+
+    def __reduce__(self):
+        return (SampleBatch, (self.records, self.pad_token_id))
 
     def __len__(self) -> int:
         return len(self.records)

@@ -15,7 +15,8 @@ from typing import Any, ClassVar, Sequence
 import attrs
 import msgspec
 
-from ..core.operator import Operator, Resolver, _dec_hook, config_field, resolve_tree
+from ..core.operator import Operator, Resolver, config_field
+from ..core.state import decode, resolve
 from ..core.keys import fold_in, randbelow
 from ..core.fields import TOKEN_FIELDS, payload_length
 from ..core.records import Meta, Record, SampleBatch
@@ -163,14 +164,14 @@ class Batch(Operator):
         ``step`` emits as soon as ``microbatch_size`` records wait (``buffer_size`` when grouping by
         length), so fewer wait in any state. Checked before any record is rebuilt.
         """
-        state = msgspec.convert(data, BatchState, dec_hook=_dec_hook)
+        state = decode(data, BatchState)
         for name in ("batches", "dropped_records", "dropped_tokens", "real_tokens", "slots"):
             if getattr(state, name) < 0:
                 raise ValueError(f"field {name!r} must be an int >= 0, got {getattr(state, name)}")
         size = self.window if self.group_by_length else self.microbatch_size
         if len(state.partial) >= size:
             raise ValueError(f"field 'partial' holds {len(state.partial)} records, but a batch is emitted as soon as {size} wait")
-        return resolve_tree(state, upstream)
+        return resolve(state, upstream)
 
     def rebuild(self, refs: Sequence[Any], upstream: Resolver) -> list[SampleBatch]:
         for ref in refs:

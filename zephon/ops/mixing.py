@@ -32,7 +32,8 @@ from typing import Any, ClassVar, Sequence
 import attrs
 import msgspec
 
-from ..core.operator import Operator, Resolver, _dec_hook, config_field, resolve_tree
+from ..core.operator import Operator, Resolver, config_field
+from ..core.state import decode, resolve
 from ..core.fields import payload_length
 from ..core.records import Record
 from ..sources.mixture import MixtureSchedule, check_names, integer_weights, normalize
@@ -282,7 +283,7 @@ class EnsureMixture(Operator):
 
     def decode_state(self, data: Any, upstream: Resolver) -> EnsureMixtureState:
         """Inverse of ``encode_state``, refusing counters and buffers that ``step`` never leaves."""
-        state = msgspec.convert(data, EnsureMixtureState, dec_hook=_dec_hook)
+        state = decode(data, EnsureMixtureState)
         if len(state.emitted) != len(self.datasets):
             raise ValueError(f"field 'emitted' holds {len(state.emitted)} counters, but the mixture has {len(self.datasets)} datasets")
         for name in ("outputs", "forced", "since_drain"):
@@ -292,7 +293,7 @@ class EnsureMixture(Operator):
             raise ValueError(f"field 'emitted' holds a negative counter: {list(state.emitted)}")
         if len(state.buffer) > self.max_buffer_size:
             raise ValueError(f"field 'buffer' holds {len(state.buffer)} records, more than max_buffer_size={self.max_buffer_size}")
-        return resolve_tree(state, upstream)
+        return resolve(state, upstream)
 
 
 SAMPLE_SUPPLY_WARNING = (

@@ -38,7 +38,8 @@ import attrs
 import msgspec
 import numpy as np
 
-from ..core.operator import Operator, Resolver, _dec_hook, config_field, resolve_tree
+from ..core.operator import Operator, Resolver, config_field
+from ..core.state import decode, resolve
 from ..core.fields import SEGMENT_KEYS, aligned_payload, check_carried, find_token_field, segment_entry
 from ..core.records import Meta, Record, Segment, describe_meta
 
@@ -606,7 +607,7 @@ class _Packer(Operator):
         algorithm that keeps none of that kind; pool arrivals out of order or past ``arrivals``;
         and any piece whose token range is empty or past its document's tokens.
         """
-        state = msgspec.convert(data, PackState, dec_hook=_dec_hook)
+        state = decode(data, PackState)
         for name in ("arrivals",) + _COUNTERS:
             if getattr(state, name) < 0:
                 raise ValueError(f"field {name!r} must be an int >= 0, got {getattr(state, name)}")
@@ -633,7 +634,7 @@ class _Packer(Operator):
                     f"field 'pool[{i}]' has arrival {arrival}; arrivals increase along the pool, up to 'arrivals' ({state.arrivals})"
                 )
             previous = arrival
-        state = resolve_tree(state, self._inputs(upstream))
+        state = resolve(state, self._inputs(upstream))
         resolved = [p for b in state.bins for p in b] + list(state.stream) + list(state.pool)
         for (name, _), (rec, start, end, *_) in zip(pieces, resolved):
             self._check_range(rec, start, end, f"field {name!r}")

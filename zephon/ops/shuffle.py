@@ -25,11 +25,10 @@ from typing import Any, ClassVar, Sequence
 import attrs
 import msgspec
 
-from ..core.operator import Operator, Resolver, _dec_hook, config_field, resolve_tree
+from ..core.operator import Operator, Resolver, config_field
 from ..core.keys import fold_in, randbelow
-from ..runtime import lazy as _lazy
-from ..runtime.lazy import Deferred, LazyRows, materialize, materialize_all
 from ..core.records import Record
+from ..core.state import decode, resolve
 
 
 #: Records a flush hands out per call (see :meth:`Shuffle.flush`): one output's worth for a typical batch.
@@ -42,17 +41,6 @@ class ShuffleState(msgspec.Struct, frozen=True, tag="shuffle", forbid_unknown_fi
 
     key: int
     buffer: tuple[Record, ...] = ()
-    draws: int = 0
-    emitted: int = 0
-    samples: int = 0
-    phase: int = 0
-
-
-class _StoredState(msgspec.Struct, frozen=True, tag="shuffle", forbid_unknown_fields=True):
-    """A :class:`ShuffleState` as a checkpoint holds it: each buffered record a list of ints."""
-
-    key: int
-    buffer: tuple[list[int], ...] = ()
     draws: int = 0
     emitted: int = 0
     samples: int = 0
@@ -95,10 +83,9 @@ class Shuffle(Operator):
             is emptied (see the module docstring); filled in by the pipeline.
 
     State: the buffer by reference, two counters and the key (with ``drains``, two more: the
-    sample starts seen and the buffered records' phase). A restored buffer of
-    ``zephon.runtime.lazy.LAZY_MIN_RECORDS`` or more records is rebuilt lazily: a record is rebuilt when it is
-    drawn, and the others meanwhile in a background thread, so the first output after a restore
-    does not wait for the whole buffer (the outputs are the same).
+    sample starts seen and the buffered records' phase). It reads only the metas of the records
+    it holds (``reads_held_payloads = False``), so a restore may leave its buffer as references:
+    the runtime rebuilds each record as it is drawn (the outputs are the same).
 
     Examples:
         >>> op = Shuffle(4, seed=1)
@@ -112,6 +99,7 @@ class Shuffle(Operator):
 
     kind: ClassVar[str] = "shuffle"
     state_type: ClassVar[type] = ShuffleState
+    reads_held_payloads: ClassVar[bool] = False
 
     @property
     def warmup(self) -> int:
@@ -143,7 +131,7 @@ class Shuffle(Operator):
                         while buffer:
                             i = randbelow(key, draws, len(buffer))
                             draws += 1
-                            out.append(materialize(buffer[i]))
+                            out.append(buffer[i])
                             buffer[i] = buffer[-1]
                             buffer.pop()
                             emitted += 1
@@ -153,7 +141,7 @@ class Shuffle(Operator):
             if len(buffer) > min(size, warmup + emitted) or size == 1:
                 i = randbelow(key, draws, len(buffer))
                 draws += 1
-                out.append(materialize(buffer[i]))
+                out.append(buffer[i])
                 buffer[i] = buffer[-1]
                 buffer.pop()
                 emitted += 1
@@ -163,8 +151,8 @@ class Shuffle(Operator):
         """The next ``FLUSH_PIECE`` records in draw order; the rest stays buffered for the next call.
 
         A piece at a time, so that a lane whose data ends right after a restore rebuilds one
-        piece (one bulk call) for its next output, not its whole buffer. Pieces concatenate to
-        the whole flush, so the stream is the same; a checkpoint taken between pieces holds the rest.
+        piece for its next output, not its whole buffer. Pieces concatenate to the whole flush,
+        so the stream is the same; a checkpoint taken between pieces holds the rest.
         """
         buffer = list(state.buffer)
         draws = state.draws
@@ -175,7 +163,7 @@ class Shuffle(Operator):
             out.append(buffer[i])
             buffer[i] = buffer[-1]
             buffer.pop()
-        return msgspec.structs.replace(state, buffer=tuple(buffer), draws=draws, emitted=state.emitted + len(out)), materialize_all(out)
+        return msgspec.structs.replace(state, buffer=tuple(buffer), draws=draws, emitted=state.emitted + len(out)), out
 
     def report(self, state: ShuffleState) -> dict[str, int]:
         return {"buffered": len(state.buffer), "emitted": state.emitted}
@@ -183,35 +171,9 @@ class Shuffle(Operator):
     def decode_state(self, data: Any, upstream: Resolver) -> ShuffleState:
         """Inverse of ``encode_state``, refusing counters and buffers that ``step`` never leaves
         (see :meth:`_check_counters`), before any record is rebuilt."""
-        state = msgspec.convert(data, ShuffleState, dec_hook=_dec_hook)
+        state = decode(data, ShuffleState)
         self._check_counters(len(state.buffer), state.draws, state.emitted)
-        if len(state.buffer) < _lazy.LAZY_MIN_RECORDS:
-            return resolve_tree(state, upstream)
-        # Lazily: each record is rebuilt when it leaves the buffer, and all of them meanwhile in a
-        # background thread, in the order the draws will take them.
-        metas = [rec.meta for rec in state.buffer]
-        rows = LazyRows(metas, upstream, self._emission_order(state), along=_lazy.DRAWN_ALONG)
-        buffer = tuple(Record(Deferred(rows, i), meta) for i, meta in enumerate(metas))
-        return msgspec.structs.replace(state, buffer=buffer)
-
-    def check_state(self, data: Any, upstream: Resolver) -> None:
-        """Refuse what :meth:`decode_state` refuses before it rebuilds a record, building no record.
-
-        A large buffer's records are rebuilt lazily, so its references reach ``upstream`` only
-        then: its counters, its size and the form of each reference (ints, checked by msgspec)
-        are checked here, without decoding 16,384 references one by one. Anything else is
-        decoded, for the same errors.
-        """
-        try:
-            stored = msgspec.convert(data, _StoredState)
-        except msgspec.ValidationError:
-            stored = None
-        if stored is None or len(stored.buffer) < _lazy.LAZY_MIN_RECORDS or not all(
-            len(ref) >= 8 and not (len(ref) - 2) % 6 for ref in stored.buffer
-        ):
-            super().check_state(data, upstream)
-            return
-        self._check_counters(len(stored.buffer), stored.draws, stored.emitted)
+        return resolve(state, upstream)
 
     def _check_counters(self, buffered: int, draws: int, emitted: int) -> None:
         """Every record leaves the buffer through one draw, so ``draws == emitted``; after
@@ -228,30 +190,3 @@ class Shuffle(Operator):
                 f"field 'buffer' holds {buffered} records, but after {emitted} outputs a shuffle of "
                 f"buffer_size={self.buffer_size} holds at most {limit}"
             )
-
-    def _emission_order(self, state: ShuffleState):
-        """The indices of ``state.buffer`` in the order ``step`` will emit them (then nothing).
-
-        The draws depend only on the counters and the buffer's length, which grows by one per
-        arrival, so the order is exact while the stream goes on, up to a drain (which it does not
-        foresee; records are still rebuilt when drawn, only the background order differs); it
-        stops after a bounded number of draws (the rest are rebuilt in index order).
-        """
-        pos = list(range(len(state.buffer)))
-        left = len(pos)
-        key, size, warmup = state.key, self.buffer_size, self.warmup
-        draws, emitted = state.draws, state.emitted
-        for _ in range(8 * max(left, size)):
-            if not left:
-                return
-            pos.append(-1)
-            if len(pos) > min(size, warmup + emitted) or size == 1:
-                i = randbelow(key, draws, len(pos))
-                draws += 1
-                emitted += 1
-                p = pos[i]
-                pos[i] = pos[-1]
-                pos.pop()
-                if p >= 0:
-                    left -= 1
-                    yield p

@@ -1,33 +1,53 @@
 """Lanes: independent, pure per-lane streams, and their checkpoint encoding.
 
 A :class:`Plan` is everything that decides a lane's output (the work source, the operator chain,
-the lane count) plus read settings that do not. ``lane_next(plan, lane, state)`` returns the lane's
+the lane count) plus read settings that do not. ``plan.next(lane, state)`` returns the lane's
 next output and the state *after* it, so any process can run any lane and a checkpoint is just
 the per-lane states of what the caller has received.
+
+The lanes run the chain's operators wrapped (:class:`Driven`): each wrapper counts its operator's
+work (a :class:`~zephon.runtime.stats.Meter`) and rebuilds the references it is given. A restore
+(:meth:`Plan.decode_lanes`) checks every lane's fields and rebuilds only what the output due first
+needs; the rest stays as references in the plain lane states, and is rebuilt when it is due: an
+operator's held records before it next steps (all of them, except those of an operator that
+reads only their metas, such as the shuffle, whose records are rebuilt as they are drawn), an
+undelivered output when it is delivered.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import threading
 import time
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import attrs
 import msgspec
 
-from ..core.operator import Chain, ChainState, Resolver, records_later
-from . import lazy as _lazy
-from .lazy import DeferredChain, DeferredOutput, LazyLane, LazyRows
+from ..core.operator import Chain, ChainState, Operator, Resolver, StatelessState, state_type
 from ..core.keys import fold_in, seed_key
 from ..core.fields import payload_length
-from .readahead import ReadAhead
-from ..core.records import Meta, Record, SampleBatch, Segment, meta_from_ints
-from .stats import Meter
+from .readahead import ReadAhead, per_record_prefix
+from ..core.records import UNRESOLVED, Meta, Record, SampleBatch, Segment, meta_from_ints, reference
+from ..core.state import decode as decode_struct, encode_outputs, keep_references, output_ref, references, resolve
+from .stats import Meter, items_size
 from ..sources.work_source import SourceState, StaticMixtureWorkSource
 
 
+#: Whether :meth:`Plan.decode_lanes` leaves what the first output does not need as references
+#: (rebuilt when due); ``False``: every lane is rebuilt whole at restore (:meth:`Plan.decode`).
+DEFERRED_RESTORE = True
+
+
 class LaneState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One lane: source cursor, operator states, outputs produced but not yet delivered."""
+    """One lane: source cursor, operator states, outputs produced but not yet delivered.
+
+    ``unresolved``: the operator states hold references, restored and not rebuilt yet; the lane
+    rebuilds them before it next steps (see the module docstring). Undelivered outputs may be
+    references too; each is rebuilt when delivered.
+    """
 
     source: SourceState
     chain: ChainState
@@ -35,6 +55,67 @@ class LaneState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     delivered: int = 0
     done: bool = False
     mixture: tuple[int, ...] = ()  # per dataset: samples, tokens of the outputs delivered (see mixture_counts)
+    unresolved: bool = False
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Run the block with the cyclic garbage collector paused, when called from the main thread.
+
+    Decoding a restored state makes hundreds of thousands of small objects, none in a cycle;
+    each collection they trigger walks every object of the process. The switch is process-wide,
+    so only the main thread flips it, and only inside this block; elsewhere the block runs with
+    the collector as it is.
+    """
+    if threading.current_thread() is not threading.main_thread() or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@attrs.frozen(eq=False)
+class Driven(Operator):
+    """An operator as a lane runs it: the references in its input rebuilt first, its work metered.
+
+    ``plan``/``lane``/``index`` say where it runs (the references it is given are rebuilt with
+    the resolver of its input, :meth:`Plan.resolver_at`); ``meter`` (optional) counts records,
+    tokens and seconds in and out. The outputs and states are the operator's own.
+    """
+
+    op: Operator
+    index: int
+    plan: Any
+    lane: int
+    meter: Any = None
+
+    def step(self, state: Any, chunk: Sequence[Any]) -> tuple[Any, list]:
+        chunk = self._resolved(chunk)
+        if self.meter is None:
+            return self.op.step(state, chunk)
+        t0 = time.perf_counter()
+        new, out = self.op.step(state, chunk)
+        self.meter.add(self.index, items_size(chunk), items_size(out), time.perf_counter() - t0)
+        return new, out
+
+    def flush(self, state: Any) -> tuple[Any, list]:
+        t0 = time.perf_counter()
+        new, out = self.op.flush(state)
+        if self.meter is not None and out:
+            self.meter.add(self.index, (0, 0), items_size(out), time.perf_counter() - t0)
+        return new, out
+
+    def _resolved(self, chunk: Sequence[Any]) -> Sequence[Any]:
+        if not any(type(r) is Record and r.payload is UNRESOLVED for r in chunk):
+            return chunk
+        holder = self.plan.chain.names[self.index - 1] if self.index else "source"
+        try:
+            return resolve(list(chunk), self.plan.resolver_at(self.lane, self.index))
+        except _DECODE_ERRORS as exc:
+            raise ValueError(f"lane {self.lane}: field 'ops': cannot restore the state of operator {holder!r}: {exc}") from exc
 
 
 def mixture_counts(counts: Sequence[int], outputs: Sequence[Any], datasets: int, sign: int = 1) -> tuple[int, ...]:
@@ -162,7 +243,7 @@ class Plan:
 
     def reader(self, states: dict[int, LaneState]) -> ReadAhead | None:
         """A :class:`~zephon.runtime.readahead.ReadAhead` for an executor's live lane states (``None``: off)."""
-        if not self.read_ahead or not self.chain.per_record_prefix:
+        if not self.read_ahead or not per_record_prefix(self.chain):
             return None
         return ReadAhead(self, states, self.read_ahead)
 
@@ -173,14 +254,18 @@ class Plan:
 
         ``meter`` (a :class:`~zephon.runtime.stats.Meter`, optional) counts the reading and each
         operator's work; ``ahead`` (from :meth:`reader`) reads and tokenizes for several lanes at
-        once. Neither ever changes the output. ``background=False``: restored records are rebuilt
-        only when due, none in the background (the lane is about to move to another process).
+        once. Neither ever changes the output. What a restore left as references is rebuilt here,
+        in the calling thread, when due (``background`` is accepted for executors; no record is
+        ever rebuilt in another thread).
         """
         source, chain, pending, done = state.source, state.chain, state.pending, state.done
+        unresolved = state.unresolved
         size = self.read_size_of(state)
-        if not pending:  # it steps or flushes: restored lazily, its operators are rebuilt now if not yet
-            chain = _chain_of(state)
+        if not pending and unresolved:  # it steps or flushes: its operators' held records first
+            chain, unresolved = self.rebuild_chain(lane, chain), False
+        driven = None
         while not pending and not done:
+            driven = driven or self.driven(lane, meter)
             prepared = None if ahead is None else ahead.take(lane, source, size)
             if prepared is None:
                 t0 = time.perf_counter()
@@ -194,9 +279,9 @@ class Plan:
                     meter.read(pointers, prepared.read_s)
             try:
                 if prepared is None:
-                    chain, outs = self.chain.step(chain, records, meter)
+                    chain, outs = driven.step(chain, records)
                 else:
-                    chain, outs = self.chain.step_prepared(chain, prepared, meter)
+                    chain, outs = _step_prepared(driven, chain, prepared, meter)
             except Exception as exc:
                 self._note_records(exc, lane, records)
                 raise
@@ -206,20 +291,50 @@ class Plan:
             pending = tuple(outs)
         if not pending:  # the end of its data: the operators hand out what they hold, a piece at a time
             try:
-                chain, more = self.chain.flush(chain, meter)
+                chain, more = (driven or self.driven(lane, meter)).flush(chain)
             except Exception as exc:
                 self._note_records(exc, lane, None)
                 raise
             pending = tuple(more)
         if not pending:
             return LaneState(source, chain, (), state.delivered, True, state.mixture), None
-        out = pending[0]
-        if type(out) is DeferredOutput:  # restored lazily: rebuilt now if the background has not yet
-            out = out.output()
-        if background:
-            _lazy.kick()  # restored records wait: rebuild them in the background from now on
+        out = self._rebuilt_output(lane, pending[0])
         counts = mixture_counts(state.mixture, (out,), len(self.source.datasets))
-        return LaneState(source, chain, pending[1:], state.delivered + 1, done, counts), out
+        return LaneState(source, chain, pending[1:], state.delivered + 1, done, counts, unresolved), out
+
+    def driven(self, lane: int, meter: Any = None) -> Chain:
+        """The chain as lane ``lane`` runs it: every operator wrapped in a :class:`Driven`."""
+        return Chain(tuple((name, Driven(op, i, self, lane, meter)) for i, (name, op) in enumerate(self.chain.children)))
+
+    def resolver_at(self, lane: int, index: int) -> Resolver:
+        """The resolver of operator ``index``'s input for lane ``lane`` (``len(children)``: the chain's output)."""
+        return self.chain.resolver_at(index, self._checked_resolver(lane))
+
+    def rebuild_chain(self, lane: int, chain: ChainState) -> ChainState:
+        """``chain`` (as a deferred restore decoded it) with the state of every operator that reads
+        its held payloads decoded whole.
+
+        Each such state is decoded again from its encoding with its input's resolver, so it is
+        refused as a restore refuses it (a negative counter, a token range past its document, a
+        record that no longer rebuilds), naming the lane and the operator.
+        """
+        states = list(chain.states)
+        for i, (name, op) in enumerate(self.chain.children):
+            if op.reads_held_payloads:
+                try:
+                    states[i] = op.decode_state(op.encode_state(states[i]), self.resolver_at(lane, i))
+                except _DECODE_ERRORS as exc:
+                    raise ValueError(f"lane {lane}: field 'ops': cannot restore the state of operator {name!r}: {exc}") from exc
+        return ChainState(tuple(states))
+
+    def _rebuilt_output(self, lane: int, out: Any) -> Any:
+        """``out``, rebuilt if it is an undelivered output a restore left as a reference."""
+        if not references(out):
+            return out
+        try:
+            return self.chain.rebuild([output_ref(out)], self._checked_resolver(lane))[0]
+        except _DECODE_ERRORS as exc:
+            raise ValueError(f"lane {lane}: field 'pending': {exc}") from exc
 
     def warm(self) -> None:
         """Load the tokenizers the operators encode with (a worker does this before it takes its lanes)."""
@@ -291,7 +406,7 @@ class Plan:
 
     def reports(self, state: LaneState) -> dict[str, dict[str, int]]:
         """Each operator's counters (drops, rows, ...) for one lane state."""
-        return self.chain.reports(_chain_of(state))
+        return self.chain.reports(state.chain)
 
     def _check_lane(self, lane: int) -> None:
         if not 0 <= lane < self.lanes:
@@ -299,12 +414,10 @@ class Plan:
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def encode(self, state: LaneState) -> dict[str, Any]:
-        from ..core.operator import _enc_hook
-
         return {
             "source": [state.source.chunk, state.source.offset],
-            "ops": self.chain.encode_state(_chain_of(state)),
-            "pending": msgspec.to_builtins(list(state.pending), enc_hook=_enc_hook),
+            "ops": self.chain.encode_state(state.chain),
+            "pending": encode_outputs(state.pending),
             "delivered": state.delivered,
             "done": state.done,
             "mixture": list(state.mixture) or [0] * (2 * len(self.source.datasets)),
@@ -316,17 +429,16 @@ class Plan:
         The outputs go back to the front of ``pending``, by reference, so a checkpoint can leave
         out outputs that were computed and taken from the lane but never delivered.
         """
-        from ..core.operator import _enc_hook
-
-        refs = msgspec.to_builtins(list(outputs), enc_hook=_enc_hook)
+        refs = encode_outputs(outputs)
         counts = mixture_counts(encoded["mixture"], list(outputs), len(self.source.datasets), sign=-1)
         return {**encoded, "pending": refs + list(encoded["pending"]), "delivered": encoded["delivered"] - len(refs), "mixture": list(counts)}
 
     def decode(self, lane: int, data: Any) -> LaneState:
-        """Inverse of :meth:`encode`, refusing states this plan's lane could never reach.
+        """Inverse of :meth:`encode`, refusing states this plan's lane could never reach; every
+        record rebuilt now.
 
         A ``checksum`` field (as in a checkpoint) is verified; a state straight from
-        :meth:`encode` has none. (:meth:`decode_lanes` decodes all but one lane lazily.)
+        :meth:`encode` has none.
 
         Raises:
             ValueError: naming the lane and the field: a modified state (checksum mismatch), a
@@ -334,53 +446,82 @@ class Plan:
                 past the lane's data, a negative counter, a token range past its record, a
                 record of another lane or outside the data), or records that no longer rebuild.
         """
-        return self._decoded(lane, data, self._check_state(lane, data), lazy=False)
+        source, refs, counts = self._check_state(lane, data)
+        resolver = self._checked_resolver(lane)
+        chain = self._decode_chain(lane, data["ops"], lambda i, op, state: op.decode_state(state, self.chain.resolver_at(i, resolver)))
+        try:
+            pending = tuple(self.chain.rebuild(refs, resolver)) if refs else ()
+        except _DECODE_ERRORS as exc:
+            raise ValueError(f"lane {lane}: field 'pending': {exc}") from exc
+        return LaneState(source, chain, pending, data["delivered"], data["done"], counts)
 
     def decode_lanes(self, encoded: dict[int, Any]) -> dict[int, LaneState]:
-        """Decode an executor's restored lane states: what the first output needs now, the rest lazily.
+        """Decode an executor's restored lane states: what the first output needs now, the rest when due.
 
-        The lane due first gives its next output now: an undelivered one is rebuilt now (its
-        operator states later, as the other lanes' are); otherwise its operator states are
-        rebuilt now. So the first output after a restore waits for one output's records only;
-        the rest is rebuilt in the background while it is used, or when a lane is first stepped
-        (every lane is checked now for what needs no operator). Whole and lazy states give the
-        same outputs.
+        Every lane's fields are checked now (what needs no record: checksums, cursors, counters,
+        types, sizes). The lane due first gives its next output now: an undelivered one is rebuilt
+        now, else its operators' held records are. Everything else stays as references, rebuilt
+        when due (see the module docstring), so the first output waits for its own records only.
+        Whole and deferred restores give the same outputs and checkpoints.
         """
-        with _lazy.no_gc():
+        if not DEFERRED_RESTORE:
+            return {lane: self.decode(lane, data) for lane, data in encoded.items()}
+        with no_gc():
             checked = {lane: self._check_state(lane, data) for lane, data in encoded.items()}
             first = next(iter(caller_order({lane: data["delivered"] for lane, data in encoded.items()})), None)
-            return {
-                lane: self._decoded(lane, data, checked[lane], _lazy.LAZY_LANES, due=lane == first)
-                for lane, data in encoded.items()
-            }
+            out = {}
+            for lane, data in encoded.items():
+                source, refs, counts = checked[lane]
+                chain = self._decode_deferred(lane, data["ops"])
+                pending = tuple(_reference_output(r) for r in refs)
+                unresolved = True
+                if lane == first and pending:
+                    pending = (self._rebuilt_output(lane, pending[0]),) + pending[1:]
+                elif lane == first:
+                    chain, unresolved = self.rebuild_chain(lane, chain), False
+                out[lane] = LaneState(source, chain, pending, data["delivered"], data["done"], counts, unresolved)
+            return out
 
-    def _decoded(
-        self, lane: int, data: Any, checked: tuple[SourceState, list, tuple[int, ...]], lazy: bool, due: bool = False
-    ) -> LaneState:
-        """The lane state from ``data`` once :meth:`_check_state` gave ``checked``.
+    def _decode_deferred(self, lane: int, ops: Any) -> ChainState:
+        """The chain's states as a deferred restore keeps them: every field checked, no record rebuilt.
 
-        With ``lazy``, the operator states and undelivered outputs are rebuilt in the background
-        (see :mod:`zephon.runtime.lazy`) or when the lane is first stepped or encoded, and raise then
-        what they would raise now. A ``due`` lane gives an output first: its undelivered outputs
-        are rebuilt as in an eager restore, and only its operator states lazily (when it has
-        none, everything now).
+        Each operator's state is decoded up to its records (its own checks, and each reference's
+        up to the source: its lane, dataset, shard, row, token ranges as far as metas tell; of an
+        operator that reads only metas, such as the shuffle, when it holds fewer than
+        ``CHECKED_HOLDINGS``, the others' references are checked as they are rebuilt) and kept
+        with its records as references. What needs the records themselves (a token range inside
+        its document, a record that no longer rebuilds) is refused when they are rebuilt.
         """
-        source, refs, counts = checked
-        if lazy and not due:
-            job = LazyLane(lambda: self._rebuild(lane, data["ops"], refs, recheck=data))
-            pending = tuple(DeferredOutput(job, i, ref) for i, ref in enumerate(refs))
-            return LaneState(source, DeferredChain(job), pending, data["delivered"], data["done"], counts)  # type: ignore[arg-type]
-        if lazy and refs:
+
+        def decoded(i: int, op: Operator, data: Any) -> Any:
+            later = self.chain.resolver_at(i, self._checked_resolver(lane, then=_records_later))
             try:
-                self.chain.check_state(data["ops"], self._checked_resolver(lane, then=records_later))
+                if op.reads_held_payloads:
+                    op.decode_state(data, later)
+                    return decode_struct(data, state_type(op))
+                state = op.decode_state(data, keep_references)
+                held = references(state)
+                if len(held) < CHECKED_HOLDINGS:
+                    later(held)
+                return state
+            except _RecordsLater:
+                return decode_struct(data, state_type(op))
+
+        return self._decode_chain(lane, ops, decoded)
+
+    def _decode_chain(self, lane: int, ops: Any, decoded: Any) -> ChainState:
+        """The chain's states from their encoding, each ``decoded(index, op, data)``, errors named by lane and operator."""
+        try:
+            self.chain._check_names(ops)
+        except ValueError as exc:
+            raise ValueError(f"lane {lane}: field 'ops': {exc}") from exc
+        states = []
+        for i, (name, op) in enumerate(self.chain.children):
+            try:
+                states.append(decoded(i, op, ops[name]))
             except _DECODE_ERRORS as exc:
-                raise ValueError(f"lane {lane}: field 'ops': {exc}") from exc
-            resolver = self._checked_resolver(lane)
-            pending = self._rebuild_pending(lane, refs, resolver)
-            job = LazyLane(lambda: (self._rebuild_chain(lane, data["ops"], resolver, recheck=data), ()))
-            return LaneState(source, DeferredChain(job), pending, data["delivered"], data["done"], counts)  # type: ignore[arg-type]
-        chain, pending = self._rebuild(lane, data["ops"], refs)
-        return LaneState(source, chain, pending, data["delivered"], data["done"], counts)
+                raise ValueError(f"lane {lane}: field 'ops': cannot restore the state of operator {name!r}: {exc}") from exc
+        return ChainState(tuple(states))
 
     def _check_state(self, lane: int, data: Any) -> tuple[SourceState, list, tuple[int, ...]]:
         """What :meth:`decode` checks without any operator: the checksum, the cursor, the output references, the counters."""
@@ -402,49 +543,6 @@ class Plan:
                 "datasets (two counters each: samples, tokens)"
             )
         return source, refs, tuple(counts)
-
-    def _rebuild(self, lane: int, ops: Any, refs: list, recheck: Any = None) -> tuple[ChainState, tuple]:
-        """A lane's operator states and undelivered outputs, rebuilt from their references.
-
-        ``recheck``: the state checked earlier, checked again first (a lazily restored lane's
-        state is the caller's mapping, read later: a change made since is refused by its checksum).
-        """
-        resolver: Resolver = self._checked_resolver(lane)
-        chain = self._rebuild_chain(lane, ops, resolver, recheck)
-        return chain, self._rebuild_pending(lane, refs, resolver)
-
-    def _rebuild_chain(self, lane: int, ops: Any, resolver: Resolver, recheck: Any = None) -> ChainState:
-        """A lane's operator states from their encoding (``recheck``: see :meth:`_rebuild`)."""
-        if recheck is not None:
-            from .checkpoint import check_lane_state
-
-            check_lane_state(lane, recheck, require_checksum=False)
-        try:
-            return self.chain.decode_state(ops, resolver)
-        except _DECODE_ERRORS as exc:
-            raise ValueError(f"lane {lane}: field 'ops': {exc}") from exc
-
-    def _rebuild_pending(self, lane: int, refs: list, resolver: Resolver) -> tuple:
-        """A lane's undelivered outputs from their references.
-
-        Few held records: rebuilt now, so that a damaged state fails here. More: the next output
-        now and the others in the background; many (a read's worth): all of them lazily, the
-        next one first (each is awaited or rebuilt when due, so a damaged one fails then).
-        """
-        sizes = [len(r) if isinstance(r, list) else 1 for r in refs]
-        now, later = refs, []
-        if sum(sizes) >= _lazy.LAZY_MIN_PENDING:
-            now, later = [], refs
-        elif sum(sizes[1:]) >= _lazy.LAZY_MIN_RECORDS:
-            now, later = refs[:1], refs[1:]
-        try:
-            pending = tuple(self.chain.rebuild(now, resolver)) if now else ()
-        except _DECODE_ERRORS as exc:
-            raise ValueError(f"lane {lane}: field 'pending': {exc}") from exc
-        if later:
-            rows = LazyRows(later, lambda some: self.chain.rebuild(some, resolver), range(len(later)), check=False)
-            pending += tuple(DeferredOutput(rows, i, ref) for i, ref in enumerate(later))
-        return pending
 
     def _check_cursor(self, lane: int, source: SourceState, done: bool) -> None:
         """The source cursor is one the lane reaches, and ``done`` says whether it is at the end."""
@@ -513,10 +611,43 @@ def caller_order(delivered: dict[int, int]) -> list[int]:
     return sorted(delivered, key=lambda lane: (delivered[lane], lane))
 
 
-def _chain_of(state: LaneState) -> ChainState:
-    """The lane's operator states, rebuilt now if restored lazily and not rebuilt yet."""
-    chain = state.chain
-    return chain.value() if type(chain) is DeferredChain else chain
+#: A deferred restore checks the references of an operator that reads only metas (the shuffle)
+#: up to the source when it holds fewer than this many; more are checked as they are rebuilt.
+CHECKED_HOLDINGS = 256
+
+
+class _RecordsLater(BaseException):
+    """Raised where a check of a deferred restore reaches records: everything before is checked.
+
+    A ``BaseException``, so that an operator's ``except Exception`` around its upstream (one that
+    reports a failed rebuild in its own words) does not take it for a failure.
+    """
+
+
+def _records_later(metas: Sequence[Meta]) -> list:
+    if metas:
+        raise _RecordsLater
+    return []
+
+
+def _reference_output(ref: Any) -> Any:
+    """An undelivered output as a reference: a record, or a batch of records."""
+    return SampleBatch(tuple(reference(m) for m in ref)) if isinstance(ref, list) else reference(ref)
+
+
+def _step_prepared(driven: Chain, state: ChainState, prepared: Any, meter: Any) -> tuple[ChainState, list]:
+    """``driven.step(state, prepared.inputs)`` for a chunk whose leading per-record operators already
+    ran (a :class:`~zephon.runtime.readahead.Prepared`): their drop counters advance by what they
+    dropped, their work is metered as measured, and the rest of the chain runs on their outputs."""
+    states = list(state.states)
+    k = len(prepared.dropped)
+    for i, dropped in enumerate(prepared.dropped):
+        if dropped:
+            states[i] = StatelessState(states[i].dropped_records + dropped)
+        if meter is not None:
+            meter.add(i, prepared.sizes[i], prepared.sizes[i + 1], prepared.seconds[i])
+    tail, items = Chain(driven.children[k:]).step(ChainState(tuple(states[k:])), prepared.outputs)
+    return ChainState(tuple(states[:k]) + tail.states), items
 
 
 #: What rebuilding records from a modified state can raise; restore reports them as ValueError.

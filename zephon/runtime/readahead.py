@@ -6,13 +6,14 @@ batches (Python work the encoder could overlap), and at the end of every encoder
 encoder waits for its longest document). So once a lane has stepped a chunk that gave outputs,
 its next chunk (whose position and size are then known) is queued; one background thread reads
 the queued chunks and runs the chain's leading per-record operators (``tokenize``, ``map``,
-``filter``: :attr:`~zephon.core.operator.Chain.per_record_prefix`) once over all of them, up to ``group``
+``filter``: :func:`per_record_prefix`) once over all of them, up to ``group``
 samples a call, split back per lane. A lane that must read and finds nothing queued asks for its
 chunk together with the lanes that will read next (once a chunk read here gave outputs: the
 first batch after a start or a restore waits for its own lane only), and waits.
 
 A lane then steps exactly as if it had read and tokenized the chunk itself: the operators are
-per-record, so the outputs, states and counters are the same (``Chain.step_prepared``). A
+per-record, so the outputs, states and counters are the same (``Plan.next`` in
+:mod:`zephon.runtime.lanes`). A
 prepared chunk is used only by the lane it was read for, from the source state and read size it
 was read with; any other is dropped. No other lane is read for until a chunk read here gave
 outputs. Nothing read ahead is thrown away unless the loader is closed before the end of the
@@ -40,6 +41,22 @@ from .stats import items_size
 
 #: The background thread's name (the tiktoken backend gives it one more encoder thread).
 THREAD_NAME = "zephon-read-ahead"
+
+
+def per_record_prefix(chain: Any) -> int:
+    """How many leading children of ``chain`` are plain per-record operators (``StatelessOp.step``).
+
+    Their work on a chunk does not depend on their state, so it can run ahead of the chain, over
+    several lanes' chunks at once.
+    """
+    from ..core.operator import StatelessOp
+
+    n = 0
+    for _, op in chain.children:
+        if not isinstance(op, StatelessOp) or type(op).step is not StatelessOp.step:
+            break
+        n += 1
+    return n
 
 
 class Prepared(NamedTuple):
@@ -249,7 +266,7 @@ def prepare(plan: Any, wanted: Sequence[tuple[int, tuple[Any, int]]]) -> list[Pr
     sizes = [[items_size(x)] for x in items]
     dropped: list[list[int]] = [[] for _ in reads]
     seconds = []
-    for _, op in plan.chain.children[: plan.chain.per_record_prefix]:
+    for _, op in plan.chain.children[: per_record_prefix(plan.chain)]:
         t = time.perf_counter()
         flat = [rec for part in items for rec in part]
         results = op.apply_many([rec.payload for rec in flat]) if flat else []
