@@ -22,11 +22,7 @@ PACKAGE = Path(zephon.__file__).parent
 
 #: Imports that still run upward, each with the reason it is there.
 UPWARD: dict[tuple[str, str], str] = {
-    ("zephon.core.operator", "zephon.runtime.lazy"): "restored records rebuilt lazily",
-    ("zephon.core.operator", "zephon.runtime.stats"): "Chain.step meters its operators",
-    ("zephon.core.records", "zephon.runtime.lazy"): "a record's payload may be deferred",
     ("zephon.core.records", "zephon.training.convert"): "SampleBatch.to_training",
-    ("zephon.ops.shuffle", "zephon.runtime.lazy"): "a restored buffer is rebuilt lazily",
 }
 
 
