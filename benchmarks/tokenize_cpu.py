@@ -19,6 +19,7 @@ sets ``ZEPHON_TOKENIZER_CACHE=0``; ``--cache cold`` gives every process an empty
 
     python benchmarks/tokenize_cpu.py                              # 5 rounds, bare and tokenizers
     python benchmarks/tokenize_cpu.py --ways bare,tokenizers,tiktoken --rounds 7
+    python benchmarks/tokenize_cpu.py --passes 4                   # 18 M tokens of GPT-2 a process
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ import _common as C  # noqa: E402
 WAYS = ("bare", "tokenizers", "tiktoken")
 
 
-def child(way: str, tokenizer: str, corpus: str, per_call: int, max_docs: int) -> dict:
+def child(way: str, tokenizer: str, corpus: str, per_call: int, max_docs: int, passes: int) -> dict:
     texts = C.read_texts(Path(corpus))
     if max_docs:
         texts = texts[:max_docs]
+    texts = texts * passes
     calls = [texts[i : i + per_call] for i in range(0, len(texts), per_call)]
     if way == "bare":
         from tokenizers import Tokenizer
@@ -69,24 +71,27 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--per-call", type=int, default=512)
     ap.add_argument("--max-docs", type=int, default=0, help="only the first N documents (0: all)")
+    ap.add_argument("--passes", type=int, default=1, help="encode the documents this many times over in each process")
     ap.add_argument("--cache", choices=("warm", "off", "cold"), default="warm")
-    ap.add_argument("--child", nargs=5, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=6, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        way, tok, corpus, per_call, max_docs = args.child
-        print("RESULT " + json.dumps(child(way, tok, corpus, int(per_call), int(max_docs))), flush=True)
+        way, tok, corpus, per_call, max_docs, passes = args.child
+        print("RESULT " + json.dumps(child(way, tok, corpus, int(per_call), int(max_docs), int(passes))), flush=True)
         return 0
     ways = args.ways.split(",")
     if unknown := [w for w in ways if w not in WAYS]:
         raise SystemExit(f"--ways: unknown {unknown}; choose from {', '.join(WAYS)}")
     tok = str(args.tokenizer.resolve())
-    child_args = lambda way: ["--child", way, tok, str(args.corpus.resolve()), str(args.per_call), str(args.max_docs)]  # noqa: E731
+    def child_args(way: str, max_docs: int = args.max_docs, passes: int = args.passes) -> list[str]:
+        return ["--child", way, tok, str(args.corpus.resolve()), str(args.per_call), str(max_docs), str(passes)]
+
     with tempfile.TemporaryDirectory(prefix="zephon-tokcpu-") as cache:
         env = {**os.environ, "ZEPHON_CACHE_DIR": cache, "ZEPHON_TOKENIZER_CACHE": "0" if args.cache == "off" else "1"}
         if args.cache == "warm":
             for way in ways[1:]:  # fills the cache (file entry, tiktoken proof, model files)
-                C.run_script(__file__, [*child_args(way)[:-1], "1"], env=env, what=f"{way} (warm-up)")
-        print(f"{tok}, {args.corpus}, {args.rounds} rounds, {args.per_call} documents a call, cache {args.cache}, "
+                C.run_script(__file__, child_args(way, 1, 1), env=env, what=f"{way} (warm-up)")
+        print(f"{tok}, {args.corpus} x{args.passes}, {args.rounds} rounds, {args.per_call} documents a call, cache {args.cache}, "
               f"load average {C.load_average()}")
         runs: dict[str, list[dict]] = {w: [] for w in ways}
         for r in range(args.rounds):
