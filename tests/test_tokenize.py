@@ -586,6 +586,17 @@ def test_gpt2_folder_config_names_bos(gpt2_file):
 # -- the tiktoken fast path -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("bos,eos,keep", [(None, None, None), (7, None, None), (None, 50256, 2), (7, 50256, 0), (7, 50256, 1000)])
+def test_encode_bracketed_cuts_then_brackets_in_new_arrays_with_either_backend(gpt2_handles, bos, eos, keep):
+    texts = ["Hello world, it's 2024", "", "a b c d e f g"]
+    plain = [a.tolist() for a in gpt2_handles[0].encode_batch(texts)]
+    expected = [([bos] if bos is not None else []) + ids[:keep] + ([eos] if eos is not None else []) for ids in plain]
+    for handle in gpt2_handles:
+        out = handle.encode_bracketed(texts, bos=bos, eos=eos, keep=keep)
+        assert [a.tolist() for a in out] == expected, handle.backend
+        assert all(a.dtype == np.int32 and a.flags.writeable and a.base is None for a in out), handle.backend
+
+
 def test_tiktoken_matches_tokenizers_on_gpt2(gpt2_handles):
     slow, fast = gpt2_handles
     assert slow.backend == "tokenizers" and fast.backend == "tiktoken"
