@@ -76,7 +76,7 @@ def calibration_time(datasets, target, tokenizer, tok_kwargs, lanes) -> tuple[fl
     _calibrate._CACHE.clear()
     src = StaticMixtureWorkSource(datasets, MixtureSpec(target, unit="tokens"), exhausted_policy="repeat")
     t0 = time.perf_counter()
-    cal = Pipeline(src).options(canonical_replicas=lanes).tokenize(tokenizer, **tok_kwargs).batch(1).plan.source.calibration
+    cal = Pipeline(src).options(canonical_replicas=lanes).tokenize(tokenizer, **tok_kwargs).batch(1).compile().source.calibration
     return time.perf_counter() - t0, {n: round(e.tokens_per_sample, 1) for n, e in cal.datasets.items()}
 
 

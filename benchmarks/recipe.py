@@ -149,7 +149,7 @@ def child_run(task: dict[str, Any]) -> dict[str, Any]:
             shape = list(tensors["input_ids"].shape)
     t_end = time.perf_counter()
     backend = _backend_of(pipe)
-    pipe.close()
+    loader.close()
     cpu = C.cpu_seconds() - cpu0  # this process and its joined worker processes
     rss = _rss_mib()
     elapsed = t_end - t_built
@@ -194,24 +194,24 @@ def child_checkpoint(task: dict[str, Any]) -> dict[str, Any]:
     """
     from zephon.ledger import batch_digest
 
-    pipe = build_pipeline(task)
+    loader = build_pipeline(task).loader()
     target = task["lanes"] * BUFFER
     best = {"buffered": -1}
     pending = False
     n = 0
-    for batch in pipe:
+    for batch in loader:
         n += 1
         if pending:
             best["next_digest"] = batch_digest(batch)
             pending = False
             if best["buffered"] >= target:
                 break
-        ckpt = pipe.checkpoint()
+        ckpt = loader.checkpoint()
         buffered = _buffered(ckpt)
         if buffered > best["buffered"]:
             best = {"buffered": buffered, "after_batches": n, "json": json.dumps(ckpt), "next_digest": None}
             pending = True
-    pipe.close()
+    loader.close()
     Path(task["checkpoint_path"]).write_text(best["json"], encoding="utf-8")
     size = len(best["json"].encode("utf-8"))
     return {
@@ -234,13 +234,13 @@ def child_restore(task: dict[str, Any]) -> dict[str, Any]:
     ckpt = json.loads(Path(task["checkpoint_path"]).read_text(encoding="utf-8"))
     pipe = build_pipeline(task)
     t_built = time.perf_counter()
-    pipe.restore(ckpt)
-    batch = next(iter(pipe), None)
+    loader = pipe.loader(ckpt)
+    batch = next(loader, None)
     if batch is not None:
         batch.to_training(return_labels=True, dtype=torch.long)
     t1 = time.perf_counter()
     digest = None if batch is None else batch_digest(batch)
-    pipe.close()
+    loader.close()
     rss = _rss_mib()
     return {"restore_first_s": t1 - t0, "build_s": t_built - t0, "digest": digest, "rss_mib": rss}
 

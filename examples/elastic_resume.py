@@ -59,16 +59,16 @@ def build(data: Path, lanes: int) -> Pipeline:
 def rank_main(rank: int, world: int, port: int, data: str, lanes: int, start: int, steps: int, ckpt: str, ledger_dir: str, resume: bool) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    pipe = build(Path(data), lanes)
+    loader = build(Path(data), lanes).loader()
     if resume:
-        dcp.load({"data": pipe}, checkpoint_id=ckpt)
+        dcp.load({"data": loader}, checkpoint_id=ckpt)  # the loader restores this rank's lanes in place
     with zledger.Ledger(Path(ledger_dir) / f"rank-{rank:03d}.jsonl") as ledger:
-        for step, microbatches in zip(range(start, start + steps), pipe.steps()):
+        for step, microbatches in zip(range(start, start + steps), loader.steps()):
             batch = [mb.to_training(return_labels=True) for mb in microbatches]  # what a trainer consumes
             assert all(b["input_ids"].shape == (2, 64) for b in batch)
             ledger.record(step, microbatches)
     if not resume:
-        dcp.save({"data": pipe}, checkpoint_id=ckpt)
+        dcp.save({"data": loader}, checkpoint_id=ckpt)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -37,7 +37,8 @@ def main() -> int:
             .batch(microbatch_size=4)
         )
         real = slots = supervised = 0
-        for i, batch in enumerate(pipe):
+        loader = iter(pipe)
+        for i, batch in enumerate(loader):
             out = batch.to_training(return_labels=True, return_cu_seqlens=True, return_num_valid_tokens=True, dtype=np.int64)
             if i == 0:
                 print({k: (v.shape if hasattr(v, "shape") else v) for k, v in out.items() if k not in ("ids", "texts")})
@@ -45,7 +46,7 @@ def main() -> int:
             slots += out["input_ids"].size + len(batch.records)
             supervised += out["num_valid_tokens"]
             assert (out["labels"][out["labels"] != -100] >= 0).all()
-        stats = pipe.stats()["operators"]
+        stats = loader.stats()["operators"]
         print(f"batches: {i + 1} | packing efficiency: {real / slots:.3f} | supervised tokens: {supervised} of {real}")
         print(f"pack_flat: {stats['pack_flat']}")
         return 0 if supervised > 0 and real / slots > 0.8 else 1

@@ -37,14 +37,14 @@ def main() -> int:
         data, tok = write_dataset(root / "data"), train_tokenizer(root / "tok")
         waste = {}
         for grouped in (False, True):
-            pipe = build(data, tok, grouped)
-            for i, batch in enumerate(pipe):
+            loader = iter(build(data, tok, grouped))
+            for i, batch in enumerate(loader):
                 out = batch.to_training(return_labels=True, padding="longest", pad_to_multiple_of=8, pad_token_id=0, dtype=np.int64)
                 if i == 0 and not grouped:
                     print({k: v.shape for k, v in out.items() if hasattr(v, "shape")})
                 assert out["input_ids"].shape[1] % 8 == 0
                 assert (out["labels"][out["attention_mask"] == 0] == -100).all()
-            report = pipe.stats()["operators"]["batch"]
+            report = loader.stats()["operators"]["batch"]
             waste[grouped] = 1 - report["real_tokens"] / report["padded_slots"]
             print(f"group_by_length={grouped}: {report['batches']} batches, padding waste {waste[grouped]:.1%}")
         return 0 if waste[True] < waste[False] else 1

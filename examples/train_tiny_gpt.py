@@ -213,15 +213,14 @@ def train(args: argparse.Namespace, rank: int, world: int, start: int, out: Path
     deterministic()
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in one process is intended
     paths = {name: Path(args.data) / name for name in ("stories", "counting")}
-    pipe = build_pipeline(paths, Path(args.data) / "tokenizer.json")
+    loader = build_pipeline(paths, Path(args.data) / "tokenizer.json").loader()
     model, optim = make_model()
     if start:
         model_sd, optim_sd = get_state_dict(model, optim)
-        state = {"model": model_sd, "optim": optim_sd, "data": pipe}
-        dcp.load(state, checkpoint_id=args.ckpt)  # the pipeline restores its lanes (any number of ranks)
+        state = {"model": model_sd, "optim": optim_sd, "data": loader}
+        dcp.load(state, checkpoint_id=args.ckpt)  # the loader restores its lanes in place (any number of ranks)
         set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
     spec = training_spec(Path(args.data) / "tokenizer.json")
-    loader = iter(pipe)
     losses = {}
     params = list(model.parameters())
     for step, microbatches in zip(range(start, args.steps), loader.steps()):

@@ -102,16 +102,13 @@ def test_a_parquet_run_resumed_on_another_d_continues_the_jsonl_run(shards, grou
         before = data.draw(st.sampled_from([d for d in (1, 2, 4) if lanes % d == 0]), label="D1")
         after = data.draw(st.sampled_from([d for d in (1, 2, 4) if lanes % d == 0]), label="D2")
         note(f"L={lanes}, {len(reference)} steps, stop after {k}, D {before} -> {after}")
-        ranks = [build(folders["parquet"], cache, lanes=lanes, dp=before, rank=r) for r in range(before)]
-        for pipe in ranks:
-            steps = pipe.steps()
+        ranks = [build(folders["parquet"], cache, lanes=lanes, dp=before, rank=r).loader() for r in range(before)]
+        for loader in ranks:
+            steps = loader.steps()
             for _ in range(k):
                 next(steps)
-        merged = merge_checkpoints([pipe.checkpoint() for pipe in ranks])
-        resumed = [build(folders["parquet"], cache, lanes=lanes, dp=after, rank=r, read_size=3) for r in range(after)]
-        for pipe in resumed:
-            pipe.restore(json.loads(json.dumps(merged)))
-        got = global_steps(resumed)
+        merged = json.loads(json.dumps(merge_checkpoints([loader.checkpoint() for loader in ranks])))
+        got = global_steps([build(folders["parquet"], cache, lanes=lanes, dp=after, rank=r, read_size=3).restore(merged) for r in range(after)])
         assert len(got) == len(reference) - k
         for step, (a, b) in enumerate(zip(got, reference[k:])):
             assert outputs_equal(a, b), f"global step {k + step} differs"

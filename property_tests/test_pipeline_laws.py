@@ -34,7 +34,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 from _budget import examples
 from _util import toks_to_ids
 from _hand_over_pin import pin_hand_over
-from zephon import Pipeline, merge_checkpoints
+from zephon import Loader, Pipeline, merge_checkpoints
 from zephon.ops.pack import ALGORITHMS as PACK_ALGORITHMS
 from zephon.io import Dataset, InMemoryShard
 from zephon.testing import outputs_equal
@@ -270,8 +270,8 @@ def test_the_same_pipeline_built_twice_gives_identical_batches(spec, lanes):
 @given(spec=pipeline_specs(), lanes=st.sampled_from(LANE_COUNTS), read_size=read_sizes, prefetch=st.integers(1, 6),
        thread=st.booleans(), read_ahead=st.sampled_from([0, 1, 64, 512]))
 def test_performance_settings_never_change_the_batches(spec, lanes, read_size, prefetch, thread, read_ahead):
-    with spec.build(lanes=lanes, read_size=read_size, prefetch=prefetch, thread=thread, read_ahead=read_ahead) as pipe:
-        assert outputs_equal(list(pipe), list(spec.build(lanes=lanes, read_ahead=0)))
+    with spec.build(lanes=lanes, read_size=read_size, prefetch=prefetch, thread=thread, read_ahead=read_ahead).loader() as loader:
+        assert outputs_equal(list(loader), list(spec.build(lanes=lanes, read_ahead=0)))
 
 
 # -- elasticity ----------------------------------------------------------------------------------------------
@@ -299,21 +299,21 @@ def test_stopping_on_d1_ranks_and_resuming_on_d2_ranks_continues_the_run(spec, l
     event(f"L={lanes}, global steps: {'0' if not reference else '1-4' if len(reference) < 5 else '5+'}")
     event(f"D1 -> D2 changes: {before != after}")
 
-    ranks = [spec.build(lanes=lanes, dp_degree=before, dp_rank=r) for r in range(before)]
-    for pipe in ranks:
-        steps = pipe.steps()
+    ranks = [spec.build(lanes=lanes, dp_degree=before, dp_rank=r).loader() for r in range(before)]
+    for loader in ranks:
+        steps = loader.steps()
         for _ in range(k):
             next(steps)
-    resumed = [spec.build(lanes=lanes, dp_degree=after, dp_rank=r, read_size=read_size) for r in range(after)]
+    resumed = [spec.build(lanes=lanes, dp_degree=after, dp_rank=r, read_size=read_size).loader() for r in range(after)]
     if codec == "state_dict":  # torch.distributed.checkpoint keeps every rank's (distinct) keys
-        saved = {key: value for pipe in ranks for key, value in pipe.state_dict().items()}
-        for pipe in resumed:
-            pipe.load_state_dict(saved)
+        saved = {key: value for loader in ranks for key, value in loader.state_dict().items()}
+        for loader in resumed:
+            loader.load_state_dict(saved)
     else:
-        merged = over_the_wire(merge_checkpoints([pipe.checkpoint() for pipe in ranks]), codec)
-        for pipe in resumed:
-            pipe.restore(merged)
-    assert_same_steps(assemble([list(pipe.steps()) for pipe in resumed]), reference[k:])
+        merged = over_the_wire(merge_checkpoints([loader.checkpoint() for loader in ranks]), codec)
+        for loader in resumed:
+            loader.restore(merged)
+    assert_same_steps(assemble([list(loader.steps()) for loader in resumed]), reference[k:])
 
 
 # -- single-rank restore ---------------------------------------------------------------------------------------
@@ -323,14 +323,13 @@ def test_stopping_on_d1_ranks_and_resuming_on_d2_ranks_continues_the_run(spec, l
 def test_resuming_after_any_batch_gives_the_uninterrupted_suffix(spec, lanes, drain, codec, read_size, data):
     full = list(spec.build(lanes=lanes, drain=drain))
     k = data.draw(st.integers(0, len(full)), label="batches before the checkpoint")
-    pipe = spec.build(lanes=lanes, drain=drain)
-    it = iter(pipe)
+    it = iter(spec.build(lanes=lanes, drain=drain))
     for _ in range(k):
         next(it)
     if k == len(full) and data.draw(st.booleans(), label="run into the end first"):
         with pytest.raises(StopIteration):
             next(it)
-    checkpoint = over_the_wire(pipe.checkpoint(), codec)
+    checkpoint = over_the_wire(it.checkpoint(), codec)
     resumed = spec.build(lanes=lanes, drain=drain, read_size=read_size).restore(checkpoint)
     assert outputs_equal(list(resumed), full[k:])  # nothing at all when the run had ended
 
@@ -339,13 +338,11 @@ def test_resuming_after_any_batch_gives_the_uninterrupted_suffix(spec, lanes, dr
 def test_checkpoints_round_trip_through_msgpack_bytes(spec, lanes, data):
     full = list(spec.build(lanes=lanes))
     k = data.draw(st.integers(0, len(full)), label="batches before the checkpoint")
-    pipe = spec.build(lanes=lanes)
-    it = iter(pipe)
+    it = iter(spec.build(lanes=lanes))
     for _ in range(k):
         next(it)
-    wire = msgspec.msgpack.encode(pipe.checkpoint())
-    restored = spec.build(lanes=lanes).restore(msgspec.msgpack.decode(wire))
-    iter(restored)  # decodes every lane state (records are rebuilt from the source)
+    wire = msgspec.msgpack.encode(it.checkpoint())
+    restored = spec.build(lanes=lanes).loader(msgspec.msgpack.decode(wire))  # decodes every lane state (records are rebuilt from the source)
     assert msgspec.msgpack.encode(restored.checkpoint()) == wire
 
 
@@ -470,7 +467,7 @@ def lifecycles(draw):
 
 
 class PipelineLifecycle(RuleBasedStateMachine):
-    """Train-like use of a pipeline: take batches, checkpoint, restart (possibly on another number
+    """Train-like use of a pipeline's loaders: take batches, checkpoint, restart (possibly on another number
     of ranks, with other performance settings, possibly from an older checkpoint), reshard.
 
     Outputs are taken in global order (the owner rank of lane ``i % L`` delivers output ``i``). The
@@ -483,7 +480,7 @@ class PipelineLifecycle(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         # Set before any rule runs, so that teardown works when the initial rule itself failed.
-        self.ranks: list[Pipeline] = []
+        self.ranks: list[Loader] = []  # one loader per rank
         self.reference: list | None = None
 
     @initialize(case=lifecycles())
@@ -498,19 +495,16 @@ class PipelineLifecycle(RuleBasedStateMachine):
 
     def _launch(self, dp: int, checkpoint: dict | None, **options) -> None:
         """Start ``dp`` fresh ranks (from ``checkpoint``) with run ``options``, closing the old ones."""
-        for pipe in self.ranks:
-            pipe.close()
+        for loader in self.ranks:
+            loader.close()
         self.dp = dp
-        self.ranks = [self.spec.build(lanes=self.lanes, dp_degree=dp, dp_rank=r, **options) for r in range(dp)]
-        if checkpoint is not None:
-            for pipe in self.ranks:
-                pipe.restore(checkpoint)
-        self.iterators = [iter(pipe) for pipe in self.ranks]
+        self.ranks = [self.spec.build(lanes=self.lanes, dp_degree=dp, dp_rank=r, **options).loader(checkpoint) for r in range(dp)]
+        self.iterators = self.ranks
         self.ended = False
         self.restarts += checkpoint is not None
 
     def _merged(self) -> dict:
-        return merge_checkpoints([pipe.checkpoint() for pipe in self.ranks])
+        return merge_checkpoints([loader.checkpoint() for loader in self.ranks])
 
     @rule(n=st.one_of(st.integers(1, 5), st.just(1_000_000)))
     def step(self, n):
@@ -543,8 +537,8 @@ class PipelineLifecycle(RuleBasedStateMachine):
         self.ended = ended
 
     def teardown(self):
-        for pipe in self.ranks:
-            pipe.close()
+        for loader in self.ranks:
+            loader.close()
         if self.reference is not None:
             event(f"restarts: {min(self.restarts, 3)}{'+' if self.restarts > 3 else ''}")
             event(f"reached the end: {self.ended}, reference outputs: {'0' if not self.reference else '1-9' if len(self.reference) < 10 else '10+'}")
@@ -571,20 +565,18 @@ def assert_running_ahead_changes_nothing(spec: PipelineSpec, lanes: int, drain: 
     reading ahead again."""
     expected = list(spec.build(lanes=lanes, drain=drain))
     k = data.draw(st.integers(0, len(expected)), label="batches before the checkpoint")
-    inline = spec.build(lanes=lanes, drain=drain)
-    it = iter(inline)
+    inline = iter(spec.build(lanes=lanes, drain=drain))
     for _ in range(k):
-        next(it)
-    with spec.build(lanes=lanes, drain=drain, **options) as pipe:
-        it = iter(pipe)
+        next(inline)
+    with spec.build(lanes=lanes, drain=drain, **options).loader() as it:
         got = [next(it) for _ in range(k)]
         time.sleep(pause)  # let the executor run ahead of the caller before the checkpoint
-        checkpoint = pipe.checkpoint()
+        checkpoint = it.checkpoint()
         got.extend(it)
     assert outputs_equal(got, expected)
     assert checkpoint == inline.checkpoint(), "the checkpoint differs from the in-process one"
     resume_options = options if data.draw(st.booleans(), label="resume reading ahead") else {}
-    with spec.build(lanes=lanes, drain=drain, **resume_options).restore(checkpoint) as resumed:
+    with spec.build(lanes=lanes, drain=drain, **resume_options).loader(checkpoint) as resumed:
         assert outputs_equal(list(resumed), expected[k:])
 
 

@@ -66,21 +66,17 @@ def toy_pipeline(lanes=1, *, workers=0, data=None, max_length=16, buffer=8, mbs=
 
 
 def global_steps(make, lanes, dp, steps, restore=None):
-    """Run ``dp`` ranks (in this process) for ``steps`` global steps; returns (steps, rank pipelines).
+    """Run ``dp`` ranks (in this process) for ``steps`` global steps; returns (steps, rank loaders).
 
-    Each global step is the list of L microbatches in lane order, assembled from the ranks.
+    Each global step is the list of L microbatches in lane order, assembled from the ranks; each
+    rank's loader starts at ``restore`` (or the beginning).
     """
-    pipes = []
-    for r in range(dp):
-        p = make().options(canonical_replicas=lanes, dp_degree=dp, dp_rank=r)
-        if restore is not None:
-            p.restore(restore)
-        pipes.append(p)
-    iters = [p.steps() for p in pipes]
+    loaders = [make().options(canonical_replicas=lanes, dp_degree=dp, dp_rank=r).loader(restore) for r in range(dp)]
+    iters = [loader.steps() for loader in loaders]
     out = []
     for _ in range(steps):
         out.append([b for it in iters for b in next(it)])
-    return out, pipes
+    return out, loaders
 
 
 WORDS = "the of and to in is it that for on with as was by this be are from at an not have or data lanes".split()

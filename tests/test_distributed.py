@@ -42,13 +42,12 @@ def test_resume_mid_step_keeps_the_global_order():
     # Rank 0 of 2 took 3 microbatches (one step and a half); resume on 1 rank.
     reference, _ = global_steps(lambda: toy_pipeline(), 4, 1, 6)
     flat = [b for step in reference for b in step]
-    ranks = [toy_pipeline(4, dp_degree=2, dp_rank=r) for r in range(2)]
-    its = [iter(p) for p in ranks]
+    its = [iter(toy_pipeline(4, dp_degree=2, dp_rank=r)) for r in range(2)]
     for _ in range(3):
         next(its[0])
     for _ in range(2):
         next(its[1])
-    merged = merge_checkpoints([p.checkpoint() for p in ranks])
+    merged = merge_checkpoints([it.checkpoint() for it in its])
     rest = list(zip(range(10), toy_pipeline(4).restore(merged)))
     # Lanes 0,1 delivered 2 and 1 outputs, lanes 2,3 one each: the next is lane 1's second output.
     assert [b.lane for _, b in rest[:4]] == [1, 2, 3, 0]
@@ -75,20 +74,19 @@ def test_topology_from_environment(monkeypatch):
 
 
 def test_restore_needs_the_lanes_of_this_rank():
-    ck = toy_pipeline(4, dp_degree=2, dp_rank=0).checkpoint()
+    ck = toy_pipeline(4, dp_degree=2, dp_rank=0).loader().checkpoint()
     with pytest.raises(ValueError, match="missing \\[2, 3\\]"):
         iter(toy_pipeline(4, dp_degree=2, dp_rank=1).restore(ck))
 
 
 def test_merge_rejects_conflicts_and_different_settings():
-    a = toy_pipeline(2, dp_degree=2, dp_rank=0)
-    it = iter(a)
-    next(it)
-    early = toy_pipeline(2, dp_degree=2, dp_rank=0).checkpoint()
+    a = iter(toy_pipeline(2, dp_degree=2, dp_rank=0))
+    next(a)
+    early = toy_pipeline(2, dp_degree=2, dp_rank=0).loader().checkpoint()
     with pytest.raises(ValueError, match="same step"):
         merge_checkpoints([a.checkpoint(), early])
     with pytest.raises(ValueError, match="different data settings"):
-        merge_checkpoints([a.checkpoint(), toy_pipeline(2, seed=3, dp_degree=2, dp_rank=1).checkpoint()])
+        merge_checkpoints([a.checkpoint(), toy_pipeline(2, seed=3, dp_degree=2, dp_rank=1).loader().checkpoint()])
 
 
 def test_files_per_rank_and_resume_on_another_size(tmp_path):
@@ -104,13 +102,12 @@ def test_files_per_rank_and_resume_on_another_size(tmp_path):
 
 
 def test_state_dict_round_trip():
-    p = toy_pipeline(4, dp_degree=2, dp_rank=1)
-    it = iter(p)
+    it = iter(toy_pipeline(4, dp_degree=2, dp_rank=1))
     for _ in range(3):
         next(it)
-    sd = p.state_dict()
+    sd = it.state_dict()
     assert sorted(k for k in sd if k.startswith("lane_")) == ["lane_00002", "lane_00003"]
-    q = toy_pipeline(4, dp_degree=2, dp_rank=1)
+    q = toy_pipeline(4, dp_degree=2, dp_rank=1).loader()
     q.load_state_dict(sd)
     assert outputs_equal([next(it) for _ in range(4)], [b for _, b in zip(range(4), q)])
 
@@ -140,16 +137,16 @@ SCRIPT = textwrap.dedent(
     def main(rank, world, phase, ckpt_dir, ledger_dir, steps):
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["ZEPHON_TEST_PORT"])
         dist.init_process_group("gloo", rank=rank, world_size=world)
-        pipe = toy_pipeline({lanes})  # D and r come from torch.distributed
+        loader = toy_pipeline({lanes}).loader()  # D and r come from torch.distributed
         if phase == "resume":
-            state = {{"data": pipe}}
+            state = {{"data": loader}}
             dcp.load(state, checkpoint_id=ckpt_dir)
         start = 0 if phase == "first" else {k}
         with Ledger(os.path.join(ledger_dir, f"rank-{{rank:03d}}.jsonl")) as ledger:
-            for step, group in zip(range(start, start + steps), pipe.steps()):
+            for step, group in zip(range(start, start + steps), loader.steps()):
                 ledger.record(step, group)
         if phase == "first":
-            dcp.save({{"data": pipe}}, checkpoint_id=ckpt_dir)
+            dcp.save({{"data": loader}}, checkpoint_id=ckpt_dir)
         dist.barrier()
         dist.destroy_process_group()
 

@@ -28,11 +28,11 @@ def test_checkpoint_while_workers_run_ahead_covers_only_what_was_received():
     it = iter(pipe)
     got = [next(it) for _ in range(7)]
     time.sleep(0.3)  # let the workers run ahead
-    ckpt = pipe.checkpoint()
+    ckpt = it.checkpoint()
     assert {k: v["delivered"] for k, v in ckpt["lanes"].items()} == {"0": 3, "1": 2, "2": 2}
     rest = list(finite(3, 0).restore(ckpt))
     assert outputs_equal(got + rest, reference)
-    pipe.close()
+    it.close()
 
 
 def test_restore_into_workers():
@@ -41,16 +41,16 @@ def test_restore_into_workers():
     it = iter(pipe)
     for _ in range(5):
         next(it)
-    assert outputs_equal(list(finite(2, 2).restore(pipe.checkpoint())), reference[5:])
+    assert outputs_equal(list(finite(2, 2).restore(it.checkpoint())), reference[5:])
 
 
 def test_checkpoint_after_the_end_with_workers():
-    pipe = finite(2, 2)
-    n = len(list(pipe))
-    ck = pipe.checkpoint()
+    loader = finite(2, 2).loader()
+    n = len(list(loader))
+    ck = loader.checkpoint()
     assert sum(v["delivered"] for v in ck["lanes"].values()) == n
     assert list(finite(2, 0).restore(ck)) == []
-    assert pipe.stats()["operators"]["pack_flat"]["rows"] > 0
+    assert loader.stats()["operators"]["pack_flat"]["rows"] > 0
 
 
 def _failing(workers, **options):
@@ -104,8 +104,7 @@ def test_killed_worker_is_reported_within_seconds_and_nothing_is_left_behind():
 
 
 def test_close_and_context_manager_stop_workers():
-    with toy_pipeline(2, workers=2) as pipe:
-        it = iter(pipe)
+    with toy_pipeline(2, workers=2).loader() as it:
         for _ in range(3):
             next(it)
         procs = list(it.executor.procs)
@@ -132,9 +131,9 @@ def test_background_thread_gives_the_same_batches_and_exact_checkpoints():
     it = iter(pipe)
     got = [next(it) for _ in range(5)]
     time.sleep(0.2)
-    rest = list(finite(3, 0).restore(pipe.checkpoint()))
+    rest = list(finite(3, 0).restore(it.checkpoint()))
     assert outputs_equal(got + rest, reference)
-    pipe.close()
+    it.close()
 
 
 def test_background_thread_surfaces_exceptions():
@@ -145,11 +144,11 @@ def test_background_thread_surfaces_exceptions():
 
 
 def test_checkpoint_after_a_worker_failure_explains_itself():
-    pipe = _failing(2)
+    loader = _failing(2).loader()
     with pytest.raises(WorkerError):
-        list(pipe)
+        list(loader)
     with pytest.raises(WorkerError, match="Restore the last checkpoint"):
-        pipe.checkpoint()
+        loader.checkpoint()
 
 
 def test_after_a_restore_mid_step_the_background_thread_computes_the_lanes_the_caller_needs_first(monkeypatch):

@@ -44,8 +44,7 @@ def test_where_the_lanes_move_never_changes_batches_checkpoints_or_counters(monk
     reference = iter(_finite())
     for _ in range(7):
         next(reference)
-    with _finite(workers=2) as pipe:
-        it = iter(pipe)
+    with _finite(workers=2).loader() as it:
         got = [next(it) for _ in range(7)]
         assert [lane for lane in range(4) if lane not in it.executor.lead_states] == moved
         ck = it.checkpoint()  # lanes here and lanes in workers
@@ -53,7 +52,7 @@ def test_where_the_lanes_move_never_changes_batches_checkpoints_or_counters(monk
         got.extend(it)
         assert outputs_equal(got, expected)
         assert _counts(it.stats()) == _counts(inline.stats())
-    with _finite(workers=2).restore(json.loads(json.dumps(ck))) as resumed:  # restored lanes move encoded
+    with _finite(workers=2).loader(json.loads(json.dumps(ck))) as resumed:  # restored lanes move encoded
         assert outputs_equal(list(resumed), expected[7:])
 
 
@@ -67,8 +66,7 @@ def test_a_state_that_does_not_pickle_moves_as_its_checkpoint_encoding(monkeypat
         )
 
     expected = list(build())
-    with build(workers=1) as pipe:
-        it = iter(pipe)
+    with build(workers=1).loader() as it:
         got = [next(it) for _ in range(5)]
         assert not it.executor.lead_states  # moved after 3 outputs, encoded: the buffer is rebuilt there
         got.extend(it)

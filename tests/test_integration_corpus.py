@@ -50,7 +50,7 @@ def test_recipe_shapes_labels_and_exact_resume_with_small_state():
 
     for _ in range(130):  # 1040 rows emitted: the 1024-row shuffle buffer is full
         next(it)
-    ckpt = json.loads(json.dumps(pipe.checkpoint()))
+    ckpt = json.loads(json.dumps(it.checkpoint()))
     per_lane = len(json.dumps(ckpt["lanes"]["0"]).encode())
     assert per_lane <= 64 * 1024, f"lane state is {per_lane} bytes"
     assert len(ckpt["lanes"]["0"]["ops"]["shuffle"]["buffer"]) == 1024  # held by reference

@@ -313,15 +313,12 @@ def test_token_and_hf_sources_resume_exactly_on_another_d(tmp_path, kind):
 
     reference = _global_steps([build(1, 0)])
     assert len(reference) >= 3
-    ranks = [build(2, r) for r in range(2)]
-    for pipe in ranks:
-        steps = pipe.steps()
+    ranks = [build(2, r).loader() for r in range(2)]
+    for loader in ranks:
+        steps = loader.steps()
         next(steps), next(steps)
-    merged = json.loads(json.dumps(merge_checkpoints([p.checkpoint() for p in ranks])))
-    resumed = [build(4, r) for r in range(4)]
-    for pipe in resumed:
-        pipe.restore(merged)
-    got = _global_steps(resumed)
+    merged = json.loads(json.dumps(merge_checkpoints([loader.checkpoint() for loader in ranks])))
+    got = _global_steps([build(4, r).restore(merged) for r in range(4)])
     assert len(got) == len(reference) - 2
     assert all(outputs_equal(a, b) for a, b in zip(got, reference[2:]))
 

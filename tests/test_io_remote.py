@@ -194,7 +194,7 @@ def test_retries_are_bounded_and_permanent_errors_name_the_url(stores):
 def test_an_object_changed_on_the_store_is_refused(stores):
     root, tmp = stores
     ds = Dataset.from_path("r", f"{root}/p", io_options=cache(tmp))
-    checkpoint = Pipeline(ds).batch(5).checkpoint()
+    checkpoint = Pipeline(ds).batch(5).loader().checkpoint()
     time.sleep(0.002)
     fsspec.filesystem("memory").pipe(f"{root}/p/part-1.parquet".replace("memory://", "/"), parquet(9))
     for f in (tmp / "shards").iterdir():

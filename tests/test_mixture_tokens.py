@@ -44,7 +44,7 @@ def token_shares(loader):
 
 def test_calibration_measures_tokens_per_sample_with_the_pipelines_tokenizer():
     p = pipeline()
-    cal = p.plan.source.calibration
+    cal = p.compile().source.calibration
     # length_datasets: words uniform in [m/2, 3m/2], one token per word, plus the EOS.
     assert cal.datasets["short"].tokens_per_sample == pytest.approx(31, rel=0.03)
     assert cal.datasets["long"].tokens_per_sample == pytest.approx(301, rel=0.03)
@@ -53,11 +53,11 @@ def test_calibration_measures_tokens_per_sample_with_the_pipelines_tokenizer():
     assert fp["long"]["tokens_per_byte"] == cal.datasets["long"].tokens_per_byte
     # deterministic: the same sample, the same numbers, in a fresh process cache too
     _calibrate._CACHE.clear()
-    assert pipeline().plan.source.calibration == cal
+    assert pipeline().compile().source.calibration == cal
 
 
 def test_token_weights_become_sample_weights_tokens_over_tokens_per_sample():
-    src = pipeline({"short": 0.5, "long": 0.5}).plan.source
+    src = pipeline({"short": 0.5, "long": 0.5}).compile().source
     w = src.timeline.phases[0].weights
     tps = src.calibration.tokens_per_sample(src.names)
     assert w[0] / w[1] == pytest.approx(tps[1] / tps[0], rel=1e-3)
@@ -66,7 +66,7 @@ def test_token_weights_become_sample_weights_tokens_over_tokens_per_sample():
 def test_pinned_tokens_per_byte_measure_only_bytes_and_need_no_tokenizer():
     src = StaticMixtureWorkSource(datasets(), MixtureSpec({"short": 1, "long": 1}, unit="tokens"), token_estimation=TokenEstimation(0.5))
     p = Pipeline(src).batch(2)  # no tokenize step: bytes only
-    cal = p.plan.source.calibration
+    cal = p.compile().source.calibration
     assert all(e.pinned and e.tokens_per_byte == 0.5 for e in cal.datasets.values())
     assert cal.datasets["long"].bytes_per_sample > 8 * cal.datasets["short"].bytes_per_sample
 
@@ -74,7 +74,7 @@ def test_pinned_tokens_per_byte_measure_only_bytes_and_need_no_tokenizer():
 def test_measuring_needs_a_tokenizer_and_says_how_to_pin():
     src = StaticMixtureWorkSource(datasets(), MixtureSpec({"short": 1, "long": 1}, unit="tokens"))
     with pytest.raises(ValueError, match="needs a tokenize step"):
-        Pipeline(src).batch(2).plan
+        Pipeline(src).batch(2).compile()
     with pytest.raises(ValueError, match="TokenEstimation"):
         src.end  # the source alone cannot place samples yet
 
@@ -207,7 +207,7 @@ def test_zephon_drain_options_are_accepted_and_validated():
 def test_zephon_spelling_token_estimation_on_the_source_means_token_weights():
     src = StaticMixtureWorkSource(datasets(), {"short": 1, "long": 1}, token_estimation=TokenEstimation())
     assert src.unit == "tokens" and src.needs_calibration
-    compiled = Pipeline(src).tokenize(TOK, special_tokens="eos", eos_token_id=1).batch(2).plan.source
+    compiled = Pipeline(src).tokenize(TOK, special_tokens="eos", eos_token_id=1).batch(2).compile().source
     w = compiled.timeline.phases[0].weights
     assert w[0] > 8 * w[1]  # ten times more short samples for the same tokens
     explicit = StaticMixtureWorkSource(datasets(), MixtureSpec({"short": 1, "long": 1}, unit="samples"), token_estimation=TokenEstimation())

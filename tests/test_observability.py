@@ -131,7 +131,7 @@ def test_stats_table_renders_every_section():
     for text in ("tokens/s", "waited", "packing: efficiency", "records in", "pack_flat", "undelivered", "dataset", "target"):
         assert text in table
     assert f"{stats['throughput']['tokens']:,} tokens" in table
-    assert pipe.stats_table() == zephon.runtime.stats.format_stats(pipe.stats())
+    assert loader.stats_table() == zephon.runtime.stats.format_stats(loader.stats())
 
 
 # -- logging and progress --------------------------------------------------------------------------

@@ -94,18 +94,17 @@ def test_resume_at_every_batch_equals_the_uninterrupted_run(lanes, codec):
         it = iter(pipe)
         for _ in range(k):
             next(it)
-        ckpt = pipe.checkpoint()
+        ckpt = it.checkpoint()
         wire = json.loads(json.dumps(ckpt)) if codec == "json" else msgspec.msgpack.decode(msgspec.msgpack.encode(ckpt))
         resumed = recipe(lanes=lanes, read_size=5).restore(wire)  # read_size may differ
         assert outputs_equal(full[k:], list(resumed)), f"resume after {k} batches differs"
 
 
 def test_checkpoint_before_iteration_and_after_restore():
-    pipe = recipe()
-    start = pipe.checkpoint()
+    start = recipe().loader().checkpoint()
     assert outputs_equal(list(recipe().restore(start)), list(recipe()))
     again = recipe().restore(start)
-    assert again.checkpoint() == start
+    assert again.loader().checkpoint() == start
 
 
 @pytest.mark.parametrize(
@@ -122,13 +121,13 @@ def test_restore_with_different_data_settings_names_the_difference(change, field
     pipe = recipe()
     it = iter(pipe)
     next(it)
-    ckpt = pipe.checkpoint()
+    ckpt = it.checkpoint()
     with pytest.raises(ValueError, match=field):
         recipe(**change).restore(ckpt)
 
 
 def test_restore_with_a_different_operator_order_fails():
-    ckpt = recipe().checkpoint()
+    ckpt = recipe().loader().checkpoint()
     other = Pipeline(StaticMixtureWorkSource([corpus()], {"web": 1.0}, chunk_size=8)).map(to_ids).shuffle(8, seed=42).pack_flat(16).batch(2)
     with pytest.raises(ValueError, match="differ"):
         other.restore(ckpt)
@@ -139,16 +138,16 @@ def test_restore_rejects_malformed_checkpoints():
         recipe().restore({"lanes": {}})
     with pytest.raises(TypeError):
         recipe().restore("nope")
-    bad = recipe().checkpoint()
+    bad = recipe().loader().checkpoint()
     bad["format"] = "other/9"
     with pytest.raises(ValueError, match="format"):
         recipe().restore(bad)
 
 
 def test_stats_count_deliveries_and_drops():
-    pipe = recipe(lanes=2)
-    n = len(list(pipe))
-    stats = pipe.stats()
+    loader = recipe(lanes=2).loader()
+    n = len(list(loader))
+    stats = loader.stats()
     assert stats["delivered"] == n
     assert stats["operators"]["pack_flat"]["dropped_tokens"] > 0  # end-of-data remainders, counted
 
@@ -159,7 +158,7 @@ def test_checkpoint_is_small_and_independent_of_progress():
     sizes = []
     for _ in range(10):
         next(it)
-        sizes.append(len(json.dumps(pipe.checkpoint())))
+        sizes.append(len(json.dumps(it.checkpoint())))
     assert max(sizes) < 8000
 
 
@@ -193,7 +192,7 @@ def test_finite_data_stops_at_the_first_incomplete_step_or_drains():
 
     first_outs = []
     for seed, rows in [(0, 160), (0, 120), (0, 200), (2, 120), (2, 160), (2, 200)]:
-        stopped = toy_pipeline(4, policy=None, seed=seed, data=toy_dataset(rows))
+        stopped = toy_pipeline(4, policy=None, seed=seed, data=toy_dataset(rows)).loader()
         out = list(stopped)
         stats = stopped.stats()
         # Delivery is round-robin in lane order, so output i comes from lane i % 4.
@@ -214,7 +213,7 @@ def test_finite_data_stops_at_the_first_incomplete_step_or_drains():
 
     stopped = toy_pipeline(4, policy=None)
     out = list(stopped)
-    drained = toy_pipeline(4, policy=None, drain=True)
+    drained = toy_pipeline(4, policy=None, drain=True).loader()
     more = list(drained)
     assert outputs_equal(more[: len(out)], out)
     assert all(s["ended"] for s in drained.stats()["lanes"].values())
@@ -231,9 +230,9 @@ def test_finite_data_stops_at_the_first_incomplete_step_or_drains():
 
 
 def test_filtered_records_are_counted_per_operator():
-    pipe = Pipeline([{"n": i} for i in range(10)]).filter(lambda p: p["n"] % 3 != 0).map(lambda p: None if p["n"] == 5 else p).batch(1)
-    assert len(list(pipe)) == 5
-    ops = pipe.stats()["operators"]
+    loader = Pipeline([{"n": i} for i in range(10)]).filter(lambda p: p["n"] % 3 != 0).map(lambda p: None if p["n"] == 5 else p).batch(1).loader()
+    assert len(list(loader)) == 5
+    ops = loader.stats()["operators"]
     assert ops["filter"]["dropped_records"] == 4 and ops["map"]["dropped_records"] == 1
 
 

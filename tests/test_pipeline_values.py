@@ -49,11 +49,14 @@ def test_a_pipeline_pickles_and_copies_as_a_value_without_its_loader():
 
     pipe = toy_pipeline(2)
     loader = iter(pipe)
-    next(loader)
+    reference = [next(loader) for _ in range(3)]
     for clone in (pickle.loads(pickle.dumps(pipe)), copy.deepcopy(pipe)):
-        assert clone.fingerprint() == pipe.fingerprint()
-        assert clone.stats()["delivered"] == 0  # a fresh value: no loader came along
-        assert outputs_equal([next(iter(clone))], [next(iter(pipe))])
+        assert clone.fingerprint() == pipe.fingerprint() and clone.resume_from is None
+        assert outputs_equal([next(iter(clone))], reference[:1])  # from the start: no loader came along
+    resumed = pipe.restore(loader.checkpoint())
+    for clone in (pickle.loads(pickle.dumps(resumed)), copy.deepcopy(resumed)):
+        assert clone.resume_from == resumed.resume_from and resumed != pipe  # the carried checkpoint is part of the value
+        assert outputs_equal([next(iter(clone))], [next(iter(resumed))])
     loader.close()
 
 
@@ -78,22 +81,89 @@ def test_restore_into_a_loader_that_has_yielded_resumes_exactly(run_options):
         next(loader)
     assert loader.restore(checkpoint) is loader
     assert outputs_equal([next(loader) for _ in range(8)], reference[4:12])
-    # the pipeline shortcut restores its latest loader in place, and the next iter() starts there too
-    pipe.restore(checkpoint)
-    assert outputs_equal([next(loader) for _ in range(3)], reference[4:7])
-    assert outputs_equal([next(iter(pipe)) for _ in range(1)], reference[4:5])
     loader.close()
 
 
-def test_loader_from_a_checkpoint_and_pipeline_shortcuts():
+def test_a_restored_pipeline_is_a_new_value_and_every_loader_of_it_starts_at_its_checkpoint():
     pipe = toy_pipeline(2)
     reference = [b for _, b in zip(range(10), pipe)]
     loader = pipe.loader()
     for _ in range(3):
         next(loader)
-    resumed = toy_pipeline(2).loader(loader.checkpoint())
-    assert outputs_equal([next(resumed) for _ in range(7)], reference[3:])
-    assert pipe.checkpoint() == loader.checkpoint()  # the pipeline speaks for its latest loader
+    checkpoint = loader.checkpoint()
+    resumed = pipe.restore(checkpoint)
+    assert resumed is not pipe and resumed.resume_from == checkpoint and pipe.resume_from is None
+    for _ in range(2):  # every time, not once
+        assert outputs_equal([b for _, b in zip(range(7), resumed)], reference[3:])
+        assert outputs_equal([b for _, b in zip(range(7), resumed.loader())], reference[3:])
+    assert outputs_equal([b for _, b in zip(range(7), toy_pipeline(2).loader(checkpoint))], reference[3:])
+    assert outputs_equal([b for _, b in zip(range(3), pipe)], reference[:3])  # the receiver is unchanged
+    assert outputs_equal([next(loader)], reference[3:4])  # and so is the loader the checkpoint came from
+    restored = resumed.loader()
+    assert restored.checkpoint() == checkpoint  # nothing delivered yet: the carried checkpoint itself
+    assert resumed.loader(restored.checkpoint()).stats()["delivered"] == 3  # counted from the checkpoint on
+    with pytest.raises(ValueError, match="differ"):
+        toy_pipeline(2, seed=5).restore(checkpoint)  # refused at once, listing the fields
+
+
+def test_plan_never_measures_and_compile_gives_the_calibrated_plan():
+    from zephon.sources import calibrate
+    from zephon.testing import length_datasets, word_tokenizer
+    from zephon.work import MixtureSpec, StaticMixtureWorkSource
+
+    src = StaticMixtureWorkSource(length_datasets({"short": 5, "long": 50}, 200), MixtureSpec({"short": 1, "long": 1}, unit="tokens"), chunk_size=8)
+    pipe = Pipeline(src).tokenize(word_tokenizer(), special_tokens="eos", eos_token_id=1).batch(2)
+    calibrate._CACHE.clear()
+    with pytest.raises(ValueError, match=r"never measures.*pipeline\.compile\(\)"):
+        pipe.plan
+    assert not calibrate._CACHE  # nothing was measured
+    plan = pipe.compile()
+    assert plan.source.calibration is not None and not plan.source.needs_calibration
+    loader = iter(pipe)
+    assert loader.plan.source.calibration == plan.source.calibration
+    next(loader)
+    calibrate._CACHE.clear()
+    resumed = Pipeline(src).tokenize(word_tokenizer(), special_tokens="eos", eos_token_id=1).batch(2).restore(loader.checkpoint())
+    assert resumed.plan.source.calibration == plan.source.calibration  # frozen in the checkpoint: no measuring
+    assert not calibrate._CACHE
+
+
+def test_the_compat_pipeline_changes_in_place_and_speaks_for_its_latest_loader():
+    import pickle
+
+    from zephon import compat
+
+    reference = [b for _, b in zip(range(12), toy_pipeline(2))]
+    value = toy_pipeline(2)
+    pipe = compat.Pipeline(value)
+    start = pipe.checkpoint()
+    assert start == value.loader().checkpoint()  # before any iteration: the start
+    assert pipe.stats()["delivered"] == 0
+    loader = iter(pipe)
+    assert pipe.latest is loader
+    for _ in range(4):
+        next(loader)
+    checkpoint = pipe.checkpoint()
+    assert checkpoint == loader.checkpoint() and pipe.stats()["delivered"] == 4
+    next(loader)
+    assert pipe.restore(checkpoint) is pipe  # the latest loader resumes in place ...
+    assert outputs_equal([next(loader) for _ in range(3)], reference[4:7])
+    assert pickle.loads(pickle.dumps(pipe)).checkpoint() == checkpoint  # a pending restore travels, the loader not
+    assert outputs_equal([next(iter(pipe))], reference[4:5])  # ... and the next iter() starts there, once
+    assert outputs_equal([next(iter(pipe))], reference[:1])
+    again = compat.Pipeline(value)
+    again.load_state_dict(pipe.state_dict())
+    assert outputs_equal([next(iter(again))], reference[1:2])
+    with compat.Pipeline(toy_pipeline(2)) as built:
+        built.batch  # a builder of the value, in place: the wrapper holds the result
+        assert built.options(canonical_replicas=4) is built and built.pipeline.run_options.canonical_replicas == 4
+        assert built.fingerprint() == built.pipeline.fingerprint() and built.topology().lanes == (0, 1, 2, 3)
+        it = iter(built)
+        next(it)
+    with pytest.raises(RuntimeError, match="closed loader"):
+        next(it)
+    assert value.resume_from is None and value.run_options.canonical_replicas == 2  # the wrapped value never changed
+    loader.close()
 
 
 def test_chain_steps_every_child_and_stateless_counters_live_in_their_own_state():

@@ -80,8 +80,9 @@ def test_a_discarded_options_call_names_the_lane_count_it_did_not_set():
     "run",
     [
         pytest.param(lambda p: p.loader().close(), id="loader"),
-        pytest.param(lambda p: p.checkpoint(), id="checkpoint"),
-        pytest.param(lambda p: p.state_dict(), id="state_dict"),
+        pytest.param(lambda p: p.plan, id="plan"),
+        pytest.param(lambda p: p.compile(), id="compile"),
+        pytest.param(lambda p: p.explain(), id="explain"),
         pytest.param(lambda p: next(iter(p.steps())), id="steps"),
         pytest.param(lambda p: p.topology(), id="topology"),
         pytest.param(lambda p: p.fingerprint(), id="fingerprint"),
@@ -130,6 +131,54 @@ def test_a_custom_operator_added_and_discarded_names_add():
     p.add(upper)
     with pytest.warns(UserWarning, match=r"p = p\.add\(\.\.\.\)"):
         _run(p)
+
+
+def test_a_discarded_restore_warns_that_the_receiver_runs_from_its_start():
+    p = Pipeline(_rows()).tokenize(**_tok()).batch(2)
+    loader = iter(p)
+    next(loader)
+    p.restore(loader.checkpoint())  # 0.2.0 style: restore in place
+    with pytest.warns(UserWarning) as seen:
+        out = _run(p)
+    (message,) = [str(w.message) for w in seen if "discarded" in str(w.message)]
+    assert "Pipeline.restore(...)" in message and "p = p.restore(...)" in message
+    assert "not from the checkpoint" in message and "zephon.compat.Pipeline" in message
+    assert len(out) == len(_run(p.restore(loader.checkpoint()))) + 1  # it did run from the start
+
+
+@pytest.mark.parametrize("name", ["checkpoint", "stats", "stats_table", "close", "state_dict", "load_state_dict"])
+def test_running_state_asked_of_a_pipeline_names_the_loader_and_the_compat_facade(name):
+    p = Pipeline(_rows()).tokenize(**_tok()).batch(2)
+    with pytest.raises(AttributeError) as err:
+        getattr(p, name)
+    message = str(err.value)
+    assert f"Pipeline.{name}()" in message and "loader = iter(p)" in message and f"loader.{name}(" in message
+    assert "zephon.compat.Pipeline(p)" in message
+    with pytest.raises(TypeError, match=r"with p\.loader\(\) as loader"):
+        with p:
+            pass
+
+
+def test_ported_in_place_code_runs_as_written_on_the_compat_facade():
+    from zephon import compat
+
+    def ported():
+        p = compat.Pipeline(_rows())
+        p.tokenize(**_tok())
+        p.batch(2)
+        it = iter(p)
+        first = next(it)
+        ck = p.checkpoint()
+        rest = list(it)
+        p.restore(ck)  # in place: the next iteration starts at the checkpoint
+        again = list(p)
+        stats = p.stats()
+        p.close()
+        return first, rest, again, stats
+
+    first, rest, again, stats = _silent(ported)
+    assert "input_ids" in first.records[0].payload
+    assert len(rest) == len(again) == stats["delivered"] - 1 and again[0].ids == rest[0].ids
 
 
 # -- correct uses of values never warn -----------------------------------------------------------------
@@ -183,7 +232,8 @@ def test_results_that_were_inspected_then_dropped_are_silent():
         p.batch(2).explain()
         p.options(canonical_replicas=2).topology()
         p.batch(2).fingerprint()
-        p.batch(2).checkpoint()
+        p.batch(2).loader().checkpoint()
+        p.batch(2).restore(p.batch(2).loader().checkpoint())
         return _run(p)
 
     _silent(go)

@@ -30,7 +30,7 @@ def recipe(lanes: int = 4, **options) -> Pipeline:
 
 
 def test_the_default_reads_ahead_and_gives_what_each_lane_reading_alone_gives():
-    with recipe() as alone, recipe(read_ahead=0) as plain:
+    with recipe().loader() as alone, recipe(read_ahead=0).loader() as plain:
         assert alone.plan.read_ahead == 512 and plain.plan.read_ahead == 0
         assert outputs_equal(list(alone), list(plain))
 

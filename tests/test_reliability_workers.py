@@ -133,7 +133,9 @@ def run_lifecycle_machine(mode: str, examples: int, steps: int) -> None:
 
         @initialize()
         def start(self):
-            self.pipe = _lifecycle_pipeline(mode)
+            from zephon import compat
+
+            self.pipe = compat.Pipeline(_lifecycle_pipeline(mode))  # checkpoint/restore/close via the pipeline object, too
             self.loader = iter(self.pipe)
             self.pos, self.closed, self.finished, self.pending = 0, False, False, None
 
@@ -179,7 +181,7 @@ def run_lifecycle_machine(mode: str, examples: int, steps: int) -> None:
         def restore(self, saved, via_pipeline):
             ck, pos = saved
             if via_pipeline:
-                self.pipe.restore(ck)  # the latest loader resumes in place; the next iter() starts there too
+                self.pipe.restore(ck)  # the facade's latest loader resumes in place; the next iter() starts there too
                 self.pending = pos
             else:
                 self.loader.restore(ck)
@@ -219,15 +221,16 @@ def test_lifecycle_never_blocks_and_matches_the_reference(tmp_path, mode, exampl
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_pipeline_restore_resumes_its_latest_loader_in_place(tmp_path, mode):
+def test_compat_pipeline_restore_resumes_its_latest_loader_in_place(tmp_path, mode):
     out = run_script(
         tmp_path,
         f"""
         import test_reliability_workers as t
+        from zephon import compat
         from zephon.testing import outputs_equal
         if __name__ == "__main__":
             reference = list(t._lifecycle_pipeline("inline"))
-            pipe = t._lifecycle_pipeline({mode!r})
+            pipe = compat.Pipeline(t._lifecycle_pipeline({mode!r}))
             it = iter(pipe)
             got = [next(it), next(it), next(it)]
             pipe.restore(pipe.checkpoint())
@@ -256,8 +259,7 @@ def test_next_after_close_raises_and_checkpoint_and_restore_still_work(tmp_path,
         from zephon.testing import outputs_equal
         if __name__ == "__main__":
             reference = list(t._lifecycle_pipeline("inline"))
-            with t._lifecycle_pipeline({mode!r}) as pipe:
-                it = iter(pipe)
+            with t._lifecycle_pipeline({mode!r}).loader() as it:
                 got = [next(it) for _ in range(5)]
             it.close()  # a second close is harmless
             for _ in range(2):

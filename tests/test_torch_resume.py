@@ -73,14 +73,15 @@ def test_every_consumer_of_a_restored_pipeline_starts_at_the_checkpoint():
     expected = reference(toy_pipeline(2), 10)
     ck = checkpoint_after(toy_pipeline(2), 3)
     pipe = toy_pipeline(2).restore(ck)
-    assert pipe.checkpoint() == ck
-    dataset = pipe.to_torch_dataset(**OPTIONS)  # takes the restore without using it up
-    loader = pipe.loader()  # the next loader starts there (and uses it up, as iter() does)
-    assert same_seq([torch.utils.data.default_convert(b.to_training(**OPTIONS)) for b in take(loader, 4)], expected[3:7])
-    loader.close()
-    assert same_seq(take(torch.utils.data.DataLoader(dataset, batch_size=None), 4), expected[3:7])
-    assert same_seq(take(DataLoader(toy_pipeline(2).restore(ck), **OPTIONS), 4), expected[3:7])
-    fresh = pipe.loader()  # the restore was used: a new loader starts at the beginning
+    assert pipe.loader().checkpoint() == ck
+    dataset = pipe.to_torch_dataset(**OPTIONS)
+    for _ in range(2):  # every loader and every iteration of the dataset starts there, not only the first
+        loader = pipe.loader()
+        assert same_seq([torch.utils.data.default_convert(b.to_training(**OPTIONS)) for b in take(loader, 4)], expected[3:7])
+        loader.close()
+        assert same_seq(take(torch.utils.data.DataLoader(dataset, batch_size=None), 4), expected[3:7])
+        assert same_seq(take(DataLoader(pipe, **OPTIONS), 4), expected[3:7])
+    fresh = toy_pipeline(2).loader()  # the pipeline it was restored from starts at the beginning
     assert same_seq([torch.utils.data.default_convert(b.to_training(**OPTIONS)) for b in take(fresh, 2)], expected[:2])
     fresh.close()
 

@@ -30,7 +30,7 @@ def _run(args: argparse.Namespace) -> int:
             if shape.sequence_length:
                 pipeline = pipeline.pack_flat(shape.sequence_length)
             pipeline = pipeline.batch(shape.microbatch_size)
-        src = pipeline.plan.source if pipeline is not None else plan.source()
+        src = pipeline.compile().source if pipeline is not None else plan.source()
         if src.calibration is not None and plan.calibration is None:
             import attrs
 

@@ -2,7 +2,7 @@
 
 ``pipeline.to_torch_dataset(**to_training_options)`` returns a :class:`TrainingDataset`. Each of
 its iterators runs this rank's lanes and yields ``to_training(batch, **options)`` for every
-microbatch, in the pipeline's order, from the pipeline's pending ``restore()`` or the
+microbatch, in the pipeline's order, from the checkpoint the pipeline carries (``restore()``) or the
 ``checkpoint=`` given (else from the start). Iterators are ``Stateful``: torchdata's
 ``StatefulDataLoader`` saves their ``state_dict()`` (which holds zephon's checkpoint of exactly
 the batches yielded so far) and restores it, in the main process or in each worker, with the
@@ -133,7 +133,7 @@ class TrainingDataset(torch.utils.data.IterableDataset):
             fast-forwards on resume, replaying the data).
         checkpoint: where every iteration starts (a zephon checkpoint holding this rank's
             lanes); ``None``: the beginning of the data. ``pipeline.to_torch_dataset()`` passes
-            the pipeline's pending ``restore()`` here.
+            the checkpoint the pipeline carries (``pipeline.restore(ck)``) here.
         **to_training_options: the options of :func:`~zephon.to_training` (``layout=``
             included), validated here, once.
 
@@ -162,7 +162,7 @@ class TrainingDataset(torch.utils.data.IterableDataset):
         self.pipeline = pipeline
         self.stateful = stateful
         self.spec = training_spec(**to_training_options)
-        self.plan = pipeline._compiled(checkpoint)
+        self.plan = pipeline.compile(checkpoint)
         if checkpoint is not None:
             validate(self.plan.fingerprint(), checkpoint)
         self.checkpoint = checkpoint
@@ -566,8 +566,8 @@ class DataLoader:
     workers, ranks dividing the lanes, or with ``pipeline.loader(checkpoint)``.
 
     Args:
-        data: a :class:`~zephon.Pipeline` ending in ``batch()`` (its pending ``restore()`` is
-            the start), or a :class:`TrainingDataset` from ``pipeline.to_torch_dataset()``.
+        data: a :class:`~zephon.Pipeline` ending in ``batch()`` (the checkpoint it carries,
+            ``pipeline.restore(ck)``, is the start), or a :class:`TrainingDataset` from ``pipeline.to_torch_dataset()``.
         num_workers: DataLoader worker processes.
         checkpoint: where to start (a zephon checkpoint, this loader's ``state_dict()``, or a
             ``StatefulDataLoader`` state); ``None``: the dataset's start.

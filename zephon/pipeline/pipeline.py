@@ -3,8 +3,11 @@
 A pipeline is a work source plus a named chain of operators, run as ``canonical_replicas`` (L)
 independent lanes. It is a frozen value: every builder method (``map``, ``tokenize``, ...,
 ``options``) returns a new pipeline and leaves the receiver unchanged, so two pipelines built from
-one base never affect each other. ``iter(pipeline)`` returns a :class:`~zephon.Loader`, the object
-that runs it and owns its executor, checkpoints and stats.
+one base never affect each other. ``iter(pipeline)`` and ``pipeline.loader()`` return a
+:class:`~zephon.Loader`, the object that runs it and owns its executor, checkpoints, stats and
+``close()``. A pipeline may carry a checkpoint (``pipeline.restore(ck)``, a new value): every
+loader and torch dataset made from it starts there. Code written for a pipeline object that
+runs and restores in place uses :class:`zephon.compat.Pipeline`.
 """
 
 from __future__ import annotations
@@ -17,13 +20,7 @@ from typing import Any, Callable, Iterator
 import attrs
 
 from ..ops.batch import Batch
-from ..runtime.checkpoint import (
-    build,
-    checkpoint_to_state_dict,
-    select_lanes,
-    state_dict_to_checkpoint,
-    validate,
-)
+from ..runtime.checkpoint import validate
 from ..core.operator import Chain, FilterOp, MapOp, Operator, StatelessOp
 from ..runtime.distributed import Topology, resolve_topology
 from .explain import Explanation, explain_plan
@@ -37,7 +34,7 @@ from ..ops.pack import PackFlat, PackSequences
 from ..core.records import SampleBatch
 from ..ops.shuffle import Shuffle
 from ..training.spec import _warn_at_caller
-from ..sources.calibrate import compile_source
+from ..sources.calibrate import compile_source, step_size
 from ..ops.mixing import place_targets
 from ..sources.estimate import Calibration
 from ..sources.work_source import make_source
@@ -55,24 +52,23 @@ def _checkpoint_calibration(checkpoint: Any) -> Calibration | None:
         return None
 
 
-class _Latest:
-    """The loader last made from one pipeline object, and a restore waiting for the next one.
+class _Bookkeeping:
+    """What a pipeline object notes about its own use, outside its value (never compared or pickled).
 
-    Only the shortcuts ``pipeline.checkpoint()/restore()/stats()/close()`` use it, so code written
-    against a single running pipeline keeps working; it is never part of the pipeline's value.
+    ``origin`` and ``made`` let running a pipeline report builder results that were thrown away
+    unused (see ``Pipeline._note_run``); ``plans`` memoizes compiling, a pure function of the
+    value, by the calibration it was given. A copied or unpickled pipeline starts with none.
     """
 
-    __slots__ = ("loader", "pending", "plans", "origin", "made")
+    __slots__ = ("plans", "origin", "made")
 
     def __init__(self) -> None:
-        self.loader: Loader | None = None
-        self.pending: dict[str, Any] | None = None
-        self.plans: dict[str, Plan] = {}  # compiled plans, by the calibration they were given
+        self.plans: dict[str, Plan] = {}
         self.origin: _Origin | None = None  # the builder call that made this pipeline object
         self.made: list[tuple[weakref.ref, _Origin]] = []  # pipelines made from it, not yet run
 
-    def __reduce__(self) -> tuple:  # a copied or pickled pipeline starts with no loader
-        return (_Latest, ())
+    def __reduce__(self) -> tuple:
+        return (_Bookkeeping, ())
 
 
 class _Origin:
@@ -100,6 +96,8 @@ class _Origin:
 
 #: The builder methods that append an operator through ``add``.
 _BUILDERS = frozenset({"map", "filter", "tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "batch", "ensure_mixture"})
+#: What a loader owns, asked of a pipeline by code written for pipelines that run in place.
+_RUNNING = frozenset({"checkpoint", "stats", "stats_table", "close", "state_dict", "load_state_dict"})
 #: Payload fields of conversations, which ``tokenize_chat`` renders.
 _CHAT_FIELDS = ("messages", "conversations", "conversation")
 
@@ -143,6 +141,8 @@ class Pipeline:
             a list of datasets, or a plain list of dicts.
         operators: ``(name, operator)`` pairs, in order (usually built with the methods below).
         options: the run settings (:class:`~zephon.Options`; usually set with :meth:`options`).
+        resume_from: a checkpoint every loader of this pipeline starts at (usually set with
+            :meth:`restore`); ``None``: the beginning of the data.
 
     Examples:
         >>> from zephon import Pipeline
@@ -158,7 +158,8 @@ class Pipeline:
     source: Any = attrs.field(converter=make_source)
     operators: tuple[tuple[str, Operator], ...] = attrs.field(default=(), converter=_steps)
     run_options: Options = attrs.field(default=Options(), alias="options")
-    _latest: _Latest = attrs.field(init=False, factory=_Latest, eq=False, repr=False)
+    resume_from: dict[str, Any] | None = attrs.field(default=None, kw_only=True, hash=False, repr=False)
+    _notes: _Bookkeeping = attrs.field(init=False, factory=_Bookkeeping, eq=False, repr=False)
 
     # -- building -------------------------------------------------------------------------------------
     def options(self, **kwargs: Any) -> "Pipeline":
@@ -208,11 +209,11 @@ class Pipeline:
 
     def _made(self, child: "Pipeline", call: str, note: str = "") -> "Pipeline":
         """``child``, recorded as made from this pipeline by ``call`` (see :meth:`_note_run`)."""
-        origin = _Origin(call, self._latest.origin, note)
-        child._latest.origin = origin
-        latest = self._latest
-        latest.made = [m for m in latest.made if not m[1].used]
-        latest.made.append((weakref.ref(child), origin))
+        origin = _Origin(call, self._notes.origin, note)
+        child._notes.origin = origin
+        notes = self._notes
+        notes.made = [m for m in notes.made if not m[1].used]
+        notes.made.append((weakref.ref(child), origin))
         return child
 
     def _note_run(self) -> None:
@@ -223,19 +224,20 @@ class Pipeline:
         being run, compiled or built into something that was, is such a discarded call. A result
         that is still alive is a deliberate variant and is never reported. Each is reported once.
         """
-        latest = self._latest
-        if latest.origin is not None:
-            latest.origin.mark_used()
-        if not latest.made:
+        notes = self._notes
+        if notes.origin is not None:
+            notes.origin.mark_used()
+        if not notes.made:
             return
-        discarded = [o for ref, o in latest.made if ref() is None and not o.used]
-        latest.made = [m for m in latest.made if m[0]() is not None and not m[1].used]
+        discarded = [o for ref, o in notes.made if ref() is None and not o.used]
+        notes.made = [m for m in notes.made if m[0]() is not None and not m[1].used]
         for origin in discarded:
             fix = origin.call if origin.call.startswith("options(") else origin.call.split("(")[0] + "(...)"
             _warn_at_caller(
                 f"Pipeline.{origin.call} returned a new pipeline that was discarded: pipelines are values, and "
                 f"builder methods never change the pipeline they are called on. Write `p = p.{fix}` (or chain "
-                f"the calls). Running this pipeline without it.{origin.note}"
+                f"the calls). Running this pipeline without it.{origin.note} Code written for pipelines that change "
+                "in place (Zephon 0.2.0's style) can wrap one: `p = zephon.compat.Pipeline(p)`."
             )
 
     def map(self, fn: Callable[[Any], Any], *, name: str | None = None, fingerprint: str | None = None) -> "Pipeline":
@@ -383,35 +385,53 @@ class Pipeline:
     # -- what it computes -----------------------------------------------------------------------------
     @property
     def plan(self) -> Plan:
-        """The compiled, picklable description of the lanes (source, chain, lane count).
+        """The compiled, picklable description of the lanes (source, chain, lane count). Never measures.
 
-        Compiling fills in what the source needs from the pipeline: the samples or tokens of a
-        global step (for a schedule by step) and the token calibration (measured once, with the
-        pipeline's own tokenizer; see :class:`zephon.work.TokenEstimation`). With a pending
-        :meth:`restore`, the checkpoint's frozen calibration is used, as the resumed run uses it.
+        A source whose mixture counts tokens needs a token calibration: reading ``plan`` takes it
+        from the source (a plan's ``[calibration]``) or from the carried checkpoint
+        (:attr:`resume_from`), and otherwise raises; :meth:`compile` measures it, and so does
+        building a loader.
         """
-        return self._compiled(self._latest.pending)
+        return self.compile(measure=False)
 
-    def _compiled(self, checkpoint: dict[str, Any] | None) -> Plan:
-        """The plan; with ``checkpoint``, its frozen calibration is used instead of measuring."""
+    def compile(self, checkpoint: dict[str, Any] | None = None, *, measure: bool = True) -> Plan:
+        """The compiled plan, with what the source needs from the pipeline filled in.
+
+        That is the samples or tokens of a global step (for a schedule by step) and the token
+        calibration: the one frozen in ``checkpoint`` (default: :attr:`resume_from`) if it has
+        one, else the source's own, else measured now with the pipeline's own tokenizer (once
+        per process; see :class:`zephon.work.TokenEstimation`). Every loader runs this plan.
+
+        Raises:
+            ValueError: ``measure=False`` and the calibration would have to be measured; an
+                impossible plan (the source's error).
+        """
         self._note_run()
+        if checkpoint is None:
+            checkpoint = self.resume_from
         calibration = _checkpoint_calibration(checkpoint) if self.source.needs_calibration else None
+        opts = self.run_options
+        if not measure and calibration is None and step_size(self.source, Chain(self.operators), opts.canonical_replicas).needs_calibration:
+            raise ValueError(
+                "Pipeline.plan never measures, and this source's mixture counts tokens without a calibration: use "
+                "pipeline.compile() (measures it on a small sample with the pipeline's tokenizer), or loader.plan of a loader "
+                "that ran; a source given its calibration (source.with_calibration(...)) needs no measuring"
+            )
         key = repr(calibration.describe()) if calibration is not None else ""
-        plans = self._latest.plans
+        plans = self._notes.plans
         if key not in plans:
             chain = Chain(self.operators)
             source = self.source
-            if self.run_options.io_options is not None:
-                source = source.with_io_options(self.run_options.io_options)
-            source = compile_source(source, chain, self.run_options.canonical_replicas, calibration=calibration)
-            chain = place_targets(chain, source, self.run_options.canonical_replicas)
-            opts = self.run_options
+            if opts.io_options is not None:
+                source = source.with_io_options(opts.io_options)
+            source = compile_source(source, chain, opts.canonical_replicas, calibration=calibration)
+            chain = place_targets(chain, source, opts.canonical_replicas)
             plans[key] = Plan(source, chain, opts.canonical_replicas, opts.read_size, opts.read_ahead)
         return plans[key]
 
     def fingerprint(self) -> dict[str, Any]:
         """Everything that decides the data: source (the plan), operators (the processing), lane count."""
-        return self.plan.fingerprint()
+        return self.compile().fingerprint()
 
     def change_plan(self, source: Any, *, from_step: int, checkpoint: dict[str, Any]) -> tuple["Pipeline", dict[str, Any]]:
         """Change the plan (mixture, schedule, datasets, ends) of a running job from global step ``from_step`` on.
@@ -470,7 +490,7 @@ class Pipeline:
         """
         # A topology iteration would refuse (L not divisible by D, a rank outside [0, D)) raises
         # here too, with the same error.
-        return explain_plan(self.plan, self.run_options, self.topology(), self.operators, measure=measure)
+        return explain_plan(self.compile(), self.run_options, self.topology(), self.operators, measure=measure)
 
     def describe_step(self, step: int) -> list[dict[str, Any]]:
         """Which source samples and token ranges make up global step ``step``, lane by lane.
@@ -479,7 +499,7 @@ class Pipeline:
         Returns one entry per lane: its records' segments as
         ``(dataset name, shard id, row, start, end)`` and their padding.
         """
-        plan = self.plan
+        plan = self.compile()
         out = []
         for lane in progress(range(plan.lanes), total=plan.lanes, desc=f"running lanes to step {step}", unit="lane"):
             state, item = plan.init(lane), None
@@ -495,24 +515,25 @@ class Pipeline:
     def loader(self, checkpoint: dict[str, Any] | None = None) -> Loader:
         """A new loader running this pipeline for this rank, from ``checkpoint``.
 
-        Without one, from a pending :meth:`restore` (which it uses up, as ``iter()`` does), else
-        from the start.
+        Without one, from :attr:`resume_from` (the checkpoint this pipeline carries), else from
+        the start. Every call makes an independent loader; the pipeline does not change.
+
+        Raises:
+            ValueError: a checkpoint of other data settings (listing the differences), or one
+                without this rank's lanes.
         """
         if self.run_options.workers and not self.run_options.start_inline:  # the workers' fork server imports while the plan compiles
             from ..runtime.executor import prestart
 
             prestart()
         if checkpoint is None:
-            checkpoint, self._latest.pending = self._latest.pending, None
-        plan, topo = self._compiled(checkpoint), self.topology()
+            checkpoint = self.resume_from
+        plan, topo = self.compile(checkpoint), self.topology()
         encoded = None if checkpoint is None else restored_lanes(plan, topo, self.run_options, checkpoint)
-        loader = Loader(plan, topo, self.run_options, encoded)
-        self._latest.loader = loader
-        return loader
+        return Loader(plan, topo, self.run_options, encoded)
 
     def __iter__(self) -> Loader:
-        pending, self._latest.pending = self._latest.pending, None
-        loader = self.loader(pending)
+        loader = self.loader()
         if not self.operators:
             self._warn_if_untokenized(loader.plan, loader.topology.lanes[0])
         return loader
@@ -540,7 +561,21 @@ class Pipeline:
 
     def steps(self, *, concat: bool = False) -> Iterator[Any]:
         """Iterate by optimizer step with a new loader; see :meth:`Loader.steps`."""
-        return iter(self).steps(concat=concat)
+        return self.loader().steps(concat=concat)
+
+    def restore(self, checkpoint: dict[str, Any]) -> "Pipeline":
+        """A new pipeline, equal to this one but carrying ``checkpoint``: its loaders start there.
+
+        Every ``iter()``, :meth:`loader` and :meth:`to_torch_dataset` of the result starts at
+        ``checkpoint``, each time; this pipeline is unchanged. The mapping and its lane table are
+        copied (lane states are shared: their checksums refuse later edits). Performance settings
+        (workers, prefetch, read size, the number of ranks) may differ from the run that wrote it.
+
+        Raises:
+            ValueError: a checkpoint of other data settings, listing the differing fields.
+        """
+        validate(self.compile(checkpoint).fingerprint(), checkpoint)
+        return self._made(attrs.evolve(self, resume_from=_copy_checkpoint(checkpoint)), "restore(...)", _RESTORE_NOTE)
 
     def to_torch_dataset(self, *, checkpoint: dict[str, Any] | None = None, **to_training_options: Any) -> Any:
         """This rank's microbatches as training tensors, a ``torch.utils.data.IterableDataset``.
@@ -548,82 +583,42 @@ class Pipeline:
         Use it with ``zephon.integrations.torch.DataLoader`` (whose state resumes on any number
         of workers), ``DataLoader(ds, batch_size=None)`` or torchdata's ``StatefulDataLoader``,
         whose ``state_dict()`` then carries zephon's checkpoint. Every iteration starts at
-        ``checkpoint``, else at a pending :meth:`restore` (kept for the next ``iter()`` too),
-        else at the beginning. Options are those of :func:`~zephon.to_training`
-        (``layout="megatron"`` included). With ``num_workers=W > 1`` the workers share this
-        rank's lanes (``W`` must divide them) and agree on the end of the data, so the delivered
-        sequence stays exactly the pipeline's; see :mod:`zephon.integrations.torch`. Needs torch.
+        ``checkpoint``, else at :attr:`resume_from`, else at the beginning. Options are those of
+        :func:`~zephon.to_training` (``layout="megatron"`` included). With ``num_workers=W > 1``
+        the workers share this rank's lanes (``W`` must divide them) and agree on the end of the
+        data, so the delivered sequence stays exactly the pipeline's; see
+        :mod:`zephon.integrations.torch`. Needs torch.
         """
         try:
             from ..integrations.torch import TrainingDataset
         except ImportError as exc:
             raise ImportError(f"to_torch_dataset needs torch: pip install 'zephon[torch]' ({exc})") from exc
-        self._note_run()
-        if checkpoint is None and self._latest.pending is not None:
-            checkpoint = _copy_checkpoint(self._latest.pending)
+        if checkpoint is None and self.resume_from is not None:
+            checkpoint = _copy_checkpoint(self.resume_from)
         return TrainingDataset(self, checkpoint=checkpoint, **to_training_options)
 
-    # -- shortcuts to the latest loader (code written against a running pipeline) ----------------------
-    def checkpoint(self) -> dict[str, Any]:
-        """The checkpoint of the latest loader made from this pipeline object.
+    def __getattr__(self, name: str) -> Any:
+        if name in _RUNNING:
+            raise AttributeError(
+                f"Pipeline.{name}(): a Pipeline is a value and runs nothing, so it has no checkpoint, stats or workers. "
+                f"The loader that runs it owns them: `loader = iter(p)` (or `p.loader(checkpoint)`), then "
+                f"`loader.{name}(...)`; resume with `p.loader(ck)` or `p = p.restore(ck)`. Code written for a pipeline "
+                "object that runs in place (Zephon 0.2.0's style) can wrap it: `p = zephon.compat.Pipeline(p)`"
+            )
+        raise AttributeError(f"'Pipeline' object has no attribute {name!r}")
 
-        Before any iteration: the pending restore, or the start. Prefer ``loader.checkpoint()``.
-        """
-        if self._latest.loader is not None:
-            return self._latest.loader.checkpoint()
-        topo = self.topology()
-        if self._latest.pending is not None:
-            lanes = select_lanes(self._latest.pending, topo.lanes)
-            return {**self._latest.pending, "lanes": {str(k): v for k, v in lanes.items()}}
-        plan = self.plan
-        return build(plan.fingerprint(), {lane: plan.encode(plan.init(lane)) for lane in topo.lanes})
+    def __enter__(self) -> Any:
+        raise TypeError(
+            "a Pipeline is a value, not a context manager: `with p.loader() as loader:` (or `with iter(p) as loader:`) "
+            "closes the loader that runs it; zephon.compat.Pipeline(p) is a context manager for code written that way"
+        )
 
-    def restore(self, checkpoint: dict[str, Any]) -> "Pipeline":
-        """Resume from ``checkpoint``: the latest loader resumes in place, and the next ``iter()`` starts there.
+    def __exit__(self, *exc: Any) -> None:  # pragma: no cover - __enter__ raises
+        return None
 
-        Fails loudly, listing the differing fields, if the data settings differ; performance
-        settings (workers, prefetch, read size, the number of ranks) may change freely. Returns
-        this pipeline. Prefer ``pipeline.loader(checkpoint)`` or ``loader.restore(checkpoint)``.
-        """
-        validate(self._compiled(checkpoint).fingerprint(), checkpoint)
-        self._latest.pending = _copy_checkpoint(checkpoint)
-        if self._latest.loader is not None:
-            self._latest.loader.restore(checkpoint)
-        return self
 
-    def state_dict(self) -> dict[str, Any]:
-        """The checkpoint as a DCP-friendly mapping (``{"zephon_fingerprint": ..., "lane_00003": ...}``)."""
-        return checkpoint_to_state_dict(self.checkpoint())
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore from :meth:`state_dict` output (possibly saved on another number of ranks)."""
-        self.restore(state_dict_to_checkpoint(state_dict))
-
-    def stats(self) -> dict[str, Any]:
-        """The latest loader's counters (see :meth:`Loader.stats`); empty before iteration."""
-        if self._latest.loader is None:
-            from ..runtime.stats import Deliveries, summarize
-
-            empty = summarize(operators={}, meter=None, deliveries=Deliveries())
-            return {"delivered": 0, "complete_steps": 0, "lanes": {}, "undelivered": {"outputs": 0, "records": 0, "tokens": 0}, "operators": {}, **empty}
-        return self._latest.loader.stats()
-
-    def stats_table(self) -> str:
-        """The latest loader's :meth:`Loader.stats_table`; empty-pipeline counters before iteration."""
-        from ..runtime.stats import format_stats
-
-        return format_stats(self.stats())
-
-    def close(self) -> None:
-        """Stop the latest loader's workers (also done when it is garbage collected)."""
-        if self._latest.loader is not None:
-            self._latest.loader.close()
-
-    def __enter__(self) -> "Pipeline":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+#: Added to the warning about a discarded ``restore()``.
+_RESTORE_NOTE = " It runs from its own start, not from the checkpoint."
 
 
 def _describe_record(plan: Plan, rec: Any) -> dict[str, Any]:

@@ -283,7 +283,7 @@ class Plan:
                 (calibration measured with its tokenizer) and its step shape are used.
         """
         if pipeline is not None:
-            src = pipeline.plan.source
+            src = pipeline.compile().source
             shape = _pipeline_shape(pipeline)
         else:
             src = self.source()

@@ -33,7 +33,7 @@ def change_plan(pipeline: Any, new: Any, *, from_step: int, checkpoint: dict[str
     """See :meth:`zephon.Pipeline.change_plan`."""
     if isinstance(from_step, bool) or not isinstance(from_step, int) or from_step < 0:
         raise ValueError(f"change_plan: from_step must be an int >= 0, got {from_step!r}")
-    plan = pipeline._compiled(checkpoint)
+    plan = pipeline.compile(checkpoint)
     validate(plan.fingerprint(), checkpoint)
     L = plan.lanes
     encoded = select_lanes(checkpoint, range(L))
@@ -67,8 +67,8 @@ def change_plan(pipeline: Any, new: Any, *, from_step: int, checkpoint: dict[str
             f"of {old.end}); change the plan earlier"
         )
     changed = attrs.evolve(new, change=Change(position, old.timeline, from_step, switches=old.switch_positions))
-    result = attrs.evolve(pipeline, source=changed)
-    new_plan = result._compiled(None)
+    result = attrs.evolve(pipeline, source=changed, resume_from=None)
+    new_plan = result.compile()
     if new_plan.source.end is not None:
         block = L * new_plan.source.chunk_size
         if new_plan.source.end // block * block < position:

@@ -561,7 +561,7 @@ def save_checkpoint(directory: str | os.PathLike, loader: Any) -> Path:
 
     Args:
         directory: created if missing.
-        loader: a running loader (``iter(pipeline)``), or a pipeline (its latest loader).
+        loader: a running loader (``iter(pipeline)``), or a ``zephon.compat.Pipeline`` (its latest loader).
 
     Returns the written path. The file carries a SHA-256 of its contents and is written
     atomically: to a temporary name in ``directory`` (flushed and fsynced), renamed over the
@@ -611,10 +611,11 @@ def read_checkpoint(directory: str | os.PathLike, lanes: Iterable[int]) -> dict[
 
 
 def load_checkpoint(directory: str | os.PathLike, target: Any) -> Any:
-    """Restore ``target`` (a pipeline or a loader) from the files in ``directory`` holding its lanes.
+    """Restore ``target`` from the files in ``directory`` holding its lanes; returns ``target.restore(ck)``.
 
-    Works for any data-parallel size: a rank reads only the files covering its lanes. Returns
-    what ``target.restore`` returns.
+    For a pipeline that is a new pipeline whose loaders start at the checkpoint; a loader (or a
+    ``zephon.compat.Pipeline``) resumes in place. Works for any data-parallel size: a rank reads
+    only the files covering its lanes.
 
     Raises:
         FileNotFoundError: no directory, or no file covering this rank's lanes.

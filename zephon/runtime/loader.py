@@ -148,7 +148,7 @@ class Loader(Iterator[Any]):
     def _check_open(self) -> None:
         if self._closed and not self.finished:
             raise RuntimeError(
-                "next() on a closed loader: close() (or the pipeline's close(), or leaving its `with` block) "
+                "next() on a closed loader: close() (or leaving its `with` block) "
                 "stopped it before the end of its data, and its stream does not go on. checkpoint() and stats() "
                 "still work: loader.restore(loader.checkpoint()) continues from here, iter(pipeline) starts a new loader"
             )
@@ -413,6 +413,3 @@ def out_lane(out: Any) -> int:
     """The lane an output came from (every output is lane-pure)."""
     return out.lane if isinstance(out, SampleBatch) else out.meta.lane
 
-
-#: The name this class had before pipelines became values.
-PipelineIterator = Loader
