@@ -50,19 +50,19 @@ _DATASET = ("name", "path", "weight", "format")
 _PATH_ARGS = ("tokenizer", "chat_template")
 
 
-def read_config(path: str | os.PathLike) -> dict[str, Any]:
-    """The document of a ``.toml`` or ``.json`` pipeline config file."""
+def read_config(path: str | os.PathLike, *, what: str = "pipeline config") -> dict[str, Any]:
+    """The document of a ``.toml`` or ``.json`` file (a pipeline config, or ``what`` it holds)."""
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"no pipeline config file {p}")
+        raise FileNotFoundError(f"no {what} file {p}")
     text = p.read_text(encoding="utf-8")
     if p.suffix == ".json":
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"pipeline config {p}: not valid JSON ({exc})") from None
+            raise ValueError(f"{what} {p}: not valid JSON ({exc})") from None
     if p.suffix != ".toml":
-        raise ValueError(f"pipeline config {p}: use a .toml or .json file")
+        raise ValueError(f"{what} {p}: use a .toml or .json file")
     try:
         import tomllib
     except ImportError:  # Python 3.10
@@ -73,7 +73,7 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"pipeline config {p}: not valid TOML ({exc})") from None
+        raise ValueError(f"{what} {p}: not valid TOML ({exc})") from None
 
 
 def load_pipeline_config(path: str | os.PathLike) -> Any:

@@ -245,10 +245,10 @@ class Plan:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
         """Read a ``.toml`` or ``.json`` plan file; dataset paths are relative to the file's folder."""
+        from .config import read_config
+
         p = Path(path)
-        text = p.read_text()
-        data = _read(text, p)
-        return cls.from_dict(data, base=p.parent)
+        return cls.from_dict(read_config(p, what="plan"), base=p.parent)
 
     # -- looking at it --------------------------------------------------------------------------------
     def __str__(self) -> str:
@@ -489,17 +489,6 @@ def _table(value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
     if unknown:
         raise ValueError(f"unknown keys in [{where}]: {sorted(unknown)}; allowed: {sorted(allowed)}")
     return value
-
-
-def _read(text: str, path: Path) -> dict[str, Any]:
-    if path.suffix == ".json":
-        return json.loads(text)
-    import tomllib
-
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: not a TOML plan ({exc})") from None
 
 
 def _key(k: str) -> str:

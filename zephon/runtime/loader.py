@@ -271,7 +271,7 @@ class Loader(Iterator[Any]):
             self._final_reports = ex.reports()
             self._final_meters = ex.meters()
         ex.close(read_final=False)
-        outputs, records, tokens = (sum(c[i] for c in self._undelivered.values()) for i in range(3))
+        outputs, records, tokens = self._undelivered_totals()
         log.info(
             "end of data after %d complete steps: %d outputs delivered, %d produced and not delivered (%d records, %d tokens)",
             min(self.delivered.values()), sum(self.delivered.values()), outputs, records, tokens,
@@ -285,8 +285,12 @@ class Loader(Iterator[Any]):
         counts[1] += records
         counts[2] += tokens
 
+    def _undelivered_totals(self) -> tuple[int, int, int]:
+        """Outputs, records and tokens produced and not delivered, over this rank's lanes."""
+        return tuple(sum(c[i] for c in self._undelivered.values()) for i in range(3))  # type: ignore[return-value]
+
     def _warn_undelivered(self) -> None:
-        outputs, records, tokens = (sum(c[i] for c in self._undelivered.values()) for i in range(3))
+        outputs, records, tokens = self._undelivered_totals()
         empty = [lane for lane, n in self.ended.items() if n == 0]
         if not outputs:
             return
@@ -393,7 +397,7 @@ class Loader(Iterator[Any]):
                 lane: {"delivered": n, "ended": lane in self.ended, "undelivered": dict(zip(names, self._undelivered[lane]))}
                 for lane, n in self.delivered.items()
             },
-            "undelivered": {k: sum(c[i] for c in self._undelivered.values()) for i, k in enumerate(names)},
+            "undelivered": dict(zip(names, self._undelivered_totals())),
             "operators": ops,
             **summarize(operators=ops, meter=meters, deliveries=self._deliveries),
             "mixture": mixture_report(self.plan.source, {lane: s["mixture"] for lane, s in self._delivered_states().items()}),
