@@ -33,7 +33,6 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 
 from _budget import examples
 from _util import toks_to_ids
-from _hand_over_pin import pin_hand_over
 from zephon import Loader, Pipeline, merge_checkpoints
 from zephon.ops.pack import ALGORITHMS as PACK_ALGORITHMS
 from zephon.io import Dataset, InMemoryShard
@@ -585,19 +584,11 @@ def test_the_background_thread_delivers_exactly_the_in_process_batches(spec, lan
     assert_running_ahead_changes_nothing(spec, lanes, drain, data, 0.01, thread=True, prefetch=prefetch)
 
 
-# Worker processes are spawned (about 0.6 s each), hence few examples. With start_inline the lanes
-# run here first and move to each worker after a drawn number of outputs (in the run and in the
-# resumed run, whose lanes move as their checkpoint encoding).
+# Worker processes are forked from the fork server (a fraction of a second each), hence few examples.
 @settings(max_examples=examples(4))
 @given(spec=pipeline_specs(), lanes=st.integers(1, 4), drain=st.booleans(), workers=st.integers(1, 3), prefetch=st.integers(1, 4), data=st.data())
 def test_worker_processes_deliver_exactly_the_in_process_batches(spec, lanes, drain, workers, prefetch, data):
-    start_inline = data.draw(st.booleans(), label="start inline")
-    after = data.draw(st.lists(st.integers(0, 12), min_size=3, max_size=3), label="outputs computed here before each worker takes its lanes")
-    with pytest.MonkeyPatch.context() as mp:
-        pin_hand_over(mp, tuple(after))
-        assert_running_ahead_changes_nothing(
-            spec, lanes, drain, data, 0.1, workers=workers, prefetch=prefetch, start_inline=start_inline
-        )
+    assert_running_ahead_changes_nothing(spec, lanes, drain, data, 0.1, workers=workers, prefetch=prefetch)
 
 
 # -- deferred restore ------------------------------------------------------------------------------------

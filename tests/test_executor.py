@@ -6,8 +6,7 @@ import time
 
 import pytest
 
-from _util import fail_on_row_7, toy_dataset, toy_pipeline
-from _hand_over_pin import pin_hand_over
+from _util import fail_on_row_7, toks_to_ids, toy_dataset, toy_pipeline, with_lock, without_lock
 from zephon import Pipeline, WorkerError
 from zephon.testing import outputs_equal
 from zephon.work import StaticMixtureWorkSource
@@ -66,17 +65,39 @@ def test_exception_in_user_code_names_the_lane_and_cause():
     assert time.monotonic() - start < 30
 
 
-def test_exception_before_the_workers_take_over_is_the_same_worker_error(monkeypatch):
-    pin_hand_over(monkeypatch, (10**6, 10**6))  # every output is computed here
-    it = iter(_failing(2, start_inline=True))
-    with pytest.raises(WorkerError, match=r"lane [01] failed in this process, before its worker process took it over: "
-                       r"ValueError: row 7 is bad") as info:
-        list(it)
-    assert "raised by map on the record from dataset 0, shard 0, row 7" in str(info.value)
-    assert isinstance(info.value.__cause__, ValueError)
-    assert all(not p.is_alive() for p in it.executor.procs)  # stopped, as after a worker's failure
-    with pytest.raises(WorkerError, match="Restore the last checkpoint"):
-        it.checkpoint()
+def test_start_inline_true_is_refused_and_says_what_to_use():
+    # The workers own their lanes from iter() on: no lane runs here first, so user code never does.
+    with pytest.raises(ValueError, match=r"start_inline=True is not supported.*use workers=0 \(thread=True"):
+        finite(2, 2, start_inline=True)
+    with pytest.warns(DeprecationWarning, match="start_inline=False is what workers > 0 always does; drop the argument"):
+        pipe = finite(2, 2, start_inline=False)
+    assert outputs_equal(list(pipe), list(finite(2, 0)))
+
+
+def test_workers_ignore_ctrl_c_from_their_start():
+    """SIGINT while a worker still imports (before any code of ours runs there) leaves it alive."""
+    it = iter(finite(4, 2))  # they start at iter()
+    for proc in it.executor.procs:
+        os.kill(proc.pid, signal.SIGINT)
+    time.sleep(1.0)
+    assert [p.exitcode for p in it.executor.procs] == [None, None]
+    assert outputs_equal(list(it), list(finite(4, 0)))
+
+
+def test_records_that_do_not_pickle_may_wait_in_a_workers_buffers():
+    # The shuffle buffer holds records with a lock; only the batches (without it) cross processes.
+    def build(**options):
+        return (
+            Pipeline(toy_dataset(120)).options(canonical_replicas=2, **options)
+            .map(toks_to_ids).map(with_lock).shuffle(8, seed=1).map(without_lock).batch(2)
+        )
+
+    with build(workers=1).loader() as it:
+        got = [next(it) for _ in range(5)]
+        ck = it.checkpoint()  # encoded in the worker
+        got.extend(it)
+    assert outputs_equal(got, list(build()))
+    assert outputs_equal(list(build(workers=1).restore(ck)), got[5:])
 
 
 def test_same_exception_in_process():
@@ -187,7 +208,7 @@ def test_workers_share_the_cpus_for_tiktoken_threads(workers, monkeypatch):
     monkeypatch.delenv("ZEPHON_ENCODER_THREADS", raising=False)  # the workers inherit this environment
     rows = [{"id": i} for i in range(8)]
     pipe = Pipeline(Dataset.from_dict("d", {"s": InMemoryShard(rows)})).options(
-        canonical_replicas=2, workers=workers, start_inline=False  # every record is read in a worker
+        canonical_replicas=2, workers=workers  # every record is read in a worker
     ).map(with_encoder_threads)
     seen = {r.payload["encoder_threads"] for r in pipe}
     cpus = os.cpu_count() or 1

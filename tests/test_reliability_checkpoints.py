@@ -127,12 +127,12 @@ def test_in_range_hand_edits_are_refused_naming_the_lane(edit, tmp_path):
         state_dict_to_checkpoint(sd)
 
 
-@pytest.mark.parametrize("options", [{}, {"workers": 1, "start_inline": False}], ids=["inline", "workers-decode"])
+@pytest.mark.parametrize("options", [{}, {"workers": 1}], ids=["inline", "workers-decode"])
 def test_a_state_changed_after_restore_is_refused_when_a_loader_reads_it_and_each_read_verifies_once(options, monkeypatch):
     """restore() verifies every lane; a loader made after it verifies its lanes once more, then decodes them.
 
     Inline, the decode is the loader's verification (one checksum per lane, not two); when worker
-    processes decode the lanes (``start_inline=False``), the loader verifies them before it starts them.
+    processes decode the lanes, the loader verifies them before it starts them.
     """
     import zephon.runtime.checkpoint as zephon_checkpoint
 

@@ -1,7 +1,6 @@
 """User code never runs where it can kill the training process; no background thread changes process-wide state.
 
-With ``workers >= 1`` every map/filter function runs in a worker process (unless
-``start_inline=True``), so a function that crashes the interpreter (a segfault, ``os._exit``, the
+With ``workers >= 1`` every map/filter function runs in a worker process, so a function that crashes the interpreter (a segfault, ``os._exit``, the
 out-of-memory killer) ends only a worker: the training process gets a ``WorkerError`` naming the
 signal or exit code and the lanes, and its ``checkpoint()`` still covers exactly the delivered
 outputs. The crashing runs are in subprocesses, so that a crash here cannot end pytest.
@@ -30,7 +29,7 @@ ROOT = TESTS.parent
 #: The scenario: a map that crashes the interpreter on the record with id ``CRASH_AT`` (any record
 #: when ``CRASH_AT`` is -1) while ``ZEPHON_TEST_CRASH`` names how (``exit``: ``os._exit(3)``,
 #: ``segv``: a SIGSEGV). The same function, once the variable is unset, is the fixed one: the
-#: pipeline (and its fingerprint) is the same. Without ``start_inline``, the function ends the
+#: pipeline (and its fingerprint) is the same. The function ends the
 #: process with exit code 5 if it ever runs in the training process after the reference run: not
 #: while iterating, nor while rebuilding the checkpoint after the crash, nor while restoring.
 SCENARIO = """
@@ -62,8 +61,7 @@ if __name__ == "__main__":
     how, options = sys.argv[2], json.loads(sys.argv[3])
     reference = list(build())  # the variable is not set yet: nothing crashes
     os.environ["ZEPHON_TEST_CRASH"] = how
-    if not options.get("start_inline"):
-        os.environ["ZEPHON_TEST_MAIN_PID"] = str(os.getpid())  # from here on, never in this process
+    os.environ["ZEPHON_TEST_MAIN_PID"] = str(os.getpid())  # from here on, never in this process
     it = iter(build(workers=2, **options))
     got = []
     try:
@@ -121,15 +119,6 @@ def test_a_crash_before_any_output_leaves_a_checkpoint_of_the_start(tmp_path):
     assert "SIGSEGV" in json.loads(out["ERROR"])
     assert out["DELIVERED"] == "0 0"
     assert out["CONTINUES"].split()[0] == "True"
-
-
-@pytest.mark.parametrize("how, code", [("exit", 3), ("segv", -11)])
-def test_with_start_inline_the_first_outputs_run_here_so_a_crash_ends_this_process(tmp_path, how, code):
-    """``start_inline=True`` is the documented opt-in: user code runs in the calling process
-    until the workers take the lanes over, so a crash there ends it."""
-    proc = _scenario(tmp_path, how, crash_at=-1, start_inline=True)
-    assert proc.returncode == code, proc.stdout + proc.stderr
-    assert "ERROR" not in proc.stdout and "DELIVERED" not in proc.stdout
 
 
 # -- the garbage collector ---------------------------------------------------------------------------

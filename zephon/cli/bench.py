@@ -15,8 +15,7 @@ ceiling once per round):
   fill them known in advance, read at once and encoded in one call by a fresh tokenizer, added
   to its own time to start and load the tokenizer;
 - the **recipe**, once per ``--workers`` value (and with ``--thread``, in a background thread;
-  with ``--inline-workers``, each ``workers > 0`` once more with the opt-in head start
-  ``start_inline=True``; plain rows use the default, user code only in the workers)::
+  user code runs only in the workers)::
 
       Pipeline(Dataset.from_path("data", DATA))
           .options(canonical_replicas=LANES, workers=WORKERS)
@@ -228,7 +227,6 @@ def _pipeline(task: dict[str, Any]) -> Any:
     return (
         Pipeline(Dataset.from_path("data", task["data"]))
         .options(canonical_replicas=task["lanes"], workers=task["workers"], thread=task["thread"],
-                 start_inline=task.get("start_inline", False),
                  **({"read_size": task["read_size"]} if task.get("read_size") else {}),
                  **({"read_ahead": task["read_ahead"]} if task.get("read_ahead") is not None else {}))
         .tokenize(tokenizer=task["tokenizer"], field=task["field"], special_tokens="eos", backend=task["backend"])
@@ -371,7 +369,6 @@ def run_bench(
     workers: tuple[int, ...] = (0,),
     thread: bool = False,
     cold_workers: bool = False,
-    inline_workers: bool = False,
     backend: str = "auto",
     field: str = "text",
     seq_len: int = 2049,
@@ -399,10 +396,8 @@ def run_bench(
     configs: dict[str, dict[str, Any]] = {"ceiling": {**common, "mode": "ceiling", "encoder": encoder, "first_rows": first_rows}}
     for w in workers:
         configs[f"recipe workers={w}"] = {**common, "mode": "recipe", "workers": w, "thread": False}
-        if w and inline_workers:
-            configs[f"recipe workers={w} inline"] = {**common, "mode": "recipe", "workers": w, "thread": False, "start_inline": True}
-        if w and cold_workers:  # the default start: the same as the plain row, run again in the same rounds
-            configs[f"recipe workers={w} cold"] = {**common, "mode": "recipe", "workers": w, "thread": False, "start_inline": False}
+        if w and cold_workers:  # the same as the plain row, run again in the same rounds
+            configs[f"recipe workers={w} cold"] = {**common, "mode": "recipe", "workers": w, "thread": False}
     if thread:
         configs["recipe thread"] = {**common, "mode": "recipe", "workers": 0, "thread": True}
     results: dict[str, Any] = {
@@ -604,7 +599,7 @@ def _main(args: argparse.Namespace) -> int:
             return 2
     results = run_bench(
         args.data, args.tokenizer, lanes=args.lanes, workers=args.workers, thread=args.thread,
-        cold_workers=args.cold_workers, inline_workers=args.inline_workers, backend=args.backend,
+        cold_workers=args.cold_workers, backend=args.backend,
         field=args.field, seq_len=args.seq_len, batch_size=args.batch_size, buffer=args.buffer,
         checkpoint_every=args.checkpoint_every, docs_per_call=args.docs_per_call, repeats=args.repeats,
         restore=not args.no_restore, read_size=args.read_size, read_ahead=args.read_ahead, bracket=not args.no_bracket,
@@ -638,12 +633,8 @@ def register(sub: Any) -> None:
     p.add_argument("--workers", type=_workers, default=(0,),
                    help="worker processes; a comma-separated list runs the recipe once per value (default 0)")
     p.add_argument("--thread", action="store_true", help="also run the recipe with a background thread (workers=0, thread=True)")
-    p.add_argument("--inline-workers", action="store_true",
-                   help="also run each workers > 0 recipe with start_inline=True (rows marked 'inline': the lanes run in "
-                        "this process until the workers are ready)")
     p.add_argument("--cold-workers", action="store_true",
-                   help="also run each workers > 0 recipe once more with start_inline=False, the default (rows marked "
-                        "'cold'), in the same rounds")
+                   help="also run each workers > 0 recipe once more (rows marked 'cold'), in the same rounds")
     p.add_argument("--backend", default="auto", choices=("auto", "tokenizers", "tiktoken"), help="tokenize backend (default auto)")
     p.add_argument("--field", default="text", help="the JSON field holding the text (default text)")
     p.add_argument("--seq-len", type=_positive, default=2049, help="pack_flat row length (default 2049)")

@@ -207,11 +207,7 @@ def explain_plan(plan: Plan, options: Options, topology: Topology | None, ops: S
             n = max(1, min(options.workers, len(mine)))
             executor.update(
                 processes=n,
-                start=(
-                    "the lanes run in the calling process first; the workers start after the first output "
-                    "and each takes its lanes once ready (start_inline)"
-                    if options.start_inline else "the workers compute every output (start_inline=False)"
-                ),
+                start="the workers compute every output, from iter() on",
                 lanes_per_process={f"worker {w}": mine[w::n] for w in range(n)},
                 tokenizer_threads_per_process=max(1, (os.cpu_count() or 1) // n),
             )

@@ -168,7 +168,7 @@ class Pipeline:
         ``num_workers`` is accepted for ``workers``.
         """
         child = attrs.evolve(self, options=self.run_options.evolve(**kwargs))
-        if child.run_options.workers and not child.run_options.start_inline:  # workers fork from a server: start it now, it imports meanwhile
+        if child.run_options.workers:  # workers fork from a server: start it now, it imports meanwhile
             from ..runtime.executor import prestart
 
             prestart()
@@ -522,7 +522,7 @@ class Pipeline:
             ValueError: a checkpoint of other data settings (listing the differences), or one
                 without this rank's lanes.
         """
-        if self.run_options.workers and not self.run_options.start_inline:  # the workers' fork server imports while the plan compiles
+        if self.run_options.workers:  # the workers' fork server imports while the plan compiles
             from ..runtime.executor import prestart
 
             prestart()

@@ -102,7 +102,7 @@ class Loader(Iterator[Any]):
         if self.executor is not None:
             self.executor.close(read_final=False)  # what it ran is replaced, so its states are not needed
         if opts.workers:
-            executor: Any = ProcessExecutor(self.plan, lanes, opts.workers, encoded=encoded, credit=opts.prefetch, lead=states)
+            executor: Any = ProcessExecutor(self.plan, lanes, opts.workers, encoded=encoded, credit=opts.prefetch)
         else:
             executor = ThreadExecutor(self.plan, states, opts.prefetch) if opts.thread else InlineExecutor(self.plan, states)
         self.executor = executor

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import warnings
+
 import attrs
 
 
@@ -53,19 +55,14 @@ class Options:
             fewer idle cores). 0: each lane reads and tokenizes alone. Performance only.
         global_batch_size: optional check: records per optimizer step must be a multiple of
             L x microbatch_size (each global step takes one microbatch from every lane).
-        start_inline: with ``workers > 0``, whether user code may run in the calling process.
-            ``False`` (default): the workers start at ``iter()`` and compute every output, so a
-            map/filter function (or a tokenizer) that crashes the interpreter (a segfault,
-            ``os._exit``, the out-of-memory killer) ends a worker, never this process: the next
+        start_inline: accepted for compatibility only: ``start_inline=True`` raises ``ValueError``,
+            ``start_inline=False`` is accepted with a ``DeprecationWarning`` (it is what
+            ``workers > 0`` always does). With ``workers > 0`` the workers start at ``iter()`` and
+            run their lanes from the first output on, so user code (map/filter functions,
+            tokenizers) runs only in them: a function that crashes the interpreter (a segfault,
+            ``os._exit``, the out-of-memory killer) ends a worker, never this process, the next
             ``next()`` raises ``WorkerError`` naming the signal or exit code and the lanes, and
-            ``checkpoint()`` still covers exactly the delivered outputs. This process never
-            decodes a lane state nor builds a ``tokenizers`` tokenizer (the tiktoken backend's
-            encoding is built with the pipeline). ``True`` (opt-in): the lanes run here first, so
-            the first batch, also after a restore, comes as early as with ``workers=0`` (the
-            workers' start-up, most of a second, is not waited for); the workers start after it
-            and each takes its lanes' states once it is ready (meanwhile the lanes keep running
-            here if there is a core for each worker besides this process). A crash of user code
-            before the hand-over then ends this process. Never changes the data.
+            ``checkpoint()`` still covers exactly the delivered outputs.
         thread: with ``workers=0``, run the lanes ahead in a background thread (``prefetch``
             outputs per lane) so reading and tokenizing overlap with the caller's work.
         drain: at the end of finite data, keep delivering the outputs of lanes that still have
@@ -95,23 +92,38 @@ class Options:
     global_batch_size: int | None = attrs.field(default=None, validator=_opt_int(1))
     drain: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     thread: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    start_inline: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     agree_on_end: bool | None = attrs.field(default=None, validator=_opt_bool)
     log_every: int | None = attrs.field(default=None, validator=_opt_int(1))
     io_options: Any = attrs.field(default=None, converter=_io_options)
 
     @property
     def decodes_inline(self) -> bool:
-        """Whether a loader decodes restored lane states in the calling process (inline, or workers
-        with ``start_inline``); otherwise the worker processes decode them."""
-        return self.workers == 0 or self.start_inline
+        """Whether a loader decodes restored lane states in the calling process (``workers=0``);
+        otherwise the worker processes decode them."""
+        return self.workers == 0
 
     def evolve(self, **changes) -> "Options":
         """New options with ``changes`` (``num_workers`` is accepted for ``workers``)."""
         if "num_workers" in changes:
             changes["workers"] = changes.pop("num_workers")
+        if "start_inline" in changes:
+            _start_inline(changes.pop("start_inline"))
         known = [f.name for f in attrs.fields(Options)]
         unknown = sorted(set(changes) - set(known))
         if unknown:
             raise TypeError(f"options: unknown option(s) {unknown}; known: {known}")
         return attrs.evolve(self, **changes)
+
+
+def _start_inline(value: Any) -> None:
+    """``start_inline`` is gone: ``True`` (lanes in this process until the workers are ready) raises, ``False`` warns."""
+    if value is not False:
+        raise ValueError(
+            f"options: start_inline={value!r} is not supported: with workers > 0 the workers run their lanes from "
+            "iter() on, so user code never runs in this process (their fork server starts at options(workers=N), "
+            "so the first batch waits for it only briefly). Drop start_inline; for the lanes in this process use "
+            "workers=0 (thread=True runs them ahead in a background thread)"
+        )
+    warnings.warn(
+        "options: start_inline=False is what workers > 0 always does; drop the argument", DeprecationWarning, stacklevel=4
+    )

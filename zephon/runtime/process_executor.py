@@ -9,9 +9,8 @@ lane order, so the result is the in-process result for any number of workers.
 User code (the functions given to ``map`` and ``filter``, the tokenizers) runs only in the
 workers: a function that crashes the interpreter (a segfault, ``os._exit``, the out-of-memory
 killer) ends a worker, never the caller. The workers start when the executor is made (at
-``iter()``); their fork server as soon as a pipeline is given workers
-(:func:`~zephon.runtime.executor.prestart`). Only with ``start_inline`` (opt-in) do the lanes run in the main process until each
-worker is ready, and then move to it with their states (see :class:`ProcessExecutor`).
+``iter()``) and own their lanes from there on; their fork server starts as soon as a pipeline is
+given workers (:func:`~zephon.runtime.executor.prestart`), so it has imported zephon by then.
 
 The main process keeps, per lane, a recent delivered state (one a worker attaches to an output
 every few seconds, or the last one a checkpoint read), so the caller's states survive workers
@@ -37,15 +36,13 @@ import traceback
 import weakref
 from collections import deque
 from multiprocessing.connection import wait
-from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
 from .executor import WorkerError, closed_error, ignoring_sigint, start_context
-from .inline_executor import InlineExecutor
-from .lanes import LaneState, Plan
-from .process_worker import replay_main, unpicklable_output, worker_main
+from .lanes import Plan
+from .process_worker import replay_main, worker_main
 from .stats import merge_meters
-from .wire import copy_message, recv_message
+from .wire import recv_message
 
 _POLL_S = 0.5
 #: How long ``close()`` waits for live workers to report their final states and counters before
@@ -96,11 +93,6 @@ def _death_cause(code: int | None) -> tuple[str, str]:
     )
 
 
-def _failed_here(lane: int, cause: str) -> str:
-    """The failure of a lane that ran in the main process before its worker took it over."""
-    return f"lane {lane} failed in this process, before its worker process took it over: {cause}"
-
-
 def _replay_elsewhere(plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]]) -> dict[int, tuple[Any, Any]]:
     """Run :func:`~zephon.runtime.process_worker.replay_main` in a separate process (see :func:`_context`): ``{lane: (encoded state, counters)}``.
 
@@ -134,26 +126,20 @@ def _replay_elsewhere(plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]])
     return got
 
 
+
+
 class ProcessExecutor:
-    """Runs the rank's lanes ahead in ``workers`` processes (see :func:`_context`).
+    """Runs the rank's lanes ahead in ``workers`` processes (see :func:`~zephon.runtime.executor.start_context`).
 
-    With ``lead`` (the lanes' states, decoded here: ``start_inline``), the lanes run in this
-    process while the workers start: each worker loads the pipeline and its tokenizers, says it is
-    ready, and is then handed its lanes' current states (by value; restored lanes as encoded, so
-    that their records are rebuilt there) and the chunks read ahead for them. The first outputs
-    then come as early as with ``workers=0``. Nothing the caller sees depends on when a worker
-    takes over: outputs computed here go through the wire form (they must pickle, and arrive as a
-    worker's would), a failure here is a :class:`WorkerError` too, and a lane that ends here waits
-    for its worker, so that a worker that cannot load the pipeline is reported even on short runs.
+    The workers start here (at ``iter()``) and own their lanes from the first output on: each
+    gets the pipeline and its lanes' encoded states (restored lanes are decoded and rebuilt
+    there), so no user code and no lane state runs in this process.
 
-    State kept here: per lane, the outputs received and not yet taken, a delivered state (see the
-    module docstring), and, until its worker takes it, the lane's state itself.
+    State kept here: per lane, the outputs received and not yet taken, the outputs delivered, and
+    a delivered state (see the module docstring).
     """
 
-    def __init__(
-        self, plan: Plan, lanes: list[int], workers: int, *, encoded: dict[int, Any] | None, credit: int = 4,
-        lead: dict[int, LaneState] | None = None,
-    ):
+    def __init__(self, plan: Plan, lanes: list[int], workers: int, *, encoded: dict[int, Any] | None, credit: int = 4):
         try:
             plan_bytes = pickle.dumps(plan)
         except Exception as exc:
@@ -163,6 +149,7 @@ class ProcessExecutor:
             ) from exc
         n = max(1, min(workers, len(lanes)))
         self.plan = plan
+        self.plan_bytes = plan_bytes
         self.lanes = list(lanes)
         self.owner: dict[int, int] = {lane: i % n for i, lane in enumerate(lanes)}  # lanes w, w+n, ... of the block
         self.conns: list = []
@@ -183,36 +170,12 @@ class ProcessExecutor:
         self._states: dict[tuple[int, int], Any] = {}
         self._reports: dict[int, Any] = {}
         self._meters: dict[int, Any] = {}  # per worker: its last runtime counters (sent with its reports)
-        # The lanes run here until their worker is ready (see the class docstring).
-        # (Restored records are rebuilt here only when due: the workers rebuild their lanes' own.)
-        self.lead = InlineExecutor(plan, lead, background=False) if lead is not None else None
-        self.lead_states: dict[int, LaneState] = self.lead.states if self.lead is not None else {}
-        self.led = 0  # outputs computed here
-        self.restored = {lane: (lead[lane], encoded[lane]) for lane in lanes} if lead is not None and encoded else {}
-        self.ready: set[int] = set()  # workers that loaded the pipeline and wait for their lanes
-        self.waiting: set[int] = set(range(n)) if lead is not None else set()  # workers not handed their lanes yet
-        # Whether the lanes keep running here while the workers start: only with a core for each
-        # worker besides this process. Otherwise they share the cores, each worker's start takes
-        # longer, and the lanes stay longer in one process than the head start gains (measured on
-        # 2 cores with 2 workers: 20 % less throughput over a pass); the caller then waits for the
-        # workers after the first output, as it would have before it without a head start.
-        self.lead_while_starting = (os.cpu_count() or 1) > n + 1
         self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
-        self._setup = (plan_bytes, n, credit, None if lead is not None else encoded)
-        if lead is None:
-            self._start_workers()
+        self._start_workers(n, credit, encoded)
 
-    def _start_workers(self) -> None:
-        """Spawn the workers and send each the pipeline (and, without a lead, its lanes' states).
-
-        With a lead, they start once it has computed the first output: starting them earlier
-        would take cores from it (each worker's start-up is about half a CPU-second). The lead
-        goes on until they are ready if the machine has a core for each (see
-        ``lead_while_starting``); starting them later (after a whole global step, say) would
-        leave more of the run to one process (measured: 15 % less throughput with 2 workers on 2
-        cores).
-        """
-        plan_bytes, n, credit, encoded = self._setup
+    def _start_workers(self, n: int, credit: int, encoded: dict[int, Any] | None) -> None:
+        """Start the workers, then send each the pipeline and its lanes' states: they start in
+        parallel, without this process waiting for each to read them."""
         ctx = start_context()
         threads = max(1, (os.cpu_count() or 1) // n)
         with ignoring_sigint():
@@ -228,7 +191,7 @@ class ProcessExecutor:
             for w, conn in enumerate(self.conns):
                 sub = {lane: encoded[lane] for lane in self._lanes_of(w)} if encoded else None
                 try:
-                    conn.send((plan_bytes, sub, self.lead is not None))
+                    conn.send((self.plan_bytes, sub))
                 except (BrokenPipeError, OSError):
                     pass  # the worker died while starting: reported by the first wait for its output
 
@@ -283,8 +246,6 @@ class ProcessExecutor:
         elif kind == "reports":
             self._reports.update(msg[1])
             self._meters[w] = msg[2]
-        elif kind == "ready":
-            self.ready.add(w)
         elif kind == "error":
             _, lane, cause, tb = msg
             if lane is not None:
@@ -319,90 +280,11 @@ class ProcessExecutor:
         raise WorkerError(self.death)
 
     # -- running lanes here until their worker is ready ------------------------------------------------------
-    def _lead_next(self, lane: int) -> Any:
-        """The lane's next output, computed here, and delivered as a worker's would be: after a
-        round trip through the wire form (it must pickle; its arrays arrive writable, in memory of
-        their own), so nothing the caller sees depends on when the hand-over happens."""
-        assert self.lead is not None
-        try:
-            out = self.lead.next(lane)
-        except Exception as exc:
-            cause = "".join(traceback.format_exception_only(exc)).strip()
-            self.failure = _failed_here(lane, cause)
-            self._stop()
-            raise WorkerError(self.failure) from exc
-        if out is None:  # its end comes through its worker, which must load the pipeline first
-            self._hand_over_when_ready(self.owner[lane])
-            return self.next(lane)
-        count = self.lead_states[lane].delivered
-        msg = ("out", lane, count, out, None)
-        try:
-            out = copy_message(msg)[3]
-        except Exception as exc:
-            _, _, cause, tb = unpicklable_output(msg, exc)
-            self._fail(_failed_here(lane, cause), tb)
-        self.delivered[lane] = count
-        self.led += 1
-        return out
-
-    def _take_ready(self) -> None:
-        """Hand their lanes to the workers that are ready."""
-        self._receive(wait([self.conns[w] for w in self.waiting] + [self.procs[w].sentinel for w in self.waiting], timeout=0))
-        for w in sorted(self.waiting & self.ready):
-            self._hand_over(w)
-
-    def _hand_over_when_ready(self, w: int) -> None:
-        """Wait for worker ``w`` to be ready (starting the workers if need be), then hand it its lanes."""
-        if not self.procs:
-            self._start_workers()
-        self._pump(lambda: w in self.ready)
-        self._hand_over(w)
-
-    def _hand_over(self, w: int) -> None:
-        """Send worker ``w`` its lanes' states and the chunks read ahead for them; it runs them from now on."""
-        assert self.lead is not None
-        mine = [lane for lane in self._lanes_of(w) if lane in self.lead_states]
-        states = {lane: self.lead_states[lane] for lane in mine}
-        chunks = self.lead.ahead.release(mine) if self.lead.ahead is not None else {}
-        given: dict[int, LaneState] = {}
-        encoded: dict[int, Any] = {}
-        for lane, state in states.items():
-            kept = self.restored.get(lane)
-            if kept is None:
-                given[lane] = state
-            else:  # restored: as encoded (its records are rebuilt there, lazily), the checkpoint's if not stepped here
-                encoded[lane] = kept[1] if kept[0] is state else self.plan.encode(state)
-        try:
-            data = ForkingPickler.dumps(("go", given, encoded, chunks))
-        except Exception:  # a state holding what does not pickle travels encoded, as a checkpoint would
-            encoded.update({lane: self.plan.encode(state) for lane, state in given.items()})
-            given, chunks = {}, {}
-            data = ForkingPickler.dumps(("go", given, encoded, chunks))
-        try:
-            self.conns[w].send_bytes(data)
-        except OSError:  # the worker is gone: report what it sent last, or how it died
-            self._pump(lambda: False)
-        for lane, state in states.items():  # from here on, the lanes are the worker's
-            del self.lead_states[lane]
-            self.restored.pop(lane, None)
-            self.base[lane] = (state.delivered, given.get(lane, encoded.get(lane)))
-        self.waiting.discard(w)
-        if not self.waiting:
-            self.lead.close()
 
     # -- the executor interface -------------------------------------------------------------------------
     def next(self, lane: int) -> Any:
         if self.closed:
             self._check_open()
-        if self.waiting:
-            if self.procs:
-                self._take_ready()
-            elif self.led:
-                self._start_workers()
-            if lane in self.lead_states and self.procs and not self.lead_while_starting:
-                self._hand_over_when_ready(self.owner[lane])
-            if lane in self.lead_states:
-                return self._lead_next(lane)
         buf = self.buffers[lane]
         if not buf:
             self._pump(lambda: bool(buf) or lane in self.ended)
@@ -424,43 +306,25 @@ class ProcessExecutor:
             # counted as delivered and the checkpoint covers it); the next call reports the death.
         return out
 
-    def _remote(self) -> list[int]:
-        """The lanes running in workers (not here)."""
-        return [lane for lane in self.lanes if lane not in self.lead_states]
-
-    def _here(self) -> dict[int, Any]:
-        """The encoded states of the lanes still running here."""
-        return {lane: self.plan.encode(state) for lane, state in self.lead_states.items()}
-
-    def _here_reports(self) -> dict[int, Any]:
-        """The counters of the lanes still running here."""
-        return {lane: self.plan.reports(state) for lane, state in self.lead_states.items()}
-
-    def _in_order(self, states: dict[int, Any]) -> dict[int, Any]:
-        return {lane: states[lane] for lane in self.lanes}
-
     def lane_states(self) -> dict[int, Any]:
-        if self.failure is None and not self._remote():
-            return self._in_order(self._here())
         if not self.closed:
             try:
                 states = self._ask_states(None)
                 assert states is not None
-                return self._in_order({**self._here(), **states})
+                return states
             except WorkerError:
                 if self.death is None:
                     raise
         return self._stopped_states()
 
     def _ask_states(self, deadline: float | None) -> dict[int, Any] | None:
-        """The encoded states of the lanes running in workers, after what the caller received."""
-        remote = self._remote()
-        want = {(lane, self.delivered[lane]) for lane in remote}
-        for lane in remote:
+        """The encoded states of the lanes, after what the caller received."""
+        want = {(lane, self.delivered[lane]) for lane in self.lanes}
+        for lane in self.lanes:
             self._send(self.owner[lane], ("state", lane, self.delivered[lane], lane in self.saw_end))
         if not self._pump(lambda: want <= set(self._states), deadline):
             return None
-        states = {lane: self._states.pop((lane, self.delivered[lane])) for lane in remote}
+        states = {lane: self._states.pop((lane, self.delivered[lane])) for lane in self.lanes}
         self._states.clear()
         for lane, data in states.items():
             if lane not in self.saw_end:  # a replay starts before the end
@@ -475,76 +339,67 @@ class ProcessExecutor:
                 f"Restore the last checkpoint you saved into a new pipeline.\n{self.failure}"
             )
         if self._final_states is None:
-            remote = self._remote()
-            kept = {lane: self.base[lane][1] for lane in remote if self._kept_exactly(lane)}
-            rebuilt = self._rebuilt([lane for lane in remote if lane not in kept])
-            self._final_states = self._in_order({**self._here(), **kept, **{lane: enc for lane, (enc, _) in rebuilt.items()}})
+            kept = {lane: self.base[lane][1] for lane in self.lanes if self._kept_exactly(lane)}
+            rebuilt = self._rebuilt([lane for lane in self.lanes if lane not in kept])
+            got = {**kept, **{lane: enc for lane, (enc, _) in rebuilt.items()}}
+            self._final_states = {lane: got[lane] for lane in self.lanes}
         return dict(self._final_states)
 
     def _kept_exactly(self, lane: int) -> bool:
         """Whether the kept state of ``lane`` is its encoded state after exactly the delivered outputs."""
         count, data = self.base[lane]
-        return count == self.delivered[lane] and data is not None and lane not in self.saw_end and not isinstance(data, LaneState)
+        return count == self.delivered[lane] and data is not None and lane not in self.saw_end
 
     def _rebuilt(self, lanes: list[int]) -> dict[int, tuple[Any, Any]]:
         """The encoded states and counters of ``lanes`` after exactly the delivered outputs, once the
         workers are gone: each kept state replayed in a separate process (see
-        :func:`_replay_main`), so that the user code this runs cannot end this process either. A
-        replay that fails or dies is a :class:`WorkerError`; what was rebuilt is kept."""
+        :func:`~zephon.runtime.process_worker.replay_main`), so that the user code this runs cannot
+        end this process either. A replay that fails or dies is a :class:`WorkerError`; what was
+        rebuilt is kept."""
         todo = [lane for lane in lanes if lane not in self._replayed]
         if todo:
             jobs = {lane: (self.base[lane][1], self.delivered[lane], lane in self.saw_end) for lane in todo}
-            self._replayed.update(_replay_elsewhere(self._setup[0], jobs))
+            self._replayed.update(_replay_elsewhere(self.plan_bytes, jobs))
         return {lane: self._replayed[lane] for lane in lanes}
 
     def reports(self) -> dict[int, Any]:
-        here = self._here_reports()
-        remote = self._remote()
-        if self.failure is None and not remote:
-            return self._in_order(here)
         if not self.closed:
             try:
-                return self._in_order({**here, **self._ask_reports(None)})
+                reports = self._ask_reports(None)
+                assert reports is not None
+                return reports
             except WorkerError:
                 if self.death is None:
                     raise
         if self._final_reports is None:
             self._stopped_states()  # raises after a failure
-            rebuilt = self._rebuilt(remote)
-            self._final_reports = self._in_order({**here, **{lane: rep for lane, (_, rep) in rebuilt.items()}})
+            rebuilt = self._rebuilt(self.lanes)
+            self._final_reports = {lane: rebuilt[lane][1] for lane in self.lanes}
         return dict(self._final_reports)
 
     def _ask_reports(self, deadline: float | None) -> dict[int, Any] | None:
-        """The counters of the lanes running in workers (and the workers' runtime counters)."""
-        remote = self._remote()
+        """The counters of the lanes (and the workers' runtime counters)."""
         self._reports = {}
-        for w in sorted({self.owner[lane] for lane in remote}):
+        for w in sorted(set(self.owner.values())):
             self._send(w, ("reports",))
-        if not self._pump(lambda: set(self._reports) >= set(remote), deadline):
+        if not self._pump(lambda: set(self._reports) >= set(self.lanes), deadline):
             return None
-        return {lane: self._reports[lane] for lane in remote}
+        return {lane: self._reports[lane] for lane in self.lanes}
 
     def meters(self) -> dict[str, Any] | None:
-        """The runtime counters: the workers' as of their last reports (``reports()`` asks for
-        them), and those of the work done here before the hand-over."""
-        here = [self.lead.meter.snapshot()] if self.lead is not None else []
-        return merge_meters([*here, *self._meters.values()])
+        """The runtime counters: the workers' as of their last reports (``reports()`` asks for them)."""
+        return merge_meters(list(self._meters.values()))
 
     def close(self, read_final: bool = True) -> None:
         """Stop the workers; with ``read_final``, first keep their delivered states and counters."""
         if self.closed:
             return
-        if self.lead is not None:
-            self.lead.close()
         if read_final and self.failure is None and self.death is None:
             deadline = time.monotonic() + _CLOSE_READ_S
             try:
-                states = self._ask_states(deadline)
-                if states is not None:
-                    self._final_states = self._in_order({**self._here(), **states})
-                    reports = self._ask_reports(deadline)
-                    if reports is not None:
-                        self._final_reports = self._in_order({**self._here_reports(), **reports})
+                self._final_states = self._ask_states(deadline)
+                if self._final_states is not None:
+                    self._final_reports = self._ask_reports(deadline)
             except WorkerError:
                 pass  # a worker died or failed: the states are rebuilt when asked for
             except BaseException:
@@ -556,8 +411,6 @@ class ProcessExecutor:
         self.closed = True
         self._finalizer()
 
-
-#: Socket buffer size asked for each end of a worker's pipe.
 _SOCKET_BUFFER = 4 << 20
 
 
@@ -599,3 +452,4 @@ def _shutdown(conns, procs) -> None:
             conn.close()
         except Exception:
             pass
+

@@ -100,19 +100,19 @@ class _Outbox:
         self.thread.join(timeout=10)
 
 
-def _load_error(exc: BaseException, what: str = "the pipeline") -> str:
-    """Why a worker could not unpickle ``what`` (the pipeline, or the lanes' states), and what to do."""
+def _load_error(exc: BaseException) -> str:
+    """Why a worker could not unpickle the pipeline, and what to do."""
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, (AttributeError, ImportError)) or "Can't get attribute" in str(exc):
         return (
-            f"the worker could not load {what} ({text}). Functions given to map/filter (and any other object in "
+            f"the worker could not load the pipeline ({text}). Functions given to map/filter (and any other object in "
             "the pipeline or its records) must be importable by module and name in a fresh process, because workers are spawned "
             "and look them up by name: define them at the top level of a module, not inside "
             "`if __name__ == '__main__':`, inside another function, in a notebook cell or in `python -c`. Move the "
             "function above the `if __name__ == '__main__':` line of your script, or into a module that the script "
             "imports"
         )
-    return f"the worker could not load {what} ({text})"
+    return f"the worker could not load the pipeline ({text})"
 
 
 def take_environment(env: dict[str, str] | None) -> None:
@@ -145,7 +145,7 @@ def worker_main(conn, lanes: list[int], credit: int, threads: int, env: dict[str
         # The pipeline and the lanes' states come through the pipe, not with the process: the parent
         # then starts every worker without waiting for each to read them (they boot in parallel).
         try:
-            plan_bytes, encoded, handed = conn.recv()
+            plan_bytes, encoded = conn.recv()
         except (EOFError, OSError):
             return
         try:
@@ -153,27 +153,7 @@ def worker_main(conn, lanes: list[int], credit: int, threads: int, env: dict[str
         except Exception as exc:
             outbox.send(("error", None, _load_error(exc), traceback.format_exc()))
             return
-        chunks: dict = {}
-        if handed:  # the main process runs the lanes until this worker is ready, then hands them over
-            if not conn.poll(0):  # unless told to stop while starting
-                plan.warm()
-            outbox.send(("ready",))
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                return
-            except Exception as exc:  # a record in the states of a type this process cannot import
-                outbox.send(("error", None, _load_error(exc, "its lanes' states"), traceback.format_exc()))
-                return
-            if msg[0] == "stop":
-                return
-            _, given, encoded, chunks = msg
-            given.update(plan.decode_lanes(encoded) if encoded else {})
-            states = {lane: given[lane] for lane in lanes}
-        elif encoded:
-            states = plan.decode_lanes({lane: encoded[lane] for lane in lanes})
-        else:
-            states = {lane: plan.init(lane) for lane in lanes}
+        states = plan.decode_lanes({lane: encoded[lane] for lane in lanes}) if encoded else {lane: plan.init(lane) for lane in lanes}
         history = {lane: deque([(states[lane].delivered, states[lane])]) for lane in lanes}
         meter = plan.meter()
         credits = {lane: credit for lane in lanes}
@@ -181,8 +161,6 @@ def worker_main(conn, lanes: list[int], credit: int, threads: int, env: dict[str
         ended: set[int] = set()
         order = deque(caller_order_of(states))
         ahead = plan.reader(states)
-        if ahead is not None and chunks:
-            ahead.give(chunks)
         while True:
             while conn.poll(0) or not any(credits[lane] > 0 and lane not in ended for lane in lanes):
                 msg = conn.recv()
@@ -232,13 +210,9 @@ def worker_main(conn, lanes: list[int], credit: int, threads: int, env: dict[str
 
 
 def replay_lane(plan: Plan, lane: int, data: Any, delivered: int, at_end: bool) -> LaneState:
-    """The lane's state after exactly ``delivered`` outputs, replayed from a kept one (``data``: a
-    state, its encoding, or ``None`` for the start); ``at_end``: the caller saw the lane end, so
-    does its state."""
-    if isinstance(data, LaneState):  # handed to its worker by value
-        state = data
-    else:
-        state = plan.decode(lane, data) if data is not None else plan.init(lane)
+    """The lane's state after exactly ``delivered`` outputs, replayed from a kept one (``data``: its
+    encoding, or ``None`` for the start); ``at_end``: the caller saw the lane end, so does its state."""
+    state = plan.decode(lane, data) if data is not None else plan.init(lane)
     while state.delivered < delivered:
         state, out = plan.next(lane, state)
         if out is None:

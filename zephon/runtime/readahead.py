@@ -133,30 +133,6 @@ class ReadAhead:
         """Stop the thread and wait for it (it finishes the call it is in)."""
         self._finalizer()
 
-    # -- lanes moving between processes ----------------------------------------------------------------
-    def release(self, lanes: Sequence[int]) -> dict[int, Prepared]:
-        """Stop reading for ``lanes`` (they move to another process): their chunks read already, or
-        being read now (waited for), to go with them; chunks not started yet are not read."""
-        requests = [self.queued.pop(lane) for lane in lanes if lane in self.queued]
-        self._work.cancel(requests)
-        out: dict[int, Prepared] = {}
-        for r in requests:
-            if r.future.cancelled():
-                continue
-            try:
-                out[r.lane] = r.future.result()
-            except Exception:  # the lane reads it again where it goes, and fails there, named
-                continue
-        return out
-
-    def give(self, chunks: dict[int, Prepared]) -> None:
-        """Take chunks read for these lanes by another process's :meth:`release`."""
-        for lane, prepared in chunks.items():
-            future: Future = Future()
-            future.set_result(prepared)
-            self.queued[lane] = _Request(lane, prepared.key, future)
-            self.started = True
-
     # -- internals ----------------------------------------------------------------------------------------
     def _others(self, lane: int, size: int) -> list[tuple[int, tuple[Any, int]]]:
         """The lanes to read for with ``lane``'s chunk: after it in lane order, not done, with nothing
@@ -208,14 +184,6 @@ class _Work:
                 self.thread.start()
             self.requests.append(request)
             self.cond.notify()
-
-    def cancel(self, requests: Sequence[_Request]) -> None:
-        """Cancel those of ``requests`` that wait (the others are being served, or were)."""
-        with self.cond:
-            for r in requests:
-                if r in self.requests:
-                    self.requests.remove(r)
-                    r.future.cancel()
 
     def stop(self) -> None:
         """Cancel what waits and end the thread, waiting for the call it is in."""
