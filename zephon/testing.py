@@ -1,5 +1,6 @@
 """Checks that any operator, including your own, keeps zephon's guarantees.
 
+``check_operator(op, records_from(payloads))`` runs every check below on one input.
 ``assert_checkpoint_equivalence(op, chunks)`` runs ``op`` over ``chunks`` once without
 interruption, then, at every step boundary (before the first chunk, after each chunk and after
 each piece of the flush), encodes the state, sends it through JSON, decodes it, resumes, and
@@ -12,14 +13,101 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
+import msgspec
 import numpy as np
 
-
-from .core.operator import Operator
+from .core.operator import Operator, sample_meta
 from .core.records import Meta, Record, SampleBatch, payload_equal
 from .core.state import output_ref
 
-__all__ = ["assert_checkpoint_equivalence", "assert_chunking_invariance", "input_resolver", "run", "outputs_equal"]
+__all__ = [
+    "assert_checkpoint_equivalence",
+    "assert_chunking_invariance",
+    "assert_flush_ends",
+    "assert_states_round_trip",
+    "check_operator",
+    "input_resolver",
+    "outputs_equal",
+    "records_from",
+    "run",
+]
+
+
+def records_from(payloads: Sequence[Any], *, lane: int = 0, dataset: int = 0, shard: int = 0) -> list[Record]:
+    """Source records for ``payloads``: row ``i`` of ``shard`` of ``dataset`` in ``lane`` (distinct metas).
+
+    Examples:
+        >>> [r.meta.segments[0].row for r in records_from([{"x": 1}, {"x": 2}])]
+        [0, 1]
+    """
+    return [Record(p, sample_meta(lane, dataset, shard, i)) for i, p in enumerate(payloads)]
+
+
+def check_operator(op: Operator, records: Sequence[Record], *, key: int = 0, chunk_size: int = 3) -> None:
+    """Run every operator check of this module on ``op`` over ``records``.
+
+    Checks: the outputs do not depend on how the input is chunked (one chunk, single records,
+    ``chunk_size`` and two halves); restoring at any step boundary (JSON) resumes with the same
+    outputs, and ``rebuild`` from metas gives the outputs; every state reached round-trips through
+    msgpack bytes to an equal state; the flush ends (a flushed state hands out nothing).
+
+    Args:
+        op: the operator under test (a module-level class, so that it pickles into workers).
+        records: its input, with distinct metas (:func:`records_from` builds them).
+        key: the key passed to ``op.init``.
+        chunk_size: the chunk size of the checkpoint and msgpack checks.
+
+    Raises:
+        AssertionError: naming the check, the step boundary or state, and the first difference.
+    """
+    records = list(records)
+    n = len(records)
+    assert_flush_ends(op, [records], key=key)
+    for cuts in ([], list(range(1, n)), list(range(chunk_size, n, chunk_size)), [n // 2]):
+        assert_chunking_invariance(op, records, cuts, key=key)
+    chunks = [records[i : i + chunk_size] for i in range(0, n, chunk_size)]
+    assert_checkpoint_equivalence(op, chunks, key=key)
+    assert_states_round_trip(op, chunks, key=key)
+
+
+def assert_flush_ends(op: Operator, chunks: Sequence[Sequence[Any]], *, key: int = 0, pieces: int | None = None) -> None:
+    """Assert that flushing after ``chunks`` ends within ``pieces`` calls (default: one per input
+    record, plus one), and that a flushed state hands out nothing again."""
+    state = op.init(key)
+    inputs = 0
+    for chunk in chunks:
+        state, _ = op.step(state, list(chunk))
+        inputs += len(chunk)
+    limit = inputs + 1 if pieces is None else pieces
+    for _ in range(limit):
+        state, out = _flush_piece(op, state)
+        if not out:
+            again, more = op.flush(state)
+            assert not more, f"{op.kind}: a flushed state handed out {len(more)} more outputs; a flush ends with nothing left"
+            return
+    raise AssertionError(f"{op.kind}: flush still hands out outputs after {limit} calls; a flush hands out what the state holds")
+
+
+def assert_states_round_trip(op: Operator, chunks: Sequence[Sequence[Record]], *, key: int = 0) -> None:
+    """Assert that every state ``op`` reaches over ``chunks`` (flush included) encodes to msgpack
+    bytes that decode to an equal state and encode to the same bytes again."""
+    chunks = [list(c) for c in chunks]
+    resolve = input_resolver(chunks)
+    state = op.init(key)
+    states = [state]
+    for chunk in chunks:
+        state, _ = op.step(state, chunk)
+        states.append(state)
+    while True:
+        state, out = _flush_piece(op, state)
+        states.append(state)
+        if not out:
+            break
+    for i, saved in enumerate(states):
+        wire = msgspec.msgpack.encode(op.encode_state(saved))
+        decoded = op.decode_state(msgspec.msgpack.decode(wire), resolve)
+        assert msgspec.msgpack.encode(op.encode_state(decoded)) == wire, f"{op.kind}: state {i} re-encodes to other msgpack bytes"
+        assert decoded == saved, f"{op.kind}: state {i} decodes from msgpack to a different state: {decoded!r} != {saved!r}"
 
 
 def input_resolver(chunks: Sequence[Sequence[Record]]):
