@@ -22,10 +22,10 @@ residue class mod ``W`` each (worker ``w`` the class of the position it is asked
 makes the delivered sequence exactly the pipeline's whenever ``W`` divides ``n``. Otherwise the
 largest divisor of ``n`` below ``W`` runs the lanes and the other workers stay idle (they end at
 once, and the DataLoader skips them), as in Zephon 0.2.0. Where finite data ends, the workers of
-a plain DataLoader agree through a small block of shared memory: each publishes how many items
-it has produced and whether its lanes ended, and an item is handed to the DataLoader only once
-no item before it in the stream is missing, so every worker stops exactly where the pipeline's
-own loader stops. (:class:`DataLoader` needs no shared memory: a worker whose lanes end sends an
+a plain DataLoader agree through a multiprocessing condition over a small shared array
+(:class:`WorkerSync`): each publishes how many items it has produced and whether its lanes
+ended, and an item is handed to the DataLoader only once no item before it in the stream is
+missing, so every worker stops exactly where the pipeline's own loader stops. (:class:`DataLoader` needs no shared state: a worker whose lanes end sends an
 end marker in its turn, and the main process stops there.) In a worker the lanes run in that
 worker (``options(workers=...)`` applies with ``num_workers=0``).
 
@@ -35,7 +35,6 @@ torch is imported with this module, never by ``import zephon``.
 from __future__ import annotations
 
 import multiprocessing
-import time
 import warnings
 from typing import Any, Iterator, Mapping
 
@@ -181,7 +180,7 @@ class TrainingDataset(torch.utils.data.IterableDataset):
         state = dict(self.__dict__)
         state["_topology"] = self.topology()
         if multiprocessing.context.get_spawning_popen() is None:
-            state["_sync"] = None  # shared memory travels only to worker processes being started
+            state["_sync"] = None  # its lock and array travel only to worker processes being started
         return state
 
     def __iter__(self) -> Iterator[dict]:
@@ -219,31 +218,33 @@ class TrainingDataset(torch.utils.data.IterableDataset):
 
 
 class WorkerSync:
-    """Shared memory through which a DataLoader's workers stop together at the end of finite data.
+    """How a DataLoader's workers stop together at the end of finite data: a multiprocessing condition.
 
-    Per seat three slots, written by its worker only: the iteration it serves, the items it has
-    produced, and whether its lanes ended. The seat ``c`` is the worker running the lanes of
-    residue class ``c`` (mod ``W``); its item ``m`` (counting its lanes' outputs from the start
-    of the data) is item ``m * W + c`` of the rank's stream; before handing it over, a worker waits until every item before it has been
-    produced, and stops if one of them never will be (its worker ended first): exactly where the
-    pipeline stops. No lock is needed (each slot has one writer, and counts only grow), so the
-    block is plain shared memory, which travels to forked and spawned workers alike.
+    Per seat three integers, in a shared array that the condition's lock guards: the iteration the
+    seat serves, the items its worker has produced, and whether its lanes ended. The seat ``c`` is
+    the worker running the lanes of residue class ``c`` (mod ``W``); its item ``m`` (counting its
+    lanes' outputs from the start of the data) is item ``m * W + c`` of the rank's stream. A worker
+    publishes its progress under the lock and wakes the others; before handing item ``m`` over it
+    waits on the condition until every item before it has been produced, and stops if one of them
+    never will be (its worker ended first): exactly where the pipeline stops. The primitives come
+    from the ``spawn`` context, so they reach forked and spawned DataLoader workers alike (they
+    travel only with a worker being started).
     """
 
     MAX_WORKERS = 256
 
     def __init__(self) -> None:
-        self._slots = multiprocessing.RawArray("q", 3 * self.MAX_WORKERS)
+        ctx = multiprocessing.get_context("spawn")
+        self._cond = ctx.Condition()
+        self._slots = ctx.Array("q", 3 * self.MAX_WORKERS, lock=False)  # guarded by _cond
 
     def join(self, iteration: int, worker: int, workers: int) -> "WorkerSeat":
-        """Take seat ``worker`` (a residue class) in ``iteration``: its counters restart, then its iteration is set."""
+        """Take seat ``worker`` (a residue class) in ``iteration``, its counters at zero."""
         if workers > self.MAX_WORKERS:
             raise ValueError(f"to_torch_dataset: at most {self.MAX_WORKERS} DataLoader workers, got {workers}")
-        base = 3 * worker
-        self._slots[base] = -1  # readers ignore the seat while its counters restart
-        self._slots[base + 1] = 0
-        self._slots[base + 2] = 0
-        self._slots[base] = iteration
+        with self._cond:
+            self._slots[3 * worker : 3 * worker + 3] = [iteration, 0, 0]
+            self._cond.notify_all()
         return WorkerSeat(self, iteration, worker, workers)
 
 
@@ -255,47 +256,40 @@ class WorkerSeat:
 
     def publish(self, produced: int, ended: bool = False) -> None:
         slots, base = self.sync._slots, 3 * self.worker
-        if slots[base] != self.iteration:
-            raise RuntimeError(
-                "to_torch_dataset: two iterations of one dataset ran DataLoader workers at the same time; "
-                "finish (or delete) one DataLoader iterator before starting the next"
-            )
-        slots[base + 1] = produced  # before the end flag: a reader that sees the flag sees this count
-        slots[base + 2] = int(ended)
+        with self.sync._cond:
+            if slots[base] != self.iteration:
+                raise RuntimeError(
+                    "to_torch_dataset: two iterations of one dataset ran DataLoader workers at the same time; "
+                    "finish (or delete) one DataLoader iterator before starting the next"
+                )
+            slots[base + 1 : base + 3] = [produced, int(ended)]
+            self.sync._cond.notify_all()
 
     def clear_before(self, m: int) -> bool:
-        """Wait until every item before this worker's item ``m`` exists; ``False`` if one never will.
+        """Wait until every item before this worker's item ``m`` exists; ``False`` if one never will."""
+        with self.sync._cond:
+            while True:
+                clear = self._clear_before(m)
+                if clear is not None:
+                    return clear
+                self.sync._cond.wait(timeout=1.0)  # woken by every publish; the timeout only bounds a lost wake-up
 
-        Every worker is looked at in each pass: one that stopped early (after another's end) never
-        produces more, so waiting on it alone would never return. A seat of another iteration (a
-        worker not started yet) counts as nothing produced.
-        """
-        slots = self.sync._slots
-        pause = 0.0
-        while True:
-            waiting = False
-            for other in range(self.workers):
-                if other == self.worker:
-                    continue
-                base = 3 * other
-                need = m + 1 if other < self.worker else m  # its items with a smaller index in the stream
-                # The seat's iteration around its counters (they restart when a worker joins), and the
-                # flag before the count (a set flag means a final count).
-                seat = slots[base]
-                ended = slots[base + 2]
-                produced = slots[base + 1]
-                if seat != self.iteration or slots[base] != self.iteration:
-                    waiting = True
-                    continue
-                if produced >= need:
-                    continue
-                if ended:
+    def _clear_before(self, m: int) -> bool | None:
+        """Under the lock: ``True`` if the items before item ``m`` exist, ``False`` if one never will,
+        ``None`` to wait. A seat of another iteration (a worker not started yet) has produced nothing."""
+        slots, waiting = self.sync._slots, False
+        for other in range(self.workers):
+            if other == self.worker:
+                continue
+            base = 3 * other
+            need = m + 1 if other < self.worker else m  # its items with a smaller index in the stream
+            if slots[base] != self.iteration:
+                waiting = True
+            elif slots[base + 1] < need:
+                if slots[base + 2]:
                     return False
                 waiting = True
-            if not waiting:
-                return True
-            time.sleep(pause)
-            pause = min(0.001, pause + 0.0001)
+        return None if waiting else True
 
 
 _NEVER = object()  # the sentinel of a plain iterator (iter(callable, sentinel)) that ends by StopIteration
