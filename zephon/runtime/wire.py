@@ -175,17 +175,6 @@ def send_message(conn: Any, msg: Any) -> None:
     send_parts(conn, pack_message(msg))
 
 
-def copy_message(msg: Any) -> Any:
-    """``msg`` as :func:`recv_message` would receive it, made in this process: pickled with its
-    buffers out of band and rebuilt (every array writable, over memory of its own).
-
-    Raises:
-        Exception: what pickling ``msg`` raises.
-    """
-    parts = pack_message(msg)
-    return _Unpickler(io.BytesIO(parts[0]), buffers=[bytearray(part) for part in parts[1:]]).load()
-
-
 def recv_message(conn: Any) -> Any:
     """Receive a message sent by :func:`send_message`; its arrays are writable and own their memory.
 
