@@ -452,4 +452,3 @@ def _shutdown(conns, procs) -> None:
             conn.close()
         except Exception:
             pass
-
