@@ -15,7 +15,7 @@ Examples:
     ...     records: tuple[Record, ...] = ()
     >>> rec = Record({"x": 1}, Meta(0, (Segment(0, 0, 3, 0, 0, -1),)))
     >>> encode(Held((rec,)))
-    {'type': 'held', 'records': [[0, 0, 0, 0, 3, 0, 0, -1]]}
+    {'type': 'held', 'records': ([0, 0, 0, 0, 3, 0, 0, -1],)}
     >>> decode(encode(Held((rec,))), Held).records[0].is_reference
     True
     >>> resolve(decode(encode(Held((rec,))), Held), lambda metas: [rec]) == Held((rec,))
