@@ -282,3 +282,23 @@ def test_a_reference_equals_only_a_reference_with_its_meta():
     meta = Meta(0, (Segment(0, 0, 3, 0, 0, -1),))
     assert Record({"x": 1}, meta) != keep_references([meta])[0]
     assert keep_references([meta]) == keep_references([meta])
+
+
+def test_a_nested_chain_restores_deferred_like_the_rest():
+    from _util import toks_to_ids
+    from zephon import Pipeline
+    from zephon.core.operator import Chain
+    from zephon.work import StaticMixtureWorkSource
+
+    def pipe():
+        src = StaticMixtureWorkSource([toy_dataset(120)], {"web": 1.0}, chunk_size=8, exhausted_policy="stop")
+        nested = Chain((("inner", Shuffle(4, seed=1)),))
+        return Pipeline(src).options(canonical_replicas=2).map(toks_to_ids).pack_flat(16).add(nested, name="nested").batch(2)
+
+    alone = list(pipe())
+    it = iter(pipe())
+    for _ in range(5):
+        next(it)
+    ck = json.loads(json.dumps(it.checkpoint()))
+    it.close()
+    assert outputs_equal(list(pipe().restore(ck)), alone[5:])

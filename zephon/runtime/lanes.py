@@ -494,6 +494,8 @@ class Plan:
         """
 
         def decoded(i: int, op: Operator, data: Any) -> Any:
+            if isinstance(op, Chain):  # a nested chain's state is its children's by name: decoded whole
+                return op.decode_state(data, self.resolver_at(lane, i))
             later = self.chain.resolver_at(i, self._checked_resolver(lane, then=_records_later))
             try:
                 if op.reads_held_payloads:
