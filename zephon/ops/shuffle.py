@@ -54,6 +54,15 @@ def _drains(value: Any) -> tuple[int, ...]:
     return out
 
 
+def _draw(buffer: list[Record], key: int, draws: int) -> Record:
+    """Take the ``draws``-th draw of ``key`` out of ``buffer`` (swap-pop: the last record fills its place)."""
+    i = randbelow(key, draws, len(buffer))
+    rec = buffer[i]
+    buffer[i] = buffer[-1]
+    buffer.pop()
+    return rec
+
+
 def sample_starts(rec: Record) -> int:
     """The samples whose first token ``rec`` holds: its lane clock for ``drains``."""
     return sum(1 for seg in rec.meta.segments if seg.start == 0 and seg.child == 0)
@@ -129,21 +138,15 @@ class Shuffle(Operator):
                     at = bisect.bisect_right(drains, samples)
                     if at != phase:  # the first record of the next phase: empty the buffer first
                         while buffer:
-                            i = randbelow(key, draws, len(buffer))
+                            out.append(_draw(buffer, key, draws))
                             draws += 1
-                            out.append(buffer[i])
-                            buffer[i] = buffer[-1]
-                            buffer.pop()
                             emitted += 1
                         phase = at
                     samples += starts
             buffer.append(rec)
             if len(buffer) > min(size, warmup + emitted) or size == 1:
-                i = randbelow(key, draws, len(buffer))
+                out.append(_draw(buffer, key, draws))
                 draws += 1
-                out.append(buffer[i])
-                buffer[i] = buffer[-1]
-                buffer.pop()
                 emitted += 1
         return ShuffleState(key, tuple(buffer), draws, emitted, samples, phase), out
 
@@ -158,11 +161,8 @@ class Shuffle(Operator):
         draws = state.draws
         out: list[Record] = []
         while buffer and len(out) < FLUSH_PIECE:
-            i = randbelow(state.key, draws, len(buffer))
+            out.append(_draw(buffer, state.key, draws))
             draws += 1
-            out.append(buffer[i])
-            buffer[i] = buffer[-1]
-            buffer.pop()
         return msgspec.structs.replace(state, buffer=tuple(buffer), draws=draws, emitted=state.emitted + len(out)), out
 
     def report(self, state: ShuffleState) -> dict[str, int]:
