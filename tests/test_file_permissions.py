@@ -57,7 +57,7 @@ def test_indexes_caches_digests_and_checkpoints_get_the_umask_permissions(tmp_pa
     where, _ = build_index(data)
     ds = Dataset.from_path("web", data)
     assert ds.read(1, [0]) == [{"text": "z"}]
-    saved = save_checkpoint(tmp_path / "ck", Pipeline(ds).batch(2))
+    saved = save_checkpoint(tmp_path / "ck", iter(Pipeline(ds).batch(2)))
     store_entry("test", "k", {"v": 1})
     written = files_under(cache) + [where, str(saved)]
     kinds = {os.path.relpath(p, cache).split(os.sep)[0] for p in files_under(cache)}
