@@ -336,13 +336,6 @@ class Plan:
         except _DECODE_ERRORS as exc:
             raise ValueError(f"lane {lane}: field 'pending': {exc}") from exc
 
-    def warm(self) -> None:
-        """Load the tokenizers the operators encode with (a worker does this before it takes its lanes)."""
-        for _, op in self.chain.children:
-            warm = getattr(getattr(op, "handle", None), "warm", None)
-            if warm is not None:
-                warm()
-
     # -- naming records in errors -----------------------------------------------------------------------
     def describe(self, meta: Meta) -> str:
         """Where a record came from, by name: dataset, shard (and file), row and lane.

@@ -209,10 +209,6 @@ class TokenizerHandle:
             raise RuntimeError(f"tokenizer cannot use the tiktoken backend: {reason}")
         return _build_tiktoken(plan, self._content)
 
-    def warm(self) -> None:
-        """Build this process's live encoder now (and its threads), not on the first batch."""
-        self.encode_batch(["warm"])
-
     def with_backend(self, backend: str) -> TokenizerHandle:
         """This handle with the encoder chosen again for ``backend`` (``auto``, ``tokenizers``, ``tiktoken``)."""
         effective = _choose_backend(self, backend)
