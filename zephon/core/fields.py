@@ -201,3 +201,14 @@ def padding_waste(records: Sequence[Any]) -> float:
     lengths = [payload_length(r.payload) for r in records]
     real = sum(n - r.meta.padding_length for n, r in zip(lengths, records))
     return 1.0 - real / (len(lengths) * max(lengths)) if max(lengths) else 0.0
+
+
+def unique_names(value: Any) -> Any:
+    """A sequence of names as a tuple, first occurrence kept; anything else (a string, ``None``, an
+    unhashable name) is returned as given, for the setting's validator to name."""
+    if isinstance(value, str):
+        return value
+    try:
+        return tuple(dict.fromkeys(value))
+    except TypeError:  # not iterable, or unhashable names
+        return value

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..core.operator import Operator, Resolver, config_field
 from ..core.state import decode, resolve
-from ..core.fields import SEGMENT_KEYS, aligned_payload, check_carried, find_token_field, segment_entry
+from ..core.fields import SEGMENT_KEYS, aligned_payload, check_carried, find_token_field, segment_entry, unique_names
 from ..core.records import Meta, Record, Segment, describe_meta
 
 __all__ = ["ALGORITHMS", "OVERSIZED", "PackFlat", "PackSequences", "PackState", "packing_info"]
@@ -65,15 +65,8 @@ def _positions(lengths: Sequence[int]) -> np.ndarray:
 
 
 def _field_names(value: Any) -> Any:
-    """A sequence of field names as a tuple, first occurrence kept; anything else is left for the check."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return value
-    try:
-        return tuple(dict.fromkeys(value))
-    except TypeError:  # not iterable, or unhashable names
-        return value
+    """``drop_fields`` as a tuple of names (``None``: none); anything else is left for the check."""
+    return () if value is None else unique_names(value)
 
 
 def _aligned_keys(payload: dict, tfield: str, where: str, *, skip_positions: bool = True) -> list[str]:

@@ -29,7 +29,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import attrs
 import numpy as np
 
-from ..core.fields import SEGMENT_KEYS, TOKEN_FIELDS, check_carried, is_aligned, segment_entry
+from ..core.fields import SEGMENT_KEYS, TOKEN_FIELDS, check_carried, is_aligned, segment_entry, unique_names
 
 __all__ = ["TrainingSpec"]
 
@@ -52,16 +52,6 @@ def _is_int(value: Any) -> bool:
 
 def _int(value: Any) -> Any:
     return int(value) if _is_int(value) else value
-
-
-def _names(value: Any) -> Any:
-    """A sequence of names as a tuple, first occurrence kept; anything else is left for the validator."""
-    if isinstance(value, str):
-        return value
-    try:
-        return tuple(dict.fromkeys(value))
-    except TypeError:  # not iterable, or unhashable names
-        return value
 
 
 def _padding(value: Any) -> Any:
@@ -185,11 +175,11 @@ class TrainingSpec:
     tokens_field: str = attrs.field(default="auto", validator=_check_tokens_field)
     return_labels: bool = attrs.field(default=False, converter=bool)
     dtype: Any = attrs.field(default="auto")
-    extra_fields: tuple[str, ...] = attrs.field(default=(), converter=_names, validator=_check_names)
+    extra_fields: tuple[str, ...] = attrs.field(default=(), converter=unique_names, validator=_check_names)
     ignore_index: int = attrs.field(default=-100, converter=_int, validator=_check_ignore_index)
     rename_fields: Mapping[str, str] = attrs.field(default=None, converter=_renames, validator=_check_renames)
     flatten: bool = attrs.field(default=False, converter=bool)
-    exclude_fields: tuple[str, ...] = attrs.field(default=(), converter=_names, validator=_check_names)
+    exclude_fields: tuple[str, ...] = attrs.field(default=(), converter=unique_names, validator=_check_names)
     return_num_valid_tokens: bool = attrs.field(default=False, converter=bool)
     return_loss_mask: bool = attrs.field(default=False, converter=bool)
     return_cu_seqlens: bool = attrs.field(default=False, converter=bool)
