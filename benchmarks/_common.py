@@ -114,52 +114,17 @@ def tiktoken_encoding(tokenizer_path: Path) -> Any:
     return tiktoken.Encoding("bench-bytelevel-bpe", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
 
 
-# -- CPU time -----------------------------------------------------------------------------------------
+# -- CPU time and memory ---------------------------------------------------------------------------
+# Both read the whole process tree (the workers are the fork server's children, not this process's).
+
+from zephon.cli.processes import tree_cpu_s as cpu_seconds  # noqa: E402
 
 
-def cpu_seconds() -> float:
-    """CPU seconds (user + system) of this process and of its children that have been joined.
+def children_peak_rss_mib() -> dict[int, float]:
+    """Peak RSS (``VmHWM``) of each live worker process under this one, in MiB (Linux; else ``{}``)."""
+    from zephon.cli.processes import descendants_peak_rss_mib
 
-    Worker processes count once they have ended and been waited for, so read this after
-    ``close()``.
-    """
-    import resource
-
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-# -- memory -------------------------------------------------------------------------------------------
-
-
-def children_peak_rss_mib(pid: int | None = None) -> dict[int, float]:
-    """Peak RSS (``VmHWM``) of each live child of ``pid`` that is a multiprocessing worker, in MiB.
-
-    Linux only (``{}`` elsewhere). ``getrusage(RUSAGE_CHILDREN)`` cannot stand in for this: a
-    spawned child is forked first, so its high-water mark starts at the parent's size.
-    """
-    pid = os.getpid() if pid is None else pid
-    out: dict[int, float] = {}
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            kids = [int(k) for k in fh.read().split()]
-    except OSError:
-        return out
-    for kid in kids:
-        try:
-            with open(f"/proc/{kid}/cmdline", "rb") as fh:
-                cmd = fh.read()
-            if b"multiprocessing" not in cmd or b"resource_tracker" in cmd:
-                continue
-            with open(f"/proc/{kid}/status") as fh:
-                for line in fh:
-                    if line.startswith("VmHWM:"):
-                        out[kid] = int(line.split()[1]) / 1024
-                        break
-        except OSError:
-            continue
-    return out
+    return descendants_peak_rss_mib(only_workers=True)
 
 
 # -- reporting ----------------------------------------------------------------------------------------

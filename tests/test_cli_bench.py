@@ -148,3 +148,39 @@ def test_the_rows_before_the_first_batch_are_the_shuffles_warm_up_then_two_per_r
     warmup = Shuffle(buffer).warmup
     expected = batch if buffer == 1 else warmup + 2 * batch - 1
     assert _rows_before_first_batch(buffer, batch) == expected
+
+
+def _spin(seconds: float) -> None:
+    import time
+
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/stat"), reason="the process tree is read from /proc (Linux)")
+def test_cpu_and_memory_readings_count_the_workers_of_a_fork_server():
+    from zephon.cli.processes import descendants_peak_rss_mib, tree_cpu_s
+    from zephon.runtime.executor import ignoring_sigint, start_context
+
+    ctx = start_context()  # the fork server that zephon's workers come from
+    before = tree_cpu_s()
+    procs = [ctx.Process(target=_spin, args=(0.4,)) for _ in range(2)]
+    with ignoring_sigint():  # as the workers start: a server started here must ignore Ctrl-C as theirs does
+        for p in procs:
+            p.start()
+    for p in procs:
+        p.join()
+    # The spinning processes are the fork server's children, not this process's: getrusage alone
+    # would count none of their 0.8 CPU-seconds.
+    assert tree_cpu_s() - before >= 0.75
+    live = ctx.Process(target=_spin, args=(5.0,))
+    with ignoring_sigint():
+        live.start()
+    try:
+        _spin(0.05)
+        workers = descendants_peak_rss_mib(only_workers=True)
+        assert live.pid in workers and workers[live.pid] > 0
+    finally:
+        live.terminate()
+        live.join()

@@ -53,6 +53,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .processes import descendants_peak_rss_mib, tree_cpu_s
+
 __all__ = ["register", "run_bench"]
 
 
@@ -66,32 +68,8 @@ def _rss_mib() -> float:
 
 
 def _children_rss_mib() -> float:
-    """The largest peak RSS (VmHWM) among this process's live children, in MiB (Linux; else 0)."""
-    pid = os.getpid()
-    best = 0.0
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            kids = [int(k) for k in fh.read().split()]
-    except OSError:
-        return best
-    for kid in kids:
-        try:
-            with open(f"/proc/{kid}/status") as fh:
-                for line in fh:
-                    if line.startswith("VmHWM:"):
-                        best = max(best, int(line.split()[1]) / 1024)
-        except OSError:
-            continue
-    return best
-
-
-def _cpu_s() -> float:
-    """CPU seconds of this process and of its ended (joined) children."""
-    import resource
-
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    """The largest peak RSS (VmHWM) among the workers under this process, in MiB (Linux; else 0)."""
+    return max(descendants_peak_rss_mib(only_workers=True).values(), default=0.0)
 
 
 def _files(data: str) -> list[str]:
@@ -254,7 +232,7 @@ def child_recipe(task: dict[str, Any]) -> dict[str, Any]:
     ckpt_bytes: list[int] = []
     saved: dict[str, Any] = {}
     workers_rss = 0.0
-    c0, w0 = _cpu_s(), time.perf_counter()
+    c0, w0 = tree_cpu_s(), time.perf_counter()
     for batch in loader:
         batch.to_training(return_labels=True, dtype=np.int64)
         tokens += _real_tokens(batch)
@@ -282,7 +260,7 @@ def child_recipe(task: dict[str, Any]) -> dict[str, Any]:
     built = loader.stats()["operators"]["batch"]["real_tokens"]
     steady = (built - built_first) / (end - w_first) if first is not None and end > w_first else None
     loader.close()
-    cpu = _cpu_s() - c0
+    cpu = tree_cpu_s() - c0
     if saved.get("json") and task.get("checkpoint_path"):
         Path(task["checkpoint_path"]).write_text(saved["json"], encoding="utf-8")
     return {"tokens": tokens, "batches": batches, "seconds": wall, "tokens_per_s": tokens / wall if wall else None,

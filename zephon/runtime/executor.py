@@ -20,9 +20,19 @@ from typing import Any, Iterator
 from .lanes import LaneState, caller_order
 
 #: What the fork server imports once, so that a worker forked from it starts with them: the main
-#: module (as a spawned worker would import it), the worker's loop with the records and operators
-#: a pipeline holds, and the tokenizer library.
-_PRELOAD = ("__main__", "zephon", "zephon.runtime.process_worker", "zephon.io", "tokenizers")
+#: module (as a spawned worker would import it), the worker's loop, the sources and operators a
+#: pipeline holds, and the tokenizer libraries with the package metadata their cache keys read (a
+#: module that is not installed is skipped).
+_PRELOAD = (
+    "__main__",
+    "zephon",
+    "zephon.runtime.process_worker",
+    "zephon.io",
+    "zephon.ops",
+    "importlib.metadata",
+    "tokenizers",
+    "tiktoken",
+)
 
 
 def start_context() -> Any:

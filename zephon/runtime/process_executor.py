@@ -48,6 +48,8 @@ _POLL_S = 0.5
 #: How long ``close()`` waits for live workers to report their final states and counters before
 #: stopping them anyway (the states are then rebuilt by a replay when asked for).
 _CLOSE_READ_S = 10.0
+#: How long close() waits for the workers to exit on their own before it terminates them.
+_STOP_GRACE_S = 0.2
 
 
 _SIGNAL_CAUSES = {
@@ -317,13 +319,20 @@ class ProcessExecutor:
                     raise
         return self._stopped_states()
 
-    def _ask_states(self, deadline: float | None) -> dict[int, Any] | None:
-        """The encoded states of the lanes, after what the caller received."""
+    def _ask_states(self, deadline: float | None, with_reports: bool = False) -> dict[int, Any] | None:
+        """The encoded states of the lanes, after what the caller received; ``with_reports``: the
+        counters come in the same round trip (kept for :meth:`reports`), as a worker answers
+        between two of its steps."""
         want = {(lane, self.delivered[lane]) for lane in self.lanes}
         for lane in self.lanes:
             self._send(self.owner[lane], ("state", lane, self.delivered[lane], lane in self.saw_end))
-        if not self._pump(lambda: want <= set(self._states), deadline):
+        if with_reports:
+            self._request_reports()
+        done = (lambda: want <= set(self._states) and set(self._reports) >= set(self.lanes)) if with_reports else (lambda: want <= set(self._states))
+        if not self._pump(done, deadline):
             return None
+        if with_reports:
+            self._final_reports = {lane: self._reports[lane] for lane in self.lanes}
         states = {lane: self._states.pop((lane, self.delivered[lane])) for lane in self.lanes}
         self._states.clear()
         for lane, data in states.items():
@@ -379,12 +388,15 @@ class ProcessExecutor:
 
     def _ask_reports(self, deadline: float | None) -> dict[int, Any] | None:
         """The counters of the lanes (and the workers' runtime counters)."""
-        self._reports = {}
-        for w in sorted(set(self.owner.values())):
-            self._send(w, ("reports",))
+        self._request_reports()
         if not self._pump(lambda: set(self._reports) >= set(self.lanes), deadline):
             return None
         return {lane: self._reports[lane] for lane in self.lanes}
+
+    def _request_reports(self) -> None:
+        self._reports = {}
+        for w in sorted(set(self.owner.values())):
+            self._send(w, ("reports",))
 
     def meters(self) -> dict[str, Any] | None:
         """The runtime counters: the workers' as of their last reports (``reports()`` asks for them)."""
@@ -397,9 +409,7 @@ class ProcessExecutor:
         if read_final and self.failure is None and self.death is None:
             deadline = time.monotonic() + _CLOSE_READ_S
             try:
-                self._final_states = self._ask_states(deadline)
-                if self._final_states is not None:
-                    self._final_reports = self._ask_reports(deadline)
+                self._final_states = self._ask_states(deadline, with_reports=True)
             except WorkerError:
                 pass  # a worker died or failed: the states are rebuilt when asked for
             except BaseException:
@@ -439,8 +449,11 @@ def _shutdown(conns, procs) -> None:
             conn.send(("stop",))
         except Exception:
             pass
+    # A worker reads "stop" between two of its steps, which can take a second: past a short grace
+    # it is terminated (it holds nothing to flush; its cache writes are atomic renames).
+    grace = time.monotonic() + _STOP_GRACE_S
     for proc in procs:
-        proc.join(timeout=2)
+        proc.join(timeout=max(0.0, grace - time.monotonic()))
         if proc.is_alive():
             proc.terminate()
             proc.join(timeout=2)
