@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from zephon.cli.processes import descendants_peak_rss_mib, tree_cpu_s
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_CORPUS = Path(os.environ.get("ZEPHON_BENCH_CORPUS", HERE.parent.parent / "shared" / "data" / "corpus"))
 DEFAULT_TOKENIZER = Path(
@@ -117,13 +119,15 @@ def tiktoken_encoding(tokenizer_path: Path) -> Any:
 # -- CPU time and memory ---------------------------------------------------------------------------
 # Both read the whole process tree (the workers are the fork server's children, not this process's).
 
-from zephon.cli.processes import tree_cpu_s as cpu_seconds  # noqa: E402
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and of every process under it (see ``tree_cpu_s``)."""
+    return tree_cpu_s()
 
 
 def children_peak_rss_mib() -> dict[int, float]:
     """Peak RSS (``VmHWM``) of each live worker process under this one, in MiB (Linux; else ``{}``)."""
-    from zephon.cli.processes import descendants_peak_rss_mib
-
     return descendants_peak_rss_mib(only_workers=True)
 
 
