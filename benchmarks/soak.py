@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zephon.cli.processes import children
+
 ROWS = 4000  # distinct rows in the (endless) source
 LANES = 4
 ROW_TOKENS = 128  # pack_flat max_length
@@ -86,17 +88,6 @@ def _rss_mib(pid: int) -> float | None:
     return None
 
 
-def _children(pid: int) -> list[int]:
-    kids: list[int] = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as fh:
-                kids.extend(int(k) for k in fh.read().split())
-    except OSError:
-        pass
-    return kids
-
-
 def resources() -> dict[str, Any]:
     """Open file descriptors, threads (Python and OS) and live child processes of this process."""
     import multiprocessing as mp
@@ -107,7 +98,7 @@ def resources() -> dict[str, Any]:
         "fds": len(os.listdir("/proc/self/fd")),
         "threads": threading.active_count(),
         "os_threads": len(os.listdir("/proc/self/task")),
-        "children": len(_children(os.getpid())),
+        "children": len(children(os.getpid())),
         "mp_children": len(mp.active_children()),
     }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -158,7 +159,7 @@ def _spin(seconds: float) -> None:
         pass
 
 
-@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/stat"), reason="the process tree is read from /proc (Linux)")
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="the process tree is read from /proc (Linux)")
 def test_cpu_and_memory_readings_count_the_workers_of_a_fork_server():
     from zephon.cli.processes import descendants_peak_rss_mib, tree_cpu_s
     from zephon.runtime.executor import ignoring_sigint, start_context

@@ -13,7 +13,8 @@ import os
 import resource
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (``[]`` without ``/proc``)."""
     kids: list[int] = []
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
@@ -27,11 +28,11 @@ def _children(pid: int) -> list[int]:
 def descendants(pid: int | None = None) -> list[int]:
     """The live processes under ``pid`` (default: this one), children first; ``[]`` without ``/proc``."""
     out: list[int] = []
-    todo = _children(os.getpid() if pid is None else pid)
+    todo = children(os.getpid() if pid is None else pid)
     while todo:
         kid = todo.pop(0)
         out.append(kid)
-        todo.extend(_children(kid))
+        todo.extend(children(kid))
     return out
 
 
@@ -70,7 +71,7 @@ def descendants_peak_rss_mib(only_workers: bool = False) -> dict[int, float]:
             if only_workers:
                 with open(f"/proc/{pid}/cmdline", "rb") as fh:
                     cmd = fh.read()
-                if b"resource_tracker" in cmd or _children(pid):
+                if b"resource_tracker" in cmd or children(pid):
                     continue
             with open(f"/proc/{pid}/status") as fh:
                 for line in fh:

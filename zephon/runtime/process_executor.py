@@ -328,8 +328,7 @@ class ProcessExecutor:
             self._send(self.owner[lane], ("state", lane, self.delivered[lane], lane in self.saw_end))
         if with_reports:
             self._request_reports()
-        done = (lambda: want <= set(self._states) and set(self._reports) >= set(self.lanes)) if with_reports else (lambda: want <= set(self._states))
-        if not self._pump(done, deadline):
+        if not self._pump(lambda: want <= set(self._states) and (not with_reports or set(self._reports) >= set(self.lanes)), deadline):
             return None
         if with_reports:
             self._final_reports = {lane: self._reports[lane] for lane in self.lanes}
