@@ -93,16 +93,7 @@ def assert_states_round_trip(op: Operator, chunks: Sequence[Sequence[Record]], *
     bytes that decode to an equal state and encode to the same bytes again."""
     chunks = [list(c) for c in chunks]
     resolve = input_resolver(chunks)
-    state = op.init(key)
-    states = [state]
-    for chunk in chunks:
-        state, _ = op.step(state, chunk)
-        states.append(state)
-    while True:
-        state, out = _flush_piece(op, state)
-        states.append(state)
-        if not out:
-            break
+    states, _ = _trace(op, chunks, key)
     for i, saved in enumerate(states):
         wire = msgspec.msgpack.encode(op.encode_state(saved))
         decoded = op.decode_state(msgspec.msgpack.decode(wire), resolve)
@@ -130,16 +121,25 @@ def input_resolver(chunks: Sequence[Sequence[Record]]):
 
 def run(op: Operator, chunks: Sequence[Sequence[Any]], key: int = 0, state: Any = None) -> tuple[Any, list]:
     """Run ``op`` over ``chunks`` and flush until it returns nothing; returns (final state, all outputs)."""
+    states, produced = _trace(op, chunks, key, state)
+    return states[-1], [x for part in produced for x in part]
+
+
+def _trace(op: Operator, chunks: Sequence[Sequence[Any]], key: int = 0, state: Any = None) -> tuple[list, list[list]]:
+    """Every state ``op`` passes through over ``chunks`` and each piece of the flush (the start included,
+    the last flush handing out nothing), and the outputs of each step: ``(states, produced)``."""
     state = op.init(key) if state is None else state
-    outputs: list = []
+    states, produced = [state], []
     for chunk in chunks:
         state, out = op.step(state, list(chunk))
-        outputs.extend(out)
+        states.append(state)
+        produced.append(out)
     while True:
         state, out = _flush_piece(op, state)
+        states.append(state)
+        produced.append(out)
         if not out:
-            return state, outputs
-        outputs.extend(out)
+            return states, produced
 
 
 def _flush_piece(op: Operator, state: Any) -> tuple[Any, list]:
@@ -154,18 +154,15 @@ def _flush_piece(op: Operator, state: Any) -> tuple[Any, list]:
 
 def outputs_equal(a: Sequence[Any], b: Sequence[Any]) -> bool:
     """Exact equality of output lists (records or batches), payload arrays included."""
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if isinstance(x, SampleBatch) and isinstance(y, SampleBatch):
-            if not outputs_equal(x.records, y.records):
-                return False
-        elif isinstance(x, Record) and isinstance(y, Record):
-            if x.meta != y.meta or not payload_equal(x.payload, y.payload):
-                return False
-        elif x != y:
-            return False
-    return True
+    return len(a) == len(b) and all(_output_equal(x, y) for x, y in zip(a, b))
+
+
+def _output_equal(x: Any, y: Any) -> bool:
+    if isinstance(x, SampleBatch) and isinstance(y, SampleBatch):
+        return outputs_equal(x.records, y.records)
+    if isinstance(x, Record) and isinstance(y, Record):
+        return x.meta == y.meta and payload_equal(x.payload, y.payload)
+    return x == y
 
 
 def _describe_mismatch(expected: Sequence[Any], got: Sequence[Any]) -> str:
@@ -190,19 +187,7 @@ def assert_checkpoint_equivalence(op: Operator, chunks: Sequence[Sequence[Record
     """
     chunks = [list(c) for c in chunks]
     resolve = input_resolver(chunks)
-    state = op.init(key)
-    states = [state]
-    produced: list[list] = []
-    for chunk in chunks:
-        state, out = op.step(state, chunk)
-        states.append(state)
-        produced.append(out)
-    while True:  # each piece of the flush is a boundary too; the last flush hands out nothing
-        state, out = _flush_piece(op, state)
-        states.append(state)
-        produced.append(out)
-        if not out:
-            break
+    states, produced = _trace(op, chunks, key)  # each piece of the flush is a boundary too
     everything = [x for part in produced for x in part]
 
     rebuilt = op.rebuild([output_ref(x) for x in everything], resolve)

@@ -1,21 +1,16 @@
 """``zephon bench``: the pretraining recipe on your data and tokenizer, next to the bare encoder.
 
-Runs, each in a fresh process and round-robin (so background load falls on all of them alike),
+Each run is a fresh process; the runs go round-robin (so background load falls on all alike), with
 the ceiling again before every recipe run and once after the last, so that each recipe run is
-compared with the ceiling's rate when it ran: the mean of the ceiling runs just before and after
-it (a virtual machine's speed can drift by 10-30 % within minutes; ``--no-bracket`` runs the
-ceiling once per round):
+compared with the mean of the ceiling runs just before and after it (a virtual machine's speed can
+drift by 10-30 % within minutes; ``--no-bracket`` runs the ceiling once per round):
 
-- the **ceiling**: the bare encoder on the same documents, in large calls over all cores
-  (``tokenizers``' ``encode_batch_fast``, or tiktoken's ``encode_to_numpy`` on a thread per CPU),
-  with numpy packing into ``--seq-len`` rows; its time to first batch includes loading the
-  tokenizer and reading the first documents. It also times the same work as the recipe's first
-  batch: as many rows as that batch draws from (the shuffle's warm-up window, then two rows for
-  each of the batch's rows while the window grows: 79 rows by default), with the documents that
-  fill them known in advance, read at once and encoded in one call by a fresh tokenizer, added
-  to its own time to start and load the tokenizer;
-- the **recipe**, once per ``--workers`` value (and with ``--thread``, in a background thread;
-  user code runs only in the workers)::
+- the **ceiling**: the bare encoder in large calls over all cores (``tokenizers``'
+  ``encode_batch_fast``, or tiktoken's ``encode_to_numpy`` on a thread per CPU), with numpy packing
+  into ``--seq-len`` rows. It also times the work of the recipe's first batch: the rows that batch
+  draws from (the shuffle's warm-up window, then two rows for each of the batch's rows: 79 by
+  default), their documents read at once and encoded in one call by a fresh tokenizer;
+- the **recipe**, once per ``--workers`` value (and with ``--thread``, in a background thread)::
 
       Pipeline(Dataset.from_path("data", DATA))
           .options(canonical_replicas=LANES, workers=WORKERS)
@@ -28,17 +23,11 @@ ceiling once per round):
   and, from a checkpoint taken half-way, a **restore** in a new process, timed to its first batch
   and checked against the batch the uninterrupted run delivered next.
 
-It prints one table (tokens/s, ratio to the ceiling when the run ran and to the inline run of the
-same round, each over its own ceiling, time to first batch, peak
-RSS, CPU seconds per million tokens, checkpoint bytes, restore time) and writes every measurement
-to ``--json``. Two rates are given for the recipe: tokens *delivered* per second over the whole
-pass, start included, and the *steady* rate: tokens of the batches the lanes built after the
-first batch (delivered or not), per second after it. They differ by the start (loading the
-tokenizer, the first reads) and by the end of finite data: iteration stops at the first global
-step that some lane cannot complete, so the batches the other lanes built for it are counted but
-not delivered (a few percent of a short corpus with 8 lanes; with an endless source and full
-shuffle buffers every batch built is delivered). The ceiling's clock starts with its tokenizer
-loaded and its texts in memory, so its rate is a steady one. Nothing is asserted: the figures describe this machine under its current load.
+It prints one table and writes every measurement to ``--json``. The recipe has two rates: tokens
+*delivered* per second over the whole pass, and the *steady* rate: tokens of the batches the lanes
+built after the first batch (delivered or not; at the end of finite data iteration stops at the
+first incomplete global step), per second after it. Nothing is asserted: the figures describe
+this machine under its current load.
 """
 
 from __future__ import annotations
@@ -65,11 +54,6 @@ def _rss_mib() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def _children_rss_mib() -> float:
-    """The largest peak RSS (VmHWM) among the workers under this process, in MiB (Linux; else 0)."""
-    return max(descendants_peak_rss_mib(only_workers=True).values(), default=0.0)
 
 
 def _files(data: str) -> list[str]:
@@ -112,11 +96,7 @@ def pack_rows(arrays: list, rest: Any, eos: Any, row: int) -> tuple[Any, Any]:
     """
     import numpy as np
 
-    parts = [rest]
-    for a in arrays:
-        parts.append(a)
-        parts.append(eos)
-    flat = np.concatenate(parts)
+    flat = np.concatenate([rest, *(x for a in arrays for x in (a, eos))])
     n = len(flat) // row
     return flat[: n * row].reshape(n, row), flat[n * row :].copy()
 
@@ -133,7 +113,6 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
     def pack(arrays: list, rest: Any) -> tuple[Any, Any]:
         return pack_rows(arrays, rest, eos_arr, row)
 
-    # Time to first batch: tokenizer load (above), reading and encoding the first documents.
     files = _files(task["data"])
     ready = time.time() - t0  # started, tokenizer loaded, files listed
     rows, rest, done, want = eos_arr[:0].reshape(0, row), eos_arr[:0], 0, 16
@@ -145,11 +124,8 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
             break
         done, want = len(texts), want * 4
     first = time.time() - t0
-    # The same work as the recipe's first batch: as many rows as it draws from (its shuffle's
-    # warm-up window, then two rows for each of the batch's while the window grows). The documents
-    # are counted untimed, then timed with a fresh tokenizer (no cache shared with a previous call):
-    # reading exactly those documents, one encoder call, packing; added to the time it took to
-    # start, load the tokenizer and list the files.
+    # The recipe's first batch's rows: their documents counted untimed, then read, encoded by a
+    # fresh tokenizer (no shared cache) and packed, added to the time to start and list the files.
     need = max(batch, task.get("first_rows") or batch)
     docs = _docs_for_rows(_texts(files, task["field"], limit=64 * need), encode, need * row)
     encode_fresh = _bare_encoder(task)
@@ -158,8 +134,7 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
     first_rows = ready + time.perf_counter() - t
     # Throughput: texts in memory, the encoding loop alone.
     texts = _texts(files, task["field"], task.get("max_docs"))
-    tokens = 0
-    rest = eos_arr[:0]
+    tokens, rest = 0, eos_arr[:0]
     c0, w0 = time.process_time(), time.perf_counter()
     for i in range(0, len(texts), per_call):
         packed, rest = pack(encode(texts[i : i + per_call]), rest)
@@ -239,9 +214,8 @@ def child_recipe(task: dict[str, Any]) -> dict[str, Any]:
         batches += 1
         if first is None:
             first = time.time() - t0
-            # The steady state starts here: tokenizer loaded, first reads done, buffers warming. The
-            # count is read after the clock (workers keep building while they report), so the
-            # batches built meanwhile are not counted in the steady rate.
+            # The steady state starts here; the count is read after the clock, so the batches the
+            # workers build meanwhile are not counted in the steady rate.
             w_first = time.perf_counter()
             built_first = loader.stats()["operators"]["batch"]["real_tokens"]
         if saved.get("pending"):
@@ -252,7 +226,7 @@ def child_recipe(task: dict[str, Any]) -> dict[str, Any]:
             data = json.dumps(loader.checkpoint())
             ckpt_bytes.append(len(data))
             if task["workers"]:
-                workers_rss = max(workers_rss, _children_rss_mib())
+                workers_rss = max([workers_rss, *descendants_peak_rss_mib(only_workers=True).values()])
             if batches <= task["half"] or not saved:
                 saved = {"json": data, "after": batches, "pending": True}
     end = time.perf_counter()
@@ -303,10 +277,8 @@ def _child_main(raw: str) -> None:
 
 
 def _run_child(task: dict[str, Any], timeout: float) -> dict[str, Any]:
-    # t0 is taken here, so that every row counts interpreter start-up and imports alike.
-    task = {**task, "t0": time.time()}
-    # Bytecode caches on, as Python has them by default: a first run writes them, so start-up times
-    # do not count compiling zephon's sources anew in every process.
+    task = {**task, "t0": time.time()}  # every row counts interpreter start-up and imports alike
+    # Bytecode caches on, as Python has them by default, so no process compiles zephon anew.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     proc = subprocess.run(
         [sys.executable, "-m", "zephon.cli.bench", json.dumps(task)], capture_output=True, text=True, timeout=timeout, env=env
@@ -340,26 +312,10 @@ def _encoder_of(tokenizer: str, backend: str) -> tuple[str, int]:
 
 
 def run_bench(
-    data: str,
-    tokenizer: str,
-    *,
-    lanes: int = 8,
-    workers: tuple[int, ...] = (0,),
-    thread: bool = False,
-    cold_workers: bool = False,
-    backend: str = "auto",
-    field: str = "text",
-    seq_len: int = 2049,
-    batch_size: int = 8,
-    buffer: int = 1024,
-    checkpoint_every: int = 100,
-    docs_per_call: int = 512,
-    repeats: int = 3,
-    restore: bool = True,
-    read_size: int | None = None,
-    read_ahead: int | None = None,
-    bracket: bool = True,
-    timeout: float = 1800,
+    data: str, tokenizer: str, *, lanes: int = 8, workers: tuple[int, ...] = (0,), thread: bool = False,
+    cold_workers: bool = False, backend: str = "auto", field: str = "text", seq_len: int = 2049, batch_size: int = 8,
+    buffer: int = 1024, checkpoint_every: int = 100, docs_per_call: int = 512, repeats: int = 3, restore: bool = True,
+    read_size: int | None = None, read_ahead: int | None = None, bracket: bool = True, timeout: float = 1800,
     out: Any = print,
 ) -> dict[str, Any]:
     """Measure the recipe against the ceiling (see the module docstring); returns every measurement."""
@@ -372,12 +328,13 @@ def run_bench(
               "read_size": read_size, "read_ahead": read_ahead}
     first_rows = _rows_before_first_batch(buffer, batch_size)
     configs: dict[str, dict[str, Any]] = {"ceiling": {**common, "mode": "ceiling", "encoder": encoder, "first_rows": first_rows}}
+    recipe = {**common, "mode": "recipe", "thread": False}
     for w in workers:
-        configs[f"recipe workers={w}"] = {**common, "mode": "recipe", "workers": w, "thread": False}
+        configs[f"recipe workers={w}"] = {**recipe, "workers": w}
         if w and cold_workers:  # the same as the plain row, run again in the same rounds
-            configs[f"recipe workers={w} cold"] = {**common, "mode": "recipe", "workers": w, "thread": False}
+            configs[f"recipe workers={w} cold"] = {**recipe, "workers": w}
     if thread:
-        configs["recipe thread"] = {**common, "mode": "recipe", "workers": 0, "thread": True}
+        configs["recipe thread"] = {**recipe, "workers": 0, "thread": True}
     results: dict[str, Any] = {
         "data": common["data"], "tokenizer": common["tokenizer"], "encoder": encoder, "lanes": lanes, "buffer": buffer,
         "seq_len": seq_len, "batch_size": batch_size, "checkpoint_every": checkpoint_every, "repeats": repeats,
@@ -400,13 +357,11 @@ def run_bench(
                 seq += 1
                 results["runs"][name].append(res)
                 out(f"  [{rnd + 1}/{repeats}] {name:22s} {res['tokens_per_s'] or 0:>12,.0f} tokens/s")
-        restores: dict[str, list] = {}
-        if restore:
-            for name, task in configs.items():
-                if task["mode"] != "recipe" or not os.path.exists(task["checkpoint_path"]):
-                    continue
-                restores[name] = [_run_child({**task, "mode": "restore"}, timeout) for _ in range(repeats)]
-        results["restores"] = restores
+        results["restores"] = {
+            name: [_run_child({**task, "mode": "restore"}, timeout) for _ in range(repeats)]
+            for name, task in configs.items()
+            if restore and task["mode"] == "recipe" and os.path.exists(task["checkpoint_path"])
+        }
     results["load_average_end"] = _load()
     results["summary"] = _summarize(results)
     return results
@@ -474,45 +429,36 @@ def _compare(run: dict[str, Any], ceilings: list[dict[str, Any]]) -> None:
     run["first_batch_minus_same_rows_s"] = run["first_batch_s"] - same if run.get("first_batch_s") and same is not None else None
 
 
+#: The summary's figures per run name, each the median over rounds, in the table's order.
+SUMMARY_KEYS = (
+    "tokens_per_s", "ratio", "inline_ratio", "steady_tokens_per_s", "steady_ratio", "first_batch_s",
+    "first_batch_minus_ceiling_s", "first_rows_s", "first_batch_minus_same_rows_s", "rss_mib", "workers_rss_mib",
+    "cpu_s_per_mtok", "checkpoint_bytes",
+)
+#: The ceiling's own figures against itself.
+_CEILING_FIXED = {"ratio": 1.0, "steady_ratio": 1.0, "inline_ratio": None, "first_batch_minus_ceiling_s": 0.0,
+                  "first_batch_minus_same_rows_s": 0.0}
+
+
 def _summarize(results: dict[str, Any]) -> dict[str, Any]:
     runs = results["runs"]
     ceilings = runs["ceiling"]
-    recipes = {name: rs for name, rs in runs.items() if name != "ceiling"}
-    for rs in recipes.values():
-        for r in rs:
-            _compare(r, ceilings)
-    for rs in recipes.values():  # once every run's ratio is known, whatever the order of the runs
-        for r in rs:
-            r["inline_ratio"] = _against_inline(runs, r)
+    recipes = [r for name, rs in runs.items() if name != "ceiling" for r in rs]
+    for r in recipes:
+        _compare(r, ceilings)
+    for r in recipes:  # once every run's ratio is known, whatever the order of the runs
+        r["inline_ratio"] = _against_inline(runs, r)
     summary: dict[str, Any] = {}
     for name, rs in runs.items():
-        steady = [_steady(name, r) for r in rs]
-        if name == "ceiling":
-            ratios = steady_ratios = [1.0] * len(rs)
-            deltas = same_deltas = [0.0] * len(rs)
-            inline_ratios: list = [None]
-        else:
-            ratios = [r["ratio"] for r in rs]
-            steady_ratios = [r["steady_ratio"] for r in rs]
-            deltas = [r["first_batch_minus_ceiling_s"] for r in rs]
-            same_deltas = [r["first_batch_minus_same_rows_s"] for r in rs]
-            inline_ratios = [r["inline_ratio"] for r in rs]
-        row = {
-            "tokens": rs[0]["tokens"] if rs else None,
-            "tokens_per_s": _median([r["tokens_per_s"] for r in rs]),
-            "ratio": _median(ratios),
-            "inline_ratio": _median(inline_ratios),
-            "steady_tokens_per_s": _median(steady),
-            "steady_ratio": _median(steady_ratios),
-            "first_batch_s": _median([r["first_batch_s"] for r in rs]),
-            "first_batch_minus_ceiling_s": _median(deltas),
-            "first_rows_s": _median([r.get("first_rows_s") for r in rs]) if name == "ceiling" else None,
-            "first_batch_minus_same_rows_s": _median(same_deltas),
-            "rss_mib": _median([r["rss_mib"] for r in rs]),
-            "workers_rss_mib": _median([r.get("workers_rss_mib") for r in rs]),
-            "cpu_s_per_mtok": _median([r["cpu_s_per_mtok"] for r in rs]),
-            "checkpoint_bytes": _median([r.get("checkpoint_bytes") for r in rs]),
-        }
+        row = {"tokens": rs[0]["tokens"] if rs else None}
+        for key in SUMMARY_KEYS:
+            if name == "ceiling" and key in _CEILING_FIXED:
+                values = [_CEILING_FIXED[key]] * len(rs)
+            elif key == "steady_tokens_per_s":
+                values = [_steady(name, r) for r in rs]
+            else:
+                values = [r.get(key) for r in rs] if key != "first_rows_s" or name == "ceiling" else []
+            row[key] = _median(values)
         rest = results.get("restores", {}).get(name)
         if rest:
             expected = rs[0].get("next_digest")
@@ -524,33 +470,40 @@ def _summarize(results: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
+#: The table: header, summary key and format of each column after the run's name.
+COLUMNS = (
+    ("tokens/s", "tokens_per_s", ",.0f"), ("x ceiling", "ratio", ".3f"), ("x inline", "inline_ratio", ".3f"),
+    ("steady tok/s", "steady_tokens_per_s", ",.0f"), ("x ceiling", "steady_ratio", ".3f"),
+    ("1st batch s", "first_batch_s", ".3f"), ("vs ceiling s", "first_batch_minus_ceiling_s", "+.3f"),
+    ("vs same rows s", "first_batch_minus_same_rows_s", "+.3f"), ("RSS MiB", "rss_mib", ".0f"),
+    ("wkr RSS MiB", "workers_rss_mib", ".0f"), ("CPU s/Mtok", "cpu_s_per_mtok", ".3f"),
+    ("ckpt bytes", "checkpoint_bytes", ",.0f"), ("restore->1st s", "restore_first_s", ".3f"),
+    ("restore() s", "restore_call_s", ".3f"),
+)
+#: What the ceiling's row shows instead (``None``: a dash).
+_CEILING_CELLS = {"first_batch_minus_ceiling_s": (None, ""), "first_batch_minus_same_rows_s": ("first_rows_s", ".3f")}
+
+
 def format_table(results: dict[str, Any]) -> str:
     """The summary as an aligned text table."""
-    headers = ["run", "tokens/s", "x ceiling", "x inline", "steady tok/s", "x ceiling", "1st batch s", "vs ceiling s", "vs same rows s", "RSS MiB", "wkr RSS MiB", "CPU s/Mtok",
-               "ckpt bytes", "restore->1st s", "restore() s"]
-
-    def f(x: Any, spec: str) -> str:
-        return "-" if x is None else format(x, spec)
-
+    headers = ["run", *(h for h, _, _ in COLUMNS)]
     rows = []
     for name, s in results["summary"].items():
-        restore = f(s.get("restore_first_s"), ".3f")
+        row = [name]
+        for _, key, spec in COLUMNS:
+            if name == "ceiling":
+                key, spec = _CEILING_CELLS.get(key, (key, spec))
+            value = s.get(key) if key else None
+            row.append("-" if value is None else format(value, spec))
         if s.get("restore_exact") is False:
-            restore += " MISMATCH"
-        rows.append([name, f(s["tokens_per_s"], ",.0f"), f(s["ratio"], ".3f"), f(s.get("inline_ratio"), ".3f"),
-                     f(s.get("steady_tokens_per_s"), ",.0f"),
-                     f(s.get("steady_ratio"), ".3f"), f(s["first_batch_s"], ".3f"),
-                     "-" if name == "ceiling" else f(s["first_batch_minus_ceiling_s"], "+.3f"),
-                     f(s.get("first_rows_s"), ".3f") if name == "ceiling" else f(s.get("first_batch_minus_same_rows_s"), "+.3f"),
-                     f(s["rss_mib"], ".0f"),
-                     f(s["workers_rss_mib"], ".0f"), f(s["cpu_s_per_mtok"], ".3f"), f(s["checkpoint_bytes"], ",.0f"),
-                     restore, f(s.get("restore_call_s"), ".3f")])
+            row[-2] += " MISMATCH"
+        rows.append(row)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    lines = [" | ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))]
-    lines.append("-+-".join("-" * w for w in widths))
-    for r in rows:
-        lines.append(" | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
-    return "\n".join(lines)
+
+    def line(cells: list[str]) -> str:
+        return " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(headers), "-+-".join("-" * w for w in widths), *(line(r) for r in rows)])
 
 
 def _positive(text: str) -> int:
@@ -575,13 +528,10 @@ def _main(args: argparse.Namespace) -> int:
         if not os.path.exists(path):
             print(f"zephon bench: {what} {path}: no such file or folder", file=sys.stderr)
             return 2
-    results = run_bench(
-        args.data, args.tokenizer, lanes=args.lanes, workers=args.workers, thread=args.thread,
-        cold_workers=args.cold_workers, backend=args.backend,
-        field=args.field, seq_len=args.seq_len, batch_size=args.batch_size, buffer=args.buffer,
-        checkpoint_every=args.checkpoint_every, docs_per_call=args.docs_per_call, repeats=args.repeats,
-        restore=not args.no_restore, read_size=args.read_size, read_ahead=args.read_ahead, bracket=not args.no_bracket,
-    )
+    names = ("lanes", "workers", "thread", "cold_workers", "backend", "field", "seq_len", "batch_size", "buffer",
+             "checkpoint_every", "docs_per_call", "repeats", "read_size", "read_ahead")
+    settings = {name: getattr(args, name) for name in names}
+    results = run_bench(args.data, args.tokenizer, **settings, restore=not args.no_restore, bracket=not args.no_bracket)
     print()
     print(format_table(results))
     print(f"\nload average {results['load_average_start']} at the start, {results['load_average_end']} at the end. "
