@@ -8,6 +8,7 @@ undelivered), then proves an exact resume: checkpoint mid-run, JSON round trip, 
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
 import time
@@ -103,16 +104,14 @@ def run_demo(*, lanes: int = 4, workers: int = 0) -> int:
         tokenizer = train_tokenizer(folder, texts[:400])
         print(f"corpus: {len(texts)} documents in {folder} | tokenizer: BPE trained locally ({tokenizer.name})")
 
-        pipe = build(paths, tokenizer, lanes, workers)
         start = time.perf_counter()
         first = None
         batches, tokens = [], 0
-        loader = iter(pipe)
+        loader = iter(build(paths, tokenizer, lanes, workers))
         with warnings.catch_warnings():  # the end-of-data accounting is printed below instead
             warnings.simplefilter("ignore", RuntimeWarning)
             for batch in loader:
-                if first is None:
-                    first = time.perf_counter() - start
+                first = time.perf_counter() - start if first is None else first
                 batches.append(batch)
                 tokens += sum(len(r.payload["input_ids"]) - r.meta.padding_length for r in batch.records)
         elapsed = time.perf_counter() - start
@@ -121,22 +120,18 @@ def run_demo(*, lanes: int = 4, workers: int = 0) -> int:
         print(f"lanes: {lanes} | batches: {len(batches)} | first batch: lane {batches[0].lane}, {shapes}")
         print(f"lane order of the first {2 * lanes} batches: {[b.lane for b in batches[: 2 * lanes]]}")
         print(f"throughput: {tokens / elapsed:,.0f} tokens/s ({tokens:,} tokens in {elapsed:.2f} s; first batch after {first:.3f} s)")
-        stats = loader.stats()
-        print()
-        print(loader.stats_table())
-        print(token_account(stats))
-        print()
+        print(f"\n{loader.stats_table()}\n{token_account(loader.stats())}\n")
 
         k = len(batches) // 3
         it = iter(build(paths, tokenizer, lanes))
         for _ in range(k):
             next(it)
-        ckpt = json.loads(json.dumps(it.checkpoint()))
-        size = len(json.dumps(ckpt)) / lanes
+        wire = json.dumps(it.checkpoint())
+        size = len(wire) / lanes
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            rest = list(build(paths, tokenizer, lanes).loader(ckpt))
+            rest = list(build(paths, tokenizer, lanes).loader(json.loads(wire)))
         restore_s = time.perf_counter() - t0
         same = [batch_digest(b) for b in rest] == [batch_digest(b) for b in batches[k:]]
         print(
@@ -145,3 +140,10 @@ def run_demo(*, lanes: int = 4, workers: int = 0) -> int:
             f"({restore_s:.2f} s to restore and finish)"
         )
         return 0 if same else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    demo = sub.add_parser("demo", help="run a demo pipeline on a generated corpus with a locally trained tokenizer")
+    demo.add_argument("--lanes", type=int, default=4, help="canonical_replicas: the number of lanes (default 4)")
+    demo.add_argument("--workers", type=int, default=0, help="worker processes running the lanes (default 0: in this process)")
+    demo.set_defaults(func=lambda args: run_demo(lanes=args.lanes, workers=args.workers))

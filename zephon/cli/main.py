@@ -1,7 +1,6 @@
 """Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs;
 ``zephon inspect PATH`` shows tokenized records; ``zephon explain CONFIG`` prints a compiled plan;
-``zephon index PATH`` writes a dataset index;
-``zephon plan CONFIG --steps N`` simulates a data plan;
+``zephon index PATH`` writes a dataset index; ``zephon plan CONFIG --steps N`` simulates a data plan;
 ``zephon bench`` measures the recipe on your data against the bare encoder.
 
 Each command registers itself with ``register(subparsers)`` and sets ``func(args) -> exit code``;
@@ -11,14 +10,8 @@ commands that need more than a few lines live in a module of their own.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
-
-    return run_demo(lanes=args.lanes, workers=args.workers)
 
 
 def _ledger(args: argparse.Namespace) -> int:
@@ -37,13 +30,6 @@ def _ledger(args: argparse.Namespace) -> int:
         return 2
 
 
-def _register_demo(sub) -> None:
-    demo = sub.add_parser("demo", help="run a demo pipeline on a generated corpus with a locally trained tokenizer")
-    demo.add_argument("--lanes", type=int, default=4, help="canonical_replicas: the number of lanes (default 4)")
-    demo.add_argument("--workers", type=int, default=0, help="worker processes running the lanes (default 0: in this process)")
-    demo.set_defaults(func=_demo)
-
-
 def _register_ledger(sub) -> None:
     ledger = sub.add_parser("ledger", help="batch ledgers: compare the batches of two runs step by step")
     lsub = ledger.add_subparsers(dest="ledger_command", required=True)
@@ -59,8 +45,6 @@ def _command(module: str):
     """The ``register`` of a command that lives in a module of its own, imported when called."""
 
     def register(sub) -> None:
-        import importlib
-
         importlib.import_module(f".{module}", __package__).register(sub)
 
     return register
@@ -68,7 +52,7 @@ def _command(module: str):
 
 #: One entry per command, in the order ``zephon --help`` lists them.
 COMMANDS = [
-    _register_demo,
+    _command("demo"),
     _register_ledger,
     _command("plan"),
     _command("index"),

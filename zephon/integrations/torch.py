@@ -316,7 +316,7 @@ class _Iteration(Iterator[Any]):
         self.closed = False
 
     def expected(self) -> tuple[int, int]:
-        """The lane whose output comes next, and that output's number (0-based), as the pipeline's loader orders them."""
+        """The lane whose output comes next and that output's number (0-based), in the pipeline's order."""
         lane = min(self.counts, key=lambda lane: (self.counts[lane], lane))
         return lane, self.counts[lane]
 

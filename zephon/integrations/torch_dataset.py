@@ -125,9 +125,7 @@ class TrainingDataset(torch.utils.data.IterableDataset):
         TypeError: an unknown ``to_training`` option.
     """
 
-    def __init__(
-        self, pipeline: Any, *, stateful: bool = True, checkpoint: dict[str, Any] | None = None, **to_training_options: Any
-    ):
+    def __init__(self, pipeline: Any, *, stateful: bool = True, checkpoint: dict[str, Any] | None = None, **to_training_options: Any):
         super().__init__()
         if not isinstance(stateful, bool):
             raise TypeError(f"to_torch_dataset: stateful must be True or False, got {stateful!r}")

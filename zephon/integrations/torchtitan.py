@@ -1,24 +1,18 @@
 """TorchTitan's data loader, replaced by a zephon pipeline: ``ZephonDataLoader``.
 
-TorchTitan (0.3.0) builds its data loader from ``Trainer.Config.dataloader`` with
-``config.build(dp_world_size=, dp_rank=, tokenizer=, seq_len=, local_batch_size=, ...)``, pulls
-``(input_dict, labels)`` microbatches from ``iter(loader)`` (``gradient_accumulation_steps`` per
-optimizer step) and saves the loader, a ``Stateful``, under ``"dataloader"`` in its DCP checkpoint.
-:class:`ZephonDataLoader` is such a loader, built from a small config section (datasets, plan,
-processing, ``canonical_replicas``); the rest of the training settings are unchanged.
+TorchTitan builds its data loader from ``Trainer.Config.dataloader`` with ``config.build(dp_world_size=,
+dp_rank=, tokenizer=, seq_len=, local_batch_size=, ...)``, pulls ``(input_dict, labels)`` microbatches
+(``gradient_accumulation_steps`` per optimizer step) and saves the loader, a ``Stateful``, under
+``"dataloader"`` in its DCP checkpoint. :class:`ZephonDataLoader` is such a loader, built from a small
+config section (datasets, plan, processing, ``canonical_replicas``).
 
-**How the numbers fit.** A zephon global step takes one microbatch of ``local_batch_size`` rows
-from each of the ``L = canonical_replicas`` lanes; a data-parallel rank owns ``L / D`` lanes and
-yields their microbatches in lane order. So:
-
-- ``D`` (TorchTitan's batch degree: data-parallel replicate x shard) must divide ``L``;
-- the global batch must be whole zephon steps: ``global_batch_size = k x L x local_batch_size``.
-  TorchTitan then takes ``k x L / D`` microbatches per rank per optimizer step, and every
-  optimizer step sees the same rows, in the same order, for every ``D`` dividing ``L``.
-
-Both are checked when the loader is built, with the numbers to change. The data state saved in
-TorchTitan's checkpoint holds one entry per lane, so a run saved on ``D`` ranks resumes on any
-``D'`` dividing ``L`` (TorchTitan's own loaders require the same ``D``).
+**How the numbers fit.** A zephon global step takes one microbatch of ``local_batch_size`` rows from
+each of the ``L = canonical_replicas`` lanes; a data-parallel rank owns ``L / D`` lanes. So ``D``
+(data-parallel replicate x shard) must divide ``L``, and ``global_batch_size = k x L x
+local_batch_size``: TorchTitan then takes ``k x L / D`` microbatches per rank per optimizer step, and
+every optimizer step sees the same rows in the same order for every ``D`` dividing ``L``. Both are
+checked when the loader is built. The saved state holds one entry per lane, so a run saved on ``D``
+ranks resumes on any ``D'`` dividing ``L``.
 
 Requires ``torchtitan`` (``pip install 'zephon[titan]'``); importing this module imports it.
 """
@@ -26,7 +20,7 @@ Requires ``torchtitan`` (``pip install 'zephon[titan]'``); importing this module
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Annotated, Any, Callable, Iterator
 
 try:
@@ -52,8 +46,6 @@ class _Section:
     __slots__ = ()
 
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import fields
-
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
 
@@ -192,12 +184,10 @@ class ZephonDataLoader(BaseDataLoader):
         pipeline, eos_id = build_pipeline(config, seq_len=seq_len, local_batch_size=m, tokenizer=tokenizer)
         finite = config.processing.pipeline_fn is None and _policy(config) != "repeat"
         self.pipeline = pipeline.options(canonical_replicas=L, dp_degree=D, dp_rank=dp_rank, agree_on_end=finite)
+        mask_eos = config.processing.eos_mask_loss
         self.spec = TrainingSpec(
-            return_labels=True,
-            ignore_index=IGNORE_INDEX,
-            eos_mask_loss=config.processing.eos_mask_loss and eos_id is not None,
-            eos_token_id=eos_id if config.processing.eos_mask_loss else None,
-            dtype=torch.long,
+            return_labels=True, ignore_index=IGNORE_INDEX, eos_mask_loss=mask_eos and eos_id is not None,
+            eos_token_id=eos_id if mask_eos else None, dtype=torch.long,
         )
         self.loader = self.pipeline.loader()
 
@@ -205,16 +195,14 @@ class ZephonDataLoader(BaseDataLoader):
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         for batch in self.loader:
             t = self.spec(batch)
-            inputs, positions = t["input_ids"], t.get("positions")
+            inputs = t["input_ids"]
             if inputs.shape[1] != self.seq_len:
                 raise ValueError(
                     f"ZephonDataLoader: rows hold {inputs.shape[1] + 1} tokens, so inputs have {inputs.shape[1]}, but "
                     f"training.seq_len={self.seq_len}: pack seq_len + 1 = {self.seq_len + 1} tokens per row"
                 )
-            input_dict = {"input": inputs}
-            if positions is not None:
-                input_dict["positions"] = positions
-            yield input_dict, t["labels"]
+            positions = {} if t.get("positions") is None else {"positions": t["positions"]}
+            yield {"input": inputs, **positions}, t["labels"]
 
     # -- Stateful: one entry per lane, so DCP restores it on any data-parallel degree dividing L --------
     def state_dict(self) -> dict[str, Any]:
@@ -337,12 +325,12 @@ def _policy(config: Any) -> str | None:
     """The work source's ``exhausted_policy``: from ``infinite`` when TorchTitan sets it, else the plan's."""
     if config.infinite is not None:
         return "repeat" if config.infinite else None
-    policy = {"repeat": "repeat", "stop": "stop", "passes": None}.get(config.plan.exhausted_policy, "?")
-    if policy == "?":
+    policies = {"repeat": "repeat", "stop": "stop", "passes": None}
+    if config.plan.exhausted_policy not in policies:
         raise ValueError(
             f"ZephonDataLoader: plan.exhausted_policy must be 'repeat', 'stop' or 'passes', got {config.plan.exhausted_policy!r}"
         )
-    return policy
+    return policies[config.plan.exhausted_policy]
 
 
 def use_zephon(trainer_config: Any, loader_config: "ZephonDataLoader.Config") -> Any:
@@ -352,8 +340,6 @@ def use_zephon(trainer_config: Any, loader_config: "ZephonDataLoader.Config") ->
     lane layout against the configured data-parallel degree when it is fixed in the config.
     Returns ``trainer_config``.
     """
-    from dataclasses import replace
-
     training = trainer_config.training
     section = replace(loader_config, global_batch_size=training.global_batch_size)
     par = trainer_config.parallelism
