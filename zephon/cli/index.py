@@ -7,17 +7,10 @@ import json
 import sys
 import time
 
-
 #: build_index's arguments -> this command's flags, for its error messages.
-FLAGS = {
-    "fmt": "--fmt",
-    "recursive": "--recursive",
-    "verify": "--verify",
-    "eos_token_id": "--eos-token-id",
-    "token_dtype": "--token-dtype",
-    "cache_dir": "--cache-dir",
-    "storage_options": "--storage-options",
-}
+FLAGS = {name: "--" + name.replace("_", "-") for name in (
+    "fmt", "recursive", "verify", "eos_token_id", "token_dtype", "cache_dir", "storage_options"
+)}
 
 
 def _index(args: argparse.Namespace) -> int:
@@ -26,17 +19,8 @@ def _index(args: argparse.Namespace) -> int:
     options = json.loads(args.storage_options) if args.storage_options else None
     start = time.perf_counter()
     try:
-        where, ds = build_index(
-            args.path,
-            fmt=args.fmt,
-            recursive=args.recursive,
-            verify=args.verify,
-            eos_token_id=args.eos_token_id,
-            token_dtype=args.token_dtype,
-            cache_dir=args.cache_dir,
-            storage_options=options,
-            progress=not args.quiet,
-        )
+        settings = {name: getattr(args, name) for name in FLAGS if name != "storage_options"}
+        where, ds = build_index(args.path, **settings, storage_options=options, progress=not args.quiet)
     except (OSError, ValueError, TypeError, ImportError) as exc:
         from .tokenizer import in_flags
 

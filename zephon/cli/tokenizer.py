@@ -31,16 +31,9 @@ _CLI_ADVICE = (
 )
 
 #: Python argument -> the flag that sets it, for the messages of errors raised under the CLI.
-FLAGS = {
-    "tokenizer_id": "--tokenizer",
-    "tokenizer": "--tokenizer",
-    "special_tokens": "--special-tokens",
-    "field": "--field",
-    "chat_template": "--chat-template",
-    "loss_scope": "--loss-scope",
-    "prompt_field": "--prompt-field",
-    "completion_field": "--completion-field",
-}
+FLAGS = {"tokenizer_id": "--tokenizer", **{name: "--" + name.replace("_", "-") for name in (
+    "tokenizer", "special_tokens", "field", "chat_template", "loss_scope", "prompt_field", "completion_field"
+)}}
 
 
 def in_flags(message: str, flags: dict[str, str] | None = None) -> str:

@@ -155,12 +155,10 @@ class DataLoader:
 
     Iterating yields this rank's microbatches as ``to_training`` tensors, exactly the pipeline's
     stream, with ``num_workers`` worker processes (the largest divisor of the rank's lanes at
-    most ``num_workers`` run) or in this process (``0``; then ``options(workers=N)`` runs the
-    lanes in zephon's own processes). Every item a worker sends carries its lane, the lane's
-    count and the lane's encoded state after it; the loader keeps, per lane, the state of the
-    last item the caller received. So :meth:`state_dict` is zephon's lane checkpoint after
-    exactly the items delivered, and :meth:`load_state_dict` resumes it on any number of
-    workers, ranks dividing the lanes, or with ``pipeline.loader(checkpoint)``.
+    most ``num_workers`` run) or in this process (``0``; ``options(workers=N)`` then runs the
+    lanes in zephon's processes). :meth:`state_dict` is zephon's lane checkpoint after exactly
+    the items delivered; it resumes on any number of workers, ranks dividing the lanes, or with
+    ``pipeline.loader(checkpoint)``.
 
     Args:
         data: a :class:`~zephon.Pipeline` ending in ``batch()`` (the checkpoint it carries,
@@ -173,9 +171,8 @@ class DataLoader:
         **to_training_options: the options of :func:`~zephon.to_training`, with a pipeline.
 
     State kept: per lane, the encoded state after its last delivered output; whether the last
-    iteration reached the end of the data. Each ``iter()`` continues from that state (replacing
-    an earlier iterator, which then raises); after the end of the data the next ``iter()``
-    starts a new pass from the beginning, as a torch epoch does. There is no ``len()``.
+    iteration reached the end of the data. Each ``iter()`` continues from that state (an earlier
+    iterator then raises); after the end of the data it starts a new pass, as a torch epoch does.
 
     Raises:
         ValueError: a torch setting the pipeline owns (``batch_size``, ``shuffle``, ...);

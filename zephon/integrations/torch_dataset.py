@@ -34,13 +34,6 @@ __all__ = ["TrainingDataset", "TrainingStream", "checkpoint_from_state"]
 #: The key of zephon's checkpoint in an iterator's ``state_dict()``.
 STATE_KEY = "zephon_checkpoint"
 
-#: What zephon.integrations.torch.DataLoader does that a StatefulDataLoader cannot (for error messages).
-_ANY_WORKERS = (
-    "zephon.integrations.torch.DataLoader(pipeline, num_workers=W, ...) resumes on any number of workers, from "
-    "its own state_dict() or from a StatefulDataLoader's (loader.load_state_dict(state))"
-)
-
-
 @attrs.frozen
 class LaneShare:
     """The lanes one iterator runs: a rank's lanes, or one DataLoader worker's share of them."""
@@ -115,9 +108,8 @@ class TrainingDataset(torch.utils.data.IterableDataset):
         **to_training_options: the options of :func:`~zephon.to_training` (``layout=``
             included), validated here, once.
 
-    Each ``iter()`` starts a new :class:`TrainingStream` at ``checkpoint`` (or the state a
-    ``StatefulDataLoader`` loads into it). Use ``batch_size=None``: batching belongs to the
-    pipeline. The plan is compiled here, once, and travels to the workers.
+    Each ``iter()`` starts a :class:`TrainingStream` at ``checkpoint`` (or the state a
+    ``StatefulDataLoader`` loads into it). The plan is compiled here, once, and travels to the workers.
 
     Raises:
         ValueError: the pipeline does not end in ``batch()``; invalid ``to_training`` options; a
@@ -351,7 +343,9 @@ class TrainingStream(Iterator[dict]):
                 f"load_state_dict: this state holds lanes {sorted(int(k) for k in have)}, but this iterator runs lanes "
                 f"{list(self.share.lanes)} (missing {missing}): it was saved by a StatefulDataLoader with another "
                 f"num_workers (or on another rank), and torchdata resumes a state only with the num_workers it was "
-                f"saved with. Keep num_workers as saved, or use {_ANY_WORKERS}"
+                "saved with. Keep num_workers as saved, or use zephon.integrations.torch.DataLoader(pipeline, "
+                "num_workers=W, ...) resumes on any number of workers, from its own state_dict() or from a "
+                "StatefulDataLoader's (loader.load_state_dict(state))"
             )
 
     def close(self) -> None:
