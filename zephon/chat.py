@@ -15,12 +15,6 @@ from .text.templates import strip_generation_tags as strip_generation_tags
 from .text.templates import template_markers as template_markers
 
 __all__ = [
-    "BUILTIN_TEMPLATES",
-    "CHATML_TEMPLATE",
-    "LLAMA3_TEMPLATE",
-    "has_generation_tags",
-    "render_chat",
-    "spans_to_mask",
-    "strip_generation_tags",
-    "template_markers",
+    "BUILTIN_TEMPLATES", "CHATML_TEMPLATE", "LLAMA3_TEMPLATE", "has_generation_tags", "render_chat", "spans_to_mask",
+    "strip_generation_tags", "template_markers",
 ]

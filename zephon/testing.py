@@ -21,15 +21,8 @@ from .core.records import Meta, Record, SampleBatch, payload_equal
 from .core.state import output_ref
 
 __all__ = [
-    "assert_checkpoint_equivalence",
-    "assert_chunking_invariance",
-    "assert_flush_ends",
-    "assert_states_round_trip",
-    "check_operator",
-    "input_resolver",
-    "outputs_equal",
-    "records_from",
-    "run",
+    "assert_checkpoint_equivalence", "assert_chunking_invariance", "assert_flush_ends", "assert_states_round_trip",
+    "check_operator", "input_resolver", "outputs_equal", "records_from", "run",
 ]
 
 

@@ -145,5 +145,7 @@ def run_demo(*, lanes: int = 4, workers: int = 0) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="run a demo pipeline on a generated corpus with a locally trained tokenizer")
     demo.add_argument("--lanes", type=int, default=4, help="canonical_replicas: the number of lanes (default 4)")
-    demo.add_argument("--workers", type=int, default=0, help="worker processes running the lanes (default 0: in this process)")
+    demo.add_argument(
+        "--workers", type=int, default=0, help="worker processes running the lanes (default 0: in this process)"
+    )
     demo.set_defaults(func=lambda args: run_demo(lanes=args.lanes, workers=args.workers))

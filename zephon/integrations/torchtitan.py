@@ -289,20 +289,17 @@ def build_pipeline(config: Any, *, seq_len: int, local_batch_size: int, tokenize
     extra = {} if config.plan.chunk_size is None else {"chunk_size": config.plan.chunk_size}
     source = StaticMixtureWorkSource(datasets, weights, seed=config.plan.seed, exhausted_policy=policy, **extra)
 
+    tok: Any = proc.tokenizer
     tok_kwargs: dict[str, Any] = {}
-    if proc.tokenizer is not None:
-        tok: Any = proc.tokenizer
-    else:
+    if tok is None:
         tok = getattr(tokenizer, "tokenizer", None)
         if tok is None:
             raise ValueError(
                 "ZephonDataLoader: set processing.tokenizer (a tokenizer.json) or give TorchTitan a Hugging Face "
                 "tokenizer (hf_assets_path)"
             )
-        for name in ("bos", "eos"):
-            value = getattr(tokenizer, f"{name}_id", None)
-            if value is not None:
-                tok_kwargs[f"{name}_token_id"] = value
+        ids = {f"{name}_token_id": getattr(tokenizer, f"{name}_id", None) for name in ("bos", "eos")}
+        tok_kwargs = {k: v for k, v in ids.items() if v is not None}
     special = proc.special_tokens
     pipe = Pipeline(source).options(workers=proc.workers)
     if special == "auto":
