@@ -114,14 +114,22 @@ def input_resolver(chunks: Sequence[Sequence[Record]]):
 
 def run(op: Operator, chunks: Sequence[Sequence[Any]], key: int = 0, state: Any = None) -> tuple[Any, list]:
     """Run ``op`` over ``chunks`` and flush until it returns nothing; returns (final state, all outputs)."""
-    states, produced = _trace(op, chunks, key, state)
-    return states[-1], [x for part in produced for x in part]
+    state = op.init(key) if state is None else state
+    outputs: list = []
+    for chunk in chunks:
+        state, out = op.step(state, list(chunk))
+        outputs.extend(out)
+    while True:
+        state, out = _flush_piece(op, state)
+        if not out:
+            return state, outputs
+        outputs.extend(out)
 
 
-def _trace(op: Operator, chunks: Sequence[Sequence[Any]], key: int = 0, state: Any = None) -> tuple[list, list[list]]:
+def _trace(op: Operator, chunks: Sequence[Sequence[Any]], key: int) -> tuple[list, list[list]]:
     """Every state ``op`` passes through over ``chunks`` and each piece of the flush (the start included,
     the last flush handing out nothing), and the outputs of each step: ``(states, produced)``."""
-    state = op.init(key) if state is None else state
+    state = op.init(key)
     states, produced = [state], []
     for chunk in chunks:
         state, out = op.step(state, list(chunk))

@@ -157,6 +157,7 @@ class TrainingDataset(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         options = self.pipeline.run_options
         lanes = tuple(topology.lanes)
+        start = select_lanes(self.checkpoint, lanes) if self.checkpoint is not None else None
         seat = None
         if info is not None:
             options = _in_worker(options)
@@ -173,7 +174,6 @@ class TrainingDataset(torch.utils.data.IterableDataset):
                         "block (it was pickled outside the start of a worker process); build the dataset in the "
                         "process that creates the DataLoader"
                     )
-                start = select_lanes(self.checkpoint, lanes) if self.checkpoint is not None else None
                 cls = (worker + _offset(start, lanes, workers)) % workers
                 lanes = lanes[cls::workers]
                 # One iteration of one DataLoader: its workers share the base seed and epoch.
