@@ -8,10 +8,7 @@ from .lanes import LaneState, Plan
 
 
 class InlineExecutor:
-    """Runs lanes in the calling thread; states are kept as values.
-
-    ``background=False``: restored records are rebuilt only when due (see :meth:`Plan.next`).
-    """
+    """Runs lanes in the calling thread; states are kept as values (``background``: see :meth:`Plan.next`)."""
 
     def __init__(self, plan: Plan, states: dict[int, LaneState], *, background: bool = True):
         self.plan = plan

@@ -55,14 +55,9 @@ class Options:
             fewer idle cores). 0: each lane reads and tokenizes alone. Performance only.
         global_batch_size: optional check: records per optimizer step must be a multiple of
             L x microbatch_size (each global step takes one microbatch from every lane).
-        start_inline: accepted for compatibility only: ``start_inline=True`` raises ``ValueError``,
-            ``start_inline=False`` is accepted with a ``DeprecationWarning`` (it is what
-            ``workers > 0`` always does). With ``workers > 0`` the workers start at ``iter()`` and
-            run their lanes from the first output on, so user code (map/filter functions,
-            tokenizers) runs only in them: a function that crashes the interpreter (a segfault,
-            ``os._exit``, the out-of-memory killer) ends a worker, never this process, the next
-            ``next()`` raises ``WorkerError`` naming the signal or exit code and the lanes, and
-            ``checkpoint()`` still covers exactly the delivered outputs.
+        start_inline: accepted by :meth:`evolve` for compatibility only: ``True`` raises
+            ``ValueError``, ``False`` warns (it is what ``workers > 0`` always does: user code runs
+            only in the workers, and one that crashes raises ``WorkerError`` in ``next()``).
         thread: with ``workers=0``, run the lanes ahead in a background thread (``prefetch``
             outputs per lane) so reading and tokenizing overlap with the caller's work.
         drain: at the end of finite data, keep delivering the outputs of lanes that still have
@@ -116,7 +111,7 @@ class Options:
 
 
 def _start_inline(value: Any) -> None:
-    """``start_inline`` is gone: ``True`` (lanes in this process until the workers are ready) raises, ``False`` warns."""
+    """``start_inline`` is gone: ``True`` raises, ``False`` warns."""
     if value is not False:
         raise ValueError(
             f"options: start_inline={value!r} is not supported: with workers > 0 the workers run their lanes from "

@@ -1,13 +1,8 @@
 """What a loader is doing: runtime counters of reading, operators and deliveries, and their table.
 
-Counting is always on and cheap: a few integer additions per chunk and per delivered output, and
-two clock reads per operator step (``benchmarks/stats_overhead.py`` measures it). The counters
-decide nothing: they are not part of checkpoints, and they start from zero when a loader starts
-or restores. The operators' own counters (``report(state)``: drops, rows, padding), which are part
-of their states and so survive a restore, are kept apart from these.
-
-This module imports nothing above the records, so the chain, the lanes and the executors can
-all feed a :class:`Meter`.
+Counting is always on and cheap (integer additions, two clock reads per operator step). The
+counters decide nothing: they are not in checkpoints and restart with a loader; the operators'
+own counters (``report(state)``), part of their states, are kept apart from these.
 """
 
 from __future__ import annotations
@@ -74,12 +69,9 @@ def items_size(items: Sequence[Any]) -> tuple[int, int]:
 
 
 class Meter:
-    """Runtime counters of the lanes one executor runs: reading, then each operator.
-
-    Per operator: records and tokens in and out, and seconds spent in its ``step``/``flush``
-    (work done, including outputs computed ahead of delivery). For reading: source samples per
-    dataset and seconds. Mutated only by the thread that runs the lanes; readers take
-    :meth:`snapshot`.
+    """Runtime counters of the lanes one executor runs: per operator records and tokens in and out
+    and seconds in ``step``/``flush``; for reading, source samples per dataset and seconds.
+    Mutated only by the thread that runs the lanes; readers take :meth:`snapshot`.
     """
 
     __slots__ = ("names", "ops", "samples", "read_s")
@@ -114,8 +106,7 @@ def merge_meters(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any] | Non
     out: dict[str, Any] | None = None
     for snap in snapshots:
         if out is None:
-            out = {"ops": {n: list(c) for n, c in snap["ops"].items()}, "samples": list(snap["samples"]), "read_s": snap["read_s"]}
-            continue
+            out = {"ops": {}, "samples": [0] * len(snap["samples"]), "read_s": 0.0}
         for n, c in snap["ops"].items():
             acc = out["ops"].setdefault(n, [0, 0, 0, 0, 0.0])
             for i, v in enumerate(c):
@@ -126,12 +117,9 @@ def merge_meters(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any] | Non
 
 
 class Deliveries:
-    """What a loader handed to its caller, and how long the caller waited for it.
-
-    Per delivered output: records, real tokens, token slots (a batch's records padded to its
-    longest, as ``to_training(padding="longest")`` pads them; packed rows count their padding
-    tail). ``wait_s`` is the time spent inside ``next()``;
-    ``seconds`` runs from the first request to the last delivery.
+    """What a loader handed to its caller: records, real tokens, token slots (a batch's records padded
+    to its longest; packed rows count their padding tail); ``wait_s``: time spent inside ``next()``;
+    ``seconds``: from the first request to the last delivery.
     """
 
     __slots__ = ("outputs", "records", "tokens", "slots", "wait_s", "first", "last")
@@ -214,11 +202,7 @@ def summarize(
         causes = {k: v for k, v in counters.items() if any(w in k for w in _DROP_WORDS)}
         if causes:
             dropped[name] = causes
-    out: dict[str, Any] = {"flow": flow, "throughput": throughput, "packing": packing, "dropped": dropped}
-    return out
-
-
-# -- rendering -----------------------------------------------------------------------------------
+    return {"flow": flow, "throughput": throughput, "packing": packing, "dropped": dropped}
 
 
 def _num(x: Any) -> str:
