@@ -327,37 +327,18 @@ def _part(path: str) -> str:
     return "lane count" if path.startswith("lanes") else "settings"
 
 
-def diff_parts(a: Any, b: Any) -> list[str]:
-    """The parts (``"plan"``, ``"processing"``, ``"lane count"``) in which two pipeline fingerprints differ.
-
-    Examples:
-        >>> diff_parts({"source": {"seed": 1}, "operators": [], "lanes": 2}, {"source": {"seed": 2}, "operators": [], "lanes": 2})
-        ['plan']
-    """
-    return sorted({_part(path) for path, _, _ in fingerprint_diff(a, b)})
-
-
 def fingerprint_diff(a: Any, b: Any, path: str = "") -> list[tuple[str, str, str]]:
     """The paths where two fingerprints differ, with short renderings of both values."""
     if not path and _norm(a) == _norm(b):
         return []  # the usual case, settled in one comparison instead of one per leaf
     if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in list(a) + [k for k in b if k not in a]:
-            sub = f"{path}.{k}" if path else str(k)
-            if k not in a or k not in b:
-                out.append((sub, _short(a.get(k, "<absent>")), _short(b.get(k, "<absent>"))))
-            else:
-                out.extend(fingerprint_diff(a[k], b[k], sub))
-        return out
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
-        out = []
-        for i, (x, y) in enumerate(zip(a, b)):
-            out.extend(fingerprint_diff(x, y, f"{path}[{i}]"))
-        return out
-    if _norm(a) != _norm(b):
-        return [(path or "<root>", _short(a), _short(b))]
-    return []
+        keys = list(a) + [k for k in b if k not in a]
+        subs = [(f"{path}.{k}" if path else str(k), a.get(k, "<absent>"), b.get(k, "<absent>")) for k in keys]
+    elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        subs = [(f"{path}[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b))]
+    else:
+        return [] if _norm(a) == _norm(b) else [(path or "<root>", _short(a), _short(b))]
+    return [d for sub, x, y in subs for d in fingerprint_diff(x, y, sub)]
 
 
 def _norm(x: Any) -> Any:

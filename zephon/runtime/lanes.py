@@ -230,15 +230,12 @@ class Plan:
             return None
         return ReadAhead(self, states, self.read_ahead)
 
-    def next(
-        self, lane: int, state: LaneState, meter: Any = None, ahead: ReadAhead | None = None, *, background: bool = True
-    ) -> tuple[LaneState, Any]:
+    def next(self, lane: int, state: LaneState, meter: Any = None, ahead: ReadAhead | None = None) -> tuple[LaneState, Any]:
         """The lane's next output and the state after it; ``(state, None)`` when it has ended.
 
         ``meter`` (a :class:`~zephon.runtime.stats.Meter`) counts the work; ``ahead`` (from
         :meth:`reader`) reads and tokenizes for several lanes at once; neither changes the output.
-        Restored references are rebuilt here, in the calling thread, when due (``background`` is
-        accepted for executors).
+        Restored references are rebuilt here, in the calling thread, when due.
         """
         source, chain, pending, done, unresolved = state.source, state.chain, state.pending, state.done, state.unresolved
         size = self.read_size_of(state)

@@ -261,11 +261,9 @@ class Loader(Iterator[Any]):
         self._warn_undelivered()
 
     def _count_undelivered(self, out: Any) -> None:
-        records, tokens = output_size(out)
         counts = self._undelivered[out_lane(out)]
-        counts[0] += 1
-        counts[1] += records
-        counts[2] += tokens
+        for i, n in enumerate((1, *output_size(out))):
+            counts[i] += n
 
     def _undelivered_totals(self) -> tuple[int, int, int]:
         """Outputs, records and tokens produced and not delivered, over this rank's lanes."""
