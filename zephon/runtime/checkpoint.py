@@ -365,13 +365,11 @@ def select_lanes(checkpoint: dict[str, Any], lanes: Iterable[int]) -> dict[int, 
 
 
 def merge_checkpoints(checkpoints: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Join per-rank checkpoints into one holding every lane; every lane state's checksum is verified.
-
-    Ranks that share lanes (tensor/pipeline-parallel peers) must agree on them exactly.
+    """Join per-rank checkpoints into one holding every lane; every lane state's checksum is verified,
+    and ranks that share lanes (tensor/pipeline-parallel peers) must agree on them exactly.
 
     Raises:
-        ValueError: another format, different fingerprints, a modified lane state, or
-            conflicting states for one lane.
+        ValueError: another format, different fingerprints, a modified or conflicting lane state.
     """
     return _merge([(f"checkpoint {i}", ck) for i, ck in enumerate(checkpoints)])
 

@@ -173,14 +173,11 @@ class Loader(Iterator[Any]):
             log.info("%s", summary_line(self._light_stats()))
 
     def steps(self, *, concat: bool = False) -> Iterator[Any]:
-        """Iterate by optimizer step: this rank's L/D microbatches of each global step, in lane order.
+        """Iterate by optimizer step: this rank's L/D microbatches of each global step, in lane order
+        (``concat``: one :class:`~zephon.types.SampleBatch` of the step's records instead of a list).
 
         At the end of finite data every rank stops at the same step when ``torch.distributed`` is
         initialized with D > 1 (one all-reduce per step; off with ``options(agree_on_end=False)``).
-
-        Args:
-            concat: yield one :class:`~zephon.types.SampleBatch` holding the step's records
-                instead of a list of microbatches.
         """
         while True:
             waited = self._deliveries.start_wait()

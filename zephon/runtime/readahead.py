@@ -66,13 +66,8 @@ class _Request(NamedTuple):
 
 
 class ReadAhead:
-    """Prepares an executor's lanes' next chunks in a background thread (see the module docstring).
-
-    Args:
-        plan: the lanes' :class:`~zephon.runtime.lanes.Plan`.
-        states: the executor's live ``{lane: LaneState}`` (read, never written).
-        group: samples read per call of the per-record operators, at most.
-    """
+    """Prepares an executor's lanes' next chunks in a background thread, from its live ``states``
+    (read, never written), at most ``group`` samples per call of the per-record operators."""
 
     def __init__(self, plan: Any, states: dict[int, Any], group: int) -> None:
         self.plan = plan

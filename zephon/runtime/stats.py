@@ -19,6 +19,9 @@ from ..core.records import SampleBatch
 #: The name of the reading stage in the runtime counters (records out = source samples read).
 SOURCE = "source"
 
+#: The counters of each stage in ``stats()["flow"]``, in the order a :class:`Meter` keeps them.
+_FLOW = ("records_in", "records_out", "tokens_in", "tokens_out", "seconds")
+
 #: Operator counters that count data not emitted, by cause; gathered into ``stats()["dropped"]``.
 _DROP_WORDS = ("dropped", "truncated")
 
@@ -176,26 +179,17 @@ def summarize(
     """The runtime sections of ``Loader.stats()``: ``flow``, ``throughput``, ``packing``, ``dropped``."""
     flow: dict[str, dict[str, Any]] = {}
     if meter is not None:
-        samples = sum(meter["samples"])
-        flow[SOURCE] = {"records_in": 0, "records_out": samples, "tokens_in": 0, "tokens_out": 0, "seconds": meter["read_s"]}
+        flow[SOURCE] = dict(zip(_FLOW, (0, sum(meter["samples"]), 0, 0, meter["read_s"])))
         for name, (rin, rout, tin, tout, sec) in meter["ops"].items():
-            flow[name] = {"records_in": rin, "records_out": rout, "tokens_in": tin, "tokens_out": tout, "seconds": sec}
+            flow[name] = dict(zip(_FLOW, (rin, rout, tin, tout, sec)))
     d = deliveries
     throughput = {
-        "outputs": d.outputs,
-        "records": d.records,
-        "tokens": d.tokens,
-        "seconds": d.seconds,
-        "tokens_per_s": _ratio(d.tokens, d.seconds),
-        "wait_seconds": d.wait_s,
-        "wait_fraction": _ratio(d.wait_s, d.seconds),
+        "outputs": d.outputs, "records": d.records, "tokens": d.tokens, "seconds": d.seconds,
+        "tokens_per_s": _ratio(d.tokens, d.seconds), "wait_seconds": d.wait_s, "wait_fraction": _ratio(d.wait_s, d.seconds),
     }
     packing = {
-        "real_tokens": d.tokens,
-        "slots": d.slots,
-        "padding_tokens": d.slots - d.tokens,
-        "efficiency": _ratio(d.tokens, d.slots),
-        "padding_waste": None if not d.slots else 1.0 - d.tokens / d.slots,
+        "real_tokens": d.tokens, "slots": d.slots, "padding_tokens": d.slots - d.tokens,
+        "efficiency": _ratio(d.tokens, d.slots), "padding_waste": None if not d.slots else 1.0 - d.tokens / d.slots,
     }
     dropped = {}
     for name, counters in operators.items():
@@ -248,12 +242,8 @@ def format_stats(stats: Mapping[str, Any]) -> str:
     flow = stats.get("flow", {})
     if flow:
         lines.append("")
-        rows = []
         total = sum(f["seconds"] for f in flow.values()) or 1.0
-        for name, f in flow.items():
-            rows.append(
-                [name, _num(f["records_in"]), _num(f["records_out"]), _num(f["tokens_in"]), _num(f["tokens_out"]), f"{f['seconds']:.3f}", _pct(f["seconds"] / total)]
-            )
+        rows = [[name, *(_num(f[k]) for k in _FLOW[:4]), f"{f['seconds']:.3f}", _pct(f["seconds"] / total)] for name, f in flow.items()]
         lines += _table(["operator", "records in", "records out", "tokens in", "tokens out", "seconds", "time"], rows)
     ops = stats.get("operators", {})
     if ops:

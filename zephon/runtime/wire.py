@@ -128,11 +128,7 @@ def pack_message(msg: Any) -> list[memoryview]:
 
 
 def send_parts(conn: Any, parts: list[memoryview]) -> None:
-    """Send what :func:`pack_message` made.
-
-    Raises:
-        OSError: the other end is gone.
-    """
+    """Send what :func:`pack_message` made (``OSError``: the other end is gone)."""
     if _RAW:
         _write_all(conn.fileno(), [memoryview(struct.pack("<Q", parts[0].nbytes)), *parts])
     else:
@@ -141,22 +137,14 @@ def send_parts(conn: Any, parts: list[memoryview]) -> None:
 
 
 def send_message(conn: Any, msg: Any) -> None:
-    """Send ``msg`` over ``conn``, its buffers out of band (nothing is sent if it does not pickle).
-
-    Raises:
-        Exception: what pickling ``msg`` raises.
-        OSError: the other end is gone.
-    """
+    """Send ``msg`` over ``conn``, its buffers out of band; nothing is sent if it does not pickle (what
+    pickling raises is raised; ``OSError``: the other end is gone)."""
     send_parts(conn, pack_message(msg))
 
 
 def recv_message(conn: Any) -> Any:
-    """Receive a message sent by :func:`send_message`; its arrays are writable and own their memory.
-
-    Raises:
-        EOFError: the other end closed the connection, also in the middle of a message.
-        Exception: what unpickling raises (a type that cannot be imported here, for one).
-    """
+    """Receive a message sent by :func:`send_message`; its arrays are writable and own their memory
+    (``EOFError``: the other end closed the connection; what unpickling raises is raised)."""
     if _RAW:
         length = bytearray(8)
         _read_all(conn.fileno(), [length])
