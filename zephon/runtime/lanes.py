@@ -136,49 +136,6 @@ def mixture_counts(counts: Sequence[int], outputs: Sequence[Any], datasets: int,
     return tuple(out)
 
 
-def mixture_report(source: Any, counts_by_lane: dict[int, Sequence[int]]) -> dict[str, Any]:
-    """The achieved mixture, per lane and over the lanes given, next to the target.
-
-    Returns:
-        ``{"unit", "target": {name: share}, "global": {name: {...}}, "lanes": {lane: {name: {...}}}}``;
-        each dataset's entry holds ``samples``, ``tokens``, ``sample_share``, ``token_share``,
-        ``target`` (share in the mixture's unit) and ``epochs`` (samples over the dataset's rows).
-    """
-    names = source.names
-    n = len(names)
-    rows = [getattr(d, "num_rows", 0) for d in source.datasets]
-    total = [0] * (2 * n)
-    for counts in counts_by_lane.values():
-        for i, c in enumerate(counts):
-            total[i] += c
-    try:
-        target = source.target_at(sum(total[0::2]))
-    except (ValueError, AttributeError, TypeError):
-        target = {}
-
-    def block(counts: Sequence[int]) -> dict[str, Any]:
-        counts = list(counts) or [0] * (2 * n)
-        samples, tokens = sum(counts[0::2]), sum(counts[1::2])
-        return {
-            name: {
-                "samples": counts[2 * j],
-                "tokens": counts[2 * j + 1],
-                "sample_share": counts[2 * j] / samples if samples else 0.0,
-                "token_share": counts[2 * j + 1] / tokens if tokens else 0.0,
-                "target": target.get(name),
-                "epochs": counts[2 * j] / rows[j] if rows[j] else 0.0,
-            }
-            for j, name in enumerate(names)
-        }
-
-    return {
-        "unit": getattr(source, "unit", "samples"),
-        "target": target,
-        "global": block(total),
-        "lanes": {lane: block(c) for lane, c in counts_by_lane.items()},
-    }
-
-
 @attrs.frozen(eq=False)
 class Plan:
     """The compiled, picklable description of a pipeline's lanes."""

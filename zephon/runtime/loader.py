@@ -23,11 +23,11 @@ from .inline_executor import InlineExecutor
 from .process_executor import ProcessExecutor
 from .thread_executor import ThreadExecutor
 from ..core.fields import payload_length
-from .lanes import Plan, mixture_report
+from .lanes import Plan
 from ..core.log import get_logger
 from .options import Options
 from ..core.records import SampleBatch
-from .stats import Deliveries, format_stats, summarize, summary_line
+from .stats import Deliveries, format_stats, mixture_report, summarize, summary_line
 
 log = get_logger("loader")
 
@@ -325,7 +325,7 @@ class Loader(Iterator[Any]):
             A dict with ``delivered``, ``complete_steps``, ``lanes`` (per lane: ``delivered``,
             ``ended``, ``undelivered``), ``undelivered``, ``operators`` (the operators' own counters,
             which continue across a restore), ``flow``, ``throughput``, ``packing``, ``dropped``
-            and ``mixture`` (:func:`~zephon.runtime.lanes.mixture_report`, continued across
+            and ``mixture`` (:func:`~zephon.runtime.stats.mixture_report`, continued across
             restores); the other sections count since the start or the last restore, and ratios
             are ``None`` until there is something to divide by. docs/guide/observability.md
             describes every field.
