@@ -135,8 +135,7 @@ def _check_head(checkpoint: Any, where: str = "") -> None:
 
 
 def _check_document(checkpoint: Any, where: str = "", decoded_next: Iterable[int] = ()) -> None:
-    """Raise unless ``checkpoint`` is a checkpoint of this format whose lanes are all intact
-    (``decoded_next``: lanes checked by their decode right after, of which only the ids are checked here)."""
+    """Raise unless ``checkpoint`` is intact (of ``decoded_next``, decoded right after, only lane ids)."""
     _check_head(checkpoint, where)
     if not isinstance(checkpoint["fingerprint"], dict):
         raise ValueError(f"{where}field 'fingerprint' must be a mapping, got {type(checkpoint['fingerprint']).__name__}")
@@ -521,8 +520,7 @@ def save_checkpoint(directory: str | os.PathLike, loader: Any) -> Path:
 
 
 def read_checkpoint(directory: str | os.PathLike, lanes: Iterable[int]) -> dict[str, Any]:
-    """The merged checkpoint of the ``zephon-lanes-<first>-<last>.msgpack`` files in ``directory`` that
-    hold ``lanes``, each verified (errors name the file)."""
+    """The merged checkpoint of the verified ``zephon-lanes-*.msgpack`` files in ``directory`` holding ``lanes``."""
     d = Path(directory)
     if not d.is_dir():
         raise FileNotFoundError(f"no checkpoint directory {d}")

@@ -187,14 +187,17 @@ class Plan:
             return None
         return ReadAhead(self, states, self.read_ahead)
 
-    def next(self, lane: int, state: LaneState, meter: Any = None, ahead: ReadAhead | None = None) -> tuple[LaneState, Any]:
+    def next(
+        self, lane: int, state: LaneState, meter: Any = None, ahead: ReadAhead | None = None
+    ) -> tuple[LaneState, Any]:
         """The lane's next output and the state after it; ``(state, None)`` when it has ended.
 
         ``meter`` (a :class:`~zephon.runtime.stats.Meter`) counts the work; ``ahead`` (from
         :meth:`reader`) reads and tokenizes for several lanes at once; neither changes the output.
         Restored references are rebuilt here, in the calling thread, when due.
         """
-        source, chain, pending, done, unresolved = state.source, state.chain, state.pending, state.done, state.unresolved
+        source, chain, pending, done = state.source, state.chain, state.pending, state.done
+        unresolved = state.unresolved
         size = self.read_size_of(state)
         if not pending and unresolved:  # it steps or flushes: its operators' held records first
             chain, unresolved = self.rebuild_chain(lane, chain), False
@@ -213,7 +216,10 @@ class Plan:
             if meter is not None:
                 meter.read(pointers, read_s)
             try:
-                chain, outs = driven.step(chain, records) if prepared is None else _step_prepared(driven, chain, prepared, meter)
+                if prepared is None:
+                    chain, outs = driven.step(chain, records)
+                else:
+                    chain, outs = _step_prepared(driven, chain, prepared, meter)
             except Exception as exc:
                 self._note_records(exc, lane, records)
                 raise
@@ -553,8 +559,7 @@ def _restoring(lane: int, operator: str | None = None) -> Iterator[None]:
 
 
 def _decode_ref(ref: Any, batches: bool | None = None, where: str = "a pending output") -> Any:
-    """A pending output's reference: a flat meta ``[lane, padding, ...]``, or a batch (list of metas).
-    ``batches``: which the chain outputs (``None``: either); ``where`` prefixes errors."""
+    """A pending output's reference: a flat meta, or a batch (``batches``: which; ``None``: either)."""
     if not isinstance(ref, (list, tuple)) or not ref:
         raise ValueError(f"{where}: an output reference is a non-empty list, got {ref!r}")
     is_batch = not isinstance(ref[0], int) or isinstance(ref[0], bool)

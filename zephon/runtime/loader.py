@@ -81,8 +81,7 @@ class Loader(Iterator[Any]):
         self._start(encoded)
 
     def _start(self, encoded: dict[int, Any] | None) -> None:
-        """Start over from ``encoded`` (or the beginning), replacing any executor; a checkpoint that does
-        not decode fails before anything of the running loader changes."""
+        """Start over from ``encoded`` (or the beginning); a state that does not decode changes nothing."""
         lanes = list(self.topology.lanes)
         opts = self.options
         states = None
@@ -294,8 +293,7 @@ class Loader(Iterator[Any]):
         return build(self.plan.fingerprint(), self._delivered_states())
 
     def lane_state(self, lane: int) -> dict[str, Any]:
-        """One lane's encoded state after its last output delivered (unsealed: no checksum); in the
-        calling thread (``workers=0``) only that lane is encoded."""
+        """One lane's encoded state (unsealed) after its last output delivered; inline, only it is encoded."""
         if self._final_states is None and isinstance(self.executor, InlineExecutor) and not self._unyielded:
             return self.plan.encode(self.executor.states[lane])  # in-process executors keep states as values
         return self._delivered_states()[lane]

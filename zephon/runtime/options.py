@@ -6,9 +6,8 @@ lanes run, so it may change between a checkpoint and its restore.
 
 from __future__ import annotations
 
-from typing import Any
-
 import warnings
+from typing import Any
 
 import attrs
 
@@ -23,9 +22,7 @@ def _io_options(value: Any) -> Any:
 
 def _opt_int(minimum: int):
     def check(instance, attribute, value):
-        if value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
             raise ValueError(f"options: {attribute.name} must be an int >= {minimum}, got {value!r}")
 
     return check
@@ -78,8 +75,7 @@ class Options:
 
     @property
     def decodes_inline(self) -> bool:
-        """Whether a loader decodes restored lane states in the calling process (``workers=0``);
-        otherwise the worker processes decode them."""
+        """Whether restored lane states are decoded in the calling process (``workers=0``), not in workers."""
         return self.workers == 0
 
     def evolve(self, **changes) -> "Options":

@@ -85,7 +85,9 @@ def _death_cause(code: int | None) -> tuple[str, str]:
 
 
 def _replay_elsewhere(plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]]) -> dict[int, tuple[Any, Any]]:
-    """Run :func:`~zephon.runtime.process_worker.replay_main` in a separate process: ``{lane: (encoded state, counters)}``.
+    """Run :func:`~zephon.runtime.process_worker.replay_main` in a separate process.
+
+    Returns ``{lane: (encoded state, counters)}``.
 
     Raises:
         WorkerError: the replay raised (its lane and cause) or its process died (exit code or signal).
@@ -326,16 +328,13 @@ class ProcessExecutor:
                 f"Restore the last checkpoint you saved into a new pipeline.\n{self.failure}"
             )
         if self._final_states is None:
-            kept = {lane: self.base[lane][1] for lane in self.lanes if self._kept_exactly(lane)}
+            # A kept state is the caller's when it is after exactly the delivered outputs (and before any end).
+            kept = {lane: data for lane, (count, data) in self.base.items()
+                    if count == self.delivered[lane] and data is not None and lane not in self.saw_end}
             rebuilt = self._rebuilt([lane for lane in self.lanes if lane not in kept])
             got = {**kept, **{lane: enc for lane, (enc, _) in rebuilt.items()}}
             self._final_states = {lane: got[lane] for lane in self.lanes}
         return dict(self._final_states)
-
-    def _kept_exactly(self, lane: int) -> bool:
-        """Whether the kept state of ``lane`` is its encoded state after exactly the delivered outputs."""
-        count, data = self.base[lane]
-        return count == self.delivered[lane] and data is not None and lane not in self.saw_end
 
     def _rebuilt(self, lanes: list[int]) -> dict[int, tuple[Any, Any]]:
         """The encoded states and counters of ``lanes`` after exactly the delivered outputs, each kept

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
 import signal
 import threading
 import time
@@ -59,8 +60,6 @@ class _Outbox:
     """
 
     def __init__(self, conn) -> None:
-        import queue
-
         self.conn = conn
         self.queue: Any = queue.Queue()
         self.failed = False

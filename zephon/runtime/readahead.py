@@ -195,8 +195,7 @@ class _Work:
 
 
 def prepare(plan: Any, wanted: Sequence[tuple[int, tuple[Any, int]]]) -> list[Prepared]:
-    """Read every wanted chunk ``(lane, (source state, size))``, then run the chain's per-record
-    operators once over all of them; one :class:`Prepared` per chunk, in order."""
+    """Read each wanted chunk ``(lane, (source state, size))`` and run the per-record operators once over all."""
     t0 = time.perf_counter()
     reads = []
     for lane, (source, size) in wanted:
@@ -226,6 +225,6 @@ def prepare(plan: Any, wanted: Sequence[tuple[int, tuple[Any, int]]]) -> list[Pr
     for j, ((_, key), (after, pointers, exhausted, inputs)) in enumerate(zip(wanted, reads)):
         share = len(inputs) / n_total
         times = tuple(s * share for s in seconds)
-        prepared.append(Prepared(key, after, pointers, exhausted, inputs, items[j], tuple(dropped[j]), tuple(sizes[j]), times,
-                                 read_s * share))
+        prepared.append(Prepared(key, after, pointers, exhausted, inputs, items[j], tuple(dropped[j]), tuple(sizes[j]),
+                                 times, read_s * share))
     return prepared

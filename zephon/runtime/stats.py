@@ -185,7 +185,8 @@ def summarize(
     d = deliveries
     throughput = {
         "outputs": d.outputs, "records": d.records, "tokens": d.tokens, "seconds": d.seconds,
-        "tokens_per_s": _ratio(d.tokens, d.seconds), "wait_seconds": d.wait_s, "wait_fraction": _ratio(d.wait_s, d.seconds),
+        "tokens_per_s": _ratio(d.tokens, d.seconds),
+        "wait_seconds": d.wait_s, "wait_fraction": _ratio(d.wait_s, d.seconds),
     }
     packing = {
         "real_tokens": d.tokens, "slots": d.slots, "padding_tokens": d.slots - d.tokens,
@@ -286,7 +287,10 @@ def format_stats(stats: Mapping[str, Any]) -> str:
     if flow:
         lines.append("")
         total = sum(f["seconds"] for f in flow.values()) or 1.0
-        rows = [[name, *(_num(f[k]) for k in _FLOW[:4]), f"{f['seconds']:.3f}", _pct(f["seconds"] / total)] for name, f in flow.items()]
+        rows = [
+            [name, *(_num(f[k]) for k in _FLOW[:4]), f"{f['seconds']:.3f}", _pct(f["seconds"] / total)]
+            for name, f in flow.items()
+        ]
         lines += _table(["operator", "records in", "records out", "tokens in", "tokens out", "seconds", "time"], rows)
     ops = stats.get("operators", {})
     if ops:

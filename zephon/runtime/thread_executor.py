@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 import weakref
 from typing import Any
@@ -38,8 +39,7 @@ def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: d
 
 
 def _stop_prefetch(stop: threading.Event, credits: dict, thread: threading.Thread) -> None:
-    """Stop the background thread; also at exit, waiting briefly (a daemon thread inside native code at
-    finalization can abort the process)."""
+    """Stop the background thread, waiting briefly (also at exit: a daemon thread can abort finalization)."""
     stop.set()
     for sem in credits.values():  # wake the thread wherever it waits for credit
         sem.release()
@@ -54,8 +54,6 @@ class ThreadExecutor(InlineExecutor):
     """
 
     def __init__(self, plan: Plan, states: dict[int, LaneState], credit: int = 4):
-        import queue
-
         self.plan = plan
         self.states = dict(states)  # state after the last output the caller took
         self.lanes = list(states)
