@@ -6,12 +6,10 @@ start at ``iter()`` and each owns a fixed subset of the rank's lanes from then o
 in-process one. User code runs only in the workers: one that crashes the interpreter ends a
 worker, never the caller.
 
-State kept here per lane: a recent delivered state (attached to an output every few seconds, or
-the last one a checkpoint read), so the caller's states survive stopped workers: they are rebuilt
-by replaying the outputs after it in a separate process. Workers ignore SIGINT and stay alive to
-answer ``checkpoint()``. A worker that raises reports its lane, record and cause; one that dies is
-noticed through its sentinel and reported with its exit code or signal and the likely cause.
-``close()`` (also on garbage collection and at exit) stops every worker.
+State kept here per lane: a recent delivered state, so the caller's states survive stopped workers
+(rebuilt by replaying the outputs after it in a separate process). Workers ignore SIGINT and stay
+alive to answer ``checkpoint()``. A worker that raises reports lane, record and cause; one that dies
+is reported with its exit code or signal and the likely cause. ``close()`` stops every worker.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Reading ahead: the lanes' next chunks, read and tokenized in a background thread, several at a time.
 
-Tokenizing each lane's chunk in its own call, in the thread that runs the lanes, leaves cores idle
-while that thread packs and batches, and at the end of every encoder call. So once a lane stepped
-a chunk that gave outputs, its next chunk is queued; one background thread reads queued chunks and
-runs the chain's leading per-record operators (:func:`per_record_prefix`) once over all of them,
-up to ``group`` samples a call. A lane that must read and finds nothing queued asks for its chunk
-with the lanes that read next (only once a chunk read here gave outputs), and waits.
-
-A lane steps exactly as if it had read the chunk itself (the operators are per-record), and uses a
-prepared chunk only if it was read for it, from the same source state and read size. If the
-background work fails, reading ahead stops and each lane reads on its own, so the failure is
-raised, and named, by its lane.
+Why: tokenizing each lane's chunk alone, in the thread that runs the lanes, leaves cores idle. Once
+a lane stepped a chunk that gave outputs its next chunk is queued, and one thread runs the chain's
+leading per-record operators (:func:`per_record_prefix`) once over queued chunks, up to ``group``
+samples a call; a lane that finds nothing queued asks with the lanes that read next, and waits. A
+lane uses a chunk only if read for it from the same source state and size, so it steps exactly as
+if it had read it itself. If the background work fails, each lane reads on its own and raises it.
 
 State: per lane, at most one queued chunk, and the thread; none of it is part of a checkpoint.
 """
