@@ -1,15 +1,10 @@
 """Checkpoint documents: build, validate, compare, merge, convert for DCP, save and load.
 
-A checkpoint is ``{"format", "fingerprint", "lanes": {lane id: lane state}}``: builtins only
-(JSON- and msgpack-safe), keyed by *global* lane id, so the checkpoints of every rank merge by
-union and restore on any data-parallel size that divides the lane count. This module knows
-nothing about pipelines or executors: it takes their fingerprint and encoded lane states.
-
-Every lane state carries a ``checksum`` of its other fields (and of its lane id), so a state
-changed after it was written (a flipped bit, a hand edit that stays in range) is refused on
-restore instead of resuming into another stream. The state travels with its own checksum, so
-merging by union and the one-entry-per-lane DCP form keep it. A checkpoint file adds a SHA-256
-of all its bytes and is written atomically.
+A checkpoint is ``{"format", "fingerprint", "lanes": {lane id: lane state}}``: builtins only, keyed
+by *global* lane id, so every rank's checkpoints merge by union and restore on any data-parallel
+size dividing the lane count. Each lane state carries a ``checksum`` of its fields and lane id, so
+a state changed after it was written is refused on restore; merging and the DCP form keep it. A
+checkpoint file adds a SHA-256 of its bytes and is written atomically.
 """
 
 from __future__ import annotations
@@ -26,8 +21,7 @@ import msgspec
 from ..core.atomic import replacing
 from ..core.fingerprint import unfingerprintable
 
-#: The checkpoint format this version writes and reads (3: lane states carry checksums; 4: and the
-#: samples and tokens each lane delivered per dataset).
+#: The checkpoint format this version writes and reads (4: checksummed lane states with per-dataset counts).
 FORMAT = "zephon.checkpoint/4"
 
 #: The layout of a checkpoint file written by :func:`save_checkpoint`.
@@ -39,15 +33,11 @@ LANE_FIELDS = ("source", "ops", "pending", "delivered", "done", "mixture")
 _CANONICAL = msgspec.msgpack.Encoder(order="sorted")
 
 
-# -- lane states ----------------------------------------------------------------------------------
-
-
 def lane_checksum(lane: int, state: Mapping[str, Any]) -> str:
     """The checksum of an encoded lane state: BLAKE2b-128 of its lane id and canonical msgpack.
 
-    The ``checksum`` field itself is left out, and keys are sorted, so the value survives JSON and
-    msgpack round trips. It guards against accidental change, not against someone who edits a
-    state on purpose: they can recompute it with this function.
+    The ``checksum`` field is left out and keys are sorted, so it survives JSON and msgpack round
+    trips. It guards against accidental change, not deliberate edits.
 
     Examples:
         >>> lane_checksum(3, {"delivered": 0}) == lane_checksum(3, {"delivered": 0, "checksum": "x"})
@@ -77,11 +67,8 @@ def _is_int(x: Any) -> bool:
 
 
 def check_lane_state(lane: int, state: Any, *, require_checksum: bool = True) -> None:
-    """Raise unless ``state`` is an unmodified lane state of this format.
-
-    Checks, in order: a mapping; its checksum (required unless ``require_checksum=False``, as
-    for a state straight from ``Plan.encode``); the fields and their types and ranges that need
-    no pipeline (the plan checks the rest when it decodes the state).
+    """Raise unless ``state`` is an unmodified lane state of this format: a mapping, its checksum
+    (unless ``require_checksum=False``), and the fields, types and ranges that need no pipeline.
 
     Raises:
         ValueError: naming the lane and the field.
@@ -137,15 +124,19 @@ def _lane_id(key: Any, lanes: int | None, where: str) -> int:
     return lane
 
 
-def _check_document(checkpoint: Any, where: str = "", decoded_next: Iterable[int] = ()) -> None:
-    """Raise unless ``checkpoint`` is a checkpoint of this format whose lanes are all intact
-    (``decoded_next``: lanes checked by their decode right after, of which only the ids are checked here)."""
+def _check_head(checkpoint: Any, where: str = "") -> None:
+    """Raise unless ``checkpoint`` is a mapping with the fields of this format."""
     if not isinstance(checkpoint, dict):
         raise ValueError(f"{where}not a zephon checkpoint: expected the mapping checkpoint() returns, got {type(checkpoint).__name__}")
     missing = [k for k in ("format", "fingerprint", "lanes") if k not in checkpoint]
     if missing:
         raise ValueError(f"{where}not a zephon checkpoint: missing fields {missing}")
     _check_format(checkpoint["format"], where)
+
+
+def _check_document(checkpoint: Any, where: str = "", decoded_next: Iterable[int] = ()) -> None:
+    """Raise unless ``checkpoint`` is intact (of ``decoded_next``, decoded right after, only lane ids)."""
+    _check_head(checkpoint, where)
     if not isinstance(checkpoint["fingerprint"], dict):
         raise ValueError(f"{where}field 'fingerprint' must be a mapping, got {type(checkpoint['fingerprint']).__name__}")
     lanes = checkpoint["lanes"]
@@ -175,9 +166,6 @@ def _check_format(fmt: Any, where: str = "") -> None:
     raise ValueError(f"{where}checkpoint format {fmt!r} is not supported (this version reads {FORMAT!r})")
 
 
-# -- documents ------------------------------------------------------------------------------------
-
-
 def build(fingerprint: dict[str, Any], encoded: dict[int, Any]) -> dict[str, Any]:
     """A checkpoint document from a plan's fingerprint and encoded lane states (checksummed here)."""
     return {"format": FORMAT, "fingerprint": fingerprint, "lanes": {str(lane): seal(lane, encoded[lane]) for lane in sorted(encoded)}}
@@ -186,9 +174,8 @@ def build(fingerprint: dict[str, Any], encoded: dict[int, Any]) -> dict[str, Any
 def validate(fingerprint: dict[str, Any], checkpoint: Any, *, decoded_next: Iterable[int] = ()) -> None:
     """Raise unless ``checkpoint`` is an intact checkpoint of this format taken with ``fingerprint``.
 
-    ``decoded_next``: the lanes whose states the caller decodes right after, in the same call
-    (``Plan.decode_lanes`` verifies each one's checksum and fields, with the same errors), so that
-    a restore reads each state once for them; their ids are still checked here.
+    ``decoded_next``: lanes the caller decodes right after (``Plan.decode_lanes`` checks their
+    states with the same errors), so each is read once; only their ids are checked here.
 
     Raises:
         TypeError: not a mapping.
@@ -198,10 +185,7 @@ def validate(fingerprint: dict[str, Any], checkpoint: Any, *, decoded_next: Iter
     """
     if not isinstance(checkpoint, dict):
         raise TypeError(f"restore() takes the dict returned by checkpoint(), got {type(checkpoint).__name__}")
-    missing = [k for k in ("format", "fingerprint", "lanes") if k not in checkpoint]
-    if missing:
-        raise ValueError(f"not a zephon checkpoint: missing fields {missing}")
-    _check_format(checkpoint["format"])
+    _check_head(checkpoint)
     diffs = fingerprint_diff(checkpoint["fingerprint"], fingerprint)
     if diffs:
         lines = "\n".join(f"  {_named_change(path, fingerprint)}{path}: checkpoint={a} pipeline={b}" for path, a, b in diffs[:20])
@@ -239,20 +223,12 @@ def _operator_label(index: int, fingerprint: Any) -> str | None:
 _OPERATOR_PATH = re.compile(r"operators\[(\d+)\]\[1\]\.?(.*)")
 #: Parts of a function's fingerprint (``zephon.core.fingerprint``) followed by a name, in words.
 _NAMED_PARTS = {
-    "closure": "closure cell",
-    "defaults": "default of",
-    "kwdefaults": "keyword default of",
-    "globals": "global",
-    "keywords": "partial keyword",
-    "fields": "field",
+    "closure": "closure cell", "defaults": "default of", "kwdefaults": "keyword default of",
+    "globals": "global", "keywords": "partial keyword", "fields": "field",
 }
 _PARTS = {
-    "code": "the code",
-    "partial": "the partial's function",
-    "method": "the method's function",
-    "self": "the method's instance",
-    "instance": "the callable's fields",
-    "call": "its __call__",
+    "code": "the code", "partial": "the partial's function", "method": "the method's function",
+    "self": "the method's instance", "instance": "the callable's fields", "call": "its __call__",
 }
 
 
@@ -314,10 +290,8 @@ def _digest_text(identity: Any) -> str:
 
 
 def shard_changes(a: Any, b: Any, diffs: list[tuple[str, str, str]]) -> str | None:
-    """What changed when the only differences are shards' content (identity, size, rows), else ``None``.
-
-    Names each shard and how it differs, and the fix: the data changed, not the settings.
-    """
+    """What changed, naming each shard and the fix, when only shards' content (identity, size, rows)
+    differs, else ``None``."""
     shards = list(dict.fromkeys(m[1] for m in (_SHARD_FIELD.fullmatch(path) for path, _, _ in diffs) if m))
     if not shards or len({_SHARD_FIELD.fullmatch(path) is not None for path, _, _ in diffs}) > 1:
         return None
@@ -352,37 +326,18 @@ def _part(path: str) -> str:
     return "lane count" if path.startswith("lanes") else "settings"
 
 
-def diff_parts(a: Any, b: Any) -> list[str]:
-    """The parts (``"plan"``, ``"processing"``, ``"lane count"``) in which two pipeline fingerprints differ.
-
-    Examples:
-        >>> diff_parts({"source": {"seed": 1}, "operators": [], "lanes": 2}, {"source": {"seed": 2}, "operators": [], "lanes": 2})
-        ['plan']
-    """
-    return sorted({_part(path) for path, _, _ in fingerprint_diff(a, b)})
-
-
 def fingerprint_diff(a: Any, b: Any, path: str = "") -> list[tuple[str, str, str]]:
     """The paths where two fingerprints differ, with short renderings of both values."""
     if not path and _norm(a) == _norm(b):
         return []  # the usual case, settled in one comparison instead of one per leaf
     if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in list(a) + [k for k in b if k not in a]:
-            sub = f"{path}.{k}" if path else str(k)
-            if k not in a or k not in b:
-                out.append((sub, _short(a.get(k, "<absent>")), _short(b.get(k, "<absent>"))))
-            else:
-                out.extend(fingerprint_diff(a[k], b[k], sub))
-        return out
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
-        out = []
-        for i, (x, y) in enumerate(zip(a, b)):
-            out.extend(fingerprint_diff(x, y, f"{path}[{i}]"))
-        return out
-    if _norm(a) != _norm(b):
-        return [(path or "<root>", _short(a), _short(b))]
-    return []
+        keys = list(a) + [k for k in b if k not in a]
+        subs = [(f"{path}.{k}" if path else str(k), a.get(k, "<absent>"), b.get(k, "<absent>")) for k in keys]
+    elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        subs = [(f"{path}[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b))]
+    else:
+        return [] if _norm(a) == _norm(b) else [(path or "<root>", _short(a), _short(b))]
+    return [d for sub, x, y in subs for d in fingerprint_diff(x, y, sub)]
 
 
 def _norm(x: Any) -> Any:
@@ -409,14 +364,11 @@ def select_lanes(checkpoint: dict[str, Any], lanes: Iterable[int]) -> dict[int, 
 
 
 def merge_checkpoints(checkpoints: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Join per-rank checkpoints into one holding every lane.
-
-    Ranks that share lanes (tensor/pipeline-parallel peers) must agree on them exactly. Each lane
-    state keeps its checksum, and every one is verified.
+    """Join per-rank checkpoints into one holding every lane; every lane state's checksum is verified,
+    and ranks that share lanes (tensor/pipeline-parallel peers) must agree on them exactly.
 
     Raises:
-        ValueError: another format, different fingerprints, a modified lane state, or
-            conflicting states for one lane.
+        ValueError: another format, different fingerprints, a modified or conflicting lane state.
     """
     return _merge([(f"checkpoint {i}", ck) for i, ck in enumerate(checkpoints)])
 
@@ -442,21 +394,19 @@ def _merge(items: list[tuple[str, Any]]) -> dict[str, Any]:
                 )
             lanes[lane] = state
             owner.setdefault(lane, label)
-    return {"format": first["format"], "fingerprint": first["fingerprint"], "lanes": dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))}
+    return {"format": first["format"], "fingerprint": first["fingerprint"], "lanes": _by_lane(lanes)}
 
 
-# -- torch.distributed.checkpoint -----------------------------------------------------------------
+def _by_lane(lanes: dict[str, Any]) -> dict[str, Any]:
+    return dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))
+
 
 _STATE_KEY = re.compile(r"^lane_(\d+)$")
 
 
 def checkpoint_to_state_dict(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint as one entry per lane, for ``torch.distributed.checkpoint``.
-
-    Each rank's entries have distinct keys, so DCP keeps every rank's lanes, and a rank of
-    another data-parallel size asks for exactly the lanes it needs. Each entry is the lane state
-    with its checksum, as msgpack.
-    """
+    """A checkpoint as one entry per lane (its state as msgpack), for ``torch.distributed.checkpoint``:
+    DCP keeps every rank's lanes, and a rank of another data-parallel size asks for the lanes it needs."""
     out: dict[str, Any] = {"zephon_format": checkpoint["format"], "zephon_fingerprint": msgspec.json.encode(checkpoint["fingerprint"]).decode()}
     for lane, state in checkpoint["lanes"].items():
         out[f"lane_{int(lane):05d}"] = msgspec.msgpack.encode(state)
@@ -492,17 +442,12 @@ def state_dict_to_checkpoint(state_dict: dict[str, Any]) -> dict[str, Any]:
         fingerprint = msgspec.json.decode(fingerprint)
     except (TypeError, msgspec.DecodeError) as exc:
         raise ValueError(f"state_dict entry 'zephon_fingerprint': not the JSON state_dict() wrote ({exc})") from None
-    ck = {"format": state_dict["zephon_format"], "fingerprint": fingerprint, "lanes": dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))}
+    ck = {"format": state_dict["zephon_format"], "fingerprint": fingerprint, "lanes": _by_lane(lanes)}
     _check_document(ck, "state_dict: ")
     return ck
 
-
-# -- files ----------------------------------------------------------------------------------------
-#
-# A file is the msgpack map {"format": FILE_FORMAT, "sha256": hex digest of "checkpoint",
-# "checkpoint": msgpack of the checkpoint document as bytes}: every byte is covered by the digest
-# or by the exact layout around it, so a torn or corrupted file is refused by name.
-
+# A file is the msgpack map {"format": FILE_FORMAT, "sha256": hex digest of "checkpoint", "checkpoint":
+# msgpack of the document as bytes}: a torn or corrupted file is refused by name.
 _FILE = re.compile(r"^zephon-lanes-(\d+)-(\d+)\.msgpack$")
 _FILE_FIELDS = {"format", "sha256", "checkpoint"}
 
@@ -557,17 +502,12 @@ def decode_file(data: bytes, name: str | os.PathLike = "<bytes>") -> dict[str, A
 
 
 def save_checkpoint(directory: str | os.PathLike, loader: Any) -> Path:
-    """Write this rank's checkpoint to ``directory`` (one file per rank, named by its lanes).
+    """Write this rank's checkpoint to ``directory`` (created if missing; one file per rank, named by
+    its lanes) and return its path. ``loader``: a running loader, or a ``zephon.compat.Pipeline``.
 
-    Args:
-        directory: created if missing.
-        loader: a running loader (``iter(pipeline)``), or a ``zephon.compat.Pipeline`` (its latest loader).
-
-    Returns the written path. The file carries a SHA-256 of its contents and is written
-    atomically: to a temporary name in ``directory`` (flushed and fsynced), renamed over the
-    final name, then the directory is fsynced. A crash leaves the previous file or the new one,
-    never a torn one; an interrupted write can leave a hidden ``.zephon-lanes-*.tmp`` file,
-    which :func:`load_checkpoint` ignores.
+    The file carries a SHA-256 of its contents and is written atomically (temporary name, fsync,
+    rename, directory fsync): a crash leaves the previous file or the new one, at most with a hidden
+    ``.zephon-lanes-*.tmp`` file, which :func:`load_checkpoint` ignores.
     """
     ck = loader.checkpoint()
     lanes = sorted(int(k) for k in ck["lanes"])
@@ -580,11 +520,7 @@ def save_checkpoint(directory: str | os.PathLike, loader: Any) -> Path:
 
 
 def read_checkpoint(directory: str | os.PathLike, lanes: Iterable[int]) -> dict[str, Any]:
-    """The merged checkpoint of the files in ``directory`` that hold ``lanes``, each verified.
-
-    Only ``zephon-lanes-<first>-<last>.msgpack`` files are read; temporary files of interrupted
-    writes are ignored. Errors name the file.
-    """
+    """The merged checkpoint of the verified ``zephon-lanes-*.msgpack`` files in ``directory`` holding ``lanes``."""
     d = Path(directory)
     if not d.is_dir():
         raise FileNotFoundError(f"no checkpoint directory {d}")
@@ -611,11 +547,8 @@ def read_checkpoint(directory: str | os.PathLike, lanes: Iterable[int]) -> dict[
 
 
 def load_checkpoint(directory: str | os.PathLike, target: Any) -> Any:
-    """Restore ``target`` from the files in ``directory`` holding its lanes; returns ``target.restore(ck)``.
-
-    For a pipeline that is a new pipeline whose loaders start at the checkpoint; a loader (or a
-    ``zephon.compat.Pipeline``) resumes in place. Works for any data-parallel size: a rank reads
-    only the files covering its lanes.
+    """Restore ``target`` from the files in ``directory`` holding its lanes; returns ``target.restore(ck)``
+    (a new pipeline for a pipeline; a loader resumes in place). Works for any data-parallel size.
 
     Raises:
         FileNotFoundError: no directory, or no file covering this rank's lanes.

@@ -8,6 +8,7 @@ merge by union and restore on any ``D`` that divides ``L``.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Any
@@ -72,12 +73,7 @@ def resolve_topology(options: Any, microbatch_size: int | None) -> Topology:
 
 
 def _lcm(a: int, b: int) -> int:
-    import math
-
     return a * b // math.gcd(a, b)
-
-
-# -- the end of finite data ------------------------------------------------------------------------
 
 
 def distributed_group() -> Any:
@@ -89,12 +85,8 @@ def distributed_group() -> Any:
 
 
 def all_ranks_have(flag: bool, dist: Any) -> bool:
-    """Whether every rank passed ``flag=True``: one all-reduce (MIN) of a one-element tensor.
-
-    Called once per global step at the end of finite data handling, so ranks whose lanes end at
-    different steps stop together instead of one of them waiting forever in its next collective.
-    The tensor lives where the backend wants it (CUDA for NCCL, CPU otherwise).
-    """
+    """Whether every rank passed ``flag=True``: one all-reduce (MIN) of a one-element tensor (on CUDA
+    for NCCL), once per global step, so that ranks whose lanes end at different steps stop together."""
     import torch
 
     device = "cpu"

@@ -1,12 +1,10 @@
-"""What every executor shares: the failure of a worker, the closed executor, the order lanes run in,
-and how worker processes start.
+"""What every executor shares: worker failure, the closed executor, lane order, how workers start.
 
-An executor runs a rank's lanes and hands out their outputs one lane at a time (``next(lane)``),
-with their encoded states (``lane_states()``), counters (``reports()``, ``meters()``) and
-``close()``. Three exist, one module each: :mod:`~zephon.runtime.inline_executor` (the calling
-thread), :mod:`~zephon.runtime.thread_executor` (ahead in a background thread) and
-:mod:`~zephon.runtime.process_executor` (ahead in worker processes, with the worker side in
-:mod:`~zephon.runtime.process_worker`). Only these modules know about threads and processes.
+An executor hands out a rank's lanes' outputs one lane at a time (``next(lane)``), with their
+encoded states (``lane_states()``), counters (``reports()``, ``meters()``) and ``close()``: inline
+(:mod:`~zephon.runtime.inline_executor`), in a background thread
+(:mod:`~zephon.runtime.thread_executor`) or in worker processes
+(:mod:`~zephon.runtime.process_executor`). Only these modules know about threads and processes.
 """
 
 from __future__ import annotations
@@ -19,10 +17,8 @@ from typing import Any, Iterator
 
 from .lanes import LaneState, caller_order
 
-#: What the fork server imports once, so that a worker forked from it starts with them: the main
-#: module (as a spawned worker would import it), the worker's loop, the sources and operators a
-#: pipeline holds, and the tokenizer libraries with the package metadata their cache keys read (a
-#: module that is not installed is skipped).
+#: What the fork server imports once, so that a worker forked from it starts with them (a module
+#: that is not installed is skipped).
 _PRELOAD = (
     "__main__",
     "zephon",
@@ -36,14 +32,11 @@ _PRELOAD = (
 
 
 def start_context() -> Any:
-    """The start method of workers and replays: ``forkserver``.
+    """The start method of workers and replays: ``forkserver`` (``spawn`` where there is none).
 
-    The fork server is one process, spawned (so started from a clean, single-threaded
-    interpreter, safe with the caller's threads and native pools), that imports :data:`_PRELOAD`
-    once and then forks each worker from itself: a worker starts with the imports done instead of
-    paying an interpreter start and zephon's imports (about 0.2 s of a core) before the first
-    output. The server is shared with any other use of ``forkserver`` in this process; zephon adds
-    its modules to the server's preload list only while the server is not running yet.
+    The server is spawned (a clean, single-threaded interpreter, safe with the caller's threads),
+    imports :data:`_PRELOAD` once and forks each worker with the imports done. It is shared with
+    any other use of ``forkserver``; zephon adds its modules to its preload only before it runs.
     """
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
@@ -62,8 +55,7 @@ def prestart() -> None:
     ``iter()`` fork from a ready server. Idempotent; the caller does not wait for the imports."""
     from multiprocessing import forkserver
 
-    # Not while this process is itself being set up as a worker or server (importing the main
-    # module there runs its top level again): the server would start servers.
+    # Not while this process is itself set up as a worker or server: the server would start servers.
     if getattr(mp.current_process(), "_inheriting", False) or start_context().get_start_method() != "forkserver":
         return
     with ignoring_sigint():
@@ -89,11 +81,9 @@ def caller_order_of(states: dict[int, LaneState]) -> list[int]:
 @contextlib.contextmanager
 def ignoring_sigint() -> Iterator[None]:
     """Ignore SIGINT in this process while workers are started, so that they ignore it from their
-    first instruction on: an ignored signal stays ignored across ``exec``, while a blocked one does
-    not stay blocked (starting a process resets the signal mask) and a Python handler is reset.
-    Otherwise a Ctrl-C while a worker imports the main module (seconds, with torch) would end it.
-    A Ctrl-C in these few milliseconds is not seen here either. Only the main thread may set
-    handlers: from another thread the workers ignore SIGINT once they run their own code."""
+    first instruction on (an ignored signal stays ignored across ``exec``; a mask or a handler does
+    not), also while importing the main module. Only the main thread may set handlers: from another
+    thread the workers ignore SIGINT once they run their own code."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
         yield
         return

@@ -8,20 +8,16 @@ from .lanes import LaneState, Plan
 
 
 class InlineExecutor:
-    """Runs lanes in the calling thread; states are kept as values.
+    """Runs lanes in the calling thread; states are kept as values."""
 
-    ``background=False``: restored records are rebuilt only when due (see :meth:`Plan.next`).
-    """
-
-    def __init__(self, plan: Plan, states: dict[int, LaneState], *, background: bool = True):
+    def __init__(self, plan: Plan, states: dict[int, LaneState]):
         self.plan = plan
         self.states = dict(states)
         self.meter = plan.meter()
         self.ahead = plan.reader(self.states)
-        self.background = background
 
     def next(self, lane: int) -> Any:
-        state, out = self.plan.next(lane, self.states[lane], self.meter, self.ahead, background=self.background)
+        state, out = self.plan.next(lane, self.states[lane], self.meter, self.ahead)
         self.states[lane] = state
         return out
 

@@ -1,16 +1,13 @@
 """Lanes: independent, pure per-lane streams, and their checkpoint encoding.
 
-A :class:`Plan` is everything that decides a lane's output (the work source, the operator chain,
-the lane count) plus read settings that do not. ``plan.next(lane, state)`` returns the lane's
-next output and the state *after* it, so any process can run any lane and a checkpoint is just
-the per-lane states of what the caller has received.
+A :class:`Plan` holds what decides a lane's output (work source, operator chain, lane count) and
+read settings that do not. ``plan.next(lane, state)`` returns the next output and the state after
+it, so any process can run any lane and a checkpoint is the per-lane states of what was received.
 
-The lanes run the chain's operators wrapped (:class:`Driven`): each wrapper counts its operator's
-work (a :class:`~zephon.runtime.stats.Meter`) and rebuilds the references it is given. A restore
-(:meth:`Plan.decode_lanes`) checks every lane's fields and rebuilds only what the output due first
-needs; the rest stays as references in the plain lane states, and is rebuilt when it is due: an
-operator's held records before it next steps (all of them, except those of an operator that
-reads only their metas, such as the shuffle, whose records are rebuilt as they are drawn), an
+Operators run wrapped (:class:`Driven`): metered, and rebuilding the references they are given. A
+restore (:meth:`Plan.decode_lanes`) checks every lane and rebuilds only what the first output due
+needs; the rest stays as references until due: an operator's held records before it next steps
+(except those of an operator that reads only metas, such as the shuffle: rebuilt as drawn), an
 undelivered output when it is delivered.
 """
 
@@ -44,9 +41,8 @@ DEFERRED_RESTORE = True
 class LaneState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One lane: source cursor, operator states, outputs produced but not yet delivered.
 
-    ``unresolved``: the operator states hold references, restored and not rebuilt yet; the lane
-    rebuilds them before it next steps (see the module docstring). Undelivered outputs may be
-    references too; each is rebuilt when delivered.
+    ``unresolved``: the operator states hold restored references, rebuilt before the lane next
+    steps; undelivered outputs may be references too, each rebuilt when delivered.
     """
 
     source: SourceState
@@ -60,12 +56,10 @@ class LaneState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 @contextlib.contextmanager
 def no_gc() -> Iterator[None]:
-    """Run the block with the cyclic garbage collector paused, when called from the main thread.
+    """Run the block with the cyclic garbage collector paused (main thread only: the switch is process-wide).
 
-    Decoding a restored state makes hundreds of thousands of small objects, none in a cycle;
-    each collection they trigger walks every object of the process. The switch is process-wide,
-    so only the main thread flips it, and only inside this block; elsewhere the block runs with
-    the collector as it is.
+    Decoding a restored state makes many small objects, none in a cycle, whose collections walk the
+    whole process.
     """
     if threading.current_thread() is not threading.main_thread() or not gc.isenabled():
         yield
@@ -79,11 +73,8 @@ def no_gc() -> Iterator[None]:
 
 @attrs.frozen(eq=False)
 class Driven(Operator):
-    """An operator as a lane runs it: the references in its input rebuilt first, its work metered.
-
-    ``plan``/``lane``/``index`` say where it runs (the references it is given are rebuilt with
-    the resolver of its input, :meth:`Plan.resolver_at`); ``meter`` (optional) counts records,
-    tokens and seconds in and out. The outputs and states are the operator's own.
+    """An operator as a lane runs it: the references in its input rebuilt first (with
+    :meth:`Plan.resolver_at` of ``lane`` and ``index``), its work counted by ``meter`` (optional).
     """
 
     op: Operator
@@ -112,10 +103,8 @@ class Driven(Operator):
         if not any(type(r) is Record and r.payload is UNRESOLVED for r in chunk):
             return chunk
         holder = self.plan.chain.names[self.index - 1] if self.index else "source"
-        try:
+        with _restoring(self.lane, holder):
             return resolve(list(chunk), self.plan.resolver_at(self.lane, self.index))
-        except _DECODE_ERRORS as exc:
-            raise ValueError(f"lane {self.lane}: field 'ops': cannot restore the state of operator {holder!r}: {exc}") from exc
 
 
 def mixture_counts(counts: Sequence[int], outputs: Sequence[Any], datasets: int, sign: int = 1) -> tuple[int, ...]:
@@ -147,50 +136,6 @@ def mixture_counts(counts: Sequence[int], outputs: Sequence[Any], datasets: int,
     return tuple(out)
 
 
-def mixture_report(source: Any, counts_by_lane: dict[int, Sequence[int]]) -> dict[str, Any]:
-    """The achieved mixture, per lane and over the lanes given, next to the target.
-
-    Returns:
-        ``{"unit", "target": {name: share}, "global": {name: {...}}, "lanes": {lane: {name: {...}}}}``
-        where each dataset's entry holds ``samples``, ``tokens``, ``sample_share``,
-        ``token_share``, ``target`` (the target share in the mixture's unit) and ``epochs``
-        (samples delivered over the dataset's rows).
-    """
-    names = source.names
-    n = len(names)
-    rows = [getattr(d, "num_rows", 0) for d in source.datasets]
-    total = [0] * (2 * n)
-    for counts in counts_by_lane.values():
-        for i, c in enumerate(counts):
-            total[i] += c
-    try:
-        target = source.target_at(sum(total[0::2]))
-    except (ValueError, AttributeError, TypeError):
-        target = {}
-
-    def block(counts: Sequence[int]) -> dict[str, Any]:
-        counts = list(counts) or [0] * (2 * n)
-        samples, tokens = sum(counts[0::2]), sum(counts[1::2])
-        return {
-            name: {
-                "samples": counts[2 * j],
-                "tokens": counts[2 * j + 1],
-                "sample_share": counts[2 * j] / samples if samples else 0.0,
-                "token_share": counts[2 * j + 1] / tokens if tokens else 0.0,
-                "target": target.get(name),
-                "epochs": counts[2 * j] / rows[j] if rows[j] else 0.0,
-            }
-            for j, name in enumerate(names)
-        }
-
-    return {
-        "unit": getattr(source, "unit", "samples"),
-        "target": target,
-        "global": block(total),
-        "lanes": {lane: block(c) for lane, c in counts_by_lane.items()},
-    }
-
-
 @attrs.frozen(eq=False)
 class Plan:
     """The compiled, picklable description of a pipeline's lanes."""
@@ -209,8 +154,7 @@ class Plan:
             groups[(d, s)].append(i)
         payloads: list[Any] = [None] * len(pointers)
         for (d, s), idx in groups.items():
-            rows = [pointers[i][2] for i in idx]
-            for i, p in zip(idx, self.source.datasets[d].read(s, rows)):
+            for i, p in zip(idx, self.source.datasets[d].read(s, [pointers[i][2] for i in idx])):
                 payloads[i] = p
         return [Record(p, Meta(lane, (Segment(d, s, r, 0, 0, -1),), 0)) for p, (d, s, r) in zip(payloads, pointers)]
 
@@ -228,17 +172,13 @@ class Plan:
         return out
 
     # -- lanes ------------------------------------------------------------------------------------------
-    def lane_key(self, lane: int) -> int:
-        return fold_in(seed_key(0), "lane", lane)
-
     def init(self, lane: int) -> LaneState:
         self._check_lane(lane)
-        return LaneState(SourceState(), self.chain.init(self.lane_key(lane)))
+        return LaneState(SourceState(), self.chain.init(fold_in(seed_key(0), "lane", lane)))
 
     def read_size_of(self, state: LaneState) -> int:
-        """The size of the lane's next read: small until its first output, so that it arrives early
-        (read sizes never change the data: every operator is chunking-invariant). A lane with
-        outputs waiting delivers them first, so it reads ``read_size`` next."""
+        """The lane's next read size: small until its first output, so that it arrives early (every
+        operator is chunking-invariant); ``read_size`` once it delivered or has outputs waiting."""
         return self.read_size if (state.delivered or state.pending) else min(self.read_size, 16)
 
     def reader(self, states: dict[int, LaneState]) -> ReadAhead | None:
@@ -248,15 +188,13 @@ class Plan:
         return ReadAhead(self, states, self.read_ahead)
 
     def next(
-        self, lane: int, state: LaneState, meter: Any = None, ahead: ReadAhead | None = None, *, background: bool = True
+        self, lane: int, state: LaneState, meter: Any = None, ahead: ReadAhead | None = None
     ) -> tuple[LaneState, Any]:
         """The lane's next output and the state after it; ``(state, None)`` when it has ended.
 
-        ``meter`` (a :class:`~zephon.runtime.stats.Meter`, optional) counts the reading and each
-        operator's work; ``ahead`` (from :meth:`reader`) reads and tokenizes for several lanes at
-        once. Neither ever changes the output. What a restore left as references is rebuilt here,
-        in the calling thread, when due (``background`` is accepted for executors; no record is
-        ever rebuilt in another thread).
+        ``meter`` (a :class:`~zephon.runtime.stats.Meter`) counts the work; ``ahead`` (from
+        :meth:`reader`) reads and tokenizes for several lanes at once; neither changes the output.
+        Restored references are rebuilt here, in the calling thread, when due.
         """
         source, chain, pending, done = state.source, state.chain, state.pending, state.done
         unresolved = state.unresolved
@@ -271,12 +209,12 @@ class Plan:
                 t0 = time.perf_counter()
                 source, pointers, exhausted = self.source.read(source, self.lanes, lane, size)
                 records = self.fetch(lane, pointers)
-                if meter is not None:
-                    meter.read(pointers, time.perf_counter() - t0)
+                read_s = time.perf_counter() - t0
             else:
                 source, pointers, exhausted, records = prepared.source, prepared.pointers, prepared.exhausted, prepared.inputs
-                if meter is not None:
-                    meter.read(pointers, prepared.read_s)
+                read_s = prepared.read_s
+            if meter is not None:
+                meter.read(pointers, read_s)
             try:
                 if prepared is None:
                     chain, outs = driven.step(chain, records)
@@ -312,35 +250,24 @@ class Plan:
 
     def rebuild_chain(self, lane: int, chain: ChainState) -> ChainState:
         """``chain`` (as a deferred restore decoded it) with the state of every operator that reads
-        its held payloads decoded whole.
-
-        Each such state is decoded again from its encoding with its input's resolver, so it is
-        refused as a restore refuses it (a negative counter, a token range past its document, a
-        record that no longer rebuilds), naming the lane and the operator.
-        """
+        its held payloads decoded again, whole, from its encoding: refused as a restore refuses it."""
         states = list(chain.states)
         for i, (name, op) in enumerate(self.chain.children):
             if op.reads_held_payloads:
-                try:
+                with _restoring(lane, name):
                     states[i] = op.decode_state(op.encode_state(states[i]), self.resolver_at(lane, i))
-                except _DECODE_ERRORS as exc:
-                    raise ValueError(f"lane {lane}: field 'ops': cannot restore the state of operator {name!r}: {exc}") from exc
         return ChainState(tuple(states))
 
     def _rebuilt_output(self, lane: int, out: Any) -> Any:
         """``out``, rebuilt if it is an undelivered output a restore left as a reference."""
         if not references(out):
             return out
-        try:
+        with _restoring(lane):
             return self.chain.rebuild([output_ref(out)], self._checked_resolver(lane))[0]
-        except _DECODE_ERRORS as exc:
-            raise ValueError(f"lane {lane}: field 'pending': {exc}") from exc
 
     # -- naming records in errors -----------------------------------------------------------------------
     def describe(self, meta: Meta) -> str:
-        """Where a record came from, by name: dataset, shard (and file), row and lane.
-
-        Names the first source sample of the record (and how many more it was built from).
+        """Where a record came from: dataset, shard (and file), row and lane of its first source sample.
 
         Examples:
             >>> from zephon.io import Dataset
@@ -365,12 +292,8 @@ class Plan:
         return f"dataset {name!r}, shard {shard_id!r}" + (f" (file {path})" if path else "")
 
     def _note_records(self, exc: Exception, lane: int, records: Sequence[Record] | None) -> None:
-        """Add a note to ``exc`` naming, by dataset and file, the record(s) it was raised on.
-
-        An operator that traced the error to one record left its meta on the exception
-        (``zephon_meta``, with a note by indices): that record is named. Otherwise the records
-        of the chunk being processed are, grouped by file (``None``: the lane was flushing).
-        """
+        """Add a note to ``exc`` naming, by dataset and file, the record(s) it was raised on: the one
+        an operator left as ``exc.zephon_meta``, else the chunk's records (``None``: flushing)."""
         if not hasattr(exc, "add_note") or getattr(exc, "zephon_named", False):
             return
         meta = getattr(exc, "zephon_meta", None)
@@ -394,7 +317,7 @@ class Plan:
             pass
 
     def meter(self) -> Meter:
-        """Fresh runtime counters for this plan's operators and datasets (see :meth:`next`)."""
+        """Fresh runtime counters for this plan's operators and datasets."""
         return Meter(self.chain.names, len(getattr(self.source, "datasets", ())))
 
     def reports(self, state: LaneState) -> dict[str, dict[str, int]]:
@@ -417,21 +340,15 @@ class Plan:
         }
 
     def unread(self, encoded: dict[str, Any], outputs: Any) -> dict[str, Any]:
-        """An encoded lane state as it was before its last ``outputs`` (in order) were taken.
-
-        The outputs go back to the front of ``pending``, by reference, so a checkpoint can leave
-        out outputs that were computed and taken from the lane but never delivered.
-        """
+        """An encoded lane state as it was before its last ``outputs`` were taken: they go back to the
+        front of ``pending``, by reference, so a checkpoint leaves out outputs taken and not delivered."""
         refs = encode_outputs(outputs)
         counts = mixture_counts(encoded["mixture"], list(outputs), len(self.source.datasets), sign=-1)
-        return {**encoded, "pending": refs + list(encoded["pending"]), "delivered": encoded["delivered"] - len(refs), "mixture": list(counts)}
+        pending, delivered = refs + list(encoded["pending"]), encoded["delivered"] - len(refs)
+        return {**encoded, "pending": pending, "delivered": delivered, "mixture": list(counts)}
 
     def decode(self, lane: int, data: Any) -> LaneState:
-        """Inverse of :meth:`encode`, refusing states this plan's lane could never reach; every
-        record rebuilt now.
-
-        A ``checksum`` field (as in a checkpoint) is verified; a state straight from
-        :meth:`encode` has none.
+        """Inverse of :meth:`encode`, every record rebuilt now; a ``checksum`` field is verified.
 
         Raises:
             ValueError: naming the lane and the field: a modified state (checksum mismatch), a
@@ -442,20 +359,16 @@ class Plan:
         source, refs, counts = self._check_state(lane, data)
         resolver = self._checked_resolver(lane)
         chain = self._decode_chain(lane, data["ops"], lambda i, op, state: op.decode_state(state, self.chain.resolver_at(i, resolver)))
-        try:
+        with _restoring(lane):
             pending = tuple(self.chain.rebuild(refs, resolver)) if refs else ()
-        except _DECODE_ERRORS as exc:
-            raise ValueError(f"lane {lane}: field 'pending': {exc}") from exc
         return LaneState(source, chain, pending, data["delivered"], data["done"], counts)
 
     def decode_lanes(self, encoded: dict[int, Any]) -> dict[int, LaneState]:
         """Decode an executor's restored lane states: what the first output needs now, the rest when due.
 
-        Every lane's fields are checked now (what needs no record: checksums, cursors, counters,
-        types, sizes). The lane due first gives its next output now: an undelivered one is rebuilt
-        now, else its operators' held records are. Everything else stays as references, rebuilt
-        when due (see the module docstring), so the first output waits for its own records only.
-        Whole and deferred restores give the same outputs and checkpoints.
+        Every lane's fields are checked now (all that needs no record); the lane due first has its
+        next output (or else its operators' held records) rebuilt now. Whole and deferred restores
+        give the same outputs and checkpoints.
         """
         if not DEFERRED_RESTORE:
             return {lane: self.decode(lane, data) for lane, data in encoded.items()}
@@ -478,12 +391,9 @@ class Plan:
     def _decode_deferred(self, lane: int, ops: Any) -> ChainState:
         """The chain's states as a deferred restore keeps them: every field checked, no record rebuilt.
 
-        Each operator's state is decoded up to its records (its own checks, and each reference's
-        up to the source: its lane, dataset, shard, row, token ranges as far as metas tell; of an
-        operator that reads only metas, such as the shuffle, when it holds fewer than
-        ``CHECKED_HOLDINGS``, the others' references are checked as they are rebuilt) and kept
-        with its records as references. What needs the records themselves (a token range inside
-        its document, a record that no longer rebuilds) is refused when they are rebuilt.
+        Each state is decoded up to its records, kept as references checked up to the source (for
+        an operator that reads only metas, when it holds fewer than ``CHECKED_HOLDINGS``); what needs
+        the records themselves is refused when they are rebuilt.
         """
 
         def decoded(i: int, op: Operator, data: Any) -> Any:
@@ -512,10 +422,8 @@ class Plan:
             raise ValueError(f"lane {lane}: field 'ops': {exc}") from exc
         states = []
         for i, (name, op) in enumerate(self.chain.children):
-            try:
+            with _restoring(lane, name):
                 states.append(decoded(i, op, ops[name]))
-            except _DECODE_ERRORS as exc:
-                raise ValueError(f"lane {lane}: field 'ops': cannot restore the state of operator {name!r}: {exc}") from exc
         return ChainState(tuple(states))
 
     def _check_state(self, lane: int, data: Any) -> tuple[SourceState, list, tuple[int, ...]]:
@@ -563,12 +471,8 @@ class Plan:
             )
 
     def _checked_resolver(self, lane: int, then: Resolver | None = None) -> Resolver:
-        """:meth:`resolve_source` (or ``then``) for lane ``lane``'s state, refusing references outside the data.
-
-        Every record a state holds rebuilds from source samples through here, so a reference to
-        another lane, a dataset, shard or row that does not exist, or padding on a source sample
-        is refused, naming it, before anything is read.
-        """
+        """:meth:`resolve_source` (or ``then``) for lane ``lane``'s state, refusing (by name, before
+        anything is read) a reference to another lane, a missing dataset, shard or row, or padding."""
         then = then or self.resolve_source
         datasets = self.source.datasets
 
@@ -601,8 +505,7 @@ class Plan:
 
 
 def caller_order(delivered: dict[int, int]) -> list[int]:
-    """Lanes in the order the caller takes their outputs, from their delivered counts: fewest
-    first (after a restore mid-step, the lanes that step still needs), then by id."""
+    """Lanes in the order the caller takes their outputs: fewest delivered first, then by id."""
     return sorted(delivered, key=lambda lane: (delivered[lane], lane))
 
 
@@ -612,11 +515,8 @@ CHECKED_HOLDINGS = 256
 
 
 class _RecordsLater(BaseException):
-    """Raised where a check of a deferred restore reaches records: everything before is checked.
-
-    A ``BaseException``, so that an operator's ``except Exception`` around its upstream (one that
-    reports a failed rebuild in its own words) does not take it for a failure.
-    """
+    """Raised where a check of a deferred restore reaches records (a ``BaseException``, so that an
+    operator's ``except Exception`` around its upstream does not take it for a failure)."""
 
 
 def _records_later(metas: Sequence[Meta]) -> list:
@@ -632,8 +532,7 @@ def _reference_output(ref: Any) -> Any:
 
 def _step_prepared(driven: Chain, state: ChainState, prepared: Any, meter: Any) -> tuple[ChainState, list]:
     """``driven.step(state, prepared.inputs)`` for a chunk whose leading per-record operators already
-    ran (a :class:`~zephon.runtime.readahead.Prepared`): their drop counters advance by what they
-    dropped, their work is metered as measured, and the rest of the chain runs on their outputs."""
+    ran (a :class:`~zephon.runtime.readahead.Prepared`): their counters and meters advance as measured."""
     states = list(state.states)
     k = len(prepared.dropped)
     for i, dropped in enumerate(prepared.dropped):
@@ -649,11 +548,18 @@ def _step_prepared(driven: Chain, state: ChainState, prepared: Any, meter: Any) 
 _DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, msgspec.ValidationError)
 
 
-def _decode_ref(ref: Any, batches: bool | None = None, where: str = "a pending output") -> Any:
-    """A pending output's reference: a flat meta ``[lane, padding, ...]``, or a batch (list of metas).
+@contextlib.contextmanager
+def _restoring(lane: int, operator: str | None = None) -> Iterator[None]:
+    """Report what rebuilding a state raises as a ValueError naming the lane and the operator (or ``pending``)."""
+    try:
+        yield
+    except _DECODE_ERRORS as exc:
+        where = f"field 'ops': cannot restore the state of operator {operator!r}" if operator else "field 'pending'"
+        raise ValueError(f"lane {lane}: {where}: {exc}") from exc
 
-    ``batches`` says which the chain outputs (``None``: either); ``where`` prefixes errors.
-    """
+
+def _decode_ref(ref: Any, batches: bool | None = None, where: str = "a pending output") -> Any:
+    """A pending output's reference: a flat meta, or a batch (``batches``: which; ``None``: either)."""
     if not isinstance(ref, (list, tuple)) or not ref:
         raise ValueError(f"{where}: an output reference is a non-empty list, got {ref!r}")
     is_batch = not isinstance(ref[0], int) or isinstance(ref[0], bool)

@@ -80,13 +80,9 @@ def step_digest(lane_digests: Sequence[str]) -> str:
 
 
 class Ledger:
-    """Append one line per optimizer step to a JSON-lines file, from one rank.
-
-    Args:
-        path: the file (one per rank, e.g. ``ledger/rank-0003.jsonl``); parents are created.
-
-    Call :meth:`record` once per step with the rank's microbatches of that step (any order;
-    each carries its lane). Lines are flushed at once, so a crash keeps every recorded step.
+    """Append one line per optimizer step to a JSON-lines file (one per rank, e.g.
+    ``ledger/rank-0003.jsonl``; parents are created). Call :meth:`record` once per step with the
+    rank's microbatches of that step; lines are flushed at once, so a crash keeps every recorded step.
     """
 
     def __init__(self, path: str | os.PathLike):

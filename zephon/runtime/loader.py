@@ -1,16 +1,13 @@
 """The loader: what runs a pipeline.
 
-``iter(pipeline)`` builds a :class:`Loader` over the pipeline's plan for this rank's lanes. It
-owns the executor (inline, a background thread, or worker processes), yields the lanes' outputs
-round-robin in lane order, and is the one object with run-time state: ``checkpoint()`` /
-``restore()``, the DCP ``state_dict()``, ``stats()`` and ``close()``. The pipeline it came from is
-a value and never changes.
+``iter(pipeline)`` builds a :class:`Loader` for this rank's lanes. It owns the executor (inline, a
+background thread, or worker processes), yields the lanes' outputs round-robin in lane order, and
+is the one object with run-time state: ``checkpoint()`` / ``restore()``, ``state_dict()``,
+``stats()`` and ``close()``.
 
-At the end of finite data the loader stops at the first incomplete global step (every step holds
-one output of every lane), unless ``drain=True``. Whatever was produced and not delivered is
-counted, per lane and in total, in records and tokens, and reported once in a warning. With
-several data-parallel ranks, ``steps()`` agrees on the end through ``torch.distributed`` so that
-no rank waits forever in a collective its peers never enter.
+At the end of finite data it stops at the first incomplete global step unless ``drain=True``;
+what was produced and not delivered is counted and reported once in a warning. With several
+data-parallel ranks, ``steps()`` agrees on the end through ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -26,11 +23,11 @@ from .inline_executor import InlineExecutor
 from .process_executor import ProcessExecutor
 from .thread_executor import ThreadExecutor
 from ..core.fields import payload_length
-from .lanes import Plan, mixture_report
+from .lanes import Plan
 from ..core.log import get_logger
 from .options import Options
 from ..core.records import SampleBatch
-from .stats import Deliveries, format_stats, summarize, summary_line
+from .stats import Deliveries, format_stats, mixture_report, summarize, summary_line
 
 log = get_logger("loader")
 
@@ -52,11 +49,8 @@ def output_size(out: Any) -> tuple[int, int]:
 
 
 def restored_lanes(plan: Plan, topology: Topology, options: Options, checkpoint: Any) -> dict[int, Any]:
-    """This rank's lane states from ``checkpoint``, once it is validated against ``plan``.
-
-    A loader that decodes its lanes itself (``options.decodes_inline``) verifies their checksums
-    in that decode, so :func:`validate` leaves them to it: each state is read once.
-    """
+    """This rank's lane states from ``checkpoint``, validated against ``plan`` (a loader that decodes
+    its lanes itself verifies their checksums there, so each state is read once)."""
     lanes = topology.lanes
     validate(plan.fingerprint(), checkpoint, decoded_next=lanes if options.decodes_inline else ())
     return select_lanes(checkpoint, lanes)
@@ -65,10 +59,9 @@ def restored_lanes(plan: Plan, topology: Topology, options: Options, checkpoint:
 class Loader(Iterator[Any]):
     """Runs a pipeline's lanes for one rank and yields their outputs in lane order.
 
-    Yields lane ``a``'s ``k``-th output before lane ``b``'s when ``(k, a) < (k, b)``, so the ``k``-th
+    Lane ``a``'s ``k``-th output comes before lane ``b``'s when ``(k, a) < (k, b)``, so the ``k``-th
     group of ``len(topology.lanes)`` outputs is this rank's share of global step ``k``.
-    ``checkpoint()`` covers exactly the outputs yielded so far; ``restore()`` resumes exactly from
-    a checkpoint, in place, whatever has been yielded before.
+    ``checkpoint()`` covers exactly the outputs yielded; ``restore()`` resumes exactly, in place.
     """
 
     def __init__(self, plan: Plan, topology: Topology, options: Options = Options(), encoded: dict[int, Any] | None = None):
@@ -80,19 +73,15 @@ class Loader(Iterator[Any]):
         self.plan = plan
         self.topology = topology
         self.options = options
-        # Automatic agreement only when the ranks are torch.distributed's whole world (D from it):
-        # with an explicit dp_degree (TP/PP layouts) some ranks may not iterate at all.
+        # Automatic agreement only when D comes from torch.distributed (with an explicit dp_degree
+        # some ranks may not iterate at all).
         auto = options.agree_on_end is None and options.dp_degree is None
         self._dist = distributed_group() if (options.agree_on_end or auto) else None
         self.executor: Any = None
         self._start(encoded)
 
-    # -- lifecycle --------------------------------------------------------------------------------------
     def _start(self, encoded: dict[int, Any] | None) -> None:
-        """Start over from ``encoded`` (or the beginning), replacing any executor this loader had.
-
-        A checkpoint that does not decode fails before anything of the running loader changes.
-        """
+        """Start over from ``encoded`` (or the beginning); a state that does not decode changes nothing."""
         lanes = list(self.topology.lanes)
         opts = self.options
         states = None
@@ -127,21 +116,15 @@ class Loader(Iterator[Any]):
         )
 
     def restore(self, checkpoint: dict[str, Any]) -> "Loader":
-        """Resume exactly from ``checkpoint`` (this rank's, merged, or full), in place.
-
-        Whatever this loader yielded before is irrelevant: the next output is the one after the
-        checkpoint. Fails loudly, listing the differing fields, if the data settings differ.
-        """
+        """Resume exactly from ``checkpoint`` (this rank's, merged, or full), in place: the next output is
+        the one after it. Fails, listing the differing fields, if the data settings differ."""
         self._start(restored_lanes(self.plan, self.topology, self.options, checkpoint))
         return self
 
     def close(self) -> None:
-        """Stop any worker thread or processes; ``checkpoint()`` and ``stats()`` still work.
-
-        Closing twice is harmless. After ``close()`` before the end of the data, ``next()`` raises
-        ``RuntimeError`` (the stream does not go on) until ``restore()``; after the end of the data
-        it raises ``StopIteration`` as before.
-        """
+        """Stop any worker thread or processes; ``checkpoint()`` and ``stats()`` still work, closing twice
+        is harmless. Before the end of the data, ``next()`` then raises ``RuntimeError`` until
+        ``restore()``; after it, ``StopIteration`` as before."""
         self._closed = True
         self.executor.close(read_final=self._final_states is None)
 
@@ -159,7 +142,6 @@ class Loader(Iterator[Any]):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # -- iteration ------------------------------------------------------------------------------------
     def __iter__(self) -> "Loader":
         return self
 
@@ -190,15 +172,11 @@ class Loader(Iterator[Any]):
             log.info("%s", summary_line(self._light_stats()))
 
     def steps(self, *, concat: bool = False) -> Iterator[Any]:
-        """Iterate by optimizer step: this rank's L/D microbatches of each global step, in lane order.
+        """Iterate by optimizer step: this rank's L/D microbatches of each global step, in lane order
+        (``concat``: one :class:`~zephon.types.SampleBatch` of the step's records instead of a list).
 
         At the end of finite data every rank stops at the same step when ``torch.distributed`` is
-        initialized with D > 1 (one all-reduce per step; ``options(agree_on_end=False)`` turns it
-        off). Without ``torch.distributed``, each rank stops at its own first incomplete step.
-
-        Args:
-            concat: yield one :class:`~zephon.types.SampleBatch` holding the step's records
-                instead of a list of microbatches.
+        initialized with D > 1 (one all-reduce per step; off with ``options(agree_on_end=False)``).
         """
         while True:
             waited = self._deliveries.start_wait()
@@ -279,11 +257,9 @@ class Loader(Iterator[Any]):
         self._warn_undelivered()
 
     def _count_undelivered(self, out: Any) -> None:
-        records, tokens = output_size(out)
         counts = self._undelivered[out_lane(out)]
-        counts[0] += 1
-        counts[1] += records
-        counts[2] += tokens
+        for i, n in enumerate((1, *output_size(out))):
+            counts[i] += n
 
     def _undelivered_totals(self) -> tuple[int, int, int]:
         """Outputs, records and tokens produced and not delivered, over this rank's lanes."""
@@ -311,22 +287,13 @@ class Loader(Iterator[Any]):
         )
         warnings.warn(msg, RuntimeWarning, stacklevel=5)
 
-    # -- state ----------------------------------------------------------------------------------------
     def checkpoint(self) -> dict[str, Any]:
-        """This rank's lane states after the last output delivered (JSON/msgpack-safe).
-
-        Lanes are keyed by global lane id, so checkpoints of every rank can be merged with
-        :func:`~zephon.merge_checkpoints` and restored on any number of ranks dividing L.
-        """
+        """This rank's lane states after the last output delivered (JSON/msgpack-safe), keyed by global
+        lane id: merge ranks' with :func:`~zephon.merge_checkpoints`, restore on any D dividing L."""
         return build(self.plan.fingerprint(), self._delivered_states())
 
     def lane_state(self, lane: int) -> dict[str, Any]:
-        """One lane's encoded state after its last output delivered (unsealed: no checksum).
-
-        What :meth:`checkpoint` holds for that lane, for one lane only: a loader running in the
-        calling thread (``workers=0``) encodes just that state, so attaching it to each output
-        costs one lane's encoding, not all of them.
-        """
+        """One lane's encoded state (unsealed) after its last output delivered; inline, only it is encoded."""
         if self._final_states is None and isinstance(self.executor, InlineExecutor) and not self._unyielded:
             return self.plan.encode(self.executor.states[lane])  # in-process executors keep states as values
         return self._delivered_states()[lane]
@@ -340,8 +307,7 @@ class Loader(Iterator[Any]):
                 states[lane] = self.plan.unread(states[lane], [o for o in self._unyielded if out_lane(o) == lane])
         return states
 
-    # torch.distributed.checkpoint ``Stateful`` protocol: one key per lane, so DCP can save each
-    # rank's lanes and load them back on any data-parallel size.
+    # torch.distributed.checkpoint's ``Stateful`` protocol: one key per lane.
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint as a DCP-friendly mapping (``{"zephon_fingerprint": ..., "lane_00003": ...}``)."""
         return checkpoint_to_state_dict(self.checkpoint())
@@ -351,35 +317,16 @@ class Loader(Iterator[Any]):
         self.restore(state_dict_to_checkpoint(state_dict))
 
     def stats(self) -> dict[str, Any]:
-        """What this loader has done: deliveries, throughput, packing, drops, operators, mixture.
-
-        Cheap and always on. ``operators`` are the operators' own counters (part of their
-        states, so they continue across a restore); every other section counts this loader's
-        work since it started or was last restored. With worker processes, the operator
-        sections are asked of the workers (one round trip).
+        """What this loader has done (cheap, always on; one round trip to worker processes).
 
         Returns:
-            A dict with:
-
-            - ``delivered`` (outputs), ``complete_steps``, ``lanes`` (per lane: ``delivered``,
-              ``ended``: whether iteration saw the lane run out, ``undelivered`` as
-              ``{"outputs", "records", "tokens"}``) and ``undelivered`` (totals);
-            - ``operators``: each operator's counters summed over this rank's lanes;
-            - ``flow``: per stage (``source``, then each operator) ``records_in``,
-              ``records_out``, ``tokens_in``, ``tokens_out`` and ``seconds`` of work done
-              (including outputs computed ahead of delivery);
-            - ``throughput``: delivered ``outputs``, ``records``, real ``tokens``, ``seconds``
-              from the first request to the last delivery, ``tokens_per_s``, and
-              ``wait_seconds`` / ``wait_fraction``: time the caller spent waiting in ``next()``;
-            - ``packing``: ``real_tokens`` and ``slots`` delivered (records of a batch padded to
-              its longest), ``padding_tokens``, ``efficiency`` and ``padding_waste``;
-            - ``dropped``: per operator, its counters of data not emitted, by cause;
-            - ``mixture``: samples and tokens delivered per dataset, their shares, the target
-              and epochs, over this rank's lanes (``global``) and per lane (see
-              :func:`~zephon.runtime.lanes.mixture_report`); these counts travel in the checkpoint, so
-              they continue across restores.
-
-            Ratios are ``None`` until there is something to divide by.
+            A dict with ``delivered``, ``complete_steps``, ``lanes`` (per lane: ``delivered``,
+            ``ended``, ``undelivered``), ``undelivered``, ``operators`` (the operators' own counters,
+            which continue across a restore), ``flow``, ``throughput``, ``packing``, ``dropped``
+            and ``mixture`` (:func:`~zephon.runtime.stats.mixture_report`, continued across
+            restores); the other sections count since the start or the last restore, and ratios
+            are ``None`` until there is something to divide by. docs/guide/observability.md
+            describes every field.
         """
         reports = self._final_reports if self._final_reports is not None else self.executor.reports()
         meters = self._final_meters if self._final_reports is not None else self.executor.meters()

@@ -6,9 +6,8 @@ lanes run, so it may change between a checkpoint and its restore.
 
 from __future__ import annotations
 
-from typing import Any
-
 import warnings
+from typing import Any
 
 import attrs
 
@@ -23,9 +22,7 @@ def _io_options(value: Any) -> Any:
 
 def _opt_int(minimum: int):
     def check(instance, attribute, value):
-        if value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
             raise ValueError(f"options: {attribute.name} must be an int >= {minimum}, got {value!r}")
 
     return check
@@ -38,48 +35,28 @@ def _opt_bool(instance, attribute, value) -> None:
 
 @attrs.frozen
 class Options:
-    """Run settings.
+    """Run settings (docs/guide/pipeline.md describes each in full).
 
     Attributes:
-        canonical_replicas: L, the number of lanes. Decides the data; keep it fixed for a run and
-            choose a common multiple of every data-parallel size you may use.
-        dp_degree: D, data-parallel ranks sharing the lanes (L/D each). ``None``: from
-            ``torch.distributed`` when initialized, else ``WORLD_SIZE``, else 1.
-        dp_rank: this rank's data-parallel index. ``None``: from ``torch.distributed``, else
-            ``RANK``, else 0. Tensor/pipeline-parallel peers pass their shared DP rank explicitly.
+        canonical_replicas: L, the number of lanes; decides the data (a common multiple of every D).
+        dp_degree: D, data-parallel ranks sharing the lanes. ``None``: ``torch.distributed``, else
+            ``WORLD_SIZE``, else 1.
+        dp_rank: this rank's data-parallel index. ``None``: ``torch.distributed``, else ``RANK``, else 0.
         workers: worker processes that run this rank's lanes ahead (0: in the calling thread).
         prefetch: outputs each lane may run ahead of the caller (with ``workers > 0`` or ``thread``).
         read_size: source samples read per lane step (tokenizer batch size).
-        read_ahead: when a lane must read, the lanes about to read read too, up to this many
-            samples in all, and their chunks are tokenized in one call (bigger encoder calls,
-            fewer idle cores). 0: each lane reads and tokenizes alone. Performance only.
-        global_batch_size: optional check: records per optimizer step must be a multiple of
-            L x microbatch_size (each global step takes one microbatch from every lane).
-        start_inline: accepted for compatibility only: ``start_inline=True`` raises ``ValueError``,
-            ``start_inline=False`` is accepted with a ``DeprecationWarning`` (it is what
-            ``workers > 0`` always does). With ``workers > 0`` the workers start at ``iter()`` and
-            run their lanes from the first output on, so user code (map/filter functions,
-            tokenizers) runs only in them: a function that crashes the interpreter (a segfault,
-            ``os._exit``, the out-of-memory killer) ends a worker, never this process, the next
-            ``next()`` raises ``WorkerError`` naming the signal or exit code and the lanes, and
-            ``checkpoint()`` still covers exactly the delivered outputs.
-        thread: with ``workers=0``, run the lanes ahead in a background thread (``prefetch``
-            outputs per lane) so reading and tokenizing overlap with the caller's work.
-        drain: at the end of finite data, keep delivering the outputs of lanes that still have
-            some (round-robin) instead of stopping at the first incomplete global step. The
-            drained tail is not a whole global step, so it is the same only for the same D.
-        agree_on_end: make every data-parallel rank stop at the same global step at the end of
-            finite data (one all-reduce of a flag per step through ``torch.distributed``).
-            ``None`` (default): ``steps()`` agrees when ``torch.distributed`` is initialized with
-            more than one rank and D comes from it (``dp_degree=None``), plain iteration does not;
-            ``True``: both agree, over the default process group, so every rank of it must
-            iterate; ``False``: neither.
-        log_every: log a one-line summary (tokens delivered, tokens/s, time waited for data,
-            packing efficiency) every this many global steps, at INFO on the ``"zephon.loader"``
-            logger (``zephon.enable_logging()`` prints it). ``None`` (default): no summaries.
-        io_options: how shards are fetched and cached (a dict or
-            :class:`~zephon.io.IoOptions`): ``{"cache": {"enabled", "dir", "max_bytes", "retries",
-            "backoff_s", "max_backoff_s"}, "row_group_cache_bytes"}``. ``None``: each dataset's own.
+        read_ahead: samples read and tokenized in one call for the lanes about to read (0: off).
+        global_batch_size: optional check: a multiple of L x microbatch_size.
+        start_inline: accepted by :meth:`evolve` only: ``True`` raises ``ValueError``, ``False`` warns.
+        thread: with ``workers=0``, run the lanes ahead in a background thread.
+        drain: at the end of finite data, deliver what lanes still have instead of stopping at the
+            first incomplete global step (the same only for the same D).
+        agree_on_end: every rank stops at the same global step (one all-reduce per step). ``None``:
+            ``steps()`` agrees when D comes from an initialized ``torch.distributed``; ``True``:
+            ``steps()`` and plain iteration; ``False``: neither.
+        log_every: log a one-line summary every this many global steps (INFO, ``"zephon.loader"``).
+        io_options: how shards are fetched and cached (a dict or :class:`~zephon.io.IoOptions`).
+            ``None``: each dataset's own.
     """
 
     canonical_replicas: int = attrs.field(default=1, validator=_opt_int(1))
@@ -98,8 +75,7 @@ class Options:
 
     @property
     def decodes_inline(self) -> bool:
-        """Whether a loader decodes restored lane states in the calling process (``workers=0``);
-        otherwise the worker processes decode them."""
+        """Whether restored lane states are decoded in the calling process (``workers=0``), not in workers."""
         return self.workers == 0
 
     def evolve(self, **changes) -> "Options":
@@ -116,7 +92,7 @@ class Options:
 
 
 def _start_inline(value: Any) -> None:
-    """``start_inline`` is gone: ``True`` (lanes in this process until the workers are ready) raises, ``False`` warns."""
+    """``start_inline`` is gone: ``True`` raises, ``False`` warns."""
     if value is not False:
         raise ValueError(
             f"options: start_inline={value!r} is not supported: with workers > 0 the workers run their lanes from "

@@ -1,28 +1,15 @@
 """Running lanes ahead in worker processes (``workers > 0``): the main process's side.
 
-Workers are forked from a fork server that was itself spawned (never a fork of the caller: safe
-with its threads and native tokenizers) and preloads zephon (see
-:func:`~zephon.runtime.executor.start_context`); each owns a fixed subset of the rank's lanes and
-runs them ahead (:mod:`~zephon.runtime.process_worker`). The main process hands outputs out in
-lane order, so the result is the in-process result for any number of workers.
+Workers are forked from a spawned fork server (:func:`~zephon.runtime.executor.start_context`),
+start at ``iter()`` and each owns a fixed subset of the rank's lanes from then on
+(:mod:`~zephon.runtime.process_worker`); outputs are handed out in lane order, so the result is the
+in-process one. User code runs only in the workers: one that crashes the interpreter ends a
+worker, never the caller.
 
-User code (the functions given to ``map`` and ``filter``, the tokenizers) runs only in the
-workers: a function that crashes the interpreter (a segfault, ``os._exit``, the out-of-memory
-killer) ends a worker, never the caller. The workers start when the executor is made (at
-``iter()``) and own their lanes from there on; their fork server starts as soon as a pipeline is
-given workers (:func:`~zephon.runtime.executor.prestart`), so it has imported zephon by then.
-
-The main process keeps, per lane, a recent delivered state (one a worker attaches to an output
-every few seconds, or the last one a checkpoint read), so the caller's states survive workers
-that stop for any reason: they are rebuilt by replaying the few outputs after it, in a separate
-process (lanes are pure, so the replay gives exactly the states after the delivered outputs, and
-user code still never runs here). Workers ignore SIGINT, so a Ctrl-C reaches only the main
-process and the workers stay alive to answer ``checkpoint()``.
-
-A worker that raises, or whose output cannot be pickled, reports the lane, the record and the
-cause; one that dies is noticed through its process sentinel within the poll interval and
-reported with its exit code or signal and the likely cause. ``close()`` (also on garbage
-collection and at interpreter exit) stops every worker.
+State kept here per lane: a recent delivered state, so the caller's states survive stopped workers
+(rebuilt by replaying the outputs after it in a separate process). Workers ignore SIGINT and stay
+alive to answer ``checkpoint()``. A worker that raises reports lane, record and cause; one that dies
+is reported with its exit code or signal and the likely cause. ``close()`` stops every worker.
 """
 
 from __future__ import annotations
@@ -96,11 +83,12 @@ def _death_cause(code: int | None) -> tuple[str, str]:
 
 
 def _replay_elsewhere(plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]]) -> dict[int, tuple[Any, Any]]:
-    """Run :func:`~zephon.runtime.process_worker.replay_main` in a separate process (see :func:`_context`): ``{lane: (encoded state, counters)}``.
+    """Run :func:`~zephon.runtime.process_worker.replay_main` in a separate process.
+
+    Returns ``{lane: (encoded state, counters)}``.
 
     Raises:
-        WorkerError: the replay raised (its lane and cause) or the process died (its exit code or
-            signal, as for a worker); the checkpoint cannot be rebuilt then.
+        WorkerError: the replay raised (its lane and cause) or its process died (exit code or signal).
     """
     ctx = start_context()
     parent, child = ctx.Pipe()
@@ -128,17 +116,10 @@ def _replay_elsewhere(plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]])
     return got
 
 
-
-
 class ProcessExecutor:
-    """Runs the rank's lanes ahead in ``workers`` processes (see :func:`~zephon.runtime.executor.start_context`).
-
-    The workers start here (at ``iter()``) and own their lanes from the first output on: each
-    gets the pipeline and its lanes' encoded states (restored lanes are decoded and rebuilt
-    there), so no user code and no lane state runs in this process.
-
-    State kept here: per lane, the outputs received and not yet taken, the outputs delivered, and
-    a delivered state (see the module docstring).
+    """Runs the rank's lanes ahead in ``workers`` processes, started here, each given the pipeline and
+    its lanes' encoded states (decoded there). State kept here, per lane: the outputs received and
+    not yet taken, the count delivered, and a delivered state (see the module docstring).
     """
 
     def __init__(self, plan: Plan, lanes: list[int], workers: int, *, encoded: dict[int, Any] | None, credit: int = 4):
@@ -176,8 +157,7 @@ class ProcessExecutor:
         self._start_workers(n, credit, encoded)
 
     def _start_workers(self, n: int, credit: int, encoded: dict[int, Any] | None) -> None:
-        """Start the workers, then send each the pipeline and its lanes' states: they start in
-        parallel, without this process waiting for each to read them."""
+        """Start the workers, then send each the pipeline and its lanes' states (they boot in parallel)."""
         ctx = start_context()
         threads = max(1, (os.cpu_count() or 1) // n)
         with ignoring_sigint():
@@ -197,7 +177,6 @@ class ProcessExecutor:
                 except (BrokenPipeError, OSError):
                     pass  # the worker died while starting: reported by the first wait for its output
 
-    # -- receiving ---------------------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self.failure is not None or self.death is not None:
             raise WorkerError(self.failure or self.death)
@@ -281,9 +260,6 @@ class ProcessExecutor:
         self._stop()
         raise WorkerError(self.death)
 
-    # -- running lanes here until their worker is ready ------------------------------------------------------
-
-    # -- the executor interface -------------------------------------------------------------------------
     def next(self, lane: int) -> Any:
         if self.closed:
             self._check_open()
@@ -308,21 +284,24 @@ class ProcessExecutor:
             # counted as delivered and the checkpoint covers it); the next call reports the death.
         return out
 
+    def _live(self, ask: Callable[[], Any]) -> Any:
+        """``ask()`` of the running workers; ``None`` once they are gone (closed, or one died)."""
+        if self.closed:
+            return None
+        try:
+            return ask()
+        except WorkerError:
+            if self.death is None:
+                raise
+        return None
+
     def lane_states(self) -> dict[int, Any]:
-        if not self.closed:
-            try:
-                states = self._ask_states(None)
-                assert states is not None
-                return states
-            except WorkerError:
-                if self.death is None:
-                    raise
-        return self._stopped_states()
+        states = self._live(lambda: self._ask_states(None))
+        return states if states is not None else self._stopped_states()
 
     def _ask_states(self, deadline: float | None, with_reports: bool = False) -> dict[int, Any] | None:
-        """The encoded states of the lanes, after what the caller received; ``with_reports``: the
-        counters come in the same round trip (kept for :meth:`reports`), as a worker answers
-        between two of its steps."""
+        """The lanes' encoded states after what the caller received (``None``: ``deadline`` passed);
+        ``with_reports``: the counters come in the same round trip (kept for :meth:`reports`)."""
         want = {(lane, self.delivered[lane]) for lane in self.lanes}
         for lane in self.lanes:
             self._send(self.owner[lane], ("state", lane, self.delivered[lane], lane in self.saw_end))
@@ -340,30 +319,24 @@ class ProcessExecutor:
         return states
 
     def _stopped_states(self) -> dict[int, Any]:
-        """The caller's states once the workers are gone: kept, or replayed from a kept one (see :meth:`_rebuilt`)."""
+        """The caller's states once the workers are gone: kept, or replayed from a kept one."""
         if self.failure is not None:
             raise WorkerError(
                 "the worker processes stopped after this failure, so this loader has no state to read; "
                 f"Restore the last checkpoint you saved into a new pipeline.\n{self.failure}"
             )
         if self._final_states is None:
-            kept = {lane: self.base[lane][1] for lane in self.lanes if self._kept_exactly(lane)}
+            # A kept state is the caller's when it is after exactly the delivered outputs (and before any end).
+            kept = {lane: data for lane, (count, data) in self.base.items()
+                    if count == self.delivered[lane] and data is not None and lane not in self.saw_end}
             rebuilt = self._rebuilt([lane for lane in self.lanes if lane not in kept])
             got = {**kept, **{lane: enc for lane, (enc, _) in rebuilt.items()}}
             self._final_states = {lane: got[lane] for lane in self.lanes}
         return dict(self._final_states)
 
-    def _kept_exactly(self, lane: int) -> bool:
-        """Whether the kept state of ``lane`` is its encoded state after exactly the delivered outputs."""
-        count, data = self.base[lane]
-        return count == self.delivered[lane] and data is not None and lane not in self.saw_end
-
     def _rebuilt(self, lanes: list[int]) -> dict[int, tuple[Any, Any]]:
-        """The encoded states and counters of ``lanes`` after exactly the delivered outputs, once the
-        workers are gone: each kept state replayed in a separate process (see
-        :func:`~zephon.runtime.process_worker.replay_main`), so that the user code this runs cannot
-        end this process either. A replay that fails or dies is a :class:`WorkerError`; what was
-        rebuilt is kept."""
+        """The encoded states and counters of ``lanes`` after exactly the delivered outputs, each kept
+        state replayed in a separate process (so user code cannot end this one); what was rebuilt is kept."""
         todo = [lane for lane in lanes if lane not in self._replayed]
         if todo:
             jobs = {lane: (self.base[lane][1], self.delivered[lane], lane in self.saw_end) for lane in todo}
@@ -371,25 +344,19 @@ class ProcessExecutor:
         return {lane: self._replayed[lane] for lane in lanes}
 
     def reports(self) -> dict[int, Any]:
-        if not self.closed:
-            try:
-                reports = self._ask_reports(None)
-                assert reports is not None
-                return reports
-            except WorkerError:
-                if self.death is None:
-                    raise
+        reports = self._live(self._ask_reports)
+        if reports is not None:
+            return reports
         if self._final_reports is None:
             self._stopped_states()  # raises after a failure
             rebuilt = self._rebuilt(self.lanes)
             self._final_reports = {lane: rebuilt[lane][1] for lane in self.lanes}
         return dict(self._final_reports)
 
-    def _ask_reports(self, deadline: float | None) -> dict[int, Any] | None:
+    def _ask_reports(self) -> dict[int, Any]:
         """The counters of the lanes (and the workers' runtime counters)."""
         self._request_reports()
-        if not self._pump(lambda: set(self._reports) >= set(self.lanes), deadline):
-            return None
+        self._pump(lambda: set(self._reports) >= set(self.lanes))
         return {lane: self._reports[lane] for lane in self.lanes}
 
     def _request_reports(self) -> None:
@@ -420,16 +387,13 @@ class ProcessExecutor:
         self.closed = True
         self._finalizer()
 
+
 _SOCKET_BUFFER = 4 << 20
 
 
 def _widen(conn: Any) -> None:
-    """Ask for ``_SOCKET_BUFFER``-byte socket buffers on ``conn`` (a socket pair end; best effort).
-
-    With the default (about 200 KiB on Linux) a worker's batch of 128 KiB fills the buffer: the
-    worker blocks in the middle of a write and the main process reads it in several calls,
-    each a context switch. The system caps the size (``net.core.wmem_max``, ``rmem_max``).
-    """
+    """Ask for ``_SOCKET_BUFFER``-byte socket buffers on ``conn`` (best effort, capped by the system),
+    so that a batch does not fill the buffer and reach the main process in several reads."""
     try:
         sock = socket.socket(fileno=os.dup(conn.fileno()))
     except (OSError, ValueError):

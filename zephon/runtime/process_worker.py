@@ -1,15 +1,15 @@
 """The worker side of :mod:`~zephon.runtime.process_executor`: a worker's loop, and the replay process.
 
-A worker runs its lanes ahead within a per-lane credit window and sends each output with its
-index (and, every few seconds, the lane's encoded state); it keeps the state after each output it
-sent until the main process confirms delivery, so it can answer ``checkpoint()`` for exactly the
-outputs the caller received. The replay process rebuilds lanes' states after the workers stopped.
+A worker runs its lanes ahead within a per-lane credit window and sends each output with its index
+(every few seconds with the lane's encoded state). State kept: the state after each output sent
+until its delivery is confirmed, so ``checkpoint()`` covers exactly what the caller received.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import queue
 import signal
 import threading
 import time
@@ -23,9 +23,8 @@ from .executor import caller_order_of
 from .lanes import LaneState, Plan
 from .wire import pack_message, send_message, send_parts
 
-#: A worker attaches a lane's encoded state to an output at most this often, so that the main
-#: process can rebuild the caller's states by replaying at most a few seconds of that lane's work
-#: after a worker dies. Encoding is the cost (milliseconds for a full shuffle buffer).
+#: How often a worker attaches a lane's encoded state to an output: after a worker dies, the main
+#: process replays at most this much of a lane's work to rebuild the caller's state.
 _ATTACH_S = 5.0
 
 
@@ -53,18 +52,14 @@ def unpicklable_output(msg: tuple, exc: BaseException) -> tuple:
     return ("error", lane, cause, traceback.format_exc())
 
 
-
 class _Outbox:
     """Sends a worker's messages from a thread, so producing never waits for the pipe to drain.
 
-    Pickling happens here, so a message that cannot be pickled is reported to the main process as
-    an error (and nothing after it is sent), instead of ending this thread silently. Arrays travel
-    out of band (see :mod:`zephon.runtime.wire`): they are not copied into the pickle.
+    A message that cannot be pickled is reported to the main process as an error (and nothing
+    after it is sent). Arrays travel out of band (see :mod:`zephon.runtime.wire`).
     """
 
     def __init__(self, conn) -> None:
-        import queue
-
         self.conn = conn
         self.queue: Any = queue.Queue()
         self.failed = False
@@ -116,35 +111,28 @@ def _load_error(exc: BaseException) -> str:
 
 
 def take_environment(env: dict[str, str] | None) -> None:
-    """Make this process's environment the caller's as of the start (``env``): a process forked
-    from the fork server would otherwise see the server's, as of when the server started."""
+    """Make this process's environment the caller's as of the start (``env``), not the fork server's."""
     if env is not None and env != os.environ:
         os.environ.clear()
         os.environ.update(env)
 
 
 def worker_main(conn, lanes: list[int], credit: int, threads: int, env: dict[str, str] | None = None) -> None:
-    # A Ctrl-C goes to the terminal's whole process group: only the main process should see it, so
-    # the workers stay alive to answer checkpoint() (PyTorch's DataLoader workers do the same).
-    # Started from the main thread, this process ignores SIGINT from its start (see ignoring_sigint).
+    # A Ctrl-C goes to the whole process group: only the main process sees it, so the workers stay
+    # alive to answer checkpoint().
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     take_environment(env)
-    # Set before the plan (and with it the tokenizer library) is unpickled in this process.
+    # Before the plan (and with it the tokenizer library) is unpickled. Parallelism "true" even for
+    # one thread: RAYON_NUM_THREADS bounds the pool, and the sequential path costs more per token.
+    # The encoder threads are a share of the CPUs, without the read-ahead's extra one: a worker
+    # shares the cores with the main process.
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
-    # "true" even for one thread: RAYON_NUM_THREADS bounds the pool, and tokenizers' sequential
-    # path (TOKENIZERS_PARALLELISM=false) costs about 30% more CPU per token.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-    # The tiktoken backend's threads: a share of the CPUs, in every thread. Even a single worker
-    # shares the cores with the main process (which receives and converts every batch), so it takes
-    # no extra thread for its read-ahead as the calling process does (measured on 2 cores, 18
-    # alternating runs: workers=1 at 0.93-0.98 of inline with 2 threads, 0.87 with 3).
     os.environ.setdefault("ZEPHON_ENCODER_THREADS", str(threads))
     outbox = _Outbox(conn)
     current = None
     try:
-        # The pipeline and the lanes' states come through the pipe, not with the process: the parent
-        # then starts every worker without waiting for each to read them (they boot in parallel).
-        try:
+        try:  # through the pipe, not with the process, so that the workers boot in parallel
             plan_bytes, encoded = conn.recv()
         except (EOFError, OSError):
             return
@@ -210,8 +198,8 @@ def worker_main(conn, lanes: list[int], credit: int, threads: int, env: dict[str
 
 
 def replay_lane(plan: Plan, lane: int, data: Any, delivered: int, at_end: bool) -> LaneState:
-    """The lane's state after exactly ``delivered`` outputs, replayed from a kept one (``data``: its
-    encoding, or ``None`` for the start); ``at_end``: the caller saw the lane end, so does its state."""
+    """The lane's state after exactly ``delivered`` outputs, replayed from ``data`` (an encoded state,
+    ``None``: the start); ``at_end``: the caller saw the lane end, so does the state."""
     state = plan.decode(lane, data) if data is not None else plan.init(lane)
     while state.delivered < delivered:
         state, out = plan.next(lane, state)

@@ -1,30 +1,13 @@
 """Reading ahead: the lanes' next chunks, read and tokenized in a background thread, several at a time.
 
-Why: each lane reads ``read_size`` samples at a time. Tokenizing each chunk in its own call, in
-the thread that runs the lanes, leaves cores idle twice: while that thread packs, shuffles and
-batches (Python work the encoder could overlap), and at the end of every encoder call (while the
-encoder waits for its longest document). So once a lane has stepped a chunk that gave outputs,
-its next chunk (whose position and size are then known) is queued; one background thread reads
-the queued chunks and runs the chain's leading per-record operators (``tokenize``, ``map``,
-``filter``: :func:`per_record_prefix`) once over all of them, up to ``group``
-samples a call, split back per lane. A lane that must read and finds nothing queued asks for its
-chunk together with the lanes that will read next (once a chunk read here gave outputs: the
-first batch after a start or a restore waits for its own lane only), and waits.
+Why: tokenizing each lane's chunk alone, in the thread that runs the lanes, leaves cores idle. Once
+a lane stepped a chunk that gave outputs its next chunk is queued, and one thread runs the chain's
+leading per-record operators (:func:`per_record_prefix`) once over queued chunks, up to ``group``
+samples a call; a lane that finds nothing queued asks with the lanes that read next, and waits. A
+lane uses a chunk only if read for it from the same source state and size, so it steps exactly as
+if it had read it itself. If the background work fails, each lane reads on its own and raises it.
 
-A lane then steps exactly as if it had read and tokenized the chunk itself: the operators are
-per-record, so the outputs, states and counters are the same (``Plan.next`` in
-:mod:`zephon.runtime.lanes`). A
-prepared chunk is used only by the lane it was read for, from the source state and read size it
-was read with; any other is dropped. No other lane is read for until a chunk read here gave
-outputs. Nothing read ahead is thrown away unless the loader is closed before the end of the
-data (then at most one chunk per lane): at the end of finite data the loader runs every lane to
-its end, counting what it does not deliver, and so reads every queued chunk. If reading
-or the per-record operators fail in the background, reading ahead stops (the thread first
-finishes what it is doing): each lane then reads on its own, and the failure is raised, and
-named, by the lane it belongs to.
-
-State: per lane, at most one queued chunk, and the thread. None of it is part of a checkpoint: it
-is work the lanes would do anyway, done earlier.
+State: per lane, at most one queued chunk, and the thread; none of it is part of a checkpoint.
 """
 
 from __future__ import annotations
@@ -44,11 +27,8 @@ THREAD_NAME = "zephon-read-ahead"
 
 
 def per_record_prefix(chain: Any) -> int:
-    """How many leading children of ``chain`` are plain per-record operators (``StatelessOp.step``).
-
-    Their work on a chunk does not depend on their state, so it can run ahead of the chain, over
-    several lanes' chunks at once.
-    """
+    """How many leading children of ``chain`` are plain per-record operators (``StatelessOp.step``),
+    whose work does not depend on their state and so can run ahead, over several lanes' chunks."""
     from ..core.operator import StatelessOp
 
     n = 0
@@ -81,13 +61,8 @@ class _Request(NamedTuple):
 
 
 class ReadAhead:
-    """Prepares an executor's lanes' next chunks in a background thread (see the module docstring).
-
-    Args:
-        plan: the lanes' :class:`~zephon.runtime.lanes.Plan`.
-        states: the executor's live ``{lane: LaneState}`` (read, never written).
-        group: samples read per call of the per-record operators, at most.
-    """
+    """Prepares an executor's lanes' next chunks in a background thread, from its live ``states``
+    (read, never written), at most ``group`` samples per call of the per-record operators."""
 
     def __init__(self, plan: Any, states: dict[int, Any], group: int) -> None:
         self.plan = plan
@@ -97,11 +72,9 @@ class ReadAhead:
         self.failed = False
         self.started = False  # a chunk read here gave outputs: from then on, misses read for others too
         self._work = _Work(plan, group)
-        # Also at interpreter exit: a daemon thread still inside native code when the interpreter
-        # finalizes can abort the process.
+        # Also at exit: a daemon thread inside native code at finalization can abort the process.
         self._finalizer = weakref.finalize(self, self._work.stop)
 
-    # -- the lanes' side -------------------------------------------------------------------------------
     def take(self, lane: int, source: Any, size: int) -> Prepared | None:
         """The lane's chunk read from ``source`` with ``size`` (waiting for it); ``None``: read it yourself."""
         if self.failed:
@@ -119,10 +92,8 @@ class ReadAhead:
             return None
 
     def stepped(self, lane: int, source: Any, outputs: int, exhausted: bool) -> None:
-        """A lane stepped a chunk that left it at ``source`` with ``outputs`` to deliver: queue its next.
-
-        After outputs the lane delivers before it reads again, so its next read has ``read_size``.
-        """
+        """A lane stepped a chunk that left it at ``source`` with ``outputs`` to deliver: queue its next
+        (of ``read_size``, as it delivers before it reads again)."""
         if outputs:
             self.started = True
         if self.failed or exhausted or not outputs or lane in self.queued:
@@ -133,11 +104,9 @@ class ReadAhead:
         """Stop the thread and wait for it (it finishes the call it is in)."""
         self._finalizer()
 
-    # -- internals ----------------------------------------------------------------------------------------
     def _others(self, lane: int, size: int) -> list[tuple[int, tuple[Any, int]]]:
-        """The lanes to read for with ``lane``'s chunk: after it in lane order, not done, with nothing
-        queued. None until a chunk read here gave outputs, so that the first batch (after a start
-        or a restore) waits for its own lane only."""
+        """The lanes to read for with ``lane``'s chunk: after it in lane order, not done, nothing queued
+        (none until a chunk read here gave outputs, so the first batch waits for its own lane only)."""
         states = self.states
         if not self.started:
             return []
@@ -221,8 +190,7 @@ class _Work:
 
 
 def prepare(plan: Any, wanted: Sequence[tuple[int, tuple[Any, int]]]) -> list[Prepared]:
-    """Read every wanted chunk ``(lane, (source state, size))``, then run the chain's per-record
-    operators once over all of them; one :class:`Prepared` per chunk, in order."""
+    """Read each wanted chunk ``(lane, (source state, size))`` and run the per-record operators once over all."""
     t0 = time.perf_counter()
     reads = []
     for lane, (source, size) in wanted:
@@ -251,8 +219,7 @@ def prepare(plan: Any, wanted: Sequence[tuple[int, tuple[Any, int]]]) -> list[Pr
     prepared = []
     for j, ((_, key), (after, pointers, exhausted, inputs)) in enumerate(zip(wanted, reads)):
         share = len(inputs) / n_total
-        prepared.append(Prepared(
-            key, after, pointers, exhausted, inputs, items[j], tuple(dropped[j]),
-            tuple(sizes[j]), tuple(s * share for s in seconds), read_s * share,
-        ))
+        times = tuple(s * share for s in seconds)
+        prepared.append(Prepared(key, after, pointers, exhausted, inputs, items[j], tuple(dropped[j]), tuple(sizes[j]),
+                                 times, read_s * share))
     return prepared

@@ -1,13 +1,8 @@
-"""What a loader is doing: runtime counters of reading, operators and deliveries, and their table.
+"""What a loader is doing: runtime counters of reading, operators and deliveries, the mixture, the table.
 
-Counting is always on and cheap: a few integer additions per chunk and per delivered output, and
-two clock reads per operator step (``benchmarks/stats_overhead.py`` measures it). The counters
-decide nothing: they are not part of checkpoints, and they start from zero when a loader starts
-or restores. The operators' own counters (``report(state)``: drops, rows, padding), which are part
-of their states and so survive a restore, are kept apart from these.
-
-This module imports nothing above the records, so the chain, the lanes and the executors can
-all feed a :class:`Meter`.
+Counting is always on and cheap (integer additions, two clock reads per operator step). The
+counters decide nothing: they are not in checkpoints and restart with a loader; the operators'
+own counters (``report(state)``), part of their states, are kept apart from these.
 """
 
 from __future__ import annotations
@@ -23,6 +18,9 @@ from ..core.records import SampleBatch
 
 #: The name of the reading stage in the runtime counters (records out = source samples read).
 SOURCE = "source"
+
+#: The counters of each stage in ``stats()["flow"]``, in the order a :class:`Meter` keeps them.
+_FLOW = ("records_in", "records_out", "tokens_in", "tokens_out", "seconds")
 
 #: Operator counters that count data not emitted, by cause; gathered into ``stats()["dropped"]``.
 _DROP_WORDS = ("dropped", "truncated")
@@ -74,12 +72,9 @@ def items_size(items: Sequence[Any]) -> tuple[int, int]:
 
 
 class Meter:
-    """Runtime counters of the lanes one executor runs: reading, then each operator.
-
-    Per operator: records and tokens in and out, and seconds spent in its ``step``/``flush``
-    (work done, including outputs computed ahead of delivery). For reading: source samples per
-    dataset and seconds. Mutated only by the thread that runs the lanes; readers take
-    :meth:`snapshot`.
+    """Runtime counters of the lanes one executor runs: per operator records and tokens in and out
+    and seconds in ``step``/``flush``; for reading, source samples per dataset and seconds.
+    Mutated only by the thread that runs the lanes; readers take :meth:`snapshot`.
     """
 
     __slots__ = ("names", "ops", "samples", "read_s")
@@ -114,8 +109,7 @@ def merge_meters(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any] | Non
     out: dict[str, Any] | None = None
     for snap in snapshots:
         if out is None:
-            out = {"ops": {n: list(c) for n, c in snap["ops"].items()}, "samples": list(snap["samples"]), "read_s": snap["read_s"]}
-            continue
+            out = {"ops": {}, "samples": [0] * len(snap["samples"]), "read_s": 0.0}
         for n, c in snap["ops"].items():
             acc = out["ops"].setdefault(n, [0, 0, 0, 0, 0.0])
             for i, v in enumerate(c):
@@ -126,12 +120,9 @@ def merge_meters(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any] | Non
 
 
 class Deliveries:
-    """What a loader handed to its caller, and how long the caller waited for it.
-
-    Per delivered output: records, real tokens, token slots (a batch's records padded to its
-    longest, as ``to_training(padding="longest")`` pads them; packed rows count their padding
-    tail). ``wait_s`` is the time spent inside ``next()``;
-    ``seconds`` runs from the first request to the last delivery.
+    """What a loader handed to its caller: records, real tokens, token slots (a batch's records padded
+    to its longest; packed rows count their padding tail); ``wait_s``: time spent inside ``next()``;
+    ``seconds``: from the first request to the last delivery.
     """
 
     __slots__ = ("outputs", "records", "tokens", "slots", "wait_s", "first", "last")
@@ -188,37 +179,68 @@ def summarize(
     """The runtime sections of ``Loader.stats()``: ``flow``, ``throughput``, ``packing``, ``dropped``."""
     flow: dict[str, dict[str, Any]] = {}
     if meter is not None:
-        samples = sum(meter["samples"])
-        flow[SOURCE] = {"records_in": 0, "records_out": samples, "tokens_in": 0, "tokens_out": 0, "seconds": meter["read_s"]}
+        flow[SOURCE] = dict(zip(_FLOW, (0, sum(meter["samples"]), 0, 0, meter["read_s"])))
         for name, (rin, rout, tin, tout, sec) in meter["ops"].items():
-            flow[name] = {"records_in": rin, "records_out": rout, "tokens_in": tin, "tokens_out": tout, "seconds": sec}
+            flow[name] = dict(zip(_FLOW, (rin, rout, tin, tout, sec)))
     d = deliveries
     throughput = {
-        "outputs": d.outputs,
-        "records": d.records,
-        "tokens": d.tokens,
-        "seconds": d.seconds,
+        "outputs": d.outputs, "records": d.records, "tokens": d.tokens, "seconds": d.seconds,
         "tokens_per_s": _ratio(d.tokens, d.seconds),
-        "wait_seconds": d.wait_s,
-        "wait_fraction": _ratio(d.wait_s, d.seconds),
+        "wait_seconds": d.wait_s, "wait_fraction": _ratio(d.wait_s, d.seconds),
     }
     packing = {
-        "real_tokens": d.tokens,
-        "slots": d.slots,
-        "padding_tokens": d.slots - d.tokens,
-        "efficiency": _ratio(d.tokens, d.slots),
-        "padding_waste": None if not d.slots else 1.0 - d.tokens / d.slots,
+        "real_tokens": d.tokens, "slots": d.slots, "padding_tokens": d.slots - d.tokens,
+        "efficiency": _ratio(d.tokens, d.slots), "padding_waste": None if not d.slots else 1.0 - d.tokens / d.slots,
     }
     dropped = {}
     for name, counters in operators.items():
         causes = {k: v for k, v in counters.items() if any(w in k for w in _DROP_WORDS)}
         if causes:
             dropped[name] = causes
-    out: dict[str, Any] = {"flow": flow, "throughput": throughput, "packing": packing, "dropped": dropped}
-    return out
+    return {"flow": flow, "throughput": throughput, "packing": packing, "dropped": dropped}
 
 
-# -- rendering -----------------------------------------------------------------------------------
+def mixture_report(source: Any, counts_by_lane: dict[int, Sequence[int]]) -> dict[str, Any]:
+    """The achieved mixture, per lane and over the lanes given, next to the target.
+
+    Returns:
+        ``{"unit", "target": {name: share}, "global": {name: {...}}, "lanes": {lane: {name: {...}}}}``;
+        each dataset's entry holds ``samples``, ``tokens``, ``sample_share``, ``token_share``,
+        ``target`` (share in the mixture's unit) and ``epochs`` (samples over the dataset's rows).
+    """
+    names = source.names
+    n = len(names)
+    rows = [getattr(d, "num_rows", 0) for d in source.datasets]
+    total = [0] * (2 * n)
+    for counts in counts_by_lane.values():
+        for i, c in enumerate(counts):
+            total[i] += c
+    try:
+        target = source.target_at(sum(total[0::2]))
+    except (ValueError, AttributeError, TypeError):
+        target = {}
+
+    def block(counts: Sequence[int]) -> dict[str, Any]:
+        counts = list(counts) or [0] * (2 * n)
+        samples, tokens = sum(counts[0::2]), sum(counts[1::2])
+        return {
+            name: {
+                "samples": counts[2 * j],
+                "tokens": counts[2 * j + 1],
+                "sample_share": counts[2 * j] / samples if samples else 0.0,
+                "token_share": counts[2 * j + 1] / tokens if tokens else 0.0,
+                "target": target.get(name),
+                "epochs": counts[2 * j] / rows[j] if rows[j] else 0.0,
+            }
+            for j, name in enumerate(names)
+        }
+
+    return {
+        "unit": getattr(source, "unit", "samples"),
+        "target": target,
+        "global": block(total),
+        "lanes": {lane: block(c) for lane, c in counts_by_lane.items()},
+    }
 
 
 def _num(x: Any) -> str:
@@ -264,12 +286,11 @@ def format_stats(stats: Mapping[str, Any]) -> str:
     flow = stats.get("flow", {})
     if flow:
         lines.append("")
-        rows = []
         total = sum(f["seconds"] for f in flow.values()) or 1.0
-        for name, f in flow.items():
-            rows.append(
-                [name, _num(f["records_in"]), _num(f["records_out"]), _num(f["tokens_in"]), _num(f["tokens_out"]), f"{f['seconds']:.3f}", _pct(f["seconds"] / total)]
-            )
+        rows = [
+            [name, *(_num(f[k]) for k in _FLOW[:4]), f"{f['seconds']:.3f}", _pct(f["seconds"] / total)]
+            for name, f in flow.items()
+        ]
         lines += _table(["operator", "records in", "records out", "tokens in", "tokens out", "seconds", "time"], rows)
     ops = stats.get("operators", {})
     if ops:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 import weakref
 from typing import Any
@@ -12,11 +13,8 @@ from .lanes import LaneState, Plan
 
 
 def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: dict, stop: threading.Event, meter: Any) -> None:
-    """The background thread of :class:`ThreadExecutor`.
-
-    A module-level function holding no reference to the executor, so an executor dropped without
-    ``close()`` is still collected, and its finalizer stops this thread.
-    """
+    """The background thread of :class:`ThreadExecutor` (holding no reference to it, so that an executor
+    dropped without ``close()`` is collected and its finalizer stops this thread)."""
     live = caller_order_of(states)
     ahead = plan.reader(states)
     try:
@@ -41,8 +39,7 @@ def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: d
 
 
 def _stop_prefetch(stop: threading.Event, credits: dict, thread: threading.Thread) -> None:
-    """Stop the background thread; also at interpreter exit, where it is waited for (briefly), since a
-    daemon thread still inside native code when the interpreter finalizes can abort the process."""
+    """Stop the background thread, waiting briefly (also at exit: a daemon thread can abort finalization)."""
     stop.set()
     for sem in credits.values():  # wake the thread wherever it waits for credit
         sem.release()
@@ -51,17 +48,12 @@ def _stop_prefetch(stop: threading.Event, credits: dict, thread: threading.Threa
 
 
 class ThreadExecutor(InlineExecutor):
-    """Runs lanes ahead in one background thread of this process (``workers=0, thread=True``).
-
-    The thread computes each lane's next outputs, paired with the state after them, up to
-    ``credit`` ahead per lane; the caller's view only advances when it takes an output, so the
-    checkpoint is exactly what it received. Tokenizers release the GIL while encoding, so the
-    caller's own work (tensor conversion, the training step) overlaps with reading ahead.
+    """Runs lanes ahead in one background thread: each lane's next outputs, paired with the state after
+    them, up to ``credit`` ahead; the caller's view advances only when it takes an output, so the
+    checkpoint is exactly what it received.
     """
 
     def __init__(self, plan: Plan, states: dict[int, LaneState], credit: int = 4):
-        import queue
-
         self.plan = plan
         self.states = dict(states)  # state after the last output the caller took
         self.lanes = list(states)
@@ -90,6 +82,5 @@ class ThreadExecutor(InlineExecutor):
     def close(self, read_final: bool = True) -> None:
         if not self.closed:
             self.closed = True
-            # The thread wakes at once, or after the step it is computing (then it exits without
-            # handing that step out); a step that does not end within the join is left to run.
+            # The thread wakes at once, or exits after the step it computes (a longer one is left to run).
             self._finalizer()

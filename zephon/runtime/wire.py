@@ -1,26 +1,15 @@
 """Messages over a ``multiprocessing`` connection with their buffers out of band.
 
-A message is pickled with protocol 5: every contiguous buffer (numpy arrays, bytearrays) is left
-out of the pickle and written after it, straight from the object's memory, with one ``writev``
-for all of them. The receiver reads them with one ``readv``, each into a fresh ``bytearray``, and
-rebuilds the arrays over those. Compared with one in-band pickle, the array bytes are copied once
-fewer on each side: not into the pickle, and not out of it.
-
-Batches (:class:`~zephon.core.records.SampleBatch`) of dict payloads holding only arrays and plain
-values reduce to a compact form (:func:`_reduce_batch`) that pickles without calling Python code
-per array and per meta; any other batch pickles as usual.
-
-Small buffers travel out of band too: choosing in-band ones would call Python code for every
-buffer while pickling, which costs more than the copy it saves, while an out-of-band buffer only
-adds an entry to the ``writev`` and ``readv`` calls.
+A message is pickled with protocol 5: every contiguous buffer (numpy arrays, bytearrays, small ones
+too) is left out of the pickle and written after it from the object's memory; the receiver reads
+each into a fresh ``bytearray`` and rebuilds the arrays over it, so the bytes are copied once fewer
+on each side. Batches of dict payloads holding only arrays and plain values reduce to a compact
+form (:func:`_reduce_batch`); any other batch pickles as usual.
 
 Wire format: the pickle's length, the pickle and a trailer (the buffers' sizes, then their count;
-every number a little-endian 64-bit integer; unpickling stops at the end of the pickle), then the
-buffers' bytes, back to back, all with one ``writev`` (on Windows, one connection message each).
-
-Every array arrives writable and owns its memory, as with an in-band pickle: read-only arrays
-(memory-mapped token files) are sent from their memory and rebuilt writable on the other side.
-Arrays that are not contiguous (strided slices) are copied into the pickle, as numpy pickles them.
+each a little-endian 64-bit integer), then the buffers' bytes, back to back, with one ``writev``
+(on Windows, one connection message each). Every array arrives writable and owns its memory, as
+with an in-band pickle; arrays that are not contiguous are copied into the pickle, as numpy does.
 """
 
 from __future__ import annotations
@@ -43,13 +32,8 @@ _NUMPY_FROMBUFFER = {("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeri
 
 
 class _Pickler(pickle.Pickler):
-    """Protocol 5 with ``ForkingPickler``'s reducers; buffers are kept apart in ``buffers``.
-
-    ``ForkingPickler`` takes no ``buffer_callback``, so this pickler borrows its reducers: those of
-    ``copyreg``, of ``multiprocessing`` (connections) and those libraries register (torch tensors).
-    Arrays reduce as numpy makes them: a contiguous array as a buffer, others as an in-band copy.
-    Batches reduce with :func:`_reduce_batch`.
-    """
+    """Protocol 5 with ``ForkingPickler``'s reducers (which take no ``buffer_callback``: borrowed
+    here) and :func:`_reduce_batch`; buffers are kept apart in ``buffers``."""
 
     def __init__(self, file: io.BytesIO) -> None:
         self.buffers: list[pickle.PickleBuffer] = []
@@ -63,14 +47,10 @@ _PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
 
 
 def _reduce_batch(batch: SampleBatch) -> Any:
-    """A batch in a form that pickles at C speed: per record its payload's keys and values, each
-    contiguous array as its buffer (out of band) with its dtype and shape; the metas as msgpack.
-
-    Pickling each array and meta as such calls Python code per object (numpy's and msgspec's
-    reducers): 120 µs for 8 packed rows of 2,049 tokens, against 50 µs this way, and about 15 µs
-    less to receive.
-    A batch holding anything else (nested containers, other array types, arrays without a buffer
-    such as datetimes, one array twice) pickles as usual.
+    """A batch in a form that pickles without Python code per array and meta: per record its payload's
+    keys and values, each contiguous array as its buffer with its dtype and shape; the metas as
+    msgpack. A batch holding anything else (nested containers, other array types, arrays without
+    a buffer, one array twice) pickles as usual.
     """
     records, seen, out = batch.records, set(), []
     for r in records:
@@ -121,11 +101,8 @@ class _Unpickler(pickle.Unpickler):
 
 
 def _frombuffer(buf: Any, dtype: np.dtype, shape: tuple[int, ...], order: str, axis_order: Any = None) -> np.ndarray:
-    """numpy's ``_frombuffer``, except that the array is always writable (as an in-band pickle makes it).
-
-    ``buf`` is a received bytearray, the array's own, or a read-only view of one when the array
-    was read-only in the sender (a memory-mapped file): the bytearray is used, writable.
-    """
+    """numpy's ``_frombuffer``, except that the array is always writable: ``buf`` is a received
+    bytearray, or a read-only view of one (an array read-only in the sender), whose bytearray is used."""
     if isinstance(buf, memoryview) and isinstance(buf.obj, bytearray):
         buf = buf.obj
     array = np.frombuffer(buf, dtype=dtype)
@@ -135,10 +112,8 @@ def _frombuffer(buf: Any, dtype: np.dtype, shape: tuple[int, ...], order: str, a
 
 
 def pack_message(msg: Any) -> list[memoryview]:
-    """``msg`` (any picklable value) as the parts to send: the pickle with its trailer, then each buffer.
-
-    The parts are views of the pickle and of the message's own arrays: they are only valid while
-    those arrays are not changed.
+    """``msg`` (any picklable value) as the parts to send: the pickle with its trailer, then each buffer
+    (views of the message's own arrays: valid while those are not changed).
 
     Raises:
         Exception: what pickling ``msg`` raises.
@@ -153,11 +128,7 @@ def pack_message(msg: Any) -> list[memoryview]:
 
 
 def send_parts(conn: Any, parts: list[memoryview]) -> None:
-    """Send what :func:`pack_message` made.
-
-    Raises:
-        OSError: the other end is gone.
-    """
+    """Send what :func:`pack_message` made (``OSError``: the other end is gone)."""
     if _RAW:
         _write_all(conn.fileno(), [memoryview(struct.pack("<Q", parts[0].nbytes)), *parts])
     else:
@@ -166,22 +137,14 @@ def send_parts(conn: Any, parts: list[memoryview]) -> None:
 
 
 def send_message(conn: Any, msg: Any) -> None:
-    """Send ``msg`` over ``conn``, its buffers out of band (nothing is sent if it does not pickle).
-
-    Raises:
-        Exception: what pickling ``msg`` raises.
-        OSError: the other end is gone.
-    """
+    """Send ``msg`` over ``conn``, its buffers out of band; nothing is sent if it does not pickle (what
+    pickling raises is raised; ``OSError``: the other end is gone)."""
     send_parts(conn, pack_message(msg))
 
 
 def recv_message(conn: Any) -> Any:
-    """Receive a message sent by :func:`send_message`; its arrays are writable and own their memory.
-
-    Raises:
-        EOFError: the other end closed the connection, also in the middle of a message.
-        Exception: what unpickling raises (a type that cannot be imported here, for one).
-    """
+    """Receive a message sent by :func:`send_message`; its arrays are writable and own their memory
+    (``EOFError``: the other end closed the connection; what unpickling raises is raised)."""
     if _RAW:
         length = bytearray(8)
         _read_all(conn.fileno(), [length])
@@ -202,11 +165,8 @@ def recv_message(conn: Any) -> Any:
     return _Unpickler(io.BytesIO(head), buffers=buffers).load()
 
 
-# On POSIX systems a message is written with one system call: the pickle's length (8 bytes,
-# little-endian), the pickle, the buffers, straight from their memory; the reader reads the
-# length, the pickle, then all the buffers into theirs. (A multiprocessing message would copy each
-# part into a frame of its own, and wake the reader once per part.) Only messages of this module
-# go this way on the connection; messages the other way keep multiprocessing's frames.
+# On POSIX a message is written with one system call (a multiprocessing message would copy each part
+# into a frame and wake the reader once per part); messages the other way keep multiprocessing's frames.
 _RAW = hasattr(os, "writev") and sys.platform != "win32"
 _IOV_MAX = 512  # buffers per system call: Linux and macOS take up to 1024
 
