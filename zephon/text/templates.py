@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import hub as _hub
 from ..core.cache import ProcessCache
 
 __all__ = [
@@ -447,12 +448,8 @@ def _tokenizer_template(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, 
                 return None, looked
     if isinstance(tokenizer_id, str):
         # A Hugging Face id: the snapshot load_tokenizer read the tokenizer from.
-        try:
-            from .tokenizer import _cached_snapshot, _hub_cache_dir
-
-            snapshot = _cached_snapshot(tokenizer_id, _hub_cache_dir())
-        except (ImportError, ValueError):
-            snapshot = None
+        found = _hub.snapshots(tokenizer_id, _hub.cache_dir())
+        snapshot = found[0] if len(found) == 1 else None
         if snapshot is not None:
             text, where = _folder_template(snapshot)
             if text is not None:
