@@ -1,28 +1,22 @@
 """Resolving, wrapping and pickling tokenizers.
 
-:func:`load_tokenizer` turns what the user passes (a ``tokenizers.Tokenizer``, a transformers fast
-tokenizer, a ``tokenizer.json`` file or its folder, or a Hugging Face model id) into a
-:class:`TokenizerHandle`: a frozen value holding the canonical JSON, the BOS/EOS/PAD ids and a
-fingerprint, that encodes batches of text to ``int32`` arrays. A handle pickles as its JSON and
-ids; the live ``tokenizers.Tokenizer`` (and ``tiktoken.Encoding``) is rebuilt once per process and
-shared by every handle with the same content.
-
-The tiktoken backend is used only after it reproduced the ``tokenizers`` ids on a built-in sample
-and on every vocabulary entry (:mod:`zephon.text.tiktoken_encoding`); ``backend="auto"`` otherwise
-uses ``tokenizers`` and logs why on the ``"zephon"`` logger, an explicit ``backend="tiktoken"`` raises.
+:func:`load_tokenizer` turns a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a
+``tokenizer.json`` (or its folder) or a Hugging Face model id into a :class:`TokenizerHandle`, a
+frozen value that encodes batches of text to ``int32`` arrays. The tiktoken backend is used only
+after it reproduced the ``tokenizers`` ids on a built-in sample and on every vocabulary entry
+(:mod:`zephon.text.tiktoken_encoding`); ``backend="auto"`` otherwise uses ``tokenizers`` and logs
+why on the ``"zephon"`` logger, an explicit ``backend="tiktoken"`` raises.
 """
 
 from __future__ import annotations
 
-import contextvars
 import hashlib
-import itertools
 import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import attrs
 import numpy as np
@@ -31,6 +25,8 @@ from . import bpe_files as _bpe_files
 from . import hub as _hub
 from . import tokenizer_cache as _tokcache
 from ..core.cache import ProcessCache
+from .encoder_threads import EXTRA_ENCODER_THREADS as EXTRA_ENCODER_THREADS
+from .encoder_threads import _cpu_count, _encode_longest_first, _encoder_threads, _size_rayon_pool  # noqa: F401
 from .tiktoken_encoding import _build_tiktoken, _tiktoken_available, _tiktoken_plan, _tiktoken_usable, _verify_tiktoken
 from .tiktoken_encoding import _byte_decoder as _byte_decoder  # noqa: F401  (benchmarks import it from here)
 
@@ -57,9 +53,6 @@ _ROLES = ("bos", "eos", "pad")
 
 class TokenizerLoadError(ValueError):
     """A tokenizer could not be found or read; the message says how to pass one locally."""
-
-
-# -- the handle ---------------------------------------------------------------------------------------
 
 
 @attrs.frozen(eq=False, repr=False)
@@ -187,11 +180,9 @@ class TokenizerHandle:
         """Encode texts to ``int32`` id arrays in one native call, without adding special tokens.
 
         Args:
-            texts: the texts.
             num_threads: encoder threads (``None``: one per CPU): the tiktoken backend's pool, or
                 ``tokenizers``' Rayon pool, which exists once per process and takes the size given
-                before its first use (``RAYON_NUM_THREADS``); a later, different size is logged
-                once as a warning.
+                before its first use; a later, different size is logged once as a warning.
 
         Returns:
             One writable ``int32`` array per text.
@@ -223,7 +214,7 @@ class TokenizerHandle:
     ) -> list[np.ndarray]:
         tok = self.tokenizer
         texts = texts if isinstance(texts, list) else list(texts)
-        _size_rayon_pool(num_threads)
+        _size_rayon_pool(_LIVE, num_threads)
         # encode_batch_fast skips the offsets (same ids, less work). Encoding.ids builds a Python
         # list; it is cut and bracketed as a list, then np.fromiter reads it once into its array.
         encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
@@ -275,78 +266,6 @@ class TokenizerHandle:
         return _encode_longest_first(one, texts, _thread_pool(threads - 1), threads)
 
 
-def _encode_longest_first(one: Callable[[str], np.ndarray], texts: Sequence[str], pool: ThreadPoolExecutor, threads: int) -> list:
-    """``[one(t) for t in texts]`` on ``threads`` threads: the calling thread and ``threads - 1`` of ``pool``.
-
-    Every thread takes the longest text not yet taken until none is left, so the work stays
-    balanced even when the OS preempts one of them, and a call costs ``threads - 1`` futures.
-    """
-    out: list = [None] * len(texts)
-    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-    taken = itertools.count()  # next() on it is atomic: each index goes to one thread
-    failed: list[bool] = []
-
-    def drain() -> None:
-        try:
-            for k in taken:
-                if k >= len(order) or failed:  # done, or another thread failed
-                    return
-                out[order[k]] = one(texts[order[k]])
-        except BaseException:
-            failed.append(True)
-            raise
-
-    futures = [pool.submit(drain) for _ in range(threads - 1)]
-    error: BaseException | None = None
-    try:
-        drain()
-    except BaseException as exc:
-        error = exc
-    errors = [f.exception() for f in futures]  # waits for every thread
-    error = error or next((e for e in errors if e is not None), None)
-    if error is not None:
-        raise error
-    return out
-
-
-#: Encoder threads beyond one per CPU for encodes started in the current thread's context; the
-#: runtime's read-ahead thread sets 1 (see :func:`_encoder_threads`).
-EXTRA_ENCODER_THREADS: contextvars.ContextVar[int] = contextvars.ContextVar("zephon_extra_encoder_threads", default=0)
-
-
-def _encoder_threads() -> int:
-    """The encoder's threads when ``parallelism`` is not given: one per CPU in the calling process
-    (plus :data:`EXTRA_ENCODER_THREADS`), and ``ZEPHON_ENCODER_THREADS`` (CPUs // N) in a worker
-    process of ``workers=N``, so that N workers do not each start a thread per CPU.
-
-    The read-ahead thread encodes while the lanes run Python in another thread, and each tiktoken
-    call takes the GIL back between documents: one more thread keeps the cores busy meanwhile.
-    """
-    env = os.environ.get("ZEPHON_ENCODER_THREADS", "")
-    if env.isdigit() and int(env) > 0:
-        return int(env)  # a worker's share: one more each would put W more threads on the cores
-    return _cpu_count() + EXTRA_ENCODER_THREADS.get()
-
-
-def _size_rayon_pool(threads: int | None) -> None:
-    """Size tokenizers' Rayon pool for ``threads`` before its first use in this process, else warn once
-    (Rayon reads ``RAYON_NUM_THREADS`` when the pool starts, and the pool then keeps its size)."""
-    started = _LIVE.peek(("rayon",))
-    if started is None:
-        if threads is not None:
-            os.environ["RAYON_NUM_THREADS"] = str(threads)
-        env = os.environ.get("RAYON_NUM_THREADS", "")
-        _LIVE.get(("rayon",), lambda: int(env) if env.isdigit() and int(env) > 0 else _cpu_count())
-        return
-    if threads is not None and threads != started and _LIVE.peek(("rayon-warned", threads)) is None:
-        _LIVE.get(("rayon-warned", threads), lambda: True)
-        logger.warning(
-            "tokenize(parallelism=%d): the tokenizers thread pool of this process already runs %d threads and cannot "
-            "be resized; the first tokenize to encode in a process sets it (or RAYON_NUM_THREADS, set before that), "
-            "and with workers > 0 each worker process sizes its own", threads, started,
-        )
-
-
 def _raise_unencodable(texts: Sequence[str], exc: BaseException) -> None:
     for i, text in enumerate(texts):
         if not isinstance(text, str):
@@ -360,10 +279,7 @@ def _raise_unencodable(texts: Sequence[str], exc: BaseException) -> None:
             ) from exc
 
 
-# -- per-process caches -------------------------------------------------------------------------------
-
-# Live tokenizers, tiktoken encodings and thread pools, rebuilt in each process (never inherited
-# through fork: pool threads do not survive it).
+# Live tokenizers, tiktoken encodings and thread pools, rebuilt in each process (pool threads do not survive fork).
 _LIVE = ProcessCache()
 # Whether the tiktoken path proved exact, by tokenizer content. Kept in forked children: the
 # verdict depends only on the content, and proving it again takes seconds for large vocabularies.
@@ -372,17 +288,6 @@ _VERIFIED = ProcessCache(clear_after_fork=False)
 
 def _thread_pool(threads: int) -> ThreadPoolExecutor:
     return _LIVE.get(("pool", threads), lambda: ThreadPoolExecutor(threads, thread_name_prefix="zephon-tiktoken"))
-
-
-def _cpu_count() -> int:
-    """CPUs this process may run on (its affinity mask, where the platform has one)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-# -- loading ------------------------------------------------------------------------------------------
 
 
 def load_tokenizer(tokenizer: Any = None, tokenizer_id: str | None = None, *, backend: str = "auto") -> TokenizerHandle:
@@ -410,11 +315,10 @@ def load_tokenizer(tokenizer: Any = None, tokenizer_id: str | None = None, *, ba
 
     Raises:
         TokenizerLoadError: nothing or both of ``tokenizer``/``tokenizer_id`` given, a path with no
-            ``tokenizer.json``, an unreadable file, or a model id neither cached nor downloadable.
+            ``tokenizer.json``, an unreadable file, a model id neither cached nor downloadable, or
+            ``backend="tiktoken"`` for a tokenizer tiktoken cannot encode exactly.
         TypeError: ``tokenizer`` is of an unsupported type.
-        ValueError: ``backend`` is not one of ``"auto"``, ``"tokenizers"``, ``"tiktoken"``; or
-            ``backend="tiktoken"`` for a tokenizer tiktoken cannot encode exactly
-            (``TokenizerLoadError``, with the reason).
+        ValueError: ``backend`` is not one of ``"auto"``, ``"tokenizers"``, ``"tiktoken"``.
         ImportError: ``backend="tiktoken"`` without tiktoken installed (``pip install 'zephon[fast]'``).
     """
     if backend not in BACKENDS:
@@ -461,11 +365,8 @@ def _from_object(obj: Any) -> TokenizerHandle:
         return _make_handle(obj, {}, "tokenizers.Tokenizer object")
     backend = getattr(obj, "backend_tokenizer", None)
     if isinstance(backend, Tokenizer):
-        ids = {}
-        for role in ("bos", "eos", "pad"):
-            if hasattr(obj, f"{role}_token_id"):
-                value = getattr(obj, f"{role}_token_id")
-                ids[role] = None if value is None else int(value)
+        given = {role: getattr(obj, f"{role}_token_id") for role in _ROLES if hasattr(obj, f"{role}_token_id")}
+        ids = {role: None if value is None else int(value) for role, value in given.items()}
         name = getattr(obj, "name_or_path", None) or type(obj).__name__
         return _make_handle(backend, ids, f"{type(obj).__name__} {name!r}")
     raise TypeError(
@@ -482,12 +383,12 @@ def _from_path(path: Path) -> TokenizerHandle:
     if not file.is_file():
         present = sorted(p.name for p in folder.iterdir())[:12]
         slow = [n for n in present if n in ("vocab.json", "merges.txt", "tokenizer.model", "vocab.txt", "spiece.model")]
-        hint = (
-            f"; it holds {slow}, the files of a slow tokenizer: save a fast one first, e.g. "
-            "AutoTokenizer.from_pretrained(folder).save_pretrained(folder) with transformers"
-            if slow
-            else ""
-        )
+        hint = ""
+        if slow:
+            hint = (
+                f"; it holds {slow}, the files of a slow tokenizer: save a fast one first, e.g. "
+                "AutoTokenizer.from_pretrained(folder).save_pretrained(folder) with transformers"
+            )
         raise TokenizerLoadError(f"no tokenizer.json in {str(folder)!r} (it holds {present}){hint}")
     key = _file_key(file)
     cached = _cached_file_handle(file, key, path.is_dir()) if key else None
@@ -520,12 +421,8 @@ def _file_key(file: Path) -> str | None:
 
 
 def _cached_file_handle(file: Path, key: str, folder_given: bool) -> TokenizerHandle | None:
-    """The handle of ``file`` from its cache entry (:mod:`zephon.text.tokenizer_cache`), or ``None``.
-
-    The entry holds the canonical JSON and the guessed ids; the live tokenizer is built from the
-    JSON only when something needs it. A folder's config files are read every time (they are
-    small, and not part of the key).
-    """
+    """The handle of ``file`` from its cache entry (canonical JSON and guessed ids), or ``None``; a
+    folder's config files are read every time (they are small, and not part of the key)."""
     entry = _tokcache.load_entry("file", key)
     if entry is None:
         return None
@@ -596,8 +493,7 @@ def _canonical_json(tok: Any) -> str:
             "not supported, " + _LOCAL_ADVICE
         ) from exc
     # Truncation and padding are zephon's job (and would silently change ids); drop them.
-    spec["truncation"] = None
-    spec["padding"] = None
+    spec.update(truncation=None, padding=None)
     return json.dumps(spec, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -647,9 +543,6 @@ def _from_id(tokenizer_id: str) -> TokenizerHandle:
     )
 
 
-# -- choosing the backend -------------------------------------------------------------------------------
-
-
 def _choose_backend(handle: TokenizerHandle, backend: str) -> str:
     """The encoder ``handle`` uses for ``backend``: an explicit ``"tiktoken"`` is used or raises, never replaced;
     ``"auto"`` takes tiktoken when it is installed and proven exact, else ``tokenizers`` (logged at INFO)."""
@@ -678,11 +571,8 @@ def _choose_backend(handle: TokenizerHandle, backend: str) -> str:
 
 
 def _prove_tiktoken(handle: TokenizerHandle) -> str:
-    """``""`` when the tiktoken path is exact for ``handle`` (its encoding is then kept), else why not.
-
-    The outcome is kept in the on-disk cache under the content digest, with tiktoken's inputs when
-    it is exact, so later processes skip the checks.
-    """
+    """``""`` when the tiktoken path is exact for ``handle`` (its encoding is then kept), else why not;
+    the outcome goes to the on-disk cache, so later processes skip the checks."""
     key = handle._content
     plan, reason = _tokcache.load_proof(key)
     if reason:
