@@ -1,13 +1,10 @@
 """Training tensors from a microbatch: shifted labels, loss masks, positions, boundaries, padding.
 
-:func:`to_training` is the last step between a :class:`~zephon.SampleBatch` and a training loop.
-It is a pure function of the batch and its options; it keeps no state. Its options form a
-:class:`~zephon.training.spec.TrainingSpec`, which validates them once and does the conversion:
-``to_training(batch, **options)`` is ``TrainingSpec(**options)(batch)``, and a loop that converts
-many batches with the same options can build the spec once and call it on each batch.
-
-This module sits below the records and the pipeline: it takes any object with ``records`` (and,
-optionally, ``pad_token_id``), so ``SampleBatch.to_training`` can delegate here.
+:func:`to_training` is the last step between a :class:`~zephon.SampleBatch` and a training loop, a
+pure function of the batch and its options: ``to_training(batch, **options)`` is
+``TrainingSpec(**options)(batch)`` (:class:`~zephon.training.spec.TrainingSpec`). It takes any
+object with ``records`` (and, optionally, ``pad_token_id``), so ``SampleBatch.to_training`` can
+delegate here from the layer below.
 """
 
 from __future__ import annotations
@@ -33,12 +30,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     # and, for packed rows, ``cu_seqlens``/``max_seqlen`` (document boundaries, int32) for its
     # packed-sequence attention (``PackedSeqParams``).
     "megatron": dict(
-        return_labels=True,
-        return_loss_mask=True,
-        return_cu_seqlens=True,
-        position_mode="sequence",
-        rename_fields={"input_ids": "tokens", "positions": "position_ids"},
-        exclude_fields=("ids", "texts"),
+        return_labels=True, return_loss_mask=True, return_cu_seqlens=True, position_mode="sequence",
+        rename_fields={"input_ids": "tokens", "positions": "position_ids"}, exclude_fields=("ids", "texts"),
     ),
 }
 
@@ -70,47 +63,39 @@ def training_spec(layout: str | None = None, **options: Any) -> TrainingSpec:
 def to_training(batch: Any, **options: Any) -> dict[str, Any]:
     """Convert a microbatch into the fields a training step consumes.
 
-    **What ``labels`` means.** With ``return_labels=True`` and the default
-    ``shift_labels=True``, inputs and labels are already shifted:
-    ``input_ids = row[:-1]`` and ``labels = row[1:]``, so ``labels[t]`` is the token the model
-    must predict after reading ``input_ids[: t + 1]`` (pack ``context + 1`` tokens per row). A
-    label is ``ignore_index`` when its target or the input predicting it is padding, when the
-    payload ``loss_mask`` is 0 on its target token, or (``eos_mask_loss``) when the input
-    predicting it is EOS. With ``shift_labels=False`` the labels are the Hugging Face layout for
-    models that shift internally: same length as ``input_ids``, ``labels[t] = input_ids[t]`` or
-    ``ignore_index``, under the same masking (so ``labels[:, 1:]`` of this layout equals the
-    shifted labels, and ``labels[:, 0]`` is always ignored: nothing predicts the first token).
+    **Labels.** With ``return_labels=True`` and the default ``shift_labels=True``, inputs and
+    labels are already shifted: ``input_ids = row[:-1]``, ``labels = row[1:]``, so ``labels[t]`` is
+    the token to predict after reading ``input_ids[: t + 1]`` (pack ``context + 1`` tokens per row).
+    A label is ``ignore_index`` when its target or the input predicting it is padding, when the
+    payload ``loss_mask`` is 0 on its target, or (``eos_mask_loss``) when the input predicting it
+    is EOS. ``shift_labels=False`` gives the Hugging Face layout for models that shift internally:
+    same length as ``input_ids``, ``labels[t] = input_ids[t]`` or ``ignore_index`` under the same
+    masking (``labels[:, 1:]`` equals the shifted labels; ``labels[:, 0]`` is always ignored).
 
-    The payload ``loss_mask`` (as ``tokenize_chat`` emits it) is aligned with the tokens and
-    marks *target* tokens: 1 on a token means "learn to produce this token". A prompt mask of 0
-    on ``[10, 20, 30]`` and 1 on ``[40, 50]`` therefore supervises the predictions 30->40 and
-    40->50. Token-aligned fields may be numpy arrays or plain lists (pre-tokenized JSON).
+    The payload ``loss_mask`` (as ``tokenize_chat`` emits it) is token-aligned and marks *target*
+    tokens: a prompt mask of 0 on ``[10, 20, 30]`` and 1 on ``[40, 50]`` supervises the predictions
+    30->40 and 40->50. Token-aligned fields may be numpy arrays or plain lists.
 
-    **Padding.** Records of different lengths must be padded: ``padding="longest"`` pads every
-    row to the longest record (rounded up to ``pad_to_multiple_of``), ``padding="max_length"``
-    to ``max_length`` (never truncating). Padding is added on ``padding_side`` with the pad id
-    (token field) and 0 (every other field, positions included). It combines with the trailing
-    ``meta.padding_length`` of packed rows: both are masked by position in ``labels``,
-    ``padding_mask`` and ``attention_mask``. For ``cu_seqlens`` each block of added padding is
-    one segment of its own, like the padding tail of a packed row.
+    **Padding.** Records of different lengths must be padded: ``padding="longest"`` pads every row
+    to the longest record (rounded up to ``pad_to_multiple_of``), ``padding="max_length"`` to
+    ``max_length`` (never truncating), on ``padding_side``, with the pad id in the token field and
+    0 elsewhere. Added padding and the trailing ``meta.padding_length`` of packed rows are both
+    masked by position in ``labels``, ``padding_mask`` and ``attention_mask``; for ``cu_seqlens``
+    each block of added padding is a segment of its own.
 
     **The pad id.** Padding writes ``pad_token_id`` when given, else the batch's own
-    ``pad_token_id`` (a pipeline that tokenizes sets it on every batch from the tokenizer: its
-    pad token, else its EOS). When padding is requested and neither is known, the call raises
-    ``ValueError``: there is no default, because id 0 is a real token in most vocabularies and
-    the model would read it. Without padding no pad id is needed.
+    ``pad_token_id`` (a tokenizing pipeline sets it from the tokenizer: its pad token, else its
+    EOS). Padding without either raises ``ValueError``: id 0 is a real token in most vocabularies.
 
-    **Segments.** Fields that are not token-aligned (a ``doc_id``, a ``source``, an image's
-    ``pixel_values``) are never dropped: when a record of the batch carries any, ``segments``
-    holds, per record, one dict per segment (aligned with ``ids``): ``{"start": offset in the
-    output row, "length": its tokens, **its document's fields}``. ``start`` counts added left
-    padding and is taken before the label shift (``input_ids[i, start:start + length]`` are the
-    segment's tokens, except a row's last token, which shifted inputs drop; flattened, add
-    ``i * row width``). A ``pack_flat`` row's segments are those it carries; a plain record is
-    one segment holding its payload's fields other than the token field, ``text`` (in
-    ``texts``), ``positions``, ``loss_mask`` and token-aligned fields. Segment values stay Python
-    and numpy objects, copied from the payloads, whatever ``dtype``; a record field named
-    ``start`` or ``length``, or one that does not pickle, is refused naming it.
+    **Segments.** Fields that are not token-aligned (a ``doc_id``, a ``source``, ``pixel_values``)
+    are never dropped: when a record carries any, ``segments`` holds, per record, one dict per
+    segment (aligned with ``ids``): ``{"start": offset in the output row, "length": its tokens,
+    **its document's fields}``. ``start`` counts added left padding and is taken before the label
+    shift (flattened, add ``i * row width``). A ``pack_flat`` row's segments are those it carries; a
+    plain record is one segment holding its payload's fields other than the token field, ``text``,
+    ``positions``, ``loss_mask`` and token-aligned fields. Values are copied from the payloads and
+    stay Python/numpy objects whatever ``dtype``; a field named ``start`` or ``length``, or one that
+    does not pickle, is refused naming it.
 
     Output keys, in order: ``ids``, ``texts``, ``segments``, ``padding_mask``, ``input_ids``,
     ``labels``, ``attention_mask``, extra fields (in the order given), ``positions``,
@@ -120,10 +105,8 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
     ``loss_mask=[]``, ``num_valid_tokens=0`` and ``cu_seqlens``/``max_seqlen`` = ``[]``/``[]``
     (``[0]``/``0`` when flattened).
 
-    The output depends only on the batch and the options; nothing is kept between calls, and
-    payloads are never modified or aliased by the output. To convert many batches with the same
-    options, build ``spec = TrainingSpec(**options)`` once and call ``spec(batch)``: the options
-    are then validated once, not per batch, and the output is the same.
+    The output depends only on the batch and the options; payloads are never modified or aliased.
+    ``TrainingSpec(**options)`` validates the options once for many batches, with the same output.
 
     Args:
         batch: the microbatch: an object with ``records`` (each with a ``payload`` and a
@@ -184,9 +167,6 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
         return_attention_mask: emit ``attention_mask`` (1 on real tokens, 0 on every padding
             slot). Default: whenever ``padding`` is requested, so every batch of a run has the
             same keys even if it needed no padding.
-
-    Returns:
-        A dict of lists / numpy arrays / torch tensors as described above.
 
     Raises:
         TypeError: an unknown option; payloads that are neither dicts nor arrays, a mix of

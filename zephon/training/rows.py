@@ -70,26 +70,24 @@ def _gather(records: Sequence[Any], tokens_field: str, extras: Sequence[str], *,
         tokens.append(_tokens_row(p[field], i, field))
     texts = [str(p.get("text", "")) for p in payloads]
 
-    positions = None
-    if _present(payloads, "positions", "pack every record with pack_flat(emit_positions=True)") and need_positions:
-        positions = [_aligned_row(p["positions"], i, "positions", field, len(t))
-                     for i, (p, t) in enumerate(zip(payloads, tokens))]
-    loss_mask = None
-    if _present(payloads, "loss_mask", "give every record a loss_mask (tokenize_chat emits one)"):
-        loss_mask = [_aligned_row(p["loss_mask"], i, "loss_mask", field, len(t)) != 0
-                     for i, (p, t) in enumerate(zip(payloads, tokens))]
-    extra_rows: dict[str, list[np.ndarray]] = {}
-    for name in extras:
-        if name == "positions":
-            continue  # handled with the positions above, at this slot of the output
+    def column(name: str) -> list[np.ndarray]:
         rows = []
         for i, (p, t) in enumerate(zip(payloads, tokens)):
-            if name not in p:
+            if name not in p:  # only an extra field: _present has checked the others
                 raise ValueError(
                     f"to_training: record {i}: extra field {name!r} not found in payload (keys {sorted(p)[:8]})"
                 )
             rows.append(_aligned_row(p[name], i, name, field, len(t)))
-        extra_rows[name] = rows
+        return rows
+
+    positions = None
+    if _present(payloads, "positions", "pack every record with pack_flat(emit_positions=True)") and need_positions:
+        positions = column("positions")
+    loss_mask = None
+    if _present(payloads, "loss_mask", "give every record a loss_mask (tokenize_chat emits one)"):
+        loss_mask = [row != 0 for row in column("loss_mask")]
+    # positions are handled above, at their slot of the output
+    extra_rows = {name: column(name) for name in extras if name != "positions"}
     return _Rows(tokens, texts, positions, loss_mask, extra_rows)
 
 
@@ -325,11 +323,7 @@ class _Output:
 
 
 def _rename_and_exclude(
-    result: dict[str, Any],
-    rename_fields: Mapping[str, str],
-    exclude_fields: Sequence[str],
-    *,
-    allow_missing: bool,
+    result: dict[str, Any], rename_fields: Mapping[str, str], exclude_fields: Sequence[str], *, allow_missing: bool
 ) -> dict[str, Any]:
     """Rename emitted keys (swaps allowed, collisions rejected before exclusion), then drop excluded ones."""
     if rename_fields:
