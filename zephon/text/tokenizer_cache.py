@@ -81,10 +81,6 @@ def file_digest(path: str) -> str:
     return h.hexdigest()
 
 
-def _path(kind: str, key: str) -> str:
-    return os.path.join(cache_folder(), f"{kind}-{key}.msgpack")
-
-
 def entry_path(kind: str, key: str, name: str) -> str:
     """The path of a file that belongs to the entry ``kind``/``key`` (``name``: its suffix)."""
     return os.path.join(cache_folder(), f"{kind}-{key}.{name}")
@@ -95,7 +91,7 @@ def load_entry(kind: str, key: str) -> dict[str, Any] | None:
     if not cache_enabled():
         return None
     try:
-        with open(_path(kind, key), "rb") as f:
+        with open(entry_path(kind, key, "msgpack"), "rb") as f:
             data = msgspec.msgpack.decode(f.read())
     except (OSError, msgspec.DecodeError, ValueError):
         return None
@@ -108,7 +104,7 @@ def store_entry(kind: str, key: str, entry: dict[str, Any]) -> None:
     """Store ``entry`` for ``key`` atomically; failures (an unwritable folder) are logged and ignored."""
     if not cache_enabled():
         return
-    target = _path(kind, key)
+    target = entry_path(kind, key, "msgpack")
     folder = os.path.dirname(target)
     try:
         os.makedirs(folder, exist_ok=True)

@@ -109,64 +109,53 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
     ``TrainingSpec(**options)`` validates the options once for many batches, with the same output.
 
     Args:
-        batch: the microbatch: an object with ``records`` (each with a ``payload`` and a
-            ``meta`` holding ``padding_length`` and ``segments``) and, optionally,
-            ``pad_token_id``, such as a :class:`~zephon.SampleBatch`. Payloads are all dicts
-            (token field plus optional ``positions``, ``loss_mask``, ``text`` and extra fields)
-            or all bare 1-D arrays of tokens.
-        layout: a preset of the options below for one framework's field names: ``"megatron"``
-            gives ``tokens``, ``labels``, float32 ``loss_mask``, ``position_ids`` (0, 1, 2, ...
-            per row) and, from the payload ``positions`` of packed rows, ``cu_seqlens`` and
-            ``max_seqlen`` (see :data:`LAYOUTS`). Options given next to it override the preset.
+        batch: an object with ``records`` (each with a ``payload`` and a ``meta`` holding
+            ``padding_length`` and ``segments``) and, optionally, ``pad_token_id``, such as a
+            :class:`~zephon.SampleBatch`. Payloads are all dicts (token field plus optional
+            ``positions``, ``loss_mask``, ``text`` and extra fields) or all bare 1-D token arrays.
+        layout: a preset of the options below for one framework's field names (:data:`LAYOUTS`):
+            ``"megatron"`` gives ``tokens``, ``labels``, float32 ``loss_mask``, ``position_ids``
+            (0, 1, 2, ... per row) and ``cu_seqlens``/``max_seqlen``. Options given next to it win.
         tokens_field: the token field of dict payloads, or ``"auto"`` (default): the first of
-            input_ids, tokens, token_ids, ids that has a length. Ignored for array payloads. The
-            output is named ``input_ids`` whatever the source field.
+            input_ids, tokens, token_ids, ids that has a length. Emitted as ``input_ids``.
         return_labels: emit ``labels`` (see above). Default False.
-        dtype: ``"auto"`` (default: ``torch.long`` when torch is importable, else ``np.int64``),
-            ``None`` (Python lists), a numpy dtype (numpy arrays) or a torch dtype (tensors).
-            Every sequence field (tokens, labels, positions, attention mask, extra fields, the
-            raw payload loss mask) uses it; ``loss_mask`` is always float32, ``padding_mask``
-            bool, ``cu_seqlens``/``max_seqlen`` int32.
-        extra_fields: more token-aligned payload fields to stack (sliced like ``input_ids``).
-            ``positions`` is surfaced without being listed. Default ``()``.
+        dtype: ``"auto"`` (default: ``torch.long`` when torch imports, else ``np.int64``), ``None``
+            (Python lists), a numpy or a torch dtype, for every sequence field; ``loss_mask`` is
+            always float32, ``padding_mask`` bool, ``cu_seqlens``/``max_seqlen`` int32.
+        extra_fields: more token-aligned payload fields to stack (sliced like ``input_ids``);
+            ``positions`` is surfaced without being listed.
         ignore_index: the label value the loss skips. Default -100.
         rename_fields: ``{emitted name: new name}``, applied before exclusion. Sources must be
             emitted (except in an empty batch); swaps are allowed; targets must stay unique.
-        flatten: reshape every sequence field to ``[B * S]`` after shifting and masking;
-            ``ids`` and ``texts`` stay per-record lists and ``cu_seqlens`` becomes one compact
-            batch-wide array. Default False.
+        flatten: reshape every sequence field to ``[B * S]`` after shifting and masking (``ids``
+            and ``texts`` stay per record; ``cu_seqlens`` becomes one batch-wide array).
         exclude_fields: output names (after renaming) to drop; absent names are ignored.
-        return_num_valid_tokens: emit ``num_valid_tokens``, the Python int count of
-            ``labels != ignore_index``. Requires ``return_labels``.
-        return_loss_mask: emit a label-aligned float32 ``loss_mask`` equal to
-            ``labels != ignore_index`` after all masking. Requires ``return_labels``.
-        return_cu_seqlens: emit ``cu_seqlens`` and ``max_seqlen`` for variable-length
-            attention, from the zeros of the original payload ``positions`` (even with
-            ``position_mode="sequence"``). Not flat: int32 ``[B, K]``, each row padded with its
-            own length, and int32 ``[B]`` maxima. Flat: one int32 array ending at ``B * S`` and
-            a Python int maximum.
+        return_num_valid_tokens: emit the Python int count of ``labels != ignore_index``.
+        return_loss_mask: emit a label-aligned float32 ``loss_mask``, ``labels != ignore_index``.
+        return_cu_seqlens: emit ``cu_seqlens`` and ``max_seqlen`` for variable-length attention,
+            from the zeros of the payload ``positions`` (even with ``position_mode="sequence"``).
+            Not flat: int32 ``[B, K]``, each row padded with its own length, and int32 ``[B]``
+            maxima. Flat: one int32 array ending at ``B * S`` and a Python int maximum.
         return_padding_mask: emit a bool input-aligned ``padding_mask``, True on padding slots.
         eos_mask_loss: ignore every label predicted *from* an EOS input (the EOS -> next
-            document prediction, not the prediction of EOS). Requires ``return_labels`` and
-            ``eos_token_id``.
-        eos_token_id: the EOS id for ``eos_mask_loss`` (a non-negative integer); given without
-            ``eos_mask_loss`` it is ignored, with a warning pointing at the caller's line.
+            document prediction, not the prediction of EOS); needs ``eos_token_id``.
+        eos_token_id: the EOS id for ``eos_mask_loss``; given without it, ignored with a warning.
         position_mode: ``"preserve"`` (default) forwards the payload ``positions`` (per
             document); ``"sequence"`` emits ``0, 1, 2, ...`` over each record instead.
-        shift_labels: with ``return_labels``, ``True`` (default) shifts inputs and labels
-            (the next-token layout); ``False`` gives unshifted, same-length labels (Hugging Face models).
-        padding: ``None``/``False`` (default: records must have equal lengths), ``"longest"``
-            (or ``True``), or ``"max_length"``.
-        max_length: the row length for ``padding="max_length"``.
+        shift_labels: ``True`` (default) shifts inputs and labels; ``False`` gives same-length labels.
+        padding: ``None``/``False`` (default: equal lengths required), ``"longest"`` (or ``True``),
+            or ``"max_length"``.
+        max_length: the row length for ``padding="max_length"`` (never truncating).
         pad_to_multiple_of: round the padded length up to a multiple of this; with shifted
-            labels the rounded length is that of the returned ``input_ids`` (row length - 1).
-        padding_side: ``"right"`` (default) or ``"left"``; where added padding goes.
-        pad_token_id: the token id written into added padding slots; default ``None``: the
-            batch's ``pad_token_id``, required (from one or the other) when ``padding`` is
-            requested. It never matters for the loss, which masks padding by position.
-        return_attention_mask: emit ``attention_mask`` (1 on real tokens, 0 on every padding
-            slot). Default: whenever ``padding`` is requested, so every batch of a run has the
-            same keys even if it needed no padding.
+            labels, the length of the returned ``input_ids`` (row length - 1).
+        padding_side: ``"right"`` (default) or ``"left"``.
+        pad_token_id: the id written into added padding slots; default: the batch's
+            ``pad_token_id``. It never matters for the loss, which masks padding by position.
+        return_attention_mask: emit ``attention_mask`` (1 on real tokens, 0 on padding). Default:
+            whenever ``padding`` is requested, so every batch of a run has the same keys.
+        The options that need labels (``return_loss_mask``, ``return_num_valid_tokens``,
+        ``eos_mask_loss``, ``shift_labels=False``) require ``return_labels``; the option table is
+        in ``docs/guide/training_tensors.md``.
 
     Raises:
         TypeError: an unknown option; payloads that are neither dicts nor arrays, a mix of
