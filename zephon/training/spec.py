@@ -133,13 +133,11 @@ class TrainingSpec:
     Attributes:
         extra_fields, exclude_fields: tuples of names (``extra_fields`` without repeats).
         rename_fields: a read-only ``{emitted name: new name}`` mapping, empty for ``None``.
-        padding: ``None`` (no padding), ``"longest"`` or ``"max_length"``; ``False`` and
-            ``"do_not_pad"`` become ``None``, ``True`` becomes ``"longest"``.
-        ignore_index, eos_token_id, max_length, pad_to_multiple_of, pad_token_id: Python ints
-            (or ``None`` where allowed), numpy integers included.
-        return_labels, shift_labels, flatten, eos_mask_loss, and the ``return_*`` flags other
-            than ``return_attention_mask``: bools (by truth value).
-        The other options are kept as given.
+        padding: ``None``, ``"longest"`` or ``"max_length"`` (``False`` and ``"do_not_pad"`` become
+            ``None``, ``True`` becomes ``"longest"``).
+        ignore_index, eos_token_id, max_length, pad_to_multiple_of, pad_token_id: Python ints (or ``None``).
+        return_labels, shift_labels, flatten, eos_mask_loss and the ``return_*`` flags other than
+            ``return_attention_mask``: bools (by truth value). The other options are kept as given.
 
     Raises:
         TypeError: an unknown option, a bare string for ``exclude_fields`` / ``extra_fields``, a
@@ -465,7 +463,6 @@ class TrainingSpec:
         if cu is not None:
             result["cu_seqlens"], result["max_seqlen"] = out.boundaries(*cu, self.flatten)
         return _rename_and_exclude(result, self.rename_fields, self.exclude_fields, allow_missing=False)
-
 
     @property
     def _packed_layout(self) -> bool:
