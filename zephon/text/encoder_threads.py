@@ -74,13 +74,11 @@ def _encode_longest_first(
             raise
 
     futures = [pool.submit(drain) for _ in range(threads - 1)]
-    error: BaseException | None = None
     try:
-        drain()
-    except BaseException as exc:
-        error = exc
-    errors = [f.exception() for f in futures]  # waits for every thread
-    error = error or next((e for e in errors if e is not None), None)
+        drain()  # a failure here is raised first, after the wait below
+    finally:
+        errors = [f.exception() for f in futures]  # waits for every thread
+    error = next((e for e in errors if e is not None), None)
     if error is not None:
         raise error
     return out

@@ -301,25 +301,23 @@ class _Output:
             arr = np.ascontiguousarray(arr, dtype=self.np_dtype)
         else:
             arr = np.ascontiguousarray(arr)
+        out = self._wrap(arr)
+        if self.kind == "torch" and kind == "seq" and self.np_dtype is None:
+            out = out.to(self.torch_dtype)
+        return out
+
+    def boundaries(self, cu: np.ndarray, maxima: Any, flatten: bool) -> tuple[Any, Any]:
+        return self._wrap(cu), maxima if flatten else self._wrap(maxima)
+
+    def _wrap(self, arr: np.ndarray) -> Any:
+        """``arr`` as this output's kind: a list, the array itself, or a tensor sharing its memory."""
         if self.kind == "list":
             return arr.tolist()
         if self.kind == "numpy":
             return arr
         import torch
 
-        t = torch.from_numpy(arr)
-        if kind == "seq" and self.np_dtype is None:
-            t = t.to(self.torch_dtype)
-        return t
-
-    def boundaries(self, cu: np.ndarray, maxima: Any, flatten: bool) -> tuple[Any, Any]:
-        if self.kind == "list":
-            return cu.tolist(), maxima if flatten else maxima.tolist()
-        if self.kind == "numpy":
-            return cu, maxima
-        import torch
-
-        return torch.from_numpy(cu), maxima if flatten else torch.from_numpy(maxima)
+        return torch.from_numpy(arr)
 
 
 def _rename_and_exclude(
