@@ -11,6 +11,7 @@ operators are in :mod:`zephon.ops.chat`; needs ``jinja2`` (``pip install zephon[
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -233,14 +234,12 @@ def _jinja():
     return jinja2
 
 
+@dataclasses.dataclass(slots=True)
 class _Recorder:
     """Collects, during one render, the output length so far and each generation block's text."""
 
-    __slots__ = ("length", "blocks")
-
-    def __init__(self) -> None:
-        self.length = 0
-        self.blocks: list[tuple[int, str]] = []
+    length: int = 0
+    blocks: list[tuple[int, str]] = dataclasses.field(default_factory=list)
 
 
 # The Jinja environment and the compiled templates (by their text) of this process.
@@ -313,13 +312,10 @@ def render_chat(
     """Render a conversation and report the character spans of its ``{% generation %}`` blocks.
 
     Args:
-        template: Jinja chat template text (Hugging Face form).
-        messages: the conversation.
+        template: a built-in name or Jinja chat template text (Hugging Face form).
         add_generation_prompt: append the assistant header for the next turn.
-        tools: the tool schemas, passed to the template as ``tools``.
-        bos_token: the string the template sees as ``bos_token``.
-        eos_token: the string the template sees as ``eos_token``.
-        **kwargs: more template variables.
+        tools, bos_token, eos_token, **kwargs: template variables (the tool schemas, the strings
+            the template sees as ``bos_token`` and ``eos_token``, and any others).
 
     Returns:
         The text and the ``[start, end)`` character span of each generation block, in order.
@@ -484,15 +480,8 @@ def _resolve_template(chat_template: Any, tokenizer: Any, tokenizer_id: Any) -> 
 
 
 def spans_to_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
-    """uint8 mask of the tokens whose character range ``[start, end)`` overlaps a span.
-
-    Args:
-        offsets: ``[n, 2]`` character offsets of the tokens.
-        spans: ``[start, end)`` character spans.
-
-    Returns:
-        The mask, one entry per token.
-    """
+    """uint8 mask, one entry per token, of the tokens whose character range (``offsets``: ``[n, 2]``)
+    overlaps one of the ``[start, end)`` character ``spans``."""
     mask = np.zeros(len(offsets), dtype=np.uint8)
     if len(offsets) and spans:
         starts, ends = offsets[:, 0], offsets[:, 1]
