@@ -76,26 +76,23 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
     tokens: a prompt mask of 0 on ``[10, 20, 30]`` and 1 on ``[40, 50]`` supervises the predictions
     30->40 and 40->50. Token-aligned fields may be numpy arrays or plain lists.
 
-    **Padding.** Records of different lengths must be padded: ``padding="longest"`` pads every row
-    to the longest record (rounded up to ``pad_to_multiple_of``), ``padding="max_length"`` to
-    ``max_length`` (never truncating), on ``padding_side``, with the pad id in the token field and
-    0 elsewhere. Added padding and the trailing ``meta.padding_length`` of packed rows are both
-    masked by position in ``labels``, ``padding_mask`` and ``attention_mask``; for ``cu_seqlens``
-    each block of added padding is a segment of its own.
+    **Padding.** ``padding="longest"`` pads every row to the longest record (rounded up to
+    ``pad_to_multiple_of``), ``padding="max_length"`` to ``max_length`` (never truncating), on
+    ``padding_side``, with the pad id in the token field and 0 elsewhere. Added padding and the
+    trailing ``meta.padding_length`` of packed rows are masked by position; for ``cu_seqlens`` each
+    block of added padding is a segment of its own. The pad id is ``pad_token_id``, else the
+    batch's own (a tokenizing pipeline sets it: the tokenizer's pad, else EOS); padding without
+    either raises ``ValueError``, since id 0 is a real token in most vocabularies.
 
-    **The pad id.** Padding writes ``pad_token_id`` when given, else the batch's own
-    ``pad_token_id`` (a tokenizing pipeline sets it from the tokenizer: its pad token, else its
-    EOS). Padding without either raises ``ValueError``: id 0 is a real token in most vocabularies.
-
-    **Segments.** Fields that are not token-aligned (a ``doc_id``, a ``source``, ``pixel_values``)
-    are never dropped: when a record carries any, ``segments`` holds, per record, one dict per
-    segment (aligned with ``ids``): ``{"start": offset in the output row, "length": its tokens,
-    **its document's fields}``. ``start`` counts added left padding and is taken before the label
-    shift (flattened, add ``i * row width``). A ``pack_flat`` row's segments are those it carries; a
-    plain record is one segment holding its payload's fields other than the token field, ``text``,
-    ``positions``, ``loss_mask`` and token-aligned fields. Values are copied from the payloads and
-    stay Python/numpy objects whatever ``dtype``; a field named ``start`` or ``length``, or one that
-    does not pickle, is refused naming it.
+    **Segments.** Fields that are not token-aligned (a ``doc_id``, ``pixel_values``) are never
+    dropped: when a record carries any, ``segments`` holds, per record, one dict per segment
+    (aligned with ``ids``): ``{"start": offset in the output row, "length": its tokens, **its
+    document's fields}``. ``start`` counts added left padding and is taken before the label shift
+    (flattened, add ``i * row width``).
+    A ``pack_flat`` row's segments are those it carries; a plain record is one segment holding its
+    payload's fields other than the token field, ``text``, ``positions``, ``loss_mask`` and
+    token-aligned fields. Values are copied and stay Python/numpy objects whatever ``dtype``; a
+    field named ``start`` or ``length``, or one that does not pickle, is refused naming it.
 
     Output keys, in order: ``ids``, ``texts``, ``segments``, ``padding_mask``, ``input_ids``,
     ``labels``, ``attention_mask``, extra fields (in the order given), ``positions``,
