@@ -53,13 +53,9 @@ def salt() -> str:
     """What every entry must have been made with: library versions, this format, the check texts."""
     global _salt
     if _salt is None:
-        try:
-            import tokenizers
-
-            tk = tokenizers.__version__
-        except ImportError:  # pragma: no cover - tokenizers is a dependency
-            tk = "-"
         from importlib.metadata import PackageNotFoundError, version
+
+        from tokenizers import __version__ as tk
 
         try:
             tt = version("tiktoken")  # without importing it
