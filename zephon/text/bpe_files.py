@@ -1,21 +1,16 @@
 """A faster build of a BPE tokenizer: its model read from vocabulary and merges files in the cache.
 
-``Tokenizer.from_str`` parses a BPE model's vocabulary and merges generically (50,000 of each for
-GPT-2); ``models.BPE.from_file`` reads a ``vocab.json`` and a ``merges.txt`` straight into the
-model, in less time (``benchmarks/tokenizer_build.py``; figures in ``benchmarks/README.md``). Every process that encodes with the
-``tokenizers`` backend builds the tokenizer (a restore, each worker), so this is paid often.
+``models.BPE.from_file`` reads a ``vocab.json`` and a ``merges.txt`` straight into the model, in
+less time than ``Tokenizer.from_str`` parses them from the JSON; every process that encodes with
+``tokenizers`` (each worker, a restore) builds the tokenizer, so this is paid often.
 
-Loading a tokenizer for the ``tokenizers`` backend (or else its first build from its JSON) writes
-its vocabulary and merges into the tokenizer cache (:mod:`zephon.text.tokenizer_cache`), builds it the fast
-way and keeps the entry only when both tokenizers serialize identically (``to_str``): the fast way
-is used only where it was proven to give the same tokenizer with this ``tokenizers`` version (part
-of the cache's salt). Otherwise the entry records why not and every build stays ``from_str``. A
-fast build takes the model from the files (checked against their recorded sha256 first),
-everything else from a skeleton (the tokenizer's JSON without its model's vocabulary and merges
-and without its added tokens), then the added tokens in their order, as ``from_str`` adds them.
-
-Entries: ``bpe-<sha256 of the JSON>.msgpack`` beside ``bpe-<key>.vocab.json`` and
-``bpe-<key>.merges.txt``.
+Loading a tokenizer for the ``tokenizers`` backend (or its first build from the JSON) writes its
+vocabulary and merges into the tokenizer cache (:mod:`zephon.text.tokenizer_cache`), builds it the
+fast way and keeps the entry only when both serialize identically (``to_str``) with this
+``tokenizers`` version (part of the cache's salt); otherwise the entry records why not. A fast
+build takes the model from the files (checked against their recorded sha256), everything else
+from a skeleton (the JSON without the model's vocabulary and merges and without the added
+tokens), then the added tokens in their order, as ``from_str`` adds them.
 """
 
 from __future__ import annotations
@@ -36,8 +31,7 @@ _OPTIONS = ("dropout", "unk_token", "continuing_subword_prefix", "end_of_word_su
 
 
 def build(key: str) -> Any | None:
-    """The tokenizer whose JSON has sha256 ``key``, built from its cached files; ``None`` without a
-    proven entry."""
+    """The tokenizer whose JSON has sha256 ``key``, built from its cached files; ``None`` without a proven entry."""
     entry = _tokcache.load_entry(KIND, key)
     if entry is None or entry.get("reason") != "":
         return None
@@ -114,7 +108,6 @@ def _prove(key: str, spec: dict[str, Any], tok: Any) -> dict[str, Any]:
 
 
 def _paths(key: str) -> tuple[str, str]:
-    """The entry's vocabulary and merges files."""
     return _tokcache.entry_path(KIND, key, "vocab.json"), _tokcache.entry_path(KIND, key, "merges.txt")
 
 
@@ -140,13 +133,8 @@ def _assemble(entry: dict[str, Any], vocab: str, merges: str) -> Any:
         value = getattr(skeleton, part)
         if value is not None:
             setattr(tok, part, value)
-    added = [
-        AddedToken(
-            t["content"], single_word=t["single_word"], lstrip=t["lstrip"], rstrip=t["rstrip"],
-            normalized=t["normalized"], special=t["special"],
-        )
-        for t in entry["added"]
-    ]
+    flags = ("single_word", "lstrip", "rstrip", "normalized", "special")
+    added = [AddedToken(t["content"], **{flag: t[flag] for flag in flags}) for t in entry["added"]]
     if added:
         tok.add_tokens(added)
     return tok

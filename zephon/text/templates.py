@@ -1,22 +1,17 @@
 """Chat templates: the built-ins, rendering with generation tags, special markers and span masks.
 
-Templates are Jinja in the Hugging Face form, rendered as transformers renders them (a sandboxed
-environment with ``trim_blocks``, ``lstrip_blocks``, ``tojson``, ``raise_exception`` and
-``loopcontrols``). ``{% generation %}...{% endgeneration %}`` blocks (as in transformers'
-``return_assistant_tokens_mask``) record the character span of each block while the template
-renders; :func:`spans_to_mask` turns character spans into token masks through token offsets.
-
-:func:`check_markers` guards against a template whose special markers (``<|im_start|>``...) the
-tokenizer does not have as tokens: such a marker would be split into ordinary text tokens, and
-the data would silently teach a format the model never sees at inference.
-
-The operators that use all this are in :mod:`zephon.ops.chat`; the public names are re-exported by
-:mod:`zephon.chat`. Needs ``jinja2`` (``pip install zephon[chat]``).
+Templates are Jinja in the Hugging Face form, rendered as transformers renders them (sandboxed,
+``trim_blocks``, ``lstrip_blocks``, ``tojson``, ``raise_exception``, ``loopcontrols``).
+``{% generation %}`` blocks record the character span of each block while the template renders;
+:func:`spans_to_mask` turns spans into token masks. :func:`check_markers` rejects a template whose
+special markers (``<|im_start|>``...) the tokenizer would split into ordinary text tokens. The
+operators are in :mod:`zephon.ops.chat`; needs ``jinja2`` (``pip install zephon[chat]``).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -26,19 +21,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import hub as _hub
 from ..core.cache import ProcessCache
 
 __all__ = [
-    "BUILTIN_TEMPLATES",
-    "CHATML_TEMPLATE",
-    "LLAMA3_TEMPLATE",
-    "RESERVED_KWARGS",
-    "check_markers",
-    "has_generation_tags",
-    "render_chat",
-    "spans_to_mask",
-    "strip_generation_tags",
-    "template_markers",
+    "BUILTIN_TEMPLATES", "CHATML_TEMPLATE", "LLAMA3_TEMPLATE", "RESERVED_KWARGS", "check_markers",
+    "has_generation_tags", "render_chat", "spans_to_mask", "strip_generation_tags", "template_markers",
 ]
 
 # The variable through which a render passes its span recorder to the generation extension. It
@@ -191,14 +179,7 @@ def strip_generation_tags(template: str) -> str:
     """``template`` with its ``{% generation %}`` blocks turned into plain, always-true blocks.
 
     The tags become ``{% if true %}`` / ``{% endif %}`` with the same whitespace controls, so the
-    rendered text is unchanged; only the span information is gone. Useful to check that prefix
-    rendering finds the same spans as the tags.
-
-    Args:
-        template: Jinja chat template text.
-
-    Returns:
-        The template text without generation tags.
+    rendered text is unchanged; only the span information is gone.
 
     Examples:
         >>> strip_generation_tags("{%- generation %}{{ x }}{% endgeneration -%}")
@@ -225,9 +206,14 @@ def has_generation_tags(template: str) -> bool:
 
 def _parse(template: str) -> Any:
     """The Jinja syntax tree of ``template``; ``ValueError`` when it is not valid Jinja."""
+    return _valid_jinja(lambda: _environment().parse(template))
+
+
+def _valid_jinja(build: Any) -> Any:
+    """``build()``, a Jinja syntax error raised as ``ValueError``."""
     jinja2 = _jinja()
     try:
-        return _environment().parse(template)
+        return build()
     except jinja2.TemplateSyntaxError as exc:
         raise ValueError(f"the chat template is not valid Jinja: {exc} (line {exc.lineno})") from exc
 
@@ -248,14 +234,12 @@ def _jinja():
     return jinja2
 
 
+@dataclasses.dataclass(slots=True)
 class _Recorder:
     """Collects, during one render, the output length so far and each generation block's text."""
 
-    __slots__ = ("length", "blocks")
-
-    def __init__(self) -> None:
-        self.length = 0
-        self.blocks: list[tuple[int, str]] = []
+    length: int = 0
+    blocks: list[tuple[int, str]] = dataclasses.field(default_factory=list)
 
 
 # The Jinja environment and the compiled templates (by their text) of this process.
@@ -312,15 +296,7 @@ def _new_environment() -> Any:
 
 def _compiled(template: str) -> Any:
     """``template`` compiled once per process."""
-
-    def compile_it() -> Any:
-        jinja2 = _jinja()
-        try:
-            return _environment().from_string(template)
-        except jinja2.TemplateSyntaxError as exc:
-            raise ValueError(f"the chat template is not valid Jinja: {exc} (line {exc.lineno})") from exc
-
-    return _JINJA.get(("template", template), compile_it)
+    return _JINJA.get(("template", template), lambda: _valid_jinja(lambda: _environment().from_string(template)))
 
 
 def render_chat(
@@ -336,13 +312,10 @@ def render_chat(
     """Render a conversation and report the character spans of its ``{% generation %}`` blocks.
 
     Args:
-        template: Jinja chat template text (Hugging Face form).
-        messages: the conversation.
+        template: a built-in name or Jinja chat template text (Hugging Face form).
         add_generation_prompt: append the assistant header for the next turn.
-        tools: the tool schemas, passed to the template as ``tools``.
-        bos_token: the string the template sees as ``bos_token``.
-        eos_token: the string the template sees as ``eos_token``.
-        **kwargs: more template variables.
+        tools, bos_token, eos_token, **kwargs: template variables (the tool schemas, the strings
+            the template sees as ``bos_token`` and ``eos_token``, and any others).
 
     Returns:
         The text and the ``[start, end)`` character span of each generation block, in order.
@@ -361,14 +334,8 @@ def render_chat(
         >>> [text[a:b] for a, b in spans]
         ['hello<|im_end|>']
     """
-    variables = dict(kwargs)
-    variables.update(
-        messages=messages,
-        tools=tools,
-        add_generation_prompt=add_generation_prompt,
-        bos_token=bos_token,
-        eos_token=eos_token,
-    )
+    fixed = {"messages": messages, "tools": tools, "add_generation_prompt": add_generation_prompt}
+    variables = {**kwargs, **fixed, "bos_token": bos_token, "eos_token": eos_token}
     return _render(BUILTIN_TEMPLATES.get(template, template), variables, track=True)
 
 
@@ -432,41 +399,29 @@ def _config_template(config: Path) -> str | None:
 
 def _tokenizer_template(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, list[str]]:
     """The chat template shipped with the tokenizer, and where it was looked for."""
-    looked: list[str] = []
     own = getattr(tokenizer, "chat_template", None)
     if isinstance(own, str) and own:  # a transformers tokenizer object
-        return own, looked
+        return own, []
+    folder = None
     for candidate in (tokenizer, tokenizer_id):
-        if isinstance(candidate, (str, os.PathLike)):
-            path = Path(os.fspath(candidate)).expanduser()
-            if path.exists():
-                text, where = _folder_template(path if path.is_dir() else path.parent)
-                if text is not None:
-                    return text, looked
-                looked.append(where)
-                return None, looked
-    if isinstance(tokenizer_id, str):
-        # A Hugging Face id: the snapshot load_tokenizer read the tokenizer from.
-        try:
-            from .tokenizer import _cached_snapshot, _hub_cache_dir
-
-            snapshot = _cached_snapshot(tokenizer_id, _hub_cache_dir())
-        except (ImportError, ValueError):
-            snapshot = None
-        if snapshot is not None:
-            text, where = _folder_template(snapshot)
-            if text is not None:
-                return text, looked
-            looked.append(where)
-    return None, looked
+        path = Path(os.fspath(candidate)).expanduser() if isinstance(candidate, (str, os.PathLike)) else None
+        if path is not None and path.exists():
+            folder = path if path.is_dir() else path.parent
+            break
+    else:
+        if isinstance(tokenizer_id, str):  # a Hugging Face id: the snapshot load_tokenizer read the tokenizer from
+            found = _hub.snapshots(tokenizer_id, _hub.cache_dir())
+            folder = found[0] if len(found) == 1 else None
+    if folder is None:
+        return None, []
+    text, where = _folder_template(folder)
+    return text, [] if text is not None else [where]
 
 
 def _usage() -> str:
     names = ", ".join(repr(n) for n in BUILTIN_TEMPLATES)
-    return (
-        f"pass chat_template= as a built-in name ({names}), Jinja text, or a path to a .jinja file or a "
-        "tokenizer_config.json"
-    )
+    where = "a path to a .jinja file or a tokenizer_config.json"
+    return f"pass chat_template= as a built-in name ({names}), Jinja text, or {where}"
 
 
 def shipped_template(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, BaseException | None]:
@@ -525,15 +480,8 @@ def _resolve_template(chat_template: Any, tokenizer: Any, tokenizer_id: Any) -> 
 
 
 def spans_to_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
-    """uint8 mask of the tokens whose character range ``[start, end)`` overlaps a span.
-
-    Args:
-        offsets: ``[n, 2]`` character offsets of the tokens.
-        spans: ``[start, end)`` character spans.
-
-    Returns:
-        The mask, one entry per token.
-    """
+    """uint8 mask, one entry per token, of the tokens whose character range (``offsets``: ``[n, 2]``)
+    overlaps one of the ``[start, end)`` character ``spans``."""
     mask = np.zeros(len(offsets), dtype=np.uint8)
     if len(offsets) and spans:
         starts, ends = offsets[:, 0], offsets[:, 1]
@@ -575,15 +523,8 @@ def template_markers(template: str) -> tuple[str, ...]:
 
 
 def _unsplit_markers(markers: Sequence[str], tokenizer: Any) -> dict[str, int]:
-    """The markers ``tokenizer`` does not encode as their own single token, with their id counts.
-
-    Args:
-        markers: marker strings.
-        tokenizer: a ``tokenizers.Tokenizer``.
-
-    Returns:
-        Marker to the number of ids it encodes to (1 when it is one foreign id, such as ``[UNK]``).
-    """
+    """The markers a ``tokenizers.Tokenizer`` does not encode as their own single token, each with the
+    number of ids it encodes to (1 when it is one foreign id, such as ``[UNK]``)."""
     out = {}
     for marker in markers:
         ids = tokenizer.encode(marker, add_special_tokens=False).ids
@@ -600,10 +541,8 @@ def check_markers(template: str, tokenizer: Any, name: str, *, op: str = "tokeni
     never sees at inference; so it is an error when the operator is built.
 
     Args:
-        template: the template text.
         tokenizer: the ``tokenizers.Tokenizer`` that encodes the rendered text.
-        name: where the tokenizer came from, for the message.
-        op: the operator, for the message.
+        name, op: where the tokenizer came from and the operator, for the message.
 
     Raises:
         ValueError: names the markers that are not single tokens and how to fix it.
@@ -613,17 +552,14 @@ def check_markers(template: str, tokenizer: Any, name: str, *, op: str = "tokeni
         return
     listed = ", ".join(f"{m!r} ({n} ids)" if n != 1 else f"{m!r} (an unrelated id)" for m, n in bad.items())
     known = [m for m in bad if tokenizer.token_to_id(m) is not None]
-    why = (
-        f"; its vocabulary has {', '.join(map(repr, known))}, but it encodes special tokens written in text as "
-        "plain text (encode_special_tokens=True): turn that off"
-        if known and getattr(tokenizer, "encode_special_tokens", False)
-        else ""
-    )
-    fits = [
-        f"chat_template={key!r}"
-        for key, text in BUILTIN_TEMPLATES.items()
-        if text != template and not _unsplit_markers(template_markers(text), tokenizer)
-    ]
+    why = ""
+    if known and getattr(tokenizer, "encode_special_tokens", False):
+        why = (
+            f"; its vocabulary has {', '.join(map(repr, known))}, but it encodes special tokens written in text as "
+            "plain text (encode_special_tokens=True): turn that off"
+        )
+    fits = [f"chat_template={key!r}" for key, text in BUILTIN_TEMPLATES.items()
+            if text != template and not _unsplit_markers(template_markers(text), tokenizer)]
     pick = f" ({' or '.join(fits)} does)" if fits else ""
     markers = "[" + ", ".join(map(repr, bad)) + "]"
     raise ValueError(

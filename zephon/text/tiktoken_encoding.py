@@ -1,11 +1,9 @@
 """The tiktoken fast path: an exact ``tiktoken.Encoding`` for GPT-2 style byte-level BPE tokenizers.
 
-:func:`_tiktoken_plan` checks a ``tokenizer.json`` spec and turns it into tiktoken's inputs (the
-checks make tiktoken's merge rule coincide with ``tokenizers``' BPE); :func:`_build_tiktoken`
-builds the encoding; :func:`_verify_tiktoken` proves it gives the ``tokenizers`` ids on a built-in
-sample of varied text (:func:`_verification_texts`) and on every vocabulary entry. Loading and
-choosing the backend stay in :mod:`zephon.text.tokenizer`, which imports this module (never the
-reverse).
+:func:`_tiktoken_plan` checks a ``tokenizer.json`` spec and turns it into tiktoken's inputs;
+:func:`_build_tiktoken` builds the encoding; :func:`_verify_tiktoken` proves it gives the
+``tokenizers`` ids on :func:`_verification_texts` and on every vocabulary entry. Choosing the
+backend stays in :mod:`zephon.text.tokenizer`, which imports this module (never the reverse).
 """
 
 from __future__ import annotations
@@ -74,15 +72,9 @@ def _tiktoken_plan(spec: dict) -> tuple[dict | None, str]:
     elif pre.get("type") == "Sequence" and len(pre.get("pretokenizers", [])) == 2:
         split, byte_level = pre["pretokenizers"]
         regex = (split.get("pattern") or {}).get("Regex")
-        if (
-            split.get("type") != "Split"
-            or regex is None
-            or split.get("behavior") != "Isolated"
-            or split.get("invert")
-            or byte_level.get("type") != "ByteLevel"
-            or byte_level.get("add_prefix_space")
-            or byte_level.get("use_regex")
-        ):
+        isolated = split.get("type") == "Split" and regex is not None and split.get("behavior") == "Isolated"
+        plain = byte_level.get("type") == "ByteLevel" and not byte_level.get("add_prefix_space")
+        if not isolated or split.get("invert") or not plain or byte_level.get("use_regex"):
             return None, "its pre-tokenizer is not Split(regex, isolated) + ByteLevel"
         pattern = regex
     else:
@@ -138,25 +130,15 @@ def _tiktoken_plan(spec: dict) -> tuple[dict | None, str]:
         return None, "an added token is also produced by a merge"
     if len(set(added_ids.values())) != len(added_ids) or set(added_ids.values()) & set(ranks.values()):
         return None, "added token ids collide with vocabulary ids"
-    plan = {
-        "pattern": pattern,
-        "ranks": ranks,
-        "specials": added_ids,
-        "vocab": vocab,
-        "ignore_merges": bool(model.get("ignore_merges")),
-    }
-    return plan, ""
+    plan = {"pattern": pattern, "ranks": ranks, "specials": added_ids, "vocab": vocab}
+    return {**plan, "ignore_merges": bool(model.get("ignore_merges"))}, ""
 
 
 def _build_tiktoken(plan: dict, digest: str) -> Any:
     import tiktoken
 
-    return tiktoken.Encoding(
-        f"zephon-{digest[:16]}",
-        pat_str=plan["pattern"],
-        mergeable_ranks=plan["ranks"],
-        special_tokens=plan["specials"],
-    )
+    name, ranks, specials = f"zephon-{digest[:16]}", plan["ranks"], plan["specials"]
+    return tiktoken.Encoding(name, pat_str=plan["pattern"], mergeable_ranks=ranks, special_tokens=specials)
 
 
 def _verification_texts() -> list[str]:

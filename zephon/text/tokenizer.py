@@ -1,48 +1,33 @@
 """Resolving, wrapping and pickling tokenizers.
 
-:func:`load_tokenizer` turns whatever the user passes (a ``tokenizers.Tokenizer``, a transformers
-fast tokenizer, a ``tokenizer.json`` file, a folder, or a Hugging Face model id found in the local
-cache) into a :class:`TokenizerHandle`: a frozen, picklable value that knows the tokenizer's
-content (its canonical JSON), the resolved BOS/EOS/PAD ids and a content fingerprint, and that
-encodes batches of text to ``int32`` arrays.
-
-A handle pickles as its JSON text and ids only. The live ``tokenizers.Tokenizer`` (and, for the
-tiktoken fast path, the ``tiktoken.Encoding``) is rebuilt lazily, once per process, and shared by
-every handle with the same content, so a handle is cheap to send to ``spawn`` workers.
-
-The tiktoken fast path is exact by construction checks and by test: it is offered only for GPT-2
-style byte-level BPE vocabularies whose merge order matches their token ids, and it is used only
-after it reproduced the ``tokenizers`` ids on a built-in sample of varied text and on every
-vocabulary entry (:mod:`zephon.text.tiktoken_encoding`). ``backend="auto"`` otherwise uses ``tokenizers`` and
-logs why on the ``"zephon"`` logger; an explicit ``backend="tiktoken"`` raises instead.
+:func:`load_tokenizer` turns a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a
+``tokenizer.json`` (or its folder) or a Hugging Face model id into a :class:`TokenizerHandle`, a
+frozen value that encodes batches of text to ``int32`` arrays. The tiktoken backend is used only
+after it reproduced the ``tokenizers`` ids on a built-in sample and on every vocabulary entry
+(:mod:`zephon.text.tiktoken_encoding`); ``backend="auto"`` otherwise uses ``tokenizers`` and logs
+why on the ``"zephon"`` logger, an explicit ``backend="tiktoken"`` raises.
 """
 
 from __future__ import annotations
 
-import contextvars
 import hashlib
 import json
 import logging
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import attrs
 import numpy as np
 
 from . import bpe_files as _bpe_files
+from . import hub as _hub
 from . import tokenizer_cache as _tokcache
 from ..core.cache import ProcessCache
-from .tiktoken_encoding import GPT2_PATTERN as GPT2_PATTERN  # noqa: F401  (public here too)
-from .tiktoken_encoding import (
-    _build_tiktoken,
-    _tiktoken_available,
-    _tiktoken_plan,
-    _tiktoken_usable,
-    _verify_tiktoken,
-)
+from .encoder_threads import EXTRA_ENCODER_THREADS as EXTRA_ENCODER_THREADS
+from .encoder_threads import _cpu_count, _encode_longest_first, _encoder_threads, _size_rayon_pool  # noqa: F401
+from .tiktoken_encoding import _build_tiktoken, _tiktoken_available, _tiktoken_plan, _tiktoken_usable, _verify_tiktoken
 from .tiktoken_encoding import _byte_decoder as _byte_decoder  # noqa: F401  (benchmarks import it from here)
 
 __all__ = ["BACKENDS", "TokenizerHandle", "TokenizerLoadError", "load_tokenizer"]
@@ -63,34 +48,26 @@ _LOCAL_ADVICE = (
 _BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "[BOS]", "<BOS>", "<|startoftext|>", "[CLS]")
 _EOS_CANDIDATES = ("<|end_of_text|>", "</s>", "<eos>", "[EOS]", "<EOS>", "<|endoftext|>", "[SEP]")
 _PAD_CANDIDATES = ("<pad>", "[PAD]", "<|pad|>", "<PAD>", "<|padding|>")
+_ROLES = ("bos", "eos", "pad")
 
 
 class TokenizerLoadError(ValueError):
     """A tokenizer could not be found or read; the message says how to pass one locally."""
 
 
-# -- the handle ---------------------------------------------------------------------------------------
-
-
 @attrs.frozen(eq=False, repr=False)
 class TokenizerHandle:
     """A resolved tokenizer: its content, its special ids and a fast batch encoder.
 
-    Build one with :func:`load_tokenizer`. The handle is immutable and pickles as the canonical
-    tokenizer JSON plus the resolved ids; the live tokenizer is rebuilt lazily in each process
-    and cached there, so unpickling many handles of one tokenizer loads it once.
+    Build one with :func:`load_tokenizer`. It pickles as the canonical JSON plus the ids; the live
+    tokenizer is rebuilt lazily once per process, so unpickling many handles loads it once.
 
     Attributes:
-        tokenizer_json: the canonical ``tokenizer.json`` text (sorted keys, truncation and padding
-            disabled).
-        bos_token_id: the BOS id, or ``None`` when the tokenizer has none.
-        eos_token_id: the EOS id, or ``None``.
-        pad_token_id: the PAD id, or ``None``.
-        backend: the encoder in use, ``"tokenizers"`` or ``"tiktoken"`` (the latter only when it
-            was verified to give identical ids).
+        tokenizer_json: the canonical ``tokenizer.json`` text (sorted keys, no truncation or padding).
+        bos_token_id, eos_token_id, pad_token_id: the special ids, each ``None`` when absent.
+        backend: the encoder in use, ``"tokenizers"`` or ``"tiktoken"`` (only when verified exact).
         encode_special_tokens: whether special tokens written in the text are encoded as plain
-            text (``tokenizers.Tokenizer.encode_special_tokens``; ``False`` by default, so a literal
-            ``<|endoftext|>`` in a document becomes the special id, as with Hugging Face).
+            text (``False`` by default, so a literal ``<|endoftext|>`` becomes the special id).
         source: where the tokenizer came from (for messages only; not part of the identity).
 
     Examples:
@@ -123,21 +100,14 @@ class TokenizerHandle:
         # _content names what encodes text (shared by handles that differ only in special ids);
         # _digest adds the ids, which decide the bracketing.
         json_digest = hashlib.sha256(self.tokenizer_json.encode("utf-8")).hexdigest()
-        content = json_digest
-        if self.encode_special_tokens:
-            content += "+encode_special_tokens"
+        content = json_digest + ("+encode_special_tokens" if self.encode_special_tokens else "")
         ids = json.dumps([self.bos_token_id, self.eos_token_id, self.pad_token_id])
         object.__setattr__(self, "_json_digest", json_digest)
         object.__setattr__(self, "_content", content)
         object.__setattr__(self, "_digest", hashlib.sha256(f"{content}\0{ids}".encode("ascii")).hexdigest())
 
-    # -- identity -----------------------------------------------------------------------------------
     def fingerprint(self) -> str:
-        """sha256 (hex) of the canonical tokenizer JSON and the resolved special ids.
-
-        The encoder backend is not included: the tiktoken path is used only when it gives the
-        same ids as ``tokenizers``.
-        """
+        """sha256 (hex) of the canonical JSON and the special ids (not the backend: both give the same ids)."""
         return self._digest
 
     def __eq__(self, other: object) -> bool:
@@ -157,20 +127,9 @@ class TokenizerHandle:
 
     def __reduce__(self):
         # The live tokenizer never travels; the receiving process rebuilds it from the JSON.
-        return (
-            TokenizerHandle,
-            (
-                self.tokenizer_json,
-                self.bos_token_id,
-                self.eos_token_id,
-                self.pad_token_id,
-                self.backend,
-                self.encode_special_tokens,
-                self.source,
-            ),
-        )
+        fields = (self.bos_token_id, self.eos_token_id, self.pad_token_id, self.backend, self.encode_special_tokens)
+        return TokenizerHandle, (self.tokenizer_json, *fields, self.source)
 
-    # -- live objects -------------------------------------------------------------------------------
     @property
     def tokenizer(self) -> Any:
         """The live ``tokenizers.Tokenizer`` of this process (built on first use, then shared)."""
@@ -188,8 +147,8 @@ class TokenizerHandle:
     def _build_tokenizer(self) -> Any:
         from tokenizers import Tokenizer
 
-        # From the cached model files where they were proven to give this tokenizer (a quicker
-        # build of a large BPE); the first build from the JSON proves them (zephon.text.bpe_files).
+        # From the cached model files where they were proven (a quicker build of a large BPE);
+        # the first build from the JSON proves them.
         tok = _bpe_files.build(self._json_digest)
         if tok is None:
             tok = Tokenizer.from_str(self.tokenizer_json)
@@ -202,7 +161,7 @@ class TokenizerHandle:
         return _LIVE.get(("tiktoken", self._content), self._build_encoding)
 
     def _build_encoding(self) -> Any:
-        plan, reason = _cached_plan(self)
+        plan, reason = _tokcache.load_proof(self._content)
         if plan is None:
             plan, reason = _tiktoken_plan(json.loads(self.tokenizer_json))
         if plan is None:  # cannot happen for a handle made by load_tokenizer
@@ -213,25 +172,17 @@ class TokenizerHandle:
         """This handle with the encoder chosen again for ``backend`` (``auto``, ``tokenizers``, ``tiktoken``)."""
         effective = _choose_backend(self, backend)
         if effective == "tokenizers":
-            # Once per machine: here, where the tokenizer is loaded, rather than in every worker
-            # or restore that builds it first (zephon.text.bpe_files).
+            # Once per machine, where the tokenizer is loaded, not in each worker or restore.
             _bpe_files.prepare(self.tokenizer_json, self._json_digest)
         return self if effective == self.backend else attrs.evolve(self, backend=effective)
 
-    # -- encoding -----------------------------------------------------------------------------------
     def encode_batch(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[np.ndarray]:
-        """Encode texts to ``int32`` id arrays, without adding special tokens.
-
-        The whole batch goes to the native encoder in one call (``tokenizers`` parallelizes it on
-        its Rayon pool; the tiktoken backend on ``num_threads`` threads).
+        """Encode texts to ``int32`` id arrays in one native call, without adding special tokens.
 
         Args:
-            texts: the texts.
-            num_threads: threads for the encoder (``None``: one per CPU). The tiktoken backend runs
-                on a pool of that many threads. ``tokenizers`` runs on its native Rayon pool, which
-                exists once per process: ``num_threads`` sizes it when it is given before the
-                pool's first use in the process (``RAYON_NUM_THREADS``); later, a different size
-                is logged once as a warning and the pool keeps its size.
+            num_threads: encoder threads (``None``: one per CPU): the tiktoken backend's pool, or
+                ``tokenizers``' Rayon pool, which exists once per process and takes the size given
+                before its first use; a later, different size is logged once as a warning.
 
         Returns:
             One writable ``int32`` array per text.
@@ -242,21 +193,12 @@ class TokenizerHandle:
         return self.encode_bracketed(texts, num_threads=num_threads)
 
     def encode_bracketed(
-        self,
-        texts: Sequence[str],
-        *,
-        bos: int | None = None,
-        eos: int | None = None,
-        keep: int | None = None,
+        self, texts: Sequence[str], *, bos: int | None = None, eos: int | None = None, keep: int | None = None,
         num_threads: int | None = None,
     ) -> list[np.ndarray]:
         """Like :meth:`encode_batch`, each text's ids cut to their first ``keep`` and put between
-        ``bos`` and ``eos`` (each only when not ``None``), in one new array per text.
-
-        ``tokenize`` brackets every document this way: with ``tokenizers``, the ids are cut and
-        bracketed while they are still the Python list ``Encoding.ids`` returns, so that they are
-        copied into an array once.
-        """
+        ``bos`` and ``eos`` (each only when not ``None``), in one new array per text (``tokenize``
+        brackets every document this way, so the ids are copied into an array once)."""
         if not texts:
             return []
         try:
@@ -272,12 +214,11 @@ class TokenizerHandle:
     ) -> list[np.ndarray]:
         tok = self.tokenizer
         texts = texts if isinstance(texts, list) else list(texts)
-        _size_rayon_pool(num_threads)
-        # encode_batch_fast skips the offsets, which we never use (same ids, less work).
+        _size_rayon_pool(_LIVE, num_threads)
+        # encode_batch_fast skips the offsets (same ids, less work). Encoding.ids builds a Python
+        # list; it is cut and bracketed as a list, then np.fromiter reads it once into its array.
         encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
         encodings = encode(texts, add_special_tokens=False)
-        # Encoding.ids builds a Python list (most of the cost of getting the ids out); it is cut and
-        # bracketed as a list, then np.fromiter reads it once into its array.
         out = []
         for enc in encodings:
             ids = enc.ids
@@ -325,93 +266,6 @@ class TokenizerHandle:
         return _encode_longest_first(one, texts, _thread_pool(threads - 1), threads)
 
 
-def _encode_longest_first(one: Callable[[str], np.ndarray], texts: Sequence[str], pool: ThreadPoolExecutor, threads: int) -> list:
-    """``[one(t) for t in texts]`` on ``threads`` threads: the calling thread and ``threads - 1`` of ``pool``.
-
-    Every thread takes the longest text not yet taken until none is left, so the work stays
-    balanced (no thread is left alone with one long document) even when the OS preempts one of
-    them, and a call costs ``threads - 1`` futures instead of one per text.
-    """
-    out: list = [None] * len(texts)
-    order = iter(sorted(range(len(texts)), key=lambda i: -len(texts[i])))
-    lock = threading.Lock()
-
-    def drain() -> None:
-        try:
-            while True:
-                with lock:
-                    i = next(order, None)
-                if i is None:
-                    return
-                out[i] = one(texts[i])
-        except BaseException:
-            with lock:
-                for _ in order:  # the other threads stop at their next text
-                    pass
-            raise
-
-    futures = [pool.submit(drain) for _ in range(threads - 1)]
-    error: BaseException | None = None
-    try:
-        drain()
-    except BaseException as exc:
-        error = exc
-    for f in futures:  # wait for every thread, then raise the first failure
-        if error is None:
-            error = f.exception()
-        else:
-            f.exception()
-    if error is not None:
-        raise error
-    return out
-
-
-#: Encoder threads beyond one per CPU for encodes started in the current thread's context; the
-#: runtime's read-ahead thread sets 1 (see :func:`_encoder_threads`).
-EXTRA_ENCODER_THREADS: contextvars.ContextVar[int] = contextvars.ContextVar("zephon_extra_encoder_threads", default=0)
-
-
-def _encoder_threads() -> int:
-    """The encoder's threads when ``parallelism`` is not given: in the calling process one per CPU, and
-    one more in the read-ahead thread; in a worker process, its share.
-
-    A worker process of ``workers=N`` gets ``ZEPHON_ENCODER_THREADS`` = CPUs // N, so that N
-    workers do not each start a thread per CPU, and even a single worker leaves the main process
-    room to receive its batches. In the calling process, the read-ahead thread encodes while the
-    lanes run Python code in another thread, and each tiktoken call takes the GIL back between
-    documents: one more thread keeps the cores busy while another waits for it (the figures are in
-    ``benchmarks/README.md``, "Tokenizer fast paths").
-    """
-    env = os.environ.get("ZEPHON_ENCODER_THREADS", "")
-    if env.isdigit() and int(env) > 0:
-        return int(env)  # a worker's share: one more each would put W more threads on the cores
-    return _cpu_count() + EXTRA_ENCODER_THREADS.get()
-
-
-def _size_rayon_pool(threads: int | None) -> None:
-    """Size tokenizers' Rayon pool for ``threads`` before its first use in this process, else warn once.
-
-    Rayon reads ``RAYON_NUM_THREADS`` when the pool starts (at the first parallel batch encode of
-    the process), and the pool then keeps its size.
-    """
-    started = _LIVE.peek(("rayon",))
-    if started is None:
-        if threads is not None:
-            os.environ["RAYON_NUM_THREADS"] = str(threads)
-        env = os.environ.get("RAYON_NUM_THREADS", "")
-        _LIVE.get(("rayon",), lambda: int(env) if env.isdigit() and int(env) > 0 else _cpu_count())
-        return
-    if threads is not None and threads != started and _LIVE.peek(("rayon-warned", threads)) is None:
-        _LIVE.get(("rayon-warned", threads), lambda: True)
-        logger.warning(
-            "tokenize(parallelism=%d): the tokenizers thread pool of this process already runs %d threads and cannot "
-            "be resized; the first tokenize to encode in a process sets it (or RAYON_NUM_THREADS, set before that), "
-            "and with workers > 0 each worker process sizes its own",
-            threads,
-            started,
-        )
-
-
 def _raise_unencodable(texts: Sequence[str], exc: BaseException) -> None:
     for i, text in enumerate(texts):
         if not isinstance(text, str):
@@ -425,10 +279,7 @@ def _raise_unencodable(texts: Sequence[str], exc: BaseException) -> None:
             ) from exc
 
 
-# -- per-process caches -------------------------------------------------------------------------------
-
-# Live tokenizers, tiktoken encodings and thread pools, rebuilt in each process (never inherited
-# through fork: pool threads do not survive it).
+# Live tokenizers, tiktoken encodings and thread pools, rebuilt in each process (pool threads do not survive fork).
 _LIVE = ProcessCache()
 # Whether the tiktoken path proved exact, by tokenizer content. Kept in forked children: the
 # verdict depends only on the content, and proving it again takes seconds for large vocabularies.
@@ -439,53 +290,35 @@ def _thread_pool(threads: int) -> ThreadPoolExecutor:
     return _LIVE.get(("pool", threads), lambda: ThreadPoolExecutor(threads, thread_name_prefix="zephon-tiktoken"))
 
 
-def _cpu_count() -> int:
-    """CPUs this process may run on (its affinity mask, where the platform has one)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-# -- loading ------------------------------------------------------------------------------------------
-
-
 def load_tokenizer(tokenizer: Any = None, tokenizer_id: str | None = None, *, backend: str = "auto") -> TokenizerHandle:
     """Resolve a tokenizer into a :class:`TokenizerHandle`.
 
-    Special ids come from ``tokenizer_config.json`` / ``special_tokens_map.json`` when they are
-    present (the latter wins, as in transformers; a key set to ``null`` means "none"), from a
-    transformers tokenizer's ``bos_token_id``/``eos_token_id``/``pad_token_id``, and otherwise from
-    well-known special tokens of the vocabulary (``<s>``/``</s>``, ``<|begin_of_text|>``/
-    ``<|end_of_text|>``, ``<bos>``/``<eos>``, ``[CLS]``/``[SEP]``, ``<pad>``/``[PAD]``...). A bare
-    GPT-2 ``tokenizer.json`` resolves ``<|endoftext|>`` as EOS only; GPT-2's own
-    ``tokenizer_config.json`` also names it BOS, and wins when present.
+    Special ids come from ``tokenizer_config.json`` / ``special_tokens_map.json`` (the latter wins,
+    as in transformers; ``null`` means "none"), from a transformers tokenizer's ``*_token_id``
+    attributes, else from well-known special tokens of the vocabulary (``<s>``/``</s>``,
+    ``<|begin_of_text|>``/``<|end_of_text|>``, ``[CLS]``/``[SEP]``, ``<pad>``...). A bare GPT-2
+    ``tokenizer.json`` resolves ``<|endoftext|>`` as EOS only; GPT-2's ``tokenizer_config.json``
+    also names it BOS, and wins when present.
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer``; an object exposing one as ``backend_tokenizer``
             (a transformers fast tokenizer); a path to a ``tokenizer.json`` file or to a folder
             holding one; or a :class:`TokenizerHandle`.
-        tokenizer_id: a local path (as above) or a Hugging Face model id such as ``"gpt2"`` or
-            ``"org/name"``, looked up in the local hub cache (``$HF_HUB_CACHE``, ``$HF_HOME/hub``,
-            ``~/.cache/huggingface/hub``) and, when ``huggingface_hub`` is installed and not
-            offline (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``), downloaded; a connection probe
-            of about a second (to ``$HF_ENDPOINT`` or the HTTPS proxy) comes first, so that an
-            unreachable hub fails at once instead of after the hub client's retries.
-        backend: ``"tokenizers"``; ``"tiktoken"`` (used when it is verified exact for this
-            tokenizer, else an error: an explicit request is never replaced); or ``"auto"``
-            (tiktoken when it is installed and exact, else ``tokenizers``, logged at INFO). The
-            handle's ``backend`` says which one is used.
-
-    Returns:
-        The handle.
+        tokenizer_id: a local path or a Hugging Face model id (``"gpt2"``, ``"org/name"``), looked
+            up in the local hub cache (``$HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``)
+            and else downloaded when ``huggingface_hub`` is installed and not offline
+            (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``), after a connection probe of about a second
+            (:mod:`zephon.text.hub`).
+        backend: ``"tokenizers"``; ``"tiktoken"`` (when verified exact for this tokenizer, else an
+            error: an explicit request is never replaced); or ``"auto"`` (tiktoken when installed
+            and exact, else ``tokenizers``, logged at INFO). The handle's ``backend`` says which.
 
     Raises:
         TokenizerLoadError: nothing or both of ``tokenizer``/``tokenizer_id`` given, a path with no
-            ``tokenizer.json``, an unreadable file, or a model id neither cached nor downloadable.
+            ``tokenizer.json``, an unreadable file, a model id neither cached nor downloadable, or
+            ``backend="tiktoken"`` for a tokenizer tiktoken cannot encode exactly.
         TypeError: ``tokenizer`` is of an unsupported type.
-        ValueError: ``backend`` is not one of ``"auto"``, ``"tokenizers"``, ``"tiktoken"``; or
-            ``backend="tiktoken"`` for a tokenizer tiktoken cannot encode exactly
-            (``TokenizerLoadError``, with the reason).
+        ValueError: ``backend`` is not one of ``"auto"``, ``"tokenizers"``, ``"tiktoken"``.
         ImportError: ``backend="tiktoken"`` without tiktoken installed (``pip install 'zephon[fast]'``).
     """
     if backend not in BACKENDS:
@@ -532,11 +365,8 @@ def _from_object(obj: Any) -> TokenizerHandle:
         return _make_handle(obj, {}, "tokenizers.Tokenizer object")
     backend = getattr(obj, "backend_tokenizer", None)
     if isinstance(backend, Tokenizer):
-        ids = {}
-        for role in ("bos", "eos", "pad"):
-            if hasattr(obj, f"{role}_token_id"):
-                value = getattr(obj, f"{role}_token_id")
-                ids[role] = None if value is None else int(value)
+        given = {role: getattr(obj, f"{role}_token_id") for role in _ROLES if hasattr(obj, f"{role}_token_id")}
+        ids = {role: None if value is None else int(value) for role, value in given.items()}
         name = getattr(obj, "name_or_path", None) or type(obj).__name__
         return _make_handle(backend, ids, f"{type(obj).__name__} {name!r}")
     raise TypeError(
@@ -553,14 +383,15 @@ def _from_path(path: Path) -> TokenizerHandle:
     if not file.is_file():
         present = sorted(p.name for p in folder.iterdir())[:12]
         slow = [n for n in present if n in ("vocab.json", "merges.txt", "tokenizer.model", "vocab.txt", "spiece.model")]
-        hint = (
-            f"; it holds {slow}, the files of a slow tokenizer: save a fast one first, e.g. "
-            "AutoTokenizer.from_pretrained(folder).save_pretrained(folder) with transformers"
-            if slow
-            else ""
-        )
+        hint = ""
+        if slow:
+            hint = (
+                f"; it holds {slow}, the files of a slow tokenizer: save a fast one first, e.g. "
+                "AutoTokenizer.from_pretrained(folder).save_pretrained(folder) with transformers"
+            )
         raise TokenizerLoadError(f"no tokenizer.json in {str(folder)!r} (it holds {present}){hint}")
-    cached = _cached_file_handle(file, path.is_dir())
+    key = _file_key(file)
+    cached = _cached_file_handle(file, key, path.is_dir()) if key else None
     if cached is not None:
         return cached
     try:
@@ -570,36 +401,35 @@ def _from_path(path: Path) -> TokenizerHandle:
             f"cannot read {str(file)!r} as a Hugging Face tokenizer.json ({type(exc).__name__}: {exc}); "
             "pass the tokenizer.json written by tokenizers/transformers, or the folder holding it"
         ) from exc
-    if not path.is_dir():
-        # A file stands alone: sibling config files are read only when the folder is passed.
-        handle = _make_handle(tok, {}, str(file), owned=True)
-    else:
-        handle = _make_handle(tok, _config_ids(tok, _read_special_config(folder), folder), str(folder), owned=True)
-    _store_file_handle(file, tok, handle)
+    # A file stands alone: sibling config files are read only when the folder is passed.
+    ids = _config_ids(tok, _read_special_config(folder), folder) if path.is_dir() else {}
+    handle = _make_handle(tok, ids, str(folder if path.is_dir() else file), owned=True)
+    if key:
+        entry = {"json": handle.tokenizer_json, "content": handle._content, "ids": _guess_ids(tok)}
+        _tokcache.store_entry("file", key, {**entry, "encode_special_tokens": handle.encode_special_tokens})
     return handle
 
 
-def _cached_file_handle(file: Path, folder_given: bool) -> TokenizerHandle | None:
-    """The handle of ``file`` from the on-disk cache (:mod:`zephon.text.tokenizer_cache`), or ``None``.
-
-    The canonical JSON and the guessed ids are looked up by the file's sha256; the live tokenizer
-    is then built from that JSON only when something needs it. A folder's config files are read
-    every time (they are small, and not part of the key).
-    """
+def _file_key(file: Path) -> str | None:
+    """The key of ``file`` in the on-disk cache (the sha256 of its bytes); ``None`` with the cache off."""
     if not _tokcache.cache_enabled():
         return None
     try:
-        digest = _tokcache.file_digest(str(file))
+        return _tokcache.file_digest(str(file))
     except OSError:
         return None
-    entry = _tokcache.load_entry("file", digest)
+
+
+def _cached_file_handle(file: Path, key: str, folder_given: bool) -> TokenizerHandle | None:
+    """The handle of ``file`` from its cache entry (canonical JSON and guessed ids), or ``None``; a
+    folder's config files are read every time (they are small, and not part of the key)."""
+    entry = _tokcache.load_entry("file", key)
     if entry is None:
         return None
     try:
-        guessed = {role: entry["ids"][role] for role in ("bos", "eos", "pad")}
+        guessed = {role: entry["ids"][role] for role in _ROLES}
         handle = TokenizerHandle(
-            entry["json"], guessed["bos"], guessed["eos"], guessed["pad"], "tokenizers", bool(entry["encode_special_tokens"]),
-            str(file),
+            entry["json"], *guessed.values(), "tokenizers", bool(entry["encode_special_tokens"]), str(file)
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -607,28 +437,8 @@ def _cached_file_handle(file: Path, folder_given: bool) -> TokenizerHandle | Non
         return None
     if not folder_given:
         return handle
-    ids = _config_ids(handle, _read_special_config(file.parent), file.parent)
-    if not ids:
-        return attrs.evolve(handle, source=str(file.parent))
-    return attrs.evolve(
-        handle, source=str(file.parent), **{f"{role}_token_id": ids[role] if role in ids else guessed[role] for role in ("bos", "eos", "pad")}
-    )
-
-
-def _store_file_handle(file: Path, tok: Any, handle: TokenizerHandle) -> None:
-    if not _tokcache.cache_enabled():
-        return
-    try:
-        digest = _tokcache.file_digest(str(file))
-    except OSError:
-        return
-    entry = {
-        "json": handle.tokenizer_json,
-        "content": handle._content,
-        "ids": _guess_ids(tok),
-        "encode_special_tokens": handle.encode_special_tokens,
-    }
-    _tokcache.store_entry("file", digest, entry)
+    ids = _resolved(_config_ids(handle, _read_special_config(file.parent), file.parent), guessed)
+    return attrs.evolve(handle, source=str(file.parent), **{f"{role}_token_id": v for role, v in ids.items()})
 
 
 def _read_special_config(folder: Path) -> dict[str, Any]:
@@ -642,9 +452,7 @@ def _read_special_config(folder: Path) -> dict[str, Any]:
         except (OSError, ValueError) as exc:
             raise TokenizerLoadError(f"cannot read {str(p)!r}: {exc}; fix or remove it") from exc
         if isinstance(data, dict):
-            for role in ("bos", "eos", "pad"):
-                if f"{role}_token" in data:
-                    merged[role] = data[f"{role}_token"]
+            merged.update({role: data[f"{role}_token"] for role in _ROLES if f"{role}_token" in data})
     return merged
 
 
@@ -653,34 +461,27 @@ def _config_ids(tok: Any, config: dict[str, Any], folder: Path) -> dict[str, int
     for role, value in config.items():
         if isinstance(value, dict):
             value = value.get("content")
-        if value is None:
-            ids[role] = None
-            continue
-        tid = tok.token_to_id(str(value))
-        if tid is None:
+        ids[role] = None if value is None else tok.token_to_id(str(value))
+        if value is not None and ids[role] is None:
             logger.warning(
                 "tokenizer in %s: %s_token %r from its config is not in the vocabulary; treating it as absent",
-                folder,
-                role,
-                value,
+                folder, role, value,
             )
-        ids[role] = tid
     return ids
 
 
-def _special_contents(tok: Any) -> set[str]:
-    try:
-        return {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
-    except AttributeError:  # very old tokenizers
-        return set()
-
-
 def _guess_ids(tok: Any) -> dict[str, int | None]:
-    specials = _special_contents(tok)
-    out: dict[str, int | None] = {}
-    for role, candidates in (("bos", _BOS_CANDIDATES), ("eos", _EOS_CANDIDATES), ("pad", _PAD_CANDIDATES)):
-        out[role] = next((tok.token_to_id(c) for c in candidates if c in specials), None)
-    return out
+    try:
+        specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    except AttributeError:  # very old tokenizers
+        specials = set()
+    candidates = (_BOS_CANDIDATES, _EOS_CANDIDATES, _PAD_CANDIDATES)
+    return {role: next((tok.token_to_id(c) for c in cs if c in specials), None) for role, cs in zip(_ROLES, candidates)}
+
+
+def _resolved(ids: dict[str, int | None], guessed: dict[str, int | None]) -> dict[str, int | None]:
+    """Each role's id: as given in ``ids`` (``None`` included), else as guessed."""
+    return {role: ids[role] if role in ids else guessed[role] for role in _ROLES}
 
 
 def _canonical_json(tok: Any) -> str:
@@ -692,24 +493,15 @@ def _canonical_json(tok: Any) -> str:
             "not supported, " + _LOCAL_ADVICE
         ) from exc
     # Truncation and padding are zephon's job (and would silently change ids); drop them.
-    spec["truncation"] = None
-    spec["padding"] = None
+    spec.update(truncation=None, padding=None)
     return json.dumps(spec, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def _make_handle(tok: Any, ids: dict[str, int | None], source: str, *, owned: bool = False) -> TokenizerHandle:
     """The handle of ``tok``; ``owned`` when no one else holds ``tok``, so it may serve as the live copy."""
-    guessed = _guess_ids(tok)
-    resolved = {role: ids[role] if role in ids else guessed[role] for role in ("bos", "eos", "pad")}
-    handle = TokenizerHandle(
-        _canonical_json(tok),
-        resolved["bos"],
-        resolved["eos"],
-        resolved["pad"],
-        "tokenizers",
-        bool(getattr(tok, "encode_special_tokens", False)),
-        source,
-    )
+    resolved = _resolved(ids, _guess_ids(tok))
+    special = bool(getattr(tok, "encode_special_tokens", False))
+    handle = TokenizerHandle(_canonical_json(tok), *resolved.values(), "tokenizers", special, source)
     if owned:
         # Saves rebuilding it from the JSON in this process; a caller's object is never reused,
         # since the caller may still change it.
@@ -719,93 +511,8 @@ def _make_handle(tok: Any, ids: dict[str, int | None], source: str, *, owned: bo
     return handle
 
 
-# -- Hugging Face hub ----------------------------------------------------------------------------------
-
-
-def _hub_cache_dir() -> Path:
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(var):
-            return Path(os.environ[var]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "huggingface" / "hub"
-
-
-def _offline() -> bool:
-    truthy = ("1", "on", "yes", "true")
-    if any(os.environ.get(v, "").strip().lower() in truthy for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
-        return True
-    try:
-        from huggingface_hub import constants
-    except ImportError:
-        return False
-    return bool(getattr(constants, "HF_HUB_OFFLINE", False))
-
-
-#: Seconds the hub probe waits for a TCP connection (name resolution included).
-HUB_PROBE_TIMEOUT_S = 1.0
-
-
-def _hub_address() -> tuple[str, int]:
-    """``(host, port)`` a download would connect to first: the HTTPS proxy if one is set, else the hub.
-
-    The hub is ``$HF_ENDPOINT`` (as ``huggingface_hub`` reads it), by default ``https://huggingface.co``.
-    """
-    from urllib.parse import urlsplit
-    from urllib.request import getproxies, proxy_bypass
-
-    endpoint = os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co"
-    url = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
-    host = url.hostname or "huggingface.co"
-    proxy = getproxies().get(url.scheme) or getproxies().get("all")
-    if proxy and not proxy_bypass(host):
-        purl = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-        if purl.hostname:
-            return purl.hostname, purl.port or (443 if purl.scheme == "https" else 80)
-    return host, url.port or (443 if url.scheme == "https" else 80)
-
-
-def _hub_unreachable() -> str:
-    """``""`` when a TCP connection to the hub (:func:`_hub_address`) opens within
-    :data:`HUB_PROBE_TIMEOUT_S`, else why not.
-
-    A download attempt against an unreachable hub retries for about 20 seconds; this probe
-    answers within about a second, so that ``tokenizer_id=`` fails fast offline. The probe runs in
-    a daemon thread, because name resolution ignores socket timeouts.
-    """
-    import socket
-
-    host, port = _hub_address()
-    outcome: list[str] = []
-
-    def probe() -> None:
-        try:
-            socket.create_connection((host, port), timeout=HUB_PROBE_TIMEOUT_S).close()
-            outcome.append("")
-        except OSError as exc:
-            outcome.append(f"{type(exc).__name__}: {exc}")
-
-    thread = threading.Thread(target=probe, name="zephon-hub-probe", daemon=True)
-    thread.start()
-    thread.join(HUB_PROBE_TIMEOUT_S + 0.25)
-    if not outcome:
-        return f"no connection to {host}:{port} within {HUB_PROBE_TIMEOUT_S:g} s"
-    return f"no connection to {host}:{port} ({outcome[0]})" if outcome[0] else ""
-
-
 def _cached_snapshot(repo_id: str, cache: Path) -> Path | None:
-    repo_dir = cache / ("models--" + repo_id.replace("/", "--"))
-    snapshots = repo_dir / "snapshots"
-    if not snapshots.is_dir():
-        return None
-    ref = repo_dir / "refs" / "main"
-    if ref.is_file():
-        commit = ref.read_text(encoding="utf-8").strip()
-        if (snapshots / commit / "tokenizer.json").is_file():
-            return snapshots / commit
-    found = sorted(p for p in snapshots.iterdir() if (p / "tokenizer.json").is_file())
+    found = _hub.snapshots(repo_id, cache)
     if len(found) > 1:
         raise TokenizerLoadError(
             f"tokenizer_id={repo_id!r}: the hub cache holds {len(found)} snapshots with a tokenizer.json "
@@ -821,35 +528,14 @@ def _from_id(tokenizer_id: str) -> TokenizerHandle:
         return _from_path(local)
     if tokenizer_id.startswith(("/", "./", "../", "~")) or tokenizer_id.endswith(".json"):
         raise TokenizerLoadError(f"tokenizer_id={tokenizer_id!r}: no such file or folder")
-    cache = _hub_cache_dir()
+    cache = _hub.cache_dir()
     snapshot = _cached_snapshot(tokenizer_id, cache)
     if snapshot is not None:
-        handle = _from_path(snapshot)
-        return attrs.evolve(handle, source=f"{tokenizer_id} (hub cache {snapshot})")
+        return attrs.evolve(_from_path(snapshot), source=f"{tokenizer_id} (hub cache {snapshot})")
     looked = cache / ("models--" + tokenizer_id.replace("/", "--")) / "snapshots" / "*" / "tokenizer.json"
-    try:
-        from huggingface_hub import hf_hub_download
-    except ImportError:
-        reason = "huggingface_hub is not installed"
-    else:
-        if _offline():
-            reason = "offline mode is on (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE)"
-        elif unreachable := _hub_unreachable():
-            reason = f"{unreachable}; HF_HUB_OFFLINE=1 skips the probe"
-        else:
-            try:
-                file = Path(hf_hub_download(tokenizer_id, "tokenizer.json", cache_dir=str(cache)))
-            except Exception as exc:
-                first = str(exc).splitlines()[0] if str(exc) else ""
-                reason = f"the download failed ({type(exc).__name__}: {first}; HF_HUB_OFFLINE=1 skips the attempt)"
-            else:
-                for extra in ("tokenizer_config.json", "special_tokens_map.json"):
-                    try:
-                        hf_hub_download(tokenizer_id, extra, cache_dir=str(cache))
-                    except Exception:  # optional files; absent for many models
-                        pass
-                handle = _from_path(file.parent)
-                return attrs.evolve(handle, source=f"{tokenizer_id} (downloaded to {file.parent})")
+    folder, reason = _hub.download(tokenizer_id, cache)
+    if folder is not None:
+        return attrs.evolve(_from_path(folder), source=f"{tokenizer_id} (downloaded to {folder})")
     raise TokenizerLoadError(
         f"cannot load tokenizer_id={tokenizer_id!r}: it is not a local path, it is not in the local Hugging Face "
         f"cache (looked for {looked}), and it cannot be fetched from the hub: {reason}. To use a tokenizer you have as a "
@@ -857,15 +543,9 @@ def _from_id(tokenizer_id: str) -> TokenizerHandle:
     )
 
 
-# -- choosing the backend -------------------------------------------------------------------------------
-
-
 def _choose_backend(handle: TokenizerHandle, backend: str) -> str:
-    """The encoder ``handle`` uses for ``backend``: an explicit ``"tiktoken"`` is used or raises, never replaced.
-
-    ``"auto"`` takes tiktoken when it is installed and proven exact for this tokenizer, else
-    ``tokenizers`` (logged at INFO); the choice is the handle's ``backend``.
-    """
+    """The encoder ``handle`` uses for ``backend``: an explicit ``"tiktoken"`` is used or raises, never replaced;
+    ``"auto"`` takes tiktoken when it is installed and proven exact, else ``tokenizers`` (logged at INFO)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
     if backend == "tokenizers":
@@ -891,14 +571,11 @@ def _choose_backend(handle: TokenizerHandle, backend: str) -> str:
 
 
 def _prove_tiktoken(handle: TokenizerHandle) -> str:
-    """``""`` when the tiktoken path is exact for ``handle`` (its encoding is then kept), else why not.
-
-    The outcome is kept in the on-disk cache (:mod:`zephon.text.tokenizer_cache`) under the content digest,
-    with tiktoken's inputs when it is exact, so later processes skip the checks.
-    """
+    """``""`` when the tiktoken path is exact for ``handle`` (its encoding is then kept), else why not;
+    the outcome goes to the on-disk cache, so later processes skip the checks."""
     key = handle._content
-    plan, reason = _cached_plan(handle)
-    if plan is None and reason:
+    plan, reason = _tokcache.load_proof(key)
+    if reason:
         return reason
     if plan is not None:
         try:
@@ -910,7 +587,7 @@ def _prove_tiktoken(handle: TokenizerHandle) -> str:
             return ""
     plan, reason = _tiktoken_plan(json.loads(handle.tokenizer_json))
     if plan is None:
-        _store_proof(handle, None, reason)
+        _tokcache.store_proof(key, None, reason)
         return reason
     try:
         encoding = _build_tiktoken(plan, key)
@@ -919,41 +596,5 @@ def _prove_tiktoken(handle: TokenizerHandle) -> str:
     reason = _verify_tiktoken(handle.tokenizer, encoding, plan, handle.encode_special_tokens)
     if not reason:
         _LIVE.get(("tiktoken", key), lambda: encoding)
-    _store_proof(handle, plan, reason)
+    _tokcache.store_proof(key, plan, reason)
     return reason
-
-
-def _cached_plan(handle: TokenizerHandle) -> tuple[dict | None, str]:
-    """From the on-disk cache: ``(plan, "")`` if tiktoken was proven exact, ``(None, reason)`` if
-    it was proven not to be, ``(None, "")`` if there is no usable entry."""
-    entry = _tokcache.load_entry("proof", handle._content)
-    if entry is None:
-        return None, ""
-    try:
-        if entry["reason"]:
-            return None, str(entry["reason"])
-        blob, ends, ids = entry["rank_bytes"], np.frombuffer(entry["rank_ends"], np.uint32), entry["rank_ids"]
-        starts = np.concatenate([[0], ends[:-1]]).tolist()
-        tokens = [blob[a:b] for a, b in zip(starts, ends.tolist())]
-        plan = {
-            "pattern": str(entry["pattern"]),
-            "ranks": dict(zip(tokens, np.frombuffer(ids, np.uint32).tolist())),
-            "specials": {str(k): int(v) for k, v in entry["specials"].items()},
-        }
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None, ""
-    return plan, ""
-
-
-def _store_proof(handle: TokenizerHandle, plan: dict | None, reason: str) -> None:
-    entry: dict[str, Any] = {"reason": reason}
-    if plan is not None and not reason:
-        tokens = list(plan["ranks"])
-        entry.update(
-            pattern=plan["pattern"],
-            rank_bytes=b"".join(tokens),  # the tokens' bytes back to back, their ends and their ids
-            rank_ends=np.cumsum([len(t) for t in tokens], dtype=np.uint32).tobytes(),
-            rank_ids=np.array(list(plan["ranks"].values()), dtype=np.uint32).tobytes(),
-            specials=plan["specials"],
-        )
-    _tokcache.store_entry("proof", handle._content, entry)

@@ -1,25 +1,20 @@
 """An on-disk cache of what loading a tokenizer computes: its canonical JSON, the tiktoken proof, fast-build files.
 
-Loading a ``tokenizer.json`` (its canonical JSON) and proving that tiktoken gives its ids exactly
-(:mod:`zephon.text.tiktoken_encoding`) would otherwise be paid in every process that starts. Both results are pure functions of their
-inputs, so they are kept in the user's cache folder (``$ZEPHON_CACHE_DIR``, else
-``~/.cache/zephon``), under ``tokenizers/``:
+Results that are pure functions of their inputs, kept in ``$ZEPHON_CACHE_DIR`` (else
+``~/.cache/zephon``) under ``tokenizers/`` instead of being paid in every process that starts:
 
 - ``file-<sha256 of the file's bytes>.msgpack``: the canonical tokenizer JSON and the special ids
   guessed from the vocabulary, for a ``tokenizer.json`` file loaded by path;
 - ``proof-<content digest>.msgpack``: whether tiktoken is exact for that content (or why not) and,
   when it is, tiktoken's inputs (pattern, byte ranks, special tokens);
 - ``bpe-<sha256 of the canonical JSON>.msgpack`` and its ``.vocab.json`` and ``.merges.txt``: a
-  BPE tokenizer's model as files that build it faster, once proven to give the same tokenizer
-  (:mod:`zephon.text.bpe_files`).
+  BPE model as files that build it faster, once proven (:mod:`zephon.text.bpe_files`).
 
-Keys name the content, never the path or the time, so an edited file gets a new entry, and every
-entry also holds :data:`_SALT` (the versions of ``tokenizers`` and ``tiktoken``, this format and the
-checks): any change there makes old entries unused. An entry must also repeat its key and, for a
-proof, the digest of the canonical JSON it was made from. Entries are written through a temporary
-file and ``os.replace``, so concurrent processes never read a partial entry; one that does not
-decode is ignored and rewritten. ``ZEPHON_TOKENIZER_CACHE=0`` turns the cache off (nothing read or
-written); an unwritable folder only means every process computes again.
+Keys name the content, never the path or the time. Every entry holds :func:`salt` (the versions
+of ``tokenizers`` and ``tiktoken``, :data:`FORMAT` and the check texts) and repeats its key; any
+mismatch makes it unused. Entries are written atomically (``os.replace``); one that does not
+decode is ignored and rewritten. ``ZEPHON_TOKENIZER_CACHE=0`` turns the cache off; an unwritable
+folder only means every process computes again.
 """
 
 from __future__ import annotations
@@ -30,10 +25,11 @@ import os
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from ..core.atomic import replacing
 
-__all__ = ["cache_enabled", "entry_path", "file_digest", "load_entry", "store_entry"]
+__all__ = ["cache_enabled", "entry_path", "file_digest", "load_entry", "load_proof", "store_entry", "store_proof"]
 
 logger = logging.getLogger("zephon")
 
@@ -53,27 +49,18 @@ def cache_folder() -> str:
     return os.path.join(os.path.abspath(os.path.expanduser(root)), "tokenizers")
 
 
-def _installed_version(name: str) -> str:
-    """The installed version of distribution ``name`` (``"-"`` if none), without importing it."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "-"
-
-
 def salt() -> str:
     """What every entry must have been made with: library versions, this format, the check texts."""
     global _salt
     if _salt is None:
-        try:
-            import tokenizers
+        from importlib.metadata import PackageNotFoundError, version
 
-            tk = tokenizers.__version__
-        except ImportError:  # pragma: no cover - tokenizers is a dependency
-            tk = "-"
-        tt = _installed_version("tiktoken")
+        from tokenizers import __version__ as tk
+
+        try:
+            tt = version("tiktoken")  # without importing it
+        except PackageNotFoundError:
+            tt = "-"
         from .tiktoken_encoding import _verification_texts
 
         texts = hashlib.sha256("\0".join(_verification_texts()).encode("utf-8", "surrogatepass")).hexdigest()[:16]
@@ -90,10 +77,6 @@ def file_digest(path: str) -> str:
     return h.hexdigest()
 
 
-def _path(kind: str, key: str) -> str:
-    return os.path.join(cache_folder(), f"{kind}-{key}.msgpack")
-
-
 def entry_path(kind: str, key: str, name: str) -> str:
     """The path of a file that belongs to the entry ``kind``/``key`` (``name``: its suffix)."""
     return os.path.join(cache_folder(), f"{kind}-{key}.{name}")
@@ -104,7 +87,7 @@ def load_entry(kind: str, key: str) -> dict[str, Any] | None:
     if not cache_enabled():
         return None
     try:
-        with open(_path(kind, key), "rb") as f:
+        with open(entry_path(kind, key, "msgpack"), "rb") as f:
             data = msgspec.msgpack.decode(f.read())
     except (OSError, msgspec.DecodeError, ValueError):
         return None
@@ -117,7 +100,7 @@ def store_entry(kind: str, key: str, entry: dict[str, Any]) -> None:
     """Store ``entry`` for ``key`` atomically; failures (an unwritable folder) are logged and ignored."""
     if not cache_enabled():
         return
-    target = _path(kind, key)
+    target = entry_path(kind, key, "msgpack")
     folder = os.path.dirname(target)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -125,3 +108,40 @@ def store_entry(kind: str, key: str, entry: dict[str, Any]) -> None:
             out.write(msgspec.msgpack.encode({**entry, "key": key, "salt": salt()}))
     except OSError as exc:
         logger.debug("zephon: cannot write the tokenizer cache %s: %s", folder, exc)
+
+
+def load_proof(key: str) -> tuple[dict | None, str]:
+    """The tiktoken proof for content ``key``: ``(plan, "")`` if tiktoken was proven exact,
+    ``(None, reason)`` if it was proven not to be, ``(None, "")`` if there is no usable entry."""
+    entry = load_entry("proof", key)
+    if entry is None:
+        return None, ""
+    try:
+        if entry["reason"]:
+            return None, str(entry["reason"])
+        blob, ends, ids = entry["rank_bytes"], np.frombuffer(entry["rank_ends"], np.uint32), entry["rank_ids"]
+        starts = np.concatenate([[0], ends[:-1]]).tolist()
+        tokens = [blob[a:b] for a, b in zip(starts, ends.tolist())]
+        plan = {
+            "pattern": str(entry["pattern"]),
+            "ranks": dict(zip(tokens, np.frombuffer(ids, np.uint32).tolist())),
+            "specials": {str(k): int(v) for k, v in entry["specials"].items()},
+        }
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None, ""
+    return plan, ""
+
+
+def store_proof(key: str, plan: dict | None, reason: str) -> None:
+    """Store the outcome of proving tiktoken for content ``key``, with its plan when it is exact."""
+    entry: dict[str, Any] = {"reason": reason}
+    if plan is not None and not reason:
+        tokens = list(plan["ranks"])
+        entry.update(
+            pattern=plan["pattern"],
+            rank_bytes=b"".join(tokens),  # the tokens' bytes back to back, their ends and their ids
+            rank_ends=np.cumsum([len(t) for t in tokens], dtype=np.uint32).tobytes(),
+            rank_ids=np.array(list(plan["ranks"].values()), dtype=np.uint32).tobytes(),
+            specials=plan["specials"],
+        )
+    store_entry("proof", key, entry)

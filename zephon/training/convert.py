@@ -1,13 +1,10 @@
 """Training tensors from a microbatch: shifted labels, loss masks, positions, boundaries, padding.
 
-:func:`to_training` is the last step between a :class:`~zephon.SampleBatch` and a training loop.
-It is a pure function of the batch and its options; it keeps no state. Its options form a
-:class:`~zephon.training.spec.TrainingSpec`, which validates them once and does the conversion:
-``to_training(batch, **options)`` is ``TrainingSpec(**options)(batch)``, and a loop that converts
-many batches with the same options can build the spec once and call it on each batch.
-
-This module sits below the records and the pipeline: it takes any object with ``records`` (and,
-optionally, ``pad_token_id``), so ``SampleBatch.to_training`` can delegate here.
+:func:`to_training` is the last step between a :class:`~zephon.SampleBatch` and a training loop, a
+pure function of the batch and its options: ``to_training(batch, **options)`` is
+``TrainingSpec(**options)(batch)`` (:class:`~zephon.training.spec.TrainingSpec`). It takes any
+object with ``records`` (and, optionally, ``pad_token_id``), so ``SampleBatch.to_training`` can
+delegate here from the layer below.
 """
 
 from __future__ import annotations
@@ -33,12 +30,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     # and, for packed rows, ``cu_seqlens``/``max_seqlen`` (document boundaries, int32) for its
     # packed-sequence attention (``PackedSeqParams``).
     "megatron": dict(
-        return_labels=True,
-        return_loss_mask=True,
-        return_cu_seqlens=True,
-        position_mode="sequence",
-        rename_fields={"input_ids": "tokens", "positions": "position_ids"},
-        exclude_fields=("ids", "texts"),
+        return_labels=True, return_loss_mask=True, return_cu_seqlens=True, position_mode="sequence",
+        rename_fields={"input_ids": "tokens", "positions": "position_ids"}, exclude_fields=("ids", "texts"),
     ),
 }
 
@@ -70,47 +63,36 @@ def training_spec(layout: str | None = None, **options: Any) -> TrainingSpec:
 def to_training(batch: Any, **options: Any) -> dict[str, Any]:
     """Convert a microbatch into the fields a training step consumes.
 
-    **What ``labels`` means.** With ``return_labels=True`` and the default
-    ``shift_labels=True``, inputs and labels are already shifted:
-    ``input_ids = row[:-1]`` and ``labels = row[1:]``, so ``labels[t]`` is the token the model
-    must predict after reading ``input_ids[: t + 1]`` (pack ``context + 1`` tokens per row). A
-    label is ``ignore_index`` when its target or the input predicting it is padding, when the
-    payload ``loss_mask`` is 0 on its target token, or (``eos_mask_loss``) when the input
-    predicting it is EOS. With ``shift_labels=False`` the labels are the Hugging Face layout for
-    models that shift internally: same length as ``input_ids``, ``labels[t] = input_ids[t]`` or
-    ``ignore_index``, under the same masking (so ``labels[:, 1:]`` of this layout equals the
-    shifted labels, and ``labels[:, 0]`` is always ignored: nothing predicts the first token).
+    **Labels.** With ``return_labels=True`` and the default ``shift_labels=True``, inputs and
+    labels are already shifted: ``input_ids = row[:-1]``, ``labels = row[1:]``, so ``labels[t]`` is
+    the token to predict after reading ``input_ids[: t + 1]`` (pack ``context + 1`` tokens per row).
+    A label is ``ignore_index`` when its target or the input predicting it is padding, when the
+    payload ``loss_mask`` is 0 on its target, or (``eos_mask_loss``) when the input predicting it
+    is EOS. ``shift_labels=False`` gives the Hugging Face layout for models that shift internally:
+    same length as ``input_ids``, ``labels[t] = input_ids[t]`` or ``ignore_index`` under the same
+    masking (``labels[:, 1:]`` equals the shifted labels; ``labels[:, 0]`` is always ignored).
 
-    The payload ``loss_mask`` (as ``tokenize_chat`` emits it) is aligned with the tokens and
-    marks *target* tokens: 1 on a token means "learn to produce this token". A prompt mask of 0
-    on ``[10, 20, 30]`` and 1 on ``[40, 50]`` therefore supervises the predictions 30->40 and
-    40->50. Token-aligned fields may be numpy arrays or plain lists (pre-tokenized JSON).
+    The payload ``loss_mask`` (as ``tokenize_chat`` emits it) is token-aligned and marks *target*
+    tokens: a prompt mask of 0 on ``[10, 20, 30]`` and 1 on ``[40, 50]`` supervises the predictions
+    30->40 and 40->50. Token-aligned fields may be numpy arrays or plain lists.
 
-    **Padding.** Records of different lengths must be padded: ``padding="longest"`` pads every
-    row to the longest record (rounded up to ``pad_to_multiple_of``), ``padding="max_length"``
-    to ``max_length`` (never truncating). Padding is added on ``padding_side`` with the pad id
-    (token field) and 0 (every other field, positions included). It combines with the trailing
-    ``meta.padding_length`` of packed rows: both are masked by position in ``labels``,
-    ``padding_mask`` and ``attention_mask``. For ``cu_seqlens`` each block of added padding is
-    one segment of its own, like the padding tail of a packed row.
+    **Padding.** ``padding="longest"`` pads every row to the longest record (rounded up to
+    ``pad_to_multiple_of``), ``padding="max_length"`` to ``max_length`` (never truncating), on
+    ``padding_side``, with the pad id in the token field and 0 elsewhere. Added padding and the
+    trailing ``meta.padding_length`` of packed rows are masked by position; for ``cu_seqlens`` each
+    block of added padding is a segment of its own. The pad id is ``pad_token_id``, else the
+    batch's own (a tokenizing pipeline sets it: the tokenizer's pad, else EOS); padding without
+    either raises ``ValueError``, since id 0 is a real token in most vocabularies.
 
-    **The pad id.** Padding writes ``pad_token_id`` when given, else the batch's own
-    ``pad_token_id`` (a pipeline that tokenizes sets it on every batch from the tokenizer: its
-    pad token, else its EOS). When padding is requested and neither is known, the call raises
-    ``ValueError``: there is no default, because id 0 is a real token in most vocabularies and
-    the model would read it. Without padding no pad id is needed.
-
-    **Segments.** Fields that are not token-aligned (a ``doc_id``, a ``source``, an image's
-    ``pixel_values``) are never dropped: when a record of the batch carries any, ``segments``
-    holds, per record, one dict per segment (aligned with ``ids``): ``{"start": offset in the
-    output row, "length": its tokens, **its document's fields}``. ``start`` counts added left
-    padding and is taken before the label shift (``input_ids[i, start:start + length]`` are the
-    segment's tokens, except a row's last token, which shifted inputs drop; flattened, add
-    ``i * row width``). A ``pack_flat`` row's segments are those it carries; a plain record is
-    one segment holding its payload's fields other than the token field, ``text`` (in
-    ``texts``), ``positions``, ``loss_mask`` and token-aligned fields. Segment values stay Python
-    and numpy objects, copied from the payloads, whatever ``dtype``; a record field named
-    ``start`` or ``length``, or one that does not pickle, is refused naming it.
+    **Segments.** Fields that are not token-aligned (a ``doc_id``, ``pixel_values``) are never
+    dropped: when a record carries any, ``segments`` holds, per record, one dict per segment
+    (aligned with ``ids``): ``{"start": offset in the output row, "length": its tokens, **its
+    document's fields}``. ``start`` counts added left padding and is taken before the label shift
+    (flattened, add ``i * row width``).
+    A ``pack_flat`` row's segments are those it carries; a plain record is one segment holding its
+    payload's fields other than the token field, ``text``, ``positions``, ``loss_mask`` and
+    token-aligned fields. Values are copied and stay Python/numpy objects whatever ``dtype``; a
+    field named ``start`` or ``length``, or one that does not pickle, is refused naming it.
 
     Output keys, in order: ``ids``, ``texts``, ``segments``, ``padding_mask``, ``input_ids``,
     ``labels``, ``attention_mask``, extra fields (in the order given), ``positions``,
@@ -120,73 +102,57 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
     ``loss_mask=[]``, ``num_valid_tokens=0`` and ``cu_seqlens``/``max_seqlen`` = ``[]``/``[]``
     (``[0]``/``0`` when flattened).
 
-    The output depends only on the batch and the options; nothing is kept between calls, and
-    payloads are never modified or aliased by the output. To convert many batches with the same
-    options, build ``spec = TrainingSpec(**options)`` once and call ``spec(batch)``: the options
-    are then validated once, not per batch, and the output is the same.
+    The output depends only on the batch and the options; payloads are never modified or aliased.
+    ``TrainingSpec(**options)`` validates the options once for many batches, with the same output.
 
     Args:
-        batch: the microbatch: an object with ``records`` (each with a ``payload`` and a
-            ``meta`` holding ``padding_length`` and ``segments``) and, optionally,
-            ``pad_token_id``, such as a :class:`~zephon.SampleBatch`. Payloads are all dicts
-            (token field plus optional ``positions``, ``loss_mask``, ``text`` and extra fields)
-            or all bare 1-D arrays of tokens.
-        layout: a preset of the options below for one framework's field names: ``"megatron"``
-            gives ``tokens``, ``labels``, float32 ``loss_mask``, ``position_ids`` (0, 1, 2, ...
-            per row) and, from the payload ``positions`` of packed rows, ``cu_seqlens`` and
-            ``max_seqlen`` (see :data:`LAYOUTS`). Options given next to it override the preset.
+        batch: an object with ``records`` (each with a ``payload`` and a ``meta`` holding
+            ``padding_length`` and ``segments``) and, optionally, ``pad_token_id``, such as a
+            :class:`~zephon.SampleBatch`. Payloads are all dicts (token field plus optional
+            ``positions``, ``loss_mask``, ``text`` and extra fields) or all bare 1-D token arrays.
+        layout: a preset of the options below for one framework's field names (:data:`LAYOUTS`):
+            ``"megatron"`` gives ``tokens``, ``labels``, float32 ``loss_mask``, ``position_ids``
+            (0, 1, 2, ... per row) and ``cu_seqlens``/``max_seqlen``. Options given next to it win.
         tokens_field: the token field of dict payloads, or ``"auto"`` (default): the first of
-            input_ids, tokens, token_ids, ids that has a length. Ignored for array payloads. The
-            output is named ``input_ids`` whatever the source field.
+            input_ids, tokens, token_ids, ids that has a length. Emitted as ``input_ids``.
         return_labels: emit ``labels`` (see above). Default False.
-        dtype: ``"auto"`` (default: ``torch.long`` when torch is importable, else ``np.int64``),
-            ``None`` (Python lists), a numpy dtype (numpy arrays) or a torch dtype (tensors).
-            Every sequence field (tokens, labels, positions, attention mask, extra fields, the
-            raw payload loss mask) uses it; ``loss_mask`` is always float32, ``padding_mask``
-            bool, ``cu_seqlens``/``max_seqlen`` int32.
-        extra_fields: more token-aligned payload fields to stack (sliced like ``input_ids``).
-            ``positions`` is surfaced without being listed. Default ``()``.
+        dtype: ``"auto"`` (default: ``torch.long`` when torch imports, else ``np.int64``), ``None``
+            (Python lists), a numpy or a torch dtype, for every sequence field; ``loss_mask`` is
+            always float32, ``padding_mask`` bool, ``cu_seqlens``/``max_seqlen`` int32.
+        extra_fields: more token-aligned payload fields to stack (sliced like ``input_ids``);
+            ``positions`` is surfaced without being listed.
         ignore_index: the label value the loss skips. Default -100.
         rename_fields: ``{emitted name: new name}``, applied before exclusion. Sources must be
             emitted (except in an empty batch); swaps are allowed; targets must stay unique.
-        flatten: reshape every sequence field to ``[B * S]`` after shifting and masking;
-            ``ids`` and ``texts`` stay per-record lists and ``cu_seqlens`` becomes one compact
-            batch-wide array. Default False.
+        flatten: reshape every sequence field to ``[B * S]`` after shifting and masking (``ids``
+            and ``texts`` stay per record; ``cu_seqlens`` becomes one batch-wide array).
         exclude_fields: output names (after renaming) to drop; absent names are ignored.
-        return_num_valid_tokens: emit ``num_valid_tokens``, the Python int count of
-            ``labels != ignore_index``. Requires ``return_labels``.
-        return_loss_mask: emit a label-aligned float32 ``loss_mask`` equal to
-            ``labels != ignore_index`` after all masking. Requires ``return_labels``.
-        return_cu_seqlens: emit ``cu_seqlens`` and ``max_seqlen`` for variable-length
-            attention, from the zeros of the original payload ``positions`` (even with
-            ``position_mode="sequence"``). Not flat: int32 ``[B, K]``, each row padded with its
-            own length, and int32 ``[B]`` maxima. Flat: one int32 array ending at ``B * S`` and
-            a Python int maximum.
+        return_num_valid_tokens: emit the Python int count of ``labels != ignore_index``.
+        return_loss_mask: emit a label-aligned float32 ``loss_mask``, ``labels != ignore_index``.
+        return_cu_seqlens: emit ``cu_seqlens`` and ``max_seqlen`` for variable-length attention,
+            from the zeros of the payload ``positions`` (even with ``position_mode="sequence"``).
+            Not flat: int32 ``[B, K]``, each row padded with its own length, and int32 ``[B]``
+            maxima. Flat: one int32 array ending at ``B * S`` and a Python int maximum.
         return_padding_mask: emit a bool input-aligned ``padding_mask``, True on padding slots.
         eos_mask_loss: ignore every label predicted *from* an EOS input (the EOS -> next
-            document prediction, not the prediction of EOS). Requires ``return_labels`` and
-            ``eos_token_id``.
-        eos_token_id: the EOS id for ``eos_mask_loss`` (a non-negative integer); given without
-            ``eos_mask_loss`` it is ignored, with a warning pointing at the caller's line.
+            document prediction, not the prediction of EOS); needs ``eos_token_id``.
+        eos_token_id: the EOS id for ``eos_mask_loss``; given without it, ignored with a warning.
         position_mode: ``"preserve"`` (default) forwards the payload ``positions`` (per
             document); ``"sequence"`` emits ``0, 1, 2, ...`` over each record instead.
-        shift_labels: with ``return_labels``, ``True`` (default) shifts inputs and labels
-            (the next-token layout); ``False`` gives unshifted, same-length labels (Hugging Face models).
-        padding: ``None``/``False`` (default: records must have equal lengths), ``"longest"``
-            (or ``True``), or ``"max_length"``.
-        max_length: the row length for ``padding="max_length"``.
+        shift_labels: ``True`` (default) shifts inputs and labels; ``False`` gives same-length labels.
+        padding: ``None``/``False`` (default: equal lengths required), ``"longest"`` (or ``True``),
+            or ``"max_length"``.
+        max_length: the row length for ``padding="max_length"`` (never truncating).
         pad_to_multiple_of: round the padded length up to a multiple of this; with shifted
-            labels the rounded length is that of the returned ``input_ids`` (row length - 1).
-        padding_side: ``"right"`` (default) or ``"left"``; where added padding goes.
-        pad_token_id: the token id written into added padding slots; default ``None``: the
-            batch's ``pad_token_id``, required (from one or the other) when ``padding`` is
-            requested. It never matters for the loss, which masks padding by position.
-        return_attention_mask: emit ``attention_mask`` (1 on real tokens, 0 on every padding
-            slot). Default: whenever ``padding`` is requested, so every batch of a run has the
-            same keys even if it needed no padding.
-
-    Returns:
-        A dict of lists / numpy arrays / torch tensors as described above.
+            labels, the length of the returned ``input_ids`` (row length - 1).
+        padding_side: ``"right"`` (default) or ``"left"``.
+        pad_token_id: the id written into added padding slots; default: the batch's
+            ``pad_token_id``. It never matters for the loss, which masks padding by position.
+        return_attention_mask: emit ``attention_mask`` (1 on real tokens, 0 on padding). Default:
+            whenever ``padding`` is requested, so every batch of a run has the same keys.
+        The options that need labels (``return_loss_mask``, ``return_num_valid_tokens``,
+        ``eos_mask_loss``, ``shift_labels=False``) require ``return_labels``; the option table is
+        in ``docs/guide/training_tensors.md``.
 
     Raises:
         TypeError: an unknown option; payloads that are neither dicts nor arrays, a mix of

@@ -1,39 +1,31 @@
 """The options of :func:`~zephon.to_training` as a validated value, and their application to a batch.
 
-:class:`TrainingSpec` is a frozen attrs class built from ``to_training``'s keyword options. Its
-converters normalise them (``padding=True`` becomes ``"longest"``, name lists become tuples,
-numpy integers become ``int``) and its validators reject invalid values and combinations, once,
-when it is built. Calling it converts a batch; it keeps no state, so one spec serves every
-batch of a run, from any thread or process (it pickles).
+:class:`TrainingSpec` is a frozen attrs class built from ``to_training``'s keyword options: its
+converters normalise them and its validators reject invalid values and combinations, once. Calling
+it converts a batch; it keeps no state, so one spec serves every batch of a run, from any thread or
+process (it pickles). Everything is computed on contiguous numpy buffers; only the final conversion
+picks the framework (torch, imported lazily, wraps the buffers without a copy).
 
-Everything is computed on contiguous numpy buffers (one row copy per record, then vectorized
-masks), and only the final conversion picks the framework: torch tensors wrap those buffers
-without a copy. torch is imported lazily, only for torch output, so this module imports without it.
-
-Padding is always known *by position*, never by token id: the trailing ``meta.padding_length``
-slots that packing added, plus the slots that dynamic padding (``padding="longest"``) adds here.
-A pad id that also occurs as real content therefore never loses or gains supervision.
-
-A batch is anything with ``records`` (each with a ``payload`` and a ``meta`` holding
-``padding_length`` and ``segments``) and, optionally, ``pad_token_id``; this module imports
-nothing from the record or pipeline layers, which sit above it.
+Padding is known *by position*, never by token id: the trailing ``meta.padding_length`` slots
+that packing added, plus the slots that ``padding=`` adds here, so a pad id that also occurs as
+content never loses or gains supervision. A batch is anything with ``records`` (each with a
+``payload`` and a ``meta``) and, optionally, ``pad_token_id``: nothing from the layers above.
 """
 
 from __future__ import annotations
 
 import inspect
 import warnings
-from collections import Counter
 from typing import Any, Iterator, Mapping, Sequence
 
 import attrs
 import numpy as np
 
-from ..core.fields import SEGMENT_KEYS, TOKEN_FIELDS, check_carried, is_aligned, segment_entry, unique_names
+from ..core.fields import TOKEN_FIELDS, unique_names
+from .rows import _cu_seqlens, _fill, _gather, _Output, _rename_and_exclude, _segments
 
 __all__ = ["TrainingSpec"]
 
-_INT32_MAX = 2**31 - 1
 _POSITION_MODES = ("preserve", "sequence")
 _PADDING_SIDES = ("right", "left")
 #: Modules whose frames a warning skips to reach the caller: this package and attrs (evolve).
@@ -95,37 +87,33 @@ def _optional_nonnegative_int(spec: Any, attribute: attrs.Attribute, value: Any)
         raise ValueError(f"to_training: {attribute.name} must be a nonnegative integer{tail}, got {value!r}")
 
 
-def _check_tokens_field(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"to_training: tokens_field must be a payload field name or 'auto', got {value!r}")
+def _check(valid: Any, error: type[Exception], message: str):
+    """A validator raising ``error(message)`` unless ``valid(value)``; ``{value}``, ``{kind}``: the value, its type."""
+
+    def check(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if not valid(value):
+            raise error(message.format(value=value, kind=type(value).__name__))
+
+    return check
 
 
-def _check_ignore_index(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if not _is_int(value):
-        raise ValueError(f"to_training: ignore_index must be an integer, got {value!r}")
-
-
-def _check_renames(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if not isinstance(value, _FrozenDict):
-        raise TypeError(
-            f"to_training: rename_fields must be a mapping {{emitted name: new name}}, got {type(value).__name__}"
-        )
-
-
-def _check_padding(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if not (value is None or (isinstance(value, str) and value in ("longest", "max_length"))):
-        raise ValueError(
-            f"to_training: padding must be None/False, 'longest' (or True) or 'max_length', got {value!r}"
-        )
-
-
-def _check_attention(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None and not isinstance(value, bool):
-        raise ValueError(f"to_training: return_attention_mask must be None, True or False, got {value!r}")
-
-
-def _output_of(spec: TrainingSpec) -> _Output:
-    return _Output.of(spec.dtype)
+_check_tokens_field = _check(
+    lambda v: isinstance(v, str), TypeError,
+    "to_training: tokens_field must be a payload field name or 'auto', got {value!r}",
+)
+_check_ignore_index = _check(_is_int, ValueError, "to_training: ignore_index must be an integer, got {value!r}")
+_check_renames = _check(
+    lambda v: isinstance(v, _FrozenDict), TypeError,
+    "to_training: rename_fields must be a mapping {{emitted name: new name}}, got {kind}",
+)
+_check_padding = _check(
+    lambda v: v is None or (isinstance(v, str) and v in ("longest", "max_length")), ValueError,
+    "to_training: padding must be None/False, 'longest' (or True) or 'max_length', got {value!r}",
+)
+_check_attention = _check(
+    lambda v: v is None or isinstance(v, bool), ValueError,
+    "to_training: return_attention_mask must be None, True or False, got {value!r}",
+)
 
 
 # -- the spec ------------------------------------------------------------------------------------------
@@ -145,13 +133,11 @@ class TrainingSpec:
     Attributes:
         extra_fields, exclude_fields: tuples of names (``extra_fields`` without repeats).
         rename_fields: a read-only ``{emitted name: new name}`` mapping, empty for ``None``.
-        padding: ``None`` (no padding), ``"longest"`` or ``"max_length"``; ``False`` and
-            ``"do_not_pad"`` become ``None``, ``True`` becomes ``"longest"``.
-        ignore_index, eos_token_id, max_length, pad_to_multiple_of, pad_token_id: Python ints
-            (or ``None`` where allowed), numpy integers included.
-        return_labels, shift_labels, flatten, eos_mask_loss, and the ``return_*`` flags other
-            than ``return_attention_mask``: bools (by truth value).
-        The other options are kept as given.
+        padding: ``None``, ``"longest"`` or ``"max_length"`` (``False`` and ``"do_not_pad"`` become
+            ``None``, ``True`` becomes ``"longest"``).
+        ignore_index, eos_token_id, max_length, pad_to_multiple_of, pad_token_id: Python ints (or ``None``).
+        return_labels, shift_labels, flatten, eos_mask_loss and the ``return_*`` flags other than
+            ``return_attention_mask``: bools (by truth value). The other options are kept as given.
 
     Raises:
         TypeError: an unknown option, a bare string for ``exclude_fields`` / ``extra_fields``, a
@@ -196,7 +182,7 @@ class TrainingSpec:
     return_attention_mask: bool | None = attrs.field(default=None, validator=_check_attention)
     # Derived from dtype when the spec is built ("auto" looks for torch once, not per batch).
     _output: _Output = attrs.field(
-        init=False, default=attrs.Factory(_output_of, takes_self=True), repr=False, eq=False
+        init=False, default=attrs.Factory(lambda spec: _Output.of(spec.dtype), takes_self=True), repr=False, eq=False
     )
 
     def __attrs_post_init__(self) -> None:
@@ -309,23 +295,16 @@ class TrainingSpec:
         """
         pad_id = self.pad_token_id_for(batch)  # before the empty-batch shortcut: a missing id fails on every batch
 
-        # -- empty batch -----------------------------------------------------------------------------------
         records = batch.records
         if not records:
-            empty: dict[str, Any] = {"ids": [], "texts": []}
-            if self.return_padding_mask:
-                empty["padding_mask"] = []
-            if self.emit_attention:
-                empty["attention_mask"] = []
-            if self.position_mode == "sequence":
-                empty["positions"] = []
-            if self.return_loss_mask:
-                empty["loss_mask"] = []
-            if self.return_num_valid_tokens:
-                empty["num_valid_tokens"] = 0
-            if self.return_cu_seqlens:
-                empty["cu_seqlens"] = [0] if self.flatten else []
-                empty["max_seqlen"] = 0 if self.flatten else []
+            flat, cu = self.flatten, self.return_cu_seqlens
+            optional = (
+                ("padding_mask", self.return_padding_mask, []), ("attention_mask", self.emit_attention, []),
+                ("positions", self.position_mode == "sequence", []), ("loss_mask", self.return_loss_mask, []),
+                ("num_valid_tokens", self.return_num_valid_tokens, 0),
+                ("cu_seqlens", cu, [0] if flat else []), ("max_seqlen", cu, 0 if flat else []),
+            )
+            empty = {"ids": [], "texts": [], **{name: value for name, wanted, value in optional if wanted}}
             return _rename_and_exclude(empty, self.rename_fields, self.exclude_fields, allow_missing=True)
 
         fast = self._packed(records) if self._packed_layout else None
@@ -485,7 +464,6 @@ class TrainingSpec:
             result["cu_seqlens"], result["max_seqlen"] = out.boundaries(*cu, self.flatten)
         return _rename_and_exclude(result, self.rename_fields, self.exclude_fields, allow_missing=False)
 
-
     @property
     def _packed_layout(self) -> bool:
         """Whether these options convert a batch of full packed rows to plain shifted ids, labels and
@@ -586,334 +564,3 @@ def _warn_at_caller(message: str) -> None:
         level += 1
     del frame  # do not keep the stack alive
     warnings.warn(message, UserWarning, stacklevel=level)
-
-
-class _Rows:
-    __slots__ = ("tokens", "texts", "positions", "loss_mask", "extras")
-
-    def __init__(self, tokens, texts, positions, loss_mask, extras):
-        self.tokens = tokens
-        self.texts = texts
-        self.positions = positions
-        self.loss_mask = loss_mask
-        self.extras = extras
-
-
-def _gather(records: Sequence[Any], tokens_field: str, extras: Sequence[str], *, need_positions: bool) -> _Rows:
-    """Per-record 1-D numpy rows of every field the output needs, validated and named in errors."""
-    payloads = [r.payload for r in records]
-    first = payloads[0]
-    if not isinstance(first, dict):
-        if not hasattr(first, "shape"):
-            raise TypeError(
-                f"to_training: expects dict or array-like (numpy/torch) payloads, got {type(first).__name__} "
-                "in record 0"
-            )
-        for i, p in enumerate(payloads):
-            if isinstance(p, dict) or not hasattr(p, "shape"):
-                raise TypeError(
-                    f"to_training: mixed payload types: record 0 is an array but record {i} is "
-                    f"{type(p).__name__}; a batch must be all dicts or all arrays"
-                )
-        if extras:
-            raise ValueError(
-                f"to_training: extra_fields {list(extras)} need dict payloads, but the records are bare arrays"
-            )
-        tokens = [_tokens_row(p, i, "payload") for i, p in enumerate(payloads)]
-        return _Rows(tokens, [""] * len(payloads), None, None, {})
-
-    for i, p in enumerate(payloads):
-        if not isinstance(p, dict):
-            raise TypeError(
-                f"to_training: mixed payload types: record 0 is a dict but record {i} is {type(p).__name__}; "
-                "a batch must be all dicts or all arrays"
-            )
-    field = _token_field(first, tokens_field)
-    tokens = []
-    for i, p in enumerate(payloads):
-        if field not in p:
-            raise ValueError(
-                f"to_training: record {i}: token field {field!r} not found in payload (keys {sorted(p)[:8]}); "
-                "every record needs the same token field"
-            )
-        tokens.append(_tokens_row(p[field], i, field))
-    texts = [str(p.get("text", "")) for p in payloads]
-
-    positions = None
-    if _present(payloads, "positions", "pack every record with pack_flat(emit_positions=True)") and need_positions:
-        positions = [_aligned_row(p["positions"], i, "positions", field, len(t))
-                     for i, (p, t) in enumerate(zip(payloads, tokens))]
-    loss_mask = None
-    if _present(payloads, "loss_mask", "give every record a loss_mask (tokenize_chat emits one)"):
-        loss_mask = [_aligned_row(p["loss_mask"], i, "loss_mask", field, len(t)) != 0
-                     for i, (p, t) in enumerate(zip(payloads, tokens))]
-    extra_rows: dict[str, list[np.ndarray]] = {}
-    for name in extras:
-        if name == "positions":
-            continue  # handled with the positions above, at this slot of the output
-        rows = []
-        for i, (p, t) in enumerate(zip(payloads, tokens)):
-            if name not in p:
-                raise ValueError(
-                    f"to_training: record {i}: extra field {name!r} not found in payload (keys {sorted(p)[:8]})"
-                )
-            rows.append(_aligned_row(p[name], i, name, field, len(t)))
-        extra_rows[name] = rows
-    return _Rows(tokens, texts, positions, loss_mask, extra_rows)
-
-
-#: Payload fields of a plain record that the output already holds (so they are not segment fields).
-_CONSUMED = frozenset({"text", "positions", "loss_mask"})
-
-
-def _segments(records: Sequence[Any], tokens_field: str, n: np.ndarray, pad_len: np.ndarray, left: np.ndarray) -> list | None:
-    """Per record, one dict per segment: ``start`` (offset in the output row, before the label
-    shift), ``length`` (its tokens) and its document's fields that are not token-aligned; ``None``
-    when no record of the batch carries such fields.
-
-    A packed row (token ranges in its meta) carries its segments in ``payload["segments"]``, as
-    ``pack_flat`` writes them; a plain record is one segment whose fields are those of its payload
-    that the output does not hold otherwise (not its tokens, ``text``, ``positions``, ``loss_mask``
-    or another token-aligned field). Field values are copied, never aliased.
-    """
-    first = records[0].payload
-    if not isinstance(first, dict):
-        return None
-    field = _token_field(first, tokens_field)
-    found: list[tuple[bool, Any]] = []  # per record: (packed, its segments' dicts or its fields)
-    for i, rec in enumerate(records):
-        p, segs = rec.payload, rec.meta.segments
-        if segs and all(s.end >= 0 for s in segs):
-            own = p.get("segments")
-            if own is not None and not (
-                isinstance(own, list) and len(own) == len(segs) and all(isinstance(d, dict) and "start" in d and "length" in d for d in own)
-            ):
-                raise ValueError(
-                    f"to_training: record {i}: payload 'segments' must list one dict per meta segment "
-                    f"({len(segs)}), as pack_flat writes it; got {type(own).__name__}"
-                )
-            found.append((True, own))
-        else:
-            found.append((False, _record_fields(p, field, int(n[i]), i)))
-    if not any(v for _, v in found):
-        return None
-    out = []
-    for i, (rec, (packed, value)) in enumerate(zip(records, found)):
-        a = int(left[i])
-        if not packed:
-            out.append([segment_entry(a, int(n[i] - pad_len[i]), value, copy=True)])
-        elif value is not None:
-            out.append([
-                segment_entry(a + d["start"], d["length"], {k: v for k, v in d.items() if k not in SEGMENT_KEYS}, copy=True)
-                for d in value
-            ])
-        else:  # a packed row of documents without fields: offsets only
-            row = []
-            for s in rec.meta.segments:
-                row.append(segment_entry(a, s.end - s.start, {}))
-                a += s.end - s.start
-            out.append(row)
-    return out
-
-
-def _record_fields(payload: dict, field: str, length: int, i: int) -> dict:
-    """The fields of a plain record that are not token-aligned (and not otherwise in the output)."""
-    fields = {}
-    for name, value in payload.items():
-        if name == field or name in _CONSUMED or is_aligned(value, length):
-            continue
-        if name in SEGMENT_KEYS:
-            raise ValueError(
-                f"to_training: record {i}: field {name!r} has a name that output segments use "
-                f"({', '.join(map(repr, SEGMENT_KEYS))}); rename or drop it in a map() before batching"
-            )
-        check_carried(name, value, "to_training", f"record {i}", "drop or convert it in a map() before batching")
-        fields[name] = value
-    return fields
-
-
-def _token_field(payload: dict, tokens_field: str) -> str:
-    if tokens_field != "auto":
-        return tokens_field
-    for name in TOKEN_FIELDS:
-        if name in payload and hasattr(payload[name], "__len__"):
-            return name
-    hint = ""
-    if "packed_samples" in payload:
-        hint = (
-            " This is a pack_sequences envelope (a list of documents), which cannot be converted: use pack_flat, "
-            "or build tensors from the documents yourself."
-        )
-    raise ValueError(
-        f"to_training: cannot auto-detect the token field: record 0 has keys {sorted(payload)[:8]}; expected one of "
-        f"{', '.join(TOKEN_FIELDS)}, or pass tokens_field=.{hint}"
-    )
-
-
-def _present(payloads: list[dict], name: str, fix: str) -> bool:
-    has = [name in p for p in payloads]
-    if any(has) and not all(has):
-        i = has.index(False)
-        raise ValueError(f"to_training: {name!r} present in some payloads but missing in record {i}; {fix}")
-    return has[0]
-
-
-def _tokens_row(value: Any, i: int, field: str) -> np.ndarray:
-    arr = np.asarray(value)
-    if arr.ndim != 1:
-        raise ValueError(
-            f"to_training: record {i}: token field {field!r} must be 1-D, got shape {arr.shape}; "
-            "to_training requires 2-D input_ids (one row per record)"
-        )
-    if arr.dtype.kind not in "iu" and arr.size:
-        raise ValueError(
-            f"to_training: record {i}: token field {field!r} holds {arr.dtype} values; token ids must be integers"
-        )
-    return arr
-
-
-def _aligned_row(value: Any, i: int, name: str, field: str, length: int) -> np.ndarray:
-    # An empty JSON list has no element type (numpy says float64); it must not turn its column to floats.
-    arr = np.zeros(0, np.int64) if isinstance(value, (list, tuple)) and not value else np.asarray(value)
-    if arr.ndim != 1 or len(arr) != length:
-        got = f"length {len(arr)}" if arr.ndim == 1 else f"shape {arr.shape}"
-        raise ValueError(
-            f"to_training: record {i}: {name!r} {got} does not match {field!r} length {length}; "
-            f"{name!r} must be a sequence with one entry per token"
-        )
-    return arr
-
-
-def _fill(rows: list[np.ndarray], B: int, T: int, left: np.ndarray, fill: int, dtype: Any) -> np.ndarray:
-    """Rows copied into one contiguous ``[B, T]`` buffer at their offsets; other slots hold ``fill``."""
-    if dtype is None:
-        dtype = np.result_type(*[r.dtype for r in rows]) if rows else np.int64
-    if all(len(r) == T for r in rows):
-        out = np.empty((B, T), dtype=dtype)
-        for i, r in enumerate(rows):
-            out[i] = r
-        return out
-    out = np.full((B, T), fill, dtype=dtype)
-    for i, r in enumerate(rows):
-        a = int(left[i])
-        out[i, a : a + len(r)] = r
-    return out
-
-
-def _cu_seqlens(starts: np.ndarray, flatten: bool) -> tuple[np.ndarray, Any]:
-    """int32 cumulative boundaries and maxima from a ``[B, W]`` bool matrix of segment starts."""
-    B, W = starts.shape
-    if (B * W if flatten else W) > _INT32_MAX:
-        raise ValueError("to_training: cumulative sequence lengths exceed the int32 range; use shorter rows")
-    if flatten:
-        cu = np.append(np.flatnonzero(starts.reshape(-1)), B * W).astype(np.int32)
-        return cu, int(np.diff(cu).max(initial=0))
-    rows, columns = np.nonzero(starts)
-    counts = starts.sum(axis=1)
-    cu = np.full((B, int(counts.max(initial=0)) + 1), W, dtype=np.int32)
-    offsets = np.cumsum(counts) - counts
-    cu[rows, np.arange(len(rows)) - offsets[rows]] = columns
-    return cu, np.diff(cu, axis=1).max(axis=1, initial=0).astype(np.int32)
-
-
-@attrs.frozen
-class _Output:
-    """The output framework (``"list"``, ``"numpy"`` or ``"torch"``) and dtypes, and the conversion into it.
-
-    ``np_dtype`` is the numpy dtype sequence fields are cast to (``None``: keep their own; a torch
-    dtype without a numpy twin, such as bfloat16, is then applied in torch).
-    """
-
-    kind: str
-    np_dtype: np.dtype | None = None
-    torch_dtype: Any = None
-
-    @classmethod
-    def of(cls, dtype: Any) -> _Output:
-        if dtype is None:
-            return cls("list")
-        if isinstance(dtype, str) and dtype == "auto":
-            try:
-                import torch
-            except ImportError:
-                return cls("numpy", np.dtype(np.int64))
-            return cls("torch", np.dtype(np.int64), torch.long)
-        if type(dtype).__module__ == "torch":
-            import torch
-
-            try:
-                np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
-            except (TypeError, RuntimeError):  # e.g. bfloat16 has no numpy twin: convert in torch
-                np_dtype = None
-            return cls("torch", np_dtype, dtype)
-        try:
-            return cls("numpy", np.dtype(dtype))
-        except TypeError:
-            raise ValueError(
-                f"to_training: dtype must be 'auto', None, a numpy dtype or a torch dtype, got {dtype!r}"
-            ) from None
-
-    def convert(self, arr: np.ndarray, kind: str, name: str) -> Any:
-        if kind == "float":
-            arr = arr.astype(np.float32)
-        elif kind == "bool":
-            arr = np.ascontiguousarray(arr)
-        elif arr.dtype == np.bool_ and self.np_dtype is None:
-            arr = arr.astype(np.int64)  # masks as 0/1 ints, like every sequence field
-        elif self.np_dtype is not None:
-            if self.np_dtype.kind in "iu" and self.np_dtype != np.int64 and arr.size:
-                info = np.iinfo(self.np_dtype)
-                lo, hi = int(arr.min()), int(arr.max())
-                if lo < info.min or hi > info.max:
-                    raise ValueError(
-                        f"to_training: field {name!r} holds values in [{lo}, {hi}] that do not fit dtype "
-                        f"{self.np_dtype}; pass a wider dtype (the default is int64)"
-                    )
-            arr = np.ascontiguousarray(arr, dtype=self.np_dtype)
-        else:
-            arr = np.ascontiguousarray(arr)
-        if self.kind == "list":
-            return arr.tolist()
-        if self.kind == "numpy":
-            return arr
-        import torch
-
-        t = torch.from_numpy(arr)
-        if kind == "seq" and self.np_dtype is None:
-            t = t.to(self.torch_dtype)
-        return t
-
-    def boundaries(self, cu: np.ndarray, maxima: Any, flatten: bool) -> tuple[Any, Any]:
-        if self.kind == "list":
-            return cu.tolist(), maxima if flatten else maxima.tolist()
-        if self.kind == "numpy":
-            return cu, maxima
-        import torch
-
-        return torch.from_numpy(cu), maxima if flatten else torch.from_numpy(maxima)
-
-
-def _rename_and_exclude(
-    result: dict[str, Any],
-    rename_fields: Mapping[str, str],
-    exclude_fields: Sequence[str],
-    *,
-    allow_missing: bool,
-) -> dict[str, Any]:
-    """Rename emitted keys (swaps allowed, collisions rejected before exclusion), then drop excluded ones."""
-    if rename_fields:
-        missing = [k for k in rename_fields if k not in result]
-        if missing and not allow_missing:
-            raise ValueError(
-                f"to_training: rename_fields source keys not in output: {missing}; emitted keys: {list(result)}"
-            )
-        counts = Counter(rename_fields.get(k, k) for k in result)
-        collisions = sorted(k for k, c in counts.items() if c > 1)
-        if collisions:
-            raise ValueError(
-                f"to_training: rename_fields target keys collide: {collisions}; every output name must be unique"
-            )
-        result = {rename_fields.get(k, k): v for k, v in result.items()}
-    for name in exclude_fields:
-        result.pop(name, None)
-    return result
