@@ -1,19 +1,14 @@
 """Chat and prompt/completion tokenization: conversations to ``input_ids`` and an aligned ``loss_mask``.
 
-:class:`TokenizeChat` renders a conversation with a Jinja chat template in the Hugging Face form
-and marks the tokens the model must learn to produce: the assistant turns, their end-of-turn token
-included. The character spans of those turns come from ``{% generation %}`` blocks in the template,
-or, for templates without them, from prefix rendering (the text of ``messages[:i]`` with the
-generation prompt and of ``messages[:i + 1]`` must both start the full text; their difference,
-trailing whitespace left out, is reply ``i``). Spans become token masks through the tokenizer's own
-character offsets, from one ``encode_batch`` call over the chunk: the conversation is tokenized as
-one text, exactly as it is trained on. Templates themselves are in :mod:`zephon.text.templates`.
-
-:class:`TokenizePromptCompletion` handles ``{"prompt": ..., "completion": ...}`` records.
-
-In both, ``loss_mask`` is unshifted and aligned with ``input_ids`` (1 on a token means "learn to
-produce this token"), and the first token of a record is never a target: in a packed row the token
-before it belongs to another document. See ``docs/guide/chat.md``.
+:class:`TokenizeChat` renders a conversation with a Jinja chat template and marks the assistant
+turns. Their character spans come from ``{% generation %}`` blocks, or else from prefix rendering
+(the renders of ``messages[:i]`` with the generation prompt and of ``messages[:i + 1]`` must both
+start the full text; their difference, trailing whitespace left out, is reply ``i``); the
+tokenizer's character offsets turn spans into the mask. :class:`TokenizePromptCompletion` handles
+``{"prompt": ..., "completion": ...}`` records. In both, ``loss_mask`` is unshifted (1: learn to
+produce this token) and the first token of a record is never a target (in a packed row the token
+before it belongs to another document). Templates are in :mod:`zephon.text.templates`; see
+``docs/guide/chat.md``.
 """
 
 from __future__ import annotations
@@ -69,12 +64,9 @@ _IGNORES_PROMPT = (
 
 
 def _offset_encoder(handle: TokenizerHandle) -> Any:
-    """A per-process ``tokenizers.Tokenizer`` of ``handle`` whose offsets are not trimmed.
-
-    Post-processors (ByteLevel with ``trim_offsets``, RoBERTa's) move token offsets off leading
-    spaces, which can leave a space token with an empty range at the next token's start. Without
-    special tokens added, a post-processor changes offsets only, never ids, so it is dropped here.
-    """
+    """A per-process ``tokenizers.Tokenizer`` of ``handle`` without its post-processor, whose offset
+    trimming (ByteLevel, RoBERTa) can leave a space token an empty range; without added special
+    tokens it changes offsets only, never ids."""
 
     def build() -> Any:
         from tokenizers import Tokenizer
@@ -137,15 +129,6 @@ def _plain_dict(value: Any) -> Any:
     return value
 
 
-def _template_text(chat_template: Any, shipped: str | None, missing: BaseException | None) -> str:
-    """The template text of ``chat_template``; ``None`` means the one shipped with the tokenizer."""
-    if chat_template is not None:
-        return _resolve_template(chat_template, None, None)
-    if shipped is None:
-        raise copy.copy(missing)
-    return shipped
-
-
 def _check_chat_options(v: Any) -> None:
     """The checks of ``TokenizeChat`` that need neither the template nor the tokenizer."""
     op = "tokenize_chat"
@@ -173,34 +156,23 @@ def _check_chat_options(v: Any) -> None:
 class TokenizeChat(TokenizerOp):
     """Render conversations with a chat template into ``input_ids`` and an assistant ``loss_mask``.
 
-    Each payload holds a conversation: a list of messages ``{"role", "content"}`` with optional
-    ``"tool_calls"``, ``"name"`` and ``"tool_call_id"``, as the template expects them. The output
-    payload is ``{"input_ids": int32 array, "loss_mask": uint8 array}``, aligned and unshifted:
-    ``loss_mask`` is 1 exactly on the tokens of the selected assistant turns, their end-of-turn
-    token included (``<|im_end|>`` in ChatML, ``<|eot_id|>`` in Llama 3), and 0 on system, user and
-    tool turns and on the template's assistant header. The first token is never a target.
+    Each payload holds a conversation: a list of messages ``{"role", "content"}`` (optionally
+    ``"tool_calls"``, ``"name"``, ``"tool_call_id"``). The output is ``{"input_ids": int32,
+    "loss_mask": uint8}``, aligned and unshifted: 1 exactly on the tokens of the selected assistant
+    turns, their end-of-turn token included (``<|im_end|>``, ``<|eot_id|>``), 0 on system, user and
+    tool turns and the assistant header; the first token is never a target. The template renders as
+    in transformers (sandboxed Jinja; no ``strftime_now``, so the data never depends on the day it
+    is built); the text is tokenized as one piece without added special tokens, and a token is
+    supervised when its characters overlap a span. The template's special markers (``<|...|>``,
+    ``<s>``, ``</s>``) must each be one token of the tokenizer (:func:`~zephon.text.templates.check_markers`).
 
-    The template is rendered as in transformers (sandboxed Jinja with ``trim_blocks`` and
-    ``lstrip_blocks``, ``tojson``, ``raise_exception``, ``loopcontrols``; variables ``messages``,
-    ``tools``, ``add_generation_prompt=False``, ``bos_token``, ``eos_token`` and
-    ``chat_template_kwargs``; no ``strftime_now``, so the data never depends on the day it is
-    built), and the text is tokenized as one piece, without added special tokens. A token is
-    supervised when its characters overlap a span. Prefix rendering drops the whitespace after a
-    turn's last non-space character, so both span sources agree on templates that tag exactly the
-    reply and its end token. The template's special markers (``<|...|>``, ``<s>``, ``</s>``) must
-    each be one token of the tokenizer, else construction fails
-    (:func:`zephon.text.templates.check_markers`).
-
-    State: none (a stateless operator); it restores and reshards trivially. The output of a record
-    depends only on its payload, the tokenizer's content, the template text (its sha256 is in the
-    fingerprint) and the options below.
-
+    State: none; it restores and reshards trivially. A record's output depends only on its payload,
+    the tokenizer's content, the template text (its sha256 is in the fingerprint) and the options.
     ``tokenizer`` holds the resolved :class:`~zephon.text.tokenizer.TokenizerHandle`
-    (``tokenizer_id`` reads ``None``), ``chat_template`` the template text and
-    ``chat_template_kwargs`` a plain dict, so the operator pickles without the files it was loaded
-    from. ``attrs.evolve(op, **changes)`` equals the constructor called with the operator's
-    arguments changed by ``changes``: a template that came with the tokenizer
-    (``chat_template=None``) follows a changed tokenizer, a given one stays.
+    (``tokenizer_id`` reads ``None``), ``chat_template`` the text and ``chat_template_kwargs`` a
+    plain dict, so the operator pickles without its files. ``attrs.evolve(op, **changes)`` equals
+    the constructor called with the operator's arguments changed by ``changes``: a template that
+    came with the tokenizer (``chat_template=None``) follows a changed tokenizer, a given one stays.
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to
@@ -208,32 +180,26 @@ class TokenizeChat(TokenizerOp):
         tokenizer_id: instead of ``tokenizer``: a local path or a Hugging Face id in the local cache.
         field: the payload key holding the messages.
         chat_template: a built-in name (``"chatml"``, ``"llama3"``), Jinja text, or a path to a
-            ``.jinja`` file, a ``tokenizer_config.json`` or a folder. ``None`` (default): the
-            template shipped with the tokenizer (``chat_template.jinja`` or the ``chat_template``
-            of ``tokenizer_config.json`` next to the tokenizer file, or a transformers tokenizer's).
-        loss_scope: ``"assistant"`` (every assistant turn), ``"last_assistant"`` (only the last
-            assistant message) or ``"all"`` (every token but the first).
-        max_length: the longest output in tokens (``>= 2``); longer records raise without
-            ``truncation``; ``None``: no limit.
-        truncation: cut records to ``max_length`` tokens, the mask with them.
-        tools_field: the payload key holding tool schemas for the template's ``tools`` (absent:
-            ``None``); ``None`` passes no tools.
-        chat_template_kwargs: more template variables (e.g. ``{"enable_thinking": False}``); the
-            reserved names ``messages``, ``tools``, ``add_generation_prompt``, ``bos_token``,
-            ``eos_token`` and ``raise_exception`` cannot be set.
-        empty_mask: a record with no supervised token (no assistant turn, a template that marks
-            none, or truncation that cut them all): ``"error"`` raises, naming the record's roles;
+            ``.jinja`` file, a ``tokenizer_config.json`` or a folder; ``None``: the template
+            shipped with the tokenizer.
+        loss_scope: ``"assistant"`` (every assistant turn), ``"last_assistant"`` or ``"all"``
+            (every token but the first).
+        max_length: the longest output in tokens (``>= 2``; ``None``: no limit).
+        truncation: cut longer records to ``max_length``, the mask with them (else they raise).
+        tools_field: the payload key of tool schemas for the template's ``tools`` (``None``: none).
+        chat_template_kwargs: more template variables (e.g. ``{"enable_thinking": False}``), not
+            the reserved ones (``messages``, ``tools``, ``add_generation_prompt``, ...).
+        empty_mask: a record with no supervised token: ``"error"`` raises, naming its roles;
             ``"drop"`` drops it (counted as a drop of this step).
         span_source: ``"auto"`` (generation tags when the template has them, else prefix
             rendering), ``"generation_tags"`` or ``"prefix"``.
 
     Raises:
-        ValueError: an invalid option, no chat template, a template that is not valid Jinja, whose
-            special markers are not single tokens, without the generation tags asked for, or
-            (prefix rendering) that ignores ``add_generation_prompt``; and while tokenizing, a
-            malformed conversation, a template error, prefixes that do not start the full
-            conversation, a record longer than ``max_length`` without ``truncation``, or an
-            all-zero mask with ``empty_mask="error"``.
+        ValueError: an invalid option; no chat template, or one that is not valid Jinja, whose
+            markers are not single tokens, lacks the tags asked for or (prefix rendering) ignores
+            ``add_generation_prompt``; while tokenizing, a malformed conversation, a template
+            error, prefixes that do not start the conversation, a record longer than
+            ``max_length`` without ``truncation``, or an all-zero mask with ``empty_mask="error"``.
         TypeError: an option of the wrong type.
 
     Examples:
@@ -285,7 +251,9 @@ class TokenizeChat(TokenizerOp):
         else:
             # A template that came with the tokenizer follows it when the tokenizer changes.
             given = None if kept else settings.chat_template
-            text, from_tokenizer = _template_text(given, shipped, missing), given is None
+            if given is None and shipped is None:
+                raise copy.copy(missing)  # no template given, none shipped
+            text, from_tokenizer = (shipped, True) if given is None else (_resolve_template(given, None, None), False)
         handle = load_tokenizer(origin.handle) if same else load_tokenizer(tok, tid)
         origin = Origin(handle, tid, text, from_tokenizer, shipped, missing)
         self.__attrs_init__(tokenizer=handle, **{**options, "chat_template": text, "_origin": origin})
@@ -324,13 +292,8 @@ class TokenizeChat(TokenizerOp):
         return (text(bos) or "") if bos is not None else "", (text(eos) or "") if eos is not None else ""
 
     def _prompt_checked(self) -> bool:
-        """Whether the template was seen to honour ``add_generation_prompt`` (probed once per process).
-
-        ``False`` when the probe was inconclusive; prefix rendering then checks each record.
-
-        Raises:
-            ValueError: the template ignores ``add_generation_prompt``.
-        """
+        """Whether the template was seen to honour ``add_generation_prompt`` (probed once per process;
+        ``False``: inconclusive, so prefix rendering checks each record); raises when it ignores it."""
         key = (self.chat_template, *self._special_texts(), repr(self.chat_template_kwargs))
         return _PROBES.get(key, self._probe_generation_prompt)
 
@@ -426,18 +389,9 @@ class TokenizeChat(TokenizerOp):
         return text, spans
 
     def apply_many(self, payloads: list) -> list[list]:
-        """Render and tokenize a chunk of conversations (one tokenizer batch call).
-
-        Args:
-            payloads: dicts holding ``field`` (and optionally ``tools_field``).
-
-        Returns:
-            Per payload, ``[{"input_ids", "loss_mask"}]``, or ``[]`` when dropped (``empty_mask="drop"``).
-
-        Raises:
-            ValueError: see the class documentation.
-            TypeError: a payload that is not a dict, or messages that are not a list.
-        """
+        """Render and tokenize a chunk of conversations (one tokenizer batch call): per payload,
+        ``[{"input_ids", "loss_mask"}]``, or ``[]`` when dropped; raises as the class says, and
+        ``TypeError`` for a payload that is not a dict or messages that are not a list."""
         if not payloads:
             return []
         rendered = []
@@ -506,31 +460,25 @@ class TokenizePromptCompletion(TokenizerOp):
 
     The output is ``[BOS] + prompt + completion + [EOS]`` (specials per ``special_tokens``) with
     ``loss_mask`` 0 on BOS and the prompt, 1 on the completion and the EOS. Prompt and completion
-    are tokenized separately, so the boundary between them is a token boundary, as at inference
-    where the prompt is encoded on its own; all prompts and completions of a chunk go to the
-    tokenizer in one batch call. The first token is never a target (it matters with an empty
-    prompt and no BOS).
+    are tokenized separately (one batch call per chunk), so their boundary is a token boundary, as
+    at inference. The first token is never a target (it matters with an empty prompt and no BOS).
 
     State: none (a stateless operator); it restores and reshards trivially. The output depends on
-    the payload, the tokenizer's content and the data options; ``parallelism`` and ``backend``
-    never change it.
+    the payload, the tokenizer's content and the data options.
 
     Args:
-        tokenizer: as for :class:`TokenizeChat`.
-        tokenizer_id: as for :class:`TokenizeChat`.
+        tokenizer: as for :class:`TokenizeChat` (or ``tokenizer_id``).
         prompt_field: the payload key of the prompt text.
         completion_field: the payload key of the completion text.
         special_tokens: ``"bos_eos"`` (default), ``"bos"``, ``"eos"`` or ``"none"``, as in
-            ``tokenize``. The EOS, when added, is supervised.
-        bos_token_id: overrides the tokenizer's BOS id.
-        eos_token_id: overrides the tokenizer's EOS id.
-        max_length: the longest output in tokens (``>= 2``); without ``truncation`` a longer
-            record raises.
-        truncation: keep the first ``max_length`` tokens (the completion is cut first).
+            ``tokenize``; an added EOS is supervised. ``bos_token_id``/``eos_token_id`` override
+            the tokenizer's ids.
+        max_length: the longest output in tokens (``>= 2``); longer records raise without
+            ``truncation``, which keeps the first ``max_length`` (the completion is cut first).
         empty_mask: ``"error"`` or ``"drop"`` a record with no supervised token (an empty
             completion without EOS, or one truncation removed).
-        parallelism: threads for the tiktoken backend; performance only.
-        backend: ``"auto"``, ``"tokenizers"`` or ``"tiktoken"``; performance only.
+        parallelism: threads for the tiktoken backend; ``backend``: ``"auto"``, ``"tokenizers"``
+            or ``"tiktoken"``; both performance only.
 
     Raises:
         ValueError: an invalid option, a missing BOS/EOS id for the chosen mode, a missing field,
@@ -572,14 +520,13 @@ class TokenizePromptCompletion(TokenizerOp):
 
     def __attrs_post_init__(self) -> None:
         handle, mode = self.tokenizer, self.special_tokens
-        for name, role, needed in (
-            ("bos_token_id", "BOS", mode in ("bos_eos", "bos")),
-            ("eos_token_id", "EOS", mode in ("bos_eos", "eos")),
-        ):
+        for name, role in (("bos_token_id", "BOS"), ("eos_token_id", "EOS")):
+            needed = mode in ("bos_eos", role.lower())
             value = getattr(self, name)
             if value is not None:
                 if not needed:
-                    raise ValueError(f"tokenize: {name} cannot be used with special_tokens={mode!r}, which adds no {role}")
+                    why = f"special_tokens={mode!r}, which adds no {role}"
+                    raise ValueError(f"tokenize: {name} cannot be used with {why}")
                 check_id(name, value, handle)
             elif needed and getattr(handle, name) is None:
                 raise ValueError(
@@ -606,18 +553,8 @@ class TokenizePromptCompletion(TokenizerOp):
         return value
 
     def apply_many(self, payloads: list) -> list[list]:
-        """Tokenize a chunk of prompt/completion records (one tokenizer batch call).
-
-        Args:
-            payloads: dicts holding ``prompt_field`` and ``completion_field``.
-
-        Returns:
-            Per payload, ``[{"input_ids", "loss_mask"}]``, or ``[]`` when dropped.
-
-        Raises:
-            ValueError: see the class documentation.
-            TypeError: a payload that is not a dict, or a field that is not a str.
-        """
+        """Tokenize a chunk of prompt/completion records (one tokenizer batch call): per payload,
+        ``[{"input_ids", "loss_mask"}]``, or ``[]`` when dropped; raises as the class says."""
         if not payloads:
             return []
         n = len(payloads)

@@ -320,9 +320,8 @@ class Tokenize(TokenizerOp):
             encoded = self.tokenizer.encode_bracketed(texts, bos=bos, eos=eos, keep=keep, num_threads=self.parallelism)
         except ValueError as exc:
             raise ValueError(f"tokenize: field {self.field!r}: {exc}") from exc
-        if self.split_long_samples:
-            return [[self._output(payload, piece) for piece in self._split(seq)] for payload, seq in zip(payloads, encoded)]
-        return [[self._output(payload, seq)] for payload, seq in zip(payloads, encoded)]
+        split = self._split if self.split_long_samples else lambda seq: [seq]
+        return [[self._output(payload, piece) for piece in split(seq)] for payload, seq in zip(payloads, encoded)]
 
     def _split(self, seq: np.ndarray) -> list[np.ndarray]:
         size = self.max_length
