@@ -21,6 +21,7 @@ from ..core.operator import Operator, Resolver, config_field
 from ..core.state import decode, resolve
 from ..core.fields import SEGMENT_KEYS, aligned_payload, check_carried, find_token_field, unique_names
 from ..core.records import Meta, Record, Segment, describe_meta
+from .shuffle import nonnegative
 
 #: The packing algorithms, as Zephon names them.
 ALGORITHMS = ("first_fit", "best_fit", "wrap", "best_fit_wrap")
@@ -536,9 +537,7 @@ class Packer(Operator):
         ``max_length`` tokens or more; work of a kind the algorithm keeps none of; pool arrivals out
         of order or past ``arrivals``; a piece whose token range is empty or past its document."""
         state = decode(data, PackState)
-        for name in ("arrivals",) + _COUNTERS:
-            if getattr(state, name) < 0:
-                raise ValueError(f"field {name!r} must be an int >= 0, got {getattr(state, name)}")
+        nonnegative(state, ("arrivals",) + _COUNTERS)
         alg, L = self.algorithm, self.max_length
         names = [f"bins[{i}][{j}]" for i, b in enumerate(state.bins) for j in range(len(b))]
         names += [f"{field}[{i}]" for field in ("stream", "pool") for i in range(len(getattr(state, field)))]
