@@ -60,27 +60,21 @@ class PackFlat(Packer):
 
     Algorithms (worked examples in ``docs/guide/packing.md``):
 
-    - ``"wrap"`` (default): one token stream cut into consecutive rows of ``max_length``; documents
-      span rows. With ``max_sequences_per_bin`` (capped wrap) a row also closes, short, when it
-      holds that many pieces.
+    - ``"wrap"`` (default): one token stream cut into consecutive rows of ``max_length``; capped
+      (``max_sequences_per_bin``), a row also closes, short, when it holds that many pieces.
     - ``"first_fit"``: each document into the first of up to ``num_bins`` open bins with room, else
-      into a new bin, before which the oldest open bin is emitted if ``num_bins`` are open. A bin is
-      emitted once its free room drops below ``min_sequence_length`` (1: exactly full) or it holds
-      ``max_sequences_per_bin`` documents; a document that fills a new bin alone goes out at once.
-    - ``"best_fit"``: as first_fit, into the open bin with the least room that still fits (the
-      first such bin on ties).
-    - ``"best_fit_wrap"``: full ``max_length`` windows go out directly; a remainder joins a pool.
-      Once it holds ``candidate_pool_size`` candidates and either ``max_length`` tokens or
-      ``max_sequences_per_bin`` candidates, a row is built: candidates waiting more than
-      ``max_candidate_age`` arrivals first (oldest first, while they fit), then the largest that
-      fits (earliest on ties), repeatedly; if none fits, the shortest is split to fill the row, cut
-      from its tail when it starts its document and the gap is less than half of it, else from its
-      head (one split per row, so a suffix may be emitted before its prefix).
+      a new bin (emitting the oldest when ``num_bins`` are open). A bin is emitted once its free
+      room drops below ``min_sequence_length`` or it holds ``max_sequences_per_bin`` documents.
+    - ``"best_fit"``: as first_fit, into the open bin with the least room that fits (first on ties).
+    - ``"best_fit_wrap"``: full windows go out directly, remainders join a pool; once it holds
+      ``candidate_pool_size`` candidates and a row's worth, a row takes candidates older than
+      ``max_candidate_age`` arrivals, then the largest that fit (earliest on ties); if none fits,
+      the shortest is split to fill the row (its tail cut when it starts its document and the gap
+      is under half of it, else its head).
 
-    Only ``flush`` closes partial work: open bins oldest first, full best_fit_wrap rows while
-    possible, then one last partial row. Documents longer than ``max_length`` follow ``oversized``:
-    ``"split"`` (first/best fit: ``max_length`` pieces, each packed as a document; wrap: the stream
-    cuts it), ``"truncate"`` (keep the first ``max_length`` tokens), ``"drop"`` or ``"error"``.
+    Only ``flush`` closes partial work: open bins oldest first, full best_fit_wrap rows, then one
+    partial row. Documents longer than ``max_length`` follow ``oversized``: ``"split"`` (into
+    ``max_length`` pieces; wrap: the stream cuts it), ``"truncate"``, ``"drop"`` or ``"error"``.
     Every dropped or cut token, and every empty document, is counted in :meth:`report`.
 
     Args:
@@ -104,13 +98,11 @@ class PackFlat(Packer):
         drop_fields: field names removed from every document before packing, counted in
             ``report()["dropped_field_values"]``: the one way to leave a field out.
 
-    Output: the token field and every other 1-D numeric field of the same length (``loss_mask``
-    travels with its tokens), concatenated, padded with ``pad_token_id`` (other fields with 0);
-    ``positions``; ``meta.padding_length`` (what ``to_training`` masks). When a document of the
-    row has other fields (scalars, strings, arrays of another length such as ``pixel_values``),
-    ``segments`` lists one dict per piece, in ``meta.segments`` order: ``{"start": offset in the
-    row, "length": tokens, **the document's other fields}``; a document split over rows has its
-    fields in each of its rows. :func:`packing_info` gives a row's sequences and efficiency.
+    Output: the token field and every other 1-D numeric field of the same length, concatenated,
+    padded with ``pad_token_id`` (other fields with 0); ``positions``; ``meta.padding_length``
+    (what ``to_training`` masks). When a document has other fields (scalars, strings, arrays of
+    another length), ``segments`` lists one dict per piece, in ``meta.segments`` order:
+    ``{"start": offset in the row, "length": tokens, **the document's other fields}``.
 
     State: open bins, wrap remainder or candidate pool as ``(record, start, end)`` references
     plus counters; outputs depend only on the order of the lane's documents (not on chunking);
@@ -229,11 +221,9 @@ class PackSequences(Packer):
     ``emit_positions``; ``pad_token_id`` is refused (envelopes are never padded). For users who
     build their own tensors; ``to_training`` takes ``pack_flat`` rows.
 
-    Output: one envelope per bin. A piece that covers its whole document is that document's
-    payload unchanged (every field kept); a piece of a document is its payload with the token
-    field and token-aligned fields sliced and every other field kept as it is. ``meta.segments``
-    lists the pieces; ``padding_length`` is 0. Uncapped wrap emits its end-of-data remainder as a
-    last, shorter envelope.
+    Output: one envelope per bin. A piece that covers its whole document is its payload unchanged;
+    a piece of a document has its token-aligned fields sliced and every other field kept.
+    ``padding_length`` is 0; uncapped wrap emits its end-of-data remainder as a last envelope.
 
     Examples:
         >>> import numpy as np

@@ -1,11 +1,10 @@
 """The ``tokenize`` operator: text field to ``input_ids``, with zephon's own BOS/EOS bracketing.
 
-It also holds what the three tokenizing operators (``Tokenize``, ``TokenizeChat``,
-``TokenizePromptCompletion``) share about their construction: the tokenizer given
-(``tokenizer=`` or ``tokenizer_id=``) is resolved into a :class:`~zephon.text.tokenizer.TokenizerHandle`
-*before* the attrs initializer stores the fields, and an :class:`Origin` records what the handle
-stands for, so that ``attrs.evolve(op, **changes)`` gives what the constructor gives for the
-arguments the operator was built with, changed by ``changes``.
+It also holds what the tokenizing operators (``Tokenize``, ``TokenizeChat``,
+``TokenizePromptCompletion``) share about construction: the tokenizer given is resolved into a
+:class:`~zephon.text.tokenizer.TokenizerHandle` *before* the attrs initializer stores the fields,
+and an :class:`Origin` records what it stands for, so that ``attrs.evolve(op, **changes)`` gives
+what the constructor gives for the operator's arguments changed by ``changes``.
 """
 
 from __future__ import annotations
@@ -178,21 +177,18 @@ class TokenizerOp(StatelessOp):
 class Tokenize(TokenizerOp):
     """Tokenize a text field into ``{"input_ids": int32 array}``.
 
-    The tokenizer is resolved when the operator is built (see
-    :func:`~zephon.text.tokenizer.load_tokenizer`), so a missing file, a missing BOS/EOS id or a bad
-    option fails when the pipeline is assembled, not at the first batch. Each ``step`` encodes
-    the whole chunk in one native batch call. The tokenizer's own template never adds special
-    tokens; zephon brackets each document itself according to ``special_tokens``.
+    The tokenizer is resolved when the operator is built (:func:`~zephon.text.tokenizer.load_tokenizer`),
+    so a missing file, BOS/EOS id or a bad option fails when the pipeline is assembled. Each
+    ``step`` encodes the chunk in one native batch call; zephon brackets each document itself
+    according to ``special_tokens`` (the tokenizer's own template never adds special tokens).
 
-    State: none (a stateless operator); it restores and reshards trivially. The output of a record
-    depends only on its payload, the tokenizer's content (:meth:`TokenizerHandle.fingerprint`) and
-    the data options below; ``parallelism`` and ``backend`` never change it.
+    State: none; it restores and reshards trivially. A record's output depends only on its payload,
+    the tokenizer's content (:meth:`TokenizerHandle.fingerprint`) and the data options.
 
-    ``tokenizer`` always holds the resolved :class:`~zephon.text.tokenizer.TokenizerHandle` and
+    ``tokenizer`` holds the resolved :class:`~zephon.text.tokenizer.TokenizerHandle` and
     ``tokenizer_id`` reads ``None``; numpy integers given for ids and lengths are stored as ``int``.
     ``attrs.evolve(op, **changes)`` equals the constructor called with the operator's arguments
-    changed by ``changes``, and reuses the loaded tokenizer unless ``tokenizer`` or
-    ``tokenizer_id`` is among the changes.
+    changed by ``changes``, reusing the loaded tokenizer unless ``tokenizer``/``tokenizer_id`` change.
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to
@@ -202,11 +198,9 @@ class Tokenize(TokenizerOp):
         field: the payload key holding the text; a dot path (``"meta.text"``) reaches nested
             dicts when no key has that exact name. A ``str`` payload is itself the text.
         special_tokens: ``"bos_eos"`` (default) puts BOS before and EOS after each document,
-            ``"bos"`` / ``"eos"`` only one of them, ``"none"`` neither. A bare GPT-2
-            ``tokenizer.json`` has no BOS, so ``"bos_eos"`` fails at construction and says to use
-            ``"eos"`` or ``bos_token_id=``; GPT-2's folder, whose ``tokenizer_config.json`` names
-            ``<|endoftext|>`` as BOS too, works as in transformers. Special tokens written in the
-            text itself (a literal ``<|endoftext|>``) are encoded as the special id.
+            ``"bos"`` / ``"eos"`` only one of them, ``"none"`` neither (a bare GPT-2
+            ``tokenizer.json`` has no BOS: use ``"eos"`` or ``bos_token_id=``). Special tokens
+            written in the text itself are encoded as the special id.
         bos_token_id: overrides the tokenizer's BOS id (not allowed with ``"none"``).
         eos_token_id: overrides the tokenizer's EOS id (not allowed with ``"none"``).
         max_length: the longest output, counting the added specials. Needs ``truncation`` or
@@ -221,14 +215,12 @@ class Tokenize(TokenizerOp):
             ``""`` instead (``[BOS, EOS]`` in ``"bos_eos"`` mode).
         preserve_upstream_payload: keep the payload's other keys (the text included) next to
             ``input_ids``; otherwise the output holds ``input_ids`` only.
-        parallelism: threads for the encoder (``None``: one per CPU): tiktoken's thread pool, or
-            the native Rayon pool of ``tokenizers``, one per process, which takes this size when
-            this is the first tokenize to encode in the process (else it keeps its size and a
-            warning says so). Performance only.
-        backend: ``"auto"`` (default), ``"tokenizers"`` or ``"tiktoken"``. tiktoken is used only
-            for GPT-2 style byte-level BPE after it reproduced the tokenizers ids at load time;
-            ``"auto"`` then takes it, ``"tiktoken"`` raises when it cannot be used.
-            ``op.tokenizer.backend`` (and ``explain()``) says which one encodes; performance only.
+        parallelism: threads for the encoder (``None``: one per CPU); the native pool of
+            ``tokenizers`` is one per process and keeps the size it first got (a warning says so).
+            Performance only.
+        backend: ``"auto"`` (default), ``"tokenizers"`` or ``"tiktoken"`` (GPT-2 style byte-level
+            BPE only, once it reproduced the tokenizers ids at load time; ``"auto"`` takes it
+            then). ``op.tokenizer.backend`` says which one encodes; performance only.
 
     Raises:
         ValueError: an invalid option or combination (listed in the messages), a missing BOS/EOS
