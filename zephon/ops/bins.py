@@ -1,10 +1,8 @@
-"""The packing engine: which tokens of a lane's documents share a bin, and the state that keeps it.
+"""The packing engine of ``pack_flat`` and ``pack_sequences`` (:mod:`zephon.ops.pack`): which tokens share a bin.
 
-One engine serves ``pack_flat`` and ``pack_sequences`` (:mod:`zephon.ops.pack`, which builds what a
-finished bin becomes). Open bins, the wrap remainder and the best_fit_wrap candidate pool stay in the
-state across chunk boundaries *by reference* (records and token ranges, never token arrays), so
-nothing depends on where the stream is cut into chunks; only ``flush`` (the end of the data) closes
-partial bins. Every token that is not emitted is counted in ``report()``.
+Open bins, the wrap remainder and the best_fit_wrap candidate pool stay in the state *by reference*
+(records and token ranges, never token arrays), so nothing depends on where the stream is cut into
+chunks; only ``flush`` (the end of the data) closes partial bins. Every token not emitted is counted.
 """
 
 from __future__ import annotations
@@ -256,7 +254,9 @@ class Packer(Operator):
         drop = self.drop_fields
         if isinstance(drop, str) or not isinstance(drop, tuple) or not all(isinstance(n, str) and n for n in drop):
             example = f"({drop!r},)" if isinstance(drop, str) else "('source',)"
-            raise TypeError(f"{k}: drop_fields must be a sequence of field names, e.g. drop_fields={example}; got {drop!r}")
+            raise TypeError(
+                f"{k}: drop_fields must be a sequence of field names, e.g. drop_fields={example}; got {drop!r}"
+            )
         self._check_output()
 
     # The settings as given stay in the fields (so ``attrs.evolve`` equals construction); what
@@ -526,10 +526,11 @@ class Packer(Operator):
             padding = self.max_length - used if self.flat else 0
             if used > self.max_length or m.padding_length != padding:
                 raise ValueError(
-                    f"{self.kind}: a row reference covers {used} tokens with padding_length {m.padding_length}, but a row "
-                    f"of max_length={self.max_length} covering {used} tokens has padding {padding}: {m!r}"
+                    f"{self.kind}: a row reference covers {used} tokens with padding_length {m.padding_length}, but "
+                    f"a row of max_length={self.max_length} covering {used} tokens has padding {padding}: {m!r}"
                 )
-        return [self._row([(docs[s.sample], s.start, s.end) for s in m.segments], m.lane, m.padding_length) for m in refs]
+        rows = [[(docs[s.sample], s.start, s.end) for s in m.segments] for m in refs]
+        return [self._row(pieces, m.lane, m.padding_length) for pieces, m in zip(rows, refs)]
 
     def decode_state(self, data: Any, upstream: Resolver) -> PackState:
         """Inverse of ``encode_state``, refusing what ``step`` never leaves in a state: negative

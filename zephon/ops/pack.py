@@ -204,11 +204,13 @@ class PackFlat(Packer):
         for rec, a, b in pieces:
             p = rec.payload
             if p is not first:
-                other = _aligned_keys(p, find_token_field(p, self.tokens_field, self.kind), self.kind, skip_positions=skip)
+                own = find_token_field(p, self.tokens_field, self.kind)
+                other = _aligned_keys(p, own, self.kind, skip_positions=skip)
                 if set(other) != keyset:
                     raise ValueError(
                         f"pack_flat: documents in one row have different token-aligned fields: {sorted(keys)} vs "
-                        f"{sorted(other)} (document {rec.meta.segments[0].pointer}); give every document the same fields"
+                        f"{sorted(other)} (document {rec.meta.segments[0].pointer}); give every document the same "
+                        "fields"
                     )
             if self.emit_positions and "positions" in p:
                 raise ValueError("pack_flat: payload already has 'positions'; rename it or pass emit_positions=False")
