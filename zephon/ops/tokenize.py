@@ -94,11 +94,9 @@ def origin_field() -> Any:
 
 
 def given_settings(cls: type, options: dict[str, Any], *, skip: tuple[str, ...] = ("tokenizer",)) -> SimpleNamespace:
-    """The settings ``cls.__attrs_init__`` will store for ``options``: defaults filled in, converters applied.
-
-    The checks that must fail before the tokenizer is loaded run on these. An unknown keyword
-    raises ``TypeError`` first, as a generated ``__init__`` would.
-    """
+    """The settings ``cls.__attrs_init__`` will store for ``options`` (defaults filled in, converters
+    applied), for the checks that must fail before the tokenizer is loaded. An unknown keyword
+    raises ``TypeError`` first, as a generated ``__init__`` would."""
     fields = {f.alias: f for f in attrs.fields(cls) if f.init and f.name not in skip}
     for name in options:
         if name not in fields:
@@ -111,13 +109,10 @@ def given_settings(cls: type, options: dict[str, Any], *, skip: tuple[str, ...] 
 
 
 def given_tokenizer(tokenizer: Any, tokenizer_id: Any, origin: Origin | None) -> tuple[Any, Any, bool]:
-    """The ``tokenizer=`` and ``tokenizer_id=`` a construction stands for, and whether they are unchanged.
-
-    A direct call passes what the user gave. ``attrs.evolve`` passes the operator's own handle
-    (recognised through ``origin``), which then stands for what the operator was given, and
-    ``tokenizer_id`` only when it is among the changes. Unchanged (third item ``True``): the
-    origin's handle is reused, without loading anything.
-    """
+    """The ``tokenizer=`` and ``tokenizer_id=`` a construction stands for, and whether they are unchanged
+    (then the origin's handle is reused, without loading anything). ``attrs.evolve`` passes the
+    operator's own handle (recognised through ``origin``), which stands for what the operator was
+    given, and ``tokenizer_id`` only when it is among the changes."""
     if origin is not None and tokenizer is origin.handle:
         if tokenizer_id is UNSET:
             tokenizer_id = origin.tokenizer_id
