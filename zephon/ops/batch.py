@@ -20,6 +20,7 @@ from ..core.state import decode, resolve
 from ..core.keys import fold_in, randbelow
 from ..core.fields import TOKEN_FIELDS, payload_length
 from ..core.records import Meta, Record, SampleBatch
+from .shuffle import nonnegative, positive_int
 
 
 class BatchState(msgspec.Struct, frozen=True, tag="batch", forbid_unknown_fields=True):
@@ -32,16 +33,6 @@ class BatchState(msgspec.Struct, frozen=True, tag="batch", forbid_unknown_fields
     dropped_tokens: int = 0
     real_tokens: int = 0
     slots: int = 0
-
-
-def _check_size(name: str):
-    def check(instance, attribute, value):
-        if value is None and name == "buffer_size":
-            return
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"batch: {name} must be an int >= 1, got {value!r}")
-
-    return check
 
 
 def record_length(rec: Record) -> int:
@@ -80,10 +71,10 @@ class Batch(Operator):
     State: the waiting records, by reference; a key (grouping order); counters.
     """
 
-    microbatch_size: int = config_field(validator=_check_size("microbatch_size"))
+    microbatch_size: int = config_field(validator=positive_int)
     drop_last: bool = config_field(default=True)
     group_by_length: bool = config_field(default=False)
-    buffer_size: int | None = config_field(default=None, validator=_check_size("buffer_size"))
+    buffer_size: int | None = config_field(default=None, validator=attrs.validators.optional(positive_int))
     pad_token_id: int | None = config_field(default=None, data=False, kw_only=True)
 
     kind: ClassVar[str] = "batch"
@@ -165,9 +156,7 @@ class Batch(Operator):
         length), so fewer wait in any state. Checked before any record is rebuilt.
         """
         state = decode(data, BatchState)
-        for name in ("batches", "dropped_records", "dropped_tokens", "real_tokens", "slots"):
-            if getattr(state, name) < 0:
-                raise ValueError(f"field {name!r} must be an int >= 0, got {getattr(state, name)}")
+        nonnegative(state, ("batches", "dropped_records", "dropped_tokens", "real_tokens", "slots"))
         size = self.window if self.group_by_length else self.microbatch_size
         if len(state.partial) >= size:
             raise ValueError(f"field 'partial' holds {len(state.partial)} records, but a batch is emitted as soon as {size} wait")

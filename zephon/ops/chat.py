@@ -1,30 +1,14 @@
 """Chat and prompt/completion tokenization: conversations to ``input_ids`` and an aligned ``loss_mask``.
 
-:class:`TokenizeChat` renders a conversation with a Jinja chat template in the Hugging Face form
-and marks the tokens the model must learn to produce: the assistant turns, their end-of-turn token
-included. Where those turns are in the rendered text comes from one of two span sources:
-
-* ``{% generation %}...{% endgeneration %}`` blocks in the template (as transformers'
-  ``return_assistant_tokens_mask``): the extension records the character span of each block while
-  the template renders, and the span is checked against the rendered text afterwards;
-* prefix rendering, for templates without such blocks: for an assistant message ``i``, the text of
-  ``messages[:i]`` with the generation prompt and the text of ``messages[:i + 1]`` must both start
-  the full conversation's text, and the difference between them (whitespace after the turn's end
-  token left out) is the reply. Templates that ignore ``add_generation_prompt`` are rejected,
-  because the assistant header would then be taken for part of the reply.
-
-Character spans become token masks through the tokenizer's own character offsets, from one
-``encode_batch`` call over the whole chunk: the conversation is tokenized as one text, exactly as it
-is trained on, never message by message. A token is supervised when its characters overlap a span.
-Templates themselves (the built-ins, rendering, generation tags, the special-marker check) are in
-:mod:`zephon.text.templates`.
-
-:class:`TokenizePromptCompletion` handles ``{"prompt": ..., "completion": ...}`` records: prompt
-tokens are kept with mask 0, completion tokens (and the EOS, when added) get mask 1.
-
-In both, ``loss_mask`` is unshifted and aligned with ``input_ids`` (1 on a token means "learn to
-produce this token"), and the first token of a record is never a target: in a packed row the token
-before it belongs to another document.
+:class:`TokenizeChat` renders a conversation with a Jinja chat template and marks the assistant
+turns. Their character spans come from ``{% generation %}`` blocks, or else from prefix rendering
+(the renders of ``messages[:i]`` with the generation prompt and of ``messages[:i + 1]`` must both
+start the full text; their difference, trailing whitespace left out, is reply ``i``); the
+tokenizer's character offsets turn spans into the mask. :class:`TokenizePromptCompletion` handles
+``{"prompt": ..., "completion": ...}`` records. In both, ``loss_mask`` is unshifted (1: learn to
+produce this token) and the first token of a record is never a target (in a packed row the token
+before it belongs to another document). Templates are in :mod:`zephon.text.templates`; see
+``docs/guide/chat.md``.
 """
 
 from __future__ import annotations
@@ -33,50 +17,25 @@ import copy
 import hashlib
 import logging
 from collections.abc import Mapping
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import attrs
 import numpy as np
 
 from ..core.cache import ProcessCache
-from ..core.operator import StatelessOp, config_field
+from ..core.operator import config_field
 from ..core.fields import SPECIAL_TOKEN_MODES
-from ..text.templates import BUILTIN_TEMPLATES as BUILTIN_TEMPLATES
-from ..text.templates import CHATML_TEMPLATE as CHATML_TEMPLATE
-from ..text.templates import LLAMA3_TEMPLATE as LLAMA3_TEMPLATE
-from ..text.templates import RESERVED_KWARGS as RESERVED_KWARGS
-from ..text.templates import _render, _resolve_template, check_markers, shipped_template
-from ..text.templates import has_generation_tags as has_generation_tags
-from ..text.templates import render_chat as render_chat
-from ..text.templates import spans_to_mask as spans_to_mask
-from ..text.templates import strip_generation_tags as strip_generation_tags
-from .tokenize import (
-    UNSET,
-    Origin,
-    given_settings,
-    given_tokenizer,
-    int_like,
-    load_given,
-    origin_field,
-    public_signature,
-    special_ids,
-)
+from ..text.templates import BUILTIN_TEMPLATES, CHATML_TEMPLATE, LLAMA3_TEMPLATE, RESERVED_KWARGS, render_chat
+from ..text.templates import _render, _resolve_template, check_markers, has_generation_tags, shipped_template
+from ..text.templates import spans_to_mask, strip_generation_tags
+from .tokenize import UNSET, Origin, TokenizerOp, check_choice, check_id, check_positive, given_settings
+from .tokenize import given_tokenizer, int_like, load_given, origin_field, public_signature, shown_keys
 from ..text.tokenizer import BACKENDS, TokenizerHandle, load_tokenizer
 
 __all__ = [
-    "BUILTIN_TEMPLATES",
-    "CHATML_TEMPLATE",
-    "EMPTY_MASK_MODES",
-    "LLAMA3_TEMPLATE",
-    "LOSS_SCOPES",
-    "RESERVED_KWARGS",
-    "SPAN_SOURCES",
-    "TokenizeChat",
-    "TokenizePromptCompletion",
-    "has_generation_tags",
-    "render_chat",
-    "spans_to_mask",
-    "strip_generation_tags",
+    "BUILTIN_TEMPLATES", "CHATML_TEMPLATE", "EMPTY_MASK_MODES", "LLAMA3_TEMPLATE", "LOSS_SCOPES", "RESERVED_KWARGS",
+    "SPAN_SOURCES", "TokenizeChat", "TokenizePromptCompletion", "has_generation_tags", "render_chat",
+    "spans_to_mask", "strip_generation_tags",
 ]
 
 logger = logging.getLogger("zephon")
@@ -88,20 +47,26 @@ SPAN_SOURCES = ("auto", "generation_tags", "prefix")
 #: Values of ``empty_mask``.
 EMPTY_MASK_MODES = ("error", "drop")
 
-
-# -- offsets --------------------------------------------------------------------------------------------
-
 # Per process, by tokenizer fingerprint: a tokenizer that reports untrimmed offsets.
 _ENCODERS = ProcessCache()
+# Per process, by template text: whether it has {% generation %} blocks (parsing it takes a while).
+_TAGGED = ProcessCache(max_entries=256)
+# Per process, by template, specials and kwargs: whether the template honours add_generation_prompt.
+_PROBES = ProcessCache(max_entries=256)
+
+_IGNORES_PROMPT = (
+    "tokenize_chat: the chat template renders the same text with add_generation_prompt=True and False, so "
+    "prefix rendering cannot tell the assistant header from the reply. Make the template append the "
+    "assistant header under {% if add_generation_prompt %}...{% endif %}, wrap each assistant reply in "
+    "{% generation %}...{% endgeneration %}, or use a built-in template (chat_template='chatml' or "
+    "'llama3')"
+)
 
 
 def _offset_encoder(handle: TokenizerHandle) -> Any:
-    """A per-process ``tokenizers.Tokenizer`` of ``handle`` whose offsets are not trimmed.
-
-    Post-processors (ByteLevel with ``trim_offsets``, RoBERTa's) move token offsets off leading
-    spaces, which can leave a space token with an empty range at the next token's start. Without
-    special tokens added, a post-processor changes offsets only, never ids, so it is dropped here.
-    """
+    """A per-process ``tokenizers.Tokenizer`` of ``handle`` without its post-processor, whose offset
+    trimming (ByteLevel, RoBERTa) can leave a space token an empty range; without added special
+    tokens it changes offsets only, never ids."""
 
     def build() -> Any:
         from tokenizers import Tokenizer
@@ -113,14 +78,6 @@ def _offset_encoder(handle: TokenizerHandle) -> Any:
         return tok
 
     return _ENCODERS.get(handle.fingerprint(), build)
-
-
-# -- shared option checks --------------------------------------------------------------------------------
-
-
-def _check_choice(op: str, name: str, value: Any, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"{op}: {name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
 def _check_length(op: str, max_length: Any, truncation: Any) -> None:
@@ -135,19 +92,24 @@ def _check_length(op: str, max_length: Any, truncation: Any) -> None:
         raise ValueError(f"{op}: truncation=True requires max_length (the longest output, in tokens)")
 
 
-def _finish(op: str, ids: np.ndarray, mask: np.ndarray, *, max_length: int | None, truncation: bool, what: str):
-    """Cut or reject long records; the first token is never a target."""
-    if max_length is not None and len(ids) > max_length:
-        if not truncation:
+def _finish(op: Any, ids: np.ndarray, mask: np.ndarray, what: str, empty: Callable[[], str]) -> list[dict]:
+    """The output of one record: cut or reject it when long (the first token is never a target),
+    then ``[]`` (dropped) or an error with ``empty()`` when no token is supervised."""
+    if op.max_length is not None and len(ids) > op.max_length:
+        if not op.truncation:
             raise ValueError(
-                f"{op}: {what} is {len(ids)} tokens long, more than max_length={max_length}; pass truncation=True to "
-                "cut such records (the loss_mask is cut with them), raise max_length, or filter long records "
-                "before this step"
+                f"{op.kind}: {what} is {len(ids)} tokens long, more than max_length={op.max_length}; pass "
+                "truncation=True to cut such records (the loss_mask is cut with them), raise max_length, or filter "
+                "long records before this step"
             )
-        ids, mask = ids[:max_length].copy(), mask[:max_length].copy()
+        ids, mask = ids[: op.max_length].copy(), mask[: op.max_length].copy()
     if len(mask):
         mask[0] = 0
-    return ids, mask
+    if mask.any():
+        return [{"input_ids": ids, "loss_mask": mask}]
+    if op.empty_mask == "drop":
+        return []
+    raise ValueError(empty())
 
 
 def _roles_of(messages: Sequence[Any]) -> str:
@@ -156,20 +118,8 @@ def _roles_of(messages: Sequence[Any]) -> str:
     return "[" + ", ".join(shown) + "]"
 
 
-# -- tokenize_chat -----------------------------------------------------------------------------------------
-
-# Per process, by template text: whether it has {% generation %} blocks (parsing it takes a while).
-_TAGGED = ProcessCache(max_entries=256)
-# Per process, by template, specials and kwargs: whether the template honours add_generation_prompt.
-_PROBES = ProcessCache(max_entries=256)
-
-
 def _tagged(template: str) -> bool:
     return _TAGGED.get(template, lambda: has_generation_tags(template))
-
-
-def _token_text(handle: TokenizerHandle, tid: int | None) -> str:
-    return (handle.tokenizer.id_to_token(tid) or "") if tid is not None else ""
 
 
 def _plain_dict(value: Any) -> Any:
@@ -179,15 +129,6 @@ def _plain_dict(value: Any) -> Any:
     return value
 
 
-def _template_text(chat_template: Any, shipped: str | None, missing: BaseException | None) -> str:
-    """The template text of ``chat_template``; ``None`` means the one shipped with the tokenizer."""
-    if chat_template is not None:
-        return _resolve_template(chat_template, None, None)
-    if shipped is None:
-        raise copy.copy(missing)
-    return shipped
-
-
 def _check_chat_options(v: Any) -> None:
     """The checks of ``TokenizeChat`` that need neither the template nor the tokenizer."""
     op = "tokenize_chat"
@@ -195,9 +136,9 @@ def _check_chat_options(v: Any) -> None:
         raise TypeError(f"{op}: field must be a non-empty str naming the messages key, got {v.field!r}")
     if v.tools_field is not None and (not isinstance(v.tools_field, str) or not v.tools_field):
         raise TypeError(f"{op}: tools_field must be a non-empty str or None, got {v.tools_field!r}")
-    _check_choice(op, "loss_scope", v.loss_scope, LOSS_SCOPES)
-    _check_choice(op, "empty_mask", v.empty_mask, EMPTY_MASK_MODES)
-    _check_choice(op, "span_source", v.span_source, SPAN_SOURCES)
+    check_choice(op, "loss_scope", v.loss_scope, LOSS_SCOPES)
+    check_choice(op, "empty_mask", v.empty_mask, EMPTY_MASK_MODES)
+    check_choice(op, "span_source", v.span_source, SPAN_SOURCES)
     _check_length(op, v.max_length, v.truncation)
     kwargs = v.chat_template_kwargs
     if kwargs is not None:
@@ -212,42 +153,26 @@ def _check_chat_options(v: Any) -> None:
 
 
 @attrs.frozen(init=False)
-class TokenizeChat(StatelessOp):
+class TokenizeChat(TokenizerOp):
     """Render conversations with a chat template into ``input_ids`` and an assistant ``loss_mask``.
 
-    Each payload holds a conversation: a list of messages ``{"role", "content"}`` with optional
-    ``"tool_calls"``, ``"name"`` and ``"tool_call_id"``, as the template expects them. The output
-    payload is ``{"input_ids": int32 array, "loss_mask": uint8 array}``, aligned and unshifted:
-    ``loss_mask`` is 1 exactly on the tokens of the selected assistant turns, their end-of-turn
-    token included (``<|im_end|>`` in ChatML, ``<|eot_id|>`` in Llama 3), and 0 on system, user and
-    tool turns and on the template's assistant header. The first token is never a target.
+    Each payload holds a conversation: a list of messages ``{"role", "content"}`` (optionally
+    ``"tool_calls"``, ``"name"``, ``"tool_call_id"``). The output is ``{"input_ids": int32,
+    "loss_mask": uint8}``, aligned and unshifted: 1 exactly on the tokens of the selected assistant
+    turns, their end-of-turn token included (``<|im_end|>``, ``<|eot_id|>``), 0 on system, user and
+    tool turns and the assistant header; the first token is never a target. The template renders as
+    in transformers (sandboxed Jinja; no ``strftime_now``, so the data never depends on the day it
+    is built); the text is tokenized as one piece without added special tokens, and a token is
+    supervised when its characters overlap a span. The template's special markers (``<|...|>``,
+    ``<s>``, ``</s>``) must each be one token of the tokenizer (:func:`~zephon.text.templates.check_markers`).
 
-    The template is rendered as in transformers (sandboxed Jinja with ``trim_blocks`` and
-    ``lstrip_blocks``, ``tojson``, ``raise_exception``, ``loopcontrols``; variables ``messages``,
-    ``tools``, ``add_generation_prompt=False``, ``bos_token``, ``eos_token`` and
-    ``chat_template_kwargs``; no ``strftime_now``, so templates fall back to their fixed date and
-    the data never depends on the day it is built), and the text is tokenized as one piece, without added special
-    tokens, in one batch call per chunk. Assistant spans come from ``{% generation %}`` blocks or
-    from prefix rendering (see the module documentation); a token is supervised when its
-    characters overlap a span. Prefix rendering drops the whitespace after a turn's last
-    non-space character (the newline templates write after ``<|im_end|>``), so both sources agree
-    on templates that tag exactly the reply and its end token.
-
-    The template's special markers (the ``<|...|>`` strings, ``<s>`` and ``</s>`` it writes, e.g.
-    ``<|im_start|>`` and ``<|im_end|>`` for ``"chatml"``) must each be one token of the tokenizer;
-    otherwise construction fails, since they would be split into ordinary text tokens (see
-    :func:`zephon.text.templates.check_markers`).
-
-    State: none (a stateless operator); it restores and reshards trivially. The output of a record
-    depends only on its payload, the tokenizer's content, the template text (its sha256 is in the
-    fingerprint) and the options below.
-
-    The tokenizer and the template are resolved before the fields are stored: ``tokenizer``
-    holds the :class:`~zephon.text.tokenizer.TokenizerHandle` (``tokenizer_id`` reads ``None``),
-    ``chat_template`` the template text and ``chat_template_kwargs`` a plain dict, so the operator
-    pickles without the files it was loaded from. ``attrs.evolve(op, **changes)`` equals the
-    constructor called with the operator's arguments changed by ``changes``: a template that came
-    with the tokenizer (``chat_template=None``) follows a changed tokenizer, a given one stays.
+    State: none; it restores and reshards trivially. A record's output depends only on its payload,
+    the tokenizer's content, the template text (its sha256 is in the fingerprint) and the options.
+    ``tokenizer`` holds the resolved :class:`~zephon.text.tokenizer.TokenizerHandle`
+    (``tokenizer_id`` reads ``None``), ``chat_template`` the text and ``chat_template_kwargs`` a
+    plain dict, so the operator pickles without its files. ``attrs.evolve(op, **changes)`` equals
+    the constructor called with the operator's arguments changed by ``changes``: a template that
+    came with the tokenizer (``chat_template=None``) follows a changed tokenizer, a given one stays.
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to
@@ -255,34 +180,26 @@ class TokenizeChat(StatelessOp):
         tokenizer_id: instead of ``tokenizer``: a local path or a Hugging Face id in the local cache.
         field: the payload key holding the messages.
         chat_template: a built-in name (``"chatml"``, ``"llama3"``), Jinja text, or a path to a
-            ``.jinja`` file, a ``tokenizer_config.json`` or a folder. ``None`` (default): the
-            template shipped with the tokenizer (``chat_template.jinja`` or the ``chat_template``
-            of ``tokenizer_config.json`` next to the tokenizer file, or a transformers tokenizer's
-            ``chat_template``).
-        loss_scope: ``"assistant"`` (every assistant turn), ``"last_assistant"`` (only the last
-            assistant message) or ``"all"`` (every token but the first).
-        max_length: the longest output in tokens (``>= 2``). Without ``truncation`` a longer
-            record raises; ``None``: no limit.
-        truncation: cut records to ``max_length`` tokens, the mask with them.
-        tools_field: the payload key holding tool schemas for the template's ``tools`` (absent:
-            ``None``); ``None`` passes no tools.
-        chat_template_kwargs: more template variables (e.g. ``{"enable_thinking": False}``); the
-            reserved names ``messages``, ``tools``, ``add_generation_prompt``, ``bos_token``,
-            ``eos_token`` and ``raise_exception`` cannot be set.
-        empty_mask: what to do with a record that has no supervised token (no assistant turn, a
-            template that marks none, or truncation that cut them all): ``"error"`` raises,
-            naming the record's roles; ``"drop"`` drops it (counted as a drop of this step).
+            ``.jinja`` file, a ``tokenizer_config.json`` or a folder; ``None``: the template
+            shipped with the tokenizer.
+        loss_scope: ``"assistant"`` (every assistant turn), ``"last_assistant"`` or ``"all"``
+            (every token but the first).
+        max_length: the longest output in tokens (``>= 2``; ``None``: no limit).
+        truncation: cut longer records to ``max_length``, the mask with them (else they raise).
+        tools_field: the payload key of tool schemas for the template's ``tools`` (``None``: none).
+        chat_template_kwargs: more template variables (e.g. ``{"enable_thinking": False}``), not
+            the reserved ones (``messages``, ``tools``, ``add_generation_prompt``, ...).
+        empty_mask: a record with no supervised token: ``"error"`` raises, naming its roles;
+            ``"drop"`` drops it (counted as a drop of this step).
         span_source: ``"auto"`` (generation tags when the template has them, else prefix
             rendering), ``"generation_tags"`` or ``"prefix"``.
 
     Raises:
-        ValueError: an invalid option, no chat template, a template that is not valid Jinja, a
-            template whose special markers are not single tokens of the tokenizer, generation tags
-            requested from a template without them, or (prefix rendering) a template that ignores
-            ``add_generation_prompt``; and while tokenizing, a malformed
-            conversation, a template error, a template whose prefixes do not start the full
-            conversation, a record longer than ``max_length`` without ``truncation``, or an
-            all-zero mask with ``empty_mask="error"``.
+        ValueError: an invalid option; no chat template, or one that is not valid Jinja, whose
+            markers are not single tokens, lacks the tags asked for or (prefix rendering) ignores
+            ``add_generation_prompt``; while tokenizing, a malformed conversation, a template
+            error, prefixes that do not start the conversation, a record longer than
+            ``max_length`` without ``truncation``, or an all-zero mask with ``empty_mask="error"``.
         TypeError: an option of the wrong type.
 
     Examples:
@@ -334,7 +251,9 @@ class TokenizeChat(StatelessOp):
         else:
             # A template that came with the tokenizer follows it when the tokenizer changes.
             given = None if kept else settings.chat_template
-            text, from_tokenizer = _template_text(given, shipped, missing), given is None
+            if given is None and shipped is None:
+                raise copy.copy(missing)  # no template given, none shipped
+            text, from_tokenizer = (shipped, True) if given is None else (_resolve_template(given, None, None), False)
         handle = load_tokenizer(origin.handle) if same else load_tokenizer(tok, tid)
         origin = Origin(handle, tid, text, from_tokenizer, shipped, missing)
         self.__attrs_init__(tokenizer=handle, **{**options, "chat_template": text, "_origin": origin})
@@ -354,17 +273,6 @@ class TokenizeChat(StatelessOp):
                 logger.info("%s: the chat template has no {%% generation %%} blocks; finding replies by prefix rendering", op)
             self._prompt_checked()  # rejects a template that ignores add_generation_prompt
 
-    # -- identity -------------------------------------------------------------------------------------
-    @property
-    def handle(self) -> TokenizerHandle:
-        """The resolved tokenizer."""
-        return self.tokenizer
-
-    @property
-    def tokenizer_id(self) -> None:
-        """Always ``None``: a ``tokenizer_id`` given to the constructor is loaded into ``tokenizer``."""
-        return None
-
     @property
     def template_sha256(self) -> str:
         """sha256 (hex) of the chat template text."""
@@ -377,25 +285,16 @@ class TokenizeChat(StatelessOp):
             return "none"
         return "tags" if self.span_source != "prefix" and _tagged(self.chat_template) else "prefix"
 
-    @property
-    def _bos_token(self) -> str:
-        """The BOS string the template sees as ``bos_token`` (``""`` without one)."""
-        return _token_text(self.tokenizer, self.tokenizer.bos_token_id)
-
-    @property
-    def _eos_token(self) -> str:
-        """The EOS string the template sees as ``eos_token`` (``""`` without one)."""
-        return _token_text(self.tokenizer, self.tokenizer.eos_token_id)
+    def _special_texts(self) -> tuple[str, str]:
+        """The BOS and EOS strings the template sees as ``bos_token`` and ``eos_token`` (``""`` without one)."""
+        handle = self.tokenizer
+        bos, eos, text = handle.bos_token_id, handle.eos_token_id, handle.tokenizer.id_to_token
+        return (text(bos) or "") if bos is not None else "", (text(eos) or "") if eos is not None else ""
 
     def _prompt_checked(self) -> bool:
-        """Whether the template was seen to honour ``add_generation_prompt`` (probed once per process).
-
-        ``False`` when the probe was inconclusive; prefix rendering then checks each record.
-
-        Raises:
-            ValueError: the template ignores ``add_generation_prompt``.
-        """
-        key = (self.chat_template, self._bos_token, self._eos_token, repr(self.chat_template_kwargs))
+        """Whether the template was seen to honour ``add_generation_prompt`` (probed once per process;
+        ``False``: inconclusive, so prefix rendering checks each record); raises when it ignores it."""
+        key = (self.chat_template, *self._special_texts(), repr(self.chat_template_kwargs))
         return _PROBES.get(key, self._probe_generation_prompt)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -404,15 +303,11 @@ class TokenizeChat(StatelessOp):
         out["chat_template"] = "sha256:" + self.template_sha256
         return out
 
-    # -- rendering ------------------------------------------------------------------------------------
     def _render(self, messages: Sequence[Any], tools: Any, add_generation_prompt: bool = False, *, track: bool = False):
         variables = dict(self.chat_template_kwargs or {})
+        bos, eos = self._special_texts()
         variables.update(
-            messages=messages,
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self._bos_token,
-            eos_token=self._eos_token,
+            messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos
         )
         return _render(self.chat_template, variables, track=track)
 
@@ -425,17 +320,8 @@ class TokenizeChat(StatelessOp):
         except Exception:  # the template rejects the probe (e.g. it needs a system turn); check per record
             return False
         if with_prompt == without:
-            raise ValueError(self._ignores_prompt_message())
+            raise ValueError(_IGNORES_PROMPT)
         return True
-
-    def _ignores_prompt_message(self) -> str:
-        return (
-            "tokenize_chat: the chat template renders the same text with add_generation_prompt=True and False, so "
-            "prefix rendering cannot tell the assistant header from the reply. Make the template append the "
-            "assistant header under {% if add_generation_prompt %}...{% endif %}, wrap each assistant reply in "
-            "{% generation %}...{% endgeneration %}, or use a built-in template (chat_template='chatml' or "
-            "'llama3')"
-        )
 
     def _messages_of(self, payload: Any) -> list:
         if not isinstance(payload, Mapping):
@@ -444,11 +330,9 @@ class TokenizeChat(StatelessOp):
                 "holding a list of messages"
             )
         if self.field not in payload:
-            keys = list(payload.keys())
-            shown = ", ".join(repr(k) for k in keys[:8]) + (f", ... ({len(keys)} keys)" if len(keys) > 8 else "")
             raise ValueError(
-                f"tokenize_chat: payload has no field {self.field!r} (its keys: [{shown}]); set field= to the key "
-                "holding the list of messages"
+                f"tokenize_chat: payload has no field {self.field!r} (its keys: [{shown_keys(payload)}]); set field= "
+                "to the key holding the list of messages"
             )
         messages = payload[self.field]
         if isinstance(messages, np.ndarray):
@@ -490,7 +374,7 @@ class TokenizeChat(StatelessOp):
             before = self._render(messages[:i], tools, True)[0]
             through = self._render(messages[: i + 1], tools)[0]
             if not self._prompt_checked() and before == self._render(messages[:i], tools)[0]:
-                raise ValueError(self._ignores_prompt_message())
+                raise ValueError(_IGNORES_PROMPT)
             if not (text.startswith(before) and text.startswith(through) and through.startswith(before)):
                 raise ValueError(
                     f"tokenize_chat: prefix rendering failed for message {i} (roles {_roles_of(messages)}): the "
@@ -504,20 +388,10 @@ class TokenizeChat(StatelessOp):
             spans.append((len(before), len(before) + len(reply)))
         return text, spans
 
-    # -- the work -------------------------------------------------------------------------------------
     def apply_many(self, payloads: list) -> list[list]:
-        """Render and tokenize a chunk of conversations (one tokenizer batch call).
-
-        Args:
-            payloads: dicts holding ``field`` (and optionally ``tools_field``).
-
-        Returns:
-            Per payload, ``[{"input_ids", "loss_mask"}]``, or ``[]`` when dropped (``empty_mask="drop"``).
-
-        Raises:
-            ValueError: see the class documentation.
-            TypeError: a payload that is not a dict, or messages that are not a list.
-        """
+        """Render and tokenize a chunk of conversations (one tokenizer batch call): per payload,
+        ``[{"input_ids", "loss_mask"}]``, or ``[]`` when dropped; raises as the class says, and
+        ``TypeError`` for a payload that is not a dict or messages that are not a list."""
         if not payloads:
             return []
         rendered = []
@@ -541,27 +415,12 @@ class TokenizeChat(StatelessOp):
             if self.spans_from == "none":
                 mask = np.ones(len(ids), dtype=np.uint8)
             else:
-                offsets = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
-                mask = spans_to_mask(offsets, spans)
-            full = len(ids)
-            ids, mask = _finish(
-                "tokenize_chat",
-                ids,
-                mask,
-                max_length=self.max_length,
-                truncation=self.truncation,
-                what=f"a record with roles {_roles_of(messages)}",
-            )
-            if not mask.any():
-                if self.empty_mask == "drop":
-                    out.append([])
-                    continue
-                raise ValueError(self._empty_message(messages, spans, full))
-            out.append([{"input_ids": ids, "loss_mask": mask}])
+                mask = spans_to_mask(np.array(enc.offsets, dtype=np.int64).reshape(-1, 2), spans)
+            what = f"a record with roles {_roles_of(messages)}"
+            out.append(_finish(self, ids, mask, what, lambda: self._empty_message(messages, spans, len(ids))))
         return out
 
     def _empty_message(self, messages: list, spans: list, full: int) -> str:
-        roles = _roles_of(messages)
         if self.loss_scope == "all":
             reason = f"it is {full} token(s) long, and the first token is never a target"
         elif not any(m["role"] == "assistant" for m in messages):
@@ -573,13 +432,10 @@ class TokenizeChat(StatelessOp):
         else:
             reason = "its assistant turns render as empty text"
         return (
-            f"tokenize_chat: a record with roles {roles} has no supervised token (loss_scope={self.loss_scope!r}): "
-            f"{reason}. Training on it would silently teach nothing; fix or filter such records before "
-            "tokenize_chat, or pass empty_mask='drop' to drop them (they are counted as drops)"
+            f"tokenize_chat: a record with roles {_roles_of(messages)} has no supervised token (loss_scope="
+            f"{self.loss_scope!r}): {reason}. Training on it would silently teach nothing; fix or filter such records "
+            "before tokenize_chat, or pass empty_mask='drop' to drop them (they are counted as drops)"
         )
-
-
-# -- prompt / completion -----------------------------------------------------------------------------------
 
 
 def _check_prompt_completion_options(v: Any) -> None:
@@ -591,45 +447,38 @@ def _check_prompt_completion_options(v: Any) -> None:
             raise TypeError(f"{op}: {name} must be a non-empty str, got {value!r}")
     if v.prompt_field == v.completion_field:
         raise ValueError(f"{op}: prompt_field and completion_field are both {v.prompt_field!r}; name two keys")
-    _check_choice(op, "special_tokens", v.special_tokens, SPECIAL_TOKEN_MODES)
-    _check_choice(op, "empty_mask", v.empty_mask, EMPTY_MASK_MODES)
-    _check_choice(op, "backend", v.backend, BACKENDS)
+    check_choice(op, "special_tokens", v.special_tokens, SPECIAL_TOKEN_MODES)
+    check_choice(op, "empty_mask", v.empty_mask, EMPTY_MASK_MODES)
+    check_choice(op, "backend", v.backend, BACKENDS)
     _check_length(op, v.max_length, v.truncation)
-    if v.parallelism is not None and (isinstance(v.parallelism, bool) or not isinstance(v.parallelism, int) or v.parallelism < 1):
-        raise ValueError(f"{op}: parallelism must be a positive int or None, got {v.parallelism!r}")
+    check_positive(op, "parallelism", v.parallelism)
 
 
 @attrs.frozen(init=False)
-class TokenizePromptCompletion(StatelessOp):
+class TokenizePromptCompletion(TokenizerOp):
     """Tokenize ``{"prompt": str, "completion": str}`` records into ``input_ids`` and a completion ``loss_mask``.
 
     The output is ``[BOS] + prompt + completion + [EOS]`` (specials per ``special_tokens``) with
     ``loss_mask`` 0 on BOS and the prompt, 1 on the completion and the EOS. Prompt and completion
-    are tokenized separately, so the boundary between them is a token boundary, as at inference
-    where the prompt is encoded on its own and the model continues from it; all prompts and
-    completions of a chunk go to the tokenizer in one batch call. The first token is never a
-    target (it matters with an empty prompt and no BOS).
+    are tokenized separately (one batch call per chunk), so their boundary is a token boundary, as
+    at inference. The first token is never a target (it matters with an empty prompt and no BOS).
 
     State: none (a stateless operator); it restores and reshards trivially. The output depends on
-    the payload, the tokenizer's content and the data options; ``parallelism`` and ``backend``
-    never change it.
+    the payload, the tokenizer's content and the data options.
 
     Args:
-        tokenizer: as for :class:`TokenizeChat`.
-        tokenizer_id: as for :class:`TokenizeChat`.
+        tokenizer: as for :class:`TokenizeChat` (or ``tokenizer_id``).
         prompt_field: the payload key of the prompt text.
         completion_field: the payload key of the completion text.
         special_tokens: ``"bos_eos"`` (default), ``"bos"``, ``"eos"`` or ``"none"``, as in
-            ``tokenize``. The EOS, when added, is supervised.
-        bos_token_id: overrides the tokenizer's BOS id.
-        eos_token_id: overrides the tokenizer's EOS id.
-        max_length: the longest output in tokens (``>= 2``); without ``truncation`` a longer
-            record raises.
-        truncation: keep the first ``max_length`` tokens (the completion is cut first).
+            ``tokenize``; an added EOS is supervised. ``bos_token_id``/``eos_token_id`` override
+            the tokenizer's ids.
+        max_length: the longest output in tokens (``>= 2``); longer records raise without
+            ``truncation``, which keeps the first ``max_length`` (the completion is cut first).
         empty_mask: ``"error"`` or ``"drop"`` a record with no supervised token (an empty
             completion without EOS, or one truncation removed).
-        parallelism: threads for the tiktoken backend; performance only.
-        backend: ``"auto"``, ``"tokenizers"`` or ``"tiktoken"``; performance only.
+        parallelism: threads for the tiktoken backend; ``backend``: ``"auto"``, ``"tokenizers"``
+            or ``"tiktoken"``; both performance only.
 
     Raises:
         ValueError: an invalid option, a missing BOS/EOS id for the chosen mode, a missing field,
@@ -670,38 +519,21 @@ class TokenizePromptCompletion(StatelessOp):
         self.__attrs_init__(tokenizer=origin.handle, **{**options, "_origin": origin})
 
     def __attrs_post_init__(self) -> None:
-        op, handle, mode = "tokenize", self.tokenizer, self.special_tokens
-        for name, role, needed in (
-            ("bos_token_id", "BOS", mode in ("bos_eos", "bos")),
-            ("eos_token_id", "EOS", mode in ("bos_eos", "eos")),
-        ):
+        handle, mode = self.tokenizer, self.special_tokens
+        for name, role in (("bos_token_id", "BOS"), ("eos_token_id", "EOS")):
+            needed = mode in ("bos_eos", role.lower())
             value = getattr(self, name)
             if value is not None:
                 if not needed:
-                    raise ValueError(f"{op}: {name} cannot be used with special_tokens={mode!r}, which adds no {role}")
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__}")
-                if not 0 <= value < handle.vocab_size:
-                    raise ValueError(f"{op}: {name}={value} is outside the tokenizer's ids [0, {handle.vocab_size})")
+                    why = f"special_tokens={mode!r}, which adds no {role}"
+                    raise ValueError(f"tokenize: {name} cannot be used with {why}")
+                check_id(name, value, handle)
             elif needed and getattr(handle, name) is None:
                 raise ValueError(
-                    f"{op}: special_tokens={mode!r} needs a {role} token, but the tokenizer ({handle.source}) has none; "
-                    f"pass {name}= explicitly or choose another special_tokens mode ('eos' suits tokenizers without "
-                    "a BOS)"
+                    f"tokenize: special_tokens={mode!r} needs a {role} token, but the tokenizer ({handle.source}) has "
+                    f"none; pass {name}= explicitly or choose another special_tokens mode ('eos' suits tokenizers "
+                    "without a BOS)"
                 )
-
-    @property
-    def handle(self) -> TokenizerHandle:
-        """The resolved tokenizer."""
-        return self.tokenizer
-
-    @property
-    def tokenizer_id(self) -> None:
-        """Always ``None``: a ``tokenizer_id`` given to the constructor is loaded into ``tokenizer``."""
-        return None
-
-    def _specials(self) -> tuple[int | None, int | None]:
-        return special_ids(self.special_tokens, self.bos_token_id, self.eos_token_id, self.tokenizer)
 
     def _text(self, payload: Any, name: str) -> str:
         field = getattr(self, name)
@@ -721,18 +553,8 @@ class TokenizePromptCompletion(StatelessOp):
         return value
 
     def apply_many(self, payloads: list) -> list[list]:
-        """Tokenize a chunk of prompt/completion records (one tokenizer batch call).
-
-        Args:
-            payloads: dicts holding ``prompt_field`` and ``completion_field``.
-
-        Returns:
-            Per payload, ``[{"input_ids", "loss_mask"}]``, or ``[]`` when dropped.
-
-        Raises:
-            ValueError: see the class documentation.
-            TypeError: a payload that is not a dict, or a field that is not a str.
-        """
+        """Tokenize a chunk of prompt/completion records (one tokenizer batch call): per payload,
+        ``[{"input_ids", "loss_mask"}]``, or ``[]`` when dropped; raises as the class says."""
         if not payloads:
             return []
         n = len(payloads)
@@ -757,30 +579,21 @@ class TokenizePromptCompletion(StatelessOp):
             if eos is not None:
                 ids[-1] = eos
             mask[split:] = 1
-            ids, mask = _finish(
-                "tokenize",
-                ids,
-                mask,
-                max_length=self.max_length,
-                truncation=self.truncation,
-                what=f"a prompt/completion record ({len(prompt)} prompt and {len(completion)} completion tokens)",
-            )
-            if not mask.any():
-                if self.empty_mask == "drop":
-                    out.append([])
-                    continue
-                cut = self.truncation and total > (self.max_length or 0)
-                reason = (
-                    f"truncation to max_length={self.max_length} cut the whole completion"
-                    if cut
-                    else "its completion is empty and no EOS is added"
-                )
-                raise ValueError(
-                    f"tokenize: a prompt/completion record ({len(prompt)} prompt tokens) has no supervised token: "
-                    f"{reason}. Fix or filter such records first, or pass empty_mask='drop' to drop them"
-                )
-            out.append([{"input_ids": ids, "loss_mask": mask}])
+            what = f"a prompt/completion record ({len(prompt)} prompt and {len(completion)} completion tokens)"
+            out.append(_finish(self, ids, mask, what, lambda: self._empty_message(len(prompt), total)))
         return out
+
+    def _empty_message(self, prompt: int, total: int) -> str:
+        cut = self.truncation and total > (self.max_length or 0)
+        reason = (
+            f"truncation to max_length={self.max_length} cut the whole completion"
+            if cut
+            else "its completion is empty and no EOS is added"
+        )
+        return (
+            f"tokenize: a prompt/completion record ({prompt} prompt tokens) has no supervised token: "
+            f"{reason}. Fix or filter such records first, or pass empty_mask='drop' to drop them"
+        )
 
 
 public_signature(TokenizeChat)

@@ -1,25 +1,19 @@
-"""``ensure_mixture``: per-lane exact token accounting of a mixture (Zephon's operator, done by deficit).
+"""``ensure_mixture``: per-lane exact token accounting of a mixture, by deficit.
 
 Each lane reorders its records so that the tokens it has emitted track the target mixture: the
 next record comes from the dataset most owed (the smallest ``(emitted_j + next_j / 2) / W_j`` for
 integer target weights ``W`` and ``next_j`` the weight of its next waiting record, ties to the
-earlier dataset), taken from a per-dataset queue in arrival order. When
-that dataset has nothing waiting, records wait in a bounded buffer; when the buffer is full, the
-most owed dataset that *has* a record waiting goes next (a forced emission, counted). The end of the
-lane's data emits the buffer in the same order: nothing is discarded, ever.
+earlier dataset), taken from a per-dataset queue in arrival order. Records wait in a bounded
+buffer for that dataset; when it is full, the most owed dataset that *has* a record waiting goes
+next (a forced emission, counted). The end of the lane's data emits the buffer in the same order:
+nothing is discarded, ever.
 
 A schedule of weights is followed phase by phase on the lane's own clock, the records it has
 emitted: a phase that starts at source position ``P`` starts at the lane's emission ``ceil(P / L)``
-(each of the ``L`` lanes reads one ``L``-th of the positions, so for a schedule by step this is the
-step's first record on every lane). At a phase's start the emitted counters restart from zero, so
-each phase meets its own target rather than correcting the shares of the phases before it. The
-pipeline places the phases when it compiles (:func:`place_targets`), from the same numbers that
-place the source's own switch.
-
-Because it runs per lane on the lane's own stream, which is a pure function of the lane, the output
-is identical for every number of ranks. State: one integer per dataset (tokens, or the weight
-``weight_by`` gives, emitted since the current phase began) plus the buffer, held by reference, and
-counters.
+for ``L`` lanes (:func:`place_targets` places them when the pipeline compiles, from the numbers
+that place the source's own switch). At a phase's start the emitted counters restart from zero, so
+each phase meets its own target. Running per lane on the lane's own stream, the output is
+identical for every number of ranks.
 """
 
 from __future__ import annotations
@@ -32,11 +26,12 @@ from typing import Any, ClassVar, Sequence
 import attrs
 import msgspec
 
-from ..core.operator import Operator, Resolver, config_field
+from ..core.operator import Chain, Operator, Resolver, config_field
 from ..core.state import decode, resolve
 from ..core.fields import payload_length
 from ..core.records import Record
 from ..sources.mixture import MixtureSchedule, check_names, integer_weights, normalize
+from .shuffle import Shuffle, nonnegative, positive_int
 
 
 class EnsureMixtureState(msgspec.Struct, frozen=True, tag="ensure_mixture", forbid_unknown_fields=True):
@@ -54,11 +49,6 @@ def _weight_by(instance: Any, attribute: Any, value: Any) -> None:
         raise ValueError(f"ensure_mixture: weight_by must be 'auto', 'samples', a field name or a callable, got {value!r}")
 
 
-def _buffer_size(instance: Any, attribute: Any, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"ensure_mixture: max_buffer_size must be an int >= 1, got {value!r}")
-
-
 def _ratio(low_open: bool):
     def check(instance: Any, attribute: Any, value: Any) -> None:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (0 < value < 1 if low_open else 0 <= value <= 1)
@@ -67,10 +57,6 @@ def _ratio(low_open: bool):
             raise ValueError(f"ensure_mixture: {attribute.name} must be a number {span}, got {value!r}")
 
     return check
-
-
-def _names(value: Any) -> tuple[str, ...]:
-    return tuple(value)
 
 
 def _mixture(value: Any) -> dict[str, float] | MixtureSchedule | None:
@@ -108,15 +94,14 @@ class EnsureMixture(Operator):
             (1 per record), a payload field (its number, or its length), or a function of the
             payload.
         drain_target_ratio: when the buffer overflows, forced emissions bring it down to
-            ``drain_target_ratio * max_buffer_size`` records (Zephon's option; default 0.8).
+            ``drain_target_ratio * max_buffer_size`` records (default 0.8).
         obsolete_drain_rate: after every ``int(1 / rate)`` on-target emissions, the oldest
-            waiting record goes next, so no record waits without bound (Zephon's option; 0, the
-            default here, turns it off: the buffer bound already limits waiting).
+            waiting record goes next (0, the default, turns it off: the buffer bound already
+            limits waiting).
 
     State: emitted weight per dataset in the current phase, the buffer (by reference), outputs
-    (the lane's clock: which phase is in force) and forced outputs.
-    Restores and reshards like every lane state; ``report()`` gives ``buffered``, ``outputs``
-    and ``forced`` (emissions off target because the buffer was full).
+    (the lane's clock: which phase is in force) and forced outputs; restores and reshards like
+    every lane state. ``report()`` gives ``buffered``, ``outputs`` and ``forced``.
 
     Examples:
         >>> op = EnsureMixture({"web": 1, "books": 1}, datasets=("web", "books"))
@@ -125,8 +110,8 @@ class EnsureMixture(Operator):
     """
 
     mixture: dict[str, float] = config_field(converter=_mixture)
-    datasets: tuple[str, ...] = config_field(converter=_names, kw_only=True)
-    max_buffer_size: int = config_field(default=1000, validator=_buffer_size, kw_only=True)
+    datasets: tuple[str, ...] = config_field(converter=tuple, kw_only=True)
+    max_buffer_size: int = config_field(default=1000, validator=positive_int, kw_only=True)
     weight_by: Any = config_field(default="auto", validator=_weight_by, kw_only=True)
     drain_target_ratio: float = config_field(default=0.8, validator=_ratio(True), kw_only=True)
     obsolete_drain_rate: float = config_field(default=0.0, validator=_ratio(False), kw_only=True)
@@ -286,9 +271,7 @@ class EnsureMixture(Operator):
         state = decode(data, EnsureMixtureState)
         if len(state.emitted) != len(self.datasets):
             raise ValueError(f"field 'emitted' holds {len(state.emitted)} counters, but the mixture has {len(self.datasets)} datasets")
-        for name in ("outputs", "forced", "since_drain"):
-            if getattr(state, name) < 0:
-                raise ValueError(f"field {name!r} must be an int >= 0, got {getattr(state, name)}")
+        nonnegative(state, ("outputs", "forced", "since_drain"))
         if min(state.emitted, default=0) < 0:
             raise ValueError(f"field 'emitted' holds a negative counter: {list(state.emitted)}")
         if len(state.buffer) > self.max_buffer_size:
@@ -336,13 +319,11 @@ def lane_phases(source: Any, schedule: MixtureSchedule, lanes: int, names: Seque
     to ``schedule``); a lane reads one ``lanes``-th of the positions, so the piece at position
     ``P`` starts at the lane's emission ``ceil(P / lanes)``.
     """
-    import attrs as _attrs
-
     if schedule == source.mixture:
         placed = source
     else:
         try:
-            placed = _attrs.evolve(source, mixture=schedule, change=None)
+            placed = attrs.evolve(source, mixture=schedule, change=None)
             placed.piece_positions  # noqa: B018
         except ValueError as exc:
             raise ValueError(f"ensure_mixture: cannot place its schedule on the source: {exc}") from None
@@ -361,9 +342,6 @@ def place_targets(chain: Any, source: Any, lanes: int) -> Any:
     """``chain`` with the source's schedule placed on the lanes: every ``ensure_mixture`` that
     follows a schedule gets its phases (see :func:`lane_phases`), and every ``shuffle`` the lane
     positions of the source's weight jumps, where it empties its buffer (``Shuffle.drains``)."""
-    from ..core.operator import Chain
-    from .shuffle import Shuffle
-
     positions = getattr(source, "switch_positions", ())
     switches = tuple(sorted({-(-pos // lanes) for pos in positions} - {0}))
     children, changed = [], False

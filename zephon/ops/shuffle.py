@@ -6,20 +6,16 @@ each arrival that pushes it past ``min(buffer_size, w + emitted)`` evicts one re
 and the window grows to ``buffer_size``. ``flush`` drains the rest in draw order, a piece per
 call. The output is a permutation of the input and independent of how the input is chunked.
 
-Under a mixture schedule the buffer never carries records across a switch of weights: the
-pipeline gives the shuffle the lane's sample positions where the source switches (``drains``),
-and the first record from at or after such a position first empties the buffer, in draw order.
-Without this a buffer of ``B`` records would hand the next phase's records out up to ``B``
-records before the switch and the last phase's up to ``B`` after it, missing both phases'
-shares. A record's position is its lane's count of sample starts before it (segments at a
-sample's first token), which holds through per-sample operators and packing; the records an
-upstream filter drops move the drain later by as many.
+Under a mixture schedule the buffer never carries records across a switch of weights (it would
+mix the phases' shares): the pipeline gives the shuffle the lane's sample positions where the
+source switches (``drains``), and the first record at or after such a position first empties the
+buffer, in draw order. A record's position is its lane's count of sample starts before it
+(segments at a sample's first token), which holds through per-sample operators and packing.
 """
 
 from __future__ import annotations
 
 import bisect
-
 from typing import Any, ClassVar, Sequence
 
 import attrs
@@ -68,12 +64,17 @@ def sample_starts(rec: Record) -> int:
     return sum(1 for seg in rec.meta.segments if seg.start == 0 and seg.child == 0)
 
 
-def _positive_int(name: str):
-    def check(instance, attribute, value):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"shuffle: {name} must be an int >= 1, got {value!r}")
+def positive_int(instance: Any, attribute: Any, value: Any) -> None:
+    """The validator of an operator's size settings (``shuffle``, ``batch``, ``ensure_mixture``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{instance.kind}: {attribute.name} must be an int >= 1, got {value!r}")
 
-    return check
+
+def nonnegative(state: Any, names: Sequence[str]) -> None:
+    """Refuse a decoded state with a negative counter, naming its field."""
+    for name in names:
+        if getattr(state, name) < 0:
+            raise ValueError(f"field {name!r} must be an int >= 0, got {getattr(state, name)}")
 
 
 def _int(instance, attribute, value):
@@ -102,7 +103,7 @@ class Shuffle(Operator):
         1
     """
 
-    buffer_size: int = config_field(validator=_positive_int("buffer_size"))
+    buffer_size: int = config_field(validator=positive_int)
     seed: int = config_field(default=0, validator=_int)
     drains: tuple[int, ...] = config_field(default=(), converter=_drains, kw_only=True)
 
@@ -169,19 +170,13 @@ class Shuffle(Operator):
         return {"buffered": len(state.buffer), "emitted": state.emitted}
 
     def decode_state(self, data: Any, upstream: Resolver) -> ShuffleState:
-        """Inverse of ``encode_state``, refusing counters and buffers that ``step`` never leaves
-        (see :meth:`_check_counters`), before any record is rebuilt."""
+        """Inverse of ``encode_state``, refusing, before any record is rebuilt, what ``step`` never
+        leaves: every record leaves the buffer through one draw, so ``draws == emitted``; after
+        ``emitted`` outputs at most ``min(buffer_size, warmup + emitted)`` records wait (none when
+        ``buffer_size`` is 1)."""
         state = decode(data, ShuffleState)
-        self._check_counters(len(state.buffer), state.draws, state.emitted)
-        return resolve(state, upstream)
-
-    def _check_counters(self, buffered: int, draws: int, emitted: int) -> None:
-        """Every record leaves the buffer through one draw, so ``draws == emitted``; after
-        ``emitted`` outputs at most ``min(buffer_size, warmup + emitted)`` records wait (none
-        when ``buffer_size`` is 1)."""
-        for name, value in (("draws", draws), ("emitted", emitted)):
-            if value < 0:
-                raise ValueError(f"field {name!r} must be an int >= 0, got {value}")
+        nonnegative(state, ("draws", "emitted"))
+        buffered, draws, emitted = len(state.buffer), state.draws, state.emitted
         if draws != emitted:
             raise ValueError(f"fields 'draws' ({draws}) and 'emitted' ({emitted}) must be equal: each output is one draw")
         limit = 0 if self.buffer_size == 1 else min(self.buffer_size, self.warmup + emitted)
@@ -190,3 +185,4 @@ class Shuffle(Operator):
                 f"field 'buffer' holds {buffered} records, but after {emitted} outputs a shuffle of "
                 f"buffer_size={self.buffer_size} holds at most {limit}"
             )
+        return resolve(state, upstream)

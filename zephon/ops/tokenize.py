@@ -1,11 +1,10 @@
 """The ``tokenize`` operator: text field to ``input_ids``, with zephon's own BOS/EOS bracketing.
 
-It also holds what the three tokenizing operators (``Tokenize``, ``TokenizeChat``,
-``TokenizePromptCompletion``) share about their construction: the tokenizer they are given
-(``tokenizer=`` or ``tokenizer_id=``) is resolved into a :class:`~zephon.text.tokenizer.TokenizerHandle`
-*before* the attrs initializer stores the fields, and an :class:`Origin` records what the handle
-stands for, so that ``attrs.evolve(op, **changes)`` gives what the constructor gives for the
-arguments the operator was built with, changed by ``changes``.
+It also holds what the tokenizing operators (``Tokenize``, ``TokenizeChat``,
+``TokenizePromptCompletion``) share about construction: the tokenizer given is resolved into a
+:class:`~zephon.text.tokenizer.TokenizerHandle` *before* the attrs initializer stores the fields,
+and an :class:`Origin` records what it stands for, so that ``attrs.evolve(op, **changes)`` gives
+what the constructor gives for the operator's arguments changed by ``changes``.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import attrs
 import numpy as np
@@ -24,23 +23,9 @@ from ..text.tokenizer import BACKENDS, TokenizerHandle, load_tokenizer
 
 __all__ = ["SPECIAL_TOKEN_MODES", "Tokenize"]
 
-_MISSING_FIELD_MODES = ("error", "empty")
 _MISSING = object()
-
-
-# -- construction shared by the tokenizing operators ------------------------------------------------------
-
-
-class _Unset:
-    """``tokenizer_id`` not passed (``attrs.evolve`` never passes it; ``None`` is a value)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "UNSET"
-
-
-UNSET: Any = _Unset()
+#: ``tokenizer_id`` not passed (``attrs.evolve`` never passes it; ``None`` is a value).
+UNSET: Any = object()
 
 
 def int_like(value: Any) -> Any:
@@ -48,24 +33,47 @@ def int_like(value: Any) -> Any:
     return int(value) if isinstance(value, np.integer) else value
 
 
+def check_choice(op: str, name: str, value: Any, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{op}: {name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def check_positive(op: str, name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{op}: {name} must be a positive int or None, got {value!r}")
+
+
+def check_id(name: str, value: Any, handle: TokenizerHandle) -> None:
+    """An explicit BOS or EOS id: an int among the tokenizer's ids."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"tokenize: {name} must be an int, got {type(value).__name__}")
+    if not 0 <= value < handle.vocab_size:
+        raise ValueError(f"tokenize: {name}={value} is outside the tokenizer's ids [0, {handle.vocab_size})")
+
+
+def shown_keys(payload: Mapping) -> str:
+    """The first keys of a payload, for a message naming a missing field."""
+    keys = list(payload.keys())
+    return ", ".join(repr(k) for k in keys[:8]) + (f", ... ({len(keys)} keys)" if len(keys) > 8 else "")
+
+
 @attrs.frozen(eq=False)
 class Origin:
     """What a tokenizing operator was built from, where its fields alone do not say it.
 
-    The fields hold the resolved tokenizer (and, for ``TokenizeChat``, the template text);
-    ``attrs.evolve`` passes them back together with this record, which tells the constructor
-    which arguments they stand for. It is never compared, hashed or fingerprinted, and needs no
-    files, so an operator evolves the same way after pickling.
+    ``attrs.evolve`` passes the fields (the resolved tokenizer, and for ``TokenizeChat`` the
+    template text) back together with this record, which tells the constructor which arguments
+    they stand for. Never compared, hashed or fingerprinted; needs no files, so an operator evolves
+    the same way after pickling.
 
     Attributes:
-        handle: the handle the operator holds in ``tokenizer``; the constructor recognises it by
-            identity, so any other tokenizer passed in is a change.
-        tokenizer_id: the ``tokenizer_id`` the operator was given, ``None`` when it was given
-            ``tokenizer=``. The pair stays exclusive under ``attrs.evolve``: changing
-            ``tokenizer`` of an operator built from an id also needs ``tokenizer_id=None``.
-        template: ``TokenizeChat``: the template text held in ``chat_template``, recognised by
-            identity too: a text passed in is a given template, even one equal to this
-            (``attrs.evolve(op, tokenizer=t, chat_template=text)`` keeps ``text``).
+        handle: the handle held in ``tokenizer``, recognised by identity: any other tokenizer
+            passed in is a change.
+        tokenizer_id: the ``tokenizer_id`` given, ``None`` when it was ``tokenizer=``. The pair
+            stays exclusive under ``attrs.evolve``: changing ``tokenizer`` of an operator built
+            from an id also needs ``tokenizer_id=None``.
+        template: ``TokenizeChat``: the text held in ``chat_template``, recognised by identity too
+            (``attrs.evolve(op, tokenizer=t, chat_template=text)`` keeps an equal ``text``).
         from_tokenizer: ``TokenizeChat``: the template is the one shipped with the tokenizer
             (``chat_template=None``), so it follows the tokenizer when that changes.
         shipped: ``TokenizeChat``: the template shipped with the tokenizer, or ``None``.
@@ -86,11 +94,9 @@ def origin_field() -> Any:
 
 
 def given_settings(cls: type, options: dict[str, Any], *, skip: tuple[str, ...] = ("tokenizer",)) -> SimpleNamespace:
-    """The settings ``cls.__attrs_init__`` will store for ``options``: defaults filled in, converters applied.
-
-    The checks that must fail before the tokenizer is loaded run on these. An unknown keyword
-    raises ``TypeError`` first, as a generated ``__init__`` would.
-    """
+    """The settings ``cls.__attrs_init__`` will store for ``options`` (defaults filled in, converters
+    applied), for the checks that must fail before the tokenizer is loaded. An unknown keyword
+    raises ``TypeError`` first, as a generated ``__init__`` would."""
     fields = {f.alias: f for f in attrs.fields(cls) if f.init and f.name not in skip}
     for name in options:
         if name not in fields:
@@ -103,13 +109,10 @@ def given_settings(cls: type, options: dict[str, Any], *, skip: tuple[str, ...] 
 
 
 def given_tokenizer(tokenizer: Any, tokenizer_id: Any, origin: Origin | None) -> tuple[Any, Any, bool]:
-    """The ``tokenizer=`` and ``tokenizer_id=`` a construction stands for, and whether they are unchanged.
-
-    A direct call passes what the user gave. ``attrs.evolve`` passes the operator's own handle
-    (recognised through ``origin``), which then stands for what the operator was given, and
-    ``tokenizer_id`` only when it is among the changes. Unchanged (third item ``True``): the
-    origin's handle is reused, without loading anything.
-    """
+    """The ``tokenizer=`` and ``tokenizer_id=`` a construction stands for, and whether they are unchanged
+    (then the origin's handle is reused, without loading anything). ``attrs.evolve`` passes the
+    operator's own handle (recognised through ``origin``), which stands for what the operator was
+    given, and ``tokenizer_id`` only when it is among the changes."""
     if origin is not None and tokenizer is origin.handle:
         if tokenizer_id is UNSET:
             tokenizer_id = origin.tokenizer_id
@@ -141,26 +144,46 @@ def public_signature(cls: type) -> None:
     cls.__init__.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
 
 
+class TokenizerOp(StatelessOp):
+    """What the tokenizing operators share: the resolved tokenizer, held in ``tokenizer``."""
+
+    @property
+    def handle(self) -> TokenizerHandle:
+        """The resolved tokenizer."""
+        return self.tokenizer
+
+    @property
+    def tokenizer_id(self) -> None:
+        """Always ``None``: a ``tokenizer_id`` given to the constructor is loaded into ``tokenizer``."""
+        return None
+
+    def _specials(self) -> tuple[int | None, int | None]:
+        """The BOS and EOS ids a ``special_tokens`` mode adds (``None`` where it adds none):
+        explicit ids win over the tokenizer's."""
+        mode, bos, eos = self.special_tokens, None, None
+        if mode in ("bos_eos", "bos"):
+            bos = self.bos_token_id if self.bos_token_id is not None else self.tokenizer.bos_token_id
+        if mode in ("bos_eos", "eos"):
+            eos = self.eos_token_id if self.eos_token_id is not None else self.tokenizer.eos_token_id
+        return bos, eos
+
+
 @attrs.frozen(init=False)
-class Tokenize(StatelessOp):
+class Tokenize(TokenizerOp):
     """Tokenize a text field into ``{"input_ids": int32 array}``.
 
-    The tokenizer is resolved when the operator is built (see
-    :func:`~zephon.text.tokenizer.load_tokenizer`), so a missing file, a missing BOS/EOS id or a bad
-    option fails when the pipeline is assembled, not at the first batch. Each ``step`` encodes
-    the whole chunk in one native batch call. Special tokens are never added by the tokenizer's
-    own template; zephon brackets each document itself according to ``special_tokens``.
+    The tokenizer is resolved when the operator is built (:func:`~zephon.text.tokenizer.load_tokenizer`),
+    so a missing file, BOS/EOS id or a bad option fails when the pipeline is assembled. Each
+    ``step`` encodes the chunk in one native batch call; zephon brackets each document itself
+    according to ``special_tokens`` (the tokenizer's own template never adds special tokens).
 
-    State: none (a stateless operator); it restores and reshards trivially. The output of a record
-    depends only on its payload, the tokenizer's content (:meth:`TokenizerHandle.fingerprint`) and
-    the data options below; ``parallelism`` and ``backend`` never change it.
+    State: none; it restores and reshards trivially. A record's output depends only on its payload,
+    the tokenizer's content (:meth:`TokenizerHandle.fingerprint`) and the data options.
 
-    The tokenizer given (``tokenizer=`` or ``tokenizer_id=``) is resolved before the fields are
-    stored: ``tokenizer`` always holds the :class:`~zephon.text.tokenizer.TokenizerHandle` and
-    ``tokenizer_id`` reads ``None``. numpy integers given for ids and lengths are stored as
-    ``int``. ``attrs.evolve(op, **changes)`` equals the constructor called with the operator's
-    arguments changed by ``changes``, and reuses the loaded tokenizer unless ``tokenizer`` or
-    ``tokenizer_id`` is among the changes.
+    ``tokenizer`` holds the resolved :class:`~zephon.text.tokenizer.TokenizerHandle` and
+    ``tokenizer_id`` reads ``None``; numpy integers given for ids and lengths are stored as ``int``.
+    ``attrs.evolve(op, **changes)`` equals the constructor called with the operator's arguments
+    changed by ``changes``, reusing the loaded tokenizer unless ``tokenizer``/``tokenizer_id`` change.
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to
@@ -170,12 +193,9 @@ class Tokenize(StatelessOp):
         field: the payload key holding the text; a dot path (``"meta.text"``) reaches nested
             dicts when no key has that exact name. A ``str`` payload is itself the text.
         special_tokens: ``"bos_eos"`` (default) puts BOS before and EOS after each document,
-            ``"bos"`` / ``"eos"`` only one of them, ``"none"`` neither. A bare GPT-2
-            ``tokenizer.json`` has no BOS, so ``"bos_eos"`` fails at construction and says to use
-            ``"eos"`` (documents separated by ``<|endoftext|>``) or ``bos_token_id=``; GPT-2's
-            folder, whose ``tokenizer_config.json`` names ``<|endoftext|>`` as BOS too, works as in
-            transformers. Special tokens written in the text itself (a literal
-            ``<|endoftext|>``) are encoded as the special id, as Hugging Face does.
+            ``"bos"`` / ``"eos"`` only one of them, ``"none"`` neither (a bare GPT-2
+            ``tokenizer.json`` has no BOS: use ``"eos"`` or ``bos_token_id=``). Special tokens
+            written in the text itself are encoded as the special id.
         bos_token_id: overrides the tokenizer's BOS id (not allowed with ``"none"``).
         eos_token_id: overrides the tokenizer's EOS id (not allowed with ``"none"``).
         max_length: the longest output, counting the added specials. Needs ``truncation`` or
@@ -184,22 +204,18 @@ class Tokenize(StatelessOp):
             (both BOS and EOS are kept).
         split_long_samples: bracket first, then cut into ``max_length`` pieces, each its own
             record (child ``i`` of the source record). BOS is on the first piece only, EOS on the
-            last only; the last piece may be just ``[EOS]``, and an empty
-            sequence (``"none"`` mode, empty text) gives one empty piece, never zero records.
+            last only; the last piece may be just ``[EOS]``, and an empty sequence (``"none"``
+            mode, empty text) gives one empty piece, never zero records.
         missing_field: ``"error"`` raises when a payload lacks ``field``; ``"empty"`` tokenizes
             ``""`` instead (``[BOS, EOS]`` in ``"bos_eos"`` mode).
         preserve_upstream_payload: keep the payload's other keys (the text included) next to
             ``input_ids``; otherwise the output holds ``input_ids`` only.
-        parallelism: threads for the encoder (``None``: one per CPU), with either backend:
-            tiktoken runs on a pool of that many threads; ``tokenizers`` on its native Rayon pool,
-            one per process, which takes this size when this is the first tokenize to encode in
-            the process (with ``workers > 0``, in each worker), else keeps its size and a warning
-            says so. Performance only.
-        backend: ``"auto"`` (default), ``"tokenizers"`` or ``"tiktoken"``. tiktoken is used only
-            for GPT-2 style byte-level BPE after it reproduced the tokenizers ids at load time
-            (it takes less CPU per token); ``"auto"`` then takes it and otherwise uses tokenizers,
-            ``"tiktoken"`` raises when it cannot be used. ``op.tokenizer.backend`` (and
-            ``explain()``) says which one encodes; performance only.
+        parallelism: threads for the encoder (``None``: one per CPU); the native pool of
+            ``tokenizers`` is one per process and keeps the size it first got (a warning says so).
+            Performance only.
+        backend: ``"auto"`` (default), ``"tokenizers"`` or ``"tiktoken"`` (GPT-2 style byte-level
+            BPE only, once it reproduced the tokenizers ids at load time; ``"auto"`` takes it
+            then). ``op.tokenizer.backend`` says which one encodes; performance only.
 
     Raises:
         ValueError: an invalid option or combination (listed in the messages), a missing BOS/EOS
@@ -245,20 +261,10 @@ class Tokenize(StatelessOp):
         self.__attrs_init__(tokenizer=origin.handle, **{**options, "_origin": origin})
 
     def __attrs_post_init__(self) -> None:
-        self._check_ids(self.tokenizer)
-
-    # -- validation ---------------------------------------------------------------------------------
-    def _check_ids(self, handle: TokenizerHandle) -> None:
-        vocab_size = None
+        handle = self.tokenizer
         for name in ("bos_token_id", "eos_token_id"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"tokenize: {name} must be an int, got {type(value).__name__}")
-            vocab_size = vocab_size or handle.vocab_size
-            if not 0 <= value < vocab_size:
-                raise ValueError(f"tokenize: {name}={value} is outside the tokenizer's ids [0, {vocab_size})")
+            if getattr(self, name) is not None:
+                check_id(name, getattr(self, name), handle)
         bos, eos = self._specials()
         mode = self.special_tokens
         if mode in ("bos_eos", "bos") and bos is None:
@@ -273,27 +279,11 @@ class Tokenize(StatelessOp):
                 "pass eos_token_id= explicitly or use special_tokens='bos'/'none'"
             )
 
-    # -- configuration views ------------------------------------------------------------------------
     @property
     def fans_out(self) -> bool:  # type: ignore[override]
         """One document becomes several records exactly when ``split_long_samples`` is on."""
         return self.split_long_samples
 
-    @property
-    def handle(self) -> TokenizerHandle:
-        """The resolved tokenizer."""
-        return self.tokenizer
-
-    @property
-    def tokenizer_id(self) -> None:
-        """Always ``None``: a ``tokenizer_id`` given to the constructor is loaded into ``tokenizer``."""
-        return None
-
-    def _specials(self) -> tuple[int | None, int | None]:
-        """The BOS and EOS ids to add (``None`` where the mode adds none)."""
-        return special_ids(self.special_tokens, self.bos_token_id, self.eos_token_id, self.tokenizer)
-
-    # -- the work -----------------------------------------------------------------------------------
     def apply_many(self, payloads: list) -> list[list]:
         """Tokenize a chunk of payloads with one batch call to the tokenizer.
 
@@ -317,13 +307,8 @@ class Tokenize(StatelessOp):
             encoded = self.tokenizer.encode_bracketed(texts, bos=bos, eos=eos, keep=keep, num_threads=self.parallelism)
         except ValueError as exc:
             raise ValueError(f"tokenize: field {self.field!r}: {exc}") from exc
-        out: list[list] = []
-        for payload, seq in zip(payloads, encoded):
-            if self.split_long_samples:
-                out.append([self._output(payload, piece) for piece in self._split(seq)])
-            else:
-                out.append([self._output(payload, seq)])
-        return out
+        split = self._split if self.split_long_samples else lambda seq: [seq]
+        return [[self._output(payload, piece) for piece in split(seq)] for payload, seq in zip(payloads, encoded)]
 
     def _split(self, seq: np.ndarray) -> list[np.ndarray]:
         size = self.max_length
@@ -356,11 +341,9 @@ class Tokenize(StatelessOp):
         if value is _MISSING:
             if self.missing_field == "empty":
                 return ""
-            keys = list(payload.keys())
-            shown = ", ".join(repr(k) for k in keys[:8]) + (f", ... ({len(keys)} keys)" if len(keys) > 8 else "")
             raise ValueError(
-                f"tokenize: payload has no field {self.field!r} (its keys: [{shown}]); set field= to the key "
-                "holding the text (a dot path like 'meta.text' reaches nested dicts), or missing_field='empty' "
+                f"tokenize: payload has no field {self.field!r} (its keys: [{shown_keys(payload)}]); set field= to the "
+                "key holding the text (a dot path like 'meta.text' reaches nested dicts), or missing_field='empty' "
                 "to tokenize such payloads as ''"
             )
         if not isinstance(value, str):
@@ -374,14 +357,8 @@ class Tokenize(StatelessOp):
 
     def _output(self, payload: Any, ids: np.ndarray) -> dict:
         if self.preserve_upstream_payload and isinstance(payload, Mapping):
-            out = dict(payload)
-            out["input_ids"] = ids
-            return out
+            return {**payload, "input_ids": ids}
         return {"input_ids": ids}
-
-
-def _n_specials(mode: str) -> int:
-    return {"bos_eos": 2, "bos": 1, "eos": 1, "none": 0}[mode]
 
 
 def _check_options(v: SimpleNamespace) -> None:
@@ -398,17 +375,14 @@ def _check_options(v: SimpleNamespace) -> None:
             f"tokenize: special_tokens must be one of {', '.join(map(repr, SPECIAL_TOKEN_MODES))}, "
             f"got {v.special_tokens!r}{hint}"
         )
-    if v.missing_field not in _MISSING_FIELD_MODES:
+    if v.missing_field not in ("error", "empty"):
         raise ValueError(f"tokenize: missing_field must be 'error' or 'empty', got {v.missing_field!r}")
     for name in ("truncation", "split_long_samples", "preserve_upstream_payload"):
         if not isinstance(getattr(v, name), bool):
             raise TypeError(f"tokenize: {name} must be True or False, got {getattr(v, name)!r}")
     for name in ("max_length", "parallelism"):
-        value = getattr(v, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"tokenize: {name} must be a positive int or None, got {value!r}")
-    if v.backend not in BACKENDS:
-        raise ValueError(f"tokenize: backend must be one of {', '.join(map(repr, BACKENDS))}, got {v.backend!r}")
+        check_positive("tokenize", name, getattr(v, name))
+    check_choice("tokenize", "backend", v.backend, BACKENDS)
     if v.special_tokens == "none":
         given = [n for n in ("bos_token_id", "eos_token_id") if getattr(v, n) is not None]
         if given:
@@ -430,7 +404,7 @@ def _check_options(v: SimpleNamespace) -> None:
             f"tokenize: max_length={v.max_length} does nothing on its own; add truncation=True to cut "
             "documents, or split_long_samples=True to split them into max_length pieces"
         )
-    n_specials = _n_specials(v.special_tokens)
+    n_specials = {"bos_eos": 2, "bos": 1, "eos": 1, "none": 0}[v.special_tokens]
     if v.truncation and v.max_length is not None and v.max_length - n_specials <= 0:
         raise ValueError(
             f"tokenize: max_length={v.max_length} leaves no room for content after the {n_specials} special "
@@ -439,13 +413,3 @@ def _check_options(v: SimpleNamespace) -> None:
 
 
 public_signature(Tokenize)
-
-
-def special_ids(mode: str, bos_token_id: int | None, eos_token_id: int | None, handle: TokenizerHandle) -> tuple[int | None, int | None]:
-    """The BOS and EOS ids a ``special_tokens`` mode adds: explicit ids win over the tokenizer's."""
-    bos = eos = None
-    if mode in ("bos_eos", "bos"):
-        bos = bos_token_id if bos_token_id is not None else handle.bos_token_id
-    if mode in ("bos_eos", "eos"):
-        eos = eos_token_id if eos_token_id is not None else handle.eos_token_id
-    return bos, eos
