@@ -21,7 +21,7 @@ import numpy as np
 
 from ..core.cache import ProcessCache
 from .files import FileIdentity, open_cached
-from .jsonl import ShardChangedError
+from .digest import ShardChangedError
 
 #: Endings read as each columnar format.
 PARQUET_SUFFIXES = (".parquet", ".pq")

@@ -19,7 +19,8 @@ import msgspec
 import numpy as np
 
 from ..core.log import progress as progress_bar
-from .jsonl import VERIFY_MODES, JsonlShard, resolve_cache_dir
+from .digest import resolve_cache_dir
+from .jsonl import VERIFY_MODES, JsonlShard
 from .storage import IoOptions
 from .storage import io_options as _as_io
 from .token_files import TOKEN_DTYPES

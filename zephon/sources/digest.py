@@ -55,6 +55,17 @@ class ShardChangedError(ValueError):
     """
 
 
+def default_cache_dir() -> str:
+    """The cache folder: ``$ZEPHON_CACHE_DIR`` if set, else ``~/.cache/zephon``."""
+    return os.environ.get("ZEPHON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "zephon")
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> str:
+    """An absolute cache folder from an explicit value or the default."""
+    root = default_cache_dir() if cache_dir is None else os.fspath(cache_dir)
+    return os.path.abspath(os.path.expanduser(root))
+
+
 def stat_key(st: os.stat_result) -> StatKey:
     """What any change to a file changes: ``(device, inode, size, mtime_ns, ctime_ns)``."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

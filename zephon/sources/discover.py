@@ -25,8 +25,8 @@ import attrs
 
 from ..core.atomic import replacing
 from .columnar import ARROW_SUFFIXES, PARQUET_SUFFIXES
-from .digest import cached, file_digests
-from .jsonl import SUFFIXES, resolve_cache_dir
+from .digest import cached, file_digests, resolve_cache_dir
+from .jsonl import SUFFIXES
 from .storage import (
     CacheOptions,
     cached_name,

@@ -14,13 +14,13 @@ pickles as its description only; what it opens is process-local.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable
 
 import numpy as np
 
 from ..core.cache import ProcessCache
-from .digest import ShardChangedError, check_file, file_digest, hash_file, short
-from .jsonl import resolve_cache_dir
+from .digest import ShardChangedError, check_file, file_digest, hash_file, resolve_cache_dir, short
 from .storage import IoOptions, fetch, filesystem
 
 
@@ -47,17 +47,20 @@ class FileIdentity:
         """One ``stat``: raises unless the file still holds the bytes seen at opening (digested again when touched)."""
         return check_file(self, dataset, "after the dataset was opened")
 
-    def check_content(self, dataset: str) -> None:
-        """``verify="full"``: hash the whole file again (when a process opens it) and compare."""
+    def check_content(self, dataset: str) -> float:
+        """``verify="full"``: hash the whole file again (not from the digest cache) and compare; the seconds it took."""
         if self.verify != "full":
-            return
+            return 0.0
+        start = time.monotonic()
         now = hash_file(self.path)
         if now != self.digest:
             raise ShardChangedError(
                 f"dataset {dataset!r}: shard file {self.path} changed after the dataset was opened: its content differs "
-                f"({short(self.digest)} → {short(now)}), although its size, times and inode are the same (the filesystem "
-                "did not record the write). Open the dataset again to read the new content."
+                f"({short(self.digest)} → {short(now)}), although its size ({self.size} bytes), times and inode are the "
+                "same (the filesystem did not record the write). Leave shard files untouched while a dataset is in use, "
+                "and open the dataset again to read the new content."
             )
+        return time.monotonic() - start
 
     def fingerprint(self) -> dict[str, Any]:
         return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.digest}

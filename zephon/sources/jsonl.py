@@ -1,31 +1,20 @@
 """JSONL shards: line-offset indexes, their on-disk cache, decompression and fast row decoding.
 
 A JSONL shard is read by random access: a line-offset index (``int64`` byte offsets, one per
-non-blank line, then the end of the data) maps a row number to a byte range, which is sliced out
-of an ``mmap`` and decoded with ``msgspec``. The index is built once per file by a numpy scan for
-``b"\\n"`` and cached on disk under ``<cache>/index/``; compressed shards are decompressed once
-into ``<cache>/decompressed/`` and then read like plain files.
+non-blank line, then the end of the data) maps a row to a byte range, sliced out of an ``mmap``
+and decoded with ``msgspec``. The index is built once per file by a numpy scan for ``b"\\n"``
+and cached under ``<cache>/index/``; compressed shards are decompressed once into
+``<cache>/decompressed/`` and then read like plain files. Both are keyed by the content digest
+and written through a temporary file and ``os.replace``, so racing processes all read a complete
+entry; an unwritable cache folder keeps them in memory (one warning per folder and process).
 
-Everything written to the cache goes through a temporary file and ``os.replace``, so processes
-that race to build the same entry all end up reading a complete one. When the cache folder
-cannot be written, indexes and decompressed text are kept in memory instead (one warning per
-folder and process).
-
-Open files are process-local state: a shard holds only its description (path, size, content
-digest, row count), pickles without its mapping, and maps the file again on first use in a new process. At
-most :data:`MAX_OPEN_SHARDS` shards are kept mapped per process (least recently used first out),
-so datasets with thousands of shards stay under the open-file limit.
-
-A shard is identified by its content (a SHA-256 of the file, taken once and kept in the digest
-cache, see :mod:`zephon.sources.digest`), so a byte-identical copy or a touched file reads on. Files
-must not change while a dataset is in use, and a change is reported rather than read: every read
-makes one ``stat`` call, and a file whose stat key (size, times, inode) differs from the one last
-verified is digested again and compared; a mapped copy is checked to keep its mapped length (a
-mapped file that shrinks would crash the process on the next access). With ``verify="full"`` the
-whole file is also hashed again when a process maps it, and at most once a second (and at most
-1% of the time) while it stays mapped, for filesystems whose times do not follow every write.
-Cached line indexes and decompressed copies are keyed by the content digest. See
-:class:`ShardChangedError`.
+Open files are process-local: a shard pickles as its description and maps the file again on
+first use in a new process, at most :data:`MAX_OPEN_SHARDS` per process (least recently used
+out), so datasets of thousands of shards stay under the open-file limit. Change detection is
+every file shard's (:mod:`zephon.sources.files`); a JSONL shard also checks that a mapped
+decompressed copy keeps its length (a mapped file that shrinks crashes the process on the next
+access) and, with ``verify="full"``, hashes the file again at most once a second (and at most 1%
+of the time) while it stays mapped.
 """
 
 from __future__ import annotations
@@ -43,7 +32,8 @@ import numpy as np
 
 from ..core.atomic import discard, replacing
 from ..core.cache import ProcessCache
-from .digest import ShardChangedError, check_file, file_digest, hash_file, short
+from .digest import ShardChangedError, check_file
+from .files import FileIdentity
 
 #: File name endings read as JSONL, and the compression each implies.
 SUFFIXES: dict[str, str | None] = {".jsonl": None, ".jsonl.gz": "gzip", ".jsonl.zst": "zstd"}
@@ -69,20 +59,6 @@ _RECHECK_SHARE = 0.01
 
 _DECODE = msgspec.json.Decoder(dict)
 _DECODE_ANY = msgspec.json.Decoder()
-
-
-# -- cache folder -------------------------------------------------------------------------------------
-
-
-def default_cache_dir() -> str:
-    """The cache folder: ``$ZEPHON_CACHE_DIR`` if set, else ``~/.cache/zephon``."""
-    return os.environ.get("ZEPHON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "zephon")
-
-
-def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> str:
-    """An absolute cache folder from an explicit value or the default."""
-    root = default_cache_dir() if cache_dir is None else os.fspath(cache_dir)
-    return os.path.abspath(os.path.expanduser(root))
 
 
 def _path_key(path: str) -> str:
@@ -123,9 +99,6 @@ def _atomic_write(target: str, write: Callable[[Any], None]) -> bool:
     except OSError as err:
         _warn_unwritable(folder, err)
         return False
-
-
-# -- change detection ---------------------------------------------------------------------------------
 
 
 def stamp(digest: str | None) -> int:
@@ -283,7 +256,6 @@ def _zstd_blocks(zstd: Any, source: str):
 
 
 def _decompressed_file(cache_dir: str, source: str, size: int, digest: str | None) -> str:
-    # "3:" since copies are keyed by the source's content (before: by its modification time).
     version = hashlib.blake2b(f"3:{size}:{digest}".encode(), digest_size=8).hexdigest()
     return os.path.join(cache_dir, "decompressed", f"{_path_key(source)}-{version}.jsonl")
 
@@ -355,37 +327,20 @@ def _map(path: str) -> tuple[memoryview, mmap.mmap | None, os.stat_result]:
         return memoryview(mapped), mapped, st
 
 
-class JsonlShard:
+class JsonlShard(FileIdentity):
     """One JSONL file (plain, gzip or zstd) read by random access.
 
     Attributes:
-        path: absolute path of the source file.
-        shard_id: its path relative to the dataset root, with ``/`` separators.
+        path, shard_id, size, digest, seen, cache_dir, verify, num_rows: as for every file shard.
         compression: ``None``, ``"gzip"`` or ``"zstd"``.
-        size: size in bytes of the source file when the dataset was opened.
-        digest: its content identity then (``"sha256=<hex>"``, see :mod:`zephon.sources.digest`).
-        seen: the stat key at which the file was last found to hold those bytes (``None``: not
-            checked yet in this process); a read with another stat key digests it again.
-        num_rows: its non-blank lines.
-        cache_dir: folder for indexes, decompressed copies and digests.
-        verify: ``"quick"`` or ``"full"`` (the file is also hashed whole when a process maps it,
-            and now and then while mapped).
     """
 
-    _fields = ("path", "shard_id", "compression", "size", "digest", "seen", "num_rows", "cache_dir", "verify")
+    _fields = FileIdentity._id_fields + ("compression",)
     __slots__ = _fields + ("__weakref__",)
 
     def __init__(self, path: str, shard_id: str, compression: str | None, cache_dir: str, verify: str = "quick", digest: str | None = None):
-        st = os.stat(path)
-        self.path = path
-        self.shard_id = shard_id
+        self._init_identity(path, shard_id, verify, cache_dir, digest)
         self.compression = compression
-        self.size = st.st_size
-        self.cache_dir = cache_dir
-        self.num_rows = -1
-        self.verify = verify
-        self.seen: Any = None  # a given digest is checked against the file at the first read
-        self.digest = digest or file_digest(path, cache_dir, st)
 
     def __del__(self) -> None:
         # The mapping is keyed by id(self), which a later object may reuse: drop it with the shard.
@@ -420,28 +375,12 @@ class JsonlShard:
             return None
         return load_index(self.cache_dir, plain, st.st_size, content, rows_only=True)
 
-    # -- change detection -------------------------------------------------------------------------------
-    def _hash_again(self, dataset: str) -> float:
-        """``verify="full"``: hash the whole file (not from the digest cache) and compare; the seconds it took."""
-        start = time.monotonic()
-        now = hash_file(self.path)
-        if now != self.digest:
-            raise ShardChangedError(
-                f"dataset {dataset!r}: shard file {self.path} changed after the dataset was opened: its content differs "
-                f"({short(self.digest)} → {short(now)}), although its size ({self.size} bytes), times and inode are the "
-                "same (the filesystem did not record the write). Leave shard files untouched while a dataset is in use, "
-                "and open the dataset again to read the new content."
-            )
-        return time.monotonic() - start
-
     def _verify(self, state: _Open, dataset: str) -> _Open:
         """``state`` once the file is known to be the one opened; raises if it changed.
 
-        Runs before every read: one ``stat`` of the source (a new stat key makes it digested
-        again), one ``fstat`` of a decompressed copy's mapping, and with ``verify="full"``, at
-        most once a second (and at most 1% of the time), a hash of the whole file. Checking
-        before touching the mapping matters: a mapped file that has shrunk kills the process
-        (``SIGBUS``) when the lost pages are read.
+        Runs before every read: one ``stat`` of the source, one ``fstat`` of a decompressed
+        copy's mapping and, with ``verify="full"``, now and then a hash of the whole file. It
+        comes before touching the mapping: reading lost pages of a shrunk file is a ``SIGBUS``.
         """
         st = check_file(self, dataset, "while reading")
         if (st.st_dev, st.st_ino) != state.inode:
@@ -459,14 +398,14 @@ class JsonlShard:
         if self.verify == "full":
             now_s = time.monotonic()
             if now_s - state.checked >= max(_RECHECK_S, state.check_s / _RECHECK_SHARE):
-                state.check_s = self._hash_again(dataset)
+                state.check_s = self.check_content(dataset)
                 state.checked = time.monotonic()
         return state
 
     # -- opening ------------------------------------------------------------------------------------------
     def _load(self, dataset: str) -> _Open:
         mapped: mmap.mmap | None = None
-        st = check_file(self, dataset, "after the dataset was opened")
+        st = self.check_stat(dataset)
         if self.compression is None:
             for attempt in range(3):  # the file checked must be the file mapped
                 try:
@@ -477,8 +416,8 @@ class JsonlShard:
                     break
                 if attempt == 2:
                     raise ShardChangedError(f"dataset {dataset!r}: shard file {self.path} is being replaced again and again while it is opened; leave shard files untouched while a dataset is in use")
-                st = check_file(self, dataset, "after the dataset was opened")
-        check_s = self._hash_again(dataset) if self.verify == "full" else 0.0
+                st = self.check_stat(dataset)
+        check_s = self.check_content(dataset)
         content = stamp(self.digest)
         plain: str | None = self.path
         size = st.st_size
@@ -543,30 +482,9 @@ class JsonlShard:
             "complete JSON object on a single line; fix or remove that line (blank lines are skipped)."
         )
 
-    def fingerprint(self) -> dict[str, Any]:
-        return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.digest}
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self._fields}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for name in self._fields:
-            setattr(self, name, state[name])
-
-    def __repr__(self) -> str:
-        return f"JsonlShard({self.shard_id!r}, rows={self.num_rows})"
-
 
 def _json_kind(value: Any) -> str:
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    if value is None:
-        return "null"
-    return "number"
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 
 class _Miscount(Exception):

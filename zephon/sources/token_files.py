@@ -24,7 +24,8 @@ import numpy as np
 
 from ..core.cache import ProcessCache
 from .files import FileIdentity, open_cached
-from .jsonl import ShardChangedError, load_index, save_index, stamp
+from .digest import ShardChangedError
+from .jsonl import load_index, save_index, stamp
 
 TOKEN_SUFFIXES = (".bin", ".npy")
 #: the ``token_dtype`` values of a flat token file
