@@ -1,20 +1,19 @@
 """Mixture weights, schedules of weights, and the deterministic interleave of datasets over positions.
 
-Weights are resolved to small integers ``W`` (exact for simple ratios, else to multiples of
-1/65536). Component ``j``'s ``k``-th element gets the virtual time ``(2k + 1) / (2 W_j)``; sorting
-one period of ``S = sum(W)`` elements by (time, component) gives the order, which then repeats.
-So the component of global position ``t`` and its index within that component are pure integer
-functions of ``t``, with exact long-run ratios and every prefix within one element of its target
-(a smooth weighted round-robin, as in Grain's index-based mixing).
+Weights are resolved to small integers ``W`` (exact for simple ratios, else multiples of 1/65536).
+Component ``j``'s ``k``-th element gets the virtual time ``(2k + 1) / (2 W_j)``; sorting one period
+of ``sum(W)`` elements by (time, component) gives the order, which then repeats: a smooth weighted
+round-robin whose component and index at position ``t`` are integer functions of ``t``, with exact
+long-run ratios and every prefix within one element of its target.
 
-A :class:`Timeline` strings such interleaves together: a list of :class:`Phase` (first position,
-integer weights), each continuing every dataset's count where the previous phase left it. A static
-mixture is one phase; a schedule, a dataset dropped by ``redistribute`` or a plan changed from a
-step on add phases. Everything stays a pure function of the position.
+A :class:`Timeline` strings such interleaves together as :class:`Phase` records (first position,
+integer weights), each continuing every dataset's count where the previous one left it. A static
+mixture is one phase; a schedule, a ``redistribute`` drop-out or a changed plan add phases.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from fractions import Fraction
@@ -67,10 +66,9 @@ class MixtureSpec:
 
     Args:
         weights: ``{dataset name: weight}``, every weight > 0.
-        unit: what the weights count: ``"samples"`` or ``"tokens"``, which calibrates tokens
-            per sample for each dataset (see :class:`~zephon.work.TokenEstimation`) and mixes so
-            that each dataset's share of the *tokens* is its weight. ``None`` (the default):
-            samples, or tokens when the source is given ``token_estimation``.
+        unit: what the weights count: ``"samples"``, or ``"tokens"`` (tokens per sample are
+            calibrated, see :class:`~zephon.work.TokenEstimation`, so that each dataset's share of
+            the *tokens* is its weight). ``None``: samples, or tokens with ``token_estimation``.
 
     Examples:
         >>> MixtureSpec({"web": 3, "code": 1}).weights
@@ -92,9 +90,6 @@ class MixtureSpec:
     def integer_weights(self, names: tuple[str, ...]) -> tuple[int, ...]:
         """Resolve the weights (in ``names`` order) to co-prime integers; see the module note."""
         return integer_weights([self.weights[n] for n in names])
-
-    def points(self) -> tuple[tuple[float, dict[str, float]], ...]:
-        return ((0, dict(self.weights)),)
 
     def describe(self) -> dict[str, Any]:
         return {"weights": dict(self.weights), "unit": self.unit}
@@ -173,16 +168,15 @@ def _one_of(*allowed: str):
 class MixtureSchedule:
     """Mixture weights that change over training: a list of ``(at, {name: weight})`` points.
 
-    Accepted wherever a mixture is (``StaticMixtureWorkSource(datasets, schedule)``, a plan).
+    Accepted wherever a mixture is.
 
     Args:
-        points: ``[(at, weights), ...]``; the first at 0, ``at`` strictly increasing, weights
-            >= 0 with at least one > 0 per point, every point naming the same datasets.
+        points: ``[(at, weights), ...]``: the first at 0, ``at`` strictly increasing, weights
+            >= 0 with one > 0 per point, every point naming the same datasets.
         by: what ``at`` counts: ``"step"`` (global optimizer steps) or ``"tokens"`` (tokens
             delivered, estimated with the calibration).
-        interpolation: ``"step"`` (piecewise constant: a point's weights hold until the next
-            point) or ``"linear"`` (weights move linearly between points, in
-            :data:`RAMP_PIECES` even pieces; constant after the last point).
+        interpolation: ``"step"`` (a point's weights hold until the next point) or ``"linear"``
+            (linear between points, in :data:`RAMP_PIECES` even pieces; constant after the last).
         unit: what the weights count, as in :class:`MixtureSpec`.
 
     Examples:
@@ -251,9 +245,6 @@ def as_mixture(m: Any) -> MixtureSpec | MixtureSchedule:
     if isinstance(m, (MixtureSpec, MixtureSchedule)):
         return m
     return MixtureSpec(m)
-
-
-# -- interleaves and timelines ----------------------------------------------------------------------------
 
 
 class Interleave:
@@ -334,15 +325,12 @@ class Timeline:
             base.append(base[-1] + interleave(p.weights).counts_before(q.start - p.start))
         return base
 
+    @functools.cached_property
+    def _starts(self) -> list[int]:
+        return [p.start for p in self.phases]
+
     def phase_index(self, t: int) -> int:
-        lo, hi = 0, len(self.phases)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.phases[mid].start <= t:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return max(bisect.bisect_right(self._starts, t) - 1, 0)
 
     def counts_before(self, t: int) -> np.ndarray:
         i = self.phase_index(t)
@@ -382,15 +370,10 @@ class Timeline:
         """This timeline with dataset ``j``'s weight zero from position ``t`` on."""
         out: list[Phase] = []
         for i, p in enumerate(self.phases):
-            end = self.phases[i + 1].start if i + 1 < len(self.phases) else None
-            if end is not None and end <= t:
-                out.append(p)
-                continue
             if p.start < t:
                 out.append(p)
-                out.append(Phase(t, _zeroed(p.weights, j)))
-            else:
-                out.append(Phase(p.start, _zeroed(p.weights, j)))
+            if i + 1 == len(self.phases) or self.phases[i + 1].start > t:
+                out.append(Phase(max(p.start, t), _zeroed(p.weights, j)))
         return Timeline(tuple(_merge_equal(out)))
 
     def spliced(self, t: int, later: "Timeline") -> "Timeline":
