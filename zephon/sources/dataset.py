@@ -539,9 +539,9 @@ class ShardSpec:
     def __call__(self, path: str, shard_id: str, compression: str | None = None, digest: str | None = None) -> Any:
         """The shard of the file at ``path``; ``digest``: its content identity if known (else taken)."""
         if self.fmt == "jsonl":
-            if compression is None:
-                lower = path.lower()
-                compression = "gzip" if lower.endswith(".gz") else "zstd" if lower.endswith((".zst", ".zstd")) else None
+            from .discover import format_of
+
+            compression = compression or format_of(path, "jsonl")[1]
             return JsonlShard(path, shard_id, compression, self.cache_dir, self.verify, digest)
         if self.fmt in ("parquet", "arrow"):
             from .columnar import ColumnarShard

@@ -1,16 +1,14 @@
 """Finding a dataset's shards: formats by file ending, folders, lists, globs, remote URLs; the index.
 
-Discovery turns what the user passed into a sorted list of :class:`Found` shards, each with its
-format, size and identity: the content digest of a local file (``sha256=<hex>``, taken once per
-file and kept in the digest cache, see :mod:`zephon.sources.digest`), the ETag or checksum of a
-remote object (a digest of its content on stores that give neither); never a modification time,
-so a byte-identical copy of the data is the same dataset. Shard ids are paths relative to the dataset root (the folder, the glob's fixed
-prefix, or the listed files' common folder), and shards are sorted by them.
+Discovery turns what the user passed into :class:`Found` shards sorted by id (the path relative
+to the root: the folder, the glob's fixed prefix, or the listed files' common folder), each with
+its format, size and identity: a local file's content digest (:mod:`zephon.sources.digest`), a
+remote object's ETag or checksum (else a digest of its content); never a time, so a
+byte-identical copy of the data is the same dataset.
 
 The dataset index (``.zephon-index.json`` in the root, written by ``zephon index PATH``) records
-each shard's identity, row count and what opening it would compute (row groups).
-Discovery reuses an entry only when the shard's identity still matches; a shard that changed
-since the index was built is counted again (with a warning), or refused with ``index="require"``.
+each shard's identity, row count and row groups; an entry is reused only while the shard's
+identity matches.
 """
 
 from __future__ import annotations
@@ -107,8 +105,8 @@ def _glob_root(pattern: str) -> str:
 def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_options: Mapping[str, Any] | None, cache_dir: str | None = None, cache: CacheOptions | None = None) -> tuple[str, list[Found]]:
     """``(root, shards sorted by id)`` of what ``path`` names.
 
-    Digests are cached in ``cache_dir``; objects of stores without checksums are downloaded
-    into the shard cache (``cache``) to be digested.
+    Digests are cached in ``cache_dir``; objects of stores without checksums are digested as they
+    are downloaded into the shard cache (``cache``).
     """
     so = tuple(sorted((storage_options or {}).items()))
     cache_dir = resolve_cache_dir(cache_dir)
@@ -154,9 +152,6 @@ def _identified(found: list, cache_dir: str) -> list[Found]:
         f = found[i]
         out[i] = Found(f.location, f.shard_id, f.fmt, f.compression, f.st.st_size, digest)
     return out
-
-
-# -- local --------------------------------------------------------------------------------------------
 
 
 @attrs.frozen
@@ -243,9 +238,6 @@ def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool) -> list
     return found
 
 
-# -- remote -------------------------------------------------------------------------------------------
-
-
 def _remote(name: str, urls: list[str], fmt: str | None, recursive: bool, so: tuple, caches: tuple[str, CacheOptions], *, single: bool) -> tuple[str, list[Found]]:
     protocols = {split_url(u)[0] for u in urls}
     if len(protocols) > 1:
@@ -294,17 +286,13 @@ def _remote(name: str, urls: list[str], fmt: str | None, recursive: bool, so: tu
 def _content_identity(fs: Any, url: str, info: Mapping[str, Any], caches: tuple[str, CacheOptions], dataset: str) -> str:
     """The content digest of an object on a store that gives no ETag or checksum.
 
-    Taken as the object is downloaded into the shard cache (where reading it finds it), and kept
-    in the digest cache keyed by the object's size and listed times (another upload is read
-    again); used from there while its copy is still in the shard cache.
+    Taken as the object is downloaded into the shard cache, and kept in the digest cache keyed by
+    its size and listed times, for as long as its copy is in the shard cache.
     """
     stamps = {k: str(info.get(k)) for k in ("size", "mtime", "LastModified", "last_modified", "updated", "created") if info.get(k) is not None}
     size = int(info.get("size") or 0)
     copy = lambda digest: os.path.isfile(os.path.join(caches[1].folder, cached_name(url, size, digest)))  # noqa: E731
     return cached(caches[0], url, stamps, lambda: fetch_by_content(url, fs, size, caches[1], dataset), usable=copy)
-
-
-# -- the dataset index --------------------------------------------------------------------------------
 
 
 def index_location(root: str) -> str:

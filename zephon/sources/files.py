@@ -1,12 +1,11 @@
 """What every file shard shares: its identity when opened, the checks before each read, remote copies.
 
-A file shard records its size and content digest (``"sha256=<hex>"``, taken once per file and
-kept in the digest cache, see :mod:`zephon.sources.digest`) when its dataset is opened, and refuses,
-with :class:`~zephon.io.ShardChangedError`, to read a file that no longer holds those bytes: one
-``stat`` before every read, and a new digest whenever the file's stat key (size, times, inode)
-changed since it was last verified, so a touched or re-copied file reads on. With
-``verify="full"`` the whole file is hashed again whenever a process opens it. A file shard
-pickles as its description only; what it opens is process-local.
+A file shard records its size and content digest (:mod:`zephon.sources.digest`) when its dataset
+is opened, and refuses (:class:`~zephon.io.ShardChangedError`) to read a file that no longer
+holds those bytes: one ``stat`` before every read, and a new digest when the stat key changed,
+so a touched or re-copied file reads on. With ``verify="full"`` the whole file is hashed again
+whenever a process opens it. A file shard pickles as its description; what it opens is
+process-local.
 
 :class:`RemoteShard` wraps a local shard of any format around a cached copy of a remote object.
 """
@@ -79,8 +78,7 @@ class FileIdentity:
 def open_cached(cache: ProcessCache, shard: Any, dataset: str, build: Callable[[os.stat_result], Any]) -> Any:
     """The shard's open state in this process, checked against the file before each use.
 
-    The state is keyed by the shard's description, content and the file's inode: a file
-    replaced by a copy of the same bytes is opened again.
+    Keyed by the shard's description, content and the file's inode (a replacing copy is opened again).
     """
     st = shard.check_stat(dataset)
     variant = tuple(getattr(shard, f, None) for f in ("fmt", "columns", "eos_token_id", "dtype"))

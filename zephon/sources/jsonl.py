@@ -84,9 +84,8 @@ def _warn_unwritable(folder: str, err: OSError) -> None:
 def _atomic_write(target: str, write: Callable[[Any], None]) -> bool:
     """Write ``target`` through a temporary file and ``os.replace``; False if the folder is unwritable.
 
-    An ``OSError`` while writing means the cache cannot be used (False). Any other error from
-    ``write``, including :class:`_SourceError` (an unreadable compressed source), propagates after
-    the temporary file is removed.
+    Any other error from ``write``, :class:`_SourceError` (an unreadable compressed source)
+    included, propagates after the temporary file is removed.
     """
     folder = os.path.dirname(target)
     try:
@@ -107,22 +106,13 @@ def stamp(digest: str | None) -> int:
     return int.from_bytes(value, "little", signed=True)
 
 
-# -- line index ---------------------------------------------------------------------------------------
-
-
 def build_line_index(buf: Any) -> np.ndarray:
     """Byte offsets of every non-blank line of ``buf``, followed by ``len(buf)``.
 
-    A line holding only JSON whitespace (spaces, tabs, ``\\r``) is blank and gets no entry; a final
-    line without a trailing newline counts; a UTF-8 byte-order mark at the start is skipped. Row
-    ``i`` is ``buf[offsets[i]:offsets[i + 1]]`` (trailing newline and blank lines included, which
-    the JSON decoder ignores).
-
-    Args:
-        buf: the file contents (``bytes``, a read-only ``mmap`` or a ``memoryview``).
-
-    Returns:
-        An ``int64`` array of ``rows + 1`` offsets.
+    ``buf`` is ``bytes``, a read-only ``mmap`` or a ``memoryview``. A line of only JSON whitespace
+    is blank and gets no entry; a last line without a newline counts; a leading UTF-8 byte-order
+    mark is skipped. Row ``i`` is ``buf[offsets[i]:offsets[i + 1]]`` (what the decoder ignores
+    included).
 
     Example:
         >>> build_line_index(b'{"a": 1}\\n\\n  \\n{"a": 2}').tolist()
@@ -177,15 +167,8 @@ def load_index(cache_dir: str, data_path: str, size: int, content: int, *, rows_
 def save_index(cache_dir: str, data_path: str, size: int, content: int, offsets: np.ndarray) -> bool:
     """Cache ``offsets`` for ``data_path`` (atomically); False when the cache cannot be written."""
     header = _INDEX_MAGIC + np.array([size, content, offsets.shape[0] - 1], dtype="<i8").tobytes()
-
-    def write(out: Any) -> None:
-        out.write(header)
-        out.write(offsets.astype("<i8", copy=False).tobytes())
-
-    return _atomic_write(_index_file(cache_dir, data_path), write)
-
-
-# -- decompression ------------------------------------------------------------------------------------
+    body = offsets.astype("<i8", copy=False).tobytes()
+    return _atomic_write(_index_file(cache_dir, data_path), lambda out: out.writelines((header, body)))
 
 
 class _SourceError(OSError):
@@ -227,9 +210,8 @@ def _chunks(source: str, compression: str):
 def _zstd_blocks(zstd: Any, source: str):
     """Decompressed blocks of a zstd file of one or more frames; an incomplete last frame raises.
 
-    zstandard's stream reader stops quietly where a cut-short file ends, which would lose the
-    rows of the last frame without a word; decompressing frame by frame shows whether the input
-    ended inside one. Each call gets :data:`_ZSTD_BLOCK` compressed bytes, which bounds its output.
+    zstandard's stream reader stops quietly where a cut-short file ends, losing the rows of the
+    last frame; decompressing frame by frame shows whether the input ended inside one.
     """
     dctx = zstd.ZstdDecompressor()
     frame = dctx.decompressobj()
@@ -263,35 +245,23 @@ def _decompressed_file(cache_dir: str, source: str, size: int, digest: str | Non
 def decompress(cache_dir: str, source: str, compression: str, size: int, digest: str | None) -> str | bytes:
     """The decompressed text of ``source``: a cache file path, or bytes if the cache is unwritable.
 
-    The cache entry is keyed by the source path, size and content digest, so a changed source is
-    decompressed again (older copies of the same source are removed).
+    Keyed by the source path, size and content digest; older copies of the same source are removed.
     """
     target = _decompressed_file(cache_dir, source, size, digest)
     if os.path.isfile(target):
         return target
-
-    def write(out: Any) -> None:
-        for block in _chunks(source, compression):
-            out.write(block)
-
     try:
-        written = _atomic_write(target, write)
+        if not _atomic_write(target, lambda out: out.writelines(_chunks(source, compression))):
+            return b"".join(_chunks(source, compression))
     except _SourceError as err:
         raise ValueError(str(err)) from err.__cause__
-    if written:
-        prefix = os.path.basename(target).split("-")[0] + "-"
-        folder = os.path.dirname(target)
-        for name in os.listdir(folder):
-            if name.startswith(prefix) and name != os.path.basename(target):
-                discard(os.path.join(folder, name))
-        return target
-    try:
-        return b"".join(_chunks(source, compression))
-    except _SourceError as err:
-        raise ValueError(str(err)) from err.__cause__
+    prefix = os.path.basename(target).split("-")[0] + "-"
+    folder = os.path.dirname(target)
+    for name in os.listdir(folder):
+        if name.startswith(prefix) and name != os.path.basename(target):
+            discard(os.path.join(folder, name))
+    return target
 
-
-# -- open shards --------------------------------------------------------------------------------------
 
 # The open state (an :class:`_Open`) of each shard in use, by ``id(shard)`` (each shard drops its
 # entry when it is collected). Only the most recently used MAX_OPEN_SHARDS stay, the limit being
@@ -317,7 +287,7 @@ class _Open:
 def _map(path: str) -> tuple[memoryview, mmap.mmap | None, os.stat_result]:
     """``(buffer, mapping, stat)`` of a file mapped read-only (no mapping for an empty file).
 
-    The buffer is a ``memoryview`` so that slices passed to the decoder are not copied.
+    A ``memoryview``, so that slices passed to the decoder are not copied.
     """
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
@@ -494,9 +464,8 @@ class _Miscount(Exception):
 def _decode_rows(buf: Any, offsets: np.ndarray, rows: np.ndarray, bad: Callable[[int, Exception], Exception]) -> list:
     """Decode ``rows`` of a JSONL buffer in the order given.
 
-    Rows are visited in sorted order (sequential through the mapping); each run of consecutive
-    rows is decoded with one ``decode_lines`` call. Repeated rows are decoded again, so no two
-    returned payloads share objects.
+    Rows are visited sorted; a run of consecutive rows is one ``decode_lines`` call. Repeated
+    rows are decoded again, so no two payloads share objects.
     """
     n = rows.shape[0]
     if n == 0:
