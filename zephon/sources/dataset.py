@@ -18,17 +18,15 @@ import attrs
 import msgspec
 import numpy as np
 
-from ..core.log import progress as progress_bar
 from .digest import resolve_cache_dir
-from .jsonl import VERIFY_MODES, JsonlShard
+from .discover import FORMATS, ShardSpec, discover, index_entry, open_shards, write_index
+from .jsonl import VERIFY_MODES
 from .storage import IoOptions
 from .storage import io_options as _as_io
 from .token_files import TOKEN_DTYPES
 
 PathLike = Union[str, "os.PathLike[str]"]
 ShardId = Union[str, int]
-
-_LISTED = 10
 
 
 class InMemoryShard:
@@ -251,8 +249,6 @@ class Dataset:
             ImportError: a format whose optional package is missing (the message names the
                 ``pip install`` line).
         """
-        from .discover import FORMATS, discover
-
         if fmt is not None and fmt not in FORMATS:
             raise ValueError(
                 f"unknown fmt {fmt!r} for dataset {name!r}; supported: {', '.join(map(repr, FORMATS))}, "
@@ -525,103 +521,6 @@ def _column_list(name: str, columns: Any) -> list[str]:
     return out
 
 
-@attrs.frozen
-class ShardSpec:
-    """How to open a local file of a dataset as a shard (picklable; also used for remote copies)."""
-
-    fmt: str
-    cache_dir: str
-    verify: str
-    columns: tuple[str, ...] | None = None
-    eos_token_id: int | None = None
-    token_dtype: str | None = None
-
-    def __call__(self, path: str, shard_id: str, compression: str | None = None, digest: str | None = None) -> Any:
-        """The shard of the file at ``path``; ``digest``: its content identity if known (else taken)."""
-        if self.fmt == "jsonl":
-            from .discover import format_of
-
-            compression = compression or format_of(path, "jsonl")[1]
-            return JsonlShard(path, shard_id, compression, self.cache_dir, self.verify, digest)
-        if self.fmt in ("parquet", "arrow"):
-            from .columnar import ColumnarShard
-
-            return ColumnarShard(path, shard_id, self.fmt, self.columns, self.verify, cache_dir=self.cache_dir, digest=digest)
-        from .token_files import TokenShard
-
-        return TokenShard(path, shard_id, dtype=self.token_dtype, eos_token_id=self.eos_token_id, cache_dir=self.cache_dir, verify=self.verify, digest=digest)
-
-    def settings(self) -> dict[str, Any]:
-        """What decides an index entry's rows and digest."""
-        return {"fmt": self.fmt, "verify": self.verify, "eos_token_id": self.eos_token_id, "token_dtype": self.token_dtype}
-
-
-def make_shard(found: Any, spec: ShardSpec, storage_options: Mapping[str, Any] | None) -> Any:
-    """The shard of one found file: local, or a remote object read through the shard cache."""
-    from .files import RemoteShard
-    from .storage import is_url, split_url
-
-    if is_url(found.location):
-        fs_key = (split_url(found.location)[0], tuple(sorted((storage_options or {}).items())))
-        return RemoteShard(found.location, found.shard_id, found.size, found.identity, fs_key, spec)
-    return spec(found.location, found.shard_id, found.compression, found.identity)
-
-
-def index_entry(found: Any, shard: Any) -> dict[str, Any]:
-    """The dataset-index entry of a counted shard."""
-    entry: dict[str, Any] = {"fmt": found.fmt, "bytes": found.size, "identity": found.identity, "rows": shard.num_rows}
-    if getattr(shard, "group_rows", None):
-        entry["groups"] = list(shard.group_rows)
-    return entry
-
-
-def _apply_entry(shard: Any, entry: Mapping[str, Any]) -> None:
-    shard.num_rows = int(entry["rows"])
-    if "groups" in entry and hasattr(shard, "group_rows"):
-        shard.group_rows = tuple(int(g) for g in entry["groups"])
-
-
-def open_shards(name: str, root: str, found: list, spec: ShardSpec, storage_options: Any, io: Any, *, index: str = "auto", progress: bool = False) -> list:
-    """Shards of every found file, counted, or taken from the dataset index where it still holds."""
-    import warnings
-
-    from .discover import read_index
-
-    doc = read_index(root, storage_options) if index != "off" else None
-    entries: Mapping[str, Any] = {}
-    if doc is not None:
-        if doc.get("settings") == spec.settings():
-            entries = doc["shards"]
-        elif index == "require":
-            raise ValueError(f"dataset {name!r}: the index in {root} was built with {doc.get('settings')}, not {spec.settings()}; rebuild it with `zephon index {root}`")
-    elif index == "require":
-        raise ValueError(f"dataset {name!r}: {root} has no dataset index; build it with `zephon index {root}` (or pass index='auto')")
-    stale, unlisted, shards = [], [], []
-    for f in progress_bar(found, total=len(found), desc=f"counting {name}", unit="shard", force=progress or None):
-        shard = make_shard(f, spec, storage_options)
-        entry = entries.get(f.shard_id)
-        if entry is not None and (entry.get("fmt"), entry.get("bytes"), entry.get("identity")) == (f.fmt, f.size, f.identity):
-            _apply_entry(shard, entry)
-        else:
-            (stale if entry is not None else unlisted).append(f.shard_id)
-            if index == "require":
-                raise ValueError(
-                    f"dataset {name!r}: the index in {root} is stale: shard {f.shard_id} "
-                    f"{'changed since it was indexed' if entry is not None else 'is not in it'}; rebuild it with `zephon index {root}`"
-                )
-            shard.count_rows(name, io)
-        shards.append(shard)
-    if doc is not None and (stale or unlisted):
-        listed = ", ".join((stale + unlisted)[:_LISTED])
-        warnings.warn(
-            f"dataset {name!r}: the index in {root} is stale for {len(stale)} changed and {len(unlisted)} new shard(s) "
-            f"({listed}); they were counted again, not trusted. Rebuild it with `zephon index {root}`.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return shards
-
-
 def build_index(
     path: PathLike | Sequence[PathLike],
     *,
@@ -645,8 +544,6 @@ def build_index(
     Returns:
         ``(where the index was written, the dataset)``.
     """
-    from .discover import discover, write_index
-
     name = "index"
     io = _as_io(io_options)
     root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options, cache_dir=resolve_cache_dir(cache_dir), cache=io.cache)
