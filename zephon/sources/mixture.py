@@ -8,7 +8,8 @@ long-run ratios and every prefix within one element of its target.
 
 A :class:`Timeline` strings such interleaves together as :class:`Phase` records (first position,
 integer weights), each continuing every dataset's count where the previous one left it. A static
-mixture is one phase; a schedule, a ``redistribute`` drop-out or a changed plan add phases.
+mixture is one phase; a schedule, a ``redistribute`` drop-out or a changed plan add phases
+(:func:`resolve_timeline`).
 """
 
 from __future__ import annotations
@@ -403,3 +404,112 @@ def _merge_equal(phases: list[Phase]) -> list[Phase]:
             continue
         out.append(p)
     return out
+
+
+def _tokens_to_position(tl_phases: list[Phase], tps: tuple[float, ...], tokens: float) -> int:
+    """The first position at which the estimated tokens before it reach ``tokens`` (phases so far, last one open)."""
+    tl = Timeline(tuple(tl_phases))
+    last = tl_phases[-1]
+    done = float(sum(int(c) * t for c, t in zip(tl.counts_before(last.start), tps)))
+    rate = sum(w * t for w, t in zip(last.weights, tps)) / sum(last.weights)
+    if tokens <= done or rate <= 0:
+        return last.start
+    return last.start + int(math.ceil((tokens - done) / rate))
+
+
+def _padded(tl: Timeline, n: int) -> Timeline:
+    return Timeline(tuple(Phase(p.start, tuple(p.weights) + (0,) * (n - len(p.weights))) for p in tl.phases))
+
+
+def resolve_timeline(src: Any) -> tuple[Timeline, int | None, str | None, list, list]:
+    """A work source's timeline (schedule, units and redistributions applied), its end, why it ends
+    there, and the positions of the schedule's points and pieces.
+
+    Raises:
+        ValueError: an impossible plan: a schedule point after the end of the data.
+    """
+    names, m = src.names, src.mixture
+    sizes = [d.num_rows for d in src.datasets]
+    tps = src.calibration.tokens_per_sample(names) if src.calibration is not None else None
+    schedule = isinstance(m, MixtureSchedule)
+    pieces = m.pieces() if schedule else [(0, m.weights)]
+
+    def sample_weights(w: dict[str, float]) -> tuple[int, ...]:
+        ws = [w[n] for n in names]
+        if src.unit == "tokens":
+            ws = [x / t for x, t in zip(ws, tps)]
+        return integer_weights(ws)
+
+    phases: list[Phase] = []
+    positions: list[int] = []
+    for at, w in pieces:
+        if not phases:
+            pos = 0
+        elif m.by == "step" and src.samples_per_step is not None:
+            pos = int(round(at * src.samples_per_step))
+        else:
+            tokens = at * src.tokens_per_step if m.by == "step" else at
+            pos = _tokens_to_position(phases, tps, tokens)
+        if phases and src.step_lanes is not None:  # the first block at or after the point (see step_lanes)
+            block = src.step_lanes * src.chunk_size
+            pos = -(-pos // block) * block
+        pos = max(pos, phases[-1].start if phases else 0)
+        positions.append(pos)
+        if phases and pos == phases[-1].start:
+            phases[-1] = Phase(pos, sample_weights(w))
+        elif not phases or phases[-1].weights != sample_weights(w):
+            phases.append(Phase(pos, sample_weights(w)))
+    tl = Timeline(tuple(phases))
+    if src.change is not None:
+        tl = _padded(src.change.before, len(names)).spliced(src.change.position, tl)
+
+    dropped: set[int] = set()
+    while True:
+        found = []
+        for j, name in enumerate(names):
+            if src.policy(name) == "redistribute" and j not in dropped and sizes[j]:
+                p = tl.position_of(j, src.pass_limit(name) * sizes[j])
+                if p is not None:
+                    found.append((p, j))
+        if not found:
+            break
+        p, j = min(found)
+        tl = tl.with_zero_from(j, p)
+        dropped.add(j)
+
+    ends: list[tuple[int, str]] = []
+    if src.exhausted_policy is None:
+        last = [(tl.position_of(j, src.passes * n - 1), j) for j, n in enumerate(sizes) if n]
+        valid = [(p + 1, j) for p, j in last if p is not None]
+        if valid:
+            e, j = max(valid)
+            ends.append((e, f"dataset {names[j]!r} completes pass {src.passes} (exhausted_policy=None: every dataset makes {src.passes} full pass(es))"))
+    else:
+        for j, name in enumerate(names):
+            limit = src.pass_limit(name)
+            if limit is None or src.policy(name) == "redistribute" or not sizes[j]:
+                continue
+            p = tl.position_of(j, limit * sizes[j])
+            if p is not None:
+                how = "'stop'" if src.policy(name) == "stop" else f"'repeat' with max_repeats={limit - 1}"
+                ends.append((p, f"dataset {name!r} runs out after {limit} pass(es) of {sizes[j]} rows (exhausted_policy {how})"))
+    for ph in tl.phases:
+        if not any(ph.weights):
+            ends.append((ph.start, "every dataset has dropped out (exhausted_policy 'redistribute')"))
+            break
+    end, reason = min(ends) if ends else (None, None)
+    if end is not None and src.change is not None and end < src.change.position:
+        raise ValueError(f"the new plan ends at position {end}, before the change at position {src.change.position}: {reason}")
+
+    points: list[tuple[Any, int]] = []
+    if schedule:
+        at_pos = dict(zip([a for a, _ in pieces], positions))
+        points = [(a, at_pos[a]) for a, _ in m.points]
+        for i, (a, pos) in enumerate(points):
+            if i and end is not None and pos >= end and (src.change is None or pos >= src.change.position):
+                raise ValueError(
+                    f"schedule point {i} (at {m.by} {a}) takes effect at source position {pos}, but the data ends at position "
+                    f"{end}: {reason}. Give that dataset more data, let it repeat (exhausted_policy='repeat' or max_repeats=), "
+                    "or move the point earlier"
+                )
+    return tl, end, reason, points, [(pos, dict(w)) for pos, (_, w) in zip(positions, pieces)]
