@@ -54,14 +54,18 @@ _GLOB = "*?["
 
 @attrs.frozen
 class Found:
-    """One shard found: where it is, its id, format, compression, size and identity (its content's)."""
+    """One shard found: where it is, its id, format, compression, size and identity (its content's).
+
+    A local file's ``identity`` is ``None`` until its digest is taken; ``st`` is its ``stat``.
+    """
 
     location: str  # an absolute local path or a URL
     shard_id: str
     fmt: str
     compression: str | None
     size: int
-    identity: str
+    identity: str | None
+    st: os.stat_result | None = attrs.field(default=None, eq=False, repr=False)
 
 
 def format_of(filename: str, forced: str | None) -> tuple[str, str | None] | None:
@@ -145,34 +149,22 @@ def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_
 
 def _identified(found: list, cache_dir: str) -> list[Found]:
     """``found`` with the local files' content digests as identities (several files at once)."""
-    local = [i for i, f in enumerate(found) if isinstance(f, _Local)]
+    local = [i for i, f in enumerate(found) if f.identity is None]
     if not local:
         return found
     digests = file_digests([found[i].location for i in local], cache_dir, [found[i].st for i in local])
     out = list(found)
     for i, digest in zip(local, digests):
-        f = found[i]
-        out[i] = Found(f.location, f.shard_id, f.fmt, f.compression, f.st.st_size, digest)
+        out[i] = attrs.evolve(found[i], identity=digest)
     return out
 
 
-@attrs.frozen
-class _Local:
-    """A local file found, before its content digest is taken."""
-
-    location: str
-    shard_id: str
-    fmt: str
-    compression: str | None
-    st: os.stat_result
-
-
-def _local_found(full: str, root: str, kind: tuple[str, str | None], st: os.stat_result) -> _Local:
+def _local_found(full: str, root: str, kind: tuple[str, str | None], st: os.stat_result) -> Found:
     rel = os.path.relpath(full, root).replace(os.sep, "/")
-    return _Local(full, rel, kind[0], kind[1], st)
+    return Found(full, rel, kind[0], kind[1], st.st_size, None, st)
 
 
-def _local_one(name: str, full: str, fmt: str | None, recursive: bool) -> tuple[str, list[_Local]]:
+def _local_one(name: str, full: str, fmt: str | None, recursive: bool) -> tuple[str, list[Found]]:
     if os.path.isdir(full):
         return full, _scan_folder(name, full, fmt, recursive)
     if _is_glob(full) and not os.path.exists(full):
@@ -189,14 +181,14 @@ def _local_one(name: str, full: str, fmt: str | None, recursive: bool) -> tuple[
     return root, [_checked_local(name, full, root, fmt)]
 
 
-def _checked_local(name: str, full: str, root: str, fmt: str | None) -> _Local:
+def _checked_local(name: str, full: str, root: str, fmt: str | None) -> Found:
     kind = format_of(os.path.basename(full), fmt)
     if kind is None:
         raise ValueError(f"dataset {name!r}: cannot tell the format of {full} from its name; supported endings: {_endings()}. Pass fmt='jsonl', 'parquet', 'arrow' or 'tokens' to say it.")
     return _local_found(full, root, kind, os.stat(full))
 
 
-def _local_list(name: str, paths: list[str], fmt: str | None) -> tuple[str, list[_Local]]:
+def _local_list(name: str, paths: list[str], fmt: str | None) -> tuple[str, list[Found]]:
     for p in paths:
         if not os.path.exists(p):
             raise _missing(name, p)
@@ -210,8 +202,8 @@ def _local_list(name: str, paths: list[str], fmt: str | None) -> tuple[str, list
     return root, [_checked_local(name, p, root, fmt) for p in paths]
 
 
-def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool) -> list[_Local]:
-    found: list[_Local] = []
+def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool) -> list[Found]:
+    found: list[Found] = []
     seen: list[str] = []
     subfolders = False
     for folder, dirs, files in os.walk(root):
@@ -297,6 +289,10 @@ def _content_identity(fs: Any, url: str, info: Mapping[str, Any], caches: tuple[
     return cached(caches[0], url, stamps, lambda: fetch_by_content(url, fs, size, caches[1], dataset), usable=copy)
 
 
+def _filesystem_of(url: str, storage_options: Mapping[str, Any] | None) -> Any:
+    return filesystem(split_url(url)[0], tuple(sorted((storage_options or {}).items())))
+
+
 def index_location(root: str) -> str:
     return root.rstrip("/") + "/" + INDEX_NAME if is_url(root) else os.path.join(root, INDEX_NAME)
 
@@ -306,8 +302,7 @@ def read_index(root: str, storage_options: Mapping[str, Any] | None = None) -> d
     where = index_location(root)
     try:
         if is_url(where):
-            protocol, _ = split_url(where)
-            fs = filesystem(protocol, tuple(sorted((storage_options or {}).items())))
+            fs = _filesystem_of(where, storage_options)
             if not fs.exists(where):
                 return None
             text = fs.cat_file(where)
@@ -331,8 +326,7 @@ def write_index(root: str, entries: dict[str, Any], settings: dict[str, Any], st
     doc = json.dumps({"zephon_index": INDEX_VERSION, "settings": settings, "shards": entries}, sort_keys=True).encode()
     where = index_location(root)
     if is_url(where):
-        protocol, _ = split_url(where)
-        filesystem(protocol, tuple(sorted((storage_options or {}).items()))).pipe_file(where, doc)
+        _filesystem_of(where, storage_options).pipe_file(where, doc)
         return where
     with replacing(where) as out:
         out.write(doc)
