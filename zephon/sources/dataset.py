@@ -109,12 +109,6 @@ class InMemoryShard:
         identity, size = self._content_digest()
         return {"path": None, "bytes": size, "rows": self.num_rows, "identity": identity}
 
-    def __getstate__(self) -> tuple[Any, Any]:
-        return (self._rows, self._digest)
-
-    def __setstate__(self, state: tuple[Any, Any]) -> None:
-        self._rows, self._digest = state
-
     def __repr__(self) -> str:
         return f"InMemoryShard(rows={self.num_rows})"
 

@@ -64,13 +64,6 @@ class FileIdentity:
     def fingerprint(self) -> dict[str, Any]:
         return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.digest}
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self._fields}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for name in self._fields:
-            setattr(self, name, state[name])
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.shard_id!r}, rows={self.num_rows})"
 
@@ -143,13 +136,6 @@ class RemoteShard:
 
     def fingerprint(self) -> dict[str, Any]:
         return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.identity}
-
-    def __getstate__(self) -> tuple:
-        return tuple(getattr(self, f) for f in self._fields)
-
-    def __setstate__(self, state: tuple) -> None:
-        for f, v in zip(self._fields, state):
-            setattr(self, f, v)
 
     def __repr__(self) -> str:
         return f"RemoteShard({self.url!r}, rows={self.num_rows})"

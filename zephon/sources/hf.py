@@ -91,11 +91,5 @@ class HfShard:
     def fingerprint(self) -> dict[str, Any]:
         return {"path": None, "bytes": None, "rows": self.num_rows, "identity": f"hf:{self.hf_fingerprint}[{self.start}:{self.stop}]"}
 
-    def __getstate__(self) -> tuple:
-        return (self.data, self.start, self.stop, self.hf_fingerprint)
-
-    def __setstate__(self, state: tuple) -> None:
-        self.data, self.start, self.stop, self.hf_fingerprint = state
-
     def __repr__(self) -> str:
         return f"HfShard(rows {self.start}..{self.stop})"

@@ -372,7 +372,6 @@ class JsonlShard(FileIdentity):
                 state.checked = time.monotonic()
         return state
 
-    # -- opening ------------------------------------------------------------------------------------------
     def _load(self, dataset: str) -> _Open:
         mapped: mmap.mmap | None = None
         st = self.check_stat(dataset)
@@ -422,7 +421,6 @@ class JsonlShard(FileIdentity):
                     raise
         raise AssertionError("unreachable")
 
-    # -- reading ------------------------------------------------------------------------------------------
     def read(self, rows: np.ndarray, dataset: str, io: Any = None) -> list:
         """Decode ``rows`` (validated ``int64``, any order, repeats allowed), in the order given.
 

@@ -58,8 +58,8 @@ class CacheOptions:
     """The local shard cache of remote datasets.
 
     Attributes:
-        enabled: remote shards are read through the cache (they cannot be read otherwise; ``False``
-            makes reading a remote dataset an error that says so).
+        enabled: remote shards are read through the cache (only so: ``False`` makes reading one an
+            error that says so).
         dir: the cache folder; default ``<ZEPHON_CACHE_DIR or ~/.cache/zephon>/shards``.
         max_bytes: size limit of the folder (an int or ``"50gb"``); least recently used copies
             are removed to stay under it. ``None``: unbounded.

@@ -27,6 +27,10 @@ from .mixture import Interleave, MixtureSchedule, MixtureSpec, Timeline, as_mixt
 
 ExhaustedPolicy = Literal["stop", "repeat", "redistribute"]
 _POLICIES = ("stop", "repeat", "redistribute")
+#: Settings that enter the fingerprint as they are, in this order.
+_SETTINGS = (
+    "seed", "shuffle_shards", "shuffle_within_shard", "exhausted_policy", "passes", "chunk_size", "lane_assignment"
+)
 
 
 class SourceState(msgspec.Struct, frozen=True, tag="source", forbid_unknown_fields=True):
@@ -453,13 +457,7 @@ class StaticMixtureWorkSource:
             "source": "StaticMixtureWorkSource",
             "datasets": [d.fingerprint() for d in self.datasets],
             "mixture": {n: w for n, w in zip(self.names, m.integer_weights(self.names))} if plain else {**m.describe(), "unit": self.unit},
-            "seed": self.seed,
-            "shuffle_shards": self.shuffle_shards,
-            "shuffle_within_shard": self.shuffle_within_shard,
-            "exhausted_policy": self.exhausted_policy,
-            "passes": self.passes,
-            "chunk_size": self.chunk_size,
-            "lane_assignment": self.lane_assignment,
+            **{k: getattr(self, k) for k in _SETTINGS},
         }
         if self.max_repeats is not None:
             fp["max_repeats"] = self.max_repeats
