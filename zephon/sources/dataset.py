@@ -210,7 +210,6 @@ class Dataset:
         digest of its content) and read from a whole copy in the local shard cache.
 
         Args:
-            name: the dataset's name.
             path: a folder, a file, a glob (``"data/**/*.jsonl.zst"``), a list of files, or any
                 of these as an fsspec URL (``s3://``, ``gs://``, ``az://``, ``hf://``,
                 ``memory://``; ``file://`` is local).
@@ -277,7 +276,6 @@ class Dataset:
         (``datasets.IterableDataset``) are refused with how to materialize them.
 
         Args:
-            name: the dataset's name.
             hf_dataset: a ``datasets.Dataset``, or a ``datasets.DatasetDict`` with ``split``.
             split: the split of a ``DatasetDict`` (optional when it has only one).
             shard_rows: cut the rows into shards of this many (so ``shuffle_shards`` has
@@ -325,7 +323,6 @@ class Dataset:
         are different datasets; ids never affect which sample comes where.
 
         Args:
-            name: the dataset's name.
             shards: shard id to :class:`InMemoryShard` (a plain list of rows is wrapped in one).
 
         Raises:
@@ -428,13 +425,10 @@ class Dataset:
         return getattr(self._shards[shard], "path", None)
 
     def fingerprint(self) -> dict[str, Any]:
-        """A JSON-friendly description of the data, which changes when any shard's content changes.
+        """``{"name", "format", "shards": [{"id", "path", "bytes", "rows", "identity"}, ...]}``: the data.
 
-        Files are identified by their path relative to the root, size and SHA-256 of their content;
-        remote objects by size and ETag or checksum; in-memory shards by a BLAKE2b hash of their rows.
-
-        Returns:
-            ``{"name", "format", "shards": [{"id", "path", "bytes", "rows", "identity"}, ...]}``.
+        It changes when any shard's content does: files are identified by their relative path, size
+        and SHA-256, remote objects by size and ETag or checksum, in-memory shards by a BLAKE2b hash.
 
         Example:
             >>> fp = Dataset.from_rows("toy", [{"x": 1}]).fingerprint()

@@ -26,8 +26,7 @@ from .storage import IoOptions, fetch, filesystem
 class FileIdentity:
     """A file as seen when its dataset was opened: path, size and content digest.
 
-    ``seen`` is the stat key at which the file was last found to hold those bytes (``None``:
-    not checked yet in this process).
+    ``seen``: the stat key at which the file last held those bytes (``None``: not yet checked here).
     """
 
     __slots__ = ()
