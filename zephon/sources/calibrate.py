@@ -1,11 +1,10 @@
 """Calibration: tokens per byte and per sample of each dataset, measured with the pipeline's own tokenizer.
 
-Before the first sample of a token-weighted mixture, each dataset gets a small deterministic sample
-(``calibration_samples`` rows spread evenly over up to ``calibration_shards_max`` shards, the same
-rows every time), which runs through the pipeline's per-sample steps up to and including its first
-tokenizing step. Tokens per source sample (a row a filter drops counts as 0 tokens) and bytes per
-sample give tokens per byte. The result is frozen into the source (and so into the fingerprint and
-every checkpoint); results are also cached in this process by what decides them.
+Each dataset's small deterministic sample (``calibration_samples`` rows over up to
+``calibration_shards_max`` shards) runs through the pipeline's per-sample steps up to its first
+tokenizing step; tokens per source sample (a dropped row counts 0) over bytes per sample give
+tokens per byte. The result is frozen into the source (its fingerprint and every checkpoint) and
+cached in this process by what decides it.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Parquet and Arrow IPC (Feather) shards, read by row group (record batch) with column projection.
 
-A columnar file is a list of row groups (Parquet) or record batches (Arrow IPC). A read of some
-rows decodes only the groups that hold them, and only the projected columns (``columns=``;
-every column by default). Decoded Parquet row groups are kept in a per-process LRU bounded in
-bytes (``io_options={"row_group_cache_bytes": ...}``), so a permuted read or a restore touches
-only what it needs and a shard of any size is never loaded whole. Arrow IPC files are memory
-mapped: their batches are views of the mapping, so nothing is decoded ahead.
-
-A payload is the row as a dict of Python values (``pyarrow``'s ``to_pylist``: lists for list
-columns, ``datetime`` for timestamps).
+A read decodes only the row groups (Parquet) or record batches (Arrow IPC) that hold its rows,
+and only the projected columns (``columns=``). Decoded Parquet row groups are kept in a
+per-process LRU bounded in bytes (``io_options={"row_group_cache_bytes": ...}``), so a shard is
+never loaded whole; Arrow IPC files are memory mapped, their batches views of the mapping. A
+payload is the row as a dict of Python values (``pyarrow``'s ``to_pylist``).
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ import numpy as np
 
 from ..core.cache import ProcessCache
 from .files import FileIdentity, open_cached
-from .jsonl import ShardChangedError
+from .digest import ShardChangedError
 
 #: Endings read as each columnar format.
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -109,7 +105,6 @@ class ColumnarShard(FileIdentity):
         self.columns = None if columns is None else tuple(columns)
         self.group_rows: tuple[int, ...] = ()
 
-    # -- opening ------------------------------------------------------------------------------------
     def count_rows(self, dataset: str, io: Any = None) -> int:
         """Read the footer (row groups and schema); once, at discovery."""
         opened = self._open(dataset)
@@ -149,7 +144,6 @@ class ColumnarShard(FileIdentity):
             raise ShardChangedError(f"dataset {dataset!r}: shard file {self.path} now has row groups of {counts} rows, not the {list(self.group_rows)} it had when the dataset was opened; open the dataset again")
         return _Opened(reader, starts)
 
-    # -- reading ------------------------------------------------------------------------------------
     def _group(self, opened: _Opened, g: int, dataset: str, max_bytes: int) -> Any:
         def decode() -> Any:
             try:
@@ -190,8 +184,7 @@ class ColumnarShard(FileIdentity):
 def _rows_of(table: Any, local: np.ndarray) -> list:
     """Rows ``local`` of a decoded group as dicts, in the order given.
 
-    Sorted runs of consecutive rows are converted slice by slice (a zero-copy slice, then
-    ``to_pylist``), which avoids ``take`` and its copy for the common, mostly sequential read.
+    Runs of consecutive rows are converted slice by slice (zero-copy), avoiding ``take``'s copy.
     """
     order = np.argsort(local, kind="stable")
     ordered = local[order]

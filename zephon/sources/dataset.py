@@ -18,8 +18,9 @@ import attrs
 import msgspec
 import numpy as np
 
-from ..core.log import progress as progress_bar
-from .jsonl import VERIFY_MODES, JsonlShard, resolve_cache_dir
+from .digest import resolve_cache_dir
+from .discover import FORMATS, ShardSpec, discover, index_entry, open_shards, write_index
+from .jsonl import VERIFY_MODES
 from .storage import IoOptions
 from .storage import io_options as _as_io
 from .token_files import TOKEN_DTYPES
@@ -27,15 +28,12 @@ from .token_files import TOKEN_DTYPES
 PathLike = Union[str, "os.PathLike[str]"]
 ShardId = Union[str, int]
 
-_LISTED = 10
-
 
 class InMemoryShard:
     """Rows held in memory: a list of dicts, or a list or array of numpy arrays.
 
-    Reads return the stored objects themselves (arrays as read-only views); treat payloads as
-    read-only. The content hash used by :meth:`Dataset.fingerprint` is computed once, on first
-    use.
+    Reads return the stored objects themselves (arrays as read-only views). The content hash of
+    :meth:`Dataset.fingerprint` is computed once, on first use.
 
     Args:
         rows: a sequence of dicts, a sequence of numpy arrays, or one numpy array of two or more
@@ -111,12 +109,6 @@ class InMemoryShard:
         identity, size = self._content_digest()
         return {"path": None, "bytes": size, "rows": self.num_rows, "identity": identity}
 
-    def __getstate__(self) -> tuple[Any, Any]:
-        return (self._rows, self._digest)
-
-    def __setstate__(self, state: tuple[Any, Any]) -> None:
-        self._rows, self._digest = state
-
     def __repr__(self) -> str:
         return f"InMemoryShard(rows={self.num_rows})"
 
@@ -143,10 +135,9 @@ def _encode_value(value: Any) -> Any:
 class Dataset:
     """A named, immutable list of shards; every sample is addressed by ``(shard, row)``.
 
-    Make one with :meth:`from_path` (JSONL, Parquet, Arrow or token files, local or remote),
-    :meth:`from_hf` (a Hugging Face dataset), :meth:`from_dict` or :meth:`from_rows` (rows in
-    memory). A dataset pickles with the standard library; open files are not pickled but mapped
-    again on first read in each process.
+    Make one with :meth:`from_path` (files, local or remote), :meth:`from_hf`, :meth:`from_dict`
+    or :meth:`from_rows` (rows in memory). A dataset pickles; open files are mapped again on first
+    read in each process.
 
     Attributes:
         name: the dataset's name (the mixture component name).
@@ -182,8 +173,6 @@ class Dataset:
         if len(set(self.shard_ids)) != len(self.shard_ids):
             raise ValueError(f"dataset {self.name!r} has repeated shard ids: {list(self.shard_ids)}")
 
-    # -- construction ---------------------------------------------------------------------------------
-
     @classmethod
     def from_path(
         cls,
@@ -204,69 +193,55 @@ class Dataset:
     ) -> Dataset:
         """Open files as a dataset, one shard per file: JSONL, Parquet, Arrow IPC or token files.
 
-        ``path`` is a folder, one file, a glob (``"data/*.parquet"``, ``"data/**/*.jsonl.zst"``),
-        a list of files, or any of these as an fsspec URL (``s3://``, ``gs://``, ``az://``,
-        ``hf://``, ``memory://``; ``file://`` is local). Shards are ordered by their path relative
-        to the folder (the glob's fixed part, or the files' common folder), sorted, whatever
-        order they are listed or found in. Folder discovery skips hidden entries and, unless
-        ``recursive``, subfolders. One dataset holds one format.
+        Shards are ordered by their path relative to the root (the folder, the glob's fixed part,
+        or the files' common folder), whatever order they are listed or found in. Folder discovery
+        skips hidden entries and, unless ``recursive``, subfolders. One dataset holds one format,
+        known by its ending (``fmt=`` forces one): ``jsonl`` (``.jsonl``, ``.jsonl.gz``,
+        ``.jsonl.zst``), ``parquet`` (``.parquet``, ``.pq``), ``arrow`` (``.arrow``,
+        ``.feather``, ``.ipc``: IPC file or stream) and ``tokens`` (``.bin``, ``.npy``: flat
+        token ids, documents split at ``eos_token_id`` or by a Megatron ``.idx`` beside a
+        ``.bin``).
 
-        Formats, by ending (``fmt=`` forces one): ``jsonl`` (``.jsonl``, ``.jsonl.gz``,
-        ``.jsonl.zst``), ``parquet`` (``.parquet``, ``.pq``), ``arrow`` (``.arrow``, ``.feather``,
-        ``.ipc``: Arrow IPC file or stream) and ``tokens`` (``.bin``, ``.npy``: flat token ids,
-        documents split at ``eos_token_id`` or by a Megatron ``.idx`` beside each ``.bin``). See
-        the sources guide for each format's rows and costs.
-
-        A shard is identified by its content: its size and a SHA-256 of its bytes, taken once per
-        file and kept in the digest cache (in ``cache_dir``), so a byte-identical copy of the data
-        (moved, re-copied, staged elsewhere, touched) is the same dataset and resumes its
-        checkpoints. Every format keeps JSONL's guarantees: files must stay unchanged while the
-        dataset is in use, and a change is reported (:class:`~zephon.io.ShardChangedError`)
-        instead of read: one ``stat`` before every read, and a new digest when the file's size,
-        times or inode changed; a file cut short fails naming it. A remote shard is identified by
-        its size and ETag (or checksum; else a digest of its content) and read from a whole copy
-        in the local shard cache (``io_options``).
+        A shard is identified by its content (size and SHA-256, taken once per file and kept in
+        the digest cache), so a byte-identical copy of the data is the same dataset and resumes
+        its checkpoints. Files must stay unchanged while the dataset is in use: a change is
+        reported (:class:`~zephon.io.ShardChangedError`) instead of read, and a file cut short
+        fails naming it. A remote shard is identified by its size and ETag or checksum (else a
+        digest of its content) and read from a whole copy in the local shard cache.
 
         Args:
-            name: the dataset's name.
-            path: a folder, a file, a glob, a list of files, or a URL of any of these.
-            fmt: ``None`` to detect the format from the endings; ``"jsonl"``, ``"parquet"``,
-                ``"arrow"`` or ``"tokens"`` to read every given (or, in a folder, every
-                non-hidden) file as that format.
+            path: a folder, a file, a glob (``"data/**/*.jsonl.zst"``), a list of files, or any
+                of these as an fsspec URL (``s3://``, ``gs://``, ``az://``, ``hf://``,
+                ``memory://``; ``file://`` is local).
+            fmt: ``None`` to detect the format from the endings, or the format of every given
+                (in a folder, every non-hidden) file.
             cache_dir: cache folder for content digests, JSONL indexes, decompressed copies and
                 token offsets; default ``$ZEPHON_CACHE_DIR``, else ``~/.cache/zephon``.
             recursive: also search subfolders of a folder.
             verify: ``"quick"``: a file is digested again when its size, times or inode change;
                 ``"full"``: also hashed whole again whenever a process opens it and now and then
                 while it is read (for filesystems whose times do not follow every write).
-            columns: Parquet/Arrow only: the columns to decode (the others are never read);
-                ``None``: all. Rows hold only these fields.
+            columns: Parquet/Arrow only: the columns to decode (rows hold only these); ``None``:
+                all.
             eos_token_id: token files: the end-of-document token that splits documents.
-            token_dtype: ``.bin`` token files without a Megatron index: ``"uint16"`` (default)
-                or ``"uint32"``.
+            token_dtype: ``.bin`` token files without a Megatron index (default ``"uint16"``).
             storage_options: passed to the fsspec filesystem of a URL (credentials, endpoint).
             io_options: the shard cache and row-group cache settings (see
-                :meth:`with_io_options`); usually set for a whole pipeline with
-                ``Pipeline.options(io_options=...)``.
-            index: ``"auto"``: use the dataset index (``.zephon-index.json`` in the root, written
-                by ``zephon index PATH``) for shards whose identity still matches and count the
+                :meth:`with_io_options`; usually ``Pipeline.options(io_options=...)``).
+            index: ``"auto"``: use the dataset index (``.zephon-index.json``, written by
+                ``zephon index PATH``) for shards whose identity still matches, counting the
                 others (with a warning); ``"require"``: refuse a missing or stale index;
                 ``"off"``: ignore it.
             progress: show a progress bar (needs ``tqdm``) while shards are counted.
 
-        Returns:
-            The dataset, with the files' format.
-
         Raises:
             FileNotFoundError: a path does not exist, or a glob matches nothing.
             ValueError: unknown ``fmt``, ``verify`` or ``index``; no supported files; several
-                formats; a file that cannot be read as its format or is cut short; a stale index
-                with ``index="require"``.
+                formats; a file unreadable as its format or cut short; a stale index with
+                ``index="require"``.
             ImportError: a format whose optional package is missing (the message names the
                 ``pip install`` line).
         """
-        from .discover import FORMATS, discover
-
         if fmt is not None and fmt not in FORMATS:
             raise ValueError(
                 f"unknown fmt {fmt!r} for dataset {name!r}; supported: {', '.join(map(repr, FORMATS))}, "
@@ -294,22 +269,17 @@ class Dataset:
 
     @classmethod
     def from_hf(cls, name: str, hf_dataset: Any, *, split: str | None = None, shard_rows: int | None = None) -> Dataset:
-        """A Hugging Face ``datasets.Dataset`` (or a ``DatasetDict`` split) as a dataset.
+        """A Hugging Face ``datasets.Dataset`` (or a ``DatasetDict`` split) as a dataset of format ``"hf"``.
 
-        Rows are read by random access from the HF dataset (memory mapped Arrow) and come as
-        dicts of Python values, whatever format the HF dataset was set to. The identity is the
-        HF dataset's own fingerprint, which changes with every transform and with its files.
-        ``datasets.IterableDataset`` streams are refused with how to materialize them.
+        Rows are read by random access and come as dicts of Python values, whatever format the
+        HF dataset was set to; the identity is the HF dataset's own fingerprint. Streams
+        (``datasets.IterableDataset``) are refused with how to materialize them.
 
         Args:
-            name: the dataset's name.
             hf_dataset: a ``datasets.Dataset``, or a ``datasets.DatasetDict`` with ``split``.
             split: the split of a ``DatasetDict`` (optional when it has only one).
             shard_rows: cut the rows into shards of this many (so ``shuffle_shards`` has
                 shards to shuffle); ``None``: one shard.
-
-        Returns:
-            The dataset, with format ``"hf"``.
 
         Raises:
             TypeError: a stream, an iterator, or another object.
@@ -330,8 +300,8 @@ class Dataset:
     def with_io_options(self, io_options: Any) -> Dataset:
         """The same dataset read with other I/O settings (shard cache, row-group cache).
 
-        These settings decide only where copies are kept and how much is kept decoded, never the
-        rows, so they are not part of the fingerprint.
+        They decide where copies are kept and how much stays decoded, never the rows, so they are
+        not part of the fingerprint.
 
         Args:
             io_options: a dict or :class:`~zephon.io.IoOptions`: ``{"cache": {"enabled", "dir",
@@ -346,21 +316,14 @@ class Dataset:
 
     @classmethod
     def from_dict(cls, name: str, shards: Mapping[ShardId, InMemoryShard | Sequence[Any]]) -> Dataset:
-        """A dataset of in-memory shards, in the mapping's insertion order.
+        """A dataset of in-memory shards (format ``"inmem"``), in the mapping's insertion order.
 
-        Shard ids are either all strings or all integers (for example
-        ``{0: InMemoryShard(rows), 1: InMemoryShard(more)}``). They are kept as given: integer ids
-        stay Python ints in :attr:`shard_ids`, in :meth:`fingerprint` and in
-        ``Pipeline.describe_step``, so ``{0: rows}`` and ``{"0": rows}`` are different datasets
-        (their fingerprints differ). Shard *order* is the insertion order either way; ids never
-        affect which sample comes where.
+        Shard ids are all strings or all integers, kept as given (in :attr:`shard_ids`,
+        :meth:`fingerprint` and ``Pipeline.describe_step``), so ``{0: rows}`` and ``{"0": rows}``
+        are different datasets; ids never affect which sample comes where.
 
         Args:
-            name: the dataset's name.
             shards: shard id to :class:`InMemoryShard` (a plain list of rows is wrapped in one).
-
-        Returns:
-            The dataset, with format ``"inmem"``.
 
         Raises:
             ValueError: no shards.
@@ -387,23 +350,13 @@ class Dataset:
 
     @classmethod
     def from_rows(cls, name: str, rows: Sequence[Any] | np.ndarray, *, shard_id: ShardId = "0") -> Dataset:
-        """A dataset of one in-memory shard.
-
-        Args:
-            name: the dataset's name.
-            rows: what :class:`InMemoryShard` accepts.
-            shard_id: the shard's id (a string or an integer, see :meth:`from_dict`).
-
-        Returns:
-            The dataset, with format ``"inmem"``.
+        """A dataset of one in-memory shard: ``rows`` as :class:`InMemoryShard` takes them, under ``shard_id``.
 
         Example:
             >>> Dataset.from_rows("toy", [{"text": "hi"}]).shard_ids
             ('0',)
         """
         return cls.from_dict(name, {shard_id: InMemoryShard(rows)})
-
-    # -- shape ------------------------------------------------------------------------------------------
 
     @property
     def num_shards(self) -> int:
@@ -420,21 +373,11 @@ class Dataset:
         """Rows over all shards."""
         return sum(s.num_rows for s in self._shards)
 
-    # -- reading ----------------------------------------------------------------------------------------
-
     def read(self, shard: int, rows: Sequence[int] | np.ndarray) -> list[Any]:
         """Payloads of ``rows`` of shard number ``shard``, in the order asked.
 
-        Rows may be unsorted and repeated; they are read in sorted order and put back. A JSONL
-        payload is the decoded object as stored (dicts, lists, str, int, float, bool, None); an
+        Rows may be unsorted and repeated. A JSONL payload is the decoded object as stored; an
         in-memory payload is the stored row itself. Treat payloads as read-only.
-
-        Args:
-            shard: shard index, ``0 <= shard < num_shards``.
-            rows: row indices within the shard (integers).
-
-        Returns:
-            One payload per requested row.
 
         Raises:
             IndexError: a shard or row out of range.
@@ -481,18 +424,11 @@ class Dataset:
         """
         return getattr(self._shards[shard], "path", None)
 
-    # -- identity ---------------------------------------------------------------------------------------
-
     def fingerprint(self) -> dict[str, Any]:
-        """A JSON-friendly description of the data, which changes when any shard's content changes.
+        """``{"name", "format", "shards": [{"id", "path", "bytes", "rows", "identity"}, ...]}``: the data.
 
-        Files are identified by their path relative to the dataset root, size and a SHA-256 of
-        their content (a byte-identical copy elsewhere has the same fingerprint); remote objects
-        by size and ETag or checksum; in-memory shards by a BLAKE2b hash of their rows, computed
-        once.
-
-        Returns:
-            ``{"name", "format", "shards": [{"id", "path", "bytes", "rows", "identity"}, ...]}``.
+        It changes when any shard's content does: files are identified by their relative path, size
+        and SHA-256, remote objects by size and ETag or checksum, in-memory shards by a BLAKE2b hash.
 
         Example:
             >>> fp = Dataset.from_rows("toy", [{"x": 1}]).fingerprint()
@@ -535,14 +471,7 @@ def _shard_ids(name: str, keys: list[Any]) -> list[ShardId]:
 
 
 def as_dataset(obj: Any, name: str = "data") -> Dataset:
-    """``obj`` as a :class:`Dataset`: a dataset as is, or a list of dicts as one in-memory shard.
-
-    Args:
-        obj: a :class:`Dataset`, or a list (or tuple) of dicts.
-        name: the name given to a dataset made from a list.
-
-    Returns:
-        The dataset.
+    """``obj`` as a :class:`Dataset`: a dataset as is, a list (or tuple) of dicts as the dataset ``name``.
 
     Raises:
         TypeError: anything else, with how to make a dataset from it.
@@ -571,9 +500,6 @@ def as_dataset(obj: Any, name: str = "data") -> Dataset:
     )
 
 
-# -- opening file shards ------------------------------------------------------------------------------
-
-
 def _column_list(name: str, columns: Any) -> list[str]:
     if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
         raise TypeError(f"dataset {name!r}: columns must be a list of column names, got {columns!r}")
@@ -581,103 +507,6 @@ def _column_list(name: str, columns: Any) -> list[str]:
     if not out or len(set(out)) != len(out):
         raise ValueError(f"dataset {name!r}: columns must name at least one column, each once, got {out}")
     return out
-
-
-@attrs.frozen
-class ShardSpec:
-    """How to open a local file of a dataset as a shard (picklable; also used for remote copies)."""
-
-    fmt: str
-    cache_dir: str
-    verify: str
-    columns: tuple[str, ...] | None = None
-    eos_token_id: int | None = None
-    token_dtype: str | None = None
-
-    def __call__(self, path: str, shard_id: str, compression: str | None = None, digest: str | None = None) -> Any:
-        """The shard of the file at ``path``; ``digest``: its content identity if known (else taken)."""
-        if self.fmt == "jsonl":
-            if compression is None:
-                lower = path.lower()
-                compression = "gzip" if lower.endswith(".gz") else "zstd" if lower.endswith((".zst", ".zstd")) else None
-            return JsonlShard(path, shard_id, compression, self.cache_dir, self.verify, digest)
-        if self.fmt in ("parquet", "arrow"):
-            from .columnar import ColumnarShard
-
-            return ColumnarShard(path, shard_id, self.fmt, self.columns, self.verify, cache_dir=self.cache_dir, digest=digest)
-        from .token_files import TokenShard
-
-        return TokenShard(path, shard_id, dtype=self.token_dtype, eos_token_id=self.eos_token_id, cache_dir=self.cache_dir, verify=self.verify, digest=digest)
-
-    def settings(self) -> dict[str, Any]:
-        """What decides an index entry's rows and digest."""
-        return {"fmt": self.fmt, "verify": self.verify, "eos_token_id": self.eos_token_id, "token_dtype": self.token_dtype}
-
-
-def make_shard(found: Any, spec: ShardSpec, storage_options: Mapping[str, Any] | None) -> Any:
-    """The shard of one found file: local, or a remote object read through the shard cache."""
-    from .files import RemoteShard
-    from .storage import is_url, split_url
-
-    if is_url(found.location):
-        fs_key = (split_url(found.location)[0], tuple(sorted((storage_options or {}).items())))
-        return RemoteShard(found.location, found.shard_id, found.size, found.identity, fs_key, spec)
-    return spec(found.location, found.shard_id, found.compression, found.identity)
-
-
-def index_entry(found: Any, shard: Any) -> dict[str, Any]:
-    """The dataset-index entry of a counted shard."""
-    entry: dict[str, Any] = {"fmt": found.fmt, "bytes": found.size, "identity": found.identity, "rows": shard.num_rows}
-    if getattr(shard, "group_rows", None):
-        entry["groups"] = list(shard.group_rows)
-    return entry
-
-
-def _apply_entry(shard: Any, entry: Mapping[str, Any]) -> None:
-    shard.num_rows = int(entry["rows"])
-    if "groups" in entry and hasattr(shard, "group_rows"):
-        shard.group_rows = tuple(int(g) for g in entry["groups"])
-
-
-def open_shards(name: str, root: str, found: list, spec: ShardSpec, storage_options: Any, io: Any, *, index: str = "auto", progress: bool = False) -> list:
-    """Shards of every found file, counted, or taken from the dataset index where it still holds."""
-    import warnings
-
-    from .discover import read_index
-
-    doc = read_index(root, storage_options) if index != "off" else None
-    entries: Mapping[str, Any] = {}
-    if doc is not None:
-        if doc.get("settings") == spec.settings():
-            entries = doc["shards"]
-        elif index == "require":
-            raise ValueError(f"dataset {name!r}: the index in {root} was built with {doc.get('settings')}, not {spec.settings()}; rebuild it with `zephon index {root}`")
-    elif index == "require":
-        raise ValueError(f"dataset {name!r}: {root} has no dataset index; build it with `zephon index {root}` (or pass index='auto')")
-    stale, unlisted, shards = [], [], []
-    for f in progress_bar(found, total=len(found), desc=f"counting {name}", unit="shard", force=progress or None):
-        shard = make_shard(f, spec, storage_options)
-        entry = entries.get(f.shard_id)
-        if entry is not None and (entry.get("fmt"), entry.get("bytes"), entry.get("identity")) == (f.fmt, f.size, f.identity):
-            _apply_entry(shard, entry)
-        else:
-            (stale if entry is not None else unlisted).append(f.shard_id)
-            if index == "require":
-                raise ValueError(
-                    f"dataset {name!r}: the index in {root} is stale: shard {f.shard_id} "
-                    f"{'changed since it was indexed' if entry is not None else 'is not in it'}; rebuild it with `zephon index {root}`"
-                )
-            shard.count_rows(name, io)
-        shards.append(shard)
-    if doc is not None and (stale or unlisted):
-        listed = ", ".join((stale + unlisted)[:_LISTED])
-        warnings.warn(
-            f"dataset {name!r}: the index in {root} is stale for {len(stale)} changed and {len(unlisted)} new shard(s) "
-            f"({listed}); they were counted again, not trusted. Rebuild it with `zephon index {root}`.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return shards
 
 
 def build_index(
@@ -695,16 +524,14 @@ def build_index(
 ) -> tuple[str, Dataset]:
     """Count every shard of a dataset and write its index, ``.zephon-index.json``, in its root.
 
-    ``Dataset.from_path`` then takes each shard's row count, content digest and row groups from
-    the index instead of opening the shard, as long as the shard's size and identity still match
-    (see ``index=``). The arguments are ``Dataset.from_path``'s and must match the ones it is
-    opened with where they decide rows (``fmt``, ``verify``, ``eos_token_id``, ``token_dtype``).
+    ``Dataset.from_path`` then takes each shard's row count and row groups from the index instead
+    of opening it, while the shard's size and identity match (see ``index=``). The arguments are
+    ``Dataset.from_path``'s and must match where they decide rows (``fmt``, ``verify``,
+    ``eos_token_id``, ``token_dtype``).
 
     Returns:
         ``(where the index was written, the dataset)``.
     """
-    from .discover import discover, write_index
-
     name = "index"
     io = _as_io(io_options)
     root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options, cache_dir=resolve_cache_dir(cache_dir), cache=io.cache)

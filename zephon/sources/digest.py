@@ -1,22 +1,18 @@
 """Content identity of shard files: a SHA-256 of the bytes, taken once per file and cached.
 
 A shard is identified by what it holds, not by where or when it was written, so a byte-identical
-copy (``cp -r``, ``rsync`` without ``-t``, data staged to a local disk at job start, a ``touch``)
-is the same shard, and a checkpoint resumes on it; one changed byte makes another shard.
+copy (``cp -r``, data staged to a local disk, a ``touch``) is the same shard and a checkpoint
+resumes on it; one changed byte makes another shard.
 
-Reading a whole file costs time, so its digest is taken once and kept in the digest cache,
-``<cache>/digests/`` (one small JSON entry per file, named by its real path), keyed by the
-file's *stat key*: device, inode, size, modification time and status-change time (ctime). A
-later open whose stat key matches reads the entry instead of the file. ctime is in the key
-because every write changes it and no tool can put it back: a same-size rewrite whose
-modification time was restored (``cp -p`` onto the file, ``os.utime``) is digested again.
-Entries are written atomically; a digest taken while the file changed under it is not kept.
-When the cache folder cannot be written, digests are kept for the process only (one warning).
-
+The digest is taken once and kept in ``<cache>/digests/`` (one small JSON entry per file, named
+by its real path), keyed by the file's *stat key*: device, inode, size, mtime and ctime. ctime is
+in the key because every write changes it and no tool can put it back, so a same-size rewrite
+whose mtime was restored is digested again. Entries are written atomically; a digest taken while
+the file changed is not kept; an unwritable folder keeps digests for the process (one warning).
 What is kept: the entries on disk, and a per-process memo of the digests taken or read.
 
-:func:`check_file` is the check every file shard runs before a read: one ``stat``; a file whose
-stat key differs from the one last verified is digested again (once) and compared.
+:func:`check_file` runs before every read of a file shard: one ``stat``; a stat key other than
+the one last verified makes the file digested again and compared.
 """
 
 from __future__ import annotations
@@ -46,13 +42,23 @@ class ShardChangedError(ValueError):
 
     Rows are located by byte offsets fixed when the dataset was opened; reading a changed file
     would return other samples, or crash the process if a mapped file shrank. The message names
-    the dataset, the file and what changed. A ``ValueError``, so code that catches data errors
-    catches it too. A file whose bytes are the same (copied again, touched) is not a change.
+    the dataset, the file and what changed. A file whose bytes are the same is not a change.
 
     Example:
         >>> issubclass(ShardChangedError, ValueError)
         True
     """
+
+
+def default_cache_dir() -> str:
+    """The cache folder: ``$ZEPHON_CACHE_DIR`` if set, else ``~/.cache/zephon``."""
+    return os.environ.get("ZEPHON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "zephon")
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> str:
+    """An absolute cache folder from an explicit value or the default."""
+    root = default_cache_dir() if cache_dir is None else os.fspath(cache_dir)
+    return os.path.abspath(os.path.expanduser(root))
 
 
 def stat_key(st: os.stat_result) -> StatKey:
@@ -78,8 +84,6 @@ def hash_file(path: str) -> str:
             h.update(view[:n])
     return f"{ALGORITHM}={h.hexdigest()}"
 
-
-# -- the digest cache ---------------------------------------------------------------------------------
 
 _memo: dict[tuple[str, Any], str] = {}
 _memo_lock = threading.Lock()
@@ -129,8 +133,8 @@ def cached(cache_dir: str, name: str, key: Any, compute: Callable[[], str], *, k
 def file_digest(path: str, cache_dir: str, st: os.stat_result | None = None) -> str:
     """The identity of the file at ``path`` (``"sha256=<hex>"``), from the digest cache when it holds.
 
-    ``st`` is the file's ``stat`` if the caller has it. A digest taken while the file changed
-    (its stat key differs afterwards) is returned but not recorded.
+    ``st``: the file's ``stat`` if the caller has it. A digest taken while the file changed is
+    returned but not recorded.
     """
     st = st or os.stat(path)
     key = stat_key(st)
@@ -152,9 +156,6 @@ def file_digests(paths: list[str], cache_dir: str, stats: list[os.stat_result]) 
         return list(pool.map(lambda ps: file_digest(ps[0], cache_dir, ps[1]), zip(paths, stats)))
 
 
-# -- the check before a read --------------------------------------------------------------------------
-
-
 def short(identity: str | None) -> str:
     """``sha256=1a2b3c4d5e6f…`` for messages."""
     if not identity:
@@ -167,9 +168,8 @@ def check_file(shard: Any, dataset: str, when: str) -> os.stat_result:
     """One ``stat`` of ``shard.path``; raises unless the file still holds the shard's bytes.
 
     ``shard`` has ``path``, ``size``, ``digest``, ``cache_dir`` and ``seen`` (the stat key last
-    verified in this process, or ``None``). A new stat key (the file was touched, copied again,
-    replaced) makes the file digested again, from the digest cache when it holds; equal bytes
-    are accepted and ``seen`` updated. ``when`` says when, for messages ("while reading").
+    verified in this process, or ``None``); equal bytes under a new stat key update ``seen``.
+    ``when`` is for messages ("while reading").
 
     Raises:
         FileNotFoundError: the file is gone.

@@ -1,16 +1,14 @@
-"""Finding a dataset's shards: formats by file ending, folders, lists, globs, remote URLs; the index.
+"""Finding and opening a dataset's shards: formats by ending, folders, lists, globs, remote URLs; the index.
 
-Discovery turns what the user passed into a sorted list of :class:`Found` shards, each with its
-format, size and identity: the content digest of a local file (``sha256=<hex>``, taken once per
-file and kept in the digest cache, see :mod:`zephon.sources.digest`), the ETag or checksum of a
-remote object (a digest of its content on stores that give neither); never a modification time,
-so a byte-identical copy of the data is the same dataset. Shard ids are paths relative to the dataset root (the folder, the glob's fixed
-prefix, or the listed files' common folder), and shards are sorted by them.
+Discovery turns what the user passed into :class:`Found` shards sorted by id (the path relative
+to the root: the folder, the glob's fixed prefix, or the listed files' common folder), each with
+its format, size and identity: a local file's content digest (:mod:`zephon.sources.digest`), a
+remote object's ETag or checksum (else a digest of its content); never a time, so a
+byte-identical copy of the data is the same dataset.
 
 The dataset index (``.zephon-index.json`` in the root, written by ``zephon index PATH``) records
-each shard's identity, row count and what opening it would compute (row groups).
-Discovery reuses an entry only when the shard's identity still matches; a shard that changed
-since the index was built is counted again (with a warning), or refused with ``index="require"``.
+each shard's identity, row count and row groups; an entry is reused only while the shard's
+identity matches.
 """
 
 from __future__ import annotations
@@ -24,9 +22,11 @@ from typing import Any, Iterable, Mapping
 import attrs
 
 from ..core.atomic import replacing
+from ..core.log import progress as progress_bar
 from .columnar import ARROW_SUFFIXES, PARQUET_SUFFIXES
-from .digest import cached, file_digests
-from .jsonl import SUFFIXES, resolve_cache_dir
+from .digest import cached, file_digests, resolve_cache_dir
+from .files import RemoteShard
+from .jsonl import SUFFIXES, JsonlShard
 from .storage import (
     CacheOptions,
     cached_name,
@@ -54,14 +54,18 @@ _GLOB = "*?["
 
 @attrs.frozen
 class Found:
-    """One shard found: where it is, its id, format, compression, size and identity (its content's)."""
+    """One shard found: where it is, its id, format, compression, size and identity (its content's).
+
+    A local file's ``identity`` is ``None`` until its digest is taken; ``st`` is its ``stat``.
+    """
 
     location: str  # an absolute local path or a URL
     shard_id: str
     fmt: str
     compression: str | None
     size: int
-    identity: str
+    identity: str | None
+    st: os.stat_result | None = attrs.field(default=None, eq=False, repr=False)
 
 
 def format_of(filename: str, forced: str | None) -> tuple[str, str | None] | None:
@@ -107,8 +111,8 @@ def _glob_root(pattern: str) -> str:
 def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_options: Mapping[str, Any] | None, cache_dir: str | None = None, cache: CacheOptions | None = None) -> tuple[str, list[Found]]:
     """``(root, shards sorted by id)`` of what ``path`` names.
 
-    Digests are cached in ``cache_dir``; objects of stores without checksums are downloaded
-    into the shard cache (``cache``) to be digested.
+    Digests are cached in ``cache_dir``; objects of stores without checksums are digested as they
+    are downloaded into the shard cache (``cache``).
     """
     so = tuple(sorted((storage_options or {}).items()))
     cache_dir = resolve_cache_dir(cache_dir)
@@ -145,37 +149,22 @@ def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_
 
 def _identified(found: list, cache_dir: str) -> list[Found]:
     """``found`` with the local files' content digests as identities (several files at once)."""
-    local = [i for i, f in enumerate(found) if isinstance(f, _Local)]
+    local = [i for i, f in enumerate(found) if f.identity is None]
     if not local:
         return found
     digests = file_digests([found[i].location for i in local], cache_dir, [found[i].st for i in local])
     out = list(found)
     for i, digest in zip(local, digests):
-        f = found[i]
-        out[i] = Found(f.location, f.shard_id, f.fmt, f.compression, f.st.st_size, digest)
+        out[i] = attrs.evolve(found[i], identity=digest)
     return out
 
 
-# -- local --------------------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class _Local:
-    """A local file found, before its content digest is taken."""
-
-    location: str
-    shard_id: str
-    fmt: str
-    compression: str | None
-    st: os.stat_result
-
-
-def _local_found(full: str, root: str, kind: tuple[str, str | None], st: os.stat_result) -> _Local:
+def _local_found(full: str, root: str, kind: tuple[str, str | None], st: os.stat_result) -> Found:
     rel = os.path.relpath(full, root).replace(os.sep, "/")
-    return _Local(full, rel, kind[0], kind[1], st)
+    return Found(full, rel, kind[0], kind[1], st.st_size, None, st)
 
 
-def _local_one(name: str, full: str, fmt: str | None, recursive: bool) -> tuple[str, list[_Local]]:
+def _local_one(name: str, full: str, fmt: str | None, recursive: bool) -> tuple[str, list[Found]]:
     if os.path.isdir(full):
         return full, _scan_folder(name, full, fmt, recursive)
     if _is_glob(full) and not os.path.exists(full):
@@ -192,14 +181,14 @@ def _local_one(name: str, full: str, fmt: str | None, recursive: bool) -> tuple[
     return root, [_checked_local(name, full, root, fmt)]
 
 
-def _checked_local(name: str, full: str, root: str, fmt: str | None) -> _Local:
+def _checked_local(name: str, full: str, root: str, fmt: str | None) -> Found:
     kind = format_of(os.path.basename(full), fmt)
     if kind is None:
         raise ValueError(f"dataset {name!r}: cannot tell the format of {full} from its name; supported endings: {_endings()}. Pass fmt='jsonl', 'parquet', 'arrow' or 'tokens' to say it.")
     return _local_found(full, root, kind, os.stat(full))
 
 
-def _local_list(name: str, paths: list[str], fmt: str | None) -> tuple[str, list[_Local]]:
+def _local_list(name: str, paths: list[str], fmt: str | None) -> tuple[str, list[Found]]:
     for p in paths:
         if not os.path.exists(p):
             raise _missing(name, p)
@@ -213,8 +202,8 @@ def _local_list(name: str, paths: list[str], fmt: str | None) -> tuple[str, list
     return root, [_checked_local(name, p, root, fmt) for p in paths]
 
 
-def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool) -> list[_Local]:
-    found: list[_Local] = []
+def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool) -> list[Found]:
+    found: list[Found] = []
     seen: list[str] = []
     subfolders = False
     for folder, dirs, files in os.walk(root):
@@ -241,9 +230,6 @@ def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool) -> list
         hint = " Subfolders are not searched; pass recursive=True to include them." if subfolders else ""
         raise ValueError(f"dataset {name!r}: no supported files in {root} (found: {listing or 'nothing'}); supported endings: {_endings()}. Pass fmt= to read other files.{hint}")
     return found
-
-
-# -- remote -------------------------------------------------------------------------------------------
 
 
 def _remote(name: str, urls: list[str], fmt: str | None, recursive: bool, so: tuple, caches: tuple[str, CacheOptions], *, single: bool) -> tuple[str, list[Found]]:
@@ -294,9 +280,8 @@ def _remote(name: str, urls: list[str], fmt: str | None, recursive: bool, so: tu
 def _content_identity(fs: Any, url: str, info: Mapping[str, Any], caches: tuple[str, CacheOptions], dataset: str) -> str:
     """The content digest of an object on a store that gives no ETag or checksum.
 
-    Taken as the object is downloaded into the shard cache (where reading it finds it), and kept
-    in the digest cache keyed by the object's size and listed times (another upload is read
-    again); used from there while its copy is still in the shard cache.
+    Taken as the object is downloaded into the shard cache, and kept in the digest cache keyed by
+    its size and listed times, for as long as its copy is in the shard cache.
     """
     stamps = {k: str(info.get(k)) for k in ("size", "mtime", "LastModified", "last_modified", "updated", "created") if info.get(k) is not None}
     size = int(info.get("size") or 0)
@@ -304,7 +289,8 @@ def _content_identity(fs: Any, url: str, info: Mapping[str, Any], caches: tuple[
     return cached(caches[0], url, stamps, lambda: fetch_by_content(url, fs, size, caches[1], dataset), usable=copy)
 
 
-# -- the dataset index --------------------------------------------------------------------------------
+def _filesystem_of(url: str, storage_options: Mapping[str, Any] | None) -> Any:
+    return filesystem(split_url(url)[0], tuple(sorted((storage_options or {}).items())))
 
 
 def index_location(root: str) -> str:
@@ -316,8 +302,7 @@ def read_index(root: str, storage_options: Mapping[str, Any] | None = None) -> d
     where = index_location(root)
     try:
         if is_url(where):
-            protocol, _ = split_url(where)
-            fs = filesystem(protocol, tuple(sorted((storage_options or {}).items())))
+            fs = _filesystem_of(where, storage_options)
             if not fs.exists(where):
                 return None
             text = fs.cat_file(where)
@@ -341,9 +326,96 @@ def write_index(root: str, entries: dict[str, Any], settings: dict[str, Any], st
     doc = json.dumps({"zephon_index": INDEX_VERSION, "settings": settings, "shards": entries}, sort_keys=True).encode()
     where = index_location(root)
     if is_url(where):
-        protocol, _ = split_url(where)
-        filesystem(protocol, tuple(sorted((storage_options or {}).items()))).pipe_file(where, doc)
+        _filesystem_of(where, storage_options).pipe_file(where, doc)
         return where
     with replacing(where) as out:
         out.write(doc)
     return where
+
+
+@attrs.frozen
+class ShardSpec:
+    """How to open a local file of a dataset as a shard (picklable; also used for remote copies)."""
+
+    fmt: str
+    cache_dir: str
+    verify: str
+    columns: tuple[str, ...] | None = None
+    eos_token_id: int | None = None
+    token_dtype: str | None = None
+
+    def __call__(self, path: str, shard_id: str, compression: str | None = None, digest: str | None = None) -> Any:
+        """The shard of the file at ``path``; ``digest``: its content identity if known (else taken)."""
+        if self.fmt == "jsonl":
+            compression = compression or format_of(path, "jsonl")[1]
+            return JsonlShard(path, shard_id, compression, self.cache_dir, self.verify, digest)
+        if self.fmt in ("parquet", "arrow"):
+            from .columnar import ColumnarShard
+
+            return ColumnarShard(path, shard_id, self.fmt, self.columns, self.verify, cache_dir=self.cache_dir, digest=digest)
+        from .token_files import TokenShard
+
+        return TokenShard(path, shard_id, dtype=self.token_dtype, eos_token_id=self.eos_token_id, cache_dir=self.cache_dir, verify=self.verify, digest=digest)
+
+    def settings(self) -> dict[str, Any]:
+        """What decides an index entry's rows and digest."""
+        return {"fmt": self.fmt, "verify": self.verify, "eos_token_id": self.eos_token_id, "token_dtype": self.token_dtype}
+
+
+def make_shard(found: Any, spec: ShardSpec, storage_options: Mapping[str, Any] | None) -> Any:
+    """The shard of one found file: local, or a remote object read through the shard cache."""
+    if is_url(found.location):
+        fs_key = (split_url(found.location)[0], tuple(sorted((storage_options or {}).items())))
+        return RemoteShard(found.location, found.shard_id, found.size, found.identity, fs_key, spec)
+    return spec(found.location, found.shard_id, found.compression, found.identity)
+
+
+def index_entry(found: Any, shard: Any) -> dict[str, Any]:
+    """The dataset-index entry of a counted shard."""
+    entry: dict[str, Any] = {"fmt": found.fmt, "bytes": found.size, "identity": found.identity, "rows": shard.num_rows}
+    if getattr(shard, "group_rows", None):
+        entry["groups"] = list(shard.group_rows)
+    return entry
+
+
+def _apply_entry(shard: Any, entry: Mapping[str, Any]) -> None:
+    shard.num_rows = int(entry["rows"])
+    if "groups" in entry and hasattr(shard, "group_rows"):
+        shard.group_rows = tuple(int(g) for g in entry["groups"])
+
+
+def open_shards(name: str, root: str, found: list, spec: ShardSpec, storage_options: Any, io: Any, *, index: str = "auto", progress: bool = False) -> list:
+    """Shards of every found file, counted, or taken from the dataset index where it still holds."""
+    doc = read_index(root, storage_options) if index != "off" else None
+    entries: Mapping[str, Any] = {}
+    if doc is not None:
+        if doc.get("settings") == spec.settings():
+            entries = doc["shards"]
+        elif index == "require":
+            raise ValueError(f"dataset {name!r}: the index in {root} was built with {doc.get('settings')}, not {spec.settings()}; rebuild it with `zephon index {root}`")
+    elif index == "require":
+        raise ValueError(f"dataset {name!r}: {root} has no dataset index; build it with `zephon index {root}` (or pass index='auto')")
+    stale, unlisted, shards = [], [], []
+    for f in progress_bar(found, total=len(found), desc=f"counting {name}", unit="shard", force=progress or None):
+        shard = make_shard(f, spec, storage_options)
+        entry = entries.get(f.shard_id)
+        if entry is not None and (entry.get("fmt"), entry.get("bytes"), entry.get("identity")) == (f.fmt, f.size, f.identity):
+            _apply_entry(shard, entry)
+        else:
+            (stale if entry is not None else unlisted).append(f.shard_id)
+            if index == "require":
+                raise ValueError(
+                    f"dataset {name!r}: the index in {root} is stale: shard {f.shard_id} "
+                    f"{'changed since it was indexed' if entry is not None else 'is not in it'}; rebuild it with `zephon index {root}`"
+                )
+            shard.count_rows(name, io)
+        shards.append(shard)
+    if doc is not None and (stale or unlisted):
+        listed = ", ".join((stale + unlisted)[:_LISTED])
+        warnings.warn(
+            f"dataset {name!r}: the index in {root} is stale for {len(stale)} changed and {len(unlisted)} new shard(s) "
+            f"({listed}); they were counted again, not trusted. Rebuild it with `zephon index {root}`.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return shards

@@ -1,11 +1,9 @@
 """Token estimation: how many tokens a sample of each dataset holds, measured once and then frozen.
 
-:class:`TokenEstimation` says how to obtain the numbers (measure them, or pin tokens per byte);
-:class:`Calibration` holds the result. A source whose mixture counts tokens (or whose schedule is
-given in tokens) needs a calibration before it can place a single sample; the pipeline measures it
-with its own tokenizer (:mod:`zephon.sources.calibrate`), and the numbers become part of the source's
-fingerprint and so of every checkpoint: a resume takes them from the checkpoint and never measures
-again.
+:class:`TokenEstimation` says how to obtain the numbers (measure, or pin tokens per byte);
+:class:`Calibration` holds them. A source that counts tokens needs one before it places a sample;
+the pipeline measures it with its own tokenizer (:mod:`zephon.sources.calibrate`), and the numbers
+join the fingerprint and every checkpoint, so a resume never measures again.
 """
 
 from __future__ import annotations
@@ -46,14 +44,13 @@ class TokenEstimation:
 
     Args:
         primer: ``"measure"`` (tokenize a small deterministic sample of every dataset with the
-            pipeline's own tokenizer), ``{name: tokens_per_byte}`` (pins those datasets; the rest
-            are measured), or one float (tokens per byte for every dataset; no tokenizer runs).
-            Bytes per sample are always measured on the sample (reading only, no tokenizer).
+            pipeline's tokenizer), ``{name: tokens_per_byte}`` (pins those; the rest are
+            measured), or one float for every dataset (no tokenizer runs). Bytes per sample are
+            always measured on the sample.
         calibration_samples: rows read per dataset, spread evenly over up to
             ``calibration_shards_max`` of its shards.
-        field: the text field whose UTF-8 bytes are counted when the pipeline has no tokenize
-            step that names one (a ``str`` payload is its own text; other payloads count their
-            JSON encoding).
+        field: the text field whose UTF-8 bytes are counted when no tokenize step names one (a
+            ``str`` payload is its own text; others count their JSON encoding).
 
     Examples:
         >>> TokenEstimation().primer

@@ -1,12 +1,11 @@
 """What every file shard shares: its identity when opened, the checks before each read, remote copies.
 
-A file shard records its size and content digest (``"sha256=<hex>"``, taken once per file and
-kept in the digest cache, see :mod:`zephon.sources.digest`) when its dataset is opened, and refuses,
-with :class:`~zephon.io.ShardChangedError`, to read a file that no longer holds those bytes: one
-``stat`` before every read, and a new digest whenever the file's stat key (size, times, inode)
-changed since it was last verified, so a touched or re-copied file reads on. With
-``verify="full"`` the whole file is hashed again whenever a process opens it. A file shard
-pickles as its description only; what it opens is process-local.
+A file shard records its size and content digest (:mod:`zephon.sources.digest`) when its dataset
+is opened, and refuses (:class:`~zephon.io.ShardChangedError`) to read a file that no longer
+holds those bytes: one ``stat`` before every read, and a new digest when the stat key changed,
+so a touched or re-copied file reads on. With ``verify="full"`` the whole file is hashed again
+whenever a process opens it. A file shard pickles as its description; what it opens is
+process-local.
 
 :class:`RemoteShard` wraps a local shard of any format around a cached copy of a remote object.
 """
@@ -14,21 +13,20 @@ pickles as its description only; what it opens is process-local.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable
 
 import numpy as np
 
 from ..core.cache import ProcessCache
-from .digest import ShardChangedError, check_file, file_digest, hash_file, short
-from .jsonl import resolve_cache_dir
+from .digest import ShardChangedError, check_file, file_digest, hash_file, resolve_cache_dir, short
 from .storage import IoOptions, fetch, filesystem
 
 
 class FileIdentity:
     """A file as seen when its dataset was opened: path, size and content digest.
 
-    ``seen`` is the stat key at which the file was last found to hold those bytes (``None``:
-    not checked yet in this process).
+    ``seen``: the stat key at which the file last held those bytes (``None``: not yet checked here).
     """
 
     __slots__ = ()
@@ -47,27 +45,23 @@ class FileIdentity:
         """One ``stat``: raises unless the file still holds the bytes seen at opening (digested again when touched)."""
         return check_file(self, dataset, "after the dataset was opened")
 
-    def check_content(self, dataset: str) -> None:
-        """``verify="full"``: hash the whole file again (when a process opens it) and compare."""
+    def check_content(self, dataset: str) -> float:
+        """``verify="full"``: hash the whole file again (not from the digest cache) and compare; the seconds it took."""
         if self.verify != "full":
-            return
+            return 0.0
+        start = time.monotonic()
         now = hash_file(self.path)
         if now != self.digest:
             raise ShardChangedError(
                 f"dataset {dataset!r}: shard file {self.path} changed after the dataset was opened: its content differs "
-                f"({short(self.digest)} → {short(now)}), although its size, times and inode are the same (the filesystem "
-                "did not record the write). Open the dataset again to read the new content."
+                f"({short(self.digest)} → {short(now)}), although its size ({self.size} bytes), times and inode are the "
+                "same (the filesystem did not record the write). Leave shard files untouched while a dataset is in use, "
+                "and open the dataset again to read the new content."
             )
+        return time.monotonic() - start
 
     def fingerprint(self) -> dict[str, Any]:
         return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.digest}
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self._fields}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for name in self._fields:
-            setattr(self, name, state[name])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.shard_id!r}, rows={self.num_rows})"
@@ -76,8 +70,7 @@ class FileIdentity:
 def open_cached(cache: ProcessCache, shard: Any, dataset: str, build: Callable[[os.stat_result], Any]) -> Any:
     """The shard's open state in this process, checked against the file before each use.
 
-    The state is keyed by the shard's description, content and the file's inode: a file
-    replaced by a copy of the same bytes is opened again.
+    Keyed by the shard's description, content and the file's inode (a replacing copy is opened again).
     """
     st = shard.check_stat(dataset)
     variant = tuple(getattr(shard, f, None) for f in ("fmt", "columns", "eos_token_id", "dtype"))
@@ -142,13 +135,6 @@ class RemoteShard:
 
     def fingerprint(self) -> dict[str, Any]:
         return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.identity}
-
-    def __getstate__(self) -> tuple:
-        return tuple(getattr(self, f) for f in self._fields)
-
-    def __setstate__(self, state: tuple) -> None:
-        for f, v in zip(self._fields, state):
-            setattr(self, f, v)
 
     def __repr__(self) -> str:
         return f"RemoteShard({self.url!r}, rows={self.num_rows})"

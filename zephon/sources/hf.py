@@ -1,11 +1,9 @@
 """Hugging Face ``datasets.Dataset`` objects as zephon datasets.
 
-An HF dataset is already random access (Arrow tables, memory mapped from its cache files), so
-a zephon shard is a contiguous range of its rows, read with ``hf_dataset[rows]``. Its identity is
-the HF dataset's own fingerprint, which HF changes with every transform (``map``, ``filter``,
-``select``, ``shuffle``) and which depends on the files it was loaded from. Streams
-(``datasets.IterableDataset``) are refused: they have no row numbers, so a sample could not be
-named, and a run could not resume exactly on another number of GPUs.
+An HF dataset is random access (memory-mapped Arrow), so a shard is a range of its rows, read
+with ``hf_dataset[rows]``, identified by the HF fingerprint (which every transform and the source
+files change). Streams are refused: without row numbers a sample cannot be named, nor a run
+resumed exactly on another number of GPUs.
 """
 
 from __future__ import annotations
@@ -92,12 +90,6 @@ class HfShard:
 
     def fingerprint(self) -> dict[str, Any]:
         return {"path": None, "bytes": None, "rows": self.num_rows, "identity": f"hf:{self.hf_fingerprint}[{self.start}:{self.stop}]"}
-
-    def __getstate__(self) -> tuple:
-        return (self.data, self.start, self.stop, self.hf_fingerprint)
-
-    def __setstate__(self, state: tuple) -> None:
-        self.data, self.start, self.stop, self.hf_fingerprint = state
 
     def __repr__(self) -> str:
         return f"HfShard(rows {self.start}..{self.stop})"

@@ -1,31 +1,20 @@
 """JSONL shards: line-offset indexes, their on-disk cache, decompression and fast row decoding.
 
 A JSONL shard is read by random access: a line-offset index (``int64`` byte offsets, one per
-non-blank line, then the end of the data) maps a row number to a byte range, which is sliced out
-of an ``mmap`` and decoded with ``msgspec``. The index is built once per file by a numpy scan for
-``b"\\n"`` and cached on disk under ``<cache>/index/``; compressed shards are decompressed once
-into ``<cache>/decompressed/`` and then read like plain files.
+non-blank line, then the end of the data) maps a row to a byte range, sliced out of an ``mmap``
+and decoded with ``msgspec``. The index is built once per file by a numpy scan for ``b"\\n"``
+and cached under ``<cache>/index/``; compressed shards are decompressed once into
+``<cache>/decompressed/`` and then read like plain files. Both are keyed by the content digest
+and written through a temporary file and ``os.replace``, so racing processes all read a complete
+entry; an unwritable cache folder keeps them in memory (one warning per folder and process).
 
-Everything written to the cache goes through a temporary file and ``os.replace``, so processes
-that race to build the same entry all end up reading a complete one. When the cache folder
-cannot be written, indexes and decompressed text are kept in memory instead (one warning per
-folder and process).
-
-Open files are process-local state: a shard holds only its description (path, size, content
-digest, row count), pickles without its mapping, and maps the file again on first use in a new process. At
-most :data:`MAX_OPEN_SHARDS` shards are kept mapped per process (least recently used first out),
-so datasets with thousands of shards stay under the open-file limit.
-
-A shard is identified by its content (a SHA-256 of the file, taken once and kept in the digest
-cache, see :mod:`zephon.sources.digest`), so a byte-identical copy or a touched file reads on. Files
-must not change while a dataset is in use, and a change is reported rather than read: every read
-makes one ``stat`` call, and a file whose stat key (size, times, inode) differs from the one last
-verified is digested again and compared; a mapped copy is checked to keep its mapped length (a
-mapped file that shrinks would crash the process on the next access). With ``verify="full"`` the
-whole file is also hashed again when a process maps it, and at most once a second (and at most
-1% of the time) while it stays mapped, for filesystems whose times do not follow every write.
-Cached line indexes and decompressed copies are keyed by the content digest. See
-:class:`ShardChangedError`.
+Open files are process-local: a shard pickles as its description and maps the file again on
+first use in a new process, at most :data:`MAX_OPEN_SHARDS` per process (least recently used
+out), so datasets of thousands of shards stay under the open-file limit. Change detection is
+every file shard's (:mod:`zephon.sources.files`); a JSONL shard also checks that a mapped
+decompressed copy keeps its length (a mapped file that shrinks crashes the process on the next
+access) and, with ``verify="full"``, hashes the file again at most once a second (and at most 1%
+of the time) while it stays mapped.
 """
 
 from __future__ import annotations
@@ -43,7 +32,8 @@ import numpy as np
 
 from ..core.atomic import discard, replacing
 from ..core.cache import ProcessCache
-from .digest import ShardChangedError, check_file, file_digest, hash_file, short
+from .digest import ShardChangedError, check_file
+from .files import FileIdentity
 
 #: File name endings read as JSONL, and the compression each implies.
 SUFFIXES: dict[str, str | None] = {".jsonl": None, ".jsonl.gz": "gzip", ".jsonl.zst": "zstd"}
@@ -71,20 +61,6 @@ _DECODE = msgspec.json.Decoder(dict)
 _DECODE_ANY = msgspec.json.Decoder()
 
 
-# -- cache folder -------------------------------------------------------------------------------------
-
-
-def default_cache_dir() -> str:
-    """The cache folder: ``$ZEPHON_CACHE_DIR`` if set, else ``~/.cache/zephon``."""
-    return os.environ.get("ZEPHON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "zephon")
-
-
-def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> str:
-    """An absolute cache folder from an explicit value or the default."""
-    root = default_cache_dir() if cache_dir is None else os.fspath(cache_dir)
-    return os.path.abspath(os.path.expanduser(root))
-
-
 def _path_key(path: str) -> str:
     return hashlib.blake2b(os.path.realpath(path).encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
 
@@ -108,9 +84,8 @@ def _warn_unwritable(folder: str, err: OSError) -> None:
 def _atomic_write(target: str, write: Callable[[Any], None]) -> bool:
     """Write ``target`` through a temporary file and ``os.replace``; False if the folder is unwritable.
 
-    An ``OSError`` while writing means the cache cannot be used (False). Any other error from
-    ``write``, including :class:`_SourceError` (an unreadable compressed source), propagates after
-    the temporary file is removed.
+    Any other error from ``write``, :class:`_SourceError` (an unreadable compressed source)
+    included, propagates after the temporary file is removed.
     """
     folder = os.path.dirname(target)
     try:
@@ -125,31 +100,19 @@ def _atomic_write(target: str, write: Callable[[Any], None]) -> bool:
         return False
 
 
-# -- change detection ---------------------------------------------------------------------------------
-
-
 def stamp(digest: str | None) -> int:
     """A cache entry's 64-bit stamp of a content digest: entries of other content do not match."""
     value = hashlib.blake2b((digest or "").encode(), digest_size=8).digest()
     return int.from_bytes(value, "little", signed=True)
 
 
-# -- line index ---------------------------------------------------------------------------------------
-
-
 def build_line_index(buf: Any) -> np.ndarray:
     """Byte offsets of every non-blank line of ``buf``, followed by ``len(buf)``.
 
-    A line holding only JSON whitespace (spaces, tabs, ``\\r``) is blank and gets no entry; a final
-    line without a trailing newline counts; a UTF-8 byte-order mark at the start is skipped. Row
-    ``i`` is ``buf[offsets[i]:offsets[i + 1]]`` (trailing newline and blank lines included, which
-    the JSON decoder ignores).
-
-    Args:
-        buf: the file contents (``bytes``, a read-only ``mmap`` or a ``memoryview``).
-
-    Returns:
-        An ``int64`` array of ``rows + 1`` offsets.
+    ``buf`` is ``bytes``, a read-only ``mmap`` or a ``memoryview``. A line of only JSON whitespace
+    is blank and gets no entry; a last line without a newline counts; a leading UTF-8 byte-order
+    mark is skipped. Row ``i`` is ``buf[offsets[i]:offsets[i + 1]]`` (what the decoder ignores
+    included).
 
     Example:
         >>> build_line_index(b'{"a": 1}\\n\\n  \\n{"a": 2}').tolist()
@@ -204,15 +167,8 @@ def load_index(cache_dir: str, data_path: str, size: int, content: int, *, rows_
 def save_index(cache_dir: str, data_path: str, size: int, content: int, offsets: np.ndarray) -> bool:
     """Cache ``offsets`` for ``data_path`` (atomically); False when the cache cannot be written."""
     header = _INDEX_MAGIC + np.array([size, content, offsets.shape[0] - 1], dtype="<i8").tobytes()
-
-    def write(out: Any) -> None:
-        out.write(header)
-        out.write(offsets.astype("<i8", copy=False).tobytes())
-
-    return _atomic_write(_index_file(cache_dir, data_path), write)
-
-
-# -- decompression ------------------------------------------------------------------------------------
+    body = offsets.astype("<i8", copy=False).tobytes()
+    return _atomic_write(_index_file(cache_dir, data_path), lambda out: out.writelines((header, body)))
 
 
 class _SourceError(OSError):
@@ -254,9 +210,8 @@ def _chunks(source: str, compression: str):
 def _zstd_blocks(zstd: Any, source: str):
     """Decompressed blocks of a zstd file of one or more frames; an incomplete last frame raises.
 
-    zstandard's stream reader stops quietly where a cut-short file ends, which would lose the
-    rows of the last frame without a word; decompressing frame by frame shows whether the input
-    ended inside one. Each call gets :data:`_ZSTD_BLOCK` compressed bytes, which bounds its output.
+    zstandard's stream reader stops quietly where a cut-short file ends, losing the rows of the
+    last frame; decompressing frame by frame shows whether the input ended inside one.
     """
     dctx = zstd.ZstdDecompressor()
     frame = dctx.decompressobj()
@@ -283,7 +238,6 @@ def _zstd_blocks(zstd: Any, source: str):
 
 
 def _decompressed_file(cache_dir: str, source: str, size: int, digest: str | None) -> str:
-    # "3:" since copies are keyed by the source's content (before: by its modification time).
     version = hashlib.blake2b(f"3:{size}:{digest}".encode(), digest_size=8).hexdigest()
     return os.path.join(cache_dir, "decompressed", f"{_path_key(source)}-{version}.jsonl")
 
@@ -291,35 +245,23 @@ def _decompressed_file(cache_dir: str, source: str, size: int, digest: str | Non
 def decompress(cache_dir: str, source: str, compression: str, size: int, digest: str | None) -> str | bytes:
     """The decompressed text of ``source``: a cache file path, or bytes if the cache is unwritable.
 
-    The cache entry is keyed by the source path, size and content digest, so a changed source is
-    decompressed again (older copies of the same source are removed).
+    Keyed by the source path, size and content digest; older copies of the same source are removed.
     """
     target = _decompressed_file(cache_dir, source, size, digest)
     if os.path.isfile(target):
         return target
-
-    def write(out: Any) -> None:
-        for block in _chunks(source, compression):
-            out.write(block)
-
     try:
-        written = _atomic_write(target, write)
+        if not _atomic_write(target, lambda out: out.writelines(_chunks(source, compression))):
+            return b"".join(_chunks(source, compression))
     except _SourceError as err:
         raise ValueError(str(err)) from err.__cause__
-    if written:
-        prefix = os.path.basename(target).split("-")[0] + "-"
-        folder = os.path.dirname(target)
-        for name in os.listdir(folder):
-            if name.startswith(prefix) and name != os.path.basename(target):
-                discard(os.path.join(folder, name))
-        return target
-    try:
-        return b"".join(_chunks(source, compression))
-    except _SourceError as err:
-        raise ValueError(str(err)) from err.__cause__
+    prefix = os.path.basename(target).split("-")[0] + "-"
+    folder = os.path.dirname(target)
+    for name in os.listdir(folder):
+        if name.startswith(prefix) and name != os.path.basename(target):
+            discard(os.path.join(folder, name))
+    return target
 
-
-# -- open shards --------------------------------------------------------------------------------------
 
 # The open state (an :class:`_Open`) of each shard in use, by ``id(shard)`` (each shard drops its
 # entry when it is collected). Only the most recently used MAX_OPEN_SHARDS stay, the limit being
@@ -345,7 +287,7 @@ class _Open:
 def _map(path: str) -> tuple[memoryview, mmap.mmap | None, os.stat_result]:
     """``(buffer, mapping, stat)`` of a file mapped read-only (no mapping for an empty file).
 
-    The buffer is a ``memoryview`` so that slices passed to the decoder are not copied.
+    A ``memoryview``, so that slices passed to the decoder are not copied.
     """
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
@@ -355,37 +297,20 @@ def _map(path: str) -> tuple[memoryview, mmap.mmap | None, os.stat_result]:
         return memoryview(mapped), mapped, st
 
 
-class JsonlShard:
+class JsonlShard(FileIdentity):
     """One JSONL file (plain, gzip or zstd) read by random access.
 
     Attributes:
-        path: absolute path of the source file.
-        shard_id: its path relative to the dataset root, with ``/`` separators.
+        path, shard_id, size, digest, seen, cache_dir, verify, num_rows: as for every file shard.
         compression: ``None``, ``"gzip"`` or ``"zstd"``.
-        size: size in bytes of the source file when the dataset was opened.
-        digest: its content identity then (``"sha256=<hex>"``, see :mod:`zephon.sources.digest`).
-        seen: the stat key at which the file was last found to hold those bytes (``None``: not
-            checked yet in this process); a read with another stat key digests it again.
-        num_rows: its non-blank lines.
-        cache_dir: folder for indexes, decompressed copies and digests.
-        verify: ``"quick"`` or ``"full"`` (the file is also hashed whole when a process maps it,
-            and now and then while mapped).
     """
 
-    _fields = ("path", "shard_id", "compression", "size", "digest", "seen", "num_rows", "cache_dir", "verify")
+    _fields = FileIdentity._id_fields + ("compression",)
     __slots__ = _fields + ("__weakref__",)
 
     def __init__(self, path: str, shard_id: str, compression: str | None, cache_dir: str, verify: str = "quick", digest: str | None = None):
-        st = os.stat(path)
-        self.path = path
-        self.shard_id = shard_id
+        self._init_identity(path, shard_id, verify, cache_dir, digest)
         self.compression = compression
-        self.size = st.st_size
-        self.cache_dir = cache_dir
-        self.num_rows = -1
-        self.verify = verify
-        self.seen: Any = None  # a given digest is checked against the file at the first read
-        self.digest = digest or file_digest(path, cache_dir, st)
 
     def __del__(self) -> None:
         # The mapping is keyed by id(self), which a later object may reuse: drop it with the shard.
@@ -420,28 +345,12 @@ class JsonlShard:
             return None
         return load_index(self.cache_dir, plain, st.st_size, content, rows_only=True)
 
-    # -- change detection -------------------------------------------------------------------------------
-    def _hash_again(self, dataset: str) -> float:
-        """``verify="full"``: hash the whole file (not from the digest cache) and compare; the seconds it took."""
-        start = time.monotonic()
-        now = hash_file(self.path)
-        if now != self.digest:
-            raise ShardChangedError(
-                f"dataset {dataset!r}: shard file {self.path} changed after the dataset was opened: its content differs "
-                f"({short(self.digest)} → {short(now)}), although its size ({self.size} bytes), times and inode are the "
-                "same (the filesystem did not record the write). Leave shard files untouched while a dataset is in use, "
-                "and open the dataset again to read the new content."
-            )
-        return time.monotonic() - start
-
     def _verify(self, state: _Open, dataset: str) -> _Open:
         """``state`` once the file is known to be the one opened; raises if it changed.
 
-        Runs before every read: one ``stat`` of the source (a new stat key makes it digested
-        again), one ``fstat`` of a decompressed copy's mapping, and with ``verify="full"``, at
-        most once a second (and at most 1% of the time), a hash of the whole file. Checking
-        before touching the mapping matters: a mapped file that has shrunk kills the process
-        (``SIGBUS``) when the lost pages are read.
+        Runs before every read: one ``stat`` of the source, one ``fstat`` of a decompressed
+        copy's mapping and, with ``verify="full"``, now and then a hash of the whole file. It
+        comes before touching the mapping: reading lost pages of a shrunk file is a ``SIGBUS``.
         """
         st = check_file(self, dataset, "while reading")
         if (st.st_dev, st.st_ino) != state.inode:
@@ -459,14 +368,13 @@ class JsonlShard:
         if self.verify == "full":
             now_s = time.monotonic()
             if now_s - state.checked >= max(_RECHECK_S, state.check_s / _RECHECK_SHARE):
-                state.check_s = self._hash_again(dataset)
+                state.check_s = self.check_content(dataset)
                 state.checked = time.monotonic()
         return state
 
-    # -- opening ------------------------------------------------------------------------------------------
     def _load(self, dataset: str) -> _Open:
         mapped: mmap.mmap | None = None
-        st = check_file(self, dataset, "after the dataset was opened")
+        st = self.check_stat(dataset)
         if self.compression is None:
             for attempt in range(3):  # the file checked must be the file mapped
                 try:
@@ -477,8 +385,8 @@ class JsonlShard:
                     break
                 if attempt == 2:
                     raise ShardChangedError(f"dataset {dataset!r}: shard file {self.path} is being replaced again and again while it is opened; leave shard files untouched while a dataset is in use")
-                st = check_file(self, dataset, "after the dataset was opened")
-        check_s = self._hash_again(dataset) if self.verify == "full" else 0.0
+                st = self.check_stat(dataset)
+        check_s = self.check_content(dataset)
         content = stamp(self.digest)
         plain: str | None = self.path
         size = st.st_size
@@ -513,7 +421,6 @@ class JsonlShard:
                     raise
         raise AssertionError("unreachable")
 
-    # -- reading ------------------------------------------------------------------------------------------
     def read(self, rows: np.ndarray, dataset: str, io: Any = None) -> list:
         """Decode ``rows`` (validated ``int64``, any order, repeats allowed), in the order given.
 
@@ -543,30 +450,9 @@ class JsonlShard:
             "complete JSON object on a single line; fix or remove that line (blank lines are skipped)."
         )
 
-    def fingerprint(self) -> dict[str, Any]:
-        return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.digest}
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self._fields}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for name in self._fields:
-            setattr(self, name, state[name])
-
-    def __repr__(self) -> str:
-        return f"JsonlShard({self.shard_id!r}, rows={self.num_rows})"
-
 
 def _json_kind(value: Any) -> str:
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    if value is None:
-        return "null"
-    return "number"
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 
 class _Miscount(Exception):
@@ -576,9 +462,8 @@ class _Miscount(Exception):
 def _decode_rows(buf: Any, offsets: np.ndarray, rows: np.ndarray, bad: Callable[[int, Exception], Exception]) -> list:
     """Decode ``rows`` of a JSONL buffer in the order given.
 
-    Rows are visited in sorted order (sequential through the mapping); each run of consecutive
-    rows is decoded with one ``decode_lines`` call. Repeated rows are decoded again, so no two
-    returned payloads share objects.
+    Rows are visited sorted; a run of consecutive rows is one ``decode_lines`` call. Repeated
+    rows are decoded again, so no two payloads share objects.
     """
     n = rows.shape[0]
     if n == 0:

@@ -1,20 +1,20 @@
 """Mixture weights, schedules of weights, and the deterministic interleave of datasets over positions.
 
-Weights are resolved to small integers ``W`` (exact for simple ratios, else to multiples of
-1/65536). Component ``j``'s ``k``-th element gets the virtual time ``(2k + 1) / (2 W_j)``; sorting
-one period of ``S = sum(W)`` elements by (time, component) gives the order, which then repeats.
-So the component of global position ``t`` and its index within that component are pure integer
-functions of ``t``, with exact long-run ratios and every prefix within one element of its target
-(a smooth weighted round-robin, as in Grain's index-based mixing).
+Weights are resolved to small integers ``W`` (exact for simple ratios, else multiples of 1/65536).
+Component ``j``'s ``k``-th element gets the virtual time ``(2k + 1) / (2 W_j)``; sorting one period
+of ``sum(W)`` elements by (time, component) gives the order, which then repeats: a smooth weighted
+round-robin whose component and index at position ``t`` are integer functions of ``t``, with exact
+long-run ratios and every prefix within one element of its target.
 
-A :class:`Timeline` strings such interleaves together: a list of :class:`Phase` (first position,
-integer weights), each continuing every dataset's count where the previous phase left it. A static
-mixture is one phase; a schedule, a dataset dropped by ``redistribute`` or a plan changed from a
-step on add phases. Everything stays a pure function of the position.
+A :class:`Timeline` strings such interleaves together as :class:`Phase` records (first position,
+integer weights), each continuing every dataset's count where the previous one left it. A static
+mixture is one phase; a schedule, a ``redistribute`` drop-out or a changed plan add phases
+(:func:`resolve_timeline`).
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from fractions import Fraction
@@ -67,10 +67,9 @@ class MixtureSpec:
 
     Args:
         weights: ``{dataset name: weight}``, every weight > 0.
-        unit: what the weights count: ``"samples"`` or ``"tokens"``, which calibrates tokens
-            per sample for each dataset (see :class:`~zephon.work.TokenEstimation`) and mixes so
-            that each dataset's share of the *tokens* is its weight. ``None`` (the default):
-            samples, or tokens when the source is given ``token_estimation``.
+        unit: what the weights count: ``"samples"``, or ``"tokens"`` (tokens per sample are
+            calibrated, see :class:`~zephon.work.TokenEstimation`, so that each dataset's share of
+            the *tokens* is its weight). ``None``: samples, or tokens with ``token_estimation``.
 
     Examples:
         >>> MixtureSpec({"web": 3, "code": 1}).weights
@@ -92,9 +91,6 @@ class MixtureSpec:
     def integer_weights(self, names: tuple[str, ...]) -> tuple[int, ...]:
         """Resolve the weights (in ``names`` order) to co-prime integers; see the module note."""
         return integer_weights([self.weights[n] for n in names])
-
-    def points(self) -> tuple[tuple[float, dict[str, float]], ...]:
-        return ((0, dict(self.weights)),)
 
     def describe(self) -> dict[str, Any]:
         return {"weights": dict(self.weights), "unit": self.unit}
@@ -173,16 +169,15 @@ def _one_of(*allowed: str):
 class MixtureSchedule:
     """Mixture weights that change over training: a list of ``(at, {name: weight})`` points.
 
-    Accepted wherever a mixture is (``StaticMixtureWorkSource(datasets, schedule)``, a plan).
+    Accepted wherever a mixture is.
 
     Args:
-        points: ``[(at, weights), ...]``; the first at 0, ``at`` strictly increasing, weights
-            >= 0 with at least one > 0 per point, every point naming the same datasets.
+        points: ``[(at, weights), ...]``: the first at 0, ``at`` strictly increasing, weights
+            >= 0 with one > 0 per point, every point naming the same datasets.
         by: what ``at`` counts: ``"step"`` (global optimizer steps) or ``"tokens"`` (tokens
             delivered, estimated with the calibration).
-        interpolation: ``"step"`` (piecewise constant: a point's weights hold until the next
-            point) or ``"linear"`` (weights move linearly between points, in
-            :data:`RAMP_PIECES` even pieces; constant after the last point).
+        interpolation: ``"step"`` (a point's weights hold until the next point) or ``"linear"``
+            (linear between points, in :data:`RAMP_PIECES` even pieces; constant after the last).
         unit: what the weights count, as in :class:`MixtureSpec`.
 
     Examples:
@@ -251,9 +246,6 @@ def as_mixture(m: Any) -> MixtureSpec | MixtureSchedule:
     if isinstance(m, (MixtureSpec, MixtureSchedule)):
         return m
     return MixtureSpec(m)
-
-
-# -- interleaves and timelines ----------------------------------------------------------------------------
 
 
 class Interleave:
@@ -334,15 +326,12 @@ class Timeline:
             base.append(base[-1] + interleave(p.weights).counts_before(q.start - p.start))
         return base
 
+    @functools.cached_property
+    def _starts(self) -> list[int]:
+        return [p.start for p in self.phases]
+
     def phase_index(self, t: int) -> int:
-        lo, hi = 0, len(self.phases)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.phases[mid].start <= t:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return max(bisect.bisect_right(self._starts, t) - 1, 0)
 
     def counts_before(self, t: int) -> np.ndarray:
         i = self.phase_index(t)
@@ -382,15 +371,10 @@ class Timeline:
         """This timeline with dataset ``j``'s weight zero from position ``t`` on."""
         out: list[Phase] = []
         for i, p in enumerate(self.phases):
-            end = self.phases[i + 1].start if i + 1 < len(self.phases) else None
-            if end is not None and end <= t:
-                out.append(p)
-                continue
             if p.start < t:
                 out.append(p)
-                out.append(Phase(t, _zeroed(p.weights, j)))
-            else:
-                out.append(Phase(p.start, _zeroed(p.weights, j)))
+            if i + 1 == len(self.phases) or self.phases[i + 1].start > t:
+                out.append(Phase(max(p.start, t), _zeroed(p.weights, j)))
         return Timeline(tuple(_merge_equal(out)))
 
     def spliced(self, t: int, later: "Timeline") -> "Timeline":
@@ -420,3 +404,112 @@ def _merge_equal(phases: list[Phase]) -> list[Phase]:
             continue
         out.append(p)
     return out
+
+
+def _tokens_to_position(tl_phases: list[Phase], tps: tuple[float, ...], tokens: float) -> int:
+    """The first position at which the estimated tokens before it reach ``tokens`` (phases so far, last one open)."""
+    tl = Timeline(tuple(tl_phases))
+    last = tl_phases[-1]
+    done = float(sum(int(c) * t for c, t in zip(tl.counts_before(last.start), tps)))
+    rate = sum(w * t for w, t in zip(last.weights, tps)) / sum(last.weights)
+    if tokens <= done or rate <= 0:
+        return last.start
+    return last.start + int(math.ceil((tokens - done) / rate))
+
+
+def _padded(tl: Timeline, n: int) -> Timeline:
+    return Timeline(tuple(Phase(p.start, tuple(p.weights) + (0,) * (n - len(p.weights))) for p in tl.phases))
+
+
+def resolve_timeline(src: Any) -> tuple[Timeline, int | None, str | None, list, list]:
+    """A work source's timeline (schedule, units and redistributions applied), its end, why it ends
+    there, and the positions of the schedule's points and pieces.
+
+    Raises:
+        ValueError: an impossible plan: a schedule point after the end of the data.
+    """
+    names, m = src.names, src.mixture
+    sizes = [d.num_rows for d in src.datasets]
+    tps = src.calibration.tokens_per_sample(names) if src.calibration is not None else None
+    schedule = isinstance(m, MixtureSchedule)
+    pieces = m.pieces() if schedule else [(0, m.weights)]
+
+    def sample_weights(w: dict[str, float]) -> tuple[int, ...]:
+        ws = [w[n] for n in names]
+        if src.unit == "tokens":
+            ws = [x / t for x, t in zip(ws, tps)]
+        return integer_weights(ws)
+
+    phases: list[Phase] = []
+    positions: list[int] = []
+    for at, w in pieces:
+        if not phases:
+            pos = 0
+        elif m.by == "step" and src.samples_per_step is not None:
+            pos = int(round(at * src.samples_per_step))
+        else:
+            tokens = at * src.tokens_per_step if m.by == "step" else at
+            pos = _tokens_to_position(phases, tps, tokens)
+        if phases and src.step_lanes is not None:  # the first block at or after the point (see step_lanes)
+            block = src.step_lanes * src.chunk_size
+            pos = -(-pos // block) * block
+        pos = max(pos, phases[-1].start if phases else 0)
+        positions.append(pos)
+        if phases and pos == phases[-1].start:
+            phases[-1] = Phase(pos, sample_weights(w))
+        elif not phases or phases[-1].weights != sample_weights(w):
+            phases.append(Phase(pos, sample_weights(w)))
+    tl = Timeline(tuple(phases))
+    if src.change is not None:
+        tl = _padded(src.change.before, len(names)).spliced(src.change.position, tl)
+
+    dropped: set[int] = set()
+    while True:
+        found = []
+        for j, name in enumerate(names):
+            if src.policy(name) == "redistribute" and j not in dropped and sizes[j]:
+                p = tl.position_of(j, src.pass_limit(name) * sizes[j])
+                if p is not None:
+                    found.append((p, j))
+        if not found:
+            break
+        p, j = min(found)
+        tl = tl.with_zero_from(j, p)
+        dropped.add(j)
+
+    ends: list[tuple[int, str]] = []
+    if src.exhausted_policy is None:
+        last = [(tl.position_of(j, src.passes * n - 1), j) for j, n in enumerate(sizes) if n]
+        valid = [(p + 1, j) for p, j in last if p is not None]
+        if valid:
+            e, j = max(valid)
+            ends.append((e, f"dataset {names[j]!r} completes pass {src.passes} (exhausted_policy=None: every dataset makes {src.passes} full pass(es))"))
+    else:
+        for j, name in enumerate(names):
+            limit = src.pass_limit(name)
+            if limit is None or src.policy(name) == "redistribute" or not sizes[j]:
+                continue
+            p = tl.position_of(j, limit * sizes[j])
+            if p is not None:
+                how = "'stop'" if src.policy(name) == "stop" else f"'repeat' with max_repeats={limit - 1}"
+                ends.append((p, f"dataset {name!r} runs out after {limit} pass(es) of {sizes[j]} rows (exhausted_policy {how})"))
+    for ph in tl.phases:
+        if not any(ph.weights):
+            ends.append((ph.start, "every dataset has dropped out (exhausted_policy 'redistribute')"))
+            break
+    end, reason = min(ends) if ends else (None, None)
+    if end is not None and src.change is not None and end < src.change.position:
+        raise ValueError(f"the new plan ends at position {end}, before the change at position {src.change.position}: {reason}")
+
+    points: list[tuple[Any, int]] = []
+    if schedule:
+        at_pos = dict(zip([a for a, _ in pieces], positions))
+        points = [(a, at_pos[a]) for a, _ in m.points]
+        for i, (a, pos) in enumerate(points):
+            if i and end is not None and pos >= end and (src.change is None or pos >= src.change.position):
+                raise ValueError(
+                    f"schedule point {i} (at {m.by} {a}) takes effect at source position {pos}, but the data ends at position "
+                    f"{end}: {reason}. Give that dataset more data, let it repeat (exhausted_policy='repeat' or max_repeats=), "
+                    "or move the point earlier"
+                )
+    return tl, end, reason, points, [(pos, dict(w)) for pos, (_, w) in zip(positions, pieces)]

@@ -1,25 +1,21 @@
 """Remote shards: one small storage interface over fsspec, and a local shard cache.
 
-A remote shard (``s3://``, ``gs://``, ``az://``, ``hf://``, ``memory://``, any fsspec URL) is read
-from a whole-file copy in a local cache folder, then like a local file of its format. The cache
-is shared by the processes of a machine (copies are written to a temporary file and renamed into
-place), bounded by ``max_bytes`` with least-recently-used eviction, and keyed by the URL and the
-identity (size and ETag or checksum, else a digest of the content) recorded when the dataset was
-discovered, so a shard that changed on the store is refused
-(:class:`~zephon.io.ShardChangedError`) instead of read.
+A remote shard (any fsspec URL) is read from a whole-file copy in a local cache folder, then like
+a local file of its format. The cache is shared by the processes of a machine (copies are written
+to a temporary file and renamed into place), bounded by ``max_bytes`` with least-recently-used
+eviction, and keyed by the URL and the identity (size and ETag or checksum, else a digest of the
+content) recorded at discovery, so a shard that changed on the store is refused
+(:class:`~zephon.io.ShardChangedError`) instead of read. A copy is never touched once written
+(open shards check their files' times): its last use is the modification time of an empty
+``<folder>/.used-<copy name>``.
 
-A copy is never touched once written: open shards check their files' times, so the order of
-last use is kept apart, in ``<folder>/.used-<copy name>``, an empty file whose modification time
-is the copy's last use (its download time until it is used again).
-
-Downloads retry transient errors (connection resets, timeouts, throttling) a bounded number of
-times with exponential backoff, and fail at once, naming the URL, on permanent ones (missing
-object, no permission). What is kept: nothing but files in the cache folder; the filesystem
-objects are built once per process.
+Downloads retry transient errors with exponential backoff and fail at once, naming the URL, on
+permanent ones. What is kept: files in the cache folder; filesystem objects, once per process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -31,8 +27,7 @@ import attrs
 
 from ..core.atomic import discard, replacing
 from ..core.cache import ProcessCache
-from .digest import ShardChangedError
-from .jsonl import default_cache_dir
+from .digest import ShardChangedError, default_cache_dir
 
 #: Errors of these ``errno`` values are retried.
 _TRANSIENT_ERRNO = {errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EAGAIN, errno.EPIPE, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EBUSY}
@@ -63,8 +58,8 @@ class CacheOptions:
     """The local shard cache of remote datasets.
 
     Attributes:
-        enabled: remote shards are read through the cache (they cannot be read otherwise; ``False``
-            makes reading a remote dataset an error that says so).
+        enabled: remote shards are read through the cache (only so: ``False`` makes reading one an
+            error that says so).
         dir: the cache folder; default ``<ZEPHON_CACHE_DIR or ~/.cache/zephon>/shards``.
         max_bytes: size limit of the folder (an int or ``"50gb"``); least recently used copies
             are removed to stay under it. ``None``: unbounded.
@@ -216,10 +211,7 @@ def _mark_used(folder: str, name: str) -> None:
     try:
         os.utime(marker)
     except FileNotFoundError:
-        try:
-            with open(marker, "ab"):
-                pass
-        except OSError:
+        with contextlib.suppress(OSError), open(marker, "ab"):
             pass  # the order of use is a hint; reading goes on
     except OSError:
         pass
@@ -239,14 +231,12 @@ def fetch(url: str, fs: Any, size: int, identity: str, options: CacheOptions, da
     name = cached_name(url, size, identity)
     target = os.path.join(folder, name)
     try:
-        st = os.stat(target)
-        if st.st_size == size:
+        if os.stat(target).st_size == size:
             _mark_used(folder, name)
             return target
     except OSError:
         pass
-    if options.max_bytes is not None and size > options.max_bytes:
-        raise ValueError(f"dataset {dataset!r}: shard {url} has {size} bytes, more than the shard cache's max_bytes ({options.max_bytes}); raise io_options cache.max_bytes")
+    _require_cache(options, url, dataset, size)
     info = with_retries(url, "checking", lambda: fs.info(url), options)
     listed = identity_of(info)
     now = (int(info.get("size") or 0), listed or identity)
@@ -255,31 +245,34 @@ def fetch(url: str, fs: Any, size: int, identity: str, options: CacheOptions, da
     os.makedirs(folder, exist_ok=True)
     evict(folder, options.max_bytes, keep=size)
     by_content = listed is None  # a store without checksums: the identity is the content's digest
-
-    def download() -> str:
-        h = hashlib.sha256()
-        with replacing(target) as out, fs.open(url, "rb") as src:
-            got = 0
-            while block := src.read(_COPY):
-                out.write(block)
-                if by_content:
-                    h.update(block)
-                got += len(block)
-            if got != size:
-                raise ConnectionError(f"download ended after {got} of {size} bytes")
-        _discard_marker(folder, name)
-        return f"sha256={h.hexdigest()}"
-
-    digest = with_retries(url, "downloading", download, options)
+    digest = with_retries(url, "downloading", lambda: _download(fs, url, target, size, by_content), options)
+    discard(_used(folder, name))
     if by_content and digest != identity:
         discard(target)
         raise _changed_object(dataset, url, size, identity, size, digest)
     return target
 
 
-def _require_cache(options: CacheOptions, url: str, dataset: str) -> None:
+def _download(fs: Any, url: str, target: str, size: int, hashed: bool = True) -> str:
+    """Copy ``url`` to ``target`` (atomically); the digest of its content (when ``hashed``)."""
+    h = hashlib.sha256()
+    with replacing(target) as out, fs.open(url, "rb") as src:
+        got = 0
+        while block := src.read(_COPY):
+            out.write(block)
+            if hashed:
+                h.update(block)
+            got += len(block)
+        if got != size:
+            raise ConnectionError(f"download ended after {got} of {size} bytes")
+    return f"sha256={h.hexdigest()}"
+
+
+def _require_cache(options: CacheOptions, url: str, dataset: str, size: int = 0) -> None:
     if not options.enabled:
         raise ValueError(f"dataset {dataset!r}: {url} is remote and the shard cache is disabled; remote shards are read from a local copy, so enable it: .options(io_options={{'cache': {{'enabled': True, 'dir': ..., 'max_bytes': ...}}}})")
+    if options.max_bytes is not None and size > options.max_bytes:
+        raise ValueError(f"dataset {dataset!r}: shard {url} has {size} bytes, more than the shard cache's max_bytes ({options.max_bytes}); raise io_options cache.max_bytes")
 
 
 def fetch_by_content(url: str, fs: Any, size: int, options: CacheOptions, dataset: str) -> str:
@@ -288,30 +281,15 @@ def fetch_by_content(url: str, fs: Any, size: int, options: CacheOptions, datase
     For stores that give no ETag or checksum: the copy is hashed as it is downloaded and kept
     under the name that identity gives, so reading the shard later does not download it again.
     """
-    _require_cache(options, url, dataset)
-    if options.max_bytes is not None and size > options.max_bytes:
-        raise ValueError(f"dataset {dataset!r}: shard {url} has {size} bytes, more than the shard cache's max_bytes ({options.max_bytes}); raise io_options cache.max_bytes")
+    _require_cache(options, url, dataset, size)
     folder = options.folder
     os.makedirs(folder, exist_ok=True)
     evict(folder, options.max_bytes, keep=size)
     pending = os.path.join(folder, f".pending-{os.getpid()}-{threading.get_ident()}-{cached_name(url, size, '')}")
-
-    def download() -> str:
-        h = hashlib.sha256()
-        with replacing(pending) as out, fs.open(url, "rb") as src:
-            got = 0
-            while block := src.read(_COPY):
-                out.write(block)
-                h.update(block)
-                got += len(block)
-            if got != size:
-                raise ConnectionError(f"download ended after {got} of {size} bytes")
-        return f"sha256={h.hexdigest()}"
-
-    identity = with_retries(url, "downloading", download, options)
+    identity = with_retries(url, "downloading", lambda: _download(fs, url, pending, size), options)
     name = cached_name(url, size, identity)
     os.replace(pending, os.path.join(folder, name))
-    _discard_marker(folder, name)
+    discard(_used(folder, name))
     return identity
 
 
@@ -321,13 +299,6 @@ def _changed_object(dataset: str, url: str, size: int, identity: str, now_size: 
         f"{identity}, now {now_size} bytes and {now_identity}. Rows would shift or change; open the dataset again to read "
         "the new content (a checkpoint taken on the old content will not restore against it)."
     )
-
-
-def _discard_marker(folder: str, name: str) -> None:
-    try:
-        os.unlink(_used(folder, name))
-    except OSError:
-        pass
 
 
 def evict(folder: str, max_bytes: int | None, keep: int = 0) -> int:
@@ -355,7 +326,7 @@ def evict(folder: str, max_bytes: int | None, keep: int = 0) -> int:
             os.unlink(path)
         except OSError:
             continue
-        _discard_marker(folder, os.path.basename(path))
+        discard(_used(folder, os.path.basename(path)))
         total -= size
         freed += size
     return freed

@@ -1,17 +1,11 @@
 """Pre-tokenized token files: flat ``uint16``/``uint32`` arrays of concatenated documents.
 
 The layouts nanoGPT, Megatron-LM and OLMo write: a ``.npy`` file (dtype from its header) or a
-raw ``.bin`` file (dtype given, ``uint16`` by default) holding the token ids of all documents one
-after another. Documents are found either
-
-- by an end-of-document token (``eos_token_id=``): a document ends with, and includes, each EOS;
-  tokens after the last EOS form a last document; or
-- by a Megatron ``.idx`` file beside the ``.bin`` (``MMIDIDX`` format, read automatically when
-  present): each of its sequences is a document.
-
-A row is ``{"input_ids": ids}``, a read-only view of the memory-mapped file (no copy, no
-tokenizer). Document offsets (an ``int64`` array, in tokens) are found once per file by a numpy
-scan and cached under ``<cache>/index/`` like JSONL line offsets.
+raw ``.bin`` file (``uint16`` unless given) of all documents' token ids one after another.
+Documents end with, and include, each end-of-document token (``eos_token_id=``; tokens after the
+last form a last document), or are the sequences of a Megatron ``MMIDIDX`` ``.idx`` beside the
+``.bin`` (read when present). A row is ``{"input_ids": ids}``, a read-only view of the mapped
+file. EOS offsets are found once per file and cached under ``<cache>/index/`` like JSONL's.
 """
 
 from __future__ import annotations
@@ -24,7 +18,8 @@ import numpy as np
 
 from ..core.cache import ProcessCache
 from .files import FileIdentity, open_cached
-from .jsonl import ShardChangedError, load_index, save_index, stamp
+from .digest import ShardChangedError
+from .jsonl import load_index, save_index, stamp
 
 TOKEN_SUFFIXES = (".bin", ".npy")
 #: the ``token_dtype`` values of a flat token file

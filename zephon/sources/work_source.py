@@ -1,14 +1,12 @@
 """``StaticMixtureWorkSource``: the order of sample pointers, as a pure function of position.
 
-The source decides *which* sample comes at each global position ``t``; it reads nothing. Global
-positions are grouped into work chunks of ``chunk_size``; chunk ``g`` belongs to exactly one lane
-(a seeded permutation of each block of ``L`` chunks, or ``g % L``). A lane's input is therefore a
-function of (source, L, lane) alone, and its cursor is two integers.
-
-Position ``t`` maps to a component (dataset) and an index in it through :class:`Interleave`; the
-index maps to (epoch, position in epoch), and the position in epoch to (shard, row) through a
-per-epoch shard order and an optional within-shard permutation, both O(1)-memory Feistel
-permutations keyed by (seed, dataset name, epoch[, shard]). No list of sample ids is ever built.
+The source decides *which* sample comes at each global position ``t``; it reads nothing. Work
+chunks of ``chunk_size`` positions are routed whole to lanes (a seeded permutation of each block
+of ``L`` chunks, or ``g % L``), so a lane's input depends on (source, L, lane) alone and its
+cursor is two integers. Position ``t`` maps to (dataset, index) through the :class:`Timeline`,
+the index to (epoch, position in epoch), and that to (shard, row) through a per-epoch shard order
+and an optional within-shard permutation: O(1)-memory Feistel permutations keyed by (seed,
+dataset name, epoch[, shard]). No list of sample ids is ever built.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import os
 from typing import Any, Iterator, Literal, Mapping, Sequence
 
@@ -26,19 +23,14 @@ import numpy as np
 
 from ..core.keys import fold_in, permutation, permute_np, seed_key
 from .estimate import Calibration, TokenEstimation
-from .mixture import (
-    Interleave,
-    MixtureSchedule,
-    MixtureSpec,
-    Phase,
-    Timeline,
-    as_mixture,
-    integer_weights,
-    interleave,
-)
+from .mixture import Interleave, MixtureSchedule, MixtureSpec, Timeline, as_mixture, interleave, resolve_timeline
 
 ExhaustedPolicy = Literal["stop", "repeat", "redistribute"]
 _POLICIES = ("stop", "repeat", "redistribute")
+#: Settings that enter the fingerprint as they are, in this order.
+_SETTINGS = (
+    "seed", "shuffle_shards", "shuffle_within_shard", "exhausted_policy", "passes", "chunk_size", "lane_assignment"
+)
 
 
 class SourceState(msgspec.Struct, frozen=True, tag="source", forbid_unknown_fields=True):
@@ -104,35 +96,29 @@ class StaticMixtureWorkSource:
         shuffle_shards: visit each dataset's shards in a fresh pseudo-random order every epoch.
         shuffle_within_shard: also permute rows inside each shard, freshly every epoch.
         exhausted_policy: what happens when a dataset has given all its rows; one policy, or
-            ``{name: policy}`` (datasets left out get ``"repeat"``).
-            ``None`` (default): every dataset completes ``passes`` full passes, the faster ones
-            repeating until the slowest finishes. ``"stop"``: the data ends where the dataset
-            would start its second pass. ``"repeat"``: start a fresh pass (a new shard and row
-            order every epoch); with ``max_repeats=N``, stop after ``1 + N`` passes.
-            ``"redistribute"``: after its pass (``1 + max_repeats`` passes) the dataset drops out
-            and the others share its weight; the data ends when every dataset has dropped out.
+            ``{name: policy}`` (the others ``"repeat"``). ``None`` (default): every dataset
+            completes ``passes`` full passes, the faster ones repeating. ``"stop"``: the data ends
+            where the dataset would start its second pass. ``"repeat"``: a fresh pass (new shard
+            and row orders); with ``max_repeats=N``, stop after ``1 + N`` passes.
+            ``"redistribute"``: after ``1 + max_repeats`` passes the dataset drops out and the
+            others share its weight; the data ends when every dataset has dropped out.
         max_repeats: ``None`` (unbounded) or an int >= 0, or ``{name: int}``: extra passes a
             ``"repeat"`` or ``"redistribute"`` dataset makes.
         passes: passes of the slowest dataset before stopping (with ``exhausted_policy=None``).
-        chunk_size: positions per work chunk; chunks are routed whole to lanes, except the last,
-            partial block of ``L`` chunks of a finite source, which is spread over the lanes (see
-            :meth:`lane_range`).
+        chunk_size: positions per work chunk (see :meth:`lane_range` for the last, partial block).
         lane_assignment: ``"permute"`` (a seeded permutation of each block of L chunks, which
             spreads periodic patterns over lanes) or ``"modulo"`` (chunk ``g`` to lane ``g % L``).
-        token_estimation: how tokens per sample are obtained for a token-unit mixture or a
-            schedule by tokens (:class:`TokenEstimation`). Defaults to
-            measuring when the mixture needs it.
-        calibration: the measured numbers (a :class:`Calibration`); the pipeline fills it in
-            from its tokenizer, or from the checkpoint it resumes.
+        token_estimation: how tokens per sample are obtained (:class:`TokenEstimation`) for a
+            token-unit mixture or a schedule by tokens; measured by default when needed.
+        calibration: the measured numbers (:class:`Calibration`); the pipeline fills it in from
+            its tokenizer, or from the checkpoint it resumes.
         samples_per_step: source samples per global step, which places a schedule ``by="step"``
             (the pipeline fills it in: lanes x microbatch size, for unpacked records).
-        tokens_per_step: tokens per global step, the same for packed pipelines (lanes x
-            microbatch size x sequence length; placed through the calibration).
-        step_lanes: the lanes a global step reads (the pipeline fills it in for a schedule).
-            Then every schedule point starts at the first block of ``step_lanes`` work chunks at
-            or after the position it names, so that no lane reads a point's weights before the
-            point: a lane reads one chunk of each block, and a switch inside a block would reach
-            the lanes of its later chunks early and those of its earlier chunks late.
+        tokens_per_step: the same in tokens, for packed pipelines (lanes x microbatch size x
+            sequence length; placed through the calibration).
+        step_lanes: the lanes a global step reads (filled in for a schedule): every schedule point
+            then starts at the first block of ``step_lanes`` work chunks at or after its position,
+            so that no lane reads a point's weights early or late.
 
     Examples:
         >>> from zephon.io import Dataset
@@ -212,7 +198,6 @@ class StaticMixtureWorkSource:
         if mr is not None and ep is None:
             raise ValueError("max_repeats needs an exhausted_policy ('repeat' or 'redistribute'); exhausted_policy=None uses passes")
 
-    # -- derived structure ----------------------------------------------------------------------------
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.datasets)
@@ -336,7 +321,6 @@ class StaticMixtureWorkSource:
     def _key(self) -> int:
         return seed_key(self.seed)
 
-    # -- the order ----------------------------------------------------------------------------------------
     def pointers(self, t0: int, t1: int) -> list[tuple[int, int, int]]:
         """Sample pointers ``(dataset, shard, row)`` of global positions ``[t0, t1)``."""
         ds, shards, rows = self.pointer_arrays(t0, t1)
@@ -369,7 +353,6 @@ class StaticMixtureWorkSource:
                 row_out[part] = row
         return comps.astype(np.int64), shard_out, row_out
 
-    # -- lanes ---------------------------------------------------------------------------------------------
     def lane_chunk(self, lanes: int, lane: int, k: int) -> int:
         """The global chunk index of lane ``lane``'s ``k``-th chunk among ``lanes`` lanes."""
         if self.lane_assignment == "modulo" or lanes == 1:
@@ -380,12 +363,10 @@ class StaticMixtureWorkSource:
         """Global positions ``[t0, t1)`` of lane ``lane``'s ``k``-th chunk; ``None`` past its end.
 
         Block ``k`` (global chunks ``k*L .. k*L+L-1``) gives each lane one whole chunk. For a finite
-        source, the ``R = end - B`` positions from ``B``, the first position of the first block that
-        is not complete, are cut into ``L`` contiguous ranges, the first ``R % L`` of ``R // L + 1``
-        positions and the rest of ``R // L``; the lane in slot ``s`` of that block (the lane that
-        would get its chunk ``k*L + s``) gets range ``s``. An empty range ends the lane. So every
-        lane's total is within one position of every other's, and the layout depends only on
-        ``end``, ``chunk_size``, ``L`` and the routing, never on ranks, workers or reads.
+        source, the ``R`` positions from the first incomplete block on are cut into ``L`` contiguous
+        ranges (the first ``R % L`` one position longer); the lane in slot ``s`` of that block gets
+        range ``s``, and an empty range ends the lane. So lane totals differ by at most one, and
+        the layout depends only on ``end``, ``chunk_size``, ``L`` and the routing.
 
         Examples:
             >>> from zephon.io import Dataset
@@ -432,8 +413,8 @@ class StaticMixtureWorkSource:
     def check_cursor(self, state: SourceState, lanes: int, lane: int) -> None:
         """Raise ``ValueError`` unless ``state`` is a cursor that lane ``lane`` of ``lanes`` reaches.
 
-        :meth:`read` leaves a cursor inside one of the lane's chunks (its offset below the chunk's
-        length), or at the lane's end: the first chunk past its data, offset 0.
+        :meth:`read` leaves a cursor inside one of the lane's chunks, or at the lane's end: the first
+        chunk past its data, offset 0.
 
         Examples:
             >>> from zephon.io import Dataset
@@ -468,7 +449,6 @@ class StaticMixtureWorkSource:
         """The same source with every dataset read with ``io_options`` (see ``Dataset.with_io_options``)."""
         return attrs.evolve(self, datasets=tuple(d.with_io_options(io_options) for d in self.datasets))
 
-    # -- identity -----------------------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
         """Everything that decides which sample comes where: the plan's part of a pipeline's fingerprint."""
         m = self.mixture
@@ -477,13 +457,7 @@ class StaticMixtureWorkSource:
             "source": "StaticMixtureWorkSource",
             "datasets": [d.fingerprint() for d in self.datasets],
             "mixture": {n: w for n, w in zip(self.names, m.integer_weights(self.names))} if plain else {**m.describe(), "unit": self.unit},
-            "seed": self.seed,
-            "shuffle_shards": self.shuffle_shards,
-            "shuffle_within_shard": self.shuffle_within_shard,
-            "exhausted_policy": self.exhausted_policy,
-            "passes": self.passes,
-            "chunk_size": self.chunk_size,
-            "lane_assignment": self.lane_assignment,
+            **{k: getattr(self, k) for k in _SETTINGS},
         }
         if self.max_repeats is not None:
             fp["max_repeats"] = self.max_repeats
@@ -491,12 +465,9 @@ class StaticMixtureWorkSource:
             fp["token_estimation"] = self.calibration.describe()
         if self.token_estimation is not None or self.calibration is not None or self.needs_tokens:
             fp["estimation"] = self.estimation.describe()
-        if self.samples_per_step is not None:
-            fp["samples_per_step"] = self.samples_per_step
-        if self.tokens_per_step is not None:
-            fp["tokens_per_step"] = self.tokens_per_step
-        if self.step_lanes is not None:
-            fp["step_lanes"] = self.step_lanes
+        for name in ("samples_per_step", "tokens_per_step", "step_lanes"):
+            if getattr(self, name) is not None:
+                fp[name] = getattr(self, name)
         if self.change is not None:
             fp["change"] = self.change.describe()
         if not plain and self.resolvable:
@@ -505,11 +476,10 @@ class StaticMixtureWorkSource:
 
     @property
     def switch_positions(self) -> tuple[int, ...]:
-        """Positions where the weights jump: the points after the first of a schedule with step
-        interpolation, and, under a changed plan, the old plan's jumps before the change.
+        """Positions where the weights jump: a step schedule's points after the first, and, under a
+        changed plan, the old plan's jumps before the change (not a ramp's pieces, nor the change).
 
-        A linear ramp's pieces are not jumps (its weights move by 1/64 of the ramp a piece), nor is
-        the change itself. A shuffle empties its buffer at each (see ``zephon.ops.Shuffle.drains``).
+        A shuffle empties its buffer at each (see ``zephon.ops.Shuffle.drains``).
         """
         start = self.change.position if self.change is not None else 0
         kept = tuple(p for p in self.change.switches if p < start) if self.change is not None else ()
@@ -527,119 +497,10 @@ class StaticMixtureWorkSource:
     def piece_positions(self) -> list[tuple[int, dict[str, float]]]:
         """``(position, weights)`` of every stretch of constant schedule weights (a ramp's pieces too).
 
-        The weights are the schedule's, in its unit (what ``ensure_mixture`` aims at); a static
-        mixture is one piece at 0. Redistributions and plan changes are not included.
+        The weights are the schedule's, in its unit (what ``ensure_mixture`` aims at), without
+        redistributions and plan changes; a static mixture is one piece at 0.
         """
         return self._resolved[4]
-
-
-def _tokens_to_position(tl_phases: list[Phase], tps: tuple[float, ...], tokens: float) -> int:
-    """The first position at which the estimated tokens before it reach ``tokens`` (phases so far, last one open)."""
-    tl = Timeline(tuple(tl_phases))
-    last = tl_phases[-1]
-    done = float(sum(int(c) * t for c, t in zip(tl.counts_before(last.start), tps)))
-    rate = sum(w * t for w, t in zip(last.weights, tps)) / sum(last.weights)
-    if tokens <= done or rate <= 0:
-        return last.start
-    return last.start + int(math.ceil((tokens - done) / rate))
-
-
-def _padded(tl: Timeline, n: int) -> Timeline:
-    return Timeline(tuple(Phase(p.start, tuple(p.weights) + (0,) * (n - len(p.weights))) for p in tl.phases))
-
-
-def resolve_timeline(src: StaticMixtureWorkSource) -> tuple[Timeline, int | None, str | None, list, list]:
-    """The source's timeline (schedule, units and redistributions applied), its end and why it ends there,
-    the positions of the schedule's points and those of its pieces (see ``piece_positions``).
-
-    Raises:
-        ValueError: an impossible plan: a schedule point after the end of the data.
-    """
-    names, m = src.names, src.mixture
-    sizes = [d.num_rows for d in src.datasets]
-    tps = src.calibration.tokens_per_sample(names) if src.calibration is not None else None
-    schedule = isinstance(m, MixtureSchedule)
-    pieces = m.pieces() if schedule else [(0, m.weights)]
-
-    def sample_weights(w: dict[str, float]) -> tuple[int, ...]:
-        ws = [w[n] for n in names]
-        if src.unit == "tokens":
-            ws = [x / t for x, t in zip(ws, tps)]
-        return integer_weights(ws)
-
-    phases: list[Phase] = []
-    positions: list[int] = []
-    for at, w in pieces:
-        if not phases:
-            pos = 0
-        elif m.by == "step" and src.samples_per_step is not None:
-            pos = int(round(at * src.samples_per_step))
-        else:
-            tokens = at * src.tokens_per_step if m.by == "step" else at
-            pos = _tokens_to_position(phases, tps, tokens)
-        if phases and src.step_lanes is not None:  # the first block at or after the point (see step_lanes)
-            block = src.step_lanes * src.chunk_size
-            pos = -(-pos // block) * block
-        pos = max(pos, phases[-1].start if phases else 0)
-        positions.append(pos)
-        if phases and pos == phases[-1].start:
-            phases[-1] = Phase(pos, sample_weights(w))
-        elif not phases or phases[-1].weights != sample_weights(w):
-            phases.append(Phase(pos, sample_weights(w)))
-    tl = Timeline(tuple(phases))
-    if src.change is not None:
-        tl = _padded(src.change.before, len(names)).spliced(src.change.position, tl)
-
-    dropped: set[int] = set()
-    while True:
-        found = []
-        for j, name in enumerate(names):
-            if src.policy(name) == "redistribute" and j not in dropped and sizes[j]:
-                p = tl.position_of(j, src.pass_limit(name) * sizes[j])
-                if p is not None:
-                    found.append((p, j))
-        if not found:
-            break
-        p, j = min(found)
-        tl = tl.with_zero_from(j, p)
-        dropped.add(j)
-
-    ends: list[tuple[int, str]] = []
-    if src.exhausted_policy is None:
-        last = [(tl.position_of(j, src.passes * n - 1), j) for j, n in enumerate(sizes) if n]
-        valid = [(p + 1, j) for p, j in last if p is not None]
-        if valid:
-            e, j = max(valid)
-            ends.append((e, f"dataset {names[j]!r} completes pass {src.passes} (exhausted_policy=None: every dataset makes {src.passes} full pass(es))"))
-    else:
-        for j, name in enumerate(names):
-            limit = src.pass_limit(name)
-            if limit is None or src.policy(name) == "redistribute" or not sizes[j]:
-                continue
-            p = tl.position_of(j, limit * sizes[j])
-            if p is not None:
-                how = "'stop'" if src.policy(name) == "stop" else f"'repeat' with max_repeats={limit - 1}"
-                ends.append((p, f"dataset {name!r} runs out after {limit} pass(es) of {sizes[j]} rows (exhausted_policy {how})"))
-    for ph in tl.phases:
-        if not any(ph.weights):
-            ends.append((ph.start, "every dataset has dropped out (exhausted_policy 'redistribute')"))
-            break
-    end, reason = min(ends) if ends else (None, None)
-    if end is not None and src.change is not None and end < src.change.position:
-        raise ValueError(f"the new plan ends at position {end}, before the change at position {src.change.position}: {reason}")
-
-    points: list[tuple[Any, int]] = []
-    if schedule:
-        at_pos = dict(zip([a for a, _ in pieces], positions))
-        points = [(a, at_pos[a]) for a, _ in m.points]
-        for i, (a, pos) in enumerate(points):
-            if i and end is not None and pos >= end and (src.change is None or pos >= src.change.position):
-                raise ValueError(
-                    f"schedule point {i} (at {m.by} {a}) takes effect at source position {pos}, but the data ends at position "
-                    f"{end}: {reason}. Give that dataset more data, let it repeat (exhausted_policy='repeat' or max_repeats=), "
-                    "or move the point earlier"
-                )
-    return tl, end, reason, points, [(pos, dict(w)) for pos, (_, w) in zip(positions, pieces)]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -665,8 +526,7 @@ def _layout(source: StaticMixtureWorkSource, j: int, epoch: int) -> tuple[np.nda
 
 
 def make_source(source: Any, *, seed: int = 0) -> StaticMixtureWorkSource:
-    """Accept a work source, a ``Dataset``, a list of datasets, a plain list of dicts, or a
-    Hugging Face ``datasets.Dataset`` (or a one-split ``DatasetDict``)."""
+    """A work source from itself, a plan, a ``Dataset``, a list of datasets or of dicts, or an HF dataset."""
     from .dataset import Dataset, as_dataset
     from .hf import hf_kind, refuse_stream
 
