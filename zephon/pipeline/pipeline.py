@@ -40,11 +40,7 @@ from ..sources.work_source import make_source
 def _checkpoint_calibration(checkpoint: Any) -> Calibration | None:
     """The calibration frozen in a checkpoint's fingerprint, or ``None`` (not there, or no checkpoint)."""
     try:
-        data = checkpoint["fingerprint"]["source"]["token_estimation"]
-    except (KeyError, TypeError):
-        return None
-    try:
-        return Calibration.from_description(data)
+        return Calibration.from_description(checkpoint["fingerprint"]["source"]["token_estimation"])
     except (ValueError, TypeError, KeyError):
         return None
 
@@ -87,7 +83,9 @@ class _Origin:
 
 
 #: The builder methods that append an operator through ``add``.
-_BUILDERS = frozenset({"map", "filter", "tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "batch", "ensure_mixture"})
+_BUILDERS = frozenset(
+    {"map", "filter", "tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "batch", "ensure_mixture"}
+)
 #: What a loader owns, asked of a pipeline by code written for pipelines that run in place.
 _RUNNING = frozenset({"checkpoint", "stats", "stats_table", "close", "state_dict", "load_state_dict"})
 #: Payload fields of conversations, which ``tokenize_chat`` renders.
@@ -98,11 +96,11 @@ def _untokenized_text(payload: Any) -> tuple[str, ...]:
     """The fields of ``payload`` that hold text or conversations, when it holds no tokens."""
     if not isinstance(payload, dict) or any(name in payload for name in TOKEN_FIELDS):
         return ()
-    return tuple(
-        name
-        for name, value in payload.items()
-        if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value))
-    )
+    return tuple(name for name, value in payload.items() if isinstance(value, str) or _is_conversation(value))
+
+
+def _is_conversation(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "content" in m for m in value)
 
 
 def _checked_function(pipe: "Pipeline") -> "Pipeline":
@@ -141,8 +139,7 @@ class Pipeline:
             a list of datasets, or a plain list of dicts.
         operators: ``(name, operator)`` pairs, in order (usually built with the methods below).
         options: the run settings (:class:`~zephon.Options`; usually set with :meth:`options`).
-        resume_from: a checkpoint every loader of this pipeline starts at (usually set with
-            :meth:`restore`); ``None``: the beginning of the data.
+        resume_from: a checkpoint every loader starts at (usually set with :meth:`restore`).
 
     Examples:
         >>> from zephon import Pipeline
@@ -247,14 +244,8 @@ class Pipeline:
         return _checked_function(self.add(FilterOp(predicate, predicate_fingerprint=fingerprint), name=name))
 
     def tokenize(
-        self,
-        tokenizer: Any = None,
-        tokenizer_id: str | None = None,
-        *,
-        prompt_field: str | None = None,
-        completion_field: str | None = None,
-        name: str | None = None,
-        **kwargs: Any,
+        self, tokenizer: Any = None, tokenizer_id: str | None = None, *, prompt_field: str | None = None,
+        completion_field: str | None = None, name: str | None = None, **kwargs: Any,
     ) -> "Pipeline":
         """Tokenize a text field into ``input_ids``; see :class:`zephon.ops.Tokenize`.
 
@@ -278,9 +269,12 @@ class Pipeline:
         from ..ops.chat import TokenizePromptCompletion
 
         fields = {"prompt_field": prompt_field, "completion_field": completion_field}
-        return self.add(TokenizePromptCompletion(tokenizer=tokenizer, tokenizer_id=tokenizer_id, **fields, **kwargs), name=name)
+        op = TokenizePromptCompletion(tokenizer=tokenizer, tokenizer_id=tokenizer_id, **fields, **kwargs)
+        return self.add(op, name=name)
 
-    def tokenize_chat(self, tokenizer: Any = None, tokenizer_id: str | None = None, *, name: str | None = None, **kwargs: Any) -> "Pipeline":
+    def tokenize_chat(
+        self, tokenizer: Any = None, tokenizer_id: str | None = None, *, name: str | None = None, **kwargs: Any
+    ) -> "Pipeline":
         """Render conversations with a chat template into ``input_ids`` and an assistant ``loss_mask``.
 
         See :class:`zephon.ops.TokenizeChat` (``loss_scope``, ``"chatml"``/``"llama3"``, ``empty_mask``).
@@ -305,14 +299,8 @@ class Pipeline:
         return self.add(Shuffle(buffer_size, seed=seed), name=name)
 
     def batch(
-        self,
-        microbatch_size: int,
-        *,
-        drop_last: bool = True,
-        group_by_length: bool = False,
-        buffer_size: int | None = None,
-        pad_token_id: int | None = None,
-        name: str | None = None,
+        self, microbatch_size: int, *, drop_last: bool = True, group_by_length: bool = False,
+        buffer_size: int | None = None, pad_token_id: int | None = None, name: str | None = None,
     ) -> "Pipeline":
         """Group records into lane-pure :class:`~zephon.types.SampleBatch` of ``microbatch_size``.
 
@@ -321,7 +309,8 @@ class Pipeline:
         defaults to the last tokenizer's pad token, else its EOS (``None`` without a tokenizer).
         """
         if pad_token_id is None:
-            handles = [op.tokenizer for _, op in self.operators if hasattr(getattr(op, "tokenizer", None), "eos_token_id")]
+            handles = [getattr(op, "tokenizer", None) for _, op in self.operators]
+            handles = [h for h in handles if hasattr(h, "eos_token_id")]
             if handles:
                 pad = getattr(handles[-1], "pad_token_id", None)
                 pad_token_id = pad if pad is not None else handles[-1].eos_token_id
@@ -329,14 +318,8 @@ class Pipeline:
         return self.add(Batch(microbatch_size, **settings, pad_token_id=pad_token_id), name=name)
 
     def ensure_mixture(
-        self,
-        mixture: Any = None,
-        *,
-        max_buffer_size: int = 1000,
-        weight_by: Any = "auto",
-        drain_target_ratio: float = 0.8,
-        obsolete_drain_rate: float = 0.0,
-        name: str | None = None,
+        self, mixture: Any = None, *, max_buffer_size: int = 1000, weight_by: Any = "auto",
+        drain_target_ratio: float = 0.8, obsolete_drain_rate: float = 0.0, name: str | None = None,
     ) -> "Pipeline":
         """Reorder each lane so that the tokens it emits per dataset follow the mixture exactly.
 
@@ -395,7 +378,9 @@ class Pipeline:
         """Everything that decides the data: source (the plan), operators (the processing), lane count."""
         return self.compile().fingerprint()
 
-    def change_plan(self, source: Any, *, from_step: int, checkpoint: dict[str, Any]) -> tuple["Pipeline", dict[str, Any]]:
+    def change_plan(
+        self, source: Any, *, from_step: int, checkpoint: dict[str, Any]
+    ) -> tuple["Pipeline", dict[str, Any]]:
         """Change the plan (mixture, schedule, datasets, ends) of a running job from global step ``from_step`` on.
 
         Steps before ``from_step`` stay as they were: the lanes run on from ``checkpoint`` to
@@ -413,9 +398,9 @@ class Pipeline:
             ``(pipeline, checkpoint)``: the changed pipeline, and ``checkpoint`` restamped for it.
 
         Raises:
-            ValueError: a checkpoint after ``from_step``, of other settings, or missing lanes; a
-                new source that renames, reorders or drops datasets or changes the seed,
-                shuffles or chunk size; a switch inside the last, partial block of lanes.
+            ValueError: a checkpoint after ``from_step``, of other settings, or missing lanes; a new
+                source that renames, reorders or drops datasets or changes what decides the order;
+                a switch inside the last, partial block of lanes.
         """
         from .replan import change_plan
 
@@ -443,8 +428,7 @@ class Pipeline:
             {'pad_token_id': None}
 
         Raises:
-            ValueError: the topology iterating would refuse (``canonical_replicas`` not divisible
-                by ``dp_degree``, a rank outside ``[0, dp_degree)``), with the same message.
+            ValueError: a topology iterating would refuse, with the same message.
         """
         return explain_plan(self.compile(), self.run_options, self.topology(), self.operators, measure=measure)
 
@@ -454,8 +438,7 @@ class Pipeline:
         Runs every lane here from the start. One entry per lane: its records' segments as
         ``(dataset name, shard id, row, start, end)`` and their padding.
         """
-        plan = self.compile()
-        out = []
+        plan, out = self.compile(), []
         for lane in progress(range(plan.lanes), total=plan.lanes, desc=f"running lanes to step {step}", unit="lane"):
             state, item = plan.init(lane), None
             for _ in range(step + 1):
@@ -467,9 +450,7 @@ class Pipeline:
         return out
 
     def loader(self, checkpoint: dict[str, Any] | None = None) -> Loader:
-        """A new, independent loader running this pipeline for this rank, from ``checkpoint``.
-
-        Without one, from :attr:`resume_from`, else from the start.
+        """A new, independent loader for this rank, from ``checkpoint``, else :attr:`resume_from`, else the start.
 
         Raises:
             ValueError: a checkpoint of other data settings (listing the differences), or one
@@ -520,7 +501,8 @@ class Pipeline:
             ValueError: a checkpoint of other data settings, listing the differing fields.
         """
         validate(self.compile(checkpoint).fingerprint(), checkpoint)
-        return self._made(attrs.evolve(self, resume_from=_copy_checkpoint(checkpoint)), "restore(...)", _RESTORE_NOTE)
+        note = " It runs from its own start, not from the checkpoint."
+        return self._made(attrs.evolve(self, resume_from=_copy_checkpoint(checkpoint)), "restore(...)", note)
 
     def to_torch_dataset(self, *, checkpoint: dict[str, Any] | None = None, **to_training_options: Any) -> Any:
         """This rank's microbatches as training tensors, a ``torch.utils.data.IterableDataset``. Needs torch.
@@ -558,20 +540,13 @@ class Pipeline:
         return None
 
 
-#: Added to the warning about a discarded ``restore()``.
-_RESTORE_NOTE = " It runs from its own start, not from the checkpoint."
-
-
 def _describe_record(plan: Plan, rec: Any) -> dict[str, Any]:
     ds = plan.source.datasets
-    segments = [(ds[s.dataset].name, ds[s.dataset].shard_ids[s.shard], s.row, s.start, s.end) for s in rec.meta.segments]
+    segs = rec.meta.segments
+    segments = [(ds[s.dataset].name, ds[s.dataset].shard_ids[s.shard], s.row, s.start, s.end) for s in segs]
     return {"segments": segments, "padding_length": rec.meta.padding_length}
 
 
 def _copy_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``checkpoint``'s mapping and lane table; the lane states are shared, not copied.
-
-    Each lane state carries its checksum, verified whenever a loader reads it, so a later change
-    to the caller's copy is refused, never resumed.
-    """
+    """A copy of ``checkpoint``'s mapping and lane table; the lane states are shared (their checksums refuse edits)."""
     return {**checkpoint, "lanes": dict(checkpoint["lanes"])}
