@@ -46,12 +46,9 @@ def _checkpoint_calibration(checkpoint: Any) -> Calibration | None:
 
 
 class _Bookkeeping:
-    """What a pipeline object notes about its own use, outside its value (never compared or pickled).
-
-    ``plans`` memoizes compiling by calibration; ``origin`` (the call that made this object) and
-    ``made`` (weak references to the pipelines made from it) let running it warn about builder
-    results thrown away unused (``Pipeline._note_run``).
-    """
+    """What a pipeline object notes outside its value (never compared or pickled): ``plans`` memoizes
+    compiling by calibration; ``origin`` (the call that made it) and ``made`` (weak references to the
+    pipelines made from it) find builder results thrown away unused (``Pipeline._note_run``)."""
 
     __slots__ = ("plans", "origin", "made")
 
@@ -343,11 +340,10 @@ class Pipeline:
         return self.compile(measure=False)
 
     def compile(self, checkpoint: dict[str, Any] | None = None, *, measure: bool = True) -> Plan:
-        """The compiled plan, with what the source needs from the pipeline filled in.
+        """The compiled plan: the source given a global step's size and the token calibration.
 
-        That is the samples or tokens of a global step and the token calibration: the one frozen
-        in ``checkpoint`` (default: :attr:`resume_from`), else the source's, else measured now with
-        the pipeline's tokenizer (once per process; :class:`zephon.work.TokenEstimation`).
+        The calibration is the one frozen in ``checkpoint`` (default: :attr:`resume_from`), else the
+        source's, else measured now with the pipeline's tokenizer (once per process).
 
         Raises:
             ValueError: ``measure=False`` and the calibration would have to be measured; an
@@ -383,16 +379,10 @@ class Pipeline:
     ) -> tuple["Pipeline", dict[str, Any]]:
         """Change the plan (mixture, schedule, datasets, ends) of a running job from global step ``from_step`` on.
 
-        Steps before ``from_step`` stay as they were: the lanes run on from ``checkpoint`` to
-        ``from_step``, and the source position after everything they read becomes the switch
-        point; from it on samples come from ``source``, every dataset continuing where it was. The
-        switch is in the new fingerprint, so it resumes only from checkpoints of the changed run.
-
-        Args:
-            source: the new work source; its datasets are this one's, in the same order,
-                optionally followed by new ones. Seed, shuffles and chunk size must not change.
-            from_step: the first global step that may differ.
-            checkpoint: a checkpoint of this pipeline holding every lane, at step <= ``from_step``.
+        The lanes run on from ``checkpoint`` (holding every lane, at or before ``from_step``) to
+        ``from_step``; from the source position after all they read, samples come from ``source``
+        (this one's datasets in order, maybe followed by new ones; same seed, shuffles and chunk
+        size), every dataset continuing where it was. The switch is in the new fingerprint.
 
         Returns:
             ``(pipeline, checkpoint)``: the changed pipeline, and ``checkpoint`` restamped for it.
@@ -491,11 +481,9 @@ class Pipeline:
         return self.loader().steps(concat=concat)
 
     def restore(self, checkpoint: dict[str, Any]) -> "Pipeline":
-        """A new pipeline, equal to this one but carrying ``checkpoint``: its loaders start there.
+        """A new pipeline carrying ``checkpoint``: its ``iter()``, loaders and torch datasets start there.
 
-        Every ``iter()``, :meth:`loader` and :meth:`to_torch_dataset` of the result starts at
-        ``checkpoint``. Performance settings (workers, prefetch, read size, ranks) may differ from
-        the run that wrote it.
+        Performance settings (workers, prefetch, read size, ranks) may differ from the run that wrote it.
 
         Raises:
             ValueError: a checkpoint of other data settings, listing the differing fields.

@@ -325,8 +325,7 @@ class Simulation:
         lines = [head] + ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
         if len(self.weights) > 1:
             lines.append(f"target ({self.unit}) over steps:")
-            for step, w in self.weights:
-                lines.append(f"  step {step}: " + ", ".join(f"{n} {x:.4f}" for n, x in w.items()))
+            lines += [f"  step {step}: " + ", ".join(f"{n} {x:.4f}" for n, x in w.items()) for step, w in self.weights]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -349,9 +348,7 @@ class Simulation:
         share = smooth / np.maximum(smooth.sum(axis=1, keepdims=True), 1e-12)
         fig, ax = plt.subplots(figsize=(8, 4))
         ax.stackplot(np.arange(1, self.steps + 1), share.T, labels=self.names)
-        ax.set_xlabel("global step")
-        ax.set_ylabel("token share" if tokens_per_sample else "sample share")
-        ax.set_ylim(0, 1)
+        ax.set(xlabel="global step", ylabel="token share" if tokens_per_sample else "sample share", ylim=(0, 1))
         ax.legend(loc="upper right")
         fig.tight_layout()
         fig.savefig(path)
@@ -392,19 +389,11 @@ def simulate_source(src: StaticMixtureWorkSource, shape: StepShape, steps: int) 
     marks = {0, max(0, steps - 1), *(_step_of(src, shape, p) for _, p in src.point_positions)}
     marks = sorted(marks | {int(steps * f) for f in (0.25, 0.5, 0.75)})
     weights = [(s, src.target_at(_position_of_step(src, shape, s))) for s in marks if s < steps]
-    return Simulation(
-        steps=steps,
-        shape=shape,
-        names=names,
-        samples={nm: int(total[j]) for j, nm in enumerate(names)},
-        tokens={nm: (float(total[j]) * tps[j] if tps else None) for j, nm in enumerate(names)},
-        epochs={nm: (int(total[j]) / sizes[j] if sizes[j] else 0.0) for j, nm in enumerate(names)},
-        exhausted_at=exhausted,
-        weights=_dedupe(weights),
-        per_step=per_step,
-        unit=src.unit,
-        exact=exact,
-    )
+    samples = {nm: int(total[j]) for j, nm in enumerate(names)}
+    tokens = {nm: (float(total[j]) * tps[j] if tps else None) for j, nm in enumerate(names)}
+    epochs = {nm: (int(total[j]) / sizes[j] if sizes[j] else 0.0) for j, nm in enumerate(names)}
+    weights = _dedupe(weights)
+    return Simulation(steps, shape, names, samples, tokens, epochs, exhausted, weights, per_step, src.unit, exact)
 
 
 def _dedupe(weights: list) -> list:
