@@ -22,6 +22,7 @@ import msgspec
 
 from . import state as _state
 from .fingerprint import describe_callable, is_callable_value
+from .keys import fold_in
 from .records import Meta, Record, Segment, describe_meta
 from .state import Resolver
 
@@ -139,10 +140,9 @@ class StatelessState(msgspec.Struct, frozen=True, tag="stateless", forbid_unknow
 class StatelessOp(Operator):
     """An operator applied to each payload independently.
 
-    Subclasses implement :meth:`apply_many`: a list of payloads to, per payload, a list of output
-    payloads (empty drops it, several split it when ``fans_out``). One call per chunk lets
-    expensive work (batch tokenization) see many payloads at once. State: the number of inputs
-    that produced no output (``report()``), so drops are counted, checkpointed and restored.
+    Subclasses implement :meth:`apply_many`: a chunk's payloads to, per payload, a list of output
+    payloads (empty drops it, several split it when ``fans_out``), so batch tokenization sees many
+    payloads at once. State: the number of inputs that produced no output (``report()``).
     """
 
     state_type: ClassVar[type] = StatelessState
@@ -348,12 +348,9 @@ class Chain(Operator):
         return tuple(n for n, _ in self.children)
 
     def init(self, key: int) -> ChainState:
-        from .keys import fold_in
-
         return ChainState(tuple(op.init(fold_in(key, name)) for name, op in self.children))
 
     def step(self, state: ChainState, chunk: Sequence[Any]) -> tuple[ChainState, list]:
-        """Feed ``chunk`` through every child."""
         states = list(state.states)
         items = self._run(states, list(chunk), 0)
         return ChainState(tuple(states)), items
@@ -379,15 +376,14 @@ class Chain(Operator):
         for i, (name, op) in enumerate(self.children):
             while True:
                 new, items = op.flush(states[i])
-                if not items:
-                    states[i] = new
-                    break
-                if new is states[i]:
+                if items and new is states[i]:
                     raise ValueError(
                         f"operator {name!r}: flush returned {len(items)} outputs and the state it was given; a flush "
                         "hands out what the state holds and returns a state without it (flushing that returns nothing)"
                     )
                 states[i] = new
+                if not items:
+                    break
                 outputs = self._run(states, items, i + 1)
                 if outputs:
                     return ChainState(tuple(states)), outputs
