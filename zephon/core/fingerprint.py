@@ -44,13 +44,8 @@ _MAX_INLINE = 240
 _CODE_DIGESTS: "weakref.WeakKeyDictionary[types.CodeType, str]" = weakref.WeakKeyDictionary()
 _TREES: dict[str, tuple[str, ast.AST | None]] = {}
 
-_BUILTIN_CALLABLES = (
-    types.BuiltinFunctionType,
-    types.MethodDescriptorType,
-    types.WrapperDescriptorType,
-    types.MethodWrapperType,
-    types.ClassMethodDescriptorType,
-)
+_BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)
+_BUILTIN_CALLABLES += (types.MethodWrapperType, types.ClassMethodDescriptorType)
 _REPR_CALLABLES = (operator.itemgetter, operator.attrgetter, operator.methodcaller)
 
 
