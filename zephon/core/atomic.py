@@ -1,11 +1,9 @@
 """Files written whole or not at all: a temporary file beside the target, then ``os.replace``.
 
-Readers in other processes see the old file or the new one, never a part. ``durable=True`` also
-survives a crash of the machine: the file is fsynced before the rename and its folder after.
-
-The file gets the permissions any new file of the process gets (``0666`` less the umask: ``0644``
-with umask ``022``), not the owner-only ``0600`` of a bare temporary file, so that on a shared
-cluster the teammates the umask lets in can read the indexes, caches and checkpoints written.
+Readers see the old file or the new one, never a part. ``durable=True`` also survives a machine
+crash (fsync of the file before the rename, of its folder after). The file gets the permissions of
+any new file of the process (``0666`` less the umask), not a temporary file's ``0600``, so that
+teammates on a shared cluster can read the indexes, caches and checkpoints written.
 """
 
 from __future__ import annotations
@@ -42,10 +40,7 @@ def replacing(target: str | os.PathLike, *, durable: bool = False) -> Iterator[I
 
 
 def current_umask() -> int:
-    """The process umask, read without changing it where the system tells it (Linux ``/proc``).
-
-    Elsewhere it is read by setting it and putting it back at once.
-    """
+    """The process umask: from Linux ``/proc`` without changing it, elsewhere by setting it and putting it back."""
     try:
         with open("/proc/self/status", "rb") as f:
             for line in f:

@@ -1,16 +1,10 @@
 """Per-process caches of built objects: live tokenizers, compiled chat templates, mapped files.
 
 Such objects are costly to build and cannot travel between processes, so each process builds
-them on first use, keyed by what they are built from, and shares them between its threads. A
-:class:`ProcessCache` builds an entry under its lock, so concurrent first uses build it once.
-
-After ``fork`` the child gets a new lock (a lock held by another thread at fork time would never
-be released there) and, unless the cache was made with ``clear_after_fork=False``, no entries:
-native tokenizers and thread pools do not survive ``fork`` in a usable state, whereas read-only
-file mappings do. The process id is checked too, for a ``fork`` that skips the at-fork hooks.
-
-A bounded cache (``max_entries``) keeps its most recently used entries and drops the others. This
-module imports nothing from zephon, so every layer may use it.
+them on first use, by key, once (under a lock), and shares them between its threads. After
+``fork`` the child gets a new lock and, unless ``clear_after_fork=False``, no entries (native
+tokenizers and thread pools do not survive ``fork``; read-only mappings do); the process id is
+checked too, for a ``fork`` that skips the at-fork hooks. Imports nothing from zephon.
 """
 
 from __future__ import annotations
@@ -98,9 +92,7 @@ class ProcessCache:
 
     def _trim(self) -> None:
         limit = self._max_entries() if callable(self._max_entries) else self._max_entries
-        if limit is None:
-            return
-        while len(self._entries) > max(limit, 0):
+        while limit is not None and len(self._entries) > max(limit, 0):
             self._entries.popitem(last=False)
 
     def _after_fork(self) -> None:

@@ -1,15 +1,10 @@
 """Payload fields shared by every operator family: token fields and fields aligned with them.
 
-A payload is usually a dict holding a token field (``input_ids``, ...) and, often, fields with
-one entry per token (``loss_mask``, ``labels``, ...). Pre-tokenized data stores those as JSON
-lists, tokenizers emit numpy arrays; every operator that cuts, joins or pads tokens must carry the
-aligned fields along whatever their container. This module decides, in one place, which field
-holds the tokens, which fields are aligned with them, and turns both into 1-D numpy arrays once,
-at the operator's input. It imports nothing from zephon, so every layer may use it.
-
-Every other field (a scalar ``doc_id``, a string ``source``, an array of another length such as
-``pixel_values``) belongs to its document as a whole: packers and ``to_training`` carry it per
-segment, never drop it. :func:`check_carried` decides which of those values can be carried.
+A payload is usually a dict with a token field (``input_ids``, ...) and often fields with one
+entry per token (``loss_mask``, ``labels``, ...), as lists or arrays. This module decides which
+field holds the tokens and which are aligned with them, and makes them 1-D numpy arrays at an
+operator's input. Every other field belongs to its document as a whole and is carried per segment
+(:func:`check_carried`). It imports nothing from zephon, so every layer may use it.
 """
 
 from __future__ import annotations
@@ -33,12 +28,8 @@ _PLAIN = (str, int, float, bool, bytes, type(None), np.generic)
 
 
 def find_token_field(payload: Any, tokens_field: str, where: str) -> str:
-    """The name of the token field of ``payload``.
-
-    Args:
-        payload: a dict payload.
-        tokens_field: a field name, or ``"auto"``: the first of :data:`TOKEN_FIELDS` present.
-        where: the operator name, for error messages.
+    """The name of the token field of ``payload`` (``tokens_field``, or with ``"auto"`` the first of
+    :data:`TOKEN_FIELDS` present); ``where`` names the operator in errors.
 
     Raises:
         TypeError: the payload is not a dict.
@@ -82,24 +73,18 @@ def is_aligned(value: Any, length: int) -> bool:
 
 
 def aligned_payload(payload: dict, tfield: str, where: str, record: str = "") -> tuple[dict, tuple[str, ...]]:
-    """Normalise the token field and the token-aligned fields of ``payload`` to 1-D numpy arrays.
+    """Normalise the token field ``tfield`` and the token-aligned fields of ``payload`` to 1-D arrays.
 
-    A field is aligned when it is a numeric list, tuple or 1-D array of the same length as the
-    tokens. A field named in :data:`ALIGNED_FIELDS` must be aligned: any other length is an error.
-
-    Args:
-        payload: the record's payload (not modified).
-        tfield: its token field.
-        where: the operator name, for errors.
-        record: a description of the record (where it came from), for errors.
+    A field is aligned when it is numeric and as long as the tokens; one named in
+    :data:`ALIGNED_FIELDS` must be. ``where`` (the operator) and ``record`` name errors.
 
     Returns:
-        The payload (a new dict when a field was converted) and the aligned field names: the token
-        field first, then the others in payload order.
+        The payload (a new dict when a field was converted; the given one is not modified) and the
+        aligned field names: the token field first, then the others in payload order.
 
     Raises:
         ValueError: a token field that is not a 1-D integer sequence, or a field that must be
-            aligned but has another length or non-numeric values; the message names the record.
+            aligned but has another length or non-numeric values.
     """
     at = f" in {record}" if record else ""
     tokens = payload[tfield]
@@ -140,11 +125,9 @@ def aligned_payload(payload: dict, tfield: str, where: str, record: str = "") ->
 
 
 def check_carried(name: str, value: Any, where: str, record: str, fix: str) -> None:
-    """Refuse a per-segment field value that could not travel to another process.
+    """Refuse a per-segment field value that does not pickle (segments travel to DataLoader workers).
 
-    Segment fields ride along with the rows to DataLoader workers and back, so each must pickle.
-    Plain values (numbers, strings, bytes, ``None``, numpy scalars and arrays of a non-object
-    dtype) pass at once; anything else is pickled once to find out.
+    Plain values and numpy arrays of a non-object dtype pass at once; anything else is pickled once.
 
     Raises:
         ValueError: naming the field, the record and ``fix``.
@@ -192,10 +175,7 @@ def payload_length(payload: Any, where: str = "batch") -> int:
 
 
 def padding_waste(records: Sequence[Any]) -> float:
-    """``1 - real tokens / (B x T_batch)`` for records padded to the longest one.
-
-    Packed padding (``meta.padding_length``) counts as waste too.
-    """
+    """``1 - real tokens / (B x T_batch)`` for records padded to the longest one (packed padding included)."""
     if not records:
         return 0.0
     lengths = [payload_length(r.payload) for r in records]

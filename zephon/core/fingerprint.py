@@ -1,31 +1,16 @@
 """Fingerprints of the functions given to operators: what decides a function's output.
 
-A checkpoint records the fingerprint of every operator; a restore into a pipeline whose
-fingerprint differs is refused. For a function (``map(fn)``, ``filter(pred)``) that means more
-than its name: :func:`describe_callable` covers
+A restore into a pipeline whose fingerprint differs is refused, so :func:`describe_callable`
+covers a function's code (source text, else bytecode with the Python version), closure cells,
+defaults, ``functools.partial`` arguments, a bound method's instance, and the module-level names
+its code reads (data by value, functions recursively; modules, classes and loggers are not
+described). Values are described deterministically (no ids; sets sorted; numpy arrays by dtype,
+shape and digest; attrs, dataclass and msgspec instances by fields); a long description becomes
+its digest. Anything else is a marker, ``"<unfingerprintable: TextIOWrapper in closure cell
+'f'>"`` (:func:`unfingerprintable`), and a restore is refused until the user names the function
+with ``fingerprint="..."``. See ``docs/design/operators.md``.
 
-* its code, by source text (``inspect``; stable across Python versions, and identical text in
-  two places is the same function), or by bytecode with the Python version where no source is
-  found (a REPL, ``exec``);
-* its closure cells, its defaults and keyword defaults;
-* ``functools.partial``: the function, its arguments and keywords (recursively);
-* a bound method: the function and the instance (attrs, dataclass and msgspec instances by
-  their fields; objects with a ``fingerprint()`` method by it);
-* the module-level names its code reads (``co_names``, nested code included): plain data by
-  value, functions recursively (with cycle protection); modules and classes are code, named by
-  the import that defines them, and loggers decide no output: neither is described.
-
-Values are described deterministically (no ``id()``, no addresses; sets sorted): ``None``,
-bools, ints, floats, strings, bytes, tuples, lists, dicts, sets, enums, compiled regexes, numpy
-arrays (by dtype, shape and a digest of their bytes), attrs/dataclass/msgspec instances and
-functions. A long description is stored as its digest. Anything else (an open file, a lock, a
-model object) is described by a marker string, ``"<unfingerprintable: TextIOWrapper in closure
-cell 'f'>"``: the fingerprint then cannot tell whether a restore uses the same value, so
-``Pipeline.map`` warns and a restore is refused until the user names the function with
-``fingerprint="..."`` (see :func:`unfingerprintable`).
-
-State kept: a per-code-object cache of the code's digest (reading and parsing source files is
-the only costly part); values are described afresh each time, so a changed value is seen.
+State kept: a per-code-object cache of the code's digest (reading source is the costly part).
 """
 
 from __future__ import annotations
@@ -45,7 +30,7 @@ import sys
 import textwrap
 import types
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
 import attrs
 import msgspec
@@ -59,13 +44,8 @@ _MAX_INLINE = 240
 _CODE_DIGESTS: "weakref.WeakKeyDictionary[types.CodeType, str]" = weakref.WeakKeyDictionary()
 _TREES: dict[str, tuple[str, ast.AST | None]] = {}
 
-_BUILTIN_CALLABLES = (
-    types.BuiltinFunctionType,
-    types.MethodDescriptorType,
-    types.WrapperDescriptorType,
-    types.MethodWrapperType,
-    types.ClassMethodDescriptorType,
-)
+_BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)
+_BUILTIN_CALLABLES += (types.MethodWrapperType, types.ClassMethodDescriptorType)
 _REPR_CALLABLES = (operator.itemgetter, operator.attrgetter, operator.methodcaller)
 
 
@@ -95,21 +75,15 @@ def describe_callable(fn: Any) -> dict[str, Any]:
 
 def unfingerprintable(fingerprint: Any) -> list[str]:
     """The markers of undescribable values in a fingerprint, in order, each once."""
-    found: list[str] = []
-    _markers(fingerprint, found)
-    return list(dict.fromkeys(found))
+    return list(dict.fromkeys(_markers(fingerprint)))
 
 
-def _markers(tree: Any, out: list[str]) -> None:
-    if isinstance(tree, str):
-        if tree.startswith(MARKER):
-            out.append(tree)
-    elif isinstance(tree, dict):
-        for v in tree.values():
-            _markers(v, out)
-    elif isinstance(tree, (list, tuple)):
-        for v in tree:
-            _markers(v, out)
+def _markers(tree: Any) -> Iterator[str]:
+    if isinstance(tree, str) and tree.startswith(MARKER):
+        yield tree
+    elif isinstance(tree, (dict, list, tuple)):
+        for v in tree.values() if isinstance(tree, dict) else tree:
+            yield from _markers(v)
 
 
 def _qualname(obj: Any) -> str:
@@ -119,7 +93,11 @@ def _qualname(obj: Any) -> str:
 
 
 def _digest(data: Any) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    return _sha(json.dumps(data, sort_keys=True, default=str).encode())
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:32]
 
 
 class _Describer:
@@ -128,7 +106,6 @@ class _Describer:
     def __init__(self) -> None:
         self.active: set[int] = set()
 
-    # -- callables ------------------------------------------------------------------------------------
     def callable(self, fn: Any, where: str) -> Any:
         if id(fn) in self.active:
             return f"<recursive: {_qualname(fn)}>"
@@ -140,13 +117,15 @@ class _Describer:
 
     def _callable(self, fn: Any, where: str) -> Any:
         if isinstance(fn, functools.partial):
+            keywords = sorted(fn.keywords.items())
             return {
                 "partial": self.callable(fn.func, f"the function of the partial in {where}"),
                 "args": [self.slot(a, f"partial argument {i} in {where}") for i, a in enumerate(fn.args)],
-                "keywords": {str(k): self.slot(v, f"partial keyword {k!r} in {where}") for k, v in sorted(fn.keywords.items())},
+                "keywords": {str(k): self.slot(v, f"partial keyword {k!r} in {where}") for k, v in keywords},
             }
         if isinstance(fn, types.MethodType):
-            return {"method": self.callable(fn.__func__, where), "self": self.slot(fn.__self__, f"the instance of the method in {where}")}
+            instance = self.slot(fn.__self__, f"the instance of the method in {where}")
+            return {"method": self.callable(fn.__func__, where), "self": instance}
         if isinstance(fn, types.FunctionType):
             return self._function(fn, where)
         if isinstance(fn, _REPR_CALLABLES):
@@ -184,26 +163,21 @@ class _Describer:
             names = positional[len(positional) - len(fn.__defaults__) :]
             out["defaults"] = {n: self.slot(v, f"default of {n!r}" + _of(where)) for n, v in zip(names, fn.__defaults__)}
         if fn.__kwdefaults__:
-            out["kwdefaults"] = {n: self.slot(v, f"keyword default of {n!r}" + _of(where)) for n, v in sorted(fn.__kwdefaults__.items())}
+            kwdefaults = sorted(fn.__kwdefaults__.items())
+            out["kwdefaults"] = {n: self.slot(v, f"keyword default of {n!r}" + _of(where)) for n, v in kwdefaults}
         read = {}
-        namespace = fn.__globals__
+        # Names that are builtins, attributes or not defined yet are not in the namespace; modules and
+        # classes are code, named by their import; loggers decide where messages go, not the output.
+        skipped = (types.ModuleType, type, logging.Logger, logging.LoggerAdapter)
         for name in sorted(_global_names(code)):
-            if name not in namespace:
-                continue  # a builtin, an attribute name, or not defined yet
-            value = namespace[name]
-            if isinstance(value, (types.ModuleType, type)):
-                continue  # code: identified by its import, not described
-            if isinstance(value, (logging.Logger, logging.LoggerAdapter)):
-                continue  # where messages go, not what the function returns
-            if is_callable_value(value):
-                read[name] = self.callable(value, f"global {name!r}" + _of(where))
-            else:
-                read[name] = self.slot(value, f"global {name!r}" + _of(where))
+            value = fn.__globals__.get(name, skipped)
+            if value is not skipped and not isinstance(value, skipped):
+                describe = self.callable if is_callable_value(value) else self.slot
+                read[name] = describe(value, f"global {name!r}" + _of(where))
         if read:
             out["globals"] = read
         return out
 
-    # -- values -----------------------------------------------------------------------------------------
     def slot(self, value: Any, where: str) -> Any:
         """A value's description; a long one (without markers) becomes its digest."""
         desc = self.value(value, where)
@@ -219,14 +193,15 @@ class _Describer:
         if isinstance(value, enum.Enum):
             return {"enum": f"{_qualname(type(value))}.{value.name}"}
         if isinstance(value, (bool, int, float, str)):
-            return {"type": _qualname(type(value)), "value": next(t for t in (bool, int, float, str) if isinstance(value, t))(value)}
+            base = next(t for t in (bool, int, float, str) if isinstance(value, t))
+            return {"type": _qualname(type(value)), "value": base(value)}
         if isinstance(value, (bytes, bytearray)):
-            return {"bytes": bytes(value).hex()} if len(value) <= 64 else {"bytes_sha256": hashlib.sha256(value).hexdigest()[:32]}
+            return {"bytes": bytes(value).hex()} if len(value) <= 64 else {"bytes_sha256": _sha(value)}
         if isinstance(value, re.Pattern):
             return {"regex": self.value(value.pattern, where), "flags": value.flags}
         if is_callable_value(value) or isinstance(value, type):
             return self.callable(value, where)
-        if isinstance(value, (types.ModuleType,)):
+        if isinstance(value, types.ModuleType):
             return {"module": value.__name__}
         if id(value) in self.active:
             return "<recursive>"
@@ -247,12 +222,14 @@ class _Describer:
         if type(value).__module__ == "numpy" and hasattr(value, "tobytes") and hasattr(value, "dtype"):
             if value.dtype.hasobject:
                 return f"{MARKER}numpy array of objects in {where}>"
-            return {"array": str(value.dtype), "shape": list(getattr(value, "shape", ())), "sha256": hashlib.sha256(value.tobytes()).hexdigest()[:32]}
+            shape = list(getattr(value, "shape", ()))
+            return {"array": str(value.dtype), "shape": shape, "sha256": _sha(value.tobytes())}
         fp = getattr(value, "fingerprint", None)
         if callable(fp) and not isinstance(value, type):
             return {"type": _qualname(type(value)), "fingerprint": fp()}
         if _is_record_value(value):
-            return {"type": _qualname(type(value)), "fields": {n: self.value(v, f"field {n!r} of {where}") for n, v in _fields(value)}}
+            fields = {n: self.value(v, f"field {n!r} of {where}") for n, v in _fields(value)}
+            return {"type": _qualname(type(value)), "fields": fields}
         return f"{MARKER}{type(value).__qualname__} in {where}>"
 
 
@@ -291,9 +268,6 @@ def _global_names(code: types.CodeType) -> set[str]:
     return names
 
 
-# -- code -------------------------------------------------------------------------------------------------
-
-
 def code_digest(code: types.CodeType) -> str:
     """``"source:<sha256>"`` of the code's source text, else ``"bytecode-<python>:<sha256>"`` (cached)."""
     try:
@@ -302,7 +276,7 @@ def code_digest(code: types.CodeType) -> str:
         pass
     text = _source_text(code)
     if text is not None:
-        digest = "source:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+        digest = "source:" + _sha(text.encode())
     else:
         version = f"{sys.implementation.name}-{sys.version_info.major}.{sys.version_info.minor}"
         digest = f"bytecode-{version}:{bytecode_digest(code)}"
@@ -333,9 +307,8 @@ def _source_text(code: types.CodeType) -> str | None:
 def _lambda_text(code: types.CodeType) -> str | None:
     """The lambda's own text (``lambda p: p * 2``), found in its file's syntax tree.
 
-    ``inspect.getsource`` gives whole lines, which hold what surrounds the lambda (and maybe
-    other lambdas); the tree gives the expression itself. Among the lambdas starting on the code's
-    first line, the one whose body spans its instructions' positions is it.
+    ``inspect.getsource`` gives whole lines (maybe with other lambdas); among the lambdas starting
+    on the code's first line, the innermost whose body spans the instructions' positions is it.
     """
     filename = code.co_filename
     lines = linecache.getlines(filename)
@@ -370,7 +343,5 @@ def _lambda_text(code: types.CodeType) -> str | None:
 
 def _contains(outer: ast.AST, inner: ast.AST) -> bool:
     """Whether ``inner``'s span lies within ``outer``'s (a lambda nested in another lambda)."""
-    return (outer.lineno, outer.col_offset) <= (inner.lineno, inner.col_offset) and (inner.end_lineno, inner.end_col_offset) <= (
-        outer.end_lineno,
-        outer.end_col_offset,
-    )
+    starts = (outer.lineno, outer.col_offset) <= (inner.lineno, inner.col_offset)
+    return starts and (inner.end_lineno, inner.end_col_offset) <= (outer.end_lineno, outer.end_col_offset)

@@ -1,12 +1,9 @@
 """Counter-based randomness: keys, ``fold_in``, uniform draws and O(1)-memory permutations.
 
 Every random decision in zephon is a pure function of a 64-bit *key* and an integer counter,
-never of a generator object (JAX's PRNG design; Grain resets its counter per element). Keys are
-derived from the user's seed with :func:`fold_in`, e.g. ``fold_in(seed, "shuffle", lane)``, so the
-same (seed, operator name, lane, position) always gives the same draw, whatever ran before it.
-
-The mixing function is SplitMix64's finalizer; derivations from strings go through BLAKE2b.
-Both the scalar and the numpy-vectorized forms are bit-identical (tested).
+never of a generator object (JAX's PRNG design). Keys derive from the user's seed with
+:func:`fold_in` (``fold_in(seed, "shuffle", lane)``), so the same (seed, operator, lane, position)
+always gives the same draw. Mixing is SplitMix64's finalizer; strings go through BLAKE2b.
 """
 
 from __future__ import annotations
@@ -93,10 +90,7 @@ def _feistel_params(n: int) -> tuple[int, int]:
 
 
 def permute(index: int, n: int, key: int) -> int:
-    """Position ``index`` of a pseudo-random permutation of ``range(n)``, in O(1) memory.
-
-    A balanced Feistel network over the next even power of two, with cycle-walking back into
-    ``[0, n)``, keyed by ``key``. Consecutive calls need no state and no materialized list.
+    """Position ``index`` of a pseudo-random permutation of ``range(n)``, in O(1) memory (:func:`permute_np`).
 
     Examples:
         >>> sorted(permute(i, 10, 7) for i in range(10)) == list(range(10))
@@ -104,22 +98,15 @@ def permute(index: int, n: int, key: int) -> int:
     """
     if not 0 <= index < n:
         raise IndexError(f"permute index {index} outside [0, {n})")
-    if n == 1:
-        return 0
-    half, mask = _feistel_params(n)
-    round_keys = [fold_in(key, r) for r in range(_ROUNDS)]
-    x = index
-    while True:
-        left, right = x >> half, x & mask
-        for rk in round_keys:
-            left, right = right, left ^ (mix64(rk ^ right) & mask)
-        x = (left << half) | right
-        if x < n:
-            return x
+    return int(permute_np(np.array([index], dtype=np.uint64), n, key)[0])
 
 
 def permute_np(indices: np.ndarray, n: int, key: int) -> np.ndarray:
-    """Vectorized :func:`permute` (identical results)."""
+    """Positions ``indices`` of a pseudo-random permutation of ``range(n)``, in O(len(indices)) memory.
+
+    A balanced Feistel network over the next even power of two, keyed by ``key``, with
+    cycle-walking back into ``[0, n)``: no state and no materialized permutation.
+    """
     idx = np.asarray(indices, dtype=np.uint64)
     if idx.size and (int(idx.max()) >= n):
         raise IndexError(f"permute index {int(idx.max())} outside [0, {n})")

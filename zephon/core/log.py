@@ -1,11 +1,9 @@
 """Logging and progress bars: quiet by default, one switch to turn both on.
 
-zephon logs through the standard ``logging`` module under the logger ``"zephon"`` (children such
-as ``"zephon.loader"``), which has a ``NullHandler``: nothing is printed unless the application
-configures logging or calls :func:`enable_logging`. Long set-up work (replaying lanes, running
-lanes to a step) shows a ``tqdm`` progress bar when the ``"zephon"`` logger is
-enabled for INFO and tqdm is installed (the ``progress`` extra), and only once the work has taken
-more than two seconds; ``ZEPHON_PROGRESS=0`` or ``1`` forces it off or on.
+zephon logs under the logger ``"zephon"`` (children such as ``"zephon.loader"``), which has a
+``NullHandler``: nothing prints unless the application configures logging or calls
+:func:`enable_logging`. Long set-up work shows a ``tqdm`` bar after two seconds when that logger is
+enabled for INFO and tqdm is installed; ``ZEPHON_PROGRESS=0`` or ``1`` forces it off or on.
 """
 
 from __future__ import annotations
@@ -32,11 +30,9 @@ def get_logger(name: str) -> logging.Logger:
 
 
 def enable_logging(level: int | str = "INFO", stream: Any = None) -> logging.Handler:
-    """Print zephon's log records (and progress bars) to ``stream`` (default: stderr).
+    """Print zephon's log records (and progress bars) to ``stream`` (default: stderr); returns the handler.
 
-    Adds one handler to the ``"zephon"`` logger and sets its level; calling it again replaces
-    the handler it added before. Returns the handler (``logging.getLogger("zephon").removeHandler``
-    undoes it).
+    Adds one handler to the ``"zephon"`` logger and sets its level; calling it again replaces it.
 
     Examples:
         >>> import io, logging
@@ -73,14 +69,10 @@ def progress_enabled() -> bool:
 
 
 def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "", unit: str = "it", force: bool | None = None) -> Iterable[T]:
-    """``iterable``, with a tqdm progress bar when enabled (see the module docstring).
+    """``iterable``, with a tqdm progress bar after :data:`PROGRESS_DELAY_S` seconds, leaving no line behind.
 
-    ``force=True`` draws the bar whatever the logger says (a caller asked for it, as
-    ``zephon index`` does); ``False`` never draws it; ``None`` follows :func:`progress_enabled`.
-
-    The bar appears only after :data:`PROGRESS_DELAY_S` seconds and leaves no line behind, so
-    short work prints nothing. Without tqdm installed, a progress bar that was asked for is
-    replaced by one log line saying how to install it.
+    ``force``: ``True`` always draws it, ``False`` never, ``None`` follows :func:`progress_enabled`.
+    Without tqdm, a bar that was asked for becomes one log line saying how to install it.
     """
     if not (progress_enabled() if force is None else force):
         return iterable

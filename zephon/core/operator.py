@@ -1,24 +1,16 @@
 """The operator protocol, stateless operators, named chains, and state encoding by reference.
 
-An operator is a frozen configuration object with three pure functions (optax's shape)::
+An operator is a frozen configuration with pure functions (optax's shape): ``init(key) -> state``,
+``step(state, chunk) -> (state, outputs)``, ``flush(state) -> (state, outputs)``, and a config
+``fingerprint()``. ``chunk`` is a sequence of :class:`~zephon.types.Record`; outputs are records
+(or, for ``batch``, :class:`~zephon.types.SampleBatch`); inputs are never mutated, and any split
+of a stream into chunks gives the same outputs. ``flush`` runs at the end of a lane's data until
+it returns no outputs.
 
-    init(key) -> state
-    step(state, chunk) -> (state, outputs)
-    flush(state) -> (state, outputs)
-
-``chunk`` is a sequence of :class:`~zephon.types.Record`; outputs are records (or, for
-``batch``, :class:`~zephon.types.SampleBatch`). State is a frozen ``msgspec.Struct``; the inputs
-are never mutated. Any split of a stream into chunks gives the same concatenated outputs.
-``flush`` runs at the end of a lane's data, again and again until it returns no outputs: an
-operator may hand out what it holds at once or a piece per call, and a flushed state returns
-nothing.
-
-Checkpoints store records *by reference* (:mod:`zephon.core.state`): a record in a state is
-encoded as its :class:`~zephon.types.Meta` (source pointers and token ranges) and rebuilt on
-decode by asking the upstream operators to rematerialize it (``rebuild``). Records held in an
-operator's state are always records at that operator's *input*, so decoding an operator's state
-resolves them with the resolver of its input. Metering, read-ahead and deferred rebuilds are the
-runtime's: it wraps operators (:mod:`zephon.runtime.lanes`); nothing here knows of them.
+Checkpoints store records *by reference* (:mod:`zephon.core.state`): a held record is encoded as
+its :class:`~zephon.types.Meta` and rebuilt on decode by the upstream operators (``rebuild``).
+Records in an operator's state are records at its *input*, so decoding resolves them with the
+resolver of its input. Metering, read-ahead and deferred rebuilds are the runtime's wrappers.
 """
 
 from __future__ import annotations
@@ -30,6 +22,7 @@ import msgspec
 
 from . import state as _state
 from .fingerprint import describe_callable, is_callable_value
+from .keys import fold_in
 from .records import Meta, Record, Segment, describe_meta
 from .state import Resolver
 
@@ -44,13 +37,15 @@ class Empty(msgspec.Struct, frozen=True, tag="empty", forbid_unknown_fields=True
 EMPTY = Empty()
 
 
-def config_field(*, default: Any = attrs.NOTHING, data: bool = True, validator=None, converter=None, kw_only: bool = False):
+def config_field(
+    *, default: Any = attrs.NOTHING, data: bool = True, validator=None, converter=None, kw_only: bool = False
+):
     """An operator setting; ``data=False`` marks settings that cannot change the output (performance).
 
-    Normalise values in ``converter`` (never after construction), so ``attrs.evolve`` and the
-    constructor always agree.
+    Normalise values in ``converter``, so ``attrs.evolve`` and the constructor agree.
     """
-    return attrs.field(default=default, validator=validator, converter=converter, kw_only=kw_only, metadata={"data": data})
+    metadata = {"data": data}
+    return attrs.field(default=default, validator=validator, converter=converter, kw_only=kw_only, metadata=metadata)
 
 
 class Operator:
@@ -65,9 +60,9 @@ class Operator:
             leave them as references, and the runtime rebuilds each one as it is output.
 
     A stateful operator implements ``init``, ``step`` and ``flush``; its state is a tagged frozen
-    ``msgspec.Struct`` (encoded generically, :mod:`zephon.core.state`), and its fingerprint is its
-    ``data`` settings. ``rebuild`` needs overriding only by an operator whose outputs are new
-    records (not its inputs); ``decode_state`` only to refuse values ``step`` never leaves.
+    ``msgspec.Struct`` and its fingerprint is its ``data`` settings. ``report`` (counters for
+    ``stats()``) is optional. ``rebuild`` needs overriding only by an operator whose outputs are new
+    records; ``decode_state`` only to refuse values ``step`` never leaves.
     """
 
     kind: ClassVar[str] = "op"
@@ -84,7 +79,10 @@ class Operator:
     def flush(self, state: Any) -> tuple[Any, list]:
         return state, []
 
-    # -- rematerialization ------------------------------------------------------------------------
+    def report(self, state: Any) -> dict[str, int]:
+        """Counters kept in ``state`` (drops, rows, ...), shown by ``stats()``; none by default."""
+        return {}
+
     def rebuild(self, refs: Sequence[Any], upstream: Resolver) -> list:
         """Rebuild outputs of this operator from their refs, using ``upstream`` for its inputs.
 
@@ -92,7 +90,6 @@ class Operator:
         """
         return upstream(refs)
 
-    # -- state encoding -----------------------------------------------------------------------------
     def encode_state(self, state: Any) -> Any:
         """The state as builtins (JSON- and msgpack-safe); records become their metas."""
         return _state.encode(state)
@@ -101,7 +98,6 @@ class Operator:
         """Inverse of :meth:`encode_state`; held records are rebuilt with ``upstream``."""
         return _state.resolve(_state.decode(data, state_type(self)), upstream)
 
-    # -- identity -------------------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
         """Every setting that decides the output (``data=False`` fields are left out)."""
         out: dict[str, Any] = {"op": type(self).__name__}
@@ -122,18 +118,17 @@ def describe(value: Any) -> Any:
     fp = getattr(value, "fingerprint", None)
     if callable(fp):
         return fp()
-    if is_callable_value(value):  # code, closure, defaults, partial arguments, globals read: see _fingerprint
+    if is_callable_value(value):
         return describe_callable(value)
     qual = getattr(value, "__qualname__", None) or type(value).__qualname__
     module = getattr(value, "__module__", None) or type(value).__module__
     return f"{module}.{qual}"
+
+
 def state_type(op: Operator) -> type:
     """The Struct type of ``op``'s states: its ``state_type``, else the type ``init`` returns."""
     declared = type(op).state_type
     return type(op.init(0)) if declared is Empty and type(op).init is not Operator.init else declared
-
-
-# -- stateless operators ------------------------------------------------------------------------------
 
 
 class StatelessState(msgspec.Struct, frozen=True, tag="stateless", forbid_unknown_fields=True):
@@ -145,10 +140,9 @@ class StatelessState(msgspec.Struct, frozen=True, tag="stateless", forbid_unknow
 class StatelessOp(Operator):
     """An operator applied to each payload independently.
 
-    Subclasses implement :meth:`apply_many`: a list of payloads to, per payload, a list of output
-    payloads (empty drops it, several split it when ``fans_out``). One call per chunk lets
-    expensive work (batch tokenization) see many payloads at once. State: the number of inputs
-    that produced no output (``report()``), so drops are counted, checkpointed and restored.
+    Subclasses implement :meth:`apply_many`: a chunk's payloads to, per payload, a list of output
+    payloads (empty drops it, several split it when ``fans_out``), so batch tokenization sees many
+    payloads at once. State: the number of inputs that produced no output (``report()``).
     """
 
     state_type: ClassVar[type] = StatelessState
@@ -167,10 +161,9 @@ class StatelessOp(Operator):
         return {"dropped_records": state.dropped_records}
 
     def apply_records(self, chunk: Sequence[Record], results: list | None = None) -> tuple[list[Record], int]:
-        """Apply to a chunk of records; returns the outputs and how many inputs produced none.
+        """The outputs of a chunk and how many inputs produced none.
 
-        ``results``: what ``apply_many`` returned for the chunk's payloads, when it ran already
-        (over a larger chunk, see :mod:`zephon.runtime.readahead`).
+        ``results``: what ``apply_many`` already returned for the chunk's payloads (read-ahead).
         """
         if not chunk:
             return [], 0
@@ -197,18 +190,18 @@ class StatelessOp(Operator):
         return out, dropped
 
     def _name_failing_record(self, exc: Exception, chunk: Sequence[Record]) -> None:
-        """Add a note to ``exc`` naming the record it was raised on, and keep its meta on it.
+        """Add a note to ``exc`` naming the record it was raised on; keep its meta as ``exc.zephon_meta``.
 
-        ``apply_many`` sees a whole chunk; an exception that does not say which payload it came
-        from (no ``zephon_index``) is traced to one by applying the operator to each payload alone,
-        which costs nothing unless something failed. The meta is kept as ``exc.zephon_meta`` so
-        that the runner can name the record's dataset and file.
+        An exception without ``zephon_index`` is traced to a payload by applying the operator to
+        each payload alone (only after a failure).
         """
         if getattr(exc, "zephon_meta", None) is not None or not hasattr(exc, "add_note"):
             return  # already named (by an operator nested in this one)
         index = getattr(exc, "zephon_index", None)
-        if index is None:
-            index = 0 if len(chunk) == 1 else self._first_failing(chunk)
+        if index is None and len(chunk) == 1:
+            index = 0
+        elif index is None:
+            index = next((i for i, rec in enumerate(chunk) if _fails(self, rec.payload)), None)
         if index is None or not 0 <= index < len(chunk):
             return
         meta = chunk[index].meta
@@ -218,21 +211,9 @@ class StatelessOp(Operator):
         except AttributeError:  # an exception type that takes no attributes
             pass
 
-    def _first_failing(self, chunk: Sequence[Record]) -> int | None:
-        """The index of the first payload that fails on its own, or ``None`` if none does."""
-        for i, rec in enumerate(chunk):
-            try:
-                self.apply_many([rec.payload])
-            except Exception:
-                return i
-        return None
-
     def rebuild(self, refs: Sequence[Meta], upstream: Resolver) -> list[Record]:
         parents = [parent_meta(m) for m in refs] if self.fans_out else list(refs)
-        unique = list(dict.fromkeys(parents))
-        produced = {}
-        for rec in self.apply_records(upstream(unique))[0]:
-            produced[rec.meta] = rec
+        produced = {rec.meta: rec for rec in self.apply_records(upstream(list(dict.fromkeys(parents))))[0]}
         missing = [m for m in refs if m not in produced]
         if missing:
             raise RuntimeError(
@@ -240,6 +221,14 @@ class StatelessOp(Operator):
                 "a per-sample function is not deterministic or the data changed"
             )
         return [produced[m] for m in refs]
+
+
+def _fails(op: StatelessOp, payload: Any) -> bool:
+    try:
+        op.apply_many([payload])
+    except Exception:
+        return True
+    return False
 
 
 def child_meta(meta: Meta, i: int) -> Meta:
@@ -268,7 +257,8 @@ def _each(fn: Callable[[Any], Any], payloads: list) -> list:
 
 def _optional_str(value: Any) -> str | None:
     if value is not None and not isinstance(value, str):
-        raise TypeError(f"fingerprint must be a string naming the function's version (e.g. 'v1'), got {type(value).__name__}")
+        kind = type(value).__name__
+        raise TypeError(f"fingerprint must be a string naming the function's version (e.g. 'v1'), got {kind}")
     return value
 
 
@@ -276,12 +266,10 @@ def _optional_str(value: Any) -> str | None:
 class MapOp(StatelessOp):
     """``Pipeline.map(fn)`` / ``stateless(fn)``: replace each payload with ``fn(payload)``.
 
-    ``None`` drops the record. ``fn`` must be deterministic, and a module-level function (or other
-    picklable callable) when the pipeline runs worker processes. Its fingerprint covers what
-    decides its output (code, closure, defaults, partial arguments, plain globals it reads; see
-    :mod:`zephon.core.fingerprint`); ``fn_fingerprint``, a string the user changes whenever the
-    function's behaviour changes, replaces it (for a function holding a value that cannot be
-    described, such as an open file or a model).
+    ``None`` drops the record. ``fn`` must be deterministic, and picklable when the pipeline runs
+    worker processes. Its fingerprint covers what decides its output
+    (:mod:`zephon.core.fingerprint`); ``fn_fingerprint``, a version string the user changes with
+    the function's behaviour, replaces it (for a function holding an open file or a model).
     """
 
     fn: Callable[[Any], Any]
@@ -292,7 +280,7 @@ class MapOp(StatelessOp):
         return [[] if r is None else [r] for r in _each(self.fn, payloads)]
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"op": "MapOp", "fn": self.fn_fingerprint if self.fn_fingerprint is not None else describe_callable(self.fn)}
+        return {"op": "MapOp", "fn": _named_or_described(self.fn_fingerprint, self.fn)}
 
 
 @attrs.frozen
@@ -310,19 +298,16 @@ class FilterOp(StatelessOp):
         return [[p] if keep else [] for p, keep in zip(payloads, _each(self.predicate, payloads))]
 
     def fingerprint(self) -> dict[str, Any]:
-        fp = self.predicate_fingerprint
-        return {"op": "FilterOp", "predicate": fp if fp is not None else describe_callable(self.predicate)}
+        return {"op": "FilterOp", "predicate": _named_or_described(self.predicate_fingerprint, self.predicate)}
+
+
+def _named_or_described(name: str | None, fn: Callable) -> Any:
+    return name if name is not None else describe_callable(fn)
 
 
 def stateless(fn: Callable[[Any], Any], *, fingerprint: str | None = None) -> MapOp:
-    """Lift a per-payload function into an operator (``None`` results drop the record).
-
-    ``fingerprint``: a string naming the function's version, replacing the derived fingerprint.
-    """
+    """Lift a per-payload function into an operator (``None`` drops the record); ``fingerprint``: its version."""
     return MapOp(fn, fn_fingerprint=fingerprint)
-
-
-# -- chains -------------------------------------------------------------------------------------------
 
 
 class ChainState(msgspec.Struct, frozen=True, tag="chain", forbid_unknown_fields=True):
@@ -336,8 +321,7 @@ class Chain(Operator):
     """A named chain of operators, itself an operator.
 
     Outputs of child ``i`` feed child ``i + 1``; ``flush`` flushes children in order, passing
-    each one's flushed outputs through the rest, a piece per call (see :meth:`flush`). Every
-    child is driven through its own ``step``/``flush``. State: the children's states by name.
+    each one's flushed outputs through the rest. State: the children's states, in order.
 
     Examples:
         >>> from zephon import ops
@@ -364,12 +348,9 @@ class Chain(Operator):
         return tuple(n for n, _ in self.children)
 
     def init(self, key: int) -> ChainState:
-        from .keys import fold_in
-
         return ChainState(tuple(op.init(fold_in(key, name)) for name, op in self.children))
 
     def step(self, state: ChainState, chunk: Sequence[Any]) -> tuple[ChainState, list]:
-        """Feed ``chunk`` through every child."""
         states = list(state.states)
         items = self._run(states, list(chunk), 0)
         return ChainState(tuple(states)), items
@@ -382,13 +363,10 @@ class Chain(Operator):
     def flush(self, state: ChainState) -> tuple[ChainState, list]:
         """The next outputs of the chain's end: ``[]`` once every child has handed out all it held.
 
-        Children flush in order, each until its flush returns nothing, and what one hands out
-        runs through the rest. It returns as soon as a flush produced chain outputs, so the caller
-        calls it again (a lane, when it has delivered them) until it returns ``[]``: a child that
-        hands out its records over several calls (the shuffle, see
-        :meth:`~zephon.ops.shuffle.Shuffle.flush`) is waited for a piece at a time. The outputs are
-        the same whether children hand out at once or in pieces, since every child is flushed to
-        its end before the next.
+        Children flush in order, each until its flush returns nothing, and what one hands out runs
+        through the rest. It returns as soon as a flush produced chain outputs, so the caller calls
+        it again until it returns ``[]``; a child that hands out a piece per call (the shuffle) gives
+        the same outputs as one that hands out at once.
 
         Raises:
             ValueError: a child's flush returned outputs and its state unchanged (it would give
@@ -398,28 +376,23 @@ class Chain(Operator):
         for i, (name, op) in enumerate(self.children):
             while True:
                 new, items = op.flush(states[i])
-                if not items:
-                    states[i] = new
-                    break
-                if new is states[i]:
+                if items and new is states[i]:
                     raise ValueError(
                         f"operator {name!r}: flush returned {len(items)} outputs and the state it was given; a flush "
                         "hands out what the state holds and returns a state without it (flushing that returns nothing)"
                     )
                 states[i] = new
+                if not items:
+                    break
                 outputs = self._run(states, items, i + 1)
                 if outputs:
                     return ChainState(tuple(states)), outputs
         return ChainState(tuple(states)), []
 
     def reports(self, state: ChainState) -> dict[str, dict[str, int]]:
-        """Each child's counters (its ``report(state)``), by name."""
-        out: dict[str, dict[str, int]] = {}
-        for (name, op), s in zip(self.children, state.states):
-            report = getattr(op, "report", None)
-            if report is not None:
-                out[name] = dict(report(s))
-        return out
+        """Each child's counters (its ``report(state)``), by name; children without counters are left out."""
+        reports = ((name, op.report(s)) for (name, op), s in zip(self.children, state.states))
+        return {name: dict(report) for name, report in reports if report}
 
     def resolver_at(self, index: int, upstream: Resolver) -> Resolver:
         """The resolver of child ``index``'s input, built on the chain's input resolver."""

@@ -1,9 +1,8 @@
 """Records, their provenance, and microbatches.
 
-A :class:`Record` is one item flowing through a lane: a ``payload`` (usually a dict of
-numpy arrays and strings) and a :class:`Meta` that says where it came from. The meta is
-small and exact; it is what checkpoints store instead of payloads, because every payload
-can be rebuilt from its source samples and token ranges (see ``docs/design/state-by-reference.md``).
+A :class:`Record` is one item of a lane: a ``payload`` (usually a dict of arrays and strings)
+and a :class:`Meta` saying where it came from, which checkpoints store instead of the payload
+(``docs/design/state-by-reference.md``).
 """
 
 from __future__ import annotations
@@ -14,12 +13,7 @@ import msgspec
 
 
 class Segment(NamedTuple):
-    """A token range ``[start, end)`` of one sample-level record.
-
-    ``(dataset, shard, row)`` is the source pointer, ``child`` the index of the record among
-    the outputs the per-sample operators produced for that source row (0 unless a sample was
-    split). ``end == -1`` means "the whole record".
-    """
+    """A token range ``[start, end)`` (``end == -1``: all) of the ``child``-th record made from source row ``row``."""
 
     dataset: int
     shard: int
@@ -39,13 +33,7 @@ class Segment(NamedTuple):
 
 
 class Meta(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
-    """Provenance of a record.
-
-    Attributes:
-        lane: the lane that produced the record.
-        segments: the source samples and token ranges the record was built from, in order.
-        padding_length: trailing padding positions (masked by position in ``to_training``).
-    """
+    """Provenance of a record: its lane, the segments it was built from in order, and trailing padding positions."""
 
     lane: int
     segments: tuple[Segment, ...]
@@ -67,10 +55,7 @@ def describe_meta(meta: Meta) -> str:
 
 
 def meta_to_ints(meta: Meta) -> list[int]:
-    """A meta as one flat list ``[lane, padding, dataset, shard, row, child, start, end, ...]``.
-
-    The compact form checkpoints use: a shuffle buffer holds a thousand of these.
-    """
+    """A meta as one flat list ``[lane, padding, dataset, shard, row, child, start, end, ...]`` (checkpoints)."""
     out = [meta.lane, meta.padding_length]
     for seg in meta.segments:
         out.extend(seg)
@@ -80,8 +65,7 @@ def meta_to_ints(meta: Meta) -> list[int]:
 def meta_from_ints(data: Any) -> Meta:
     """Inverse of :func:`meta_to_ints`; errors name what is malformed."""
     if (type(data) is list or type(data) is tuple) and len(data) >= 8 and not (len(data) - 2) % 6 and {*map(type, data)} == _INT:
-        # The common case, checked at C speed (a restored shuffle buffer holds thousands); the
-        # segments are built as tuples of six ints, which is what the checks above made sure of.
+        # The common case, checked at C speed; the checks above made sure of six ints per segment.
         if len(data) == 8:
             return Meta(data[0], (_tuple_new(Segment, data[2:]),), data[1])
         return Meta(data[0], tuple([_tuple_new(Segment, data[i : i + 6]) for i in range(2, len(data), 6)]), data[1])
@@ -114,11 +98,10 @@ UNRESOLVED = _Unresolved()
 
 
 class Record:
-    """One item of a lane: a payload and its provenance. Immutable.
+    """One item of a lane: a payload and its provenance. Immutable; equal when metas and payloads are.
 
-    A record whose payload is :data:`UNRESOLVED` is a *reference* (:func:`reference`): a restored
-    state holds it until the runtime rebuilds the record from its meta. Equality compares metas
-    and payloads, so a reference equals only a reference with the same meta.
+    A record whose payload is :data:`UNRESOLVED` is a *reference* (:func:`reference`) that a restored
+    state holds until the runtime rebuilds it from its meta.
     """
 
     __slots__ = ("payload", "meta")
@@ -158,18 +141,16 @@ def reference(meta: Meta) -> Record:
 
 
 class SampleBatch:
-    """A lane-pure microbatch of records, the output of ``batch``. Immutable.
+    """A lane-pure microbatch of records (in the lane's order), the output of ``batch``. Immutable.
 
-    Attributes:
-        records: the records, in the lane's order.
+    ``pad_token_id``: the tokenizer's padding id when the pipeline knows it, ``to_training``'s
+    default; not part of equality.
     """
 
     __slots__ = ("records", "pad_token_id")
 
     def __init__(self, records: tuple[Record, ...], pad_token_id: int | None = None):
         object.__setattr__(self, "records", tuple(records))
-        #: The tokenizer's padding id (its pad token, else its EOS) when the pipeline knows it;
-        #: ``to_training`` pads with it unless told otherwise. Not part of equality.
         object.__setattr__(self, "pad_token_id", pad_token_id)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -229,13 +210,8 @@ def payload_equal(a: Any, b: Any) -> bool:
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(payload_equal(a[k], b[k]) for k in a)
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (
-            isinstance(a, np.ndarray)
-            and isinstance(b, np.ndarray)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and bool(np.array_equal(a, b))
-        )
+        arrays = isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+        return arrays and a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(payload_equal(x, y) for x, y in zip(a, b))
     return type(a) is type(b) and a == b
@@ -243,9 +219,6 @@ def payload_equal(a: Any, b: Any) -> bool:
 
 def _short(payload: Any) -> str:
     if isinstance(payload, dict):
-        parts = []
-        for k, v in payload.items():
-            shape = getattr(v, "shape", None)
-            parts.append(f"{k}: array{tuple(shape)}" if shape is not None else f"{k}: {type(v).__name__}")
-        return "{" + ", ".join(parts) + "}"
+        shapes = ((k, getattr(v, "shape", None), type(v).__name__) for k, v in payload.items())
+        return "{" + ", ".join(f"{k}: array{tuple(s)}" if s is not None else f"{k}: {t}" for k, s, t in shapes) + "}"
     return type(payload).__name__

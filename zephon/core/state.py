@@ -1,12 +1,9 @@
 """State encoding: operator states as builtins, with the records they hold stored by reference.
 
-Every operator state is a tagged, frozen ``msgspec.Struct`` of ints, tuples, bytes, nested
-states and records. :func:`encode` turns one into builtins (JSON- and msgpack-safe): each record
-becomes its :class:`~zephon.types.Meta` as a flat list of ints (:func:`~zephon.core.records.meta_to_ints`),
-a :class:`~zephon.types.SampleBatch` the list of its records'. :func:`decode` is the inverse up
-to the records, which come back as references (:func:`~zephon.core.records.reference`); :func:`resolve`
-rebuilds them with one bulk call to a resolver (the upstream operators rematerializing them, see
-``docs/design/state-by-reference.md``). When a restore rebuilds them is the runtime's decision.
+Every operator state is a tagged, frozen ``msgspec.Struct`` of ints, tuples, bytes, nested states
+and records. :func:`encode` gives builtins, each record as its meta's ints (a batch as a list of
+them); :func:`decode` gives the records back as references, and :func:`resolve` rebuilds them with
+one bulk call to a resolver (``docs/design/state-by-reference.md``).
 
 Examples:
     >>> import msgspec

@@ -1,11 +1,9 @@
 """A pipeline object that changes in place and runs itself: code written in Zephon 0.2.0's style.
 
-:class:`Pipeline` wraps a :class:`zephon.Pipeline` value and the loader it last started. Its
-builder methods replace the value it holds and return the wrapper, so builders used as
-statements work; ``iter()`` starts a new loader and remembers it, and ``checkpoint()``,
-``restore()``, ``state_dict()``, ``stats()`` and ``close()`` speak for that loader. Everything else
-(``fingerprint()``, ``explain()``, ``plan``, ``to_torch_dataset()``, ...) is the value's.
-``docs/guide/from-zephon.md`` lists every difference from Zephon 0.2.0.
+:class:`Pipeline` wraps a :class:`zephon.Pipeline` value and the loader it last started: builder
+methods replace the value and return the wrapper, ``iter()`` starts a loader and remembers it, and
+``checkpoint()``, ``restore()``, ``state_dict()``, ``stats()`` and ``close()`` speak for that
+loader; everything else is the value's. ``docs/guide/from-zephon.md`` lists every difference.
 """
 
 from __future__ import annotations
@@ -32,11 +30,9 @@ class Pipeline:
         operators, options: as for ``zephon.Pipeline`` (with a source only).
 
     State kept: ``pipeline``, the current value (a pending restore is its ``resume_from``), and
-    ``latest``, the loader the last ``iter()`` started (``None`` before one). ``restore(ck)``
-    resumes ``latest`` in place *and* makes the next ``iter()`` start at ``ck`` (once: the
-    iteration after it starts from the beginning again). ``checkpoint()`` before any iteration
-    is the pending restore, or the start. A pickled or copied wrapper keeps its value (and a
-    pending restore), never its loader.
+    ``latest``, the loader the last ``iter()`` started. ``restore(ck)`` resumes ``latest`` in place
+    *and* makes the next ``iter()`` (only) start at ``ck``. A pickled or copied wrapper keeps its
+    value, never its loader.
 
     Examples:
         >>> from zephon.compat import Pipeline
@@ -80,20 +76,19 @@ class Pipeline:
         in_place.__doc__ = f"As zephon.Pipeline.{name}, changing this pipeline in place; returns it."
         return in_place
 
-    # -- running ----------------------------------------------------------------------------------------
     def loader(self, checkpoint: dict[str, Any] | None = None) -> Loader:
         """A new loader from ``checkpoint`` (default: a pending restore, which it uses up), remembered as ``latest``."""
-        self.latest = self.pipeline.loader(checkpoint)
-        if self.pipeline.resume_from is not None:
-            self.pipeline = attrs.evolve(self.pipeline, resume_from=None)
-        return self.latest
+        return self._started(self.pipeline.loader(checkpoint))
 
     def __iter__(self) -> Loader:
-        pending = self.pipeline.resume_from
-        self.latest = iter(self.pipeline)
-        if pending is not None:
+        return self._started(iter(self.pipeline))
+
+    def _started(self, loader: Loader) -> Loader:
+        """``loader``, remembered as ``latest``; a pending restore is used up."""
+        self.latest = loader
+        if self.pipeline.resume_from is not None:
             self.pipeline = attrs.evolve(self.pipeline, resume_from=None)
-        return self.latest
+        return loader
 
     def steps(self, *, concat: bool = False) -> Iterator[Any]:
         """Iterate by optimizer step with a new loader (remembered as ``latest``); see :meth:`Loader.steps`."""
@@ -131,12 +126,13 @@ class Pipeline:
 
     def stats(self) -> dict[str, Any]:
         """``latest``'s :meth:`Loader.stats`; before any iteration, a loader's counters at the start (nothing read)."""
-        if self.latest is None:
-            from ..runtime.stats import Deliveries, summarize
+        if self.latest is not None:
+            return self.latest.stats()
+        from ..runtime.stats import Deliveries, summarize
 
-            empty = summarize(operators={}, meter=None, deliveries=Deliveries())
-            return {"delivered": 0, "complete_steps": 0, "lanes": {}, "undelivered": {"outputs": 0, "records": 0, "tokens": 0}, "operators": {}, **empty}
-        return self.latest.stats()
+        empty = summarize(operators={}, meter=None, deliveries=Deliveries())
+        nothing = {"outputs": 0, "records": 0, "tokens": 0}
+        return {"delivered": 0, "complete_steps": 0, "lanes": {}, "undelivered": nothing, "operators": {}, **empty}
 
     def stats_table(self) -> str:
         """:meth:`stats` rendered as a plain-text report."""

@@ -1,36 +1,12 @@
 """Pipeline config files: a pipeline's source, run options and operators, in TOML or JSON.
 
-The format covers the processing side only (what ``zephon explain`` and scripts need to build a
-:class:`~zephon.Pipeline` without Python): datasets with mixture weights, source settings, run
-options and the operator list. Every key maps one to one onto a constructor or builder argument,
-so the documentation of those is the documentation of the keys::
-
-    # pipeline.toml
-    [source]                       # StaticMixtureWorkSource settings
-    seed = 0
-    shuffle_within_shard = true
-
-    [[source.datasets]]            # one table per dataset
-    name = "corpus"
-    path = "data/corpus"           # relative to this file
-    weight = 1.0
-
-    [options]                      # Pipeline.options(...)
-    canonical_replicas = 4
-
-    [[operators]]                  # in order; op = a Pipeline builder method
-    op = "tokenize"
-    tokenizer = "tokenizer.json"   # a file relative to this file, or a Hugging Face id
-    field = "text"
-    special_tokens = "eos"
-
-    [[operators]]
-    op = "pack_flat"
-    max_length = 2049
-
-An operator table takes ``op`` (``tokenize``, ``tokenize_chat``, ``pack_flat``,
-``pack_sequences``, ``shuffle``, ``batch``, or ``map``/``filter`` with ``function =
-"module:name"``), an optional ``name``, and the method's keyword arguments.
+The format (``docs/guide/observability.md``) covers the processing side, what ``zephon explain``
+and scripts need to build a :class:`~zephon.Pipeline` without Python: ``[source]`` (the
+``StaticMixtureWorkSource`` settings and ``[[source.datasets]]`` with ``name``, ``path``,
+``weight``, ``format``), ``[options]`` (``Pipeline.options``) and ``[[operators]]`` in order, each
+an ``op`` (``tokenize``, ``tokenize_chat``, ``pack_flat``, ``pack_sequences``, ``shuffle``,
+``batch``, or ``map``/``filter`` with ``function = "module:name"``), an optional ``name`` and the
+builder method's keyword arguments. Paths are relative to the file.
 """
 
 from __future__ import annotations
@@ -40,6 +16,10 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
+
+import attrs
+
+from ..runtime.options import Options
 
 #: Builder methods an operator table may name, besides ``map`` and ``filter``.
 OPERATORS = ("tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "batch")
@@ -69,7 +49,9 @@ def read_config(path: str | os.PathLike, *, what: str = "pipeline config") -> di
         try:
             import tomli as tomllib  # type: ignore[no-redef]
         except ImportError:
-            raise ImportError("reading TOML on Python 3.10 needs tomli: pip install 'zephon[toml]' (or use a .json config)") from None
+            raise ImportError(
+                "reading TOML on Python 3.10 needs tomli: pip install 'zephon[toml]' (or use a .json config)"
+            ) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -78,9 +60,6 @@ def read_config(path: str | os.PathLike, *, what: str = "pipeline config") -> di
 
 def load_pipeline_config(path: str | os.PathLike) -> Any:
     """Build the :class:`~zephon.Pipeline` a config file describes (see the module docstring).
-
-    Relative dataset paths, and tokenizer or template files that exist relative to the file, are
-    resolved against the file's folder.
 
     Raises:
         FileNotFoundError: no such config file.
@@ -137,7 +116,9 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
     source = dict(_check_keys(doc.get("source", {}), _SOURCE, f"{where}: [source]"))
     tables = source.pop("datasets", None)
     if not isinstance(tables, list) or not tables:
-        raise ValueError(f"{where}: [source] needs a non-empty list of datasets ([[source.datasets]] with name and path)")
+        raise ValueError(
+            f"{where}: [source] needs a non-empty list of datasets ([[source.datasets]] with name and path)"
+        )
     datasets, weights = [], {}
     for i, table in enumerate(tables):
         at = f"{where}: source.datasets[{i}]"
@@ -155,8 +136,9 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
         pipe = Pipeline(StaticMixtureWorkSource(datasets, weights, **source))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: [source]: {exc}") from None
+    names = (*(f.name for f in attrs.fields(Options)), "num_workers")
     try:
-        pipe = pipe.options(**_check_keys(doc.get("options", {}), tuple(_option_names()), f"{where}: [options]"))
+        pipe = pipe.options(**_check_keys(doc.get("options", {}), names, f"{where}: [options]"))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: [options]: {exc}") from None
     ops = doc.get("operators", [])
@@ -164,30 +146,21 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
         raise ValueError(f"{where}: operators must be a list of tables ([[operators]])")
     for i, table in enumerate(ops):
         if not isinstance(table, Mapping) or "op" not in table:
-            raise ValueError(f"{where}: operators[{i}] needs an 'op' key naming one of {[*OPERATORS, 'map', 'filter']}")
+            raise ValueError(
+                f"{where}: operators[{i}] needs an 'op' key naming one of {[*OPERATORS, 'map', 'filter']}"
+            )
         kwargs = dict(table)
         op = kwargs.pop("op")
         at = f"{where}: operators[{i}] ({op})"
         if op in ("map", "filter"):
             _check_keys(kwargs, ("function", "name"), at)
-            fn = _function(kwargs.get("function"), at)
-            pipe = getattr(pipe, op)(fn, name=kwargs.get("name"))
+            pipe = getattr(pipe, op)(_function(kwargs.get("function"), at), name=kwargs.get("name"))
             continue
         if op not in OPERATORS:
             raise ValueError(f"{at}: unknown op {op!r}; use one of {[*OPERATORS, 'map', 'filter']}")
-        for k in _PATH_ARGS:
-            if k in kwargs:
-                kwargs[k] = _resolve(kwargs[k], base)
+        kwargs.update({k: _resolve(kwargs[k], base) for k in _PATH_ARGS if k in kwargs})
         try:
             pipe = getattr(pipe, op)(**kwargs)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{at}: {exc}") from None
     return pipe
-
-
-def _option_names() -> list[str]:
-    import attrs
-
-    from ..runtime.options import Options
-
-    return [f.name for f in attrs.fields(Options)] + ["num_workers"]

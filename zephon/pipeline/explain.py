@@ -1,10 +1,8 @@
 """``Pipeline.explain()``: the compiled plan, in words and as a dict.
 
-What decides the data (the source, every operator's data settings, the lane count) and what only
-decides speed (performance settings, ranks, the executor), which lanes each rank owns, how this
-rank's lanes are spread over worker processes, what a checkpoint holds per lane and how large it
-is (exact at the start; measured on lane 0 after a few outputs, and extrapolated to full buffers,
-when asked). Nothing here runs a loader; measuring runs lane 0 in this process.
+What decides the data and what only decides speed, which lanes each rank and worker owns, what a
+checkpoint holds per lane and how large it is (at the start; measured on lane 0 and extrapolated
+to full buffers when asked). Nothing here runs a loader; measuring runs lane 0 in this process.
 """
 
 from __future__ import annotations
@@ -25,6 +23,10 @@ from ..text.tokenizer import TokenizerHandle
 
 #: Options that decide the data; every other option only decides where and how fast lanes run.
 DATA_OPTIONS = ("canonical_replicas",)
+_SOURCE_SETTINGS = (
+    "seed", "exhausted_policy", "passes", "shuffle_shards", "shuffle_within_shard", "chunk_size", "lane_assignment"
+)
+_EXECUTOR_SETTINGS = ("workers", "thread", "prefetch", "read_size", "read_ahead")
 
 
 @attrs.frozen
@@ -63,36 +65,25 @@ def _settings(op: Operator) -> tuple[dict[str, Any], dict[str, Any]]:
     return data, perf
 
 
-def held_records(op: Operator) -> str:
-    """What an operator's state holds at most, in records (by reference), in words."""
-    kind = op.kind
+def _held(op: Operator) -> tuple[str, int | None]:
+    """What an operator's state holds at most, in records (by reference): in words, and as a bound if known."""
     if isinstance(op, StatelessOp):
-        return "no records (a counter of inputs that produced nothing)"
-    if kind == "shuffle":
-        return f"up to {op.buffer_size} records"
-    if kind == "batch":
-        if getattr(op, "group_by_length", False):
-            return f"up to {op.buffer_size or 8 * op.microbatch_size} records (length grouping buffer)"
-        return f"up to {op.microbatch_size - 1} records (a partial batch)"
-    if kind in ("pack_flat", "pack_sequences"):
-        algorithm = getattr(op, "algorithm", "")
-        if algorithm == "wrap":
-            return f"pieces of documents shorter than one row ({op.max_length} tokens)"
-        if algorithm == "best_fit_wrap":
-            return f"up to {op.candidate_pool_size or 'the default number of'} candidate pieces"
-        return f"up to {op.num_bins or 'the default number of'} open rows of documents"
-    return "see the operator's documentation"
-
-
-def _held_bound(op: Operator) -> int | None:
-    kind = op.kind
-    if isinstance(op, StatelessOp):
-        return 0
-    if kind == "shuffle":
-        return op.buffer_size
-    if kind == "batch":
-        return (op.buffer_size or 8 * op.microbatch_size) if getattr(op, "group_by_length", False) else op.microbatch_size - 1
-    return None
+        return "no records (a counter of inputs that produced nothing)", 0
+    if op.kind == "shuffle":
+        return f"up to {op.buffer_size} records", op.buffer_size
+    if op.kind == "batch" and getattr(op, "group_by_length", False):
+        bound = op.buffer_size or 8 * op.microbatch_size
+        return f"up to {bound} records (length grouping buffer)", bound
+    if op.kind == "batch":
+        return f"up to {op.microbatch_size - 1} records (a partial batch)", op.microbatch_size - 1
+    if op.kind not in ("pack_flat", "pack_sequences"):
+        return "see the operator's documentation", None
+    algorithm = getattr(op, "algorithm", "")
+    if algorithm == "wrap":
+        return f"pieces of documents shorter than one row ({op.max_length} tokens)", None
+    if algorithm == "best_fit_wrap":
+        return f"up to {op.candidate_pool_size or 'the default number of'} candidate pieces", None
+    return f"up to {op.num_bins or 'the default number of'} open rows of documents", None
 
 
 def _count_records(tree: Any) -> int:
@@ -127,7 +118,7 @@ def _measure(plan: Plan, steps: int, ops: Sequence[tuple[str, Operator]]) -> dic
     for (name, op), s in zip(ops, state.chain.states):
         size = _size(encoded["ops"][name])
         held = _count_records(s)
-        bound = _held_bound(op)
+        bound = _held(op)[1]
         full = size
         if held and bound is not None and bound > held:
             full = size + (size / held) * (bound - held)  # bytes per held record, to a full buffer
@@ -136,10 +127,25 @@ def _measure(plan: Plan, steps: int, ops: Sequence[tuple[str, Operator]]) -> dic
     return {"steps": done, "lane_bytes": lane_bytes, "per_operator": per_op, "lane_bytes_when_full": estimate}
 
 
-def explain_plan(plan: Plan, options: Options, topology: Topology | None, ops: Sequence[tuple[str, Operator]], *, measure: int = 0) -> Explanation:
+def _dataset(ds: Any, weights: dict[str, float] | None) -> dict[str, Any]:
+    weight = None if weights is None else weights.get(ds.name)
+    shards, rows = len(ds.shard_ids), ds.num_rows
+    return {"name": ds.name, "format": getattr(ds, "format", None), "shards": shards, "rows": rows, "weight": weight}
+
+
+def _operator(name: str, op: Operator) -> dict[str, Any]:
+    data, perf = _settings(op)
+    fields = list(getattr(op.state_type, "__struct_fields__", ()))
+    state = {"type": op.state_type.__name__, "fields": fields, "holds": _held(op)[0]}
+    out = {"name": name, "operator": type(op).__name__, "data_settings": data, "performance_settings": perf}
+    return {**out, "fans_out": bool(getattr(op, "fans_out", False)), "state": state}
+
+
+def explain_plan(
+    plan: Plan, options: Options, topology: Topology | None, ops: Sequence[tuple[str, Operator]], *, measure: int = 0
+) -> Explanation:
     """The :class:`Explanation` of a compiled plan (see :meth:`zephon.Pipeline.explain`)."""
     source = plan.source
-    datasets = []
     weights = None
     try:
         names = list(source.names)
@@ -147,53 +153,19 @@ def explain_plan(plan: Plan, options: Options, topology: Topology | None, ops: S
         weights = {n: w / sum(integer) for n, w in zip(names, integer)}
     except AttributeError:
         pass
-    for ds in getattr(source, "datasets", ()):
-        datasets.append(
-            {
-                "name": ds.name,
-                "format": getattr(ds, "format", None),
-                "shards": len(ds.shard_ids),
-                "rows": ds.num_rows,
-                "weight": None if weights is None else weights.get(ds.name),
-            }
-        )
-    source_settings = {
-        k: getattr(source, k)
-        for k in ("seed", "exhausted_policy", "passes", "shuffle_shards", "shuffle_within_shard", "chunk_size", "lane_assignment")
-        if hasattr(source, k)
-    }
-    operators = []
-    for name, op in ops:
-        data, perf = _settings(op)
-        state_type = op.state_type
-        operators.append(
-            {
-                "name": name,
-                "operator": type(op).__name__,
-                "data_settings": data,
-                "performance_settings": perf,
-                "fans_out": bool(getattr(op, "fans_out", False)),
-                "state": {
-                    "type": state_type.__name__,
-                    "fields": list(getattr(state_type, "__struct_fields__", ())),
-                    "holds": held_records(op),
-                },
-            }
-        )
+    datasets = [_dataset(ds, weights) for ds in getattr(source, "datasets", ())]
+    source_settings = {k: getattr(source, k) for k in _SOURCE_SETTINGS if hasattr(source, k)}
+    operators = [_operator(name, op) for name, op in ops]
     L = plan.lanes
     last = ops[-1][1] if ops else None
     microbatch = getattr(last, "microbatch_size", None) if last is not None and last.kind == "batch" else None
     lanes: dict[str, Any] = {"canonical_replicas": L, "microbatch_size": microbatch}
     if microbatch:
         lanes["records_per_global_step"] = L * microbatch
-    executor: dict[str, Any] = {
-        "workers": options.workers,
-        "thread": options.thread,
-        "prefetch": options.prefetch,
-        "read_size": options.read_size,
-        "read_ahead": options.read_ahead,
-        "kind": "worker processes (spawned)" if options.workers else ("a background thread" if options.thread else "the calling thread"),
-    }
+    executor: dict[str, Any] = {k: getattr(options, k) for k in _EXECUTOR_SETTINGS}
+    executor["kind"] = "a background thread" if options.thread else "the calling thread"
+    if options.workers:
+        executor["kind"] = "worker processes (spawned)"
     if topology is not None:
         D, per = topology.dp_degree, L // topology.dp_degree
         lanes.update(
@@ -228,19 +200,16 @@ def explain_plan(plan: Plan, options: Options, topology: Topology | None, ops: S
         checkpoint["measured"] = m
         checkpoint["estimated_bytes_when_full"] = m["lane_bytes_when_full"] * L
     run_options = {f.name: getattr(options, f.name) for f in attrs.fields(Options)}
-    return Explanation(
-        {
-            "source": {"type": type(source).__name__, "datasets": datasets, "settings": source_settings},
-            "operators": operators,
-            "options": {
-                "data": {k: v for k, v in run_options.items() if k in DATA_OPTIONS},
-                "performance": {k: v for k, v in run_options.items() if k not in DATA_OPTIONS},
-            },
-            "lanes": lanes,
-            "executor": executor,
-            "checkpoint": checkpoint,
-        }
-    )
+    data_options = {k: v for k, v in run_options.items() if k in DATA_OPTIONS}
+    performance = {k: v for k, v in run_options.items() if k not in DATA_OPTIONS}
+    return Explanation({
+        "source": {"type": type(source).__name__, "datasets": datasets, "settings": source_settings},
+        "operators": operators,
+        "options": {"data": data_options, "performance": performance},
+        "lanes": lanes,
+        "executor": executor,
+        "checkpoint": checkpoint,
+    })
 
 
 def _kib(n: float) -> str:
@@ -253,9 +222,8 @@ def _kv(d: dict[str, Any]) -> str:
 
 def render(data: dict[str, Any]) -> str:
     """The text of an :class:`Explanation`."""
-    out = []
     src = data["source"]
-    out.append(f"source: {src['type']} ({_kv(src['settings'])})")
+    out = [f"source: {src['type']} ({_kv(src['settings'])})"]
     for ds in src["datasets"]:
         w = "" if ds["weight"] is None else f", weight {ds['weight']:.3f}"
         out.append(f"  dataset {ds['name']!r}: {ds['shards']} shard(s), {ds['rows']:,} rows{w}")
@@ -287,16 +255,11 @@ def render(data: dict[str, Any]) -> str:
         line += f", read_ahead {ex['read_ahead'] or 'off'}"
     if "processes" in ex:
         line += f"; {ex['processes']} process(es), {ex['tokenizer_threads_per_process']} tokenizer thread(s) each"
-        out.append(line)
-        for w, lanes_of in ex["lanes_per_process"].items():
-            out.append(f"  {w}: lanes {lanes_of}")
-    else:
-        out.append(line)
+    out.append(line)
+    out += [f"  {w}: lanes {lanes_of}" for w, lanes_of in ex.get("lanes_per_process", {}).items()]
     ck = data["checkpoint"]
-    out.append("")
-    out.append(f"checkpoint: one state per lane ({ck['lanes']} lanes), {ck['records_by_reference']}:")
-    for item in ck["per_lane"]:
-        out.append(f"  - {item}")
+    out += ["", f"checkpoint: one state per lane ({ck['lanes']} lanes), {ck['records_by_reference']}:"]
+    out += [f"  - {item}" for item in ck["per_lane"]]
     out.append(f"  size at the start: {_kib(ck['bytes_at_start'])} (msgpack, all lanes)")
     m = ck.get("measured")
     if m:

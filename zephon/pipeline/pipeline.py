@@ -1,13 +1,10 @@
 """The ``Pipeline`` value: a source, named operators and run options, built fluently.
 
 A pipeline is a work source plus a named chain of operators, run as ``canonical_replicas`` (L)
-independent lanes. It is a frozen value: every builder method (``map``, ``tokenize``, ...,
-``options``) returns a new pipeline and leaves the receiver unchanged, so two pipelines built from
-one base never affect each other. ``iter(pipeline)`` and ``pipeline.loader()`` return a
-:class:`~zephon.Loader`, the object that runs it and owns its executor, checkpoints, stats and
-``close()``. A pipeline may carry a checkpoint (``pipeline.restore(ck)``, a new value): every
-loader and torch dataset made from it starts there. Code written for a pipeline object that
-runs and restores in place uses :class:`zephon.compat.Pipeline`.
+lanes. It is a frozen value: every builder method returns a new pipeline. ``iter(pipeline)`` and
+``pipeline.loader()`` return the :class:`~zephon.Loader` that runs it and owns its executor,
+checkpoints, stats and ``close()``. A pipeline may carry a checkpoint (``restore(ck)``) its
+loaders start at. :class:`zephon.compat.Pipeline` runs and restores in place.
 """
 
 from __future__ import annotations
@@ -43,49 +40,37 @@ from ..sources.work_source import make_source
 def _checkpoint_calibration(checkpoint: Any) -> Calibration | None:
     """The calibration frozen in a checkpoint's fingerprint, or ``None`` (not there, or no checkpoint)."""
     try:
-        data = checkpoint["fingerprint"]["source"]["token_estimation"]
-    except (KeyError, TypeError):
-        return None
-    try:
-        return Calibration.from_description(data)
+        return Calibration.from_description(checkpoint["fingerprint"]["source"]["token_estimation"])
     except (ValueError, TypeError, KeyError):
         return None
 
 
 class _Bookkeeping:
-    """What a pipeline object notes about its own use, outside its value (never compared or pickled).
-
-    ``origin`` and ``made`` let running a pipeline report builder results that were thrown away
-    unused (see ``Pipeline._note_run``); ``plans`` memoizes compiling, a pure function of the
-    value, by the calibration it was given. A copied or unpickled pipeline starts with none.
-    """
+    """What a pipeline object notes outside its value (never compared or pickled): ``plans`` memoizes
+    compiling by calibration; ``origin`` (the call that made it) and ``made`` (weak references to the
+    pipelines made from it) find builder results thrown away unused (``Pipeline._note_run``)."""
 
     __slots__ = ("plans", "origin", "made")
 
     def __init__(self) -> None:
         self.plans: dict[str, Plan] = {}
-        self.origin: _Origin | None = None  # the builder call that made this pipeline object
-        self.made: list[tuple[weakref.ref, _Origin]] = []  # pipelines made from it, not yet run
+        self.origin: _Origin | None = None
+        self.made: list[tuple[weakref.ref, _Origin]] = []
 
     def __reduce__(self) -> tuple:
         return (_Bookkeeping, ())
 
 
 class _Origin:
-    """The builder call that made a pipeline object, and whether it (or a pipeline built on it) ran.
-
-    A pipeline keeps one per pipeline it returned, with a weak reference to that result, so that
-    running it can tell a result that was used from one that was thrown away (see
-    ``Pipeline._note_run``). Running a pipeline marks its whole chain of origins used.
-    """
+    """A builder call (``"tokenize(...)"``), its parent's, whether its result ran, and a note for the warning."""
 
     __slots__ = ("call", "parent", "used", "note")
 
     def __init__(self, call: str, parent: "_Origin | None", note: str = "") -> None:
-        self.call = call  # e.g. "tokenize(...)", "options(canonical_replicas=4)"
+        self.call = call
         self.parent = parent
         self.used = False
-        self.note = note  # what the receiver runs with instead, when that matters
+        self.note = note
 
     def mark_used(self) -> None:
         origin: _Origin | None = self
@@ -95,7 +80,9 @@ class _Origin:
 
 
 #: The builder methods that append an operator through ``add``.
-_BUILDERS = frozenset({"map", "filter", "tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "batch", "ensure_mixture"})
+_BUILDERS = frozenset(
+    {"map", "filter", "tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "batch", "ensure_mixture"}
+)
 #: What a loader owns, asked of a pipeline by code written for pipelines that run in place.
 _RUNNING = frozenset({"checkpoint", "stats", "stats_table", "close", "state_dict", "load_state_dict"})
 #: Payload fields of conversations, which ``tokenize_chat`` renders.
@@ -106,11 +93,11 @@ def _untokenized_text(payload: Any) -> tuple[str, ...]:
     """The fields of ``payload`` that hold text or conversations, when it holds no tokens."""
     if not isinstance(payload, dict) or any(name in payload for name in TOKEN_FIELDS):
         return ()
-    return tuple(
-        name
-        for name, value in payload.items()
-        if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value))
-    )
+    return tuple(name for name, value in payload.items() if isinstance(value, str) or _is_conversation(value))
+
+
+def _is_conversation(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "content" in m for m in value)
 
 
 def _checked_function(pipe: "Pipeline") -> "Pipeline":
@@ -132,6 +119,14 @@ def _steps(value: Any) -> tuple[tuple[str, Operator], ...]:
     return tuple((str(name), op) for name, op in value)
 
 
+def _prestart(options: Options) -> None:
+    """Start the workers' fork server now when there are workers: it imports while the caller works."""
+    if options.workers:
+        from ..runtime.executor import prestart
+
+        prestart()
+
+
 @attrs.frozen
 class Pipeline:
     """A deterministic data pipeline: a source, named operators and run options. A value.
@@ -141,8 +136,7 @@ class Pipeline:
             a list of datasets, or a plain list of dicts.
         operators: ``(name, operator)`` pairs, in order (usually built with the methods below).
         options: the run settings (:class:`~zephon.Options`; usually set with :meth:`options`).
-        resume_from: a checkpoint every loader of this pipeline starts at (usually set with
-            :meth:`restore`); ``None``: the beginning of the data.
+        resume_from: a checkpoint every loader starts at (usually set with :meth:`restore`).
 
     Examples:
         >>> from zephon import Pipeline
@@ -161,17 +155,10 @@ class Pipeline:
     resume_from: dict[str, Any] | None = attrs.field(default=None, kw_only=True, hash=False, repr=False)
     _notes: _Bookkeeping = attrs.field(init=False, factory=_Bookkeeping, eq=False, repr=False)
 
-    # -- building -------------------------------------------------------------------------------------
     def options(self, **kwargs: Any) -> "Pipeline":
-        """A new pipeline with these run options changed (see :class:`Options`).
-
-        ``num_workers`` is accepted for ``workers``.
-        """
+        """A new pipeline with these run options changed (see :class:`Options`; ``num_workers`` means ``workers``)."""
         child = attrs.evolve(self, options=self.run_options.evolve(**kwargs))
-        if child.run_options.workers:  # workers fork from a server: start it now, it imports meanwhile
-            from ..runtime.executor import prestart
-
-            prestart()
+        _prestart(child.run_options)
         call = "options(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
         L = self.run_options.canonical_replicas
         note = ""
@@ -202,9 +189,8 @@ class Pipeline:
                 name, i = f"{op.kind}_{i}", i + 1
         elif name in taken:
             raise ValueError(f"an operator named {name!r} already exists; choose another name")
-        caller = sys._getframe(1)  # the builder method that called add(), named in the warning about a discarded result
-        method = caller.f_code.co_name if caller.f_globals is globals() and caller.f_code.co_name in _BUILDERS else "add"
-        del caller
+        caller = sys._getframe(1).f_code.co_name  # the builder method, named in the warning about a discarded result
+        method = caller if sys._getframe(1).f_globals is globals() and caller in _BUILDERS else "add"
         return self._made(attrs.evolve(self, operators=steps + ((name, op),)), f"{method}(...)")
 
     def _made(self, child: "Pipeline", call: str, note: str = "") -> "Pipeline":
@@ -217,12 +203,10 @@ class Pipeline:
         return child
 
     def _note_run(self) -> None:
-        """Mark this pipeline used, and warn about every pipeline made from it that was discarded unused.
+        """Mark this pipeline used; warn (once each) about pipelines made from it and collected unused.
 
-        Pipelines are values: ``p.tokenize(...)`` as a statement changes nothing, so running ``p``
-        afterwards runs it without that step. A result that was garbage collected without ever
-        being run, compiled or built into something that was, is such a discarded call. A result
-        that is still alive is a deliberate variant and is never reported. Each is reported once.
+        ``p.tokenize(...)`` as a statement changes nothing, so running ``p`` runs it without that
+        step. A result still alive is a deliberate variant and is never reported.
         """
         notes = self._notes
         if notes.origin is not None:
@@ -243,39 +227,27 @@ class Pipeline:
     def map(self, fn: Callable[[Any], Any], *, name: str | None = None, fingerprint: str | None = None) -> "Pipeline":
         """Replace each payload with ``fn(payload)``; returning ``None`` drops the record.
 
-        A checkpoint records what decides ``fn``'s output (its source, closure cells, defaults,
-        partial arguments and the plain module-level values it reads) and a restore into another
-        ``fn`` is refused. A value that cannot be described (an open file, a model) warns here
-        (:class:`~zephon.ops.FingerprintWarning`) and refuses restores, until ``fingerprint``
-        names the function's version (``fingerprint="v1"``, changed whenever its output changes):
-        the string then replaces the derived fingerprint.
+        A checkpoint records what decides ``fn``'s output (source, closure, defaults, partial
+        arguments, plain globals read); a restore into another ``fn`` is refused. A value that
+        cannot be described (an open file, a model) warns (:class:`~zephon.ops.FingerprintWarning`)
+        and refuses restores until ``fingerprint="v1"`` names the function's version.
         """
         return _checked_function(self.add(MapOp(fn, fn_fingerprint=fingerprint), name=name))
 
     def filter(
         self, predicate: Callable[[Any], bool], *, name: str | None = None, fingerprint: str | None = None
     ) -> "Pipeline":
-        """Keep only the payloads for which ``predicate(payload)`` is true (drops are counted).
-
-        ``fingerprint``: as for :meth:`map`.
-        """
+        """Keep only the payloads for which ``predicate(payload)`` is true (drops are counted); see :meth:`map`."""
         return _checked_function(self.add(FilterOp(predicate, predicate_fingerprint=fingerprint), name=name))
 
     def tokenize(
-        self,
-        tokenizer: Any = None,
-        tokenizer_id: str | None = None,
-        *,
-        prompt_field: str | None = None,
-        completion_field: str | None = None,
-        name: str | None = None,
-        **kwargs: Any,
+        self, tokenizer: Any = None, tokenizer_id: str | None = None, *, prompt_field: str | None = None,
+        completion_field: str | None = None, name: str | None = None, **kwargs: Any,
     ) -> "Pipeline":
         """Tokenize a text field into ``input_ids``; see :class:`zephon.ops.Tokenize`.
 
-        With ``prompt_field`` and ``completion_field``, tokenize prompt/completion records instead:
-        ``input_ids`` plus a ``loss_mask`` that is 1 on the completion (and its EOS) only; see
-        :class:`zephon.ops.TokenizePromptCompletion`.
+        With ``prompt_field`` and ``completion_field``: ``input_ids`` and a ``loss_mask`` of 1 on the
+        completion (and its EOS) only; see :class:`zephon.ops.TokenizePromptCompletion`.
         """
         if prompt_field is None and completion_field is None:
             from ..ops.tokenize import Tokenize
@@ -288,19 +260,21 @@ class Pipeline:
             )
         text_only = sorted(set(kwargs) & {"field", "split_long_samples", "missing_field", "preserve_upstream_payload"})
         if text_only:
-            raise ValueError(f"tokenize: {text_only} apply to single-field tokenization only, not with prompt_field/completion_field")
+            raise ValueError(
+                f"tokenize: {text_only} apply to single-field tokenization only, not with prompt_field/completion_field"
+            )
         from ..ops.chat import TokenizePromptCompletion
 
-        op = TokenizePromptCompletion(
-            tokenizer=tokenizer, tokenizer_id=tokenizer_id, prompt_field=prompt_field, completion_field=completion_field, **kwargs
-        )
+        fields = {"prompt_field": prompt_field, "completion_field": completion_field}
+        op = TokenizePromptCompletion(tokenizer=tokenizer, tokenizer_id=tokenizer_id, **fields, **kwargs)
         return self.add(op, name=name)
 
-    def tokenize_chat(self, tokenizer: Any = None, tokenizer_id: str | None = None, *, name: str | None = None, **kwargs: Any) -> "Pipeline":
+    def tokenize_chat(
+        self, tokenizer: Any = None, tokenizer_id: str | None = None, *, name: str | None = None, **kwargs: Any
+    ) -> "Pipeline":
         """Render conversations with a chat template into ``input_ids`` and an assistant ``loss_mask``.
 
-        See :class:`zephon.ops.TokenizeChat` (``loss_scope``, built-in ``"chatml"``/``"llama3"``
-        templates, ``{% generation %}`` tags or prefix rendering, ``empty_mask``).
+        See :class:`zephon.ops.TokenizeChat` (``loss_scope``, ``"chatml"``/``"llama3"``, ``empty_mask``).
         """
         from ..ops.chat import TokenizeChat
 
@@ -309,8 +283,7 @@ class Pipeline:
     def pack_flat(self, max_length: int, *, name: str | None = None, **kwargs: Any) -> "Pipeline":
         """Pack documents into rows of at most ``max_length`` tokens; see :class:`zephon.ops.PackFlat`.
 
-        ``algorithm`` is ``"wrap"`` (the default here; Zephon's is ``"first_fit"``), ``"first_fit"``,
-        ``"best_fit"`` or ``"best_fit_wrap"``.
+        ``algorithm``: ``"wrap"`` (default), ``"first_fit"``, ``"best_fit"`` or ``"best_fit_wrap"``.
         """
         return self.add(PackFlat(max_length, **kwargs), name=name)
 
@@ -323,84 +296,54 @@ class Pipeline:
         return self.add(Shuffle(buffer_size, seed=seed), name=name)
 
     def batch(
-        self,
-        microbatch_size: int,
-        *,
-        drop_last: bool = True,
-        group_by_length: bool = False,
-        buffer_size: int | None = None,
-        pad_token_id: int | None = None,
-        name: str | None = None,
+        self, microbatch_size: int, *, drop_last: bool = True, group_by_length: bool = False,
+        buffer_size: int | None = None, pad_token_id: int | None = None, name: str | None = None,
     ) -> "Pipeline":
         """Group records into lane-pure :class:`~zephon.types.SampleBatch` of ``microbatch_size``.
 
-        ``group_by_length=True`` batches records of similar length (sorting ``buffer_size``
-        records at a time) to cut padding of ragged records; see :class:`zephon.ops.Batch`.
-        Each batch carries ``pad_token_id`` for ``to_training``'s dynamic padding: by default the
-        pipeline's tokenizer's pad token, else its EOS (``None`` without a tokenizer).
+        ``group_by_length=True`` batches records of similar length (sorting ``buffer_size`` at a
+        time); see :class:`zephon.ops.Batch`. ``pad_token_id`` (for ``to_training``'s padding)
+        defaults to the last tokenizer's pad token, else its EOS (``None`` without a tokenizer).
         """
         if pad_token_id is None:
-            pad_token_id = self._tokenizer_pad_id()
-        op = Batch(microbatch_size, drop_last=drop_last, group_by_length=group_by_length, buffer_size=buffer_size, pad_token_id=pad_token_id)
-        return self.add(op, name=name)
-
-    def _tokenizer_pad_id(self) -> int | None:
-        """The padding id of the last tokenizer in the pipeline: its pad token, else its EOS."""
-        for _, op in reversed(self.operators):
-            handle = getattr(op, "tokenizer", None)
-            if handle is not None and hasattr(handle, "eos_token_id"):
-                pad = getattr(handle, "pad_token_id", None)
-                return pad if pad is not None else handle.eos_token_id
-        return None
+            handles = [getattr(op, "tokenizer", None) for _, op in self.operators]
+            handles = [h for h in handles if hasattr(h, "eos_token_id")]
+            if handles:
+                pad = getattr(handles[-1], "pad_token_id", None)
+                pad_token_id = pad if pad is not None else handles[-1].eos_token_id
+        settings = {"drop_last": drop_last, "group_by_length": group_by_length, "buffer_size": buffer_size}
+        return self.add(Batch(microbatch_size, **settings, pad_token_id=pad_token_id), name=name)
 
     def ensure_mixture(
-        self,
-        mixture: Any = None,
-        *,
-        max_buffer_size: int = 1000,
-        weight_by: Any = "auto",
-        drain_target_ratio: float = 0.8,
-        obsolete_drain_rate: float = 0.0,
-        name: str | None = None,
+        self, mixture: Any = None, *, max_buffer_size: int = 1000, weight_by: Any = "auto",
+        drain_target_ratio: float = 0.8, obsolete_drain_rate: float = 0.0, name: str | None = None,
     ) -> "Pipeline":
         """Reorder each lane so that the tokens it emits per dataset follow the mixture exactly.
 
         Place it after ``tokenize`` and before packing; see :class:`zephon.ops.EnsureMixture`.
-        ``mixture`` defaults to the source's weights or schedule (a schedule is followed phase by
-        phase, placed where the source places it); a token target over a source whose weights
-        count samples warns.
+        ``mixture`` defaults to the source's weights or schedule; a token target over a source whose
+        weights count samples warns.
         """
         from ..ops.mixing import make_ensure_mixture
 
-        op = make_ensure_mixture(
-            self.source,
-            mixture,
-            max_buffer_size=max_buffer_size,
-            weight_by=weight_by,
-            drain_target_ratio=drain_target_ratio,
-            obsolete_drain_rate=obsolete_drain_rate,
-        )
+        drains = {"drain_target_ratio": drain_target_ratio, "obsolete_drain_rate": obsolete_drain_rate}
+        op = make_ensure_mixture(self.source, mixture, max_buffer_size=max_buffer_size, weight_by=weight_by, **drains)
         return self.add(op, name=name)
 
-    # -- what it computes -----------------------------------------------------------------------------
     @property
     def plan(self) -> Plan:
         """The compiled, picklable description of the lanes (source, chain, lane count). Never measures.
 
-        A source whose mixture counts tokens needs a token calibration: reading ``plan`` takes it
-        from the source (a plan's ``[calibration]``) or from the carried checkpoint
-        (:attr:`resume_from`), and otherwise raises; :meth:`compile` measures it, and so does
-        building a loader.
+        A mixture that counts tokens takes its calibration from the source or from
+        :attr:`resume_from`, else raises; :meth:`compile` (and building a loader) measures it.
         """
         return self.compile(measure=False)
 
     def compile(self, checkpoint: dict[str, Any] | None = None, *, measure: bool = True) -> Plan:
-        """The compiled plan, with what the source needs from the pipeline filled in.
+        """The compiled plan: the source given a global step's size and the token calibration.
 
-        That is the samples or tokens of a global step (for a schedule by step) and the token
-        calibration: the one frozen in ``checkpoint`` (default: :attr:`resume_from`) if it has
-        one, else the source's own, else measured now with the pipeline's own tokenizer (once
-        per process; see :class:`zephon.work.TokenEstimation`). Every loader runs this plan.
+        The calibration is the one frozen in ``checkpoint`` (default: :attr:`resume_from`), else the
+        source's, else measured now with the pipeline's tokenizer (once per process).
 
         Raises:
             ValueError: ``measure=False`` and the calibration would have to be measured; an
@@ -411,7 +354,8 @@ class Pipeline:
             checkpoint = self.resume_from
         calibration = _checkpoint_calibration(checkpoint) if self.source.needs_calibration else None
         opts = self.run_options
-        if not measure and calibration is None and step_size(self.source, Chain(self.operators), opts.canonical_replicas).needs_calibration:
+        L = opts.canonical_replicas
+        if not measure and calibration is None and step_size(self.source, Chain(self.operators), L).needs_calibration:
             raise ValueError(
                 "Pipeline.plan never measures, and this source's mixture counts tokens without a calibration: use "
                 "pipeline.compile() (measures it on a small sample with the pipeline's tokenizer), or loader.plan of a loader "
@@ -421,41 +365,32 @@ class Pipeline:
         plans = self._notes.plans
         if key not in plans:
             chain = Chain(self.operators)
-            source = self.source
-            if opts.io_options is not None:
-                source = source.with_io_options(opts.io_options)
-            source = compile_source(source, chain, opts.canonical_replicas, calibration=calibration)
-            chain = place_targets(chain, source, opts.canonical_replicas)
-            plans[key] = Plan(source, chain, opts.canonical_replicas, opts.read_size, opts.read_ahead)
+            source = self.source if opts.io_options is None else self.source.with_io_options(opts.io_options)
+            source = compile_source(source, chain, L, calibration=calibration)
+            plans[key] = Plan(source, place_targets(chain, source, L), L, opts.read_size, opts.read_ahead)
         return plans[key]
 
     def fingerprint(self) -> dict[str, Any]:
         """Everything that decides the data: source (the plan), operators (the processing), lane count."""
         return self.compile().fingerprint()
 
-    def change_plan(self, source: Any, *, from_step: int, checkpoint: dict[str, Any]) -> tuple["Pipeline", dict[str, Any]]:
+    def change_plan(
+        self, source: Any, *, from_step: int, checkpoint: dict[str, Any]
+    ) -> tuple["Pipeline", dict[str, Any]]:
         """Change the plan (mixture, schedule, datasets, ends) of a running job from global step ``from_step`` on.
 
-        Steps before ``from_step`` stay exactly as this pipeline makes them: the lanes run on from
-        ``checkpoint`` (taken at or before ``from_step``) to ``from_step`` under this plan, and the
-        source position after everything they have read by then becomes the switch point. Before
-        it, samples come from this plan; from it on, from ``source``, with every dataset
-        continuing where it was (nothing repeats, nothing is skipped). The switch is recorded in
-        the new fingerprint, so the new pipeline resumes only from checkpoints of the changed run.
-
-        Args:
-            source: the new work source; its datasets are this one's, in the same order,
-                optionally followed by new ones. Seed, shuffles and chunk size must not change.
-            from_step: the first global step that may differ.
-            checkpoint: a checkpoint of this pipeline holding every lane, at step <= ``from_step``.
+        The lanes run on from ``checkpoint`` (holding every lane, at or before ``from_step``) to
+        ``from_step``; from the source position after all they read, samples come from ``source``
+        (this one's datasets in order, maybe followed by new ones; same seed, shuffles and chunk
+        size), every dataset continuing where it was. The switch is in the new fingerprint.
 
         Returns:
             ``(pipeline, checkpoint)``: the changed pipeline, and ``checkpoint`` restamped for it.
 
         Raises:
-            ValueError: a checkpoint after ``from_step``, of other settings, or missing lanes; a
-                new source that renames, reorders or drops datasets or changes the seed,
-                shuffles or chunk size; a switch inside the last, partial block of lanes.
+            ValueError: a checkpoint after ``from_step``, of other settings, or missing lanes; a new
+                source that renames, reorders or drops datasets or changes what decides the order;
+                a switch inside the last, partial block of lanes.
         """
         from .replan import change_plan
 
@@ -468,12 +403,10 @@ class Pipeline:
         return resolve_topology(self.run_options, last.microbatch_size if isinstance(last, Batch) else None)
 
     def explain(self, *, measure: int = 0) -> Explanation:
-        """The compiled plan: operators with their data and performance settings, lanes and ranks,
-        the executor layout, and what a checkpoint holds and its size.
+        """The compiled plan: operators and their settings, lanes and ranks, executor, checkpoint size.
 
-        Print the result for a report, or read ``.to_dict()``. Nothing runs unless ``measure`` is
-        given: then lane 0 runs here for ``measure`` outputs, its encoded state is measured per
-        operator, and the size with full buffers is extrapolated for all lanes.
+        Print it, or read ``.to_dict()``. With ``measure``, lane 0 runs here for ``measure`` outputs
+        and its state is measured per operator and extrapolated to full buffers for all lanes.
 
         Examples:
             >>> from zephon import Pipeline
@@ -485,22 +418,17 @@ class Pipeline:
             {'pad_token_id': None}
 
         Raises:
-            ValueError: the topology iterating would refuse (``canonical_replicas`` not divisible
-                by ``dp_degree``, a rank outside ``[0, dp_degree)``), with the same message.
+            ValueError: a topology iterating would refuse, with the same message.
         """
-        # A topology iteration would refuse (L not divisible by D, a rank outside [0, D)) raises
-        # here too, with the same error.
         return explain_plan(self.compile(), self.run_options, self.topology(), self.operators, measure=measure)
 
     def describe_step(self, step: int) -> list[dict[str, Any]]:
         """Which source samples and token ranges make up global step ``step``, lane by lane.
 
-        Runs every lane (in this process, from the start) up to that step; no training needed.
-        Returns one entry per lane: its records' segments as
+        Runs every lane here from the start. One entry per lane: its records' segments as
         ``(dataset name, shard id, row, start, end)`` and their padding.
         """
-        plan = self.compile()
-        out = []
+        plan, out = self.compile(), []
         for lane in progress(range(plan.lanes), total=plan.lanes, desc=f"running lanes to step {step}", unit="lane"):
             state, item = plan.init(lane), None
             for _ in range(step + 1):
@@ -511,21 +439,14 @@ class Pipeline:
             out.append({"lane": lane, "records": [_describe_record(plan, r) for r in records]})
         return out
 
-    # -- running ----------------------------------------------------------------------------------------
     def loader(self, checkpoint: dict[str, Any] | None = None) -> Loader:
-        """A new loader running this pipeline for this rank, from ``checkpoint``.
-
-        Without one, from :attr:`resume_from` (the checkpoint this pipeline carries), else from
-        the start. Every call makes an independent loader; the pipeline does not change.
+        """A new, independent loader for this rank, from ``checkpoint``, else :attr:`resume_from`, else the start.
 
         Raises:
             ValueError: a checkpoint of other data settings (listing the differences), or one
                 without this rank's lanes.
         """
-        if self.run_options.workers:  # the workers' fork server imports while the plan compiles
-            from ..runtime.executor import prestart
-
-            prestart()
+        _prestart(self.run_options)
         if checkpoint is None:
             checkpoint = self.resume_from
         plan, topo = self.compile(checkpoint), self.topology()
@@ -539,11 +460,7 @@ class Pipeline:
         return loader
 
     def _warn_if_untokenized(self, plan: Plan, lane: int) -> None:
-        """Warn when a pipeline without operators yields text records (read here: the lane's first one).
-
-        Such a pipeline yields the source's records unchanged; ported code whose builder calls
-        were discarded lands here, and so does a forgotten ``tokenize``.
-        """
+        """Warn when a pipeline without operators yields text records (a forgotten or discarded ``tokenize``)."""
         try:
             _, first = plan.next(lane, plan.init(lane))
         except Exception:  # noqa: BLE001 - the loader reads the same record and raises its error with context
@@ -564,30 +481,24 @@ class Pipeline:
         return self.loader().steps(concat=concat)
 
     def restore(self, checkpoint: dict[str, Any]) -> "Pipeline":
-        """A new pipeline, equal to this one but carrying ``checkpoint``: its loaders start there.
+        """A new pipeline carrying ``checkpoint``: its ``iter()``, loaders and torch datasets start there.
 
-        Every ``iter()``, :meth:`loader` and :meth:`to_torch_dataset` of the result starts at
-        ``checkpoint``, each time; this pipeline is unchanged. The mapping and its lane table are
-        copied (lane states are shared: their checksums refuse later edits). Performance settings
-        (workers, prefetch, read size, the number of ranks) may differ from the run that wrote it.
+        Performance settings (workers, prefetch, read size, ranks) may differ from the run that wrote it.
 
         Raises:
             ValueError: a checkpoint of other data settings, listing the differing fields.
         """
         validate(self.compile(checkpoint).fingerprint(), checkpoint)
-        return self._made(attrs.evolve(self, resume_from=_copy_checkpoint(checkpoint)), "restore(...)", _RESTORE_NOTE)
+        note = " It runs from its own start, not from the checkpoint."
+        return self._made(attrs.evolve(self, resume_from=_copy_checkpoint(checkpoint)), "restore(...)", note)
 
     def to_torch_dataset(self, *, checkpoint: dict[str, Any] | None = None, **to_training_options: Any) -> Any:
-        """This rank's microbatches as training tensors, a ``torch.utils.data.IterableDataset``.
+        """This rank's microbatches as training tensors, a ``torch.utils.data.IterableDataset``. Needs torch.
 
-        Use it with ``zephon.integrations.torch.DataLoader`` (whose state resumes on any number
-        of workers), ``DataLoader(ds, batch_size=None)`` or torchdata's ``StatefulDataLoader``,
-        whose ``state_dict()`` then carries zephon's checkpoint. Every iteration starts at
-        ``checkpoint``, else at :attr:`resume_from`, else at the beginning. Options are those of
-        :func:`~zephon.to_training` (``layout="megatron"`` included). With ``num_workers=W > 1``
-        the workers share this rank's lanes (``W`` must divide them) and agree on the end of the
-        data, so the delivered sequence stays exactly the pipeline's; see
-        :mod:`zephon.integrations.torch`. Needs torch.
+        Use it with ``zephon.integrations.torch.DataLoader``, ``DataLoader(ds, batch_size=None)``
+        or torchdata's ``StatefulDataLoader``. Every iteration starts at ``checkpoint``, else at
+        :attr:`resume_from`, else at the beginning. Options are :func:`~zephon.to_training`'s. With
+        ``num_workers=W > 1`` the workers share this rank's lanes; see :mod:`zephon.integrations.torch`.
         """
         try:
             from ..integrations.torch import TrainingDataset
@@ -617,26 +528,13 @@ class Pipeline:
         return None
 
 
-#: Added to the warning about a discarded ``restore()``.
-_RESTORE_NOTE = " It runs from its own start, not from the checkpoint."
-
-
 def _describe_record(plan: Plan, rec: Any) -> dict[str, Any]:
     ds = plan.source.datasets
-    return {
-        "segments": [
-            (ds[s.dataset].name, ds[s.dataset].shard_ids[s.shard], s.row, s.start, s.end) for s in rec.meta.segments
-        ],
-        "padding_length": rec.meta.padding_length,
-    }
+    segs = rec.meta.segments
+    segments = [(ds[s.dataset].name, ds[s.dataset].shard_ids[s.shard], s.row, s.start, s.end) for s in segs]
+    return {"segments": segments, "padding_length": rec.meta.padding_length}
 
 
 def _copy_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``checkpoint``'s mapping and lane table; the lane states are shared, not copied.
-
-    Each lane state carries its checksum, verified whenever a loader reads the state (and again
-    before a lazily restored lane is rebuilt), so a change the caller makes to theirs after
-    ``restore()`` is refused, never resumed. Copying the states themselves would cost as much as
-    reading them (0.17 s for 8 lanes of full 16,384-row shuffle buffers).
-    """
+    """A copy of ``checkpoint``'s mapping and lane table; the lane states are shared (their checksums refuse edits)."""
     return {**checkpoint, "lanes": dict(checkpoint["lanes"])}

@@ -1,11 +1,9 @@
 """Plans: which data, in which mixture or schedule, in which order, until when, as a value of their own.
 
-A :class:`Plan` (datasets + mixture or schedule + seed and shuffles + ends + token estimation)
-is what a data experiment changes; the processing (tokenize, pack, batch) is the pipeline's. A
-plan prints, round-trips through a small TOML or JSON document (unknown keys are errors), has a
-fingerprint of its own, becomes the pipeline's source (``Pipeline(plan)``), and can be simulated
-(:meth:`Plan.simulate`) without tokenizing the data: samples, estimated tokens, epochs and
-exhaustion per dataset over the first N global steps.
+A :class:`Plan` is what a data experiment changes; the processing is the pipeline's. A plan
+prints, round-trips through TOML or JSON (unknown keys are errors), has its own fingerprint,
+becomes the pipeline's source (``Pipeline(plan)``), and is simulated (:meth:`Plan.simulate`)
+without tokenizing: samples, estimated tokens, epochs and exhaustion per dataset per step.
 """
 
 from __future__ import annotations
@@ -24,10 +22,11 @@ from ..sources.estimate import Calibration, TokenEstimation
 from ..sources.mixture import MixtureSchedule, MixtureSpec, as_mixture
 from ..sources.work_source import StaticMixtureWorkSource
 
-_TOP_KEYS = {
-    "datasets", "mixture", "schedule", "seed", "shuffle_shards", "shuffle_within_shard", "exhausted_policy",
-    "max_repeats", "passes", "chunk_size", "lane_assignment", "token_estimation", "calibration", "steps",
-}
+#: The plan's settings that a document holds as they are (always, or only when set).
+_PLAIN_KEYS = ("seed", "shuffle_shards", "shuffle_within_shard", "passes", "chunk_size", "lane_assignment")
+_OPTIONAL_KEYS = ("exhausted_policy", "max_repeats")
+_TABLES = ("datasets", "mixture", "schedule", "token_estimation", "calibration", "steps")
+_TOP_KEYS = {*_PLAIN_KEYS, *_OPTIONAL_KEYS, *_TABLES}
 
 
 @attrs.frozen
@@ -39,11 +38,9 @@ class StepShape:
     sequence_length: int | None = None
 
     def __attrs_post_init__(self) -> None:
-        for name in ("lanes", "microbatch_size", "sequence_length"):
-            v = getattr(self, name)
-            if v is None and name == "sequence_length":
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        for name, v in attrs.asdict(self).items():
+            bad = isinstance(v, bool) or not isinstance(v, int) or v < 1
+            if bad and (v is not None or name != "sequence_length"):
                 raise ValueError(f"steps.{name} must be an int >= 1, got {v!r}")
 
 
@@ -57,7 +54,8 @@ def _as_datasets(value: Any) -> tuple:
         elif isinstance(d, Mapping):
             unknown = set(d) - {"name", "path"}
             if unknown or "name" not in d or "path" not in d:
-                raise ValueError(f"a plan's dataset is {{name, path}}, got keys {sorted(d)}" + (f" (unknown {sorted(unknown)})" if unknown else ""))
+                extra = f" (unknown {sorted(unknown)})" if unknown else ""
+                raise ValueError(f"a plan's dataset is {{name, path}}, got keys {sorted(d)}{extra}")
             out.append(Dataset.from_path(d["name"], d["path"]))
         else:
             raise TypeError(f"a plan's datasets are zephon.io.Dataset objects or {{name, path}} tables, got {d!r}")
@@ -70,7 +68,9 @@ def _as_shape(value: Any) -> StepShape | None:
     if isinstance(value, Mapping):
         unknown = set(value) - {"lanes", "microbatch_size", "sequence_length"}
         if unknown:
-            raise ValueError(f"unknown keys in steps: {sorted(unknown)}; allowed: lanes, microbatch_size, sequence_length")
+            raise ValueError(
+                f"unknown keys in steps: {sorted(unknown)}; allowed: lanes, microbatch_size, sequence_length"
+            )
         return StepShape(**value)
     raise TypeError(f"steps must be a StepShape or a table of lanes, microbatch_size, sequence_length, got {value!r}")
 
@@ -114,7 +114,6 @@ class Plan:
     def __attrs_post_init__(self) -> None:
         self.source()  # every check of the source runs now: an impossible plan fails at construction
 
-    # -- as a source ----------------------------------------------------------------------------------
     def source(self, calibration: Calibration | None = None) -> StaticMixtureWorkSource:
         """The work source this plan describes (``Pipeline(plan)`` uses it)."""
         shape = self.steps
@@ -126,21 +125,10 @@ class Plan:
                 per_step["tokens_per_step"] = shape.lanes * shape.microbatch_size * shape.sequence_length
             if isinstance(self.mixture, MixtureSchedule) and len(self.mixture.points) > 1:
                 per_step["step_lanes"] = shape.lanes  # points start at a block of lanes' chunks, as in a pipeline
-        return StaticMixtureWorkSource(
-            list(self.datasets),
-            self.mixture,
-            seed=self.seed,
-            shuffle_shards=self.shuffle_shards,
-            shuffle_within_shard=self.shuffle_within_shard,
-            exhausted_policy=self.exhausted_policy,
-            passes=self.passes,
-            chunk_size=self.chunk_size,
-            lane_assignment=self.lane_assignment,
-            max_repeats=self.max_repeats,
-            token_estimation=self.token_estimation,
-            calibration=calibration or self.calibration,
-            **per_step,
-        )
+        settings = {k: getattr(self, k) for k in (*_PLAIN_KEYS, *_OPTIONAL_KEYS, "token_estimation")}
+        calibration = calibration or self.calibration
+        settings.update(per_step, calibration=calibration)
+        return StaticMixtureWorkSource(list(self.datasets), self.mixture, **settings)
 
     def as_source(self) -> StaticMixtureWorkSource:
         """The work source (what ``Pipeline(plan)`` calls)."""
@@ -156,30 +144,28 @@ class Plan:
         data = json.dumps(src.fingerprint(), sort_keys=True, default=str)
         return "sha256:" + hashlib.sha256(data.encode()).hexdigest()[:16]
 
-    # -- documents ------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The plan as a document of builtins (datasets as ``{name, path}``; in-memory ones cannot be written)."""
         datasets = []
         for d in self.datasets:
             paths = [d.shard_path(s) for s in range(d.num_shards)]
             if None in paths or not paths:
-                raise ValueError(f"dataset {d.name!r} lives in memory, so a plan document cannot name it; use Dataset.from_path")
+                raise ValueError(
+                    f"dataset {d.name!r} lives in memory, so a plan document cannot name it; use Dataset.from_path"
+                )
             datasets.append({"name": d.name, "path": paths[0] if len(paths) == 1 else paths})
         out: dict[str, Any] = {"datasets": datasets}
         m, unit = self.mixture, self.as_source().unit
         if isinstance(m, MixtureSchedule):
-            out["schedule"] = {"by": m.by, "interpolation": m.interpolation, "unit": unit, "points": [[a, dict(w)] for a, w in m.points]}
+            points = [[a, dict(w)] for a, w in m.points]
+            out["schedule"] = {"by": m.by, "interpolation": m.interpolation, "unit": unit, "points": points}
         else:
             out["mixture"] = {"unit": unit, "weights": dict(m.weights)}
-        for name in ("seed", "shuffle_shards", "shuffle_within_shard", "passes", "chunk_size", "lane_assignment"):
-            out[name] = getattr(self, name)
-        for name in ("exhausted_policy", "max_repeats"):
+        out.update({name: getattr(self, name) for name in _PLAIN_KEYS})
+        out.update({name: getattr(self, name) for name in _OPTIONAL_KEYS if getattr(self, name) is not None})
+        for name in ("token_estimation", "calibration"):
             if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
-        if self.token_estimation is not None:
-            out["token_estimation"] = self.token_estimation.describe()
-        if self.calibration is not None:
-            out["calibration"] = self.calibration.describe()
+                out[name] = getattr(self, name).describe()
         if self.steps is not None:
             out["steps"] = {k: v for k, v in attrs.asdict(self.steps).items() if v is not None}
         return out
@@ -199,20 +185,19 @@ class Plan:
             raise ValueError(f"unknown keys in the plan: {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
         if ("mixture" in data) == ("schedule" in data):
             raise ValueError("a plan has exactly one of [mixture] (fixed weights) and [schedule] (weights over time)")
-        kw: dict[str, Any] = {k: data[k] for k in ("seed", "shuffle_shards", "shuffle_within_shard", "exhausted_policy", "max_repeats", "passes", "chunk_size", "lane_assignment") if k in data}
+        kw: dict[str, Any] = {k: data[k] for k in (*_PLAIN_KEYS, *_OPTIONAL_KEYS, "steps") if k in data}
         if "mixture" in data:
             mix = _table(data["mixture"], "mixture", {"weights", "unit"})
             kw["mixture"] = MixtureSpec(mix["weights"], unit=mix.get("unit"))
         else:
             sch = _table(data["schedule"], "schedule", {"points", "by", "interpolation", "unit"})
-            kw["mixture"] = MixtureSchedule([tuple(p) for p in sch["points"]], **{k: sch[k] for k in ("by", "interpolation", "unit") if k in sch})
+            options = {k: sch[k] for k in ("by", "interpolation", "unit") if k in sch}
+            kw["mixture"] = MixtureSchedule([tuple(p) for p in sch["points"]], **options)
         if "token_estimation" in data:
-            te = _table(data["token_estimation"], "token_estimation", {"primer", "calibration_samples", "calibration_shards_max", "field"})
-            kw["token_estimation"] = TokenEstimation(**te)
+            allowed = {"primer", "calibration_samples", "calibration_shards_max", "field"}
+            kw["token_estimation"] = TokenEstimation(**_table(data["token_estimation"], "token_estimation", allowed))
         if "calibration" in data:
             kw["calibration"] = Calibration.from_description(data["calibration"])
-        if "steps" in data:
-            kw["steps"] = data["steps"]
         datasets = []
         for d in data.get("datasets") or []:
             d = _table(d, "datasets", {"name", "path"})
@@ -250,12 +235,10 @@ class Plan:
         p = Path(path)
         return cls.from_dict(read_config(p, what="plan"), base=p.parent)
 
-    # -- looking at it --------------------------------------------------------------------------------
     def __str__(self) -> str:
         m, unit = self.mixture, self.as_source().unit
         lines = [f"Plan {self.fingerprint()}"]
-        for d in self.datasets:
-            lines.append(f"  dataset {d.name}: {d.num_rows} rows in {d.num_shards} shard(s)")
+        lines += [f"  dataset {d.name}: {d.num_rows} rows in {d.num_shards} shard(s)" for d in self.datasets]
         if isinstance(m, MixtureSchedule):
             lines.append(f"  schedule by {m.by} ({m.interpolation}), weights count {unit}:")
             for a, w in m.points:
@@ -263,7 +246,9 @@ class Plan:
         else:
             lines.append(f"  mixture ({unit}): " + ", ".join(f"{n} {x:.4g}" for n, x in m.weights.items()))
         src = self.source()
-        ends = "never (endless)" if src.resolvable and src.end is None else (f"after {src.end} samples: {src.end_reason}" if src.resolvable else "after calibration")
+        ends = "after calibration"
+        if src.resolvable:
+            ends = f"after {src.end} samples: {src.end_reason}" if src.end is not None else "never (endless)"
         lines.append(f"  order: seed {self.seed}, shuffle_shards={self.shuffle_shards}, shuffle_within_shard={self.shuffle_within_shard}")
         lines.append(f"  ends: {ends}")
         return "\n".join(lines)
@@ -271,16 +256,14 @@ class Plan:
     def simulate(self, steps: int, *, pipeline: Any = None) -> "Simulation":
         """Per dataset: samples, estimated tokens, epochs and exhaustion over the first ``steps`` global steps.
 
-        Reads no data and runs no tokenizer over it (only a calibration the plan needs, measured
-        on its small sample, as the pipeline does). For unpacked records (no ``sequence_length``)
-        the sample counts are exact for a pipeline whose steps hold the first records of each
-        lane in order (no shuffle, filter or split before ``batch``); for packed rows they are
-        estimates from the calibrated tokens per sample.
+        Reads no data (only a calibration the plan needs, on its small sample). Sample counts are
+        exact for unpacked records when no shuffle, filter or split comes before ``batch``; for
+        packed rows they are estimates from the calibrated tokens per sample.
 
         Args:
             steps: global steps to simulate.
-            pipeline: a :class:`~zephon.Pipeline` built on this plan: its compiled source
-                (calibration measured with its tokenizer) and its step shape are used.
+            pipeline: a :class:`~zephon.Pipeline` built on this plan: its compiled source and its
+                step shape are used.
         """
         if pipeline is not None:
             src = pipeline.compile().source
@@ -294,7 +277,10 @@ class Plan:
                     "tokens_per_byte), or pass pipeline= to measure with the pipeline's tokenizer"
                 )
         if shape is None:
-            raise ValueError("simulate needs to know what a step holds: give the plan steps={lanes, microbatch_size[, sequence_length]}")
+            raise ValueError(
+                "simulate needs to know what a step holds: "
+                "give the plan steps={lanes, microbatch_size[, sequence_length]}"
+            )
         return simulate_source(src, shape, steps)
 
 
@@ -303,8 +289,8 @@ def _pipeline_shape(pipeline: Any) -> StepShape:
     batch = next((op for op in ops if op.kind == "batch"), None)
     if batch is None:
         raise ValueError("simulate(pipeline=...) needs a pipeline that ends in batch()")
-    pack = next((op for op in ops if op.kind in ("pack_flat", "pack_sequences")), None)
-    return StepShape(pipeline.run_options.canonical_replicas, batch.microbatch_size, pack.max_length if pack is not None else None)
+    pack = next((op.max_length for op in ops if op.kind in ("pack_flat", "pack_sequences")), None)
+    return StepShape(pipeline.run_options.canonical_replicas, batch.microbatch_size, pack)
 
 
 @attrs.frozen
@@ -330,21 +316,16 @@ class Simulation:
         total = sum(t for t in self.tokens.values() if t is not None) or 0
         rows = [("dataset", "samples", "est. tokens", "token share", "epochs", "first pass ends at step")]
         for n in self.names:
-            t = self.tokens[n]
-            rows.append((
-                n,
-                str(self.samples[n]),
-                "-" if t is None else f"{t:,.0f}",
-                "-" if t is None or not total else f"{t / total:.4f}",
-                f"{self.epochs[n]:.3f}",
-                "-" if self.exhausted_at[n] is None else str(self.exhausted_at[n]),
-            ))
+            t, end = self.tokens[n], self.exhausted_at[n]
+            share = "-" if t is None or not total else f"{t / total:.4f}"
+            tokens = "-" if t is None else f"{t:,.0f}"
+            end = "-" if end is None else str(end)
+            rows.append((n, str(self.samples[n]), tokens, share, f"{self.epochs[n]:.3f}", end))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [head] + ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
         if len(self.weights) > 1:
             lines.append(f"target ({self.unit}) over steps:")
-            for step, w in self.weights:
-                lines.append(f"  step {step}: " + ", ".join(f"{n} {x:.4f}" for n, x in w.items()))
+            lines += [f"  step {step}: " + ", ".join(f"{n} {x:.4f}" for n, x in w.items()) for step, w in self.weights]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -362,15 +343,12 @@ class Simulation:
         per = np.asarray(self.per_step, dtype=float)
         if tokens_per_sample:
             per = per * np.asarray([tokens_per_sample[n] for n in self.names])
-        window = max(1, self.steps // 100)
-        kernel = np.ones(window)
+        kernel = np.ones(max(1, self.steps // 100))
         smooth = np.stack([np.convolve(per[:, j], kernel, mode="same") for j in range(per.shape[1])], axis=1)
         share = smooth / np.maximum(smooth.sum(axis=1, keepdims=True), 1e-12)
         fig, ax = plt.subplots(figsize=(8, 4))
         ax.stackplot(np.arange(1, self.steps + 1), share.T, labels=self.names)
-        ax.set_xlabel("global step")
-        ax.set_ylabel("token share" if tokens_per_sample else "sample share")
-        ax.set_ylim(0, 1)
+        ax.set(xlabel="global step", ylabel="token share" if tokens_per_sample else "sample share", ylim=(0, 1))
         ax.legend(loc="upper right")
         fig.tight_layout()
         fig.savefig(path)
@@ -406,25 +384,16 @@ def simulate_source(src: StaticMixtureWorkSource, shape: StepShape, steps: int) 
     cum = np.cumsum(per_step, axis=0)
     total = cum[-1] if len(cum) else np.zeros(n, dtype=np.int64)
     sizes = [d.num_rows for d in src.datasets]
-    exhausted = {}
-    for j, name in enumerate(names):
-        hit = np.flatnonzero(cum[:, j] >= sizes[j]) if sizes[j] else np.array([])
-        exhausted[name] = int(hit[0]) if hit.size else None
-    marks = sorted({0, *(_step_of(src, shape, p) for _, p in src.point_positions), max(0, steps - 1)} | {int(steps * f) for f in (0.25, 0.5, 0.75)})
+    hits = [np.flatnonzero(cum[:, j] >= sizes[j]) if sizes[j] else np.array([]) for j in range(n)]
+    exhausted = {name: int(hit[0]) if hit.size else None for name, hit in zip(names, hits)}
+    marks = {0, max(0, steps - 1), *(_step_of(src, shape, p) for _, p in src.point_positions)}
+    marks = sorted(marks | {int(steps * f) for f in (0.25, 0.5, 0.75)})
     weights = [(s, src.target_at(_position_of_step(src, shape, s))) for s in marks if s < steps]
-    return Simulation(
-        steps=steps,
-        shape=shape,
-        names=names,
-        samples={nm: int(total[j]) for j, nm in enumerate(names)},
-        tokens={nm: (float(total[j]) * tps[j] if tps else None) for j, nm in enumerate(names)},
-        epochs={nm: (int(total[j]) / sizes[j] if sizes[j] else 0.0) for j, nm in enumerate(names)},
-        exhausted_at=exhausted,
-        weights=_dedupe(weights),
-        per_step=per_step,
-        unit=src.unit,
-        exact=exact,
-    )
+    samples = {nm: int(total[j]) for j, nm in enumerate(names)}
+    tokens = {nm: (float(total[j]) * tps[j] if tps else None) for j, nm in enumerate(names)}
+    epochs = {nm: (int(total[j]) / sizes[j] if sizes[j] else 0.0) for j, nm in enumerate(names)}
+    weights = _dedupe(weights)
+    return Simulation(steps, shape, names, samples, tokens, epochs, exhausted, weights, per_step, src.unit, exact)
 
 
 def _dedupe(weights: list) -> list:
@@ -468,18 +437,15 @@ def _position_at_tokens(src: StaticMixtureWorkSource, tokens: float) -> int:
 
 
 def _position_of_step(src: StaticMixtureWorkSource, shape: StepShape, step: int) -> int:
-    if shape.sequence_length is None:
-        return step * shape.lanes * shape.microbatch_size
-    return _position_at_tokens(src, step * shape.lanes * shape.microbatch_size * shape.sequence_length)
+    records = step * shape.lanes * shape.microbatch_size
+    return records if shape.sequence_length is None else _position_at_tokens(src, records * shape.sequence_length)
 
 
 def _step_of(src: StaticMixtureWorkSource, shape: StepShape, position: int) -> int:
+    per_step = shape.lanes * shape.microbatch_size
     if shape.sequence_length is None:
-        return position // (shape.lanes * shape.microbatch_size)
-    return int(src.tokens_before(position) // (shape.lanes * shape.microbatch_size * shape.sequence_length))
-
-
-# -- small helpers for documents ------------------------------------------------------------------------------
+        return position // per_step
+    return int(src.tokens_before(position) // (per_step * shape.sequence_length))
 
 
 def _table(value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
@@ -512,17 +478,8 @@ def _value(v: Any) -> str:
 
 
 def _toml(doc: dict[str, Any]) -> str:
-    lines = []
-    for k, v in doc.items():
-        if not isinstance(v, Mapping) and k != "datasets":
-            lines.append(f"{_key(k)} = {_value(v)}")
-    for k, v in doc.items():
-        if isinstance(v, Mapping):
-            lines.append(f"\n[{k}]")
-            for kk, vv in v.items():
-                lines.append(f"{_key(kk)} = {_value(vv)}")
-    for d in doc.get("datasets", []):
-        lines.append("\n[[datasets]]")
-        for kk, vv in d.items():
-            lines.append(f"{_key(kk)} = {_value(vv)}")
+    lines = [f"{_key(k)} = {_value(v)}" for k, v in doc.items() if not isinstance(v, Mapping) and k != "datasets"]
+    tables = [(f"[{k}]", v) for k, v in doc.items() if isinstance(v, Mapping)]
+    for head, table in tables + [("[[datasets]]", d) for d in doc.get("datasets", [])]:
+        lines += [f"\n{head}", *(f"{_key(k)} = {_value(v)}" for k, v in table.items())]
     return "\n".join(lines) + "\n"
