@@ -11,6 +11,9 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from ..training.convert import to_training
+from ..training.fields import padding_waste
+
 
 class Segment(NamedTuple):
     """A token range ``[start, end)`` (``end == -1``: all) of the ``child``-th record made from source row ``row``."""
@@ -192,14 +195,10 @@ class SampleBatch:
     @property
     def padding_waste(self) -> float:
         """``1 - real tokens / (B x T_batch)`` if padded to the longest record (packed padding included)."""
-        from .fields import padding_waste
-
         return padding_waste(self.records)
 
     def to_training(self, **kwargs: Any) -> dict[str, Any]:
         """Convert to training tensors; see :func:`zephon.to_training` for every option."""
-        from ..training.convert import to_training
-
         return to_training(self, **kwargs)
 
 

@@ -18,7 +18,7 @@ import msgspec
 from ..core.operator import Operator, Resolver, config_field
 from ..core.state import decode, resolve
 from ..core.keys import fold_in, randbelow
-from ..core.fields import TOKEN_FIELDS, payload_length
+from ..training.fields import TOKEN_FIELDS, payload_length
 from ..core.records import Meta, Record, SampleBatch
 from .shuffle import nonnegative, positive_int
 

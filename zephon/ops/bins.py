@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.operator import Operator, Resolver, config_field
 from ..core.state import decode, resolve
-from ..core.fields import SEGMENT_KEYS, aligned_payload, check_carried, find_token_field, unique_names
+from ..training.fields import SEGMENT_KEYS, aligned_payload, check_carried, find_token_field, unique_names
 from ..core.records import Meta, Record, Segment, describe_meta
 from .shuffle import nonnegative
 

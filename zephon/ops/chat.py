@@ -24,7 +24,7 @@ import numpy as np
 
 from ..core.cache import ProcessCache
 from ..core.operator import config_field
-from ..core.fields import SPECIAL_TOKEN_MODES
+from ..training.fields import SPECIAL_TOKEN_MODES
 from ..text.templates import BUILTIN_TEMPLATES, CHATML_TEMPLATE, LLAMA3_TEMPLATE, RESERVED_KWARGS, render_chat
 from ..text.templates import _render, _resolve_template, check_markers, has_generation_tags, shipped_template
 from ..text.templates import spans_to_mask, strip_generation_tags

@@ -28,7 +28,7 @@ import msgspec
 
 from ..core.operator import Chain, Operator, Resolver, config_field
 from ..core.state import decode, resolve
-from ..core.fields import payload_length
+from ..training.fields import payload_length
 from ..core.records import Record
 from ..sources.mixture import MixtureSchedule, check_names, integer_weights, normalize
 from .shuffle import Shuffle, nonnegative, positive_int

@@ -16,7 +16,7 @@ import attrs
 import numpy as np
 
 from ..core.operator import config_field
-from ..core.fields import find_token_field, segment_entry
+from ..training.fields import find_token_field, segment_entry
 from ..core.records import Record
 from .bins import ALGORITHMS as ALGORITHMS
 from .bins import OVERSIZED as OVERSIZED

@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 
 from ..core.operator import CHILD_BASE, StatelessOp, config_field
-from ..core.fields import SPECIAL_TOKEN_MODES as SPECIAL_TOKEN_MODES
+from ..training.fields import SPECIAL_TOKEN_MODES as SPECIAL_TOKEN_MODES
 from ..text.tokenizer import BACKENDS, TokenizerHandle, load_tokenizer
 
 __all__ = ["SPECIAL_TOKEN_MODES", "Tokenize"]

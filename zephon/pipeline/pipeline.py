@@ -22,7 +22,7 @@ from ..core.operator import Chain, FilterOp, MapOp, Operator, StatelessOp
 from ..runtime.distributed import Topology, resolve_topology
 from .explain import Explanation, explain_plan
 from ..core.fingerprint import FingerprintWarning, unfingerprintable
-from ..core.fields import TOKEN_FIELDS
+from ..training.fields import TOKEN_FIELDS
 from ..runtime.lanes import Plan
 from ..runtime.loader import Loader, restored_lanes
 from ..core.log import progress

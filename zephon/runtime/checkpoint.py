@@ -326,17 +326,21 @@ def _part(path: str) -> str:
     return "lane count" if path.startswith("lanes") else "settings"
 
 
+_ABSENT = object()  # a key that one fingerprint has and the other has not
+
+
 def fingerprint_diff(a: Any, b: Any, path: str = "") -> list[tuple[str, str, str]]:
     """The paths where two fingerprints differ, with short renderings of both values."""
     if not path and _norm(a) == _norm(b):
         return []  # the usual case, settled in one comparison instead of one per leaf
     if isinstance(a, dict) and isinstance(b, dict):
         keys = list(a) + [k for k in b if k not in a]
-        subs = [(f"{path}.{k}" if path else str(k), a.get(k, "<absent>"), b.get(k, "<absent>")) for k in keys]
+        subs = [(f"{path}.{k}" if path else str(k), a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in keys]
     elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
         subs = [(f"{path}[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b))]
     else:
-        return [] if _norm(a) == _norm(b) else [(path or "<root>", _short(a), _short(b))]
+        same = a is not _ABSENT and b is not _ABSENT and _norm(a) == _norm(b)
+        return [] if same else [(path or "<root>", _short(a), _short(b))]
     return [d for sub, x, y in subs for d in fingerprint_diff(x, y, sub)]
 
 
@@ -345,6 +349,8 @@ def _norm(x: Any) -> Any:
 
 
 def _short(x: Any) -> str:
+    if x is _ABSENT:
+        return "<absent>"
     s = json.dumps(x, sort_keys=True, default=str)
     return s if len(s) <= 80 else s[:77] + "..."
 

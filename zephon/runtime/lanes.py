@@ -25,7 +25,7 @@ import msgspec
 
 from ..core.operator import Chain, ChainState, Operator, Resolver, StatelessState, state_type
 from ..core.keys import fold_in, seed_key
-from ..core.fields import payload_length
+from ..training.fields import payload_length
 from .readahead import ReadAhead, per_record_prefix
 from ..core.records import UNRESOLVED, Meta, Record, SampleBatch, Segment, meta_from_ints, reference
 from ..core.state import decode as decode_struct, encode_outputs, keep_references, output_ref, references, resolve

@@ -22,7 +22,7 @@ from .distributed import Topology, all_ranks_have, distributed_group
 from .inline_executor import InlineExecutor
 from .process_executor import ProcessExecutor
 from .thread_executor import ThreadExecutor
-from ..core.fields import payload_length
+from ..training.fields import payload_length
 from .lanes import Plan
 from ..core.log import get_logger
 from .options import Options

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..core.fields import TOKEN_FIELDS
+from ..training.fields import TOKEN_FIELDS
 from ..core.records import SampleBatch
 
 #: The name of the reading stage in the runtime counters (records out = source samples read).

@@ -18,7 +18,7 @@ import attrs
 import msgspec
 
 from ..core.operator import Chain, StatelessOp, sample_meta
-from ..core.fields import payload_length
+from ..training.fields import payload_length
 from ..core.records import Record
 from .estimate import Calibration, DatasetEstimate
 from .mixture import MixtureSchedule

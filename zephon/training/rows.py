@@ -15,7 +15,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import attrs
 import numpy as np
 
-from ..core.fields import SEGMENT_KEYS, TOKEN_FIELDS, check_carried, is_aligned, segment_entry
+from .fields import SEGMENT_KEYS, TOKEN_FIELDS, check_carried, is_aligned, segment_entry
 
 _INT32_MAX = 2**31 - 1
 

@@ -21,7 +21,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import attrs
 import numpy as np
 
-from ..core.fields import TOKEN_FIELDS, unique_names
+from .fields import TOKEN_FIELDS, unique_names
 from .rows import _cu_seqlens, _fill, _gather, _Output, _rename_and_exclude, _segments
 
 __all__ = ["TrainingSpec"]
