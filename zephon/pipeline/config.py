@@ -44,6 +44,14 @@ def read_config(path: str | os.PathLike, *, what: str = "pipeline config") -> di
     if p.suffix != ".toml":
         raise ValueError(f"{what} {p}: use a .toml or .json file")
     try:
+        return parse_toml(text)
+    except ValueError as exc:  # tomllib's and tomli's TOMLDecodeError
+        raise ValueError(f"{what} {p}: not valid TOML ({exc})") from None
+
+
+def parse_toml(text: str) -> dict[str, Any]:
+    """A TOML document (``tomllib``, or ``tomli`` on Python 3.10); a syntax error is a ``ValueError``."""
+    try:
         import tomllib
     except ImportError:  # Python 3.10
         try:
@@ -52,10 +60,7 @@ def read_config(path: str | os.PathLike, *, what: str = "pipeline config") -> di
             raise ImportError(
                 "reading TOML on Python 3.10 needs tomli: pip install 'zephon[toml]' (or use a .json config)"
             ) from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{what} {p}: not valid TOML ({exc})") from None
+    return tomllib.loads(text)
 
 
 def load_pipeline_config(path: str | os.PathLike) -> Any:

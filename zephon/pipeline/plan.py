@@ -223,9 +223,9 @@ class Plan:
 
     @classmethod
     def from_toml(cls, text: str, *, base: str | os.PathLike | None = None) -> "Plan":
-        import tomllib
+        from .config import parse_toml
 
-        return cls.from_dict(tomllib.loads(text), base=base)
+        return cls.from_dict(parse_toml(text), base=base)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
@@ -483,3 +483,4 @@ def _toml(doc: dict[str, Any]) -> str:
     for head, table in tables + [("[[datasets]]", d) for d in doc.get("datasets", [])]:
         lines += [f"\n{head}", *(f"{_key(k)} = {_value(v)}" for k, v in table.items())]
     return "\n".join(lines) + "\n"
+
