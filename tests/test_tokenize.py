@@ -764,7 +764,7 @@ def test_module_layout_has_no_cycles():
 
 
 def test_one_list_of_special_token_modes():
-    from zephon.core import fields as _fields
+    from zephon.training import fields as _fields
     from zephon.ops import tokenize as _tokenize
 
     assert _tokenize.SPECIAL_TOKEN_MODES is _fields.SPECIAL_TOKEN_MODES
