@@ -445,3 +445,16 @@ def _bind(op: Operator, upstream: Resolver) -> Resolver:
 def sample_meta(lane: int, dataset: int, shard: int, row: int) -> Meta:
     """The meta of a freshly read source sample."""
     return Meta(lane, (Segment(dataset, shard, row, 0, 0, -1),), 0)
+
+
+def positive_int(instance: Any, attribute: Any, value: Any) -> None:
+    """The attrs validator of an operator's size settings (shuffle, batch, ensure_mixture): an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{instance.kind}: {attribute.name} must be an int >= 1, got {value!r}")
+
+
+def nonnegative(state: Any, names: Sequence[str]) -> None:
+    """Refuse a decoded state with a negative counter, naming its field."""
+    for name in names:
+        if getattr(state, name) < 0:
+            raise ValueError(f"field {name!r} must be an int >= 0, got {getattr(state, name)}")

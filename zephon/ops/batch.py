@@ -15,12 +15,11 @@ from typing import Any, ClassVar, Sequence
 import attrs
 import msgspec
 
-from ..core.operator import Operator, Resolver, config_field
+from ..core.operator import Operator, Resolver, config_field, nonnegative, positive_int
 from ..core.state import decode, resolve
 from ..core.keys import fold_in, randbelow
 from ..training.fields import TOKEN_FIELDS, payload_length
 from ..core.records import Meta, Record, SampleBatch
-from .shuffle import nonnegative, positive_int
 
 
 class BatchState(msgspec.Struct, frozen=True, tag="batch", forbid_unknown_fields=True):

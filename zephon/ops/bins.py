@@ -15,11 +15,10 @@ import attrs
 import msgspec
 import numpy as np
 
-from ..core.operator import Operator, Resolver, config_field
+from ..core.operator import Operator, Resolver, config_field, nonnegative
 from ..core.state import decode, resolve
 from ..training.fields import SEGMENT_KEYS, aligned_payload, check_carried, find_token_field, unique_names
 from ..core.records import Meta, Record, Segment, describe_meta
-from .shuffle import nonnegative
 
 #: The packing algorithms, as Zephon names them.
 ALGORITHMS = ("first_fit", "best_fit", "wrap", "best_fit_wrap")

@@ -26,12 +26,12 @@ from typing import Any, ClassVar, Sequence
 import attrs
 import msgspec
 
-from ..core.operator import Chain, Operator, Resolver, config_field
+from ..core.operator import Chain, Operator, Resolver, config_field, nonnegative, positive_int
 from ..core.state import decode, resolve
 from ..training.fields import payload_length
 from ..core.records import Record
 from ..sources.mixture import MixtureSchedule, check_names, integer_weights, normalize
-from .shuffle import Shuffle, nonnegative, positive_int
+from .shuffle import Shuffle
 
 
 class EnsureMixtureState(msgspec.Struct, frozen=True, tag="ensure_mixture", forbid_unknown_fields=True):

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Sequence
 import attrs
 import msgspec
 
-from ..core.operator import Operator, Resolver, config_field
+from ..core.operator import Operator, Resolver, config_field, nonnegative, positive_int
 from ..core.keys import fold_in, randbelow
 from ..core.records import Record
 from ..core.state import decode, resolve
@@ -62,19 +62,6 @@ def _draw(buffer: list[Record], key: int, draws: int) -> Record:
 def sample_starts(rec: Record) -> int:
     """The samples whose first token ``rec`` holds: its lane clock for ``drains``."""
     return sum(1 for seg in rec.meta.segments if seg.start == 0 and seg.child == 0)
-
-
-def positive_int(instance: Any, attribute: Any, value: Any) -> None:
-    """The validator of an operator's size settings (``shuffle``, ``batch``, ``ensure_mixture``)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{instance.kind}: {attribute.name} must be an int >= 1, got {value!r}")
-
-
-def nonnegative(state: Any, names: Sequence[str]) -> None:
-    """Refuse a decoded state with a negative counter, naming its field."""
-    for name in names:
-        if getattr(state, name) < 0:
-            raise ValueError(f"field {name!r} must be an int >= 0, got {getattr(state, name)}")
 
 
 def _int(instance, attribute, value):
