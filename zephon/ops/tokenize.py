@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Sequence
 import attrs
 import numpy as np
 
-from ..core.operator import CHILD_BASE, StatelessOp, config_field
+from ..core.operator import CHILD_BASE, StatelessOp, StatelessState, config_field
 from ..training.fields import SPECIAL_TOKEN_MODES as SPECIAL_TOKEN_MODES
 from ..text.tokenizer import BACKENDS, TokenizerHandle, load_tokenizer
 
@@ -156,6 +156,10 @@ class TokenizerOp(StatelessOp):
     def tokenizer_id(self) -> None:
         """Always ``None``: a ``tokenizer_id`` given to the constructor is loaded into ``tokenizer``."""
         return None
+
+    def init(self, key: int) -> StatelessState:
+        self.tokenizer.load_encoder()  # a lane starts here: its first step should not wait for the build
+        return StatelessState()
 
     def _specials(self) -> tuple[int | None, int | None]:
         """The BOS and EOS ids a ``special_tokens`` mode adds (``None`` where it adds none):

@@ -119,11 +119,8 @@ class TokenizerHandle:
         return hash((self._digest, self.backend))
 
     def __repr__(self) -> str:
-        return (
-            f"TokenizerHandle(source={self.source!r}, bos_token_id={self.bos_token_id}, "
-            f"eos_token_id={self.eos_token_id}, pad_token_id={self.pad_token_id}, backend={self.backend!r}, "
-            f"fingerprint={self._digest[:12]!r})"
-        )
+        ids = f"bos_token_id={self.bos_token_id}, eos_token_id={self.eos_token_id}, pad_token_id={self.pad_token_id}"
+        return f"TokenizerHandle(source={self.source!r}, {ids}, backend={self.backend!r}, fingerprint={self._digest[:12]!r})"
 
     def __reduce__(self):
         # The live tokenizer never travels; the receiving process rebuilds it from the JSON.
@@ -168,6 +165,11 @@ class TokenizerHandle:
             raise RuntimeError(f"tokenizer cannot use the tiktoken backend: {reason}")
         return _build_tiktoken(plan, self._content)
 
+    def load_encoder(self) -> TokenizerHandle:
+        """Build this process's live encoder now, not in the first encode (a starting lane does); returns self."""
+        self._encoding() if self.backend == "tiktoken" and _tiktoken_usable() else self.tokenizer
+        return self
+
     def with_backend(self, backend: str) -> TokenizerHandle:
         """This handle with the encoder chosen again for ``backend`` (``auto``, ``tokenizers``, ``tiktoken``)."""
         effective = _choose_backend(self, backend)
@@ -177,15 +179,12 @@ class TokenizerHandle:
         return self if effective == self.backend else attrs.evolve(self, backend=effective)
 
     def encode_batch(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[np.ndarray]:
-        """Encode texts to ``int32`` id arrays in one native call, without adding special tokens.
+        """Encode texts to one writable ``int32`` id array each, in one native call, adding no special tokens.
 
         Args:
             num_threads: encoder threads (``None``: one per CPU): the tiktoken backend's pool, or
                 ``tokenizers``' Rayon pool, which exists once per process and takes the size given
                 before its first use; a later, different size is logged once as a warning.
-
-        Returns:
-            One writable ``int32`` array per text.
 
         Raises:
             ValueError: a text cannot be encoded as UTF-8 (it holds an unpaired surrogate).
