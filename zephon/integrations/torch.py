@@ -8,6 +8,7 @@ carries its lane, the lane's count and the lane's state after it, so its ``state
 zephon's lane checkpoint and resumes on any ``num_workers``, from its own state, a zephon
 checkpoint or a ``StatefulDataLoader`` state. Its workers run the lanes as the dataset's do, and a
 worker whose lanes end sends an end marker in its turn, where the main process stops.
+:func:`document_block_mask` (from :mod:`zephon.integrations.attention`) keeps attention within documents.
 
 torch is imported with this module, never by ``import zephon``.
 """
@@ -22,12 +23,18 @@ import torch.utils.data
 
 from ..runtime.checkpoint import build, checkpoint_to_state_dict, select_lanes, state_dict_to_checkpoint, validate
 from ..runtime.loader import Loader, out_lane, output_size
+from .attention import document_block_mask as document_block_mask
+from .attention import document_ids as document_ids
+from .attention import varlen_boundaries as varlen_boundaries
 from .torch_dataset import LaneShare, _active_workers, _counts, _idle_warning, _in_worker, _offset
 from .torch_dataset import TrainingDataset as TrainingDataset
 from .torch_dataset import TrainingStream as TrainingStream
 from .torch_dataset import checkpoint_from_state as checkpoint_from_state
 
-__all__ = ["DataLoader", "TrainingDataset", "TrainingStream", "checkpoint_from_state"]
+__all__ = [
+    "DataLoader", "TrainingDataset", "TrainingStream", "checkpoint_from_state", "document_block_mask", "document_ids",
+    "varlen_boundaries",
+]
 
 
 @attrs.frozen
