@@ -87,6 +87,26 @@ def test_bshd_slices_reassemble_to_the_unsplit_row(size, balanced):
     assert sum(o["num_valid_tokens"] for o in outs) == full["num_valid_tokens"]
 
 
+def test_bshd_keeps_the_full_rows_boundaries_on_every_rank():
+    batch = batch_of([[5, 7], [3, 3, 2]], 13)
+    full = to_training(batch, return_labels=True, return_cu_seqlens=True, dtype=None)
+    for o in ranks(batch, 3, return_labels=True, return_cu_seqlens=True, dtype=None):
+        assert (o["cu_seqlens"], o["max_seqlen"]) == (full["cu_seqlens"], full["max_seqlen"])
+
+
+def test_thd_flattened_runs_over_the_batch():
+    batch = batch_of([[5, 7], [3, 3, 2]], 13)
+    options = dict(return_labels=True, context_parallel_format="thd", padding="max_length", max_length=17,
+                   pad_token_id=PAD, dtype=np.int64)
+    for rows, flat in zip(ranks(batch, 2, **options), ranks(batch, 2, flatten=True, **options)):
+        np.testing.assert_array_equal(flat["input_ids"], rows["input_ids"].reshape(-1))
+        lengths = np.diff(rows["cu_seqlens_padded"], axis=1)
+        np.testing.assert_array_equal(np.diff(flat["cu_seqlens_padded"]), lengths[lengths > 0])
+        real = np.diff(rows["cu_seqlens"], axis=1)[lengths > 0]
+        np.testing.assert_array_equal(np.diff(flat["cu_seqlens"]), real)
+        assert flat["max_seqlen"] == int(lengths.max()) and flat["cu_seqlens_padded"][-1] == 2 * 16
+
+
 def test_load_balanced_ranks_take_chunks_r_and_mirror():
     batch = batch_of([[9]], 9)
     rows = ranks(batch, 2, return_labels=True, dtype=None)  # 8 inputs in 4 chunks of 2
@@ -133,7 +153,8 @@ def test_thd_pads_each_document_and_keeps_every_token(size, balanced):
 
 def _qkv(ids: np.ndarray, pos: np.ndarray, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    emb, pemb = torch.randn(64, 8, generator=g, dtype=torch.float64), torch.randn(128, 8, generator=g, dtype=torch.float64)
+    emb = torch.randn(64, 8, generator=g, dtype=torch.float64)
+    pemb = torch.randn(128, 8, generator=g, dtype=torch.float64)
     w = torch.randn(3, 8, 8, generator=g, dtype=torch.float64)
     x = emb[torch.as_tensor(ids)] + pemb[torch.as_tensor(pos)]
     return x @ w[0], x @ w[1], x @ w[2]
@@ -215,7 +236,8 @@ def test_chunked_attention_equals_the_full_rows_for_any_documents(rows, size, ba
     check_attention(rows, size, balanced, fmt, max(inputs, m) + 1)
     batch = batch_of(rows, max(inputs, m) + 1)
     extra = dict(padding="max_length", max_length=max(inputs, m) + 1, pad_token_id=PAD) if fmt == "thd" else {}
-    counts = [o["num_valid_tokens"] for o in ranks(batch, size, load_balance=balanced, context_parallel_format=fmt, **extra, **LABELLED)]
+    outs = ranks(batch, size, load_balance=balanced, context_parallel_format=fmt, **extra, **LABELLED)
+    counts = [o["num_valid_tokens"] for o in outs]
     assert sum(counts) == to_training(batch, **extra, **LABELLED)["num_valid_tokens"]
 
 

@@ -97,11 +97,11 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
     Output keys, in order: ``ids``, ``texts``, ``segments``, ``padding_mask``, ``input_ids``,
     ``labels``, ``attention_mask``, extra fields (in the order given), ``positions``,
     ``loss_mask``, ``document_ids``, ``num_valid_tokens``, ``cu_seqlens``, ``cu_seqlens_padded``,
-    ``max_seqlen`` (each only when it
-    applies), then renamed and excluded. An empty batch gives ``{"ids": [], "texts": []}`` plus, when
-    requested, ``padding_mask=[]``, ``attention_mask=[]``, ``positions=[]`` (sequence mode),
-    ``loss_mask=[]``, ``num_valid_tokens=0`` and ``cu_seqlens``/``max_seqlen`` = ``[]``/``[]``
-    (``[0]``/``0`` when flattened).
+    ``max_seqlen`` (each only when it applies), then renamed and excluded. An empty batch gives
+    ``{"ids": [], "texts": []}`` plus, when requested, ``padding_mask=[]``, ``attention_mask=[]``,
+    ``positions=[]`` (sequence mode), ``loss_mask=[]``, ``document_ids=[]``, ``num_valid_tokens=0``
+    and ``cu_seqlens``/``cu_seqlens_padded``/``max_seqlen`` = ``[]`` (``[0]``/``[0]``/``0`` when
+    flattened).
 
     The output depends only on the batch and the options; payloads are never modified or aliased.
     ``TrainingSpec(**options)`` validates the options once for many batches, with the same output.

@@ -137,7 +137,7 @@ class TrainingSpec:
         padding: ``None``, ``"longest"`` or ``"max_length"`` (``False`` and ``"do_not_pad"`` become
             ``None``, ``True`` becomes ``"longest"``).
         ignore_index, eos_token_id, max_length, pad_to_multiple_of, pad_token_id: Python ints (or ``None``).
-        return_labels, shift_labels, flatten, eos_mask_loss and the ``return_*`` flags other than
+        return_labels, shift_labels, flatten, eos_mask_loss, load_balance and the ``return_*`` flags other than
             ``return_attention_mask``: bools (by truth value). The other options are kept as given.
 
     Raises:
