@@ -111,8 +111,8 @@ def thd_layout(fields: dict, doc: np.ndarray, spec: Any, pad_id: int) -> tuple[d
     m = chunk_multiple(size, spec.load_balance)
     B, W = doc.shape
     real_rows, padded_rows, index = [], [], np.full((B, W), -1, dtype=np.int64)
-    seq_of = np.zeros((B, W), dtype=np.int64)  # per new slot: offset within its sequence
-    seq_start_src = np.full((B, W), -1, dtype=np.int64)  # per new slot: source slot of its sequence's start
+    offset = np.zeros((B, W), dtype=np.int64)  # per new slot: offset within its sequence
+    start_source = np.full((B, W), -1, dtype=np.int64)  # per new slot: source slot of its sequence's start
     for i in range(B):
         ids = doc[i]
         n = int(np.count_nonzero(ids >= 0))
@@ -134,17 +134,17 @@ def thd_layout(fields: dict, doc: np.ndarray, spec: Any, pad_id: int) -> tuple[d
         dst = np.cumsum(padded) - padded
         for s, d, length, p in zip(src, dst, lengths, padded):
             index[i, d : d + length] = np.arange(s, s + length)
-            seq_of[i, d : d + p] = np.arange(p)
-            seq_start_src[i, d : d + p] = s
-        seq_of[i, need:] = np.arange(tail)
+            offset[i, d : d + p] = np.arange(p)
+            start_source[i, d : d + p] = s
+        offset[i, need:] = np.arange(tail)
     rows = np.arange(B)[:, None]
     taken = np.maximum(index, 0)
     out = {}
     for name, (arr, kind) in fields.items():
         moved = arr[rows, taken]
         if name == "positions":
-            first = np.where(seq_start_src >= 0, arr[rows, np.maximum(seq_start_src, 0)], 0)
-            fill = first + seq_of
+            first = np.where(start_source >= 0, arr[rows, np.maximum(start_source, 0)], 0)
+            fill = first + offset
         else:
             fill = np.asarray(_fill_value(name, spec, pad_id), dtype=arr.dtype)
         out[name] = (np.where(index >= 0, moved, fill), kind)
