@@ -96,11 +96,12 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
 
     Output keys, in order: ``ids``, ``texts``, ``segments``, ``padding_mask``, ``input_ids``,
     ``labels``, ``attention_mask``, extra fields (in the order given), ``positions``,
-    ``loss_mask``, ``num_valid_tokens``, ``cu_seqlens``, ``max_seqlen`` (each only when it
-    applies), then renamed and excluded. An empty batch gives ``{"ids": [], "texts": []}`` plus, when
-    requested, ``padding_mask=[]``, ``attention_mask=[]``, ``positions=[]`` (sequence mode),
-    ``loss_mask=[]``, ``num_valid_tokens=0`` and ``cu_seqlens``/``max_seqlen`` = ``[]``/``[]``
-    (``[0]``/``0`` when flattened).
+    ``loss_mask``, ``document_ids``, ``num_valid_tokens``, ``cu_seqlens``, ``cu_seqlens_padded``,
+    ``max_seqlen`` (each only when it applies), then renamed and excluded. An empty batch gives
+    ``{"ids": [], "texts": []}`` plus, when requested, ``padding_mask=[]``, ``attention_mask=[]``,
+    ``positions=[]`` (sequence mode), ``loss_mask=[]``, ``document_ids=[]``, ``num_valid_tokens=0``
+    and ``cu_seqlens``/``cu_seqlens_padded``/``max_seqlen`` = ``[]`` (``[0]``/``[0]``/``0`` when
+    flattened).
 
     The output depends only on the batch and the options; payloads are never modified or aliased.
     ``TrainingSpec(**options)`` validates the options once for many batches, with the same output.
@@ -150,6 +151,17 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
             ``pad_token_id``. It never matters for the loss, which masks padding by position.
         return_attention_mask: emit ``attention_mask`` (1 on real tokens, 0 on padding). Default:
             whenever ``padding`` is requested, so every batch of a run has the same keys.
+        return_document_ids: emit int64 input-aligned ``document_ids``: per token, the index of its
+            document within its row (across the batch with ``flatten``), -1 on padding; documents
+            start at the zeros of ``positions`` (a record without them is one document).
+        context_parallel: ``(cp_size, cp_rank)``: emit only this context-parallel rank's share of
+            every sequence field (sliced after the label shift); ``num_valid_tokens`` counts it.
+        context_parallel_format: ``"bshd"`` (default): the input-aligned row is cut into chunks
+            (its width must divide), ``cu_seqlens`` stay the full row's. ``"thd"``: each document
+            is padded to a multiple of the chunk count inside the row (which must have room) and
+            cut on its own; emits ``cu_seqlens`` (real lengths) and ``cu_seqlens_padded``.
+        load_balance: ``True`` (default): ``2 * cp_size`` chunks, rank ``r`` takes chunks ``r`` and
+            ``2 * cp_size - 1 - r``; ``False``: ``cp_size`` contiguous chunks.
         The options that need labels (``return_loss_mask``, ``return_num_valid_tokens``,
         ``eos_mask_loss``, ``shift_labels=False``) require ``return_labels``; the option table is
         in ``docs/guide/training_tensors.md``.

@@ -285,6 +285,8 @@ class _Output:
     def convert(self, arr: np.ndarray, kind: str, name: str) -> Any:
         if kind == "float":
             arr = arr.astype(np.float32)
+        elif kind == "int":  # indices (document ids): int64 whatever dtype, as -1 marks padding
+            arr = np.ascontiguousarray(arr, dtype=np.int64)
         elif kind == "bool":
             arr = np.ascontiguousarray(arr)
         elif arr.dtype == np.bool_ and self.np_dtype is None:

@@ -21,6 +21,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import attrs
 import numpy as np
 
+from . import context_parallel as cp
 from .fields import TOKEN_FIELDS, unique_names
 from .rows import _cu_seqlens, _fill, _gather, _Output, _rename_and_exclude, _segments
 
@@ -136,7 +137,7 @@ class TrainingSpec:
         padding: ``None``, ``"longest"`` or ``"max_length"`` (``False`` and ``"do_not_pad"`` become
             ``None``, ``True`` becomes ``"longest"``).
         ignore_index, eos_token_id, max_length, pad_to_multiple_of, pad_token_id: Python ints (or ``None``).
-        return_labels, shift_labels, flatten, eos_mask_loss and the ``return_*`` flags other than
+        return_labels, shift_labels, flatten, eos_mask_loss, load_balance and the ``return_*`` flags other than
             ``return_attention_mask``: bools (by truth value). The other options are kept as given.
 
     Raises:
@@ -180,6 +181,10 @@ class TrainingSpec:
     padding_side: str = attrs.field(default="right", validator=_one_of(_PADDING_SIDES))
     pad_token_id: int | None = attrs.field(default=None, converter=_int, validator=_optional_nonnegative_int)
     return_attention_mask: bool | None = attrs.field(default=None, validator=_check_attention)
+    return_document_ids: bool = attrs.field(default=False, converter=bool)
+    context_parallel: tuple[int, int] | None = attrs.field(default=None, converter=cp.as_pair)
+    context_parallel_format: str = attrs.field(default="bshd")
+    load_balance: bool = attrs.field(default=True, converter=bool)
     # Derived from dtype when the spec is built ("auto" looks for torch once, not per batch).
     _output: _Output = attrs.field(
         init=False, default=attrs.Factory(lambda spec: _Output.of(spec.dtype), takes_self=True), repr=False, eq=False
@@ -217,6 +222,7 @@ class TrainingSpec:
                 raise ValueError(
                     "to_training: pad_to_multiple_of needs padding; pass padding='longest' (or 'max_length') with it"
                 )
+        cp.check_options(self)
         self._check_extra_fields()
         if self.eos_token_id is not None and not self.eos_mask_loss:
             _warn_at_caller(
@@ -234,6 +240,8 @@ class TrainingSpec:
             "cu_seqlens": (self.return_cu_seqlens, "return_cu_seqlens=True"),
             "max_seqlen": (self.return_cu_seqlens, "return_cu_seqlens=True"),
             "num_valid_tokens": (self.return_num_valid_tokens, "return_num_valid_tokens=True"),
+            "document_ids": (self.return_document_ids, "return_document_ids=True"),
+            "cu_seqlens_padded": (self._thd, "context_parallel_format='thd'"),
         }
         for name in self.extra_fields:
             if name in generated:
@@ -258,6 +266,11 @@ class TrainingSpec:
         """Whether ``attention_mask`` is emitted: ``return_attention_mask``, else whenever padding is requested."""
         return (self.padding is not None) if self.return_attention_mask is None else self.return_attention_mask
 
+    @property
+    def _thd(self) -> bool:
+        """Whether rows take TransformerEngine's THD context-parallel layout (documents padded in the row)."""
+        return self.context_parallel is not None and self.context_parallel_format == "thd"
+
     def pad_token_id_for(self, batch: Any) -> int | None:
         """The id written into added padding slots of ``batch``.
 
@@ -268,7 +281,7 @@ class TrainingSpec:
         Raises:
             ValueError: padding is requested and neither gives an id, or the batch's id is invalid.
         """
-        if self.pad_token_id is not None or self.padding is None:
+        if self.pad_token_id is not None or (self.padding is None and not self._thd):
             return self.pad_token_id
         pad = getattr(batch, "pad_token_id", None)
         if pad is not None:
@@ -278,8 +291,9 @@ class TrainingSpec:
                     "pass pad_token_id= to override it"
                 )
             return int(pad)
+        why = f"padding={self.padding!r}" if self.padding else "context_parallel_format='thd'"
         raise ValueError(
-            f"to_training: padding={self.padding!r} requires pad_token_id (the id written into added padding "
+            f"to_training: {why} requires pad_token_id (the id written into added padding "
             "slots), and neither this call nor the batch (batch.pad_token_id) gives one. There is no default: "
             "id 0 is a real token in most vocabularies ('!' in GPT-2), so padding with it would silently feed "
             "the model a real token. Fix: pass pad_token_id= (e.g. tokenizer.pad_token_id, or "
@@ -297,12 +311,13 @@ class TrainingSpec:
 
         records = batch.records
         if not records:
-            flat, cu = self.flatten, self.return_cu_seqlens
+            flat, cu = self.flatten, self.return_cu_seqlens or self._thd
             optional = (
                 ("padding_mask", self.return_padding_mask, []), ("attention_mask", self.emit_attention, []),
                 ("positions", self.position_mode == "sequence", []), ("loss_mask", self.return_loss_mask, []),
-                ("num_valid_tokens", self.return_num_valid_tokens, 0),
-                ("cu_seqlens", cu, [0] if flat else []), ("max_seqlen", cu, 0 if flat else []),
+                ("document_ids", self.return_document_ids, []), ("num_valid_tokens", self.return_num_valid_tokens, 0),
+                ("cu_seqlens", cu, [0] if flat else []), ("cu_seqlens_padded", self._thd, [0] if flat else []),
+                ("max_seqlen", cu, 0 if flat else []),
             )
             empty = {"ids": [], "texts": [], **{name: value for name, wanted, value in optional if wanted}}
             return _rename_and_exclude(empty, self.rename_fields, self.exclude_fields, allow_missing=True)
@@ -314,7 +329,10 @@ class TrainingSpec:
         # -- gather rows -----------------------------------------------------------------------------------
         extras = self.extra_fields
         labelled = self.return_labels
-        need_positions = self.return_cu_seqlens or self.position_mode == "preserve" or "positions" in extras
+        documents = self.return_document_ids or self.context_parallel is not None
+        need_positions = (
+            self.return_cu_seqlens or self.position_mode == "preserve" or "positions" in extras or documents
+        )
         rows = _gather(records, self.tokens_field, extras, need_positions=need_positions)
         if self.return_cu_seqlens and rows.positions is None:
             raise ValueError(
@@ -435,6 +453,13 @@ class TrainingSpec:
         elif mask is not None and not labelled and "loss_mask" not in fields:
             fields["loss_mask"] = (mask, "seq")  # the raw payload mask, unshifted, as 0/1
 
+        doc = None
+        if documents:  # documents start at the zeros of positions; a record without positions is one document
+            starts = pos[:, :W] == 0 if pos is not None else np.zeros((B, W), dtype=np.bool_)
+            doc = cp.document_ids(starts, real[:, :W], self.flatten)
+            if self.return_document_ids:
+                fields["document_ids"] = (doc, "int")
+
         # -- boundaries for variable-length attention ----------------------------------------------------
         cu = None
         if self.return_cu_seqlens:
@@ -445,6 +470,10 @@ class TrainingSpec:
                 block = np.where(cols < left[:, None], cols, cols - stop[:, None])
                 seg = np.where(in_record, pos, block)
             cu = _cu_seqlens(seg[:, :W] == 0, self.flatten)
+        if self.context_parallel is not None:  # this rank's slice; "bshd" keeps the full row's cu_seqlens
+            fields, thd_cu = cp.split(fields, doc, self, pad_id)
+            labels = fields["labels"][0] if labelled else None
+            cu = thd_cu if thd_cu is not None else cu
 
         # -- assemble ------------------------------------------------------------------------------------
         out = self._output
@@ -461,7 +490,10 @@ class TrainingSpec:
         if self.return_num_valid_tokens:
             result["num_valid_tokens"] = int(np.count_nonzero(labels != self.ignore_index))
         if cu is not None:
-            result["cu_seqlens"], result["max_seqlen"] = out.boundaries(*cu, self.flatten)
+            *bounds, top = cu
+            for name, bound in zip(("cu_seqlens", "cu_seqlens_padded"), bounds):
+                result[name], maxima = out.boundaries(bound, top, self.flatten)
+            result["max_seqlen"] = maxima
         return _rename_and_exclude(result, self.rename_fields, self.exclude_fields, allow_missing=False)
 
     @property
@@ -474,6 +506,7 @@ class TrainingSpec:
             and not self.extra_fields and not self.return_loss_mask and not self.return_cu_seqlens
             and not self.return_num_valid_tokens and not self.flatten
             and self._output.kind != "list" and self._output.np_dtype == np.int64
+            and not self.return_document_ids and self.context_parallel is None
         )
 
     def _packed(self, records: Sequence[Any]) -> dict[str, Any] | None:

@@ -1,0 +1,218 @@
+"""Context-parallel layout of training tensors: each CP rank's share of every row, and document ids.
+
+With context parallelism (CP) of size ``cp``, every rank holds a slice of each sequence and the
+ranks exchange keys and values inside attention. Causal attention makes late tokens costlier than
+early ones, so the load-balanced scheme (Megatron-LM, TransformerEngine, TorchTitan) cuts a
+sequence into ``2 * cp`` equal chunks and gives rank ``r`` chunks ``r`` and ``2 * cp - 1 - r``.
+
+Two formats, named after TransformerEngine's ``qkv_format``:
+
+* ``"bshd"`` (Megatron-LM, TorchTitan): the whole input-aligned row is cut into chunks; its width
+  must be a multiple of ``2 * cp`` (``cp`` without load balancing).
+* ``"thd"`` (TransformerEngine's packed format): every document is padded to a multiple of
+  ``2 * cp`` inside the row and cut into chunks of its own; ``cu_seqlens`` (real tokens) and
+  ``cu_seqlens_padded`` (slots) describe the padded row. Rows keep their width: the per-document
+  padding takes the room of the row's trailing padding, and a row without enough room fails.
+
+Every function here is pure and works on ``[B, W]`` numpy buffers (``W``: the input-aligned width,
+after the label shift), before conversion into the output framework; nothing keeps state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+FORMATS = ("bshd", "thd")
+
+#: The value of a padding slot in ``document_ids``.
+PADDING_DOCUMENT = -1
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def as_pair(value: Any) -> Any:
+    """``context_parallel`` as a tuple of Python ints when it is a pair-like of integers, else as given."""
+    if isinstance(value, (tuple, list)):
+        return tuple(int(v) if _is_int(v) else v for v in value)
+    return value
+
+
+def check_options(spec: Any) -> None:
+    """Reject invalid context-parallel options of ``spec`` (a TrainingSpec) and their combinations."""
+    cp = spec.context_parallel
+    if cp is None:
+        if spec.context_parallel_format != "bshd" or not spec.load_balance:
+            raise ValueError(
+                "to_training: context_parallel_format and load_balance apply only with context_parallel="
+                "(cp_size, cp_rank); pass context_parallel, or drop them"
+            )
+        return
+    if not (isinstance(cp, tuple) and len(cp) == 2 and all(_is_int(v) for v in cp)):
+        raise ValueError(
+            f"to_training: context_parallel must be a pair of integers (cp_size, cp_rank), got {cp!r}"
+        )
+    size, rank = cp
+    if size < 1:
+        raise ValueError(f"to_training: context_parallel cp_size must be at least 1, got {size}")
+    if not 0 <= rank < size:
+        raise ValueError(f"to_training: context_parallel cp_rank must lie in [0, {size}), got {rank}")
+    if not (isinstance(spec.context_parallel_format, str) and spec.context_parallel_format in FORMATS):
+        raise ValueError(
+            f"to_training: context_parallel_format must be 'bshd' or 'thd', got {spec.context_parallel_format!r}"
+        )
+    if spec.padding_side != "right":
+        raise ValueError(
+            "to_training: context_parallel needs padding_side='right' (chunks are cut from the row start and "
+            "documents must start at slot 0); drop padding_side='left'"
+        )
+
+
+def chunk_multiple(size: int, load_balance: bool) -> int:
+    """How many chunks a sequence is cut into: ``2 * size`` load-balanced, ``size`` contiguous."""
+    return 2 * size if load_balance else size
+
+
+def rank_chunks(size: int, rank: int, load_balance: bool) -> tuple[int, ...]:
+    """The chunk indices rank ``rank`` takes, in order: ``(r, 2 * size - 1 - r)`` or ``(r,)``."""
+    return (rank, 2 * size - 1 - rank) if load_balance else (rank,)
+
+
+def document_ids(starts: np.ndarray, real: np.ndarray, flatten: bool) -> np.ndarray:
+    """Per slot, the index of its document within its row (within the batch when ``flatten``),
+    ``PADDING_DOCUMENT`` on padding; ``starts`` marks document starts (zeros of positions), and
+    the first real slot of a row always starts one."""
+    first = real & ~np.concatenate([np.zeros_like(real[:, :1]), real[:, :-1]], axis=1)
+    begins = (starts | first) & real
+    counts = np.cumsum(begins, axis=1)
+    if flatten:
+        counts += (np.cumsum(begins.sum(axis=1)) - begins.sum(axis=1))[:, None]
+    return np.where(real, counts - 1, PADDING_DOCUMENT).astype(np.int64)
+
+
+def _fill_value(name: str, spec: Any, pad_id: int) -> Any:
+    return {
+        "input_ids": pad_id, "labels": spec.ignore_index, "padding_mask": True, "document_ids": PADDING_DOCUMENT,
+    }.get(name, 0)
+
+
+def thd_layout(fields: dict, doc: np.ndarray, spec: Any, pad_id: int) -> tuple[dict, tuple[np.ndarray, ...]]:
+    """Pad every document of every row to a multiple of the chunk count, inside the row's width.
+
+    Returns the re-laid-out fields and, per row, the sequence boundaries: ``(real_lengths,
+    padded_lengths)`` as ``[B, K]`` int64 arrays (rows with fewer sequences padded with zero
+    lengths). The row's trailing padding becomes one last sequence with no real tokens.
+    Raises ``ValueError`` naming the row when its documents and their padding do not fit.
+    """
+    size, _ = spec.context_parallel
+    m = chunk_multiple(size, spec.load_balance)
+    B, W = doc.shape
+    real_rows, padded_rows, index = [], [], np.full((B, W), -1, dtype=np.int64)
+    offset = np.zeros((B, W), dtype=np.int64)  # per new slot: offset within its sequence
+    start_source = np.full((B, W), -1, dtype=np.int64)  # per new slot: source slot of its sequence's start
+    for i in range(B):
+        ids = doc[i]
+        n = int(np.count_nonzero(ids >= 0))
+        lengths = np.bincount(ids[:n] - ids[0], minlength=0) if n else np.zeros(0, np.int64)
+        padded = -(-lengths // m) * m
+        need = int(padded.sum())
+        if need > W:
+            shift = 1 if (spec.return_labels and spec.shift_labels) else 0
+            raise ValueError(
+                f"to_training: context_parallel_format='thd' pads every document to a multiple of {m}; row {i} "
+                f"needs {need} slots for its {len(lengths)} documents ({n} tokens) but has {W}. Give rows room: "
+                f"pack with a smaller pack_flat(max_length=...) than the row width, or pass padding='max_length' "
+                f"with max_length of at least {need + shift}"
+            )
+        tail = W - need
+        real_rows.append(np.append(lengths, [0] if tail else []))
+        padded_rows.append(np.append(padded, [tail] if tail else []))
+        src = np.cumsum(lengths) - lengths
+        dst = np.cumsum(padded) - padded
+        for s, d, length, p in zip(src, dst, lengths, padded):
+            index[i, d : d + length] = np.arange(s, s + length)
+            offset[i, d : d + p] = np.arange(p)
+            start_source[i, d : d + p] = s
+        offset[i, need:] = np.arange(tail)
+    rows = np.arange(B)[:, None]
+    taken = np.maximum(index, 0)
+    out = {}
+    for name, (arr, kind) in fields.items():
+        moved = arr[rows, taken]
+        if name == "positions":
+            first = np.where(start_source >= 0, arr[rows, np.maximum(start_source, 0)], 0)
+            fill = first + offset
+        else:
+            fill = np.asarray(_fill_value(name, spec, pad_id), dtype=arr.dtype)
+        out[name] = (np.where(index >= 0, moved, fill), kind)
+    K = max(len(r) for r in real_rows)
+    real_lengths = np.zeros((B, K), dtype=np.int64)
+    padded_lengths = np.zeros((B, K), dtype=np.int64)
+    for i, (r, p) in enumerate(zip(real_rows, padded_rows)):
+        real_lengths[i, : len(r)] = r
+        padded_lengths[i, : len(p)] = p
+    return out, (real_lengths, padded_lengths)
+
+
+def rank_columns(padded_lengths: np.ndarray | None, W: int, size: int, rank: int, load_balance: bool) -> np.ndarray:
+    """The slots of a row this rank takes, ``[B, W // size]`` (one row for ``"bshd"``, where
+    ``padded_lengths`` is ``None`` and the whole row is one sequence)."""
+    m = chunk_multiple(size, load_balance)
+    chunks = rank_chunks(size, rank, load_balance)
+    if padded_lengths is None:
+        c = W // m
+        return np.concatenate([np.arange(k * c, (k + 1) * c) for k in chunks])[None, :]
+    rows = []
+    for lengths in padded_lengths:
+        starts = np.cumsum(lengths) - lengths
+        parts = []
+        for s, p in zip(starts, lengths):
+            c = int(p) // m
+            parts.extend(np.arange(s + k * c, s + (k + 1) * c) for k in chunks)
+        rows.append(np.concatenate(parts) if parts else np.zeros(0, np.int64))
+    return np.stack(rows)
+
+
+def split(fields: dict, doc: np.ndarray, spec: Any, pad_id: int | None) -> tuple[dict, Any]:
+    """This rank's slice of every field, and for ``"thd"`` the ``(cu_seqlens, cu_seqlens_padded,
+    max_seqlen)`` inputs (else ``None``): ``[B, K + 1]`` int32 per row, or flat over the batch.
+
+    Raises:
+        ValueError: the row width does not divide into the chunks, or (``"thd"``) a row has no room.
+    """
+    size, rank = spec.context_parallel
+    m = chunk_multiple(size, spec.load_balance)
+    B, W = doc.shape
+    if W % m:
+        shift = 1 if (spec.return_labels and spec.shift_labels) else 0
+        raise ValueError(
+            f"to_training: context_parallel={spec.context_parallel!r} cuts every row into {m} chunks, but rows "
+            f"have {W} input slots (row length {W + shift}{' minus the label shift' if shift else ''}), not a "
+            f"multiple of {m}. Fix: pack rows of N tokens with pack_flat(max_length=N), N{' - 1' if shift else ''} "
+            f"a multiple of {m}, or pass padding='max_length' (or pad_to_multiple_of={m})"
+        )
+    boundaries = None
+    padded_lengths = None
+    if spec.context_parallel_format == "thd":
+        fields, (real_lengths, padded_lengths) = thd_layout(fields, doc, spec, pad_id)
+        boundaries = _boundaries(real_lengths, padded_lengths, spec.flatten)
+    cols = rank_columns(padded_lengths, W, size, rank, spec.load_balance)
+    rows = np.arange(B)[:, None]
+    cols = np.broadcast_to(cols, (B, cols.shape[1]))
+    return {name: (arr[rows, cols], kind) for name, (arr, kind) in fields.items()}, boundaries
+
+
+def _boundaries(real: np.ndarray, padded: np.ndarray, flatten: bool) -> tuple[Any, Any, Any]:
+    if flatten:
+        keep = padded.reshape(-1) > 0
+        r, p = real.reshape(-1)[keep], padded.reshape(-1)[keep]
+        cu = np.concatenate([[0], np.cumsum(r)]).astype(np.int32)
+        cu_padded = np.concatenate([[0], np.cumsum(p)]).astype(np.int32)
+        return cu, cu_padded, int(p.max(initial=0))
+    zero = np.zeros((len(real), 1), dtype=np.int64)
+    cu = np.concatenate([zero, np.cumsum(real, axis=1)], axis=1).astype(np.int32)
+    cu_padded = np.concatenate([zero, np.cumsum(padded, axis=1)], axis=1).astype(np.int32)
+    return cu, cu_padded, padded.max(axis=1, initial=0).astype(np.int32)
