@@ -105,6 +105,7 @@ LAYOUTS = {
     "flat cu_seqlens": dict(return_labels=True, flatten=True, return_cu_seqlens=True, return_padding_mask=True),
     "cu_seqlens, sequence positions": dict(return_labels=True, return_cu_seqlens=True, position_mode="sequence",
                                             padding="longest", pad_to_multiple_of=16),
+    "to_training's document_ids": dict(return_labels=True, return_document_ids=True),
 }
 
 
