@@ -62,7 +62,7 @@ def _backends(pipe: Pipeline) -> dict:
 def test_tiktoken_asked_for_without_tiktoken_is_an_error_naming_the_extra(bytelevel_tok, monkeypatch):
     assert load_tokenizer(bytelevel_tok, backend="tiktoken").backend == "tiktoken"  # installed: used
     monkeypatch.setitem(sys.modules, "tiktoken", None)  # now it cannot be imported
-    with pytest.raises(ImportError, match=r"pip install 'zephon\[fast\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'zephon-lanes\[fast\]'"):
         load_tokenizer(bytelevel_tok, backend="tiktoken")
     with pytest.raises(ImportError, match="backend='tiktoken' needs tiktoken"):
         Tokenize(bytelevel_tok, special_tokens="eos", backend="tiktoken")

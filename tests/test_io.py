@@ -302,7 +302,7 @@ def test_corrupt_compressed_file(tmp_path):
 def test_missing_zstandard_says_how_to_install(tmp_path, monkeypatch):
     (tmp_path / "a.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd")
     monkeypatch.setitem(sys.modules, "zstandard", None)
-    with pytest.raises(ImportError, match=r"pip install zstandard.*zephon\[zstd\]"):
+    with pytest.raises(ImportError, match=r"pip install zstandard.*zephon-lanes\[zstd\]"):
         Dataset.from_path("web", tmp_path)
 
 

@@ -319,7 +319,7 @@ def test_every_command_and_option_has_help():
 def test_version(capsys):
     with pytest.raises(SystemExit) as info:
         main(["--version"])
-    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"zephon {zephon.__version__}"
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"zephon-lanes {zephon.__version__}"
 
 
 def test_inspect_shows_the_chat_template_rendering_and_its_loss_mask(tmp_path, capsys):

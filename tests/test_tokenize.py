@@ -665,7 +665,7 @@ def test_tiktoken_verification_catches_differences(bytelevel_tok, small_tok):
 
 def test_tiktoken_missing_is_an_error_and_auto_falls_back(bytelevel_tok, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "tiktoken", None)
-    with pytest.raises(ImportError, match=r"pip install 'zephon\[fast\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'zephon-lanes\[fast\]'"):
         load_tokenizer(bytelevel_tok, backend="tiktoken")
     with caplog.at_level(logging.INFO, logger="zephon"):
         h = load_tokenizer(bytelevel_tok)

@@ -10,9 +10,37 @@ tokenizers or torch until a pipeline is built); ``from zephon import Pipeline`` 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import TYPE_CHECKING, Any
 
+#: the version of the ``zephon-lanes`` distribution (its one source: pyproject reads it from here)
 __version__ = "0.1.0"
+
+
+def _other_owner() -> str | None:
+    """The metadata folder of another distribution that installs ``zephon/`` (the index's ``zephon``,
+    DatologyAI's Zephon, shares this import name), or ``None``. Lists the import path's folders only:
+    ``importlib.metadata`` would cost more than the rest of ``import zephon``."""
+    for folder in dict.fromkeys(sys.path):
+        try:
+            names = os.listdir(folder or ".")
+        except OSError:
+            continue
+        for name in names:
+            stem, _, rest = name.partition("-")
+            if stem.lower() == "zephon" and rest[:1].isdigit() and name.endswith((".dist-info", ".egg-info")):
+                return os.path.join(folder, name)
+    return None
+
+
+if (_owner := _other_owner()) is not None:
+    raise ImportError(
+        f"the import package zephon/ ({os.path.dirname(__file__)}) is also installed by another distribution, "
+        f"'zephon' ({_owner}): DatologyAI's Zephon, which uses the same import name, so its files and these mix. "
+        "Use one per environment: `pip uninstall -y zephon zephon-lanes && pip install zephon-lanes` keeps this "
+        "library (zephon-lanes); a separate virtual environment keeps both"
+    )
 
 #: public name -> the module defining it
 _LAZY = {

@@ -2,7 +2,7 @@
 
 The operators are :class:`zephon.ops.TokenizeChat` and :class:`zephon.ops.TokenizePromptCompletion`
 (``Pipeline.tokenize_chat`` and ``Pipeline.tokenize(prompt_field=..., completion_field=...)``).
-Needs ``jinja2`` (``pip install zephon[chat]``).
+Needs ``jinja2`` (``pip install zephon-lanes[chat]``).
 """
 
 from .text.templates import BUILTIN_TEMPLATES as BUILTIN_TEMPLATES

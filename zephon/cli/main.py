@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from .. import __version__
 
     parser = argparse.ArgumentParser(prog="zephon", description="Deterministic, elastic LLM data loading.")
-    parser.add_argument("--version", action="version", version=f"zephon {__version__}", help="print the version and exit")
+    parser.add_argument("--version", action="version", version=f"zephon-lanes {__version__}", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     for register in COMMANDS:
         register(sub)

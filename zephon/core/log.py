@@ -82,6 +82,6 @@ def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "",
         global _warned_no_tqdm
         if not _warned_no_tqdm:
             _warned_no_tqdm = True
-            logger.info("progress bars need tqdm: pip install 'zephon[progress]'")
+            logger.info("progress bars need tqdm: pip install 'zephon-lanes[progress]'")
         return iterable
     return tqdm(iterable, total=total, desc=f"zephon: {desc}" if desc else "zephon", unit=unit, delay=PROGRESS_DELAY_S, leave=False)

@@ -14,7 +14,7 @@ every optimizer step sees the same rows in the same order for every ``D`` dividi
 checked when the loader is built. The saved state holds one entry per lane, so a run saved on ``D``
 ranks resumes on any ``D'`` dividing ``L``.
 
-Requires ``torchtitan`` (``pip install 'zephon[titan]'``); importing this module imports it.
+Requires ``torchtitan`` (``pip install 'zephon-lanes[titan]'``); importing this module imports it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ try:
     from torchtitan.components.loss import IGNORE_INDEX
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        f"zephon.integrations.torchtitan needs torchtitan: pip install 'zephon[titan]' ({exc})"
+        f"zephon.integrations.torchtitan needs torchtitan: pip install 'zephon-lanes[titan]' ({exc})"
     ) from exc
 
 from ..ops.batch import Batch

@@ -225,7 +225,7 @@ class Tokenize(TokenizerOp):
         ValueError: an invalid option or combination (listed in the messages), a missing BOS/EOS
             id for the chosen mode, a tokenizer that cannot be loaded (``TokenizerLoadError``),
             or ``backend="tiktoken"`` for a tokenizer tiktoken cannot encode exactly.
-        ImportError: ``backend="tiktoken"`` without tiktoken installed (``pip install 'zephon[fast]'``).
+        ImportError: ``backend="tiktoken"`` without tiktoken installed (``pip install 'zephon-lanes[fast]'``).
         TypeError: an option of the wrong type.
 
     Examples:

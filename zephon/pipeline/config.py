@@ -58,7 +58,7 @@ def parse_toml(text: str) -> dict[str, Any]:
             import tomli as tomllib  # type: ignore[no-redef]
         except ImportError:
             raise ImportError(
-                "reading TOML on Python 3.10 needs tomli: pip install 'zephon[toml]' (or use a .json config)"
+                "reading TOML on Python 3.10 needs tomli: pip install 'zephon-lanes[toml]' (or use a .json config)"
             ) from None
     return tomllib.loads(text)
 

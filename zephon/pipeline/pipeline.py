@@ -503,7 +503,7 @@ class Pipeline:
         try:
             from ..integrations.torch import TrainingDataset
         except ImportError as exc:
-            raise ImportError(f"to_torch_dataset needs torch: pip install 'zephon[torch]' ({exc})") from exc
+            raise ImportError(f"to_torch_dataset needs torch: pip install 'zephon-lanes[torch]' ({exc})") from exc
         if checkpoint is None and self.resume_from is not None:
             checkpoint = _copy_checkpoint(self.resume_from)
         return TrainingDataset(self, checkpoint=checkpoint, **to_training_options)

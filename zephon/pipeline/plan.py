@@ -339,7 +339,7 @@ class Simulation:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError:
-            raise ImportError("plotting a plan needs matplotlib: pip install 'zephon[plot]'") from None
+            raise ImportError("plotting a plan needs matplotlib: pip install 'zephon-lanes[plot]'") from None
         per = np.asarray(self.per_step, dtype=float)
         if tokens_per_sample:
             per = per * np.asarray([tokens_per_sample[n] for n in self.names])

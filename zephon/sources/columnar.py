@@ -32,7 +32,7 @@ def pyarrow() -> Any:
         import pyarrow.ipc  # noqa: F401
         import pyarrow.parquet  # noqa: F401
     except ImportError:
-        raise ImportError("reading Parquet or Arrow files needs pyarrow: pip install 'zephon[parquet]'") from None
+        raise ImportError("reading Parquet or Arrow files needs pyarrow: pip install 'zephon-lanes[parquet]'") from None
     return pyarrow
 
 

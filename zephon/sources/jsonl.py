@@ -181,7 +181,7 @@ def _zstandard() -> Any:
     except ImportError:
         raise ImportError(
             "reading .jsonl.zst shards needs the optional zstandard package: pip install zstandard "
-            "(or pip install zephon[zstd])"
+            "(or pip install zephon-lanes[zstd])"
         ) from None
     return zstandard
 

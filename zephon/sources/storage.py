@@ -129,7 +129,7 @@ def _fsspec() -> Any:
     try:
         import fsspec
     except ImportError:
-        raise ImportError("reading remote datasets needs fsspec: pip install 'zephon[remote]' (plus s3fs, gcsfs, adlfs for those stores)") from None
+        raise ImportError("reading remote datasets needs fsspec: pip install 'zephon-lanes[remote]' (plus s3fs, gcsfs, adlfs for those stores)") from None
     return fsspec
 
 

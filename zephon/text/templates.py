@@ -5,7 +5,7 @@ Templates are Jinja in the Hugging Face form, rendered as transformers renders t
 ``{% generation %}`` blocks record the character span of each block while the template renders;
 :func:`spans_to_mask` turns spans into token masks. :func:`check_markers` rejects a template whose
 special markers (``<|im_start|>``...) the tokenizer would split into ordinary text tokens. The
-operators are in :mod:`zephon.ops.chat`; needs ``jinja2`` (``pip install zephon[chat]``).
+operators are in :mod:`zephon.ops.chat`; needs ``jinja2`` (``pip install zephon-lanes[chat]``).
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def _jinja():
         import jinja2.sandbox
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "chat templates need jinja2, which is not installed; install it with pip install 'zephon[chat]'"
+            "chat templates need jinja2, which is not installed; install it with pip install 'zephon-lanes[chat]'"
         ) from exc
     return jinja2
 

@@ -318,7 +318,7 @@ def load_tokenizer(tokenizer: Any = None, tokenizer_id: str | None = None, *, ba
             ``backend="tiktoken"`` for a tokenizer tiktoken cannot encode exactly.
         TypeError: ``tokenizer`` is of an unsupported type.
         ValueError: ``backend`` is not one of ``"auto"``, ``"tokenizers"``, ``"tiktoken"``.
-        ImportError: ``backend="tiktoken"`` without tiktoken installed (``pip install 'zephon[fast]'``).
+        ImportError: ``backend="tiktoken"`` without tiktoken installed (``pip install 'zephon-lanes[fast]'``).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
@@ -552,7 +552,7 @@ def _choose_backend(handle: TokenizerHandle, backend: str) -> str:
     if not _tiktoken_available():
         if backend == "tiktoken":
             raise ImportError(
-                f"backend='tiktoken' needs tiktoken, which is not installed: pip install 'zephon[fast]'; or use "
+                f"backend='tiktoken' needs tiktoken, which is not installed: pip install 'zephon-lanes[fast]'; or use "
                 "backend='auto' (tiktoken where it is installed and exact, else tokenizers, same ids) or backend='tokenizers'"
             )
         logger.info("tokenizer %s: tiktoken is not installed; using tokenizers", handle.source)
