@@ -47,7 +47,8 @@ COMMON = textwrap.dedent(
             self.seen = []
 
         def training_step(self, batch, batch_idx):
-            loss = torch.nn.functional.cross_entropy(self.net(batch["input_ids"]).flatten(0, 1), batch["labels"].flatten())
+            logits = self.net(batch["input_ids"])
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
             digest = hashlib.sha256(batch["input_ids"].numpy().tobytes()).hexdigest()
             self.seen.append((self.global_step, digest, loss.item()))
             return loss
@@ -58,7 +59,8 @@ COMMON = textwrap.dedent(
     def fit(lanes, *, steps, accumulate, workers=0, devices=1, ckpt_dir=None, ckpt_path=None):
         dm = ZephonDataModule(pipeline(lanes), num_workers=workers, return_labels=True)
         model = TinyLM()
-        callbacks = [] if ckpt_dir is None else [ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=1, save_top_k=-1)]
+        every_step = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=1, save_top_k=-1)
+        callbacks = [] if ckpt_dir is None else [every_step]
         extra = {"strategy": "ddp"} if devices > 1 else {}
         trainer = pl.Trainer(accelerator="cpu", devices=devices, max_steps=steps, accumulate_grad_batches=accumulate,
                              callbacks=callbacks, logger=False, enable_progress_bar=False, enable_model_summary=False,
@@ -92,10 +94,13 @@ def test_mid_epoch_resume_is_exact(common, tmp_path, workers, recwarn):
     _, full = common["fit"](2, steps=4, accumulate=2, workers=workers, ckpt_dir=str(tmp_path))
     assert [s for s, _, _ in full] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert len({d for _, d, _ in full}) == 8  # distinct microbatches: the test can tell them apart
-    reference = [b.to_training(return_labels=True)["input_ids"] for _, b in zip(range(8), common["pipeline"](2).loader())]
+    loader = common["pipeline"](2).loader()
+    reference = [b.to_training(return_labels=True)["input_ids"] for _, b in zip(range(8), loader)]
+    loader.close()
     assert [d for _, d, _ in full] == [hashlib.sha256(t.numpy().tobytes()).hexdigest() for t in reference]
 
-    _, resumed = common["fit"](2, steps=4, accumulate=2, workers=workers, ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt"))
+    ckpt = str(tmp_path / "epoch=0-step=2.ckpt")  # saved by ModelCheckpoint mid-run, with a batch read ahead
+    _, resumed = common["fit"](2, steps=4, accumulate=2, workers=workers, ckpt_path=ckpt)
     assert resumed == full[4:]  # the same microbatches, at the same steps, with bit-identical losses
     messages = [str(w.message) for w in recwarn]
     assert not [m for m in messages if "resumable" in m or "DistributedSampler" in m or "sampler" in m], messages
@@ -112,7 +117,7 @@ def test_state_holds_every_lane_and_refuses_foreign_state(common, tmp_path):
 
 
 def test_accumulation_must_be_whole_steps(common):
-    with pytest.raises(ValueError, match=r"accumulate_grad_batches=3\) is not whole zephon steps.*accumulate_grad_batches=2"):
+    with pytest.raises(ValueError, match=r"accumulate_grad_batches=3\) is not whole zephon steps.*=2 \(or a multiple"):
         common["fit"](2, steps=1, accumulate=3)
 
 
@@ -133,4 +138,5 @@ def test_ddp_checkpoint_resumes_on_one_device(common, tmp_path):
     # Resumed after 2 steps (Lightning's accumulation phase counts the batches it saved: 2 per rank, even).
     assert [[d for s, d, _ in resumed if s == k] for k in (2, 3)] == global_steps[2:]
     # The same rows in every optimizer step, so the losses agree (not bitwise: gloo's mean vs accumulation).
-    np.testing.assert_allclose([l for _, _, l in resumed], [x[2] for k in (2, 3) for x in (ranks[0][k], ranks[1][k])], rtol=1e-5)
+    uninterrupted = [x[2] for k in (2, 3) for x in (ranks[0][k], ranks[1][k])]
+    np.testing.assert_allclose([loss for _, _, loss in resumed], uninterrupted, rtol=1e-5)

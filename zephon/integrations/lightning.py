@@ -25,7 +25,9 @@ try:
     import lightning.pytorch as pl
     import torch.distributed as dist
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(f"zephon.integrations.lightning needs lightning: pip install 'zephon[lightning]' ({exc})") from exc
+    raise ImportError(
+        f"zephon.integrations.lightning needs lightning: pip install 'zephon[lightning]' ({exc})"
+    ) from exc
 
 from ..runtime.checkpoint import merge_checkpoints, select_lanes, validate
 from .torch import DataLoader
@@ -43,8 +45,9 @@ class _Feed:
     only) beside the datamodule's state.
     """
 
-    def __init__(self, loader: DataLoader):
+    def __init__(self, loader: DataLoader, layout: tuple[int, int]):
         self.loader = loader
+        self.layout = layout  # (data-parallel degree, rank)
         self._before: deque[dict[str, Any]] = deque()
 
     def __iter__(self) -> Iterator[Any]:
@@ -102,8 +105,9 @@ class ZephonDataModule(pl.LightningDataModule):
         **to_training_options: the options of :func:`~zephon.to_training` (``return_labels=True``, ``layout=``...).
 
     State kept: the checkpoint loaded by :meth:`load_state_dict` (where the next ``train_dataloader()``
-    starts) and the running loader. Each ``train_dataloader()`` call starts a new loader there; with
-    ``reload_dataloaders_every_n_epochs`` a reload continues from the batches taken so far.
+    starts), and the running loader: a reload (``reload_dataloaders_every_n_epochs``) returns it, so it
+    goes on where it is (a new epoch starts a new pass of finite data); after ``fit()`` the state of the
+    batches taken is kept for the next ``fit()`` or ``state_dict()``.
 
     Raises (from ``train_dataloader()``):
         ValueError: the data-parallel degree does not divide the lanes; ``accumulate_grad_batches`` not
@@ -143,19 +147,22 @@ class ZephonDataModule(pl.LightningDataModule):
         """This rank's microbatches from the loaded checkpoint (or the pipeline's start), as training tensors."""
         trainer = self.trainer
         if trainer is None:
-            raise RuntimeError("ZephonDataModule.train_dataloader() is called by a Trainer: trainer.fit(model, datamodule=dm)")
+            raise RuntimeError(
+                "ZephonDataModule.train_dataloader() is called by a Trainer: trainer.fit(model, datamodule=dm)"
+            )
         degree, rank = data_parallel(trainer)
         dataset = self.pipeline.options(dp_degree=degree, dp_rank=rank).to_torch_dataset(**self.to_training_options)
         lanes = tuple(dataset.topology().lanes)
         check_accumulation(trainer.accumulate_grad_batches, len(lanes), degree, self.whole_steps)
-        start = self._checkpoint
-        if self._feed is not None:  # a reload: continue after the batches taken
-            start = self._feed.checkpoint()
+        if self._feed is not None and self._feed.layout == (degree, rank):
+            return self._feed  # a reload (reload_dataloaders_every_n_epochs): the running loader goes on
+        start = self.checkpoint()
+        if self._feed is not None:
             self._feed.close()
         if start is not None:
             validate(dataset.plan.fingerprint(), start)
             check_position(start, lanes, degree)
-        self._feed = _Feed(DataLoader(dataset, checkpoint=start, **self.loader_options))
+        self._feed = _Feed(DataLoader(dataset, checkpoint=start, **self.loader_options), (degree, rank))
         if not any(isinstance(cb, _TakenCounter) and cb.datamodule is self for cb in trainer.callbacks):
             trainer.callbacks.append(_TakenCounter(self))
         return self._feed
@@ -172,7 +179,10 @@ class ZephonDataModule(pl.LightningDataModule):
         return self._feed.checkpoint() if self._feed is not None else self._checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"zephon_checkpoint": every rank's lanes}`` (a collective when distributed: Lightning calls it on every rank)."""
+        """``{"zephon_checkpoint": every rank's lanes}``.
+
+        A collective when distributed (every rank's checkpoint is gathered): Lightning calls it on every rank.
+        """
         local = self.checkpoint()
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             gathered: list[Any] = [None] * dist.get_world_size()
@@ -180,7 +190,10 @@ class ZephonDataModule(pl.LightningDataModule):
             if any(ck is None for ck in gathered):
                 if all(ck is None for ck in gathered):
                     return {}
-                raise RuntimeError("ZephonDataModule.state_dict(): some ranks have no data state; call it after fit() starts on every rank")
+                raise RuntimeError(
+                    "ZephonDataModule.state_dict(): some ranks have no data state; "
+                    "call it after fit() starts on every rank"
+                )
             return {STATE_KEY: merge_checkpoints(gathered)}
         return {} if local is None else {STATE_KEY: local}
 
@@ -188,7 +201,8 @@ class ZephonDataModule(pl.LightningDataModule):
         """Start the next ``train_dataloader()`` at ``state_dict`` (:meth:`state_dict`'s, any device count)."""
         if not isinstance(state_dict, Mapping) or not isinstance(state_dict.get(STATE_KEY), Mapping):
             raise ValueError(
-                f"ZephonDataModule.load_state_dict: expected the mapping state_dict() returned, with key {STATE_KEY!r}; "
+                "ZephonDataModule.load_state_dict: expected the mapping state_dict() returned, with key "
+                f"{STATE_KEY!r}; "
                 f"got {type(state_dict).__name__}"
             )
         self._checkpoint = dict(state_dict[STATE_KEY])
@@ -206,11 +220,12 @@ def data_parallel(trainer: Any) -> tuple[int, int]:
 
 
 def check_accumulation(accumulate: int, lanes: int, degree: int, whole_steps: bool) -> None:
-    """Raise unless an optimizer step of ``accumulate`` microbatches on each of ``degree`` ranks is whole global steps."""
+    """Raise unless an optimizer step of ``accumulate`` microbatches per rank is whole global steps."""
     if whole_steps and accumulate % lanes:
         raise ValueError(
             f"ZephonDataModule: Trainer(accumulate_grad_batches={accumulate}) is not whole zephon steps: each of the "
-            f"{degree} data-parallel rank(s) owns {lanes} lane(s), and a global step takes one microbatch from every lane. "
+            f"{degree} data-parallel rank(s) owns {lanes} lane(s), and a global step takes one microbatch from every "
+            "lane. "
             f"Use accumulate_grad_batches={lanes} (or a multiple): then every optimizer step trains on the same rows "
             f"whatever the number of devices. Pass ZephonDataModule(..., whole_steps=False) to allow it anyway"
         )
@@ -224,7 +239,7 @@ def check_position(checkpoint: dict[str, Any], lanes: tuple[int, ...], degree: i
     except ValueError:
         raise ValueError(
             f"ZephonDataModule: the checkpoint's lanes delivered {counts} microbatches, which is no position of this "
-            f"rank's stream over {degree} data-parallel rank(s): it was saved in the middle of a global step on another "
-            "number of devices. Resume it on the device count it was saved on, or save at whole global steps "
+            f"rank's stream over {degree} data-parallel rank(s): it was saved in the middle of a global step on "
+            "another number of devices. Resume it on the device count it was saved on, or save at whole global steps "
             "(ModelCheckpoint(every_n_train_steps=...) with accumulate_grad_batches a multiple of the rank's lanes)"
         ) from None
