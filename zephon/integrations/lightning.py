@@ -1,0 +1,245 @@
+"""A pipeline as a Lightning ``LightningDataModule``: :class:`ZephonDataModule`.
+
+``train_dataloader()`` feeds this rank's microbatches, as ``to_training`` tensors, to Lightning's
+fit loop; the data-parallel degree and rank come from the trainer's strategy
+(``trainer.distributed_sampler_kwargs``: DDP's world size and global rank, a model-parallel
+strategy's data-parallel mesh). The loader is :class:`zephon.integrations.torch.DataLoader`, not a
+``torch.utils.data.DataLoader``, so Lightning injects no ``DistributedSampler`` and re-batches
+nothing (with or without ``use_distributed_sampler``).
+
+**State.** ``state_dict()`` is ``{"zephon_checkpoint": checkpoint}``: every lane's state after the
+microbatches Lightning's loop has handed to ``training_step`` (its fetcher reads one ahead; DataLoader
+workers read further ahead), gathered from every rank, because Lightning saves the datamodule's state
+from rank 0 only. So ``ModelCheckpoint``, ``trainer.save_checkpoint`` and ``fit(ckpt_path=...)``
+resume exactly mid-epoch, on any number of devices whose data-parallel degree divides the lanes.
+
+Requires ``lightning`` (``pip install 'zephon[lightning]'``); importing this module imports it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Iterator, Mapping
+
+try:
+    import lightning.pytorch as pl
+    import torch.distributed as dist
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"zephon.integrations.lightning needs lightning: pip install 'zephon[lightning]' ({exc})"
+    ) from exc
+
+from ..runtime.checkpoint import merge_checkpoints, select_lanes, validate
+from .torch import DataLoader
+from .torch_dataset import STATE_KEY, stream_position
+
+__all__ = ["ZephonDataModule"]
+
+
+class _Feed:
+    """The iterable Lightning's fit loop reads: a :class:`DataLoader`'s items, and the state before each.
+
+    ``_before`` holds, per item handed over and not yet taken by ``training_step``, the loader's
+    checkpoint before it; :meth:`taken` drops the oldest. So :meth:`checkpoint` is the state after
+    exactly the items taken. It has no ``state_dict``, so Lightning does not save it (rank 0's lanes
+    only) beside the datamodule's state.
+    """
+
+    def __init__(self, loader: DataLoader, layout: tuple[int, int]):
+        self.loader = loader
+        self.layout = layout  # (data-parallel degree, rank)
+        self._before: deque[dict[str, Any]] = deque()
+
+    def __iter__(self) -> Iterator[Any]:
+        self._before.clear()
+        return self._items(iter(self.loader))
+
+    def _items(self, it: Iterator[Any]) -> Iterator[Any]:
+        while True:
+            before = self.loader.checkpoint()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            self._before.append(before)
+            yield item
+
+    def taken(self) -> None:
+        """One item reached ``training_step``."""
+        if self._before:
+            self._before.popleft()
+
+    def checkpoint(self) -> dict[str, Any]:
+        """This rank's lane states after the items taken (not those read ahead)."""
+        return self._before[0] if self._before else self.loader.checkpoint()
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+class _TakenCounter(pl.Callback):
+    """Tells the datamodule's feed that a training batch left Lightning's fetcher (one per ``training_step``)."""
+
+    def __init__(self, datamodule: "ZephonDataModule"):
+        self.datamodule = datamodule
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        feed = self.datamodule._feed
+        if feed is not None:
+            feed.taken()
+
+
+class ZephonDataModule(pl.LightningDataModule):
+    """A ``LightningDataModule`` whose training data is a zephon pipeline, resumable mid-epoch on any device count.
+
+    Args:
+        pipeline: a :class:`~zephon.Pipeline` ending in ``batch(microbatch_size)``; each training
+            batch is one microbatch of one lane. The checkpoint it carries (``pipeline.restore(ck)``)
+            is the start when no Lightning checkpoint is loaded.
+        num_workers: DataLoader worker processes per rank (the largest divisor of the rank's lanes at
+            most ``num_workers`` run); ``pipeline.options(workers=N)`` runs lanes in zephon's processes instead.
+        whole_steps: ``True`` (default): refuse an ``accumulate_grad_batches`` that is not a multiple of
+            the rank's lanes (``L / D``), because only then is every optimizer step the same rows for every
+            ``D``; ``False`` allows it (the data is still exact, its split into optimizer steps depends on ``D``).
+        pin_memory, timeout, prefetch_factor, multiprocessing_context: as for ``torch.utils.data.DataLoader``.
+        **to_training_options: the options of :func:`~zephon.to_training` (``return_labels=True``, ``layout=``...).
+
+    State kept: the checkpoint loaded by :meth:`load_state_dict` (where the next ``train_dataloader()``
+    starts), and the running loader: a reload (``reload_dataloaders_every_n_epochs``) returns it, so it
+    goes on where it is (a new epoch starts a new pass of finite data); after ``fit()`` the state of the
+    batches taken is kept for the next ``fit()`` or ``state_dict()``.
+
+    Raises (from ``train_dataloader()``):
+        ValueError: the data-parallel degree does not divide the lanes; ``accumulate_grad_batches`` not
+            whole steps (see ``whole_steps``); a checkpoint of other data settings, or one whose lanes are
+            at no position of this rank's stream (saved mid-step, resumed on another device count).
+    """
+
+    def __init__(
+        self,
+        pipeline: Any,
+        *,
+        num_workers: int = 0,
+        whole_steps: bool = True,
+        pin_memory: bool = False,
+        timeout: float = 0,
+        prefetch_factor: int | None = None,
+        multiprocessing_context: Any = None,
+        **to_training_options: Any,
+    ):
+        super().__init__()
+        if not isinstance(whole_steps, bool):
+            raise TypeError(f"ZephonDataModule: whole_steps must be True or False, got {whole_steps!r}")
+        self.pipeline = pipeline
+        self.num_workers = num_workers
+        self.whole_steps = whole_steps
+        self.loader_options = dict(
+            num_workers=num_workers, pin_memory=pin_memory, timeout=timeout, prefetch_factor=prefetch_factor,
+            multiprocessing_context=multiprocessing_context,
+        )
+        self.to_training_options = to_training_options
+        self.pipeline.to_torch_dataset(**to_training_options)  # fail now on a bad pipeline or option
+        self._checkpoint: dict[str, Any] | None = None
+        self._feed: _Feed | None = None
+
+    # -- data ---------------------------------------------------------------------------------------------
+    def train_dataloader(self) -> Any:
+        """This rank's microbatches from the loaded checkpoint (or the pipeline's start), as training tensors."""
+        trainer = self.trainer
+        if trainer is None:
+            raise RuntimeError(
+                "ZephonDataModule.train_dataloader() is called by a Trainer: trainer.fit(model, datamodule=dm)"
+            )
+        degree, rank = data_parallel(trainer)
+        dataset = self.pipeline.options(dp_degree=degree, dp_rank=rank).to_torch_dataset(**self.to_training_options)
+        lanes = tuple(dataset.topology().lanes)
+        check_accumulation(trainer.accumulate_grad_batches, len(lanes), degree, self.whole_steps)
+        if self._feed is not None and self._feed.layout == (degree, rank):
+            return self._feed  # a reload (reload_dataloaders_every_n_epochs): the running loader goes on
+        start = self.checkpoint()
+        if self._feed is not None:
+            self._feed.close()
+        if start is not None:
+            validate(dataset.plan.fingerprint(), start)
+            check_position(start, lanes, degree)
+        self._feed = _Feed(DataLoader(dataset, checkpoint=start, **self.loader_options), (degree, rank))
+        if not any(isinstance(cb, _TakenCounter) and cb.datamodule is self for cb in trainer.callbacks):
+            trainer.callbacks.append(_TakenCounter(self))
+        return self._feed
+
+    def teardown(self, stage: str) -> None:
+        if self._feed is not None and stage == "fit":
+            self._checkpoint = self._feed.checkpoint()
+            self._feed.close()
+            self._feed = None
+
+    # -- state ----------------------------------------------------------------------------------------
+    def checkpoint(self) -> dict[str, Any] | None:
+        """This rank's zephon checkpoint after the batches taken (``None`` before any data and any load)."""
+        return self._feed.checkpoint() if self._feed is not None else self._checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"zephon_checkpoint": every rank's lanes}``.
+
+        A collective when distributed (every rank's checkpoint is gathered): Lightning calls it on every rank.
+        """
+        local = self.checkpoint()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, local)
+            if any(ck is None for ck in gathered):
+                if all(ck is None for ck in gathered):
+                    return {}
+                raise RuntimeError(
+                    "ZephonDataModule.state_dict(): some ranks have no data state; "
+                    "call it after fit() starts on every rank"
+                )
+            return {STATE_KEY: merge_checkpoints(gathered)}
+        return {} if local is None else {STATE_KEY: local}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Start the next ``train_dataloader()`` at ``state_dict`` (:meth:`state_dict`'s, any device count)."""
+        if not isinstance(state_dict, Mapping) or not isinstance(state_dict.get(STATE_KEY), Mapping):
+            raise ValueError(
+                "ZephonDataModule.load_state_dict: expected the mapping state_dict() returned, with key "
+                f"{STATE_KEY!r}; "
+                f"got {type(state_dict).__name__}"
+            )
+        self._checkpoint = dict(state_dict[STATE_KEY])
+        if self._feed is not None:
+            self._feed.close()
+            self._feed = None
+
+
+def data_parallel(trainer: Any) -> tuple[int, int]:
+    """``(degree, rank)`` of data parallelism from the trainer's strategy (``(1, 0)`` for a single device)."""
+    kwargs = trainer.distributed_sampler_kwargs
+    if not kwargs:
+        return 1, 0
+    return int(kwargs["num_replicas"]), int(kwargs["rank"])
+
+
+def check_accumulation(accumulate: int, lanes: int, degree: int, whole_steps: bool) -> None:
+    """Raise unless an optimizer step of ``accumulate`` microbatches per rank is whole global steps."""
+    if whole_steps and accumulate % lanes:
+        raise ValueError(
+            f"ZephonDataModule: Trainer(accumulate_grad_batches={accumulate}) is not whole zephon steps: each of the "
+            f"{degree} data-parallel rank(s) owns {lanes} lane(s), and a global step takes one microbatch from every "
+            "lane. "
+            f"Use accumulate_grad_batches={lanes} (or a multiple): then every optimizer step trains on the same rows "
+            f"whatever the number of devices. Pass ZephonDataModule(..., whole_steps=False) to allow it anyway"
+        )
+
+
+def check_position(checkpoint: dict[str, Any], lanes: tuple[int, ...], degree: int) -> None:
+    """Raise unless the checkpoint's states of ``lanes`` are a position of this rank's stream."""
+    counts = {lane: int(state["delivered"]) for lane, state in select_lanes(checkpoint, lanes).items()}
+    try:
+        stream_position(counts)
+    except ValueError:
+        raise ValueError(
+            f"ZephonDataModule: the checkpoint's lanes delivered {counts} microbatches, which is no position of this "
+            f"rank's stream over {degree} data-parallel rank(s): it was saved in the middle of a global step on "
+            "another number of devices. Resume it on the device count it was saved on, or save at whole global steps "
+            "(ModelCheckpoint(every_n_train_steps=...) with accumulate_grad_batches a multiple of the rank's lanes)"
+        ) from None
