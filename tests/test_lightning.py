@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("lightning")
+try:
+    import lightning  # noqa: F401
+except ImportError:  # CI installs it (the test extra): there its absence is a failure, not a skip
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("lightning is not installed: pip install 'zephon-lanes[lightning]'", allow_module_level=True)
 
 import numpy as np
 import torch

@@ -13,7 +13,7 @@ workers read further ahead), gathered from every rank, because Lightning saves t
 from rank 0 only. So ``ModelCheckpoint``, ``trainer.save_checkpoint`` and ``fit(ckpt_path=...)``
 resume exactly mid-epoch, on any number of devices whose data-parallel degree divides the lanes.
 
-Requires ``lightning`` (``pip install 'zephon[lightning]'``); importing this module imports it.
+Requires ``lightning`` (``pip install 'zephon-lanes[lightning]'``); importing this module imports it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ try:
     import torch.distributed as dist
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        f"zephon.integrations.lightning needs lightning: pip install 'zephon[lightning]' ({exc})"
+        f"zephon.integrations.lightning needs lightning: pip install 'zephon-lanes[lightning]' ({exc})"
     ) from exc
 
 from ..runtime.checkpoint import merge_checkpoints, select_lanes, validate
