@@ -93,6 +93,11 @@ def document_ids(starts: np.ndarray, real: np.ndarray, flatten: bool) -> np.ndar
     return np.where(real, counts - 1, PADDING_DOCUMENT).astype(np.int64)
 
 
+def _label_shift(spec: Any) -> int:
+    """How many tokens a row loses to the label shift (1 when labels are the next token), for messages."""
+    return 1 if (spec.return_labels and spec.shift_labels) else 0
+
+
 def _fill_value(name: str, spec: Any, pad_id: int) -> Any:
     return {
         "input_ids": pad_id, "labels": spec.ignore_index, "padding_mask": True, "document_ids": PADDING_DOCUMENT,
@@ -120,7 +125,7 @@ def thd_layout(fields: dict, doc: np.ndarray, spec: Any, pad_id: int) -> tuple[d
         padded = -(-lengths // m) * m
         need = int(padded.sum())
         if need > W:
-            shift = 1 if (spec.return_labels and spec.shift_labels) else 0
+            shift = _label_shift(spec)
             raise ValueError(
                 f"to_training: context_parallel_format='thd' pads every document to a multiple of {m}; row {i} "
                 f"needs {need} slots for its {len(lengths)} documents ({n} tokens) but has {W}. Give rows room: "
@@ -187,7 +192,7 @@ def split(fields: dict, doc: np.ndarray, spec: Any, pad_id: int | None) -> tuple
     m = chunk_multiple(size, spec.load_balance)
     B, W = doc.shape
     if W % m:
-        shift = 1 if (spec.return_labels and spec.shift_labels) else 0
+        shift = _label_shift(spec)
         raise ValueError(
             f"to_training: context_parallel={spec.context_parallel!r} cuts every row into {m} chunks, but rows "
             f"have {W} input slots (row length {W + shift}{' minus the label shift' if shift else ''}), not a "
