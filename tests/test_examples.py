@@ -1,5 +1,6 @@
 """The examples run end to end (they are part of the documentation)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,13 @@ def test_tiny_gpt_trains_on_two_ranks_and_resumes_on_one_bit_for_bit(tmp_path):
     assert float(rows[-1][1]) < float(rows[0][1])  # it learns
     assert "tokens/s" in proc.stdout and "packing: efficiency" in proc.stdout
     assert png.stat().st_size > 0
+
+
+def test_trl_sft_example_resumes_bit_for_bit():
+    pytest.importorskip("torch")
+    if not os.environ.get("CI"):  # CI installs trl (the test extra): there its absence is a failure
+        pytest.importorskip("trl")
+    proc = run("sft_trl.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "resumed from checkpoint-2: bit for bit" in proc.stdout
+    assert "supervised:" in proc.stdout

@@ -70,7 +70,7 @@ def test_the_wheel_has_its_own_name_an_spdx_license_the_version_and_the_typing_m
     assert "zephon/py.typed" in names and f"{info}/licenses/LICENSE" in names
     assert "Typing :: Typed" in meta.get_all("Classifier")
     extras = set(meta.get_all("Provides-Extra"))
-    assert {"torch", "fast", "chat", "parquet", "hf", "titan", "stateful", "lightning", "dev"} <= extras
+    assert {"torch", "fast", "chat", "parquet", "hf", "titan", "stateful", "lightning", "transformers", "trl", "dev"} <= extras
     assert "zephon = zephon.cli.main:main" in entry_points
 
 

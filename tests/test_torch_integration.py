@@ -216,11 +216,30 @@ def test_megatron_layout_keys_shapes_and_dtypes():
     # Options next to the layout override it; unknown layouts fail with the choices.
     t2 = batch.to_training(layout="megatron", position_mode="preserve", return_cu_seqlens=False)
     assert torch.equal(t2["position_ids"], plain["positions"]) and "cu_seqlens" not in t2
-    with pytest.raises(ValueError, match=r"unknown layout 'nemo'; the layouts are \['megatron'\]"):
+    with pytest.raises(ValueError, match=r"unknown layout 'nemo'; the layouts are \['hf', 'megatron'\]"):
         batch.to_training(layout="nemo")
     # The dataset takes the layout too.
     first = next(iter(DataLoader(pipe.to_torch_dataset(layout="megatron"), batch_size=None)))
     assert same(first, t)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_zephon_dataloader_leaves_torch_random_state_alone(workers):
+    # A trainer restores its random state and then iterates (the HF Trainer on resume): iter() must not draw.
+    from zephon.integrations.torch import DataLoader as ZephonDataLoader
+
+    loader = ZephonDataLoader(toy_pipeline(2), num_workers=workers, return_labels=True)
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    first = next(iter(loader))
+    assert torch.equal(torch.get_rng_state(), before)
+    # A generator of the caller's is still the one the workers' seeds come from.
+    loader.close()
+    mine = torch.Generator().manual_seed(5)
+    drawn = mine.get_state()
+    again = ZephonDataLoader(toy_pipeline(2), num_workers=workers, return_labels=True, generator=mine)
+    assert torch.equal(next(iter(again))["input_ids"], first["input_ids"]) and not torch.equal(mine.get_state(), drawn)
+    again.close()
 
 
 def test_finite_data_with_workers_resumes_and_ends_exactly_across_epochs():

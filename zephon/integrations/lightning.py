@@ -29,9 +29,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         f"zephon.integrations.lightning needs lightning: pip install 'zephon-lanes[lightning]' ({exc})"
     ) from exc
 
-from ..runtime.checkpoint import merge_checkpoints, select_lanes, validate
+from ..runtime.checkpoint import merge_checkpoints, validate
 from .torch import DataLoader
-from .torch_dataset import STATE_KEY, stream_position
+from .torch_dataset import STATE_KEY, position_problem, whole_steps_problem
 
 __all__ = ["ZephonDataModule"]
 
@@ -221,25 +221,16 @@ def data_parallel(trainer: Any) -> tuple[int, int]:
 
 def check_accumulation(accumulate: int, lanes: int, degree: int, whole_steps: bool) -> None:
     """Raise unless an optimizer step of ``accumulate`` microbatches per rank is whole global steps."""
-    if whole_steps and accumulate % lanes:
+    problem = whole_steps_problem(accumulate, lanes, degree) if whole_steps else None
+    if problem:
         raise ValueError(
-            f"ZephonDataModule: Trainer(accumulate_grad_batches={accumulate}) is not whole zephon steps: each of the "
-            f"{degree} data-parallel rank(s) owns {lanes} lane(s), and a global step takes one microbatch from every "
-            "lane. "
-            f"Use accumulate_grad_batches={lanes} (or a multiple): then every optimizer step trains on the same rows "
-            f"whatever the number of devices. Pass ZephonDataModule(..., whole_steps=False) to allow it anyway"
+            f"ZephonDataModule: Trainer(accumulate_grad_batches={accumulate}): {problem}. "
+            "Pass ZephonDataModule(..., whole_steps=False) to allow it anyway"
         )
 
 
 def check_position(checkpoint: dict[str, Any], lanes: tuple[int, ...], degree: int) -> None:
     """Raise unless the checkpoint's states of ``lanes`` are a position of this rank's stream."""
-    counts = {lane: int(state["delivered"]) for lane, state in select_lanes(checkpoint, lanes).items()}
-    try:
-        stream_position(counts)
-    except ValueError:
-        raise ValueError(
-            f"ZephonDataModule: the checkpoint's lanes delivered {counts} microbatches, which is no position of this "
-            f"rank's stream over {degree} data-parallel rank(s): it was saved in the middle of a global step on "
-            "another number of devices. Resume it on the device count it was saved on, or save at whole global steps "
-            "(ModelCheckpoint(every_n_train_steps=...) with accumulate_grad_batches a multiple of the rank's lanes)"
-        ) from None
+    problem = position_problem(checkpoint, lanes, degree)
+    if problem:
+        raise ValueError(f"ZephonDataModule: {problem} (ModelCheckpoint(every_n_train_steps=...))")

@@ -177,6 +177,11 @@ class DataLoader:
             prefetch_factor, pin_memory_device: as for ``torch.utils.data.DataLoader``.
         **to_training_options: the options of :func:`~zephon.to_training`, with a pipeline.
 
+    ``iter()`` leaves torch's global random state alone (the workers' base seed comes from
+    ``generator``, by default one of the loader's own), so a trainer that restores its random
+    state and then iterates (the Hugging Face ``Trainer`` on resume) draws the same numbers as the
+    uninterrupted run.
+
     State kept: per lane, the encoded state after its last delivered output; whether the last
     iteration reached the end of the data. Each ``iter()`` continues from that state (an earlier
     iterator then raises); after the end of the data it starts a new pass, as a torch epoch does.
@@ -234,6 +239,8 @@ class DataLoader:
         if 0 < self.workers < num_workers:
             message = _idle_warning(lanes, num_workers, self.workers)
             warnings.warn(f"DataLoader: {message}", RuntimeWarning, stacklevel=2)
+        if generator is None:  # the workers' base seed; never drawn from torch's global random state
+            generator = torch.Generator().manual_seed(0)
         self._torch_options = dict(
             pin_memory=pin_memory, timeout=timeout, worker_init_fn=worker_init_fn, generator=generator,
             multiprocessing_context=multiprocessing_context, prefetch_factor=prefetch_factor,

@@ -29,7 +29,7 @@ from ..runtime.checkpoint import merge_checkpoints, select_lanes, validate
 from ..runtime.loader import Loader
 from ..training.convert import training_spec
 
-__all__ = ["TrainingDataset", "TrainingStream", "checkpoint_from_state"]
+__all__ = ["TrainingDataset", "TrainingStream", "checkpoint_from_state", "position_problem", "whole_steps_problem"]
 
 #: The key of zephon's checkpoint in an iterator's ``state_dict()``.
 STATE_KEY = "zephon_checkpoint"
@@ -65,6 +65,37 @@ def stream_position(counts: Mapping[int, int]) -> int:
             "other ranks' lanes. Resume it with num_workers=0 (options(workers=N) runs the lanes in zephon's processes)"
         )
     return p
+
+
+def whole_steps_problem(accumulate: int, lanes: int, degree: int) -> str | None:
+    """Why ``accumulate`` microbatches per rank and optimizer step are not whole global steps (``None`` if they are).
+
+    A global step is one microbatch of every lane; only when each rank's optimizer step takes a
+    multiple of its ``lanes`` microbatches is every optimizer step the same rows for every ``degree``.
+    """
+    if accumulate % lanes == 0:
+        return None
+    return (
+        f"{accumulate} microbatch(es) per optimizer step are not whole zephon steps: each of the {degree} "
+        f"data-parallel rank(s) owns {lanes} lane(s), and a global step takes one microbatch from every lane. "
+        f"Accumulate {lanes} (or a multiple): then every optimizer step trains on the same rows whatever the number "
+        "of devices"
+    )
+
+
+def position_problem(checkpoint: Mapping[str, Any], lanes: tuple[int, ...], degree: int) -> str | None:
+    """Why ``checkpoint``'s states of ``lanes`` are no position of this rank's stream (``None`` if they are one)."""
+    counts = {lane: int(state["delivered"]) for lane, state in select_lanes(dict(checkpoint), lanes).items()}
+    try:
+        stream_position(counts)
+    except ValueError:
+        return (
+            f"the checkpoint's lanes delivered {counts} microbatches, which is no position of this rank's stream over "
+            f"{degree} data-parallel rank(s): it was saved in the middle of a global step on another number of "
+            "devices. Resume it on the device count it was saved on, or save at whole global steps (accumulate a "
+            "multiple of the rank's lanes per optimizer step)"
+        )
+    return None
 
 
 def _counts(states: Mapping[int, Any], lanes: tuple[int, ...]) -> dict[int, int]:

@@ -33,6 +33,14 @@ LAYOUTS: dict[str, dict[str, Any]] = {
         return_labels=True, return_loss_mask=True, return_cu_seqlens=True, position_mode="sequence",
         rename_fields={"input_ids": "tokens", "positions": "position_ids"}, exclude_fields=("ids", "texts"),
     ),
+    # Hugging Face causal LMs (``model(**batch)``, the ``Trainer``): unshifted ``labels`` (the model shifts),
+    # ``attention_mask`` where rows are padded, and only the keys ``forward`` takes. Packed rows carry
+    # ``position_ids`` that restart at every document and no ``attention_mask``: from those transformers
+    # builds a per-document causal mask (``find_packed_sequence_indices``).
+    "hf": dict(
+        return_labels=True, shift_labels=False, rename_fields={"positions": "position_ids"},
+        exclude_fields=("ids", "texts", "segments"),
+    ),
 }
 
 

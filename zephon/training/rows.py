@@ -322,12 +322,17 @@ class _Output:
         return torch.from_numpy(arr)
 
 
+#: Output keys that only some batches have (``positions`` when the records carry them, ``segments`` when
+#: they carry non-token fields): renaming one that a batch lacks is not an error.
+DATA_DEPENDENT_KEYS = frozenset({"positions", "segments"})
+
+
 def _rename_and_exclude(
     result: dict[str, Any], rename_fields: Mapping[str, str], exclude_fields: Sequence[str], *, allow_missing: bool
 ) -> dict[str, Any]:
     """Rename emitted keys (swaps allowed, collisions rejected before exclusion), then drop excluded ones."""
     if rename_fields:
-        missing = [k for k in rename_fields if k not in result]
+        missing = [k for k in rename_fields if k not in result and k not in DATA_DEPENDENT_KEYS]
         if missing and not allow_missing:
             raise ValueError(
                 f"to_training: rename_fields source keys not in output: {missing}; emitted keys: {list(result)}"
