@@ -174,6 +174,18 @@ def test_hf_layout_is_what_a_model_takes_and_masks_documents(common):
     assert documents >= 3  # rows with a document that does not start the row were checked
 
 
+def test_data_parallel_part_of_a_parallelism_config():
+    from types import SimpleNamespace
+
+    from zephon.integrations.hf import data_parallel
+
+    args = [SimpleNamespace(world_size=8, process_index=i) for i in range(8)]
+    assert [data_parallel(a) for a in args[:2]] == [(8, 0), (8, 1)]
+    # dp_shard 2 x tp 4: ranks 0-3 are data-parallel rank 0, 4-7 rank 1 (tensor-parallel ranks are neighbours).
+    config = SimpleNamespace(data_parallel_size=2, non_data_parallel_size=4)
+    assert [data_parallel(a, config) for a in args] == [(2, 0)] * 4 + [(2, 1)] * 4
+
+
 @pytest.mark.integration
 def test_two_processes_resume_on_one(common, tmp_path):
     script = tmp_path / "ddp_run.py"

@@ -31,7 +31,7 @@ from ..runtime.checkpoint import read_checkpoint, save_checkpoint, validate
 from .torch import DataLoader
 from .torch_dataset import position_problem, whole_steps_problem
 
-__all__ = ["STATE_DIR", "ZephonTrainer", "ZephonTrainerMixin", "pipeline_rows"]
+__all__ = ["STATE_DIR", "ZephonTrainer", "ZephonTrainerMixin", "data_parallel", "pipeline_rows"]
 
 #: The folder inside a Trainer checkpoint (``checkpoint-N/``) that holds every rank's zephon checkpoint.
 STATE_DIR = "zephon"
@@ -120,7 +120,7 @@ class ZephonTrainerMixin:
     def get_train_dataloader(self) -> DataLoader:
         """This rank's microbatches, from the checkpoint ``train()`` resumes (or the pipeline's start)."""
         args = self.args
-        degree, rank = args.world_size, args.process_index
+        degree, rank = data_parallel(args, getattr(self.accelerator, "parallelism_config", None))
         dataset = self.zephon_pipeline.options(dp_degree=degree, dp_rank=rank).to_torch_dataset(**self.zephon_options)
         lanes = tuple(dataset.topology().lanes)
         name = type(self).__name__
@@ -158,6 +158,16 @@ class ZephonTrainerMixin:
 
 class ZephonTrainer(ZephonTrainerMixin, transformers.Trainer):
     """``transformers.Trainer`` over a zephon pipeline (see :class:`ZephonTrainerMixin`)."""
+
+
+def data_parallel(args: Any, parallelism: Any = None) -> tuple[int, int]:
+    """``(degree, rank)`` of data parallelism: the world size and process index, or, under Accelerate's
+    ``ParallelismConfig``, the data-parallel part (the ranks of one tensor/context/sequence-parallel
+    group are neighbours and read the same microbatches, as Accelerate's own loaders arrange)."""
+    if parallelism is None:
+        return int(args.world_size), int(args.process_index)
+    inner = int(parallelism.non_data_parallel_size)
+    return int(parallelism.data_parallel_size), int(args.process_index) // inner
 
 
 def _needs_hf_dataset(cls: type) -> bool:
