@@ -21,6 +21,7 @@ import numpy as np
 from .digest import resolve_cache_dir
 from .discover import FORMATS, ShardSpec, discover, index_entry, open_shards, write_index
 from .jsonl import VERIFY_MODES
+from .listing import list_once
 from .storage import IoOptions
 from .storage import io_options as _as_io
 from .token_files import TOKEN_DTYPES
@@ -190,6 +191,7 @@ class Dataset:
         io_options: Any = None,
         index: str = "auto",
         progress: bool = False,
+        listing: str = "auto",
     ) -> Dataset:
         """Open files as a dataset, one shard per file: JSONL, Parquet, Arrow IPC or token files.
 
@@ -233,6 +235,10 @@ class Dataset:
                 others (with a warning); ``"require"``: refuse a missing or stale index;
                 ``"off"``: ignore it.
             progress: show a progress bar (needs ``tqdm``) while shards are counted.
+            listing: ``"auto"``: with ``torch.distributed`` initialized on several ranks, rank 0
+                lists and counts the dataset and broadcasts it, so the store is listed once per
+                job (every rank must then open the same datasets in the same order);
+                ``"local"``: every process lists it (data that differs per rank).
 
         Raises:
             FileNotFoundError: a path does not exist, or a glob matches nothing.
@@ -257,14 +263,22 @@ class Dataset:
         if token_dtype is not None and token_dtype not in TOKEN_DTYPES:
             raise ValueError(f"dataset {name!r}: token_dtype must be 'uint16', 'uint32', 'int32' or 'int64', got {token_dtype!r}")
         io = _as_io(io_options)
-        root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options, cache_dir=resolve_cache_dir(cache_dir), cache=io.cache)
-        kind = found[0].fmt
-        if columns is not None:
-            if kind not in ("parquet", "arrow"):
-                raise ValueError(f"dataset {name!r}: columns= applies to Parquet and Arrow files, not {kind}")
-            columns = _column_list(name, columns)
-        spec = ShardSpec(kind, resolve_cache_dir(cache_dir), verify, None if columns is None else tuple(columns), eos_token_id, token_dtype)
-        shards = open_shards(name, root, found, spec, storage_options, io, index=index, progress=progress)
+
+        def open_dataset() -> tuple[str, ShardSpec, list]:
+            root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options, cache_dir=resolve_cache_dir(cache_dir), cache=io.cache)
+            kind = found[0].fmt
+            chosen = columns
+            if chosen is not None:
+                if kind not in ("parquet", "arrow"):
+                    raise ValueError(f"dataset {name!r}: columns= applies to Parquet and Arrow files, not {kind}")
+                chosen = _column_list(name, chosen)
+            spec = ShardSpec(kind, resolve_cache_dir(cache_dir), verify, None if chosen is None else tuple(chosen), eos_token_id, token_dtype)
+            return kind, spec, open_shards(name, root, found, spec, storage_options, io, index=index, progress=progress)
+
+        paths = tuple(map(_spelled, path)) if isinstance(path, Iterable) and not isinstance(path, (str, bytes)) else _spelled(path)
+        request = (name, paths, fmt, recursive, verify, None if columns is None else tuple(columns), eos_token_id,
+                   token_dtype, index, sorted(storage_options or {}))
+        kind, spec, shards = list_once(name, request, open_dataset, listing)
         return cls(name, kind, [s.shard_id for s in shards], shards, io=io, columns=spec.columns)
 
     @classmethod
@@ -540,3 +554,8 @@ def build_index(
     entries = {f.shard_id: index_entry(f, s) for f, s in zip(found, shards)}
     where = write_index(root, entries, spec.settings(), storage_options)
     return where, Dataset(os.path.basename(root.rstrip("/")) or "data", spec.fmt, [s.shard_id for s in shards], shards, io=io)
+
+
+def _spelled(path: Any) -> str:
+    """A path as the text ranks compare (a path object by its text, anything else by its repr)."""
+    return os.fspath(path) if isinstance(path, (str, os.PathLike)) else repr(path)
