@@ -168,8 +168,8 @@ def _incomparable(keys: list, records: Sequence[Record], exc: TypeError) -> Type
             except TypeError:
                 a, b = records[j].meta, records[i].meta
                 return _named(TypeError(
-                    f"order_by: the keys of {describe_meta(a)} ({keys[j]!r}) and {describe_meta(b)} ({keys[i]!r}) "
-                    f"do not compare ({exc}); a key returns values of one kind for every record"
+                    f"order_by: keys of one window do not compare: {keys[j]!r} for {describe_meta(a)} and "
+                    f"{keys[i]!r} for {describe_meta(b)} ({exc}); a key returns values of one kind for every record"
                 ), b)
     return TypeError(f"order_by: the keys of one window do not compare ({exc}); a key returns values of one kind")
 
