@@ -332,3 +332,22 @@ def test_under_a_schedule_no_window_mixes_two_phases():
         by_lane.setdefault(b.lane, []).extend(r.meta.segments[0].dataset for r in b.records)
     for lane, datasets in by_lane.items():
         assert datasets == sorted(datasets) and 1 in datasets, f"lane {lane} moved a record across the switch"
+
+
+def test_a_config_file_names_the_key_by_field_or_by_function(tmp_path):
+    from zephon.pipeline.config import pipeline_from_config
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "shard-00000.jsonl").write_text("".join(json.dumps({"n": i % 3}) + "\n" for i in range(9)))
+    source = {"datasets": [{"name": "toy", "path": "data"}]}
+    by_field = {"op": "order_by", "key": "n", "window": 4, "reverse": True}
+    by_function = {"op": "order_by", "function": "zephon.ops:token_count", "window": 4}
+    pipe = pipeline_from_config({"source": source, "operators": [by_field]}, base=tmp_path)
+    assert pipe.operators[0][1] == OrderBy("n", window=4, reverse=True)
+    arrived = list(pipeline_from_config({"source": source}, base=tmp_path))
+    want = [r for w in windows(arrived, 4) for r in sorted(sorted(w, key=lambda r: r.meta.segments), key=lambda r: r.payload["n"], reverse=True)]
+    assert outputs_equal(list(pipe), want)
+    pipe = pipeline_from_config({"source": source, "operators": [by_function]}, base=tmp_path)
+    assert pipe.operators[0][1].key is ops.token_count
+    with pytest.raises(ValueError, match=r"operators\[0\] \(order_by\): give key \(a field name\) or function"):
+        pipeline_from_config({"source": source, "operators": [{**by_field, **by_function}]}, base=tmp_path)
