@@ -32,7 +32,7 @@ from ..core.operator import Operator, Resolver, config_field, nonnegative, posit
 from ..core.records import Meta, Record, describe_meta
 from ..core.state import decode, resolve
 from ..training.fields import TOKEN_FIELDS
-from .shuffle import _drains, sample_starts
+from .shuffle import drain_positions, sample_starts
 
 
 class OrderState(msgspec.Struct, frozen=True, tag="order_by", forbid_unknown_fields=True):
@@ -119,7 +119,7 @@ def _bool(instance: Any, attribute: Any, value: Any) -> None:
 
 def _optional_str(value: Any) -> str | None:
     if value is not None and not isinstance(value, str):
-        raise TypeError(f"order_by: key_fingerprint must be a string naming the key's version (e.g. 'v1'), got {value!r}")
+        raise TypeError(f"order_by: key_fingerprint must be a string naming the key's version ('v1'), got {value!r}")
     return value
 
 
@@ -206,7 +206,7 @@ class OrderBy(Operator):
     window: int = config_field(validator=positive_int)
     reverse: bool = config_field(default=False, validator=_bool)
     key_fingerprint: str | None = config_field(default=None, converter=_optional_str, kw_only=True)
-    drains: tuple[int, ...] = config_field(default=(), converter=_drains, kw_only=True)
+    drains: tuple[int, ...] = config_field(default=(), converter=drain_positions, kw_only=True)
 
     kind: ClassVar[str] = "order_by"
     state_type: ClassVar[type] = OrderState
@@ -291,5 +291,6 @@ class OrderBy(Operator):
                 f"{self.window} records wait"
             )
         if state.phase > len(self.drains):
-            raise ValueError(f"field 'phase' is {state.phase}, past the {len(self.drains)} schedule switch(es) of this lane")
+            switches = len(self.drains)
+            raise ValueError(f"field 'phase' is {state.phase}, past the {switches} schedule switch(es) of the lane")
         return resolve(state, upstream)
