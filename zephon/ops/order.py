@@ -155,7 +155,10 @@ def sort_value(value: Any, meta: Meta) -> Any:
 
 def _named(exc: Exception, meta: Meta) -> Exception:
     """``exc`` carrying the record's meta, which the lanes name by dataset and file."""
-    exc.zephon_meta = meta  # type: ignore[attr-defined]
+    try:
+        exc.zephon_meta = meta  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type that takes no attributes
+        pass
     return exc
 
 
