@@ -189,9 +189,9 @@ def source(n=96, policy=None):
     return StaticMixtureWorkSource([data], {"web": 1.0}, chunk_size=8, seed=1, exhausted_policy=policy)
 
 
-def curriculum(lanes=2, window=5, key=token_count, **options):
+def curriculum(lanes=2, window=5, key=token_count, rows=96, **options):
     return (
-        Pipeline(source())
+        Pipeline(source(rows))
         .options(canonical_replicas=lanes, **options)
         .map(toks_to_ids)
         .order_by(key, window, name="curriculum")
@@ -215,12 +215,14 @@ def test_in_a_pipeline_each_lane_is_sorted_window_by_window_and_keeps_its_tail()
 
 
 def test_a_checkpoint_mid_window_resumes_exactly():
-    full = list(curriculum())
-    for k in range(len(full) + 1):  # windows of 5 records, batches of 2: most checkpoints are mid-window
-        loader = iter(curriculum())
+    full, mid_window = list(curriculum(rows=48, read_size=4)), 0
+    for k in range(len(full) + 1):  # windows of 5 records, batches of 2
+        loader = iter(curriculum(rows=48, read_size=4))
         taken = [next(loader) for _ in range(k)]
         ck = json.loads(json.dumps(loader.checkpoint()))
-        assert outputs_equal(taken + list(curriculum(read_size=3).loader(ck)), full), f"resume after {k} batches"
+        mid_window += any(lane["ops"]["curriculum"]["buffer"] for lane in ck["lanes"].values())
+        assert outputs_equal(taken + list(curriculum(rows=48, read_size=3).loader(ck)), full), f"resume after {k} batches"
+    assert mid_window > len(full) // 2, "most checkpoints hold part of a window"
 
 
 def test_worker_processes_give_the_inline_batches_and_restore():
