@@ -1,7 +1,7 @@
 """Laws of single operators on generated streams.
 
 The operators: ``pack_flat`` and ``pack_sequences`` with every packing algorithm, ``shuffle``,
-``batch`` (plain and grouped by length), and named chains of them. Inputs are sample-level records
+``order_by``, ``batch`` (plain and grouped by length), and named chains of them. Inputs are sample-level records
 made by ``_util.docs``: document ``row`` holds the tokens ``1000 * row + [0, n)``, so every token
 of a stream is distinct (lengths stay below 1000) and where a token went is visible. Chunkings are
 random, empty chunks included.
@@ -20,6 +20,9 @@ Laws of one operator:
     * pack_flat (every algorithm) emits each token at most once, in rows whose metas name their
       token ranges, and counts every token it does not emit;
     * shuffle emits a permutation of its input and never holds more than its buffer;
+    * order_by emits each window of its input (consecutive runs of ``window`` arrivals, cut short
+      at a schedule switch and at the end) sorted by key, ties by record identity, and never holds
+      a full window;
     * batch keeps order and only the very last batch may be short; grouped by length, each batch
       is a run of its window sorted by length.
 """
@@ -27,6 +30,7 @@ Laws of one operator:
 from __future__ import annotations
 
 import bisect
+import itertools
 
 import msgspec
 import numpy as np
@@ -36,7 +40,7 @@ from hypothesis import strategies as st
 
 from _util import docs
 from zephon.ops.pack import ALGORITHMS as PACK_ALGORITHMS
-from zephon.ops import Batch, Chain, PackFlat, PackSequences, Shuffle
+from zephon.ops import Batch, Chain, OrderBy, PackFlat, PackSequences, Shuffle, token_count
 from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance, input_resolver, outputs_equal, run
 
 
@@ -101,6 +105,23 @@ drain_points = st.one_of(st.just(()), st.lists(st.integers(1, 120), max_size=4, 
 shuffles = st.builds(Shuffle, buffer_size=st.one_of(st.integers(1, 8), st.integers(9, 64)), seed=seeds, drains=drain_points)
 
 
+def length_mod_3(payload):
+    """A key with many ties."""
+    return len(payload["input_ids"]) % 3
+
+
+def odd_then_longest(payload):
+    """A tuple key: odd lengths first, then longest first."""
+    n = len(payload["input_ids"])
+    return (1 - n % 2, -n)
+
+
+order_keys = st.sampled_from([token_count, length_mod_3, odd_then_longest])
+order_bys = st.builds(
+    OrderBy, key=order_keys, window=st.one_of(st.integers(1, 8), st.integers(9, 40)), reverse=st.booleans(), drains=drain_points
+)
+
+
 @st.composite
 def batches(draw):
     """A ``Batch``, grouping by length or not (a grouping window is a multiple of the batch size)."""
@@ -126,6 +147,7 @@ OPERATORS = {
     **{f"pack_flat[{a}]": pack_flats(a) for a in PACK_ALGORITHMS},
     **{f"pack_sequences[{a}]": pack_sequences(a) for a in PACK_ALGORITHMS},
     "shuffle": shuffles,
+    "order_by": order_bys,
     "batch": batches(),
     "chain": chains(),
 }
@@ -309,6 +331,34 @@ def test_shuffle_emits_a_permutation_and_respects_its_buffer(op, records, cuts, 
     # Records never cross a drain: every record from before a switch leaves before any from after it.
     phases = [bisect.bisect_right(op.drains, r.meta.segments[0].row) for r in out]
     assert phases == sorted(phases), "a shuffle moved records across a schedule switch"
+
+
+# -- order_by ---------------------------------------------------------------------------------------------
+
+
+@given(op=order_bys, docs_in_row_order=streams(), data=st.data(), cuts=st.lists(st.integers(0, 200), max_size=8), key=keys)
+def test_order_by_sorts_each_window_and_emits_every_record_once(op, docs_in_row_order, data, cuts, key):
+    records = data.draw(st.permutations(docs_in_row_order), label="arrival order")  # ties never go by arrival
+    state, out, seen = op.init(key), [], 0
+    for chunk in cut(records, cuts):
+        state, emitted = op.step(state, chunk)
+        out.extend(emitted)
+        seen += len(chunk)
+        assert len(state.buffer) < op.window and len(out) + len(state.buffer) == seen
+    state, emitted = run(op, [], state=state)
+    out.extend(emitted)
+
+    # Each document is one sample start, so arrival i is lane sample i; windows are runs of `window`
+    # arrivals of one phase.
+    row = lambda r: r.meta.segments[0].row  # noqa: E731
+    windows = []
+    for _, phase in itertools.groupby(enumerate(records), key=lambda ir: bisect.bisect_right(op.drains, ir[0])):
+        phase = [r for _, r in phase]
+        windows += [phase[i : i + op.window] for i in range(0, len(phase), op.window)]
+    want = [r for w in windows for r in sorted(sorted(w, key=row), key=lambda r: op.key(r.payload), reverse=op.reverse)]
+    assert [row(r) for r in out] == [row(r) for r in want]
+    assert all(a is b for a, b in zip(out, want)), "order_by must pass records through unchanged"
+    assert op.report(state) == {"buffered": 0, "windows": len(windows), "emitted": len(records)}
 
 
 # -- batch ------------------------------------------------------------------------------------------------

@@ -119,6 +119,10 @@ REGISTRY = {
     "pack_flat_wrap": (lambda tok: ops.PackFlat(8), lambda: docs(_lengths())),
     "pack_flat_wrap_padded": (lambda tok: ops.PackFlat(8, pad_token_id=0), lambda: _masked(_lengths())),
     "shuffle": (lambda tok: ops.Shuffle(5, seed=3), lambda: docs(_lengths())),
+    "order_by": (lambda tok: ops.OrderBy(ops.token_count, window=4), lambda: docs(_lengths())),
+    "order_by_reverse_drained": (
+        lambda tok: ops.OrderBy(ops.token_count, window=5, reverse=True, drains=(3, 9)), lambda: docs(_lengths())
+    ),
     "batch": (lambda tok: ops.Batch(3, drop_last=False), lambda: docs(_lengths())),
     "batch_grouped": (lambda tok: ops.Batch(2, group_by_length=True, buffer_size=4, drop_last=False), lambda: docs(_lengths())),
     "chain": (

@@ -34,6 +34,7 @@ from zephon.ops import (  # noqa: E402
     FilterOp,
     MapOp,
     Operator,
+    OrderBy,
     PackFlat,
     PackSequences,
     Shuffle,
@@ -227,6 +228,30 @@ def shuffle_changes(draw, env):
         {
             "buffer_size": st.one_of(st.integers(1, 8), INVALID),
             "seed": st.one_of(st.integers(0, 3), st.sampled_from(["1", np.int64(1), None])),
+        },
+    )
+
+
+def longest_first(payload):
+    return -len(payload["input_ids"])
+
+
+ORDER_KEYS = [zephon.ops.token_count, even_length, "input_ids", longest_first]
+
+
+def order_given(draw, env):
+    return {"key": draw(st.sampled_from(ORDER_KEYS)), "window": draw(st.integers(1, 6)), "reverse": draw(st.booleans())}
+
+
+def order_changes(draw, env):
+    return changes_of(
+        draw,
+        {
+            "key": st.sampled_from([*ORDER_KEYS, "", 3, None]),
+            "window": st.one_of(st.integers(1, 6), INVALID),
+            "reverse": st.sampled_from([True, False, 1, "no"]),
+            "key_fingerprint": st.sampled_from([None, "v1", 1]),
+            "drains": st.sampled_from([(), (2,), (3, 1)]),
         },
     )
 
@@ -484,6 +509,7 @@ CASES: dict[type, Case] = {
     EnsureMixture: Case(ensure_given, ensure_changes, token_docs),
     FilterOp: Case(filter_given, filter_changes, token_docs),
     MapOp: Case(map_given, map_changes, token_docs),
+    OrderBy: Case(order_given, order_changes, token_docs),
     PackFlat: Case(pack_given(True), pack_changes(True), token_docs),
     PackSequences: Case(pack_given(False), pack_changes(False), token_docs),
     Shuffle: Case(shuffle_given, shuffle_changes, token_docs),
@@ -619,7 +645,8 @@ def test_evolve_needs_no_files_after_pickling(env, tmp_path):
 
 def test_no_configuration_is_rewritten_after_construction():
     package = Path(zephon.__file__).parent
-    for name in ("ops/pack.py", "ops/tokenize.py", "ops/chat.py", "ops/batch.py", "ops/shuffle.py", "core/operator.py"):
+    for name in ("ops/pack.py", "ops/tokenize.py", "ops/chat.py", "ops/batch.py", "ops/shuffle.py", "ops/order.py",
+                 "core/operator.py"):
         assert "object.__setattr__" not in (package / name).read_text(encoding="utf-8"), name
 
 

@@ -15,6 +15,8 @@ from ..core.operator import config_field as config_field
 from ..core.operator import stateless as stateless
 from ..core.fingerprint import FingerprintWarning as FingerprintWarning
 from .mixing import EnsureMixture as EnsureMixture
+from .order import OrderBy as OrderBy
+from .order import token_count as token_count
 from .pack import PackFlat as PackFlat
 from .pack import PackSequences as PackSequences
 from .pack import packing_info as packing_info
@@ -29,6 +31,7 @@ __all__ = [
     "FingerprintWarning",
     "MapOp",
     "Operator",
+    "OrderBy",
     "PackFlat",
     "PackSequences",
     "Shuffle",
@@ -39,6 +42,7 @@ __all__ = [
     "config_field",
     "packing_info",
     "stateless",
+    "token_count",
 ]
 
 

@@ -31,6 +31,7 @@ from ..core.state import decode, resolve
 from ..training.fields import payload_length
 from ..core.records import Record
 from ..sources.mixture import MixtureSchedule, check_names, integer_weights, normalize
+from .order import OrderBy
 from .shuffle import Shuffle
 
 
@@ -340,8 +341,8 @@ def lane_phases(source: Any, schedule: MixtureSchedule, lanes: int, names: Seque
 
 def place_targets(chain: Any, source: Any, lanes: int) -> Any:
     """``chain`` with the source's schedule placed on the lanes: every ``ensure_mixture`` that
-    follows a schedule gets its phases (see :func:`lane_phases`), and every ``shuffle`` the lane
-    positions of the source's weight jumps, where it empties its buffer (``Shuffle.drains``)."""
+    follows a schedule gets its phases (see :func:`lane_phases`), and every ``shuffle`` and ``order_by``
+    the lane positions of the source's weight jumps, where it empties its buffer (``Shuffle.drains``)."""
     positions = getattr(source, "switch_positions", ())
     switches = tuple(sorted({-(-pos // lanes) for pos in positions} - {0}))
     children, changed = [], False
@@ -349,7 +350,7 @@ def place_targets(chain: Any, source: Any, lanes: int) -> Any:
         if isinstance(op, EnsureMixture) and isinstance(op.mixture, MixtureSchedule) and not op.phases:
             op = attrs.evolve(op, phases=lane_phases(source, op.mixture, lanes, op.datasets))
             changed = True
-        elif isinstance(op, Shuffle) and switches and not op.drains:
+        elif isinstance(op, (Shuffle, OrderBy)) and switches and not op.drains:
             op = attrs.evolve(op, drains=switches)
             changed = True
         children.append((name, op))

@@ -43,10 +43,11 @@ class ShuffleState(msgspec.Struct, frozen=True, tag="shuffle", forbid_unknown_fi
     phase: int = 0
 
 
-def _drains(value: Any) -> tuple[int, ...]:
+def drain_positions(value: Any) -> tuple[int, ...]:
+    """The converter of a ``drains`` setting (shuffle, order_by): increasing lane sample positions >= 1."""
     out = tuple(int(d) for d in value)
     if any(d < 1 for d in out) or any(b <= a for a, b in zip(out, out[1:])):
-        raise ValueError(f"shuffle: drains are increasing sample positions >= 1, got {list(out)}")
+        raise ValueError(f"drains are increasing lane sample positions >= 1, got {list(out)}")
     return out
 
 
@@ -92,7 +93,7 @@ class Shuffle(Operator):
 
     buffer_size: int = config_field(validator=positive_int)
     seed: int = config_field(default=0, validator=_int)
-    drains: tuple[int, ...] = config_field(default=(), converter=_drains, kw_only=True)
+    drains: tuple[int, ...] = config_field(default=(), converter=drain_positions, kw_only=True)
 
     kind: ClassVar[str] = "shuffle"
     state_type: ClassVar[type] = ShuffleState

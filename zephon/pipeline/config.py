@@ -5,8 +5,9 @@ and scripts need to build a :class:`~zephon.Pipeline` without Python: ``[source]
 ``StaticMixtureWorkSource`` settings and ``[[source.datasets]]`` with ``name``, ``path``,
 ``weight``, ``format``), ``[options]`` (``Pipeline.options``) and ``[[operators]]`` in order, each
 an ``op`` (``tokenize``, ``tokenize_chat``, ``pack_flat``, ``pack_sequences``, ``shuffle``,
-``batch``, or ``map``/``filter`` with ``function = "module:name"``), an optional ``name`` and the
-builder method's keyword arguments. Paths are relative to the file.
+``order_by``, ``batch``, or ``map``/``filter`` with ``function = "module:name"``), an optional
+``name`` and the builder method's keyword arguments; ``order_by`` takes ``key`` (a field name) or
+``function = "module:name"`` (``"zephon.ops:token_count"``). Paths are relative to the file.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import attrs
 from ..runtime.options import Options
 
 #: Builder methods an operator table may name, besides ``map`` and ``filter``.
-OPERATORS = ("tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "batch")
+OPERATORS = ("tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "order_by", "batch")
 _TOP = ("source", "options", "operators")
 _SOURCE = ("datasets", "seed", "exhausted_policy", "passes", "shuffle_shards", "shuffle_within_shard", "chunk_size", "lane_assignment")
 _DATASET = ("name", "path", "weight", "format")
@@ -163,6 +164,10 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
             continue
         if op not in OPERATORS:
             raise ValueError(f"{at}: unknown op {op!r}; use one of {[*OPERATORS, 'map', 'filter']}")
+        if op == "order_by" and "function" in kwargs:
+            if "key" in kwargs:
+                raise ValueError(f"{at}: give key (a field name) or function ('module:name'), not both")
+            kwargs["key"] = _function(kwargs.pop("function"), at)
         kwargs.update({k: _resolve(kwargs[k], base) for k in _PATH_ARGS if k in kwargs})
         try:
             pipe = getattr(pipe, op)(**kwargs)

@@ -71,6 +71,8 @@ def _held(op: Operator) -> tuple[str, int | None]:
         return "no records (a counter of inputs that produced nothing)", 0
     if op.kind == "shuffle":
         return f"up to {op.buffer_size} records", op.buffer_size
+    if op.kind == "order_by":
+        return f"up to {op.window - 1} records (the open window)", op.window - 1
     if op.kind == "batch" and getattr(op, "group_by_length", False):
         bound = op.buffer_size or 8 * op.microbatch_size
         return f"up to {bound} records (length grouping buffer)", bound

@@ -29,6 +29,7 @@ from ..core.log import progress
 from ..runtime.options import Options
 from ..ops.pack import PackFlat, PackSequences
 from ..core.records import SampleBatch
+from ..ops.order import OrderBy
 from ..ops.shuffle import Shuffle
 from ..training.spec import _warn_at_caller
 from ..sources.calibrate import compile_source, step_size
@@ -81,7 +82,8 @@ class _Origin:
 
 #: The builder methods that append an operator through ``add``.
 _BUILDERS = frozenset(
-    {"map", "filter", "tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "batch", "ensure_mixture"}
+    {"map", "filter", "tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "order_by", "batch",
+     "ensure_mixture"}
 )
 #: What a loader owns, asked of a pipeline by code written for pipelines that run in place.
 _RUNNING = frozenset({"checkpoint", "stats", "stats_table", "close", "state_dict", "load_state_dict"})
@@ -294,6 +296,18 @@ class Pipeline:
     def shuffle(self, buffer_size: int, *, seed: int = 0, name: str | None = None) -> "Pipeline":
         """Shuffle each lane through a buffer of ``buffer_size`` records."""
         return self.add(Shuffle(buffer_size, seed=seed), name=name)
+
+    def order_by(
+        self, key: Any, window: int, *, reverse: bool = False, name: str | None = None, fingerprint: str | None = None
+    ) -> "Pipeline":
+        """Emit each lane's records sorted by ``key`` inside consecutive windows of ``window`` records.
+
+        ``key``: a function of the payload (fingerprinted as :meth:`map`'s function; a restore into
+        another one is refused), a field name (``"length"``), or :data:`zephon.ops.token_count`. It
+        returns an int, float, string or tuple; ties go by record identity. The end of a lane's data
+        is a last, shorter window, sorted and emitted. See :class:`zephon.ops.OrderBy`.
+        """
+        return _checked_function(self.add(OrderBy(key, window, reverse=reverse, key_fingerprint=fingerprint), name=name))
 
     def batch(
         self, microbatch_size: int, *, drop_last: bool = True, group_by_length: bool = False,

@@ -216,7 +216,7 @@ def _operator_label(index: int, fingerprint: Any) -> str | None:
         op = fp["op"]
     except (KeyError, IndexError, TypeError, ValueError):
         return None
-    kind = {"MapOp": "map", "FilterOp": "filter"}.get(op)
+    kind = {"MapOp": "map", "FilterOp": "filter", "OrderBy": "order_by"}.get(op)
     return f"{kind} {name!r}" if kind else f"operator {name!r} ({op})"
 
 
@@ -242,7 +242,7 @@ def _named_change(path: str, fingerprint: Any) -> str:
     if not tokens:
         return f"{label}: differs; "
     field, rest = tokens[0], tokens[1:]
-    if field not in ("fn", "predicate"):
+    if field not in ("fn", "predicate", "key"):
         return f"{label}: setting {field!r} differs; "
     words: list[str] = []
     while rest:
@@ -266,7 +266,8 @@ def _refuse_undescribed(fingerprint: Any) -> None:
             raise ValueError(
                 f"cannot restore: {_operator_label(i, fingerprint) or f'operator {i}'} holds a value its fingerprint cannot "
                 f"describe ({'; '.join(markers)}), so the checkpoint cannot tell whether this pipeline computes what it "
-                "computed. Name the function's version, map(fn, fingerprint='v1') (change it whenever its output changes), "
+                "computed. Name the function's version, map(fn, fingerprint='v1') (order_by(key, window, fingerprint='v1') "
+                "for a key; change it whenever its output changes), "
                 "and resume from a checkpoint taken with that name"
             )
 
