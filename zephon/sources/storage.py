@@ -9,8 +9,11 @@ content) recorded at discovery, so a shard that changed on the store is refused
 (open shards check their files' times): its last use is the modification time of an empty
 ``<folder>/.used-<copy name>``.
 
-Downloads retry transient errors with exponential backoff and fail at once, naming the URL, on
-permanent ones. What is kept: files in the cache folder; filesystem objects, once per process.
+A machine downloads each copy once at a time: a process takes an exclusive lock on
+``<folder>/.lock-<copy name>`` (``flock``) for the download, and one that waited for it finds the
+copy in place. Before a download the folder's disk must have room for the copy (after eviction),
+else the error names the folder and the bytes needed. Downloads retry transient errors with
+exponential backoff and fail at once, naming the URL, on permanent ones. What is kept: files in the cache folder; filesystem objects, once per process.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import shutil
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -243,14 +247,59 @@ def fetch(url: str, fs: Any, size: int, identity: str, options: CacheOptions, da
     if now[0] != size or (listed is not None and listed != identity):
         raise _changed_object(dataset, url, size, identity, *now)
     os.makedirs(folder, exist_ok=True)
-    evict(folder, options.max_bytes, keep=size)
-    by_content = listed is None  # a store without checksums: the identity is the content's digest
-    digest = with_retries(url, "downloading", lambda: _download(fs, url, target, size, by_content), options)
-    discard(_used(folder, name))
-    if by_content and digest != identity:
-        discard(target)
-        raise _changed_object(dataset, url, size, identity, size, digest)
+    with download_lock(folder, name):
+        if _complete(target, size):  # another process of this machine downloaded it meanwhile
+            _mark_used(folder, name)
+            return target
+        evict(folder, options.max_bytes, keep=size)
+        require_space(folder, size, url, dataset)
+        by_content = listed is None  # a store without checksums: the identity is the content's digest
+        digest = with_retries(url, "downloading", lambda: _download(fs, url, target, size, by_content), options)
+        discard(_used(folder, name))
+        if by_content and digest != identity:
+            discard(target)
+            raise _changed_object(dataset, url, size, identity, size, digest)
     return target
+
+
+def _complete(path: str, size: int) -> bool:
+    try:
+        return os.stat(path).st_size == size
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def download_lock(folder: str, name: str) -> Any:
+    """Hold the machine-wide lock of the copy ``name`` (an ``flock`` on ``.lock-<name>``) while downloading it.
+
+    Processes and threads block until the holder is done; the lock file stays (it is empty, and
+    hidden from eviction). Without ``fcntl`` (not POSIX) there is no lock and a copy may be
+    downloaded twice at once, each into a temporary file renamed into place.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX systems
+        yield
+        return
+    with open(os.path.join(folder, ".lock-" + name), "ab") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def require_space(folder: str, size: int, url: str, dataset: str) -> None:
+    """Raise unless the disk of ``folder`` has ``size`` free bytes for a copy of ``url``."""
+    free = shutil.disk_usage(folder).free
+    if free < size:
+        raise StorageError(
+            errno.ENOSPC,
+            f"dataset {dataset!r}: no room in the shard cache {folder} for {url}: the copy needs {size} bytes and "
+            f"the disk has {free} free. Free {size - free} bytes or more there, lower io_options cache.max_bytes "
+            "so that older copies are evicted, or point cache.dir at a larger disk",
+        )
 
 
 def _download(fs: Any, url: str, target: str, size: int, hashed: bool = True) -> str:
@@ -285,6 +334,7 @@ def fetch_by_content(url: str, fs: Any, size: int, options: CacheOptions, datase
     folder = options.folder
     os.makedirs(folder, exist_ok=True)
     evict(folder, options.max_bytes, keep=size)
+    require_space(folder, size, url, dataset)
     pending = os.path.join(folder, f".pending-{os.getpid()}-{threading.get_ident()}-{cached_name(url, size, '')}")
     identity = with_retries(url, "downloading", lambda: _download(fs, url, pending, size), options)
     name = cached_name(url, size, identity)
