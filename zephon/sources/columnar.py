@@ -165,20 +165,26 @@ class ColumnarShard(FileIdentity):
             return []
         opened = self._open(dataset)
         max_bytes = io.row_group_cache_bytes if io is not None else 64 << 20
-        groups = np.searchsorted(opened.starts, rows, side="right") - 1
-        out: list = [None] * rows.shape[0]
-        for g in sorted(set(groups.tolist())):
-            where = np.flatnonzero(groups == g)
-            table = self._group(opened, g, dataset, max_bytes)
-            local = rows[where] - opened.starts[g]
-            try:
-                values = _rows_of(table, local)
-            except Exception as err:
-                r = int(rows[where[0]])
-                raise ValueError(f"dataset {dataset!r}: {self.path}, rows near {r} (row group {g}) cannot be converted to Python values ({type(err).__name__}: {err})") from err
-            for i, v in zip(where.tolist(), values):
-                out[i] = v
-        return out
+        return read_rows(opened.starts, rows, lambda g: self._group(opened, g, dataset, max_bytes), self.path, dataset)
+
+
+def read_rows(starts: np.ndarray, rows: np.ndarray, group: Any, path: str, dataset: str) -> list:
+    """``rows`` of a file whose row groups start at ``starts``, as dicts in the order given; ``group(g)``
+    decodes row group ``g`` (each needed group once)."""
+    groups = np.searchsorted(starts, rows, side="right") - 1
+    out: list = [None] * rows.shape[0]
+    for g in sorted(set(groups.tolist())):
+        where = np.flatnonzero(groups == g)
+        table = group(g)
+        local = rows[where] - starts[g]
+        try:
+            values = _rows_of(table, local)
+        except Exception as err:
+            r = int(rows[where[0]])
+            raise ValueError(f"dataset {dataset!r}: {path}, rows near {r} (row group {g}) cannot be converted to Python values ({type(err).__name__}: {err})") from err
+        for i, v in zip(where.tolist(), values):
+            out[i] = v
+    return out
 
 
 def _rows_of(table: Any, local: np.ndarray) -> list:

@@ -27,6 +27,7 @@ from .columnar import ARROW_SUFFIXES, PARQUET_SUFFIXES
 from .digest import cached, file_digests, resolve_cache_dir
 from .files import RemoteShard
 from .jsonl import SUFFIXES, JsonlShard
+from .ranges import RangedParquet, ranged
 from .storage import (
     CacheOptions,
     cached_name,
@@ -366,7 +367,10 @@ def make_shard(found: Any, spec: ShardSpec, storage_options: Mapping[str, Any] |
     """The shard of one found file: local, or a remote object read through the shard cache."""
     if is_url(found.location):
         fs_key = (split_url(found.location)[0], tuple(sorted((storage_options or {}).items())))
-        return RemoteShard(found.location, found.shard_id, found.size, found.identity, fs_key, spec)
+        by_ranges = None
+        if spec.fmt == "parquet" and ranged(found.identity):
+            by_ranges = RangedParquet(found.location, found.size, found.identity, fs_key, spec.columns)
+        return RemoteShard(found.location, found.shard_id, found.size, found.identity, fs_key, spec, by_ranges=by_ranges)
     return spec(found.location, found.shard_id, found.compression, found.identity)
 
 

@@ -7,7 +7,8 @@ so a touched or re-copied file reads on. With ``verify="full"`` the whole file i
 whenever a process opens it. A file shard pickles as its description; what it opens is
 process-local.
 
-:class:`RemoteShard` wraps a local shard of any format around a cached copy of a remote object.
+:class:`RemoteShard` wraps a local shard of any format around a cached copy of a remote object,
+or reads a remote Parquet object by byte ranges (:mod:`zephon.sources.ranges`).
 """
 
 from __future__ import annotations
@@ -94,14 +95,15 @@ class RemoteShard:
         num_rows: its rows.
         fs_key: ``(protocol, storage options)`` of its filesystem.
         make: builds the local shard of the copy: ``make(local path, shard_id) -> shard``.
+        by_ranges: a reader of the object by byte ranges (``count_rows``/``read``), or ``None``.
     """
 
-    _fields = ("url", "shard_id", "size", "identity", "num_rows", "fs_key", "make")
+    _fields = ("url", "shard_id", "size", "identity", "num_rows", "fs_key", "make", "by_ranges")
     __slots__ = _fields
 
-    def __init__(self, url: str, shard_id: str, size: int, identity: str, fs_key: tuple, make: Callable[[str, str], Any], num_rows: int = -1):
+    def __init__(self, url: str, shard_id: str, size: int, identity: str, fs_key: tuple, make: Callable[[str, str], Any], num_rows: int = -1, by_ranges: Any = None):
         self.url, self.shard_id, self.size, self.identity = url, shard_id, size, identity
-        self.fs_key, self.make, self.num_rows = fs_key, make, num_rows
+        self.fs_key, self.make, self.num_rows, self.by_ranges = fs_key, make, num_rows, by_ranges
 
     path = property(lambda self: self.url)
 
@@ -119,12 +121,23 @@ class RemoteShard:
 
         return _LOCAL.get((copy, st.st_dev, st.st_ino), build)
 
+    def ranges(self, io: IoOptions) -> Any:
+        """The byte-range reader (``by_ranges``, for remote Parquet) when ``io.remote_parquet="ranges"``, else ``None``."""
+        return self.by_ranges if io.remote_parquet == "ranges" else None
+
     def count_rows(self, dataset: str, io: IoOptions) -> int:
+        by_ranges = self.ranges(io)
+        if by_ranges is not None:  # the footer only
+            self.num_rows = sum(by_ranges.group_rows(dataset, io.cache))
+            return self.num_rows
         self.num_rows = self.local(dataset, io).num_rows
         return self.num_rows
 
     def read(self, rows: np.ndarray, dataset: str, io: IoOptions | None = None) -> list:
         io = io or IoOptions()
+        by_ranges = self.ranges(io)
+        if by_ranges is not None:
+            return by_ranges.read(rows, dataset, io)
         for attempt in range(2):
             try:
                 return self.local(dataset, io).read(rows, dataset, io)

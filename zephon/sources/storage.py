@@ -92,10 +92,14 @@ class IoOptions:
         cache: the shard cache of remote datasets (:class:`CacheOptions`, or a dict of its fields).
         row_group_cache_bytes: memory bound, per process, of decoded Parquet row groups kept for
             reuse (an int or ``"256mb"``).
+        remote_parquet: ``"ranges"``: a remote Parquet object with an ETag or checksum is read by
+            byte ranges, only the row groups (and columns) a read needs; ``"whole"``: from a whole
+            copy in the shard cache, like every other remote format.
     """
 
     cache: CacheOptions = attrs.field(factory=CacheOptions, converter=lambda v: _as_options(CacheOptions, v, "cache"))
     row_group_cache_bytes: int = attrs.field(default=64 << 20, converter=lambda v: _size(v, "row_group_cache_bytes"))
+    remote_parquet: str = attrs.field(default="ranges", validator=attrs.validators.in_(("ranges", "whole")))
 
 
 def _as_options(cls: type, value: Any, where: str) -> Any:
