@@ -1,0 +1,164 @@
+"""Skipping bad records: the ``on_error`` and ``max_skipped`` settings and the skip log kept in state.
+
+With ``on_error="skip"`` a record whose processing raises (a function given to ``map``, a text
+field that is missing, a JSONL line that is not JSON) is left out instead of ending the run. The
+decision depends on the record alone, so it is the same for every number of ranks, workers and
+restarts. What was skipped is counted in the state of whatever skipped it (an operator, or a
+lane's reading), as a :class:`SkipLog`: records seen, skips per cause (the exception's type),
+the first :data:`LISTED` skips of the lane and the last one. Being state, the log is part of
+every checkpoint and continues across a restore.
+
+``max_skipped`` turns a flood of bad records into an error (:class:`SkipLimitError`): an int is
+the most records a lane may skip; a float in ``(0, 1)`` the largest share of the records it has
+seen, checked once it has seen ``1 / fraction`` of them (before that one skip is more than any
+share).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple, Sequence
+
+import msgspec
+
+from .records import Meta, describe_meta, meta_from_ints, meta_to_ints
+
+#: The values of ``on_error``.
+ON_ERROR = ("raise", "skip")
+#: Skips each lane lists (per operator, and per dataset for reading); every skip is counted.
+LISTED = 100
+#: Characters of a skipped record's error message kept in its listing.
+MESSAGE_CHARS = 200
+
+
+class SkipLimitError(RuntimeError):
+    """More records were skipped than ``max_skipped`` allows; names the operator, the count and the last record."""
+
+
+class RecordDecodeError(ValueError):
+    """A stored record could not be decoded (a line that is not JSON, a row group that is damaged).
+
+    ``cause`` names the underlying error (``"DecodeError"``); it is the cause a skip is counted under.
+    """
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class Failure(NamedTuple):
+    """The result of a payload whose processing raised, with ``on_error="skip"``: the exception's type and text."""
+
+    cause: str
+    message: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "Failure":
+        cause = getattr(exc, "cause", None)
+        text = str(exc)
+        if len(text) > MESSAGE_CHARS:
+            text = text[: MESSAGE_CHARS - 3] + "..."
+        return cls(cause if isinstance(cause, str) else type(exc).__name__, text)
+
+
+def skippable(exc: BaseException) -> bool:
+    """Whether an exception may be skipped as a bad record: any ``Exception`` but running out of memory
+    and a skip limit reached downstream."""
+    return isinstance(exc, Exception) and not isinstance(exc, (MemoryError, SkipLimitError))
+
+
+class Skipped(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """One skipped record: its meta as ints (:func:`~zephon.core.records.meta_to_ints`), cause and message."""
+
+    record: tuple[int, ...]
+    cause: str
+    message: str
+
+    @property
+    def meta(self) -> Meta:
+        return meta_from_ints(list(self.record))
+
+
+class SkipLog(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """What one lane skipped at one place: records seen, skips per cause (in order of first
+    occurrence), the first :data:`LISTED` skips and the last one."""
+
+    seen: int = 0
+    causes: tuple[tuple[str, int], ...] = ()
+    listed: tuple[Skipped, ...] = ()
+    last: Skipped | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(n for _, n in self.causes)
+
+
+EMPTY_LOG = SkipLog()
+
+
+def logged(log: SkipLog | None, seen: int, skips: Sequence[tuple[Meta, Failure]]) -> SkipLog:
+    """``log`` after ``seen`` more records, of which ``skips`` (``(meta, failure)`` pairs) were skipped."""
+    log = log or EMPTY_LOG
+    if not skips:
+        return SkipLog(log.seen + seen, log.causes, log.listed, log.last)
+    counts = dict(log.causes)
+    for _, failure in skips:
+        counts[failure.cause] = counts.get(failure.cause, 0) + 1
+    entries = [Skipped(tuple(meta_to_ints(meta)), f.cause, f.message) for meta, f in skips]
+    listed = log.listed + tuple(entries[: max(0, LISTED - len(log.listed))])
+    return SkipLog(log.seen + seen, tuple(counts.items()), listed, entries[-1])
+
+
+def check_limit(log: SkipLog, max_skipped: int | float | None, where: str, describe: Any = None) -> None:
+    """Raise :class:`SkipLimitError` when ``log`` holds more skips than ``max_skipped`` allows.
+
+    ``where`` names what skipped (``"map"``); ``describe`` turns a meta into words. The error keeps
+    the last record's meta as ``zephon_meta`` (the runtime names its dataset and file).
+    """
+    if max_skipped is None or log.last is None:
+        return
+    total = log.total
+    if isinstance(max_skipped, int):
+        if total <= max_skipped:
+            return
+        bound = f"max_skipped={max_skipped} per lane"
+    else:
+        if log.seen < math.ceil(1 / max_skipped) or total <= max_skipped * log.seen:
+            return
+        bound = f"max_skipped={max_skipped} of the records seen ({total} of {log.seen} in this lane)"
+    meta = log.last.meta
+    what = (describe or describe_meta)(meta)
+    causes = ", ".join(f"{c}: {n}" for c, n in log.causes)
+    exc = SkipLimitError(
+        f"{where}: {total} records skipped in lane {meta.lane} ({causes}), more than {bound} allows; the last was "
+        f"{what} ({log.last.cause}: {log.last.message}). Fix the data or the function, or raise max_skipped"
+    )
+    exc.zephon_meta = meta  # type: ignore[attr-defined]
+    raise exc
+
+
+def check_on_error(instance: Any, attribute: Any, value: Any) -> None:
+    """attrs validator of ``on_error``: ``"raise"`` or ``"skip"``."""
+    if value not in ON_ERROR:
+        kind = getattr(instance, "kind", type(instance).__name__)
+        raise ValueError(
+            f"{kind}: on_error must be 'raise' (a record whose processing raises ends the run, naming it) or 'skip' "
+            f"(it is left out and counted in stats()['skipped']), got {value!r}"
+        )
+
+
+def check_max_skipped(instance: Any, attribute: Any, value: Any) -> None:
+    """attrs validator of ``max_skipped``: ``None``, an int >= 0 or a float in (0, 1), with ``on_error="skip"``."""
+    kind = getattr(instance, "kind", type(instance).__name__)
+    if value is None:
+        return
+    ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 0) or (
+        isinstance(value, float) and 0.0 < value < 1.0
+    )
+    if not ok:
+        raise ValueError(
+            f"{kind}: max_skipped must be None, an int >= 0 (records a lane may skip) or a float in (0, 1) (the "
+            f"share of the records seen), got {value!r}"
+        )
+    if getattr(instance, "on_error", "skip") != "skip":
+        raise ValueError(f"{kind}: max_skipped={value!r} applies to skipped records; pass on_error='skip' with it")
