@@ -153,7 +153,7 @@ class Applied(NamedTuple):
 
     outputs: list
     dropped: int
-    skipped: tuple[tuple[Meta, Failure], ...] = ()
+    skipped: tuple[tuple[int, Meta, Failure], ...] = ()  # (position in the chunk, meta, failure)
 
 
 @attrs.frozen
@@ -190,10 +190,8 @@ class StatelessOp(Operator):
         :class:`~zephon.core.skip.SkipLimitError` past ``max_skipped``."""
         if self.on_error == "raise":
             return StatelessState(state.dropped_records + applied.dropped) if applied.dropped else state
-        skips = logged(state.skips, seen, applied.skipped)
-        if applied.skipped:
-            check_limit(skips, self.max_skipped, self.kind)
-        return StatelessState(state.dropped_records + applied.dropped, skips)
+        check_limit(state.skips, seen, applied.skipped, self.max_skipped, self.kind)
+        return StatelessState(state.dropped_records + applied.dropped, logged(state.skips, seen, applied.skipped))
 
     def report(self, state: StatelessState) -> dict[str, int]:
         out = {"dropped_records": state.dropped_records}
@@ -242,10 +240,10 @@ class StatelessOp(Operator):
             raise RuntimeError(f"{self.kind}: apply_many returned {len(results)} results for {len(chunk)} inputs")
         out: list[Record] = []
         dropped = 0
-        skipped: list[tuple[Meta, Failure]] = []
-        for rec, outs in zip(chunk, results):
+        skipped: list[tuple[int, Meta, Failure]] = []
+        for position, (rec, outs) in enumerate(zip(chunk, results)):
             if type(outs) is Failure:
-                skipped.append((rec.meta, outs))
+                skipped.append((position, rec.meta, outs))
                 continue
             dropped += not outs
             if not self.fans_out:

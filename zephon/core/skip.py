@@ -96,42 +96,61 @@ class SkipLog(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defa
 EMPTY_LOG = SkipLog()
 
 
-def logged(log: SkipLog | None, seen: int, skips: Sequence[tuple[Meta, Failure]]) -> SkipLog:
-    """``log`` after ``seen`` more records, of which ``skips`` (``(meta, failure)`` pairs) were skipped."""
+def logged(log: SkipLog | None, seen: int, skips: Sequence[tuple[int, Meta, Failure]]) -> SkipLog:
+    """``log`` after a chunk of ``seen`` more records, of which ``skips`` (``(position in the chunk, meta,
+    failure)``, in order) were skipped."""
     log = log or EMPTY_LOG
     if not skips:
         return SkipLog(log.seen + seen, log.causes, log.listed, log.last)
     counts = dict(log.causes)
-    for _, failure in skips:
+    for _, _, failure in skips:
         counts[failure.cause] = counts.get(failure.cause, 0) + 1
-    entries = [Skipped(tuple(meta_to_ints(meta)), f.cause, f.message) for meta, f in skips]
+    entries = [Skipped(tuple(meta_to_ints(meta)), f.cause, f.message) for _, meta, f in skips]
     listed = log.listed + tuple(entries[: max(0, LISTED - len(log.listed))])
     return SkipLog(log.seen + seen, tuple(counts.items()), listed, entries[-1])
 
 
-def check_limit(log: SkipLog, max_skipped: int | float | None, where: str, describe: Any = None) -> None:
-    """Raise :class:`SkipLimitError` when ``log`` holds more skips than ``max_skipped`` allows.
+def check_limit(
+    log: SkipLog | None, seen: int, skips: Sequence[tuple[int, Meta, Failure]], max_skipped: int | float | None,
+    where: str, describe: Any = None,
+) -> None:
+    """Raise :class:`SkipLimitError` if a chunk of ``seen`` records with ``skips`` takes ``log`` (before the
+    chunk) past ``max_skipped``.
 
-    ``where`` names what skipped (``"map"``); ``describe`` turns a meta into words. The error keeps
-    the last record's meta as ``zephon_meta`` (the runtime names its dataset and file).
+    Checked record by record, so the error comes at the same record however the stream is cut
+    into chunks. ``where`` names what skipped (``"map"``); ``describe`` turns a meta into words. The
+    error keeps the last skipped record's meta as ``zephon_meta`` (the runtime names its file).
     """
-    if max_skipped is None or log.last is None:
+    if max_skipped is None:
         return
+    log = log or EMPTY_LOG
     total = log.total
     if isinstance(max_skipped, int):
-        if total <= max_skipped:
-            return
-        bound = f"max_skipped={max_skipped} per lane"
-    else:
-        if log.seen < math.ceil(1 / max_skipped) or total <= max_skipped * log.seen:
-            return
-        bound = f"max_skipped={max_skipped} of the records seen ({total} of {log.seen} in this lane)"
-    meta = log.last.meta
-    what = (describe or describe_meta)(meta)
-    causes = ", ".join(f"{c}: {n}" for c, n in log.causes)
+        for _, meta, failure in skips:
+            total += 1
+            if total > max_skipped:
+                _raise(where, total, f"max_skipped={max_skipped} per lane", meta, failure, describe)
+        return
+    start = math.ceil(1 / max_skipped)  # before this many records, a single skip is more than the share
+    at_start = start - log.seen - 1  # the position in this chunk of the record that reaches it
+    checks = [(pos, meta, failure) for pos, meta, failure in skips]
+    if 0 <= at_start < seen and all(pos != at_start for pos, _, _ in skips):
+        checks = sorted(checks + [(at_start, None, None)], key=lambda c: c[0])
+    last = (log.last.meta, Failure(log.last.cause, log.last.message)) if log.last is not None else None
+    for pos, meta, failure in checks:
+        if meta is not None:
+            total, last = total + 1, (meta, failure)
+        count = log.seen + pos + 1
+        if count >= start and total > max_skipped * count and last is not None:
+            bound = f"max_skipped={max_skipped} of the records seen ({total} of {count} in this lane)"
+            _raise(where, total, bound, *last, describe)
+
+
+def _raise(where: str, total: int, bound: str, meta: Meta, failure: Failure, describe: Any) -> None:
     exc = SkipLimitError(
-        f"{where}: {total} records skipped in lane {meta.lane} ({causes}), more than {bound} allows; the last was "
-        f"{what} ({log.last.cause}: {log.last.message}). Fix the data or the function, or raise max_skipped"
+        f"{where}: {total} records skipped in lane {meta.lane}, more than {bound} allows; the last was "
+        f"{(describe or describe_meta)(meta)} ({failure.cause}: {failure.message}). Fix the data or the function, "
+        "or raise max_skipped"
     )
     exc.zephon_meta = meta  # type: ignore[attr-defined]
     raise exc

@@ -45,9 +45,10 @@ def note_skips(plan: Any, place: str, before: SkipLog | None, after: SkipLog | N
     counts[place] = old + new
     if old and old // WARN_EVERY == (old + new) // WARN_EVERY:
         return
-    last = after.last
+    listed = len(before.listed) if before is not None else 0
+    first = after.listed[listed] if listed < len(after.listed) else after.last  # the first new skip, if listed
     warnings.warn(
-        f"{place}: skipped {plan.describe(last.meta)} ({last.cause}: {last.message}), as on_error='skip' asks; "
+        f"{place}: skipped {plan.describe(first.meta)} ({first.cause}: {first.message}), as on_error='skip' asks; "
         f"{old + new} record(s) skipped there in this process so far (one warning per {WARN_EVERY}). "
         "loader.stats()['skipped'] counts and lists them; max_skipped= turns a flood of them into an error",
         SkippedRecordWarning,
@@ -55,16 +56,18 @@ def note_skips(plan: Any, place: str, before: SkipLog | None, after: SkipLog | N
     )
 
 
-def unreadable(records: Sequence[Record]) -> tuple[list[Record], list[tuple[Meta, Failure]]]:
-    """The records read, and apart the rows a dataset could not decode (its ``on_error="skip"``)."""
+def unreadable(records: Sequence[Record]) -> tuple[list[Record], list[tuple[int, Meta, Failure]]]:
+    """The records read, and apart the rows a dataset could not decode (its ``on_error="skip"``),
+    each as ``(position in the read, meta, failure)``."""
     if not any(type(r.payload) is Failure for r in records):
         return list(records), []
     good = [r for r in records if type(r.payload) is not Failure]
-    return good, [(r.meta, r.payload) for r in records if type(r.payload) is Failure]
+    return good, [(i, r.meta, r.payload) for i, r in enumerate(records) if type(r.payload) is Failure]
 
 
 def reading_logged(
-    plan: Any, logs: tuple[SkipLog, ...], pointers: Sequence[tuple[int, int, int]], failed: Sequence[tuple[Meta, Failure]]
+    plan: Any, logs: tuple[SkipLog, ...], pointers: Sequence[tuple[int, int, int]],
+    failed: Sequence[tuple[int, Meta, Failure]],
 ) -> tuple[SkipLog, ...]:
     """A lane's reading logs (one per dataset) after reading ``pointers``, of which ``failed`` did not decode.
 
@@ -75,17 +78,22 @@ def reading_logged(
     if not logs and not any(getattr(d, "on_error", "raise") == "skip" for d in datasets):
         return logs
     out = list(logs) or [EMPTY_LOG] * len(datasets)
+    positions: dict[int, int] = Counter()  # the position of each row among its dataset's rows of this read
+    ranked = []
+    for d, _, _ in pointers:
+        ranked.append(positions[d])
+        positions[d] += 1
     by_dataset: dict[int, list] = defaultdict(list)
-    for meta, failure in failed:
-        by_dataset[meta.segments[0].dataset].append((meta, failure))
-    for d, seen in Counter(p[0] for p in pointers).items():
+    for i, meta, failure in failed:
+        by_dataset[meta.segments[0].dataset].append((ranked[i], meta, failure))
+    for d, seen in positions.items():
         ds = datasets[d]
         if getattr(ds, "on_error", "raise") != "skip":
             continue
-        before, out[d] = out[d], logged(out[d], seen, by_dataset.get(d, ()))
-        if d in by_dataset:
-            check_limit(out[d], ds.max_skipped, f"reading dataset {ds.name!r}", plan.describe)
-            note_skips(plan, f"reading dataset {ds.name!r}", before, out[d])
+        skips = by_dataset.get(d, [])
+        check_limit(out[d], seen, skips, ds.max_skipped, f"reading dataset {ds.name!r}", plan.describe)
+        before, out[d] = out[d], logged(out[d], seen, skips)
+        note_skips(plan, f"reading dataset {ds.name!r}", before, out[d])
     return tuple(out)
 
 
