@@ -80,7 +80,8 @@ def test_filter_skip_leaves_out_the_records_its_predicate_raises_on():
 
 def test_the_first_skip_warns_naming_record_cause_and_the_skip():
     pipe = Pipeline([{"toks": [i], "bad": i in (5, 6)} for i in range(8)]).map(ids_unless_bad, on_error="skip")
-    with pytest.warns(SkippedRecordWarning, match=r"operator 'map': skipped dataset 'data', shard '0', row 5 .*ValueError"):
+    named = r"operator 'map': skipped dataset 'data', shard '0', row 5 .*ValueError"
+    with pytest.warns(SkippedRecordWarning, match=named):
         assert [r.payload["input_ids"].tolist() for r in pipe] == [[0], [1], [2], [3], [4], [7]]
 
 
@@ -141,7 +142,8 @@ def tok_dir(tmp_path_factory):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts(200), trainers.BpeTrainer(vocab_size=300, special_tokens=CHAT_SPECIALS, show_progress=False))
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=CHAT_SPECIALS, show_progress=False)
+    tok.train_from_iterator(texts(200), trainer)
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|bos|>", "eos_token": "<|endoftext|>"}))
     return folder
@@ -173,7 +175,7 @@ def test_tokenize_chat_skips_malformed_conversations(tok_dir):
 
 def test_max_skipped_count_turns_a_flood_into_an_error_naming_operator_count_and_record():
     pipe = Pipeline(marked()).map(ids_unless_bad, on_error="skip", max_skipped=3, name="clean")
-    with pytest.raises(SkipLimitError, match=r"map: 4 records skipped in lane 0, more than max_skipped=3 per lane") as info:
+    with pytest.raises(SkipLimitError, match=r"map: 4 records skipped in lane 0, more than max_skipped=3 per") as info:
         list(pipe)
     text = str(info.value) + " ".join(info.value.__notes__)
     assert "operator 'clean'" in text and "row 25 is marked bad" in text and "shard 'b', row 1 " in text
@@ -184,7 +186,7 @@ def test_max_skipped_fraction_counts_the_share_of_records_seen():
     few = Pipeline(marked(bad={5, 30})).map(ids_unless_bad, on_error="skip", max_skipped=0.1)
     assert len(list(few)) == 46
     many = Pipeline(marked()).map(ids_unless_bad, on_error="skip", max_skipped=0.1)
-    with pytest.raises(SkipLimitError, match=r"more than max_skipped=0.1 of the records seen \(\d+ of \d+ in this lane\)"):
+    with pytest.raises(SkipLimitError, match=r"more than max_skipped=0.1 of the records seen \(\d+ of \d+ in"):
         list(many)
 
 

@@ -247,8 +247,8 @@ class Pipeline:
         on_error: str = "raise", max_skipped: int | float | None = None,
     ) -> "Pipeline":
         """Keep only the payloads for which ``predicate(payload)`` is true (drops are counted); see :meth:`map`."""
-        skipping = {"on_error": on_error, "max_skipped": max_skipped}
-        return _checked_function(self.add(FilterOp(predicate, predicate_fingerprint=fingerprint, **skipping), name=name))
+        op = FilterOp(predicate, predicate_fingerprint=fingerprint, on_error=on_error, max_skipped=max_skipped)
+        return _checked_function(self.add(op, name=name))
 
     def tokenize(
         self, tokenizer: Any = None, tokenizer_id: str | None = None, *, prompt_field: str | None = None,

@@ -115,7 +115,8 @@ def check_lane_state(lane: int, state: Any, *, require_checksum: bool = True) ->
     if not (isinstance(counts, (list, tuple)) and len(counts) % 2 == 0 and all(_is_int(x) and x >= 0 for x in counts)):
         raise ValueError(f"lane {lane}: field 'mixture' must be [samples, tokens] per dataset, ints >= 0, got {_short(counts)}")
     if "skipped" in state and not isinstance(state["skipped"], (list, tuple)):
-        raise ValueError(f"lane {lane}: field 'skipped' must be a list of skip logs, one per dataset, got {_short(state['skipped'])}")
+        got = _short(state["skipped"])
+        raise ValueError(f"lane {lane}: field 'skipped' must be a list of skip logs, one per dataset, got {got}")
 
 
 def _lane_id(key: Any, lanes: int | None, where: str) -> int:

@@ -29,9 +29,9 @@ from ..training.fields import payload_length
 from .readahead import ReadAhead, per_record_prefix
 from ..core.records import UNRESOLVED, Meta, Record, SampleBatch, Segment, meta_from_ints, reference
 from ..core.state import decode as decode_struct, encode_outputs, keep_references, output_ref, references, resolve
-from .skips import decode_reading, note_skips, reading_logged, unreadable
+from .skips import decode_reading, naming_operator, note_skips, reading_logged, unreadable
 from .stats import Meter, items_size
-from ..core.skip import Failure, SkipLimitError, SkipLog
+from ..core.skip import Failure, SkipLog
 from ..sources.work_source import SourceState, StaticMixtureWorkSource
 
 
@@ -89,10 +89,11 @@ class Driven(Operator):
     def step(self, state: Any, chunk: Sequence[Any]) -> tuple[Any, list]:
         chunk = self._resolved(chunk)
         t0 = time.perf_counter()
-        with _naming_skipper(self.plan.chain.names[self.index]):
+        name = self.plan.chain.names[self.index]
+        with naming_operator(name):
             new, out = self.op.step(state, chunk)
         if type(new) is StatelessState and new.skips is not None:
-            note_skips(self.plan, f"operator {self.plan.chain.names[self.index]!r}", getattr(state, "skips", None), new.skips)
+            note_skips(self.plan, f"operator {name!r}", getattr(state, "skips", None), new.skips)
         if self.meter is not None:
             self.meter.add(self.index, items_size(chunk), items_size(out), time.perf_counter() - t0)
         return new, out
@@ -399,7 +400,8 @@ class Plan:
                 elif lane == first:
                     chain, unresolved = self.rebuild_chain(lane, chain), False
                 skipped = decode_reading(data.get("skipped"), len(self.source.datasets), lane)
-                out[lane] = LaneState(source, chain, pending, data["delivered"], data["done"], counts, unresolved, skipped)
+                delivered, done = data["delivered"], data["done"]
+                out[lane] = LaneState(source, chain, pending, delivered, done, counts, unresolved, skipped)
             return out
 
     def _decode_deferred(self, lane: int, ops: Any) -> ChainState:
@@ -551,7 +553,7 @@ def _step_prepared(driven: Chain, state: ChainState, prepared: Any, meter: Any) 
     k = len(prepared.applied)
     for i, applied in enumerate(prepared.applied):
         driven_op = driven.children[i][1]
-        with _naming_skipper(driven.children[i][0]):
+        with naming_operator(driven.children[i][0]):
             states[i] = driven_op.op.advance(states[i], applied, prepared.sizes[i][0])
         if states[i].skips is not None:
             note_skips(driven_op.plan, f"operator {driven.children[i][0]!r}", state.states[i].skips, states[i].skips)
@@ -563,16 +565,6 @@ def _step_prepared(driven: Chain, state: ChainState, prepared: Any, meter: Any) 
 
 #: What rebuilding records from a modified state can raise; restore reports them as ValueError.
 _DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, msgspec.ValidationError)
-
-
-@contextlib.contextmanager
-def _naming_skipper(name: str) -> Iterator[None]:
-    """Add the operator's name to a :class:`~zephon.core.skip.SkipLimitError` raised in the block."""
-    try:
-        yield
-    except SkipLimitError as exc:
-        exc.add_note(f"zephon: raised by operator {name!r}")
-        raise
 
 
 @contextlib.contextmanager

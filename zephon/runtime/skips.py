@@ -9,16 +9,17 @@ process: the first skip warns, then every :data:`WARN_EVERY`-th. They decide not
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import weakref
 from collections import Counter, defaultdict
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import msgspec
 
 from ..core.operator import StatelessOp
 from ..core.records import Meta, Record
-from ..core.skip import EMPTY_LOG, Failure, SkipLog, check_limit, logged
+from ..core.skip import EMPTY_LOG, Failure, SkipLimitError, SkipLog, check_limit, logged
 
 #: One warning per this many skips of one place (the first skip warns too).
 WARN_EVERY = 1000
@@ -54,6 +55,16 @@ def note_skips(plan: Any, place: str, before: SkipLog | None, after: SkipLog | N
         SkippedRecordWarning,
         stacklevel=2,
     )
+
+
+@contextlib.contextmanager
+def naming_operator(name: str) -> Iterator[None]:
+    """Add the operator's name to a :class:`~zephon.core.skip.SkipLimitError` raised in the block."""
+    try:
+        yield
+    except SkipLimitError as exc:
+        exc.add_note(f"zephon: raised by operator {name!r}")
+        raise
 
 
 def unreadable(records: Sequence[Record]) -> tuple[list[Record], list[tuple[int, Meta, Failure]]]:

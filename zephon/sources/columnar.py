@@ -153,7 +153,10 @@ class ColumnarShard(FileIdentity):
                 return opened.reader.batch(g, self.columns)
             except Exception as err:
                 lo, hi = int(opened.starts[g]), int(opened.starts[g + 1])
-                raise RecordDecodeError(f"dataset {dataset!r}: {self.path}, row group {g} (rows {lo}..{hi - 1}) cannot be decoded ({type(err).__name__}: {err}); the file is damaged: re-create it", type(err).__name__) from err
+                raise RecordDecodeError(
+                    f"dataset {dataset!r}: {self.path}, row group {g} (rows {lo}..{hi - 1}) cannot be decoded "
+                    f"({type(err).__name__}: {err}); the file is damaged: re-create it", type(err).__name__,
+                ) from err
 
         if self.fmt != "parquet":  # views of the mapping; nothing to keep
             return decode()
@@ -176,7 +179,10 @@ class ColumnarShard(FileIdentity):
                 values = _rows_of(table, local)
             except Exception as err:
                 r = int(rows[where[0]])
-                raise RecordDecodeError(f"dataset {dataset!r}: {self.path}, rows near {r} (row group {g}) cannot be converted to Python values ({type(err).__name__}: {err})", type(err).__name__) from err
+                raise RecordDecodeError(
+                    f"dataset {dataset!r}: {self.path}, rows near {r} (row group {g}) cannot be converted to Python "
+                    f"values ({type(err).__name__}: {err})", type(err).__name__,
+                ) from err
             for i, v in zip(where.tolist(), values):
                 out[i] = v
         return out
