@@ -25,7 +25,7 @@ from zephon.testing import outputs_equal
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:end of data:RuntimeWarning"),
-    pytest.mark.filterwarnings("ignore::zephon.runtime.skips.SkippedRecordWarning"),
+    pytest.mark.filterwarnings("ignore::zephon.SkippedRecordWarning"),
 ]
 
 

@@ -14,13 +14,11 @@ import numpy as np
 import pytest
 
 from _util import CHAT_SPECIALS, ids_unless_bad, not_bad, texts, toks_to_ids
-from zephon import Pipeline
-from zephon.core.skip import SkipLimitError
+from zephon import Pipeline, SkipLimitError, SkippedRecordWarning
 from zephon.io import Dataset, InMemoryShard
-from zephon.runtime.skips import SkippedRecordWarning
 from zephon.testing import outputs_equal
 
-pytestmark = pytest.mark.filterwarnings("ignore::zephon.runtime.skips.SkippedRecordWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::zephon.SkippedRecordWarning")
 
 BAD = {3, 4, 11, 25, 26, 27, 40}
 

@@ -3,10 +3,11 @@
 The format (``docs/guide/observability.md``) covers the processing side, what ``zephon explain``
 and scripts need to build a :class:`~zephon.Pipeline` without Python: ``[source]`` (the
 ``StaticMixtureWorkSource`` settings and ``[[source.datasets]]`` with ``name``, ``path``,
-``weight``, ``format``), ``[options]`` (``Pipeline.options``) and ``[[operators]]`` in order, each
-an ``op`` (``tokenize``, ``tokenize_chat``, ``pack_flat``, ``pack_sequences``, ``shuffle``,
-``batch``, or ``map``/``filter`` with ``function = "module:name"``), an optional ``name`` and the
-builder method's keyword arguments. Paths are relative to the file.
+``weight``, ``format``, ``on_error``, ``max_skipped``), ``[options]`` (``Pipeline.options``) and
+``[[operators]]`` in order, each an ``op`` (``tokenize``, ``tokenize_chat``, ``pack_flat``,
+``pack_sequences``, ``shuffle``, ``batch``, or ``map``/``filter`` with ``function = "module:name"``
+and optionally ``on_error`` and ``max_skipped``), an optional ``name`` and the builder method's
+keyword arguments. Paths are relative to the file.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..runtime.options import Options
 OPERATORS = ("tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "batch")
 _TOP = ("source", "options", "operators")
 _SOURCE = ("datasets", "seed", "exhausted_policy", "passes", "shuffle_shards", "shuffle_within_shard", "chunk_size", "lane_assignment")
-_DATASET = ("name", "path", "weight", "format")
+_DATASET = ("name", "path", "weight", "format", "on_error", "max_skipped")
 #: Operator arguments that name files: resolved against the config file's folder when the file is there.
 _PATH_ARGS = ("tokenizer", "chat_template")
 
@@ -135,6 +136,7 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
         if not data.exists():
             raise FileNotFoundError(f"{at}: no data at {data}")
         kwargs = {"format": table["format"]} if "format" in table else {}
+        kwargs.update({k: table[k] for k in ("on_error", "max_skipped") if k in table})
         datasets.append(Dataset.from_path(table["name"], data, **kwargs))
         weights[table["name"]] = table.get("weight", 1.0)
     try:
@@ -158,8 +160,12 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
         op = kwargs.pop("op")
         at = f"{where}: operators[{i}] ({op})"
         if op in ("map", "filter"):
-            _check_keys(kwargs, ("function", "name"), at)
-            pipe = getattr(pipe, op)(_function(kwargs.get("function"), at), name=kwargs.get("name"))
+            _check_keys(kwargs, ("function", "name", "on_error", "max_skipped"), at)
+            skipping = {k: kwargs[k] for k in ("on_error", "max_skipped") if k in kwargs}
+            try:
+                pipe = getattr(pipe, op)(_function(kwargs.get("function"), at), name=kwargs.get("name"), **skipping)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{at}: {exc}") from None
             continue
         if op not in OPERATORS:
             raise ValueError(f"{at}: unknown op {op!r}; use one of {[*OPERATORS, 'map', 'filter']}")
