@@ -156,10 +156,19 @@ def _raise(where: str, total: int, bound: str, meta: Meta, failure: Failure, des
     raise exc
 
 
+def _owner(instance: Any) -> str:
+    """How an error names what has the setting: an operator's kind, else a dataset by its name."""
+    kind = getattr(instance, "kind", None)
+    if isinstance(kind, str):
+        return kind
+    name = getattr(instance, "name", None)
+    return f"dataset {name!r}" if isinstance(name, str) else type(instance).__name__
+
+
 def check_on_error(instance: Any, attribute: Any, value: Any) -> None:
     """attrs validator of ``on_error``: ``"raise"`` or ``"skip"``."""
     if value not in ON_ERROR:
-        kind = getattr(instance, "kind", type(instance).__name__)
+        kind = _owner(instance)
         raise ValueError(
             f"{kind}: on_error must be 'raise' (a record whose processing raises ends the run, naming it) or 'skip' "
             f"(it is left out and counted in stats()['skipped']), got {value!r}"
@@ -168,7 +177,7 @@ def check_on_error(instance: Any, attribute: Any, value: Any) -> None:
 
 def check_max_skipped(instance: Any, attribute: Any, value: Any) -> None:
     """attrs validator of ``max_skipped``: ``None``, an int >= 0 or a float in (0, 1), with ``on_error="skip"``."""
-    kind = getattr(instance, "kind", type(instance).__name__)
+    kind = _owner(instance)
     if value is None:
         return
     ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 0) or (

@@ -172,11 +172,6 @@ class Dataset:
     on_error: str = attrs.field(default="raise", kw_only=True, validator=check_on_error)
     max_skipped: int | float | None = attrs.field(default=None, kw_only=True, validator=check_max_skipped)
 
-    @property
-    def kind(self) -> str:
-        """How errors name the dataset."""
-        return f"dataset {self.name!r}"
-
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"a dataset needs a non-empty string name, got {self.name!r}")
@@ -273,8 +268,8 @@ class Dataset:
                 "size, times or inode change) or 'full' (also hashed whole again whenever a process opens it)"
             )
         skipping = {"on_error": on_error, "max_skipped": max_skipped}
-        check_on_error(SimpleNamespace(kind=f"dataset {name!r}"), None, on_error)
-        check_max_skipped(SimpleNamespace(kind=f"dataset {name!r}", on_error=on_error), None, max_skipped)
+        check_on_error(SimpleNamespace(name=name), None, on_error)  # before any file is opened
+        check_max_skipped(SimpleNamespace(name=name, on_error=on_error), None, max_skipped)
         if index not in ("auto", "require", "off"):
             raise ValueError(f"unknown index {index!r} for dataset {name!r}; use 'auto', 'require' or 'off'")
         if token_dtype is not None and token_dtype not in TOKEN_DTYPES:
