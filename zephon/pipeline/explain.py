@@ -70,7 +70,7 @@ def _settings(op: Operator) -> tuple[dict[str, Any], dict[str, Any]]:
 def _held(op: Operator) -> tuple[str, int | None]:
     """What an operator's state holds at most, in records (by reference): in words, and as a bound if known."""
     if isinstance(op, StatelessOp) and op.on_error == "skip":
-        return "no records (counters, and the first skipped records' references and errors)", 0
+        return "no records (counters, and the references and errors of up to 100 skipped records)", 0
     if isinstance(op, StatelessOp):
         return "no records (a counter of inputs that produced nothing)", 0
     if op.kind == "shuffle":
