@@ -257,3 +257,31 @@ def test_changing_on_error_is_a_plan_difference(tmp_path):
     with pytest.raises(ValueError, match=r"source\..*on_error: checkpoint=<absent> pipeline=\"skip\""):
         tolerant.restore(ck)
     assert np.array_equal(next(iter(plain)).records[0].payload["i"], 0)
+
+
+def test_reading_skips_survive_a_checkpoint_and_agree_with_workers(tmp_path):
+    lines = [json.dumps({"toks": [i, i + 1], "id": i}) for i in range(60)]
+    for i in (2, 19, 33, 47):
+        lines[i] = lines[i][:-3]
+    _jsonl(tmp_path / "web", lines)
+    ds = Dataset.from_path("web", tmp_path / "web", on_error="skip", cache_dir=tmp_path / "cache")
+
+    def pipe(**options):
+        return Pipeline(ds).options(canonical_replicas=2, read_size=4, **options).map(toks_to_ids).batch(2)
+
+    full, stats = run(pipe())
+    assert stats["skipped"]["by_operator"]["source"]["skipped"] == 4
+    with_workers, worker_stats = run(pipe(workers=2))
+    assert outputs_equal(with_workers, full) and worker_stats["skipped"] == stats["skipped"]
+    loader = pipe().loader()
+    k = 0
+    while loader.stats()["skipped"]["total"] in (0, 4):
+        next(loader)
+        k += 1
+    checkpoint = json.loads(json.dumps(loader.checkpoint()))
+    resumed, resumed_stats = run(pipe().restore(checkpoint))
+    assert outputs_equal(resumed, full[k:]) and resumed_stats["skipped"] == stats["skipped"]
+    lane = next(key for key, state in checkpoint["lanes"].items() if "skipped" in state)
+    checkpoint["lanes"][lane]["skipped"][0]["seen"] += 1
+    with pytest.raises(ValueError, match=f"lane {lane}: checksum mismatch"):
+        pipe().restore(checkpoint)
