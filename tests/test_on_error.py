@@ -285,3 +285,19 @@ def test_reading_skips_survive_a_checkpoint_and_agree_with_workers(tmp_path):
     checkpoint["lanes"][lane]["skipped"][0]["seen"] += 1
     with pytest.raises(ValueError, match=f"lane {lane}: checksum mismatch"):
         pipe().restore(checkpoint)
+
+
+def test_a_skipping_operator_passes_the_operator_checks():
+    from zephon.ops import MapOp
+    from zephon.testing import assert_checkpoint_equivalence, assert_chunking_invariance
+    from zephon.types import Meta, Record, Segment
+
+    payloads = [{"toks": [i], "bad": i % 4 == 1, "id": i} for i in range(20)]
+    records = [Record(p, Meta(0, (Segment(0, 0, i, 0, 0, -1),))) for i, p in enumerate(payloads)]
+    op = MapOp(ids_unless_bad, on_error="skip", max_skipped=0.4)
+    assert_checkpoint_equivalence(op, [records[:7], records[7:15], records[15:]])
+    assert_chunking_invariance(op, records, [3, 9])
+    state, _ = op.step(op.init(0), records)
+    assert op.report(state) == {"dropped_records": 0, "skipped_records": 5}
+    with pytest.raises(SkipLimitError, match="map: 2 records skipped in lane 0"):
+        MapOp(ids_unless_bad, on_error="skip", max_skipped=1).step(op.init(0), records)

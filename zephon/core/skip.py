@@ -38,12 +38,15 @@ class SkipLimitError(RuntimeError):
 class RecordDecodeError(ValueError):
     """A stored record could not be decoded (a line that is not JSON, a row group that is damaged).
 
-    ``cause`` names the underlying error (``"DecodeError"``); it is the cause a skip is counted under.
+    ``cause`` names the underlying error (``"JSONDecodeError"``); it is the cause a skip is counted under.
     """
 
     def __init__(self, message: str, cause: str) -> None:
         super().__init__(message)
         self.cause = cause
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (str(self), self.cause))
 
 
 class Failure(NamedTuple):
@@ -54,11 +57,10 @@ class Failure(NamedTuple):
 
     @classmethod
     def of(cls, exc: BaseException) -> "Failure":
-        cause = getattr(exc, "cause", None)
         text = str(exc)
         if len(text) > MESSAGE_CHARS:
             text = text[: MESSAGE_CHARS - 3] + "..."
-        return cls(cause if isinstance(cause, str) else type(exc).__name__, text)
+        return cls(exc.cause if isinstance(exc, RecordDecodeError) else type(exc).__name__, text)
 
 
 def skippable(exc: BaseException) -> bool:
