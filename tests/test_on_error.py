@@ -223,7 +223,8 @@ def test_the_default_still_raises_naming_the_record():
 
 def test_worker_processes_skip_in_the_worker_and_report_the_same_counts():
     inline, inline_stats = run(skipping(lanes=4, drain=True))
-    workers, worker_stats = run(skipping(lanes=4, drain=True, workers=2))
+    with pytest.warns(SkippedRecordWarning, match=r"in the worker process for lanes \[.*operator 'map': skipped"):
+        workers, worker_stats = run(skipping(lanes=4, drain=True, workers=2))
     assert outputs_equal(workers, inline)
     assert worker_stats["skipped"] == inline_stats["skipped"]
     assert worker_stats["operators"]["map"]["skipped_records"] == len(BAD)

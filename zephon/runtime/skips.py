@@ -4,7 +4,8 @@ Operators keep their own skip logs (:class:`~zephon.core.operator.StatelessState
 opened with ``on_error="skip"`` hands a row it cannot decode as a
 :class:`~zephon.core.skip.Failure`, which the lane leaves out and logs in its state (one
 :class:`~zephon.core.skip.SkipLog` per dataset). Warnings are counted per plan and place in this
-process: the first skip warns, then every :data:`WARN_EVERY`-th. They decide nothing.
+process: the first skip warns, then every :data:`WARN_EVERY`-th; a worker process forwards its
+warnings to the main process. They decide nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import contextlib
 import warnings
 import weakref
 from collections import Counter, defaultdict
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import msgspec
 
@@ -34,6 +35,22 @@ class SkippedRecordWarning(RuntimeWarning):
 
 
 _WARNED: "weakref.WeakKeyDictionary[Any, dict[str, int]]" = weakref.WeakKeyDictionary()
+#: Where this process's skip warnings go instead of ``warnings.warn`` (a worker sends them to the
+#: main process, which warns; a replay, which repeats work already warned about, drops them).
+_forward: list[Callable[[str], None]] = []
+
+
+def forward_warnings(send: Callable[[str], None]) -> None:
+    """Hand this process's skip warnings to ``send`` (the text of each) instead of warning here."""
+    _forward[:] = [send]
+
+
+def warn_skipped(text: str) -> None:
+    """Warn ``text`` as a :class:`SkippedRecordWarning` (worker processes forward it)."""
+    if _forward:
+        _forward[0](text)
+    else:
+        warnings.warn(text, SkippedRecordWarning, stacklevel=3)
 
 
 def note_skips(plan: Any, place: str, before: SkipLog | None, after: SkipLog | None) -> None:
@@ -48,12 +65,10 @@ def note_skips(plan: Any, place: str, before: SkipLog | None, after: SkipLog | N
         return
     listed = len(before.listed) if before is not None else 0
     first = after.listed[listed] if listed < len(after.listed) else after.last  # the first new skip, if listed
-    warnings.warn(
+    warn_skipped(
         f"{place}: skipped {plan.describe(first.meta)} ({first.cause}: {first.message}), as on_error='skip' asks; "
         f"{old + new} record(s) skipped there in this process so far (one warning per {WARN_EVERY}). "
-        "loader.stats()['skipped'] counts and lists them; max_skipped= turns a flood of them into an error",
-        SkippedRecordWarning,
-        stacklevel=2,
+        "loader.stats()['skipped'] counts and lists them; max_skipped= turns a flood of them into an error"
     )
 
 
