@@ -40,6 +40,18 @@ def fail_on_row_7(payload):
     return payload
 
 
+def ids_unless_bad(payload):
+    """``toks_to_ids``, raising on a payload marked ``"bad"`` (module-level: workers unpickle it)."""
+    if payload.get("bad"):
+        raise ValueError(f"row {payload.get('id')} is marked bad")
+    return toks_to_ids(payload)
+
+
+def not_bad(payload):
+    """The predicate that removes the payloads ``ids_unless_bad`` raises on."""
+    return not payload.get("bad")
+
+
 def toy_dataset(n=160, seed=0, name="web"):
     """An in-memory dataset of rows {"toks": [...], "id": i} with random lengths (some empty)."""
     from zephon.io import Dataset, InMemoryShard

@@ -280,20 +280,34 @@ def ensure_changes(draw, env):
     )
 
 
+def skipping_given(draw):
+    """The skip settings of a per-payload operator: the default, skipping, or skipping with a bound."""
+    return draw(st.sampled_from([{}, {"on_error": "skip"}, {"on_error": "skip", "max_skipped": 2}]))
+
+
+def skipping_changes(draw):
+    out = {}
+    if draw(st.booleans()):
+        out["on_error"] = draw(st.sampled_from(["raise", "skip", "ignore"]))
+    if draw(st.booleans()):
+        out["max_skipped"] = draw(st.sampled_from([None, 0, 3, 0.25, 1.5, -1, True]))
+    return out
+
+
 def map_given(draw, env):
-    return {"fn": draw(st.sampled_from([double_ids, same_payload, drop_short]))}
+    return {"fn": draw(st.sampled_from([double_ids, same_payload, drop_short])), **skipping_given(draw)}
 
 
 def map_changes(draw, env):
-    return {"fn": draw(st.sampled_from([double_ids, same_payload, drop_short]))}
+    return {"fn": draw(st.sampled_from([double_ids, same_payload, drop_short])), **skipping_changes(draw)}
 
 
 def filter_given(draw, env):
-    return {"predicate": draw(st.sampled_from([even_length, nonempty]))}
+    return {"predicate": draw(st.sampled_from([even_length, nonempty])), **skipping_given(draw)}
 
 
 def filter_changes(draw, env):
-    return {"predicate": draw(st.sampled_from([even_length, nonempty]))}
+    return {"predicate": draw(st.sampled_from([even_length, nonempty])), **skipping_changes(draw)}
 
 
 CHILDREN = {

@@ -119,11 +119,11 @@ def test_one_call_of_the_per_record_operators_serves_every_chunk_read_together()
     for lane, chunk in zip(range(4), chunks):
         alone_source, pointers, exhausted = plan.source.read(states[lane].source, 4, lane, 3)
         records = plan.fetch(lane, pointers)
-        expected, dropped = _Counting().apply_records(records)
+        expected, dropped, _ = _Counting().apply_records(records)
         assert (chunk.source, chunk.pointers, chunk.exhausted) == (alone_source, pointers, exhausted)
         assert [r.payload for r in chunk.outputs] == [r.payload for r in expected]
         assert [r.meta for r in chunk.outputs] == [r.meta for r in expected]
-        assert chunk.dropped == (dropped,)
+        assert tuple(a.dropped for a in chunk.applied) == (dropped,)
 
 
 def test_nothing_reads_ahead_without_a_per_record_operator_first():

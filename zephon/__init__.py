@@ -49,6 +49,8 @@ _LAZY = {
     "Options": ".runtime.options",
     "Pipeline": ".pipeline.pipeline",
     "SampleBatch": ".core.records",
+    "SkipLimitError": ".core.skip",
+    "SkippedRecordWarning": ".runtime.skips",
     "TrainingSpec": ".training.spec",
     "WorkerError": ".runtime.executor",
     "disable_logging": ".core.log",
@@ -76,6 +78,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .runtime.options import Options
     from .pipeline.pipeline import Pipeline
     from .core.records import SampleBatch
+    from .core.skip import SkipLimitError
+    from .runtime.skips import SkippedRecordWarning
     from .training.convert import to_training
     from .training.spec import TrainingSpec
 

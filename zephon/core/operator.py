@@ -15,7 +15,7 @@ resolver of its input. Metering, read-ahead and deferred rebuilds are the runtim
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 
 import attrs
 import msgspec
@@ -24,6 +24,7 @@ from . import state as _state
 from .fingerprint import describe_callable, is_callable_value
 from .keys import fold_in
 from .records import Meta, Record, Segment, describe_meta
+from .skip import Failure, SkipLog, check_limit, check_max_skipped, check_on_error, logged, skippable
 from .state import Resolver
 
 #: Multiplier that keeps child numbers of nested fan-outs distinct.
@@ -38,13 +39,16 @@ EMPTY = Empty()
 
 
 def config_field(
-    *, default: Any = attrs.NOTHING, data: bool = True, validator=None, converter=None, kw_only: bool = False
+    *, default: Any = attrs.NOTHING, data: bool = True, validator=None, converter=None, kw_only: bool = False,
+    omit_default: bool = False,
 ):
     """An operator setting; ``data=False`` marks settings that cannot change the output (performance).
 
-    Normalise values in ``converter``, so ``attrs.evolve`` and the constructor agree.
+    ``omit_default``: left out of the fingerprint (and ``explain()``) at its default, so adding the
+    setting changes no fingerprint of a pipeline that does not use it. Normalise values in
+    ``converter``, so ``attrs.evolve`` and the constructor agree.
     """
-    metadata = {"data": data}
+    metadata = {"data": data, "omit_default": omit_default}
     return attrs.field(default=default, validator=validator, converter=converter, kw_only=kw_only, metadata=metadata)
 
 
@@ -102,9 +106,14 @@ class Operator:
         """Every setting that decides the output (``data=False`` fields are left out)."""
         out: dict[str, Any] = {"op": type(self).__name__}
         for f in attrs.fields(type(self)):
-            if f.metadata.get("data", True):
+            if f.metadata.get("data", True) and not at_omitted_default(self, f):
                 out[f.name] = describe(getattr(self, f.name))
         return out
+
+
+def at_omitted_default(op: Any, field: Any) -> bool:
+    """Whether ``field`` of ``op`` is a setting left out at its default (``config_field(omit_default=True)``)."""
+    return bool(field.metadata.get("omit_default")) and getattr(op, field.name) == field.default
 
 
 def describe(value: Any) -> Any:
@@ -131,20 +140,39 @@ def state_type(op: Operator) -> type:
     return type(op.init(0)) if declared is Empty and type(op).init is not Operator.init else declared
 
 
-class StatelessState(msgspec.Struct, frozen=True, tag="stateless", forbid_unknown_fields=True):
-    """The state of a per-payload operator: only its counter of inputs that produced nothing."""
+class StatelessState(msgspec.Struct, frozen=True, tag="stateless", forbid_unknown_fields=True, omit_defaults=True):
+    """The state of a per-payload operator: its counter of inputs that produced nothing, and with
+    ``on_error="skip"`` the log of the inputs it skipped (:class:`~zephon.core.skip.SkipLog`)."""
 
     dropped_records: int = 0
+    skips: SkipLog | None = None
 
 
+class Applied(NamedTuple):
+    """What a per-payload operator made of a chunk: outputs, inputs that produced none, inputs skipped."""
+
+    outputs: list
+    dropped: int
+    skipped: tuple[tuple[int, Meta, Failure], ...] = ()  # (position in the chunk, meta, failure)
+
+
+@attrs.frozen
 class StatelessOp(Operator):
     """An operator applied to each payload independently.
 
     Subclasses implement :meth:`apply_many`: a chunk's payloads to, per payload, a list of output
     payloads (empty drops it, several split it when ``fans_out``), so batch tokenization sees many
-    payloads at once. State: the number of inputs that produced no output (``report()``).
+    payloads at once. With ``on_error="skip"`` a payload whose processing raises is left out
+    and logged instead (an ``apply_many`` may return a :class:`~zephon.core.skip.Failure` for it;
+    one that raises for the chunk is applied payload by payload to find which). ``max_skipped``
+    bounds the skips of each lane (:mod:`zephon.core.skip`). State: the number of inputs that
+    produced no output, and the skip log (``report()``).
     """
 
+    on_error: str = config_field(default="raise", kw_only=True, validator=check_on_error, omit_default=True)
+    max_skipped: int | float | None = config_field(
+        default=None, kw_only=True, data=False, validator=check_max_skipped, omit_default=True
+    )
     state_type: ClassVar[type] = StatelessState
 
     def apply_many(self, payloads: list) -> list[list]:
@@ -154,22 +182,57 @@ class StatelessOp(Operator):
         return StatelessState()
 
     def step(self, state: StatelessState, chunk: Sequence[Record]) -> tuple[StatelessState, list]:
-        out, dropped = self.apply_records(chunk)
-        return (StatelessState(state.dropped_records + dropped) if dropped else state), out
+        applied = self.apply_records(chunk)
+        return self.advance(state, applied, len(chunk)), applied.outputs
+
+    def advance(self, state: StatelessState, applied: Applied, seen: int) -> StatelessState:
+        """The state after a chunk of ``seen`` inputs was applied (``applied``); raises
+        :class:`~zephon.core.skip.SkipLimitError` past ``max_skipped``."""
+        if self.on_error == "raise":
+            return StatelessState(state.dropped_records + applied.dropped) if applied.dropped else state
+        check_limit(state.skips, seen, applied.skipped, self.max_skipped, self.kind)
+        return StatelessState(state.dropped_records + applied.dropped, logged(state.skips, seen, applied.skipped))
 
     def report(self, state: StatelessState) -> dict[str, int]:
-        return {"dropped_records": state.dropped_records}
+        out = {"dropped_records": state.dropped_records}
+        if self.on_error == "skip":
+            out["skipped_records"] = state.skips.total if state.skips is not None else 0
+        return out
 
-    def apply_records(self, chunk: Sequence[Record], results: list | None = None) -> tuple[list[Record], int]:
-        """The outputs of a chunk and how many inputs produced none.
+    def apply_checked(self, payloads: list) -> list:
+        """:meth:`apply_many`, with ``on_error="skip"`` a :class:`~zephon.core.skip.Failure` in place
+        of the result of each payload whose processing raised."""
+        if self.on_error == "raise" or not payloads:
+            return self.apply_many(payloads)
+        out: list = []
+        rest = payloads
+        while rest:
+            try:
+                out.extend(self.apply_many(rest))
+                return out
+            except Exception as exc:
+                if not skippable(exc):
+                    raise
+                index = getattr(exc, "zephon_index", None)
+                if len(rest) == 1:
+                    return out + [Failure.of(exc)]
+                if not isinstance(index, int) or not 0 <= index < len(rest):
+                    return out + [r for p in rest for r in self.apply_checked([p])]
+                out.extend(self.apply_checked(rest[:index]))
+                out.append(Failure.of(exc))
+                rest = rest[index + 1 :]
+        return out
 
-        ``results``: what ``apply_many`` already returned for the chunk's payloads (read-ahead).
+    def apply_records(self, chunk: Sequence[Record], results: list | None = None) -> Applied:
+        """The outputs of a chunk, how many inputs produced none, and those skipped (:class:`Applied`).
+
+        ``results``: what :meth:`apply_checked` already returned for the chunk's payloads (read-ahead).
         """
         if not chunk:
-            return [], 0
+            return Applied([], 0)
         if results is None:
             try:
-                results = self.apply_many([r.payload for r in chunk])
+                results = self.apply_checked([r.payload for r in chunk])
             except Exception as exc:
                 self._name_failing_record(exc, chunk)
                 raise
@@ -177,7 +240,11 @@ class StatelessOp(Operator):
             raise RuntimeError(f"{self.kind}: apply_many returned {len(results)} results for {len(chunk)} inputs")
         out: list[Record] = []
         dropped = 0
-        for rec, outs in zip(chunk, results):
+        skipped: list[tuple[int, Meta, Failure]] = []
+        for position, (rec, outs) in enumerate(zip(chunk, results)):
+            if type(outs) is Failure:
+                skipped.append((position, rec.meta, outs))
+                continue
             dropped += not outs
             if not self.fans_out:
                 if len(outs) > 1:
@@ -187,7 +254,7 @@ class StatelessOp(Operator):
                 continue
             for i, payload in enumerate(outs):
                 out.append(Record(payload, child_meta(rec.meta, i)))
-        return out, dropped
+        return Applied(out, dropped, tuple(skipped))
 
     def _name_failing_record(self, exc: Exception, chunk: Sequence[Record]) -> None:
         """Add a note to ``exc`` naming the record it was raised on; keep its meta as ``exc.zephon_meta``.
@@ -213,7 +280,7 @@ class StatelessOp(Operator):
 
     def rebuild(self, refs: Sequence[Meta], upstream: Resolver) -> list[Record]:
         parents = [parent_meta(m) for m in refs] if self.fans_out else list(refs)
-        produced = {rec.meta: rec for rec in self.apply_records(upstream(list(dict.fromkeys(parents))))[0]}
+        produced = {rec.meta: rec for rec in self.apply_records(upstream(list(dict.fromkeys(parents)))).outputs}
         missing = [m for m in refs if m not in produced]
         if missing:
             raise RuntimeError(
@@ -243,13 +310,17 @@ def parent_meta(meta: Meta) -> Meta:
     return Meta(meta.lane, (seg._replace(child=seg.child // CHILD_BASE),), meta.padding_length)
 
 
-def _each(fn: Callable[[Any], Any], payloads: list) -> list:
-    """``fn`` over payloads; an exception carries the failing index so the record can be named."""
+def _each(fn: Callable[[Any], Any], payloads: list, skip: bool = False) -> list:
+    """``fn`` over payloads; an exception carries the failing index so the record can be named
+    (``skip``: a :class:`~zephon.core.skip.Failure` takes the place of its result instead)."""
     out = []
     for i, p in enumerate(payloads):
         try:
             out.append(fn(p))
         except Exception as exc:
+            if skip and skippable(exc):
+                out.append(Failure.of(exc))
+                continue
             exc.zephon_index = i  # type: ignore[attr-defined]
             raise
     return out
@@ -277,10 +348,11 @@ class MapOp(StatelessOp):
     kind: ClassVar[str] = "map"
 
     def apply_many(self, payloads: list) -> list[list]:
-        return [[] if r is None else [r] for r in _each(self.fn, payloads)]
+        results = _each(self.fn, payloads, self.on_error == "skip")
+        return [r if type(r) is Failure else [] if r is None else [r] for r in results]
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"op": "MapOp", "fn": _named_or_described(self.fn_fingerprint, self.fn)}
+        return {"op": "MapOp", "fn": _named_or_described(self.fn_fingerprint, self.fn), **_on_error(self)}
 
 
 @attrs.frozen
@@ -295,19 +367,27 @@ class FilterOp(StatelessOp):
     kind: ClassVar[str] = "filter"
 
     def apply_many(self, payloads: list) -> list[list]:
-        return [[p] if keep else [] for p, keep in zip(payloads, _each(self.predicate, payloads))]
+        keeps = _each(self.predicate, payloads, self.on_error == "skip")
+        return [keep if type(keep) is Failure else [p] if keep else [] for p, keep in zip(payloads, keeps)]
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"op": "FilterOp", "predicate": _named_or_described(self.predicate_fingerprint, self.predicate)}
+        described = _named_or_described(self.predicate_fingerprint, self.predicate)
+        return {"op": "FilterOp", "predicate": described, **_on_error(self)}
 
 
 def _named_or_described(name: str | None, fn: Callable) -> Any:
     return name if name is not None else describe_callable(fn)
 
 
-def stateless(fn: Callable[[Any], Any], *, fingerprint: str | None = None) -> MapOp:
-    """Lift a per-payload function into an operator (``None`` drops the record); ``fingerprint``: its version."""
-    return MapOp(fn, fn_fingerprint=fingerprint)
+def _on_error(op: StatelessOp) -> dict[str, str]:
+    """``on_error`` as the fingerprint holds it: only when not the default (older fingerprints lack it)."""
+    return {} if op.on_error == "raise" else {"on_error": op.on_error}
+
+
+def stateless(fn: Callable[[Any], Any], *, fingerprint: str | None = None, **skipping: Any) -> MapOp:
+    """Lift a per-payload function into an operator (``None`` drops the record); ``fingerprint``: its
+    version; ``on_error`` and ``max_skipped`` as for :class:`StatelessOp`."""
+    return MapOp(fn, fn_fingerprint=fingerprint, **skipping)
 
 
 class ChainState(msgspec.Struct, frozen=True, tag="chain", forbid_unknown_fields=True):

@@ -18,6 +18,7 @@ import attrs
 import numpy as np
 
 from ..core.operator import CHILD_BASE, StatelessOp, StatelessState, config_field
+from ..core.skip import Failure
 from ..training.fields import SPECIAL_TOKEN_MODES as SPECIAL_TOKEN_MODES
 from ..text.tokenizer import BACKENDS, TokenizerHandle, load_tokenizer
 
@@ -220,6 +221,9 @@ class Tokenize(TokenizerOp):
         backend: ``"auto"`` (default), ``"tokenizers"`` or ``"tiktoken"`` (GPT-2 style byte-level
             BPE only, once it reproduced the tokenizers ids at load time; ``"auto"`` takes it
             then). ``op.tokenizer.backend`` says which one encodes; performance only.
+        on_error: ``"raise"`` (default) or ``"skip"``: a record without a usable text field is
+            left out and counted in ``stats()["skipped"]``; ``max_skipped`` bounds that per lane
+            (see :class:`~zephon.ops.StatelessOp`).
 
     Raises:
         ValueError: an invalid option or combination (listed in the messages), a missing BOS/EOS
@@ -304,7 +308,7 @@ class Tokenize(TokenizerOp):
         """
         if not payloads:
             return []
-        texts = [self._text_of(p) for p in payloads]
+        texts, failed = self._texts(payloads)
         bos, eos = self._specials()
         keep = self.max_length - (bos is not None) - (eos is not None) if self.truncation else None
         try:
@@ -312,7 +316,25 @@ class Tokenize(TokenizerOp):
         except ValueError as exc:
             raise ValueError(f"tokenize: field {self.field!r}: {exc}") from exc
         split = self._split if self.split_long_samples else lambda seq: [seq]
-        return [[self._output(payload, piece) for piece in split(seq)] for payload, seq in zip(payloads, encoded)]
+        pieces = iter(encoded)
+        return [
+            failed[i] if i in failed else [self._output(payload, piece) for piece in split(next(pieces))]
+            for i, payload in enumerate(payloads)
+        ]
+
+    def _texts(self, payloads: list) -> tuple[list[str], dict[int, Failure]]:
+        """The texts of the payloads that have one, and (``on_error="skip"``) the failures of the others by index."""
+        texts: list[str] = []
+        failed: dict[int, Failure] = {}
+        for i, payload in enumerate(payloads):
+            try:
+                texts.append(self._text_of(payload))
+            except (TypeError, ValueError) as exc:
+                if self.on_error != "skip":
+                    exc.zephon_index = i  # type: ignore[attr-defined]
+                    raise
+                failed[i] = Failure.of(exc)
+        return texts, failed
 
     def _split(self, seq: np.ndarray) -> list[np.ndarray]:
         size = self.max_length

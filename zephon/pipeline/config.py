@@ -3,11 +3,12 @@
 The format (``docs/guide/observability.md``) covers the processing side, what ``zephon explain``
 and scripts need to build a :class:`~zephon.Pipeline` without Python: ``[source]`` (the
 ``StaticMixtureWorkSource`` settings and ``[[source.datasets]]`` with ``name``, ``path``,
-``weight``, ``format``), ``[options]`` (``Pipeline.options``) and ``[[operators]]`` in order, each
-an ``op`` (``tokenize``, ``tokenize_chat``, ``pack_flat``, ``pack_sequences``, ``shuffle``,
-``order_by``, ``batch``, or ``map``/``filter`` with ``function = "module:name"``), an optional
-``name`` and the builder method's keyword arguments; ``order_by`` takes ``key`` (a field name) or
-``function = "module:name"`` (``"zephon.ops:token_count"``). Paths are relative to the file.
+``weight``, ``format``, ``on_error``, ``max_skipped``), ``[options]`` (``Pipeline.options``) and
+``[[operators]]`` in order, each an ``op`` (``tokenize``, ``tokenize_chat``, ``pack_flat``,
+``pack_sequences``, ``shuffle``, ``order_by``, ``batch``, or ``map``/``filter`` with ``function =
+"module:name"`` and optionally ``on_error`` and ``max_skipped``), an optional ``name`` and the
+builder method's keyword arguments; ``order_by`` takes ``key`` (a field name) or ``function =
+"module:name"`` (``"zephon.ops:token_count"``). Paths are relative to the file.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..runtime.options import Options
 OPERATORS = ("tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "order_by", "batch")
 _TOP = ("source", "options", "operators")
 _SOURCE = ("datasets", "seed", "exhausted_policy", "passes", "shuffle_shards", "shuffle_within_shard", "chunk_size", "lane_assignment")
-_DATASET = ("name", "path", "weight", "format")
+_DATASET = ("name", "path", "weight", "format", "on_error", "max_skipped")
 #: Operator arguments that name files: resolved against the config file's folder when the file is there.
 _PATH_ARGS = ("tokenizer", "chat_template")
 
@@ -136,6 +137,7 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
         if not data.exists():
             raise FileNotFoundError(f"{at}: no data at {data}")
         kwargs = {"format": table["format"]} if "format" in table else {}
+        kwargs.update({k: table[k] for k in ("on_error", "max_skipped") if k in table})
         datasets.append(Dataset.from_path(table["name"], data, **kwargs))
         weights[table["name"]] = table.get("weight", 1.0)
     try:
@@ -159,8 +161,12 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
         op = kwargs.pop("op")
         at = f"{where}: operators[{i}] ({op})"
         if op in ("map", "filter"):
-            _check_keys(kwargs, ("function", "name"), at)
-            pipe = getattr(pipe, op)(_function(kwargs.get("function"), at), name=kwargs.get("name"))
+            _check_keys(kwargs, ("function", "name", "on_error", "max_skipped"), at)
+            skipping = {k: kwargs[k] for k in ("on_error", "max_skipped") if k in kwargs}
+            try:
+                pipe = getattr(pipe, op)(_function(kwargs.get("function"), at), name=kwargs.get("name"), **skipping)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{at}: {exc}") from None
             continue
         if op not in OPERATORS:
             raise ValueError(f"{at}: unknown op {op!r}; use one of {[*OPERATORS, 'map', 'filter']}")

@@ -54,6 +54,8 @@ def _settings(op: Operator) -> tuple[dict[str, Any], dict[str, Any]]:
             continue  # internal bookkeeping, not a setting
         if f.metadata.get("data", True) and f.name not in fingerprint and getattr(op, f.name) == f.default:
             continue  # a setting the fingerprint leaves out at its default (a shuffle's drains)
+        if f.metadata.get("omit_default") and getattr(op, f.name) == f.default:
+            continue  # a setting shown only when used (max_skipped)
         value = describe(getattr(op, f.name))
         (data if f.metadata.get("data", True) else perf)[f.name] = value
     handle = getattr(op, "tokenizer", None)
@@ -67,6 +69,8 @@ def _settings(op: Operator) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _held(op: Operator) -> tuple[str, int | None]:
     """What an operator's state holds at most, in records (by reference): in words, and as a bound if known."""
+    if isinstance(op, StatelessOp) and op.on_error == "skip":
+        return "no records (counters, and the references and errors of up to 100 skipped records)", 0
     if isinstance(op, StatelessOp):
         return "no records (a counter of inputs that produced nothing)", 0
     if op.kind == "shuffle":

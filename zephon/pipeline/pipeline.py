@@ -226,21 +226,31 @@ class Pipeline:
                 "in place (Zephon 0.2.0's style) can wrap one: `p = zephon.compat.Pipeline(p)`."
             )
 
-    def map(self, fn: Callable[[Any], Any], *, name: str | None = None, fingerprint: str | None = None) -> "Pipeline":
+    def map(
+        self, fn: Callable[[Any], Any], *, name: str | None = None, fingerprint: str | None = None,
+        on_error: str = "raise", max_skipped: int | float | None = None,
+    ) -> "Pipeline":
         """Replace each payload with ``fn(payload)``; returning ``None`` drops the record.
 
         A checkpoint records what decides ``fn``'s output (source, closure, defaults, partial
         arguments, plain globals read); a restore into another ``fn`` is refused. A value that
         cannot be described (an open file, a model) warns (:class:`~zephon.ops.FingerprintWarning`)
         and refuses restores until ``fingerprint="v1"`` names the function's version.
+
+        ``on_error="skip"`` leaves out a record on which ``fn`` raises, counted and listed in
+        ``stats()["skipped"]``; ``max_skipped`` (an int, or a float share of the records seen)
+        makes more skips in a lane an error (docs/guide/pipeline.md, "Skipping bad records").
         """
-        return _checked_function(self.add(MapOp(fn, fn_fingerprint=fingerprint), name=name))
+        op = MapOp(fn, fn_fingerprint=fingerprint, on_error=on_error, max_skipped=max_skipped)
+        return _checked_function(self.add(op, name=name))
 
     def filter(
-        self, predicate: Callable[[Any], bool], *, name: str | None = None, fingerprint: str | None = None
+        self, predicate: Callable[[Any], bool], *, name: str | None = None, fingerprint: str | None = None,
+        on_error: str = "raise", max_skipped: int | float | None = None,
     ) -> "Pipeline":
         """Keep only the payloads for which ``predicate(payload)`` is true (drops are counted); see :meth:`map`."""
-        return _checked_function(self.add(FilterOp(predicate, predicate_fingerprint=fingerprint), name=name))
+        op = FilterOp(predicate, predicate_fingerprint=fingerprint, on_error=on_error, max_skipped=max_skipped)
+        return _checked_function(self.add(op, name=name))
 
     def tokenize(
         self, tokenizer: Any = None, tokenizer_id: str | None = None, *, prompt_field: str | None = None,
@@ -250,6 +260,7 @@ class Pipeline:
 
         With ``prompt_field`` and ``completion_field``: ``input_ids`` and a ``loss_mask`` of 1 on the
         completion (and its EOS) only; see :class:`zephon.ops.TokenizePromptCompletion`.
+        ``on_error="skip"`` and ``max_skipped`` skip records without a usable text, as for :meth:`map`.
         """
         if prompt_field is None and completion_field is None:
             from ..ops.tokenize import Tokenize
@@ -277,6 +288,7 @@ class Pipeline:
         """Render conversations with a chat template into ``input_ids`` and an assistant ``loss_mask``.
 
         See :class:`zephon.ops.TokenizeChat` (``loss_scope``, ``"chatml"``/``"llama3"``, ``empty_mask``).
+        ``on_error="skip"`` and ``max_skipped`` skip malformed conversations, as for :meth:`map`.
         """
         from ..ops.chat import TokenizeChat
 

@@ -29,7 +29,9 @@ from ..training.fields import payload_length
 from .readahead import ReadAhead, per_record_prefix
 from ..core.records import UNRESOLVED, Meta, Record, SampleBatch, Segment, meta_from_ints, reference
 from ..core.state import decode as decode_struct, encode_outputs, keep_references, output_ref, references, resolve
+from .skips import decode_reading, naming_operator, note_skips, reading_logged, unreadable
 from .stats import Meter, items_size
+from ..core.skip import Failure, SkipLog
 from ..sources.work_source import SourceState, StaticMixtureWorkSource
 
 
@@ -52,6 +54,7 @@ class LaneState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     done: bool = False
     mixture: tuple[int, ...] = ()  # per dataset: samples, tokens of the outputs delivered (see mixture_counts)
     unresolved: bool = False
+    skipped: tuple[SkipLog, ...] = ()  # per dataset, rows left out by reading (datasets with on_error="skip")
 
 
 @contextlib.contextmanager
@@ -85,11 +88,14 @@ class Driven(Operator):
 
     def step(self, state: Any, chunk: Sequence[Any]) -> tuple[Any, list]:
         chunk = self._resolved(chunk)
-        if self.meter is None:
-            return self.op.step(state, chunk)
         t0 = time.perf_counter()
-        new, out = self.op.step(state, chunk)
-        self.meter.add(self.index, items_size(chunk), items_size(out), time.perf_counter() - t0)
+        name = self.plan.chain.names[self.index]
+        with naming_operator(name):
+            new, out = self.op.step(state, chunk)
+        if type(new) is StatelessState and new.skips is not None:
+            note_skips(self.plan, f"operator {name!r}", getattr(state, "skips", None), new.skips)
+        if self.meter is not None:
+            self.meter.add(self.index, items_size(chunk), items_size(out), time.perf_counter() - t0)
         return new, out
 
     def flush(self, state: Any) -> tuple[Any, list]:
@@ -168,6 +174,8 @@ class Plan:
         out: list[Any] = [None] * len(metas)
         for lane, idx in by_lane.items():
             for i, rec in zip(idx, self.fetch(lane, [metas[i].segments[0].pointer for i in idx])):
+                if type(rec.payload) is Failure:  # a row read before cannot be decoded now
+                    raise ValueError(f"{self.describe(rec.meta)} no longer decodes: {rec.payload.message}")
                 out[i] = rec
         return out
 
@@ -197,7 +205,7 @@ class Plan:
         Restored references are rebuilt here, in the calling thread, when due.
         """
         source, chain, pending, done = state.source, state.chain, state.pending, state.done
-        unresolved = state.unresolved
+        unresolved, skipped = state.unresolved, state.skipped
         size = self.read_size_of(state)
         if not pending and unresolved:  # it steps or flushes: its operators' held records first
             chain, unresolved = self.rebuild_chain(lane, chain), False
@@ -208,14 +216,15 @@ class Plan:
             if prepared is None:
                 t0 = time.perf_counter()
                 source, pointers, exhausted = self.source.read(source, self.lanes, lane, size)
-                records = self.fetch(lane, pointers)
+                records, failed = unreadable(self.fetch(lane, pointers))
                 read_s = time.perf_counter() - t0
             else:
                 source, pointers, exhausted, records = prepared.source, prepared.pointers, prepared.exhausted, prepared.inputs
-                read_s = prepared.read_s
+                read_s, failed = prepared.read_s, prepared.unreadable
             if meter is not None:
                 meter.read(pointers, read_s)
             try:
+                skipped = reading_logged(self, skipped, pointers, failed)
                 if prepared is None:
                     chain, outs = driven.step(chain, records)
                 else:
@@ -235,10 +244,10 @@ class Plan:
                 raise
             pending = tuple(more)
         if not pending:
-            return LaneState(source, chain, (), state.delivered, True, state.mixture), None
+            return LaneState(source, chain, (), state.delivered, True, state.mixture, skipped=skipped), None
         out = self._rebuilt_output(lane, pending[0])
         counts = mixture_counts(state.mixture, (out,), len(self.source.datasets))
-        return LaneState(source, chain, pending[1:], state.delivered + 1, done, counts, unresolved), out
+        return LaneState(source, chain, pending[1:], state.delivered + 1, done, counts, unresolved, skipped), out
 
     def driven(self, lane: int, meter: Any = None) -> Chain:
         """The chain as lane ``lane`` runs it: every operator wrapped in a :class:`Driven`."""
@@ -330,7 +339,8 @@ class Plan:
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def encode(self, state: LaneState) -> dict[str, Any]:
-        return {
+        """The lane state as builtins; ``skipped`` only when a dataset skips undecodable rows."""
+        out = {
             "source": [state.source.chunk, state.source.offset],
             "ops": self.chain.encode_state(state.chain),
             "pending": encode_outputs(state.pending),
@@ -338,6 +348,9 @@ class Plan:
             "done": state.done,
             "mixture": list(state.mixture) or [0] * (2 * len(self.source.datasets)),
         }
+        if state.skipped:
+            out["skipped"] = msgspec.to_builtins(state.skipped)
+        return out
 
     def unread(self, encoded: dict[str, Any], outputs: Any) -> dict[str, Any]:
         """An encoded lane state as it was before its last ``outputs`` were taken: they go back to the
@@ -361,7 +374,8 @@ class Plan:
         chain = self._decode_chain(lane, data["ops"], lambda i, op, state: op.decode_state(state, self.chain.resolver_at(i, resolver)))
         with _restoring(lane):
             pending = tuple(self.chain.rebuild(refs, resolver)) if refs else ()
-        return LaneState(source, chain, pending, data["delivered"], data["done"], counts)
+        skipped = decode_reading(data.get("skipped"), len(self.source.datasets), lane)
+        return LaneState(source, chain, pending, data["delivered"], data["done"], counts, skipped=skipped)
 
     def decode_lanes(self, encoded: dict[int, Any]) -> dict[int, LaneState]:
         """Decode an executor's restored lane states: what the first output needs now, the rest when due.
@@ -385,7 +399,9 @@ class Plan:
                     pending = (self._rebuilt_output(lane, pending[0]),) + pending[1:]
                 elif lane == first:
                     chain, unresolved = self.rebuild_chain(lane, chain), False
-                out[lane] = LaneState(source, chain, pending, data["delivered"], data["done"], counts, unresolved)
+                skipped = decode_reading(data.get("skipped"), len(self.source.datasets), lane)
+                delivered, done = data["delivered"], data["done"]
+                out[lane] = LaneState(source, chain, pending, delivered, done, counts, unresolved, skipped)
             return out
 
     def _decode_deferred(self, lane: int, ops: Any) -> ChainState:
@@ -534,10 +550,13 @@ def _step_prepared(driven: Chain, state: ChainState, prepared: Any, meter: Any) 
     """``driven.step(state, prepared.inputs)`` for a chunk whose leading per-record operators already
     ran (a :class:`~zephon.runtime.readahead.Prepared`): their counters and meters advance as measured."""
     states = list(state.states)
-    k = len(prepared.dropped)
-    for i, dropped in enumerate(prepared.dropped):
-        if dropped:
-            states[i] = StatelessState(states[i].dropped_records + dropped)
+    k = len(prepared.applied)
+    for i, applied in enumerate(prepared.applied):
+        driven_op = driven.children[i][1]
+        with naming_operator(driven.children[i][0]):
+            states[i] = driven_op.op.advance(states[i], applied, prepared.sizes[i][0])
+        if states[i].skips is not None:
+            note_skips(driven_op.plan, f"operator {driven.children[i][0]!r}", state.states[i].skips, states[i].skips)
         if meter is not None:
             meter.add(i, prepared.sizes[i], prepared.sizes[i + 1], prepared.seconds[i])
     tail, items = Chain(driven.children[k:]).step(ChainState(tuple(states[k:])), prepared.outputs)

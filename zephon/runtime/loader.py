@@ -27,6 +27,7 @@ from .lanes import Plan
 from ..core.log import get_logger
 from .options import Options
 from ..core.records import SampleBatch
+from .skips import skip_report
 from .stats import Deliveries, format_stats, mixture_report, summarize, summary_line
 
 log = get_logger("loader")
@@ -322,9 +323,11 @@ class Loader(Iterator[Any]):
         Returns:
             A dict with ``delivered``, ``complete_steps``, ``lanes`` (per lane: ``delivered``,
             ``ended``, ``undelivered``), ``undelivered``, ``operators`` (the operators' own counters,
-            which continue across a restore), ``flow``, ``throughput``, ``packing``, ``dropped``
-            and ``mixture`` (:func:`~zephon.runtime.stats.mixture_report`, continued across
-            restores); the other sections count since the start or the last restore, and ratios
+            which continue across a restore), ``flow``, ``throughput``, ``packing``, ``dropped``,
+            ``mixture`` (:func:`~zephon.runtime.stats.mixture_report`, continued across
+            restores) and ``skipped`` (records left out by ``on_error="skip"`` up to the last
+            output delivered, continued across restores: :func:`~zephon.runtime.skips.skip_report`);
+            the other sections count since the start or the last restore, and ratios
             are ``None`` until there is something to divide by. docs/guide/observability.md
             describes every field.
         """
@@ -337,6 +340,7 @@ class Loader(Iterator[Any]):
                 for k, v in counters.items():
                     agg[k] = agg.get(k, 0) + v
         names = ("outputs", "records", "tokens")
+        delivered_states = self._delivered_states()
         return {
             "delivered": sum(self.delivered.values()),
             "complete_steps": min(self.delivered.values()),
@@ -347,7 +351,8 @@ class Loader(Iterator[Any]):
             "undelivered": dict(zip(names, self._undelivered_totals())),
             "operators": ops,
             **summarize(operators=ops, meter=meters, deliveries=self._deliveries),
-            "mixture": mixture_report(self.plan.source, {lane: s["mixture"] for lane, s in self._delivered_states().items()}),
+            "mixture": mixture_report(self.plan.source, {lane: s["mixture"] for lane, s in delivered_states.items()}),
+            "skipped": skip_report(self.plan, delivered_states),
         }
 
     def stats_table(self) -> str:

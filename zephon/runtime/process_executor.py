@@ -20,6 +20,7 @@ import signal
 import socket
 import time
 import traceback
+import warnings
 import weakref
 from collections import deque
 from multiprocessing.connection import wait
@@ -28,6 +29,7 @@ from typing import Any, Callable
 from .executor import WorkerError, closed_error, ignoring_sigint, start_context
 from .lanes import Plan
 from .process_worker import replay_main, worker_main
+from .skips import SkippedRecordWarning
 from .stats import merge_meters
 from .wire import recv_message
 
@@ -227,6 +229,8 @@ class ProcessExecutor:
         elif kind == "reports":
             self._reports.update(msg[1])
             self._meters[w] = msg[2]
+        elif kind == "warning":  # records a worker skipped (on_error="skip")
+            warnings.warn(f"in the worker process for lanes {self._lanes_of(w)}: {msg[1]}", SkippedRecordWarning, 2)
         elif kind == "error":
             _, lane, cause, tb = msg
             if lane is not None:

@@ -21,6 +21,7 @@ from typing import Any
 from ..core.records import SampleBatch, describe_meta
 from .executor import caller_order_of
 from .lanes import LaneState, Plan
+from .skips import forward_warnings
 from .wire import pack_message, send_message, send_parts
 
 #: How often a worker attaches a lane's encoded state to an output: after a worker dies, the main
@@ -130,6 +131,7 @@ def worker_main(conn, lanes: list[int], credit: int, threads: int, env: dict[str
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     os.environ.setdefault("ZEPHON_ENCODER_THREADS", str(threads))
     outbox = _Outbox(conn)
+    forward_warnings(lambda text: outbox.send(("warning", text)))
     current = None
     try:
         try:  # through the pipe, not with the process, so that the workers boot in parallel
@@ -216,6 +218,7 @@ def replay_main(conn, plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]],
     """The process that replays lanes after the workers stopped: sends each lane's encoded state and counters."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     take_environment(env)
+    forward_warnings(lambda text: None)  # the workers warned about these records already
     lane = None
     try:
         plan: Plan = pickle.loads(plan_bytes)

@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple, Sequence
 
 from ..text.tokenizer import EXTRA_ENCODER_THREADS
+from .skips import unreadable
 from .stats import items_size
 
 #: The background thread's name (the tiktoken backend gives it one more encoder thread).
@@ -46,12 +47,13 @@ class Prepared(NamedTuple):
     source: Any  # the source state after the read
     pointers: list
     exhausted: bool
-    inputs: list  # the records read
+    inputs: list  # the records read (decoded)
     outputs: list  # after the per-record operators
-    dropped: tuple[int, ...]  # per per-record operator: inputs that produced nothing
+    applied: tuple[Any, ...]  # per per-record operator: its Applied (inputs that produced nothing, skipped)
     sizes: tuple[tuple[int, int], ...]  # (records, tokens) into each operator, then out of the last
     seconds: tuple[float, ...]  # each operator's share of the grouped call
     read_s: float
+    unreadable: list  # (meta, failure) of the rows read that a dataset could not decode
 
 
 class _Request(NamedTuple):
@@ -195,31 +197,31 @@ def prepare(plan: Any, wanted: Sequence[tuple[int, tuple[Any, int]]]) -> list[Pr
     reads = []
     for lane, (source, size) in wanted:
         after, pointers, exhausted = plan.source.read(source, plan.lanes, lane, size)
-        reads.append((after, pointers, exhausted, plan.fetch(lane, pointers)))
+        reads.append((after, pointers, exhausted, *unreadable(plan.fetch(lane, pointers))))
     read_s = time.perf_counter() - t0
     n_total = sum(len(r[3]) for r in reads) or 1
     items = [r[3] for r in reads]
     sizes = [[items_size(x)] for x in items]
-    dropped: list[list[int]] = [[] for _ in reads]
+    applied: list[list[Any]] = [[] for _ in reads]
     seconds = []
     for _, op in plan.chain.children[: per_record_prefix(plan.chain)]:
         t = time.perf_counter()
         flat = [rec for part in items for rec in part]
-        results = op.apply_many([rec.payload for rec in flat]) if flat else []
+        results = op.apply_checked([rec.payload for rec in flat]) if flat else []
         if len(results) != len(flat):
             raise RuntimeError(f"{op.kind}: apply_many returned {len(results)} results for {len(flat)} inputs")
         at = 0
         for j, part in enumerate(items):
-            out, lost = op.apply_records(part, results[at : at + len(part)])
+            done = op.apply_records(part, results[at : at + len(part)])
             at += len(part)
-            items[j] = out
-            dropped[j].append(lost)
-            sizes[j].append(items_size(out))
+            items[j] = done.outputs
+            applied[j].append(done)
+            sizes[j].append(items_size(done.outputs))
         seconds.append(time.perf_counter() - t)
     prepared = []
-    for j, ((_, key), (after, pointers, exhausted, inputs)) in enumerate(zip(wanted, reads)):
+    for j, ((_, key), (after, pointers, exhausted, inputs, failed)) in enumerate(zip(wanted, reads)):
         share = len(inputs) / n_total
         times = tuple(s * share for s in seconds)
-        prepared.append(Prepared(key, after, pointers, exhausted, inputs, items[j], tuple(dropped[j]), tuple(sizes[j]),
-                                 times, read_s * share))
+        prepared.append(Prepared(key, after, pointers, exhausted, inputs, items[j], tuple(applied[j]), tuple(sizes[j]),
+                                 times, read_s * share, failed))
     return prepared

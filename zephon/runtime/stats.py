@@ -304,6 +304,11 @@ def format_stats(stats: Mapping[str, Any]) -> str:
     lines.append("")
     drops = [f"{name}.{k}={_num(v)}" for name, c in dropped.items() for k, v in c.items() if v]
     lines.append("dropped: " + (", ".join(drops) if drops else "nothing"))
+    skipped = stats.get("skipped") or {}
+    if skipped.get("total"):
+        places = [f"{name}={c['skipped']:,} ({', '.join(f'{k}: {n:,}' for k, n in c['causes'].items())})"
+                  for name, c in skipped["by_operator"].items() if c["skipped"]]
+        lines.append("skipped (on_error='skip'): " + "; ".join(places))
     lines.append(
         f"undelivered at the end of data: {und.get('outputs', 0):,} outputs ({und.get('records', 0):,} records, {und.get('tokens', 0):,} tokens)"
     )

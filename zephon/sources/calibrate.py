@@ -18,6 +18,7 @@ import attrs
 import msgspec
 
 from ..core.operator import Chain, StatelessOp, sample_meta
+from ..core.skip import Failure
 from ..training.fields import payload_length
 from ..core.records import Record
 from .estimate import Calibration, DatasetEstimate
@@ -115,13 +116,13 @@ def calibrate(source: StaticMixtureWorkSource, chain: Chain, *, progress: bool =
         n_tokens = 0
         for shard, rows in sample_rows(d.shard_sizes, est.calibration_samples, est.calibration_shards_max):
             payloads = d.read(shard, rows)
-            records = [Record(p, sample_meta(0, j, shard, r)) for p, r in zip(payloads, rows)]
+            records = [Record(p, sample_meta(0, j, shard, r)) for p, r in zip(payloads, rows) if type(p) is not Failure]
             rows_read += len(records)
             for op in prefix:
-                records, _ = op.apply_records(records)
+                records = op.apply_records(records).outputs
             n_bytes += sum(_text_bytes(r.payload, field) for r in records)
             if pinned is None:
-                outs, _ = tok.apply_records(records)
+                outs = tok.apply_records(records).outputs
                 n_tokens += sum(payload_length(r.payload, "calibration") for r in outs)
             if progress and not shown and time.perf_counter() - t0 > 1.0:
                 print(f"zephon: calibrating token weights ({len(source.datasets)} datasets, {est.calibration_samples} rows each)...", file=sys.stderr, flush=True)

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.cache import ProcessCache
+from ..core.skip import RecordDecodeError
 from .files import FileIdentity, open_cached
 from .digest import ShardChangedError
 
@@ -152,7 +153,10 @@ class ColumnarShard(FileIdentity):
                 return opened.reader.batch(g, self.columns)
             except Exception as err:
                 lo, hi = int(opened.starts[g]), int(opened.starts[g + 1])
-                raise ValueError(f"dataset {dataset!r}: {self.path}, row group {g} (rows {lo}..{hi - 1}) cannot be decoded ({type(err).__name__}: {err}); the file is damaged: re-create it") from err
+                raise RecordDecodeError(
+                    f"dataset {dataset!r}: {self.path}, row group {g} (rows {lo}..{hi - 1}) cannot be decoded "
+                    f"({type(err).__name__}: {err}); the file is damaged: re-create it", type(err).__name__,
+                ) from err
 
         if self.fmt != "parquet":  # views of the mapping; nothing to keep
             return decode()
@@ -181,7 +185,10 @@ def read_rows(starts: np.ndarray, rows: np.ndarray, group: Any, path: str, datas
             values = _rows_of(table, local)
         except Exception as err:
             r = int(rows[where[0]])
-            raise ValueError(f"dataset {dataset!r}: {path}, rows near {r} (row group {g}) cannot be converted to Python values ({type(err).__name__}: {err})") from err
+            raise RecordDecodeError(
+                f"dataset {dataset!r}: {path}, rows near {r} (row group {g}) cannot be converted to Python "
+                f"values ({type(err).__name__}: {err})", type(err).__name__,
+            ) from err
         for i, v in zip(where.tolist(), values):
             out[i] = v
     return out

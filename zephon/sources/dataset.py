@@ -12,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import operator
 import os
+from types import SimpleNamespace
 from typing import Any, Iterable, Mapping, Sequence, Union
 
 import attrs
 import msgspec
 import numpy as np
 
+from ..core.skip import Failure, RecordDecodeError, check_max_skipped, check_on_error
 from .digest import resolve_cache_dir
 from .discover import FORMATS, ShardSpec, discover, index_entry, open_shards, write_index
 from .jsonl import VERIFY_MODES
@@ -146,6 +148,11 @@ class Dataset:
         io: how shards are fetched and cached (:class:`~zephon.io.IoOptions`; not in the
             fingerprint).
         columns: the projected columns of a Parquet or Arrow dataset (``None``: all).
+        on_error: ``"raise"`` (default) or ``"skip"``: a row that cannot be decoded (a JSONL line
+            that is not one JSON object, a damaged Parquet row group) is read as a
+            :class:`~zephon.core.skip.Failure`, which a pipeline leaves out and counts.
+        max_skipped: with ``"skip"``, the most rows (an int) or the largest share (a float in
+            ``(0, 1)``) of its rows read a lane may skip before the pipeline raises.
         shard_ids: the shards' ids, in shard order: relative paths for files; for in-memory
             shards the mapping's keys as given, all strings or all ints.
 
@@ -163,6 +170,8 @@ class Dataset:
     _shards: tuple[Any, ...] = attrs.field(converter=tuple)
     io: IoOptions = attrs.field(factory=IoOptions, kw_only=True, converter=_as_io)
     columns: tuple[str, ...] | None = attrs.field(default=None, kw_only=True)
+    on_error: str = attrs.field(default="raise", kw_only=True, validator=check_on_error)
+    max_skipped: int | float | None = attrs.field(default=None, kw_only=True, validator=check_max_skipped)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -192,6 +201,8 @@ class Dataset:
         index: str = "auto",
         progress: bool = False,
         listing: str = "auto",
+        on_error: str = "raise",
+        max_skipped: int | float | None = None,
     ) -> Dataset:
         """Open files as a dataset, one shard per file: JSONL, Parquet, Arrow IPC or token files.
 
@@ -239,6 +250,10 @@ class Dataset:
                 lists and counts the dataset and broadcasts it, so the store is listed once per
                 job (every rank must then open the same datasets in the same order);
                 ``"local"``: every process lists it (data that differs per rank).
+            on_error: ``"skip"``: rows that cannot be decoded are left out of a pipeline, counted
+                and listed in ``stats()["skipped"]``; ``"raise"`` (default): reading them fails.
+            max_skipped: with ``on_error="skip"``, an int (rows a lane may skip) or a float in
+                ``(0, 1)`` (a share of the rows it read) past which reading raises.
 
         Raises:
             FileNotFoundError: a path does not exist, or a glob matches nothing.
@@ -258,6 +273,9 @@ class Dataset:
                 f"unknown verify {verify!r} for dataset {name!r}; use 'quick' (a file is digested again when its "
                 "size, times or inode change) or 'full' (also hashed whole again whenever a process opens it)"
             )
+        skipping = {"on_error": on_error, "max_skipped": max_skipped}
+        check_on_error(SimpleNamespace(name=name), None, on_error)  # before any file is opened
+        check_max_skipped(SimpleNamespace(name=name, on_error=on_error), None, max_skipped)
         if index not in ("auto", "require", "off"):
             raise ValueError(f"unknown index {index!r} for dataset {name!r}; use 'auto', 'require' or 'off'")
         if token_dtype is not None and token_dtype not in TOKEN_DTYPES:
@@ -279,7 +297,7 @@ class Dataset:
         request = (name, paths, fmt, recursive, verify, None if columns is None else tuple(columns), eos_token_id,
                    token_dtype, index, sorted(storage_options or {}))
         kind, spec, shards = list_once(name, request, open_dataset, listing)
-        return cls(name, kind, [s.shard_id for s in shards], shards, io=io, columns=spec.columns)
+        return cls(name, kind, [s.shard_id for s in shards], shards, io=io, columns=spec.columns, **skipping)
 
     @classmethod
     def from_hf(cls, name: str, hf_dataset: Any, *, split: str | None = None, shard_rows: int | None = None) -> Dataset:
@@ -391,7 +409,8 @@ class Dataset:
         """Payloads of ``rows`` of shard number ``shard``, in the order asked.
 
         Rows may be unsorted and repeated. A JSONL payload is the decoded object as stored; an
-        in-memory payload is the stored row itself. Treat payloads as read-only.
+        in-memory payload is the stored row itself. Treat payloads as read-only. With
+        ``on_error="skip"`` a row that cannot be decoded comes as a :class:`~zephon.core.skip.Failure`.
 
         Raises:
             IndexError: a shard or row out of range.
@@ -407,7 +426,19 @@ class Dataset:
             count = len(self._shards)
             raise IndexError(f"dataset {self.name!r} has {count} shards (0..{count - 1}); got shard {index}")
         target = self._shards[index]
-        return target.read(self._row_array(rows, index, target.num_rows), self.name, self.io)
+        array = self._row_array(rows, index, target.num_rows)
+        if self.on_error == "raise":
+            return target.read(array, self.name, self.io)
+        try:
+            return target.read(array, self.name, self.io)
+        except RecordDecodeError:
+            return [self._row_or_failure(target, array[i : i + 1]) for i in range(array.shape[0])]
+
+    def _row_or_failure(self, target: Any, row: np.ndarray) -> Any:
+        try:
+            return target.read(row, self.name, self.io)[0]
+        except RecordDecodeError as exc:
+            return Failure.of(exc)
 
     def _row_array(self, rows: Any, shard: int, size: int) -> np.ndarray:
         array = np.asarray(rows)
@@ -452,6 +483,8 @@ class Dataset:
         out: dict[str, Any] = {"name": self.name, "format": self.format}
         if self.columns is not None:  # rows hold only these fields
             out["columns"] = list(self.columns)
+        if self.on_error != "raise":  # which rows reach the pipeline (absent at the default, as before)
+            out["on_error"] = self.on_error
         out["shards"] = [{"id": sid, **s.fingerprint()} for sid, s in zip(self.shard_ids, self._shards)]
         return out
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..core.atomic import discard, replacing
 from ..core.cache import ProcessCache
+from ..core.skip import RecordDecodeError
 from .digest import ShardChangedError, check_file
 from .files import FileIdentity
 
@@ -433,7 +434,7 @@ class JsonlShard(FileIdentity):
         buf, offsets = state.buf, state.offsets
         return _decode_rows(buf, offsets, rows, lambda r, err: self._bad_row(buf, offsets, r, err, dataset))
 
-    def _bad_row(self, buf: Any, offsets: np.ndarray, row: int, err: Exception, dataset: str) -> ValueError:
+    def _bad_row(self, buf: Any, offsets: np.ndarray, row: int, err: Exception, dataset: str) -> RecordDecodeError:
         a, b = int(offsets[row]), int(offsets[row + 1])
         line = int(np.count_nonzero(np.frombuffer(buf[:a], dtype=np.uint8) == 10)) + 1
         raw = bytes(buf[a:b]).strip(_JSON_WS)
@@ -441,13 +442,15 @@ class JsonlShard(FileIdentity):
         where = f"dataset {dataset!r}: {self.path}, line {line} (row {row})"
         if isinstance(err, msgspec.ValidationError):
             kind = _json_kind(_DECODE_ANY.decode(raw))
-            return ValueError(
+            return RecordDecodeError(
                 f"{where} holds a JSON {kind}, not an object: {snippet!r}. Each line of a JSONL shard must be "
-                'one JSON object such as {"text": "..."}; wrap the value in an object under a field name.'
+                'one JSON object such as {"text": "..."}; wrap the value in an object under a field name.',
+                "NotAnObject",
             )
-        return ValueError(
+        return RecordDecodeError(
             f"{where} is not valid JSON ({err}): {snippet!r}. Each non-blank line of a JSONL shard must be one "
-            "complete JSON object on a single line; fix or remove that line (blank lines are skipped)."
+            "complete JSON object on a single line; fix or remove that line (blank lines are skipped).",
+            "JSONDecodeError",
         )
 
 

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.cache import ProcessCache
+from ..core.skip import RecordDecodeError
 from .columnar import ROW_GROUPS, pyarrow, read_rows
 from .digest import ShardChangedError
 from .storage import CacheOptions, filesystem, identity_of, with_retries
@@ -120,7 +121,10 @@ class RangedParquet:
             except Exception as err:
                 if isinstance(err, OSError):
                     raise
-                raise ValueError(f"dataset {dataset!r}: {self.url}, row group {g} cannot be decoded ({type(err).__name__}: {err}); the object is damaged: re-create it") from err
+                raise RecordDecodeError(
+                    f"dataset {dataset!r}: {self.url}, row group {g} cannot be decoded ({type(err).__name__}: {err}); "
+                    "the object is damaged: re-create it", type(err).__name__,
+                ) from err
 
         def group(g: int) -> Any:
             return ROW_GROUPS.get((self.url, self.identity, self.columns, g), lambda: decode(g), io.row_group_cache_bytes)
