@@ -104,8 +104,14 @@ def main() -> None:
             results.append({"config": f"batch({size}){same}", **measure(rows, args.multiple, microbatch_size=size)})
             grouped = measure(rows, args.multiple, microbatch_size=size, group_by_length=True)
             results.append({"config": f"batch({size}, group_by_length=True)", **grouped})
-    print(f"{len(rows):,} documents, mean {mean_length:,.0f} tokens (truncated to {args.context}), pad_to_multiple_of={args.multiple}")
-    headers = ["configuration", "microbatches", "rows mean (min-max)", "real tokens/mb", "slots/mb", "padding waste", "largest mb (slots)"]
+    print(
+        f"{len(rows):,} documents, mean {mean_length:,.0f} tokens (truncated to {args.context}), "
+        f"pad_to_multiple_of={args.multiple}"
+    )
+    headers = [
+        "configuration", "microbatches", "rows mean (min-max)", "real tokens/mb", "slots/mb", "padding waste",
+        "largest mb (slots)",
+    ]
     table = [
         [
             r["config"], f"{r['microbatches']:,}", f"{r['rows_mean']:.2f} ({r['rows_min']}-{r['rows_max']})",
@@ -116,7 +122,8 @@ def main() -> None:
     ]
     C.print_table(headers, table, right=[False, True, True, True, True, True, True])
     if args.json:
-        args.json.write_text(json.dumps({"documents": len(rows), "mean_length": mean_length, "results": results}, indent=2))
+        summary = {"documents": len(rows), "mean_length": mean_length, "results": results}
+        args.json.write_text(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

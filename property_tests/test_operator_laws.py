@@ -119,7 +119,8 @@ def budget_batches(draw):
     wide = max_tokens < -(-24 // (multiple or 1)) * (multiple or 1)
     return Batch(
         max_tokens=max_tokens, pad_to_multiple_of=multiple, sort_window=draw(st.integers(0, 9), label="sort_window"),
-        drop_last=draw(st.booleans(), label="drop_last"), oversized="drop" if wide else draw(st.sampled_from(["error", "drop"])),
+        drop_last=draw(st.booleans(), label="drop_last"),
+        oversized="drop" if wide else draw(st.sampled_from(["error", "drop"])),
     )
 
 

@@ -124,7 +124,7 @@ def test_a_record_wider_than_the_budget_is_an_error_naming_it_or_a_counted_drop(
     records = docs([10, 70, 20])
     with pytest.raises(ValueError, match=r"row 1 \(lane 0\) has 70 tokens.*max_tokens=64.*oversized='drop'"):
         run(Batch(max_tokens=64), [records])
-    with pytest.raises(ValueError, match=r"has 60 tokens \(64 slots after pad_to_multiple_of=32\), more than max_tokens=63"):
+    with pytest.raises(ValueError, match=r"60 tokens \(64 slots after pad_to_multiple_of=32\).*max_tokens=63"):
         run(Batch(max_tokens=63, pad_to_multiple_of=32), [docs([60])])
     op = Batch(max_tokens=64, oversized="drop", drop_last=False, sort_window=2)
     state, out = run(op, [records])

@@ -31,6 +31,8 @@ from ..core.records import Meta, Record, SampleBatch, describe_meta
 OVERSIZED = ("error", "drop")
 #: The settings of token-budget batching, left out of the fingerprint of fixed-size batching.
 _BUDGET_SETTINGS = ("max_tokens", "sort_window", "pad_to_multiple_of", "oversized")
+#: The settings of fixed-size batching, left out of the fingerprint of token-budget batching.
+_FIXED_SETTINGS = ("microbatch_size", "group_by_length", "buffer_size")
 
 
 class BatchState(msgspec.Struct, frozen=True, tag="batch", forbid_unknown_fields=True):
@@ -188,7 +190,8 @@ class Batch(Operator):
         if isinstance(self.sort_window, bool) or not isinstance(self.sort_window, int) or self.sort_window < 0:
             raise ValueError(f"batch: sort_window must be an int >= 0 (0: no sorting), got {self.sort_window!r}")
         if self.oversized not in OVERSIZED:
-            raise ValueError(f"batch: oversized must be one of {', '.join(map(repr, OVERSIZED))}, got {self.oversized!r}")
+            choices = ", ".join(map(repr, OVERSIZED))
+            raise ValueError(f"batch: oversized must be one of {choices}, got {self.oversized!r}")
         if self.multiple > self.max_tokens:
             raise ValueError(
                 f"batch: pad_to_multiple_of={self.pad_to_multiple_of} exceeds max_tokens={self.max_tokens}, so no "
@@ -216,12 +219,11 @@ class Batch(Operator):
         return BatchState(key=fold_in(key, "group"))
 
     def fingerprint(self) -> dict[str, Any]:
-        """The settings; the token-budget ones only with ``max_tokens`` (fixed-size batching keeps the
-        fingerprint it always had)."""
+        """The settings of the mode in use: fixed-size batching keeps the fingerprint it always had;
+        a token budget leaves out the fixed-size settings (which it refuses)."""
         out = super().fingerprint()
-        if self.max_tokens is None:
-            for name in _BUDGET_SETTINGS:
-                del out[name]
+        for name in _BUDGET_SETTINGS if self.max_tokens is None else _FIXED_SETTINGS:
+            del out[name]
         return out
 
     def step(self, state: BatchState, chunk: Sequence[Record]) -> tuple[BatchState, list[SampleBatch]]:
@@ -277,7 +279,9 @@ class Batch(Operator):
         if self.oversized == "drop":
             return
         n = record_length(rec)
-        rounded = f" ({self.width(rec)} slots after pad_to_multiple_of={self.pad_to_multiple_of})" if self.multiple > 1 else ""
+        rounded = ""
+        if self.multiple > 1:
+            rounded = f" ({self.width(rec)} slots after pad_to_multiple_of={self.pad_to_multiple_of})"
         raise ValueError(
             f"batch: {describe_meta(rec.meta)} has {n} tokens{rounded}, more than max_tokens={self.max_tokens}, so it "
             "cannot fit a microbatch even alone. Raise max_tokens, cut long records upstream (tokenize(..., "
@@ -347,7 +351,8 @@ class Batch(Operator):
         if not self.group_by_length:
             return [self._batch(records[i : i + mbs]) for i in range(0, len(records), mbs)]
         order = sorted(range(len(records)), key=lambda i: (record_length(records[i], "batch: group_by_length"), i))
-        return self._drawn(state, [[records[j] for j in order[i : i + mbs]] for i in range(0, len(order), mbs)], already)
+        groups = [[records[j] for j in order[i : i + mbs]] for i in range(0, len(order), mbs)]
+        return self._drawn(state, groups, already)
 
     def _advance(self, state: BatchState, partial: tuple, out: list[SampleBatch]) -> BatchState:
         real = slots = rows = 0
@@ -380,13 +385,14 @@ class Batch(Operator):
             width = max(self.width(r) for r in state.partial)
             if (len(state.partial) + 1) * width > self.max_tokens:
                 raise ValueError(
-                    f"field 'partial' holds {len(state.partial)} records of width {width}, a microbatch that max_tokens="
-                    f"{self.max_tokens} has closed already"
+                    f"field 'partial' holds {len(state.partial)} records of width {width}, a microbatch that "
+                    f"max_tokens={self.max_tokens} has closed already"
                 )
         return state
 
     def rebuild(self, refs: Sequence[Any], upstream: Resolver) -> list[SampleBatch]:
-        most, name = (self.max_tokens, "max_tokens") if self.max_tokens is not None else (self.microbatch_size, "microbatch_size")
+        budget = self.max_tokens is not None
+        most, name = (self.max_tokens, "max_tokens") if budget else (self.microbatch_size, "microbatch_size")
         for ref in refs:
             if not 0 < len(ref) <= most:
                 raise ValueError(f"a batch reference holds {len(ref)} records; batches hold 1 to {name}={most}")

@@ -252,7 +252,8 @@ def render(data: dict[str, Any]) -> str:
         line += f", microbatch {lanes['microbatch_size']}, {lanes['records_per_global_step']} records per global step"
     if lanes.get("max_tokens"):
         sort = f"sorted {lanes['sort_window']} records at a time" if lanes["sort_window"] else "in arrival order"
-        multiple = f", rows rounded up to multiples of {lanes['pad_to_multiple_of']}" if lanes["pad_to_multiple_of"] else ""
+        multiple = lanes["pad_to_multiple_of"]
+        multiple = f", rows rounded up to multiples of {multiple}" if multiple else ""
         line += (
             f", microbatches of up to {lanes['max_tokens']:,} token slots (rows x longest row{multiple}; a variable "
             f"number of rows, {sort}), up to {lanes['token_slots_per_global_step']:,} slots per global step"

@@ -309,8 +309,8 @@ def format_stats(stats: Mapping[str, Any]) -> str:
     for name, b in stats.get("batching", {}).items():
         fill = f", budget fill {_pct(b['budget_fill'])}" if "budget_fill" in b else ""
         lines.append(
-            f"batching ({name}): {b['microbatches']:,} microbatches, {_num(b['rows_per_microbatch'])} rows per microbatch, "
-            f"padding waste {_pct(b['padding_waste'])}{fill}"
+            f"batching ({name}): {b['microbatches']:,} microbatches, {_num(b['rows_per_microbatch'])} rows per "
+            f"microbatch, padding waste {_pct(b['padding_waste'])}{fill}"
         )
     flow = stats.get("flow", {})
     if flow:
