@@ -260,3 +260,19 @@ def test_the_budget_is_in_the_fingerprint_explain_and_stats():
     assert b["rows_per_microbatch"] == counters["rows"] / counters["batches"]
     assert b["padding_waste"] == 1 - counters["real_tokens"] / counters["padded_slots"]
     assert 0 < b["budget_fill"] <= 1 and "budget fill" in loader.stats_table()
+
+
+def test_what_needs_a_fixed_step_size_is_refused_with_the_fix():
+    from zephon.io import Dataset
+    from zephon.plan import Plan
+    from zephon.work import MixtureSchedule
+
+    rows = [{"input_ids": [1] * (1 + i % 5)} for i in range(40)]
+    datasets = [Dataset.from_rows("a", rows), Dataset.from_rows("b", rows)]
+    by_step = MixtureSchedule([(0, {"a": 1, "b": 0}), (10, {"a": 1, "b": 1})])
+    pipe = Pipeline(StaticMixtureWorkSource(datasets, by_step, exhausted_policy="repeat")).batch(max_tokens=64)
+    with pytest.raises(ValueError, match=r"by='step'.*batch\(max_tokens=64\).*by='tokens'"):
+        pipe.compile()
+    plan = Plan([datasets[0]], {"a": 1})
+    with pytest.raises(ValueError, match=r"fixed number of rows.*steps=\{lanes, microbatch_size"):
+        plan.simulate(3, pipeline=Pipeline(rows).batch(max_tokens=64))
