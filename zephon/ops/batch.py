@@ -240,32 +240,29 @@ class Batch(Operator):
         return self._advance(state, tuple(partial), out), out
 
     def _step_budget(self, state: BatchState, chunk: Sequence[Record]) -> tuple[BatchState, list[SampleBatch]]:
-        partial = list(state.partial)
-        out: list[SampleBatch] = []
-        budget, sorting = self.max_tokens, self.sort_window > 0
-        width = 0 if sorting else max((self.width(r) for r in partial), default=0)
-        over_records = over_tokens = 0
+        kept, over_records, over_tokens = [], 0, 0
         for rec in chunk:
-            w = self.width(rec)
-            if w > budget:
+            if self.width(rec) > self.max_tokens:
                 self._oversized(rec)
                 over_records += 1
                 over_tokens += record_length(rec) - rec.meta.padding_length
-                continue
-            if sorting:
+            else:
+                kept.append(rec)
+        out: list[SampleBatch] = []
+        if self.sort_window:
+            partial = list(state.partial)
+            for rec in kept:
                 partial.append(rec)
                 if len(partial) == self.sort_window:
                     out.extend(self._emit_window(state, partial, len(out)))
                     partial = []
-                continue
-            if partial and (len(partial) + 1) * max(width, w) > budget:
-                out.append(self._batch(partial))
-                partial, width = [], 0
-            partial.append(rec)
-            width = max(width, w)
-            if (len(partial) + 1) * width > budget:  # no record could join it
-                out.append(self._batch(partial))
-                partial, width = [], 0
+        else:
+            # The open microbatch was cut by the same rule from its first record, so cutting it
+            # again with the new records continues exactly where the last chunk stopped.
+            records = [*state.partial, *kept]
+            closed, tail = cut_by_budget([self.width(r) for r in records], self.max_tokens)
+            out = [self._batch([records[i] for i in group]) for group in closed]
+            partial = [records[i] for i in tail]
         state = self._advance(state, tuple(partial), out)
         if over_records:
             state = msgspec.structs.replace(
