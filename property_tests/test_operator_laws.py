@@ -24,7 +24,7 @@ Laws of one operator:
       at a schedule switch and at the end) sorted by key, ties by record identity, and never holds
       a full window;
     * batch keeps order and only the very last batch may be short; grouped by length, each batch
-      is a run of its window sorted by length.
+      is a run of its window sorted by length (token budgets: ``test_max_tokens_laws``).
 """
 
 from __future__ import annotations
@@ -132,6 +132,20 @@ def batches(draw):
 
 
 @st.composite
+def budget_batches(draw):
+    """A ``Batch`` by token budget: arrival order or a sort window; a budget narrower than the
+    longest drawn document (24 tokens, rounded up) drops such documents instead of failing."""
+    multiple = draw(st.none() | st.integers(1, 8), label="pad_to_multiple_of")
+    max_tokens = draw(st.integers(multiple or 1, 100), label="max_tokens")
+    wide = max_tokens < -(-24 // (multiple or 1)) * (multiple or 1)
+    return Batch(
+        max_tokens=max_tokens, pad_to_multiple_of=multiple, sort_window=draw(st.integers(0, 9), label="sort_window"),
+        drop_last=draw(st.booleans(), label="drop_last"),
+        oversized="drop" if wide else draw(st.sampled_from(["error", "drop"])),
+    )
+
+
+@st.composite
 def chains(draw):
     """A named chain: pack_flat and an optional shuffle in either order, then an optional batch."""
     body = [("pack", draw(pack_flats(draw(st.sampled_from(PACK_ALGORITHMS)))))]
@@ -149,6 +163,7 @@ OPERATORS = {
     "shuffle": shuffles,
     "order_by": order_bys,
     "batch": batches(),
+    "batch[max_tokens]": budget_batches(),
     "chain": chains(),
 }
 each_operator = pytest.mark.parametrize("kind", list(OPERATORS))

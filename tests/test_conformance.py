@@ -125,6 +125,10 @@ REGISTRY = {
     ),
     "batch": (lambda tok: ops.Batch(3, drop_last=False), lambda: docs(_lengths())),
     "batch_grouped": (lambda tok: ops.Batch(2, group_by_length=True, buffer_size=4, drop_last=False), lambda: docs(_lengths())),
+    "batch_max_tokens": (lambda tok: ops.Batch(max_tokens=12, drop_last=False), lambda: docs(_lengths())),
+    "batch_max_tokens_sorted": (
+        lambda tok: ops.Batch(max_tokens=16, sort_window=4, pad_to_multiple_of=4), lambda: docs(_lengths())
+    ),
     "chain": (
         lambda tok: ops.Chain((("pack", ops.PackFlat(6, pad_token_id=0)), ("shuffle", ops.Shuffle(4)), ("batch", ops.Batch(2)))),
         lambda: docs(_lengths()),

@@ -116,7 +116,9 @@ def test_batch_groups_and_drops_last_counted():
     op = Batch(3)
     state, out = run(op, [docs([1] * 8)])
     assert [rows_of(b.records) for b in out] == [[0, 1, 2], [3, 4, 5]]
-    assert op.report(state) == {"batches": 2, "dropped_records_at_end": 2, "dropped_tokens_at_end": 2, "real_tokens": 6, "padded_slots": 6}
+    assert op.report(state) == {
+        "batches": 2, "rows": 6, "dropped_records_at_end": 2, "dropped_tokens_at_end": 2, "real_tokens": 6, "padded_slots": 6
+    }
 
 
 def test_batch_keep_last():

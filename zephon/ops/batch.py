@@ -1,16 +1,22 @@
-"""Grouping records into lane-pure microbatches, optionally grouped by length.
+"""Grouping records into lane-pure microbatches: a fixed number of rows, or a token budget.
 
 ``batch(microbatch_size)`` cuts each lane's stream into batches in arrival order.
 ``batch(microbatch_size, group_by_length=True, buffer_size=N)`` collects ``N`` records, sorts
 them by length (ties by arrival), cuts batches of similar lengths and emits them in a
 pseudo-random order drawn from the operator's key, which cuts padding for ragged records (the
-``group_by_length`` of Hugging Face trainers) without a length curriculum. Both keep their
-records by reference, and count real tokens and padded slots so ``stats()`` reports waste.
+``group_by_length`` of Hugging Face trainers) without a length curriculum.
+
+``batch(max_tokens=N)`` closes a microbatch as soon as one more record would make its padded size,
+rows x longest row (rounded up to ``pad_to_multiple_of``), exceed ``N``: microbatches hold a
+variable number of rows, each within the budget. ``sort_window=k`` buffers ``k`` records, sorts
+them by length (ties by record id, then arrival), cuts the sorted window by the same rule and emits
+its microbatches in a drawn order. Every mode keeps its records by reference and counts rows, real
+tokens and padded slots so ``stats()`` reports the padding waste and the rows per microbatch.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Literal, Sequence
 
 import attrs
 import msgspec
@@ -19,11 +25,22 @@ from ..core.operator import Operator, Resolver, config_field, nonnegative, posit
 from ..core.state import decode, resolve
 from ..core.keys import fold_in, randbelow
 from ..training.fields import TOKEN_FIELDS, payload_length
-from ..core.records import Meta, Record, SampleBatch
+from ..core.records import Meta, Record, SampleBatch, describe_meta
+
+#: What a token budget does with a record that cannot fit a microbatch on its own.
+OVERSIZED = ("error", "drop")
+#: The settings of token-budget batching, left out of the fingerprint of fixed-size batching.
+_BUDGET_SETTINGS = ("max_tokens", "sort_window", "pad_to_multiple_of", "oversized")
+#: The settings of fixed-size batching, left out of the fingerprint of token-budget batching.
+_FIXED_SETTINGS = ("microbatch_size", "group_by_length", "buffer_size")
 
 
 class BatchState(msgspec.Struct, frozen=True, tag="batch", forbid_unknown_fields=True):
-    """Records waiting for a batch (by reference) and counters."""
+    """Records waiting for a batch (by reference) and counters.
+
+    ``partial``: the open batch (fixed size, or a token budget without sorting) or the records of
+    the window being filled (``group_by_length``, ``sort_window``).
+    """
 
     key: int = 0
     partial: tuple[Record, ...] = ()
@@ -32,11 +49,19 @@ class BatchState(msgspec.Struct, frozen=True, tag="batch", forbid_unknown_fields
     dropped_tokens: int = 0
     real_tokens: int = 0
     slots: int = 0
+    rows: int = 0
+    oversized_records: int = 0
+    oversized_tokens: int = 0
 
 
-def record_length(rec: Record) -> int:
+def record_length(rec: Record, where: str = "batch") -> int:
     """Tokens in a record (its token field, or its first dimension for a bare array)."""
-    return payload_length(rec.payload, "batch: group_by_length")
+    return payload_length(rec.payload, where)
+
+
+def round_up(n: int, multiple: int) -> int:
+    """``n`` rounded up to a multiple of ``multiple``."""
+    return -(-n // multiple) * multiple
 
 
 def _has_tokens(records: Sequence[Record]) -> bool:
@@ -50,36 +75,98 @@ def _real_tokens(records: Sequence[Record]) -> int:
     return sum(record_length(r) - r.meta.padding_length for r in records)
 
 
+def cut_by_budget(widths: Sequence[int], max_tokens: int) -> tuple[list[list[int]], list[int]]:
+    """Greedy microbatches of rows with these padded widths, in order: ``(closed, open)`` index lists.
+
+    A row joins the open microbatch unless ``(rows + 1) x max(width)`` would exceed ``max_tokens``;
+    then the open one closes and the row starts the next. A microbatch also closes as soon as no
+    further row could join it (one more row of its width would exceed the budget), so ``open`` is
+    the last microbatch only while another row could still join. Every width is at most the budget.
+
+    Examples:
+        >>> cut_by_budget([3, 3, 4, 2, 8], 8)
+        ([[0, 1], [2, 3], [4]], [])
+        >>> cut_by_budget([1, 2, 2], 8)
+        ([], [0, 1, 2])
+    """
+    closed: list[list[int]] = []
+    current: list[int] = []
+    width = 0
+    for i, w in enumerate(widths):
+        if current and (len(current) + 1) * max(width, w) > max_tokens:
+            closed.append(current)
+            current, width = [], 0
+        current.append(i)
+        width = max(width, w)
+        if (len(current) + 1) * width > max_tokens:
+            closed.append(current)
+            current, width = [], 0
+    return closed, current
+
+
 @attrs.frozen
 class Batch(Operator):
-    """Group each lane's records into :class:`~zephon.types.SampleBatch` of ``microbatch_size``.
+    """Group each lane's records into :class:`~zephon.types.SampleBatch` es: ``microbatch_size`` rows each,
+    or as many rows as fit a token budget (``max_tokens``).
 
     Args:
-        microbatch_size: records per batch.
-        drop_last: at the end of data, drop a short final batch (counted in ``stats()``)
+        microbatch_size: records per batch (exclusive with ``max_tokens``).
+        drop_last: at the end of data, drop a final batch the end closed (short of
+            ``microbatch_size``, or one the budget did not close), counted in ``stats()``,
             instead of emitting it. There are no mid-stream flushes: only the end can be short.
         group_by_length: batch records of similar length together (see the module docstring).
         buffer_size: records sorted together when grouping (default ``64 * microbatch_size``).
+        max_tokens: the token budget of a microbatch: rows x its longest row (rounded up to
+            ``pad_to_multiple_of``; a row counts at least one slot) never exceeds it, and a
+            microbatch closes when the next record would push it over. A global step is still
+            one microbatch per lane; its row count varies.
+        sort_window: with ``max_tokens``: sort ``sort_window`` records at a time by length (ties by
+            record id, then arrival) and emit the window's microbatches in a drawn order; ``0``
+            (default): arrival order.
+        pad_to_multiple_of: with ``max_tokens``: the row width the budget counts is the longest row
+            rounded up to this (pass the same to ``to_training``).
+        oversized: with ``max_tokens``, a record wider than the budget on its own: ``"error"``
+            (default; the message names the record) or ``"drop"`` (counted in ``stats()``).
         pad_token_id: stamped on each :class:`~zephon.types.SampleBatch` for ``to_training``'s
             dynamic padding; ``Pipeline.batch`` fills it from the pipeline's tokenizer (its pad
             token, else its EOS). It never changes which records form a batch.
 
     Records are held whole, every payload field kept (scalars, strings, arrays of any shape);
     ``to_training`` lists the fields that are not token-aligned per record in ``segments``.
+    The batches depend only on the lane's records, the settings and the key: not on chunking,
+    workers or ranks; a restore resumes them exactly.
 
-    State: the waiting records, by reference; a key (grouping order); counters.
+    State: the waiting records (the open batch, or the window being filled), by reference; a key
+    (grouping order); counters.
     """
 
-    microbatch_size: int = config_field(validator=positive_int)
+    microbatch_size: int | None = config_field(default=None, validator=attrs.validators.optional(positive_int))
     drop_last: bool = config_field(default=True)
     group_by_length: bool = config_field(default=False)
     buffer_size: int | None = config_field(default=None, validator=attrs.validators.optional(positive_int))
+    max_tokens: int | None = config_field(default=None, kw_only=True, validator=attrs.validators.optional(positive_int))
+    sort_window: int = config_field(default=0, kw_only=True)
+    pad_to_multiple_of: int | None = config_field(
+        default=None, kw_only=True, validator=attrs.validators.optional(positive_int)
+    )
+    oversized: Literal["error", "drop"] = config_field(default="error", kw_only=True)
     pad_token_id: int | None = config_field(default=None, data=False, kw_only=True)
 
     kind: ClassVar[str] = "batch"
     state_type: ClassVar[type] = BatchState
 
     def __attrs_post_init__(self) -> None:
+        if self.max_tokens is not None:
+            self._check_budget()
+            return
+        if self.microbatch_size is None:
+            raise ValueError(
+                "batch: pass microbatch_size (records per microbatch, e.g. batch(8)) or max_tokens (a token budget "
+                "per microbatch, e.g. batch(max_tokens=8192))"
+            )
+        given = [n for n in _BUDGET_SETTINGS[1:] if getattr(self, n) != attrs.fields_dict(Batch)[n].default]
+        if given:
+            raise ValueError(f"batch: {', '.join(given)} only apply with max_tokens; pass max_tokens=N with them")
         if self.buffer_size is not None and not self.group_by_length:
             raise ValueError("batch: buffer_size only applies with group_by_length=True")
         if self.group_by_length and self.window % self.microbatch_size:
@@ -88,16 +175,62 @@ class Batch(Operator):
                 "so that every group fills whole batches"
             )
 
+    def _check_budget(self) -> None:
+        if self.microbatch_size is not None:
+            raise ValueError(
+                f"batch: microbatch_size={self.microbatch_size} and max_tokens={self.max_tokens} exclude each other: a "
+                "token budget decides the rows of each microbatch. Pass one: batch(microbatch_size) for a fixed number "
+                "of rows, or batch(max_tokens=N) for microbatches of at most N padded tokens"
+            )
+        if self.group_by_length or self.buffer_size is not None:
+            raise ValueError(
+                "batch: group_by_length and buffer_size belong to fixed-size batches; with max_tokens, sort by length "
+                "with sort_window=k (records sorted together)"
+            )
+        if isinstance(self.sort_window, bool) or not isinstance(self.sort_window, int) or self.sort_window < 0:
+            raise ValueError(f"batch: sort_window must be an int >= 0 (0: no sorting), got {self.sort_window!r}")
+        if self.oversized not in OVERSIZED:
+            choices = ", ".join(map(repr, OVERSIZED))
+            raise ValueError(f"batch: oversized must be one of {choices}, got {self.oversized!r}")
+        if self.multiple > self.max_tokens:
+            raise ValueError(
+                f"batch: pad_to_multiple_of={self.pad_to_multiple_of} exceeds max_tokens={self.max_tokens}, so no "
+                "record fits a microbatch; lower pad_to_multiple_of or raise max_tokens"
+            )
+
     @property
     def window(self) -> int:
-        return self.buffer_size if self.buffer_size is not None else 64 * self.microbatch_size
+        """Records collected before cutting: the sort window, the grouping buffer, or one batch."""
+        if self.max_tokens is not None:
+            return self.sort_window
+        if self.group_by_length:
+            return self.buffer_size if self.buffer_size is not None else 64 * self.microbatch_size
+        return self.microbatch_size
+
+    @property
+    def multiple(self) -> int:
+        return self.pad_to_multiple_of or 1
+
+    def width(self, rec: Record) -> int:
+        """Slots a record takes per row of a token-budget microbatch: its length rounded up, at least 1."""
+        return max(1, round_up(record_length(rec, "batch: max_tokens"), self.multiple))
 
     def init(self, key: int) -> BatchState:
         return BatchState(key=fold_in(key, "group"))
 
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings of the mode in use: fixed-size batching keeps the fingerprint it always had;
+        a token budget leaves out the fixed-size settings (which it refuses)."""
+        out = super().fingerprint()
+        for name in _BUDGET_SETTINGS if self.max_tokens is None else _FIXED_SETTINGS:
+            del out[name]
+        return out
+
     def step(self, state: BatchState, chunk: Sequence[Record]) -> tuple[BatchState, list[SampleBatch]]:
+        if self.max_tokens is not None:
+            return self._step_budget(state, chunk)
         partial = list(state.partial)
-        size = self.window if self.group_by_length else self.microbatch_size
+        size = self.window
         out: list[SampleBatch] = []
         for rec in chunk:
             partial.append(rec)
@@ -106,14 +239,64 @@ class Batch(Operator):
                 partial = []
         return self._advance(state, tuple(partial), out), out
 
+    def _step_budget(self, state: BatchState, chunk: Sequence[Record]) -> tuple[BatchState, list[SampleBatch]]:
+        kept, over_records, over_tokens = [], 0, 0
+        for rec in chunk:
+            if self.width(rec) > self.max_tokens:
+                self._oversized(rec)
+                over_records += 1
+                over_tokens += record_length(rec) - rec.meta.padding_length
+            else:
+                kept.append(rec)
+        out: list[SampleBatch] = []
+        if self.sort_window:
+            partial = list(state.partial)
+            for rec in kept:
+                partial.append(rec)
+                if len(partial) == self.sort_window:
+                    out.extend(self._emit_window(state, partial, len(out)))
+                    partial = []
+        else:
+            # The open microbatch was cut by the same rule from its first record, so cutting it
+            # again with the new records continues exactly where the last chunk stopped.
+            records = [*state.partial, *kept]
+            closed, tail = cut_by_budget([self.width(r) for r in records], self.max_tokens)
+            out = [self._batch([records[i] for i in group]) for group in closed]
+            partial = [records[i] for i in tail]
+        state = self._advance(state, tuple(partial), out)
+        if over_records:
+            state = msgspec.structs.replace(
+                state,
+                oversized_records=state.oversized_records + over_records,
+                oversized_tokens=state.oversized_tokens + over_tokens,
+            )
+        return state, out
+
+    def _oversized(self, rec: Record) -> None:
+        if self.oversized == "drop":
+            return
+        n = record_length(rec)
+        rounded = ""
+        if self.multiple > 1:
+            rounded = f" ({self.width(rec)} slots after pad_to_multiple_of={self.pad_to_multiple_of})"
+        raise ValueError(
+            f"batch: {describe_meta(rec.meta)} has {n} tokens{rounded}, more than max_tokens={self.max_tokens}, so it "
+            "cannot fit a microbatch even alone. Raise max_tokens, cut long records upstream (tokenize(..., "
+            "max_length=N, truncation=True) or split_long_samples=True), or pass batch(..., oversized='drop') to "
+            "drop such records (counted in stats()['dropped'])"
+        )
+
     def flush(self, state: BatchState) -> tuple[BatchState, list[SampleBatch]]:
         if not state.partial:
             return state, []
         records = list(state.partial)
-        keep = len(records) - len(records) % self.microbatch_size if self.drop_last else len(records)
-        out = self._emit(state, records[:keep], 0) if keep else []
+        if self.max_tokens is not None:
+            out, dropped = self._flush_budget(state, records)
+        else:
+            keep = len(records) - len(records) % self.microbatch_size if self.drop_last else len(records)
+            out = self._emit(state, records[:keep], 0) if keep else []
+            dropped = records[keep:]
         state = self._advance(state, (), out)
-        dropped = records[keep:]
         return (
             msgspec.structs.replace(
                 state,
@@ -123,57 +306,111 @@ class Batch(Operator):
             out,
         )
 
-    def _emit(self, state: BatchState, records: list[Record], already: int) -> list[SampleBatch]:
-        mbs = self.microbatch_size
-        if not self.group_by_length:
-            return [SampleBatch(tuple(records[i : i + mbs]), self.pad_token_id) for i in range(0, len(records), mbs)]
-        order = sorted(range(len(records)), key=lambda i: (record_length(records[i]), i))
-        groups = [tuple(records[j] for j in order[i : i + mbs]) for i in range(0, len(order), mbs)]
-        # Emit the groups in a drawn order (counter = batches emitted before), not shortest first.
+    def _flush_budget(self, state: BatchState, records: list[Record]) -> tuple[list[SampleBatch], list[Record]]:
+        """The end of data: the last window is cut; a last microbatch the budget did not close is
+        dropped with ``drop_last`` (the open batch of arrival order is never one the budget closed)."""
+        if self.sort_window:
+            closed, tail = self._cut_window(records)
+        else:
+            closed, tail = [], records
+        if self.drop_last:
+            return self._drawn(state, closed, 0), tail
+        return self._drawn(state, closed + ([tail] if tail else []), 0), []
+
+    def _cut_window(self, records: list[Record]) -> tuple[list[list[Record]], list[Record]]:
+        """A window sorted by (length, record id, arrival) and cut by the budget: ``(closed, open)``."""
+        order = sorted(range(len(records)), key=lambda i: (record_length(records[i]), records[i].meta.segments, i))
+        closed, tail = cut_by_budget([self.width(records[i]) for i in order], self.max_tokens)
+        return [[records[order[j]] for j in group] for group in closed], [records[order[j]] for j in tail]
+
+    def _emit_window(self, state: BatchState, records: list[Record], already: int) -> list[SampleBatch]:
+        closed, tail = self._cut_window(records)
+        return self._drawn(state, closed + ([tail] if tail else []), already)
+
+    def _batch(self, records: Sequence[Record]) -> SampleBatch:
+        return SampleBatch(tuple(records), self.pad_token_id)
+
+    def _drawn(self, state: BatchState, groups: list, already: int) -> list[SampleBatch]:
+        """``groups`` as batches in an order drawn from the key (counter = batches emitted before)
+        when they were sorted by length; in their own order otherwise."""
+        if not (self.group_by_length or self.sort_window):
+            return [self._batch(g) for g in groups]
+        groups = [tuple(g) for g in groups]
         counter = state.batches + already
         out = []
         while groups:
-            out.append(SampleBatch(groups.pop(randbelow(state.key, counter, len(groups))), self.pad_token_id))
+            out.append(self._batch(groups.pop(randbelow(state.key, counter, len(groups)))))
             counter += 1
         return out
 
+    def _emit(self, state: BatchState, records: list[Record], already: int) -> list[SampleBatch]:
+        mbs = self.microbatch_size
+        if not self.group_by_length:
+            return [self._batch(records[i : i + mbs]) for i in range(0, len(records), mbs)]
+        order = sorted(range(len(records)), key=lambda i: (record_length(records[i], "batch: group_by_length"), i))
+        groups = [[records[j] for j in order[i : i + mbs]] for i in range(0, len(order), mbs)]
+        return self._drawn(state, groups, already)
+
     def _advance(self, state: BatchState, partial: tuple, out: list[SampleBatch]) -> BatchState:
-        real = slots = 0
+        real = slots = rows = 0
         for b in out:
+            rows += len(b.records)
             if _has_tokens(b.records):
                 lengths = [record_length(r) for r in b.records]
                 real += sum(n - r.meta.padding_length for n, r in zip(lengths, b.records))
-                slots += len(lengths) * max(lengths)
+                slots += len(lengths) * round_up(max(lengths), self.multiple)
         return msgspec.structs.replace(
-            state, partial=partial, batches=state.batches + len(out), real_tokens=state.real_tokens + real, slots=state.slots + slots
+            state, partial=partial, batches=state.batches + len(out), real_tokens=state.real_tokens + real,
+            slots=state.slots + slots, rows=state.rows + rows,
         )
 
     def decode_state(self, data: Any, upstream: Resolver) -> BatchState:
-        """Inverse of ``encode_state``, refusing negative counters and a full waiting batch.
+        """Inverse of ``encode_state``, refusing negative counters and waiting records ``step`` never leaves.
 
-        ``step`` emits as soon as ``microbatch_size`` records wait (``buffer_size`` when grouping by
-        length), so fewer wait in any state. Checked before any record is rebuilt.
+        ``step`` emits as soon as ``microbatch_size`` records wait (the window size when grouping or
+        sorting), so fewer wait in any state; with a token budget in arrival order the open batch
+        could still take a row. Checked before any record is rebuilt, the budget after.
         """
         state = decode(data, BatchState)
-        nonnegative(state, ("batches", "dropped_records", "dropped_tokens", "real_tokens", "slots"))
-        size = self.window if self.group_by_length else self.microbatch_size
+        counters = ("batches", "dropped_records", "dropped_tokens", "real_tokens", "slots", "rows")
+        nonnegative(state, counters + ("oversized_records", "oversized_tokens"))
+        size = self.window or self.max_tokens
         if len(state.partial) >= size:
             raise ValueError(f"field 'partial' holds {len(state.partial)} records, but a batch is emitted as soon as {size} wait")
-        return resolve(state, upstream)
+        state = resolve(state, upstream)
+        if self.max_tokens is not None and not self.sort_window and state.partial:
+            width = max(self.width(r) for r in state.partial)
+            if (len(state.partial) + 1) * width > self.max_tokens:
+                raise ValueError(
+                    f"field 'partial' holds {len(state.partial)} records of width {width}, a microbatch that "
+                    f"max_tokens={self.max_tokens} has closed already"
+                )
+        return state
 
     def rebuild(self, refs: Sequence[Any], upstream: Resolver) -> list[SampleBatch]:
+        budget = self.max_tokens is not None
+        most, name = (self.max_tokens, "max_tokens") if budget else (self.microbatch_size, "microbatch_size")
         for ref in refs:
-            if not 0 < len(ref) <= self.microbatch_size:
-                raise ValueError(f"a batch reference holds {len(ref)} records; batches hold 1 to microbatch_size={self.microbatch_size}")
+            if not 0 < len(ref) <= most:
+                raise ValueError(f"a batch reference holds {len(ref)} records; batches hold 1 to {name}={most}")
         flat: list[Meta] = [m for ref in refs for m in ref]
         records = iter(upstream(flat))
         return [SampleBatch(tuple(next(records) for _ in ref), self.pad_token_id) for ref in refs]
 
     def report(self, state: BatchState) -> dict[str, int]:
-        return {
+        """Counters: microbatches, their rows, real tokens and padded slots (rows x longest row, rounded
+        up to ``pad_to_multiple_of``), the end's drops and, with ``max_tokens``, the budget's slots and
+        the records dropped as oversized."""
+        out = {
             "batches": state.batches,
+            "rows": state.rows,
             "dropped_records_at_end": state.dropped_records,
             "dropped_tokens_at_end": state.dropped_tokens,
             "real_tokens": state.real_tokens,
             "padded_slots": state.slots,
         }
+        if self.max_tokens is not None:
+            out["budget_slots"] = state.batches * self.max_tokens
+            out["dropped_oversized_records"] = state.oversized_records
+            out["dropped_oversized_tokens"] = state.oversized_tokens
+        return out

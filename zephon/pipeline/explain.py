@@ -77,9 +77,12 @@ def _held(op: Operator) -> tuple[str, int | None]:
         return f"up to {op.buffer_size} records", op.buffer_size
     if op.kind == "order_by":
         return f"up to {op.window - 1} records (the open window)", op.window - 1
+    if op.kind == "batch" and getattr(op, "max_tokens", None) is not None:
+        if op.sort_window:
+            return f"up to {op.sort_window - 1} records (the sort window being filled)", op.sort_window - 1
+        return f"the open microbatch (under max_tokens={op.max_tokens} token slots)", None
     if op.kind == "batch" and getattr(op, "group_by_length", False):
-        bound = op.buffer_size or 8 * op.microbatch_size
-        return f"up to {bound} records (length grouping buffer)", bound
+        return f"up to {op.window} records (length grouping buffer)", op.window
     if op.kind == "batch":
         return f"up to {op.microbatch_size - 1} records (a partial batch)", op.microbatch_size - 1
     if op.kind not in ("pack_flat", "pack_sequences"):
@@ -164,10 +167,15 @@ def explain_plan(
     operators = [_operator(name, op) for name, op in ops]
     L = plan.lanes
     last = ops[-1][1] if ops else None
-    microbatch = getattr(last, "microbatch_size", None) if last is not None and last.kind == "batch" else None
+    batch = last if last is not None and last.kind == "batch" else None
+    microbatch = getattr(batch, "microbatch_size", None)
     lanes: dict[str, Any] = {"canonical_replicas": L, "microbatch_size": microbatch}
     if microbatch:
         lanes["records_per_global_step"] = L * microbatch
+    budget = getattr(batch, "max_tokens", None)
+    if budget is not None:
+        lanes.update(max_tokens=budget, sort_window=batch.sort_window, pad_to_multiple_of=batch.pad_to_multiple_of)
+        lanes["token_slots_per_global_step"] = L * budget
     executor: dict[str, Any] = {k: getattr(options, k) for k in _EXECUTOR_SETTINGS}
     executor["kind"] = "a background thread" if options.thread else "the calling thread"
     if options.workers:
@@ -248,6 +256,14 @@ def render(data: dict[str, Any]) -> str:
     line = f"lanes: L={lanes['canonical_replicas']}"
     if lanes.get("microbatch_size"):
         line += f", microbatch {lanes['microbatch_size']}, {lanes['records_per_global_step']} records per global step"
+    if lanes.get("max_tokens"):
+        sort = f"sorted {lanes['sort_window']} records at a time" if lanes["sort_window"] else "in arrival order"
+        multiple = lanes["pad_to_multiple_of"]
+        multiple = f", rows rounded up to multiples of {multiple}" if multiple else ""
+        line += (
+            f", microbatches of up to {lanes['max_tokens']:,} token slots (rows x longest row{multiple}; a variable "
+            f"number of rows, {sort}), up to {lanes['token_slots_per_global_step']:,} slots per global step"
+        )
     out.append(line)
     if "dp_degree" in lanes:
         ranks = lanes["ranks"]

@@ -322,14 +322,18 @@ class Pipeline:
         return _checked_function(self.add(OrderBy(key, window, reverse=reverse, key_fingerprint=fingerprint), name=name))
 
     def batch(
-        self, microbatch_size: int, *, drop_last: bool = True, group_by_length: bool = False,
-        buffer_size: int | None = None, pad_token_id: int | None = None, name: str | None = None,
+        self, microbatch_size: int | None = None, *, drop_last: bool = True, group_by_length: bool = False,
+        buffer_size: int | None = None, max_tokens: int | None = None, sort_window: int = 0,
+        pad_to_multiple_of: int | None = None, oversized: str = "error", pad_token_id: int | None = None,
+        name: str | None = None,
     ) -> "Pipeline":
-        """Group records into lane-pure :class:`~zephon.types.SampleBatch` of ``microbatch_size``.
+        """Group records into lane-pure :class:`~zephon.types.SampleBatch`: ``microbatch_size`` rows, or a token budget.
 
         ``group_by_length=True`` batches records of similar length (sorting ``buffer_size`` at a
-        time); see :class:`zephon.ops.Batch`. ``pad_token_id`` (for ``to_training``'s padding)
-        defaults to the last tokenizer's pad token, else its EOS (``None`` without a tokenizer).
+        time). ``max_tokens=N`` instead closes a microbatch when the next record would make rows x
+        longest row (rounded up to ``pad_to_multiple_of``) exceed ``N``, sorting ``sort_window``
+        records at a time when given; see :class:`zephon.ops.Batch`. ``pad_token_id`` (for
+        ``to_training``'s padding) defaults to the last tokenizer's pad token, else its EOS.
         """
         if pad_token_id is None:
             handles = [getattr(op, "tokenizer", None) for _, op in self.operators]
@@ -338,7 +342,9 @@ class Pipeline:
                 pad = getattr(handles[-1], "pad_token_id", None)
                 pad_token_id = pad if pad is not None else handles[-1].eos_token_id
         settings = {"drop_last": drop_last, "group_by_length": group_by_length, "buffer_size": buffer_size}
-        return self.add(Batch(microbatch_size, **settings, pad_token_id=pad_token_id), name=name)
+        budget = {"max_tokens": max_tokens, "sort_window": sort_window, "pad_to_multiple_of": pad_to_multiple_of}
+        op = Batch(microbatch_size, **settings, **budget, oversized=oversized, pad_token_id=pad_token_id)
+        return self.add(op, name=name)
 
     def ensure_mixture(
         self, mixture: Any = None, *, max_buffer_size: int = 1000, weight_by: Any = "auto",
@@ -426,6 +432,12 @@ class Pipeline:
         """This process's data-parallel degree and rank and the lanes it owns (validated)."""
         self._note_run()
         last = self.operators[-1][1] if self.operators else None
+        if isinstance(last, Batch) and last.max_tokens is not None and self.run_options.global_batch_size is not None:
+            raise ValueError(
+                f"global_batch_size={self.run_options.global_batch_size} counts records, but batch(max_tokens="
+                f"{last.max_tokens}) gives microbatches of a variable number of rows; drop global_batch_size (a global "
+                "step is one microbatch per lane, at most L x max_tokens token slots)"
+            )
         return resolve_topology(self.run_options, last.microbatch_size if isinstance(last, Batch) else None)
 
     def explain(self, *, measure: int = 0) -> Explanation:

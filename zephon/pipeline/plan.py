@@ -289,6 +289,12 @@ def _pipeline_shape(pipeline: Any) -> StepShape:
     batch = next((op for op in ops if op.kind == "batch"), None)
     if batch is None:
         raise ValueError("simulate(pipeline=...) needs a pipeline that ends in batch()")
+    if batch.microbatch_size is None:
+        raise ValueError(
+            f"simulate(pipeline=...) needs a fixed number of rows per microbatch, and "
+            f"batch(max_tokens={batch.max_tokens}) varies it; give the plan steps={{lanes, microbatch_size"
+            "[, sequence_length]} (an average) instead"
+        )
     pack = next((op.max_length for op in ops if op.kind in ("pack_flat", "pack_sequences")), None)
     return StepShape(pipeline.run_options.canonical_replicas, batch.microbatch_size, pack)
 

@@ -176,7 +176,7 @@ def summarize(
     meter: Mapping[str, Any] | None,
     deliveries: Deliveries,
 ) -> dict[str, Any]:
-    """The runtime sections of ``Loader.stats()``: ``flow``, ``throughput``, ``packing``, ``dropped``."""
+    """The runtime sections of ``Loader.stats()``: ``flow``, ``throughput``, ``packing``, ``dropped``, ``batching``."""
     flow: dict[str, dict[str, Any]] = {}
     if meter is not None:
         flow[SOURCE] = dict(zip(_FLOW, (0, sum(meter["samples"]), 0, 0, meter["read_s"])))
@@ -197,7 +197,30 @@ def summarize(
         causes = {k: v for k, v in counters.items() if any(w in k for w in _DROP_WORDS)}
         if causes:
             dropped[name] = causes
-    return {"flow": flow, "throughput": throughput, "packing": packing, "dropped": dropped}
+    batching = {name: batching_report(c) for name, c in operators.items() if _BATCH_COUNTERS <= c.keys()}
+    return {"flow": flow, "throughput": throughput, "packing": packing, "dropped": dropped, "batching": batching}
+
+
+#: The counters a batching operator reports (``zephon.ops.Batch.report``).
+_BATCH_COUNTERS = frozenset({"batches", "rows", "real_tokens", "padded_slots"})
+
+
+def batching_report(counters: Mapping[str, int]) -> dict[str, Any]:
+    """The microbatches a batching operator built, from its counters (summed over lanes).
+
+    ``rows_per_microbatch`` (mean), ``padding_tokens`` and ``padding_waste`` (padded slots not
+    holding a real token, over all slots: rows x longest row, rounded up to ``pad_to_multiple_of``)
+    and, for a token budget, ``budget_fill`` (slots used over ``microbatches x max_tokens``).
+    """
+    batches, slots, real = counters["batches"], counters["padded_slots"], counters["real_tokens"]
+    out = {
+        "microbatches": batches, "rows": counters["rows"], "rows_per_microbatch": _ratio(counters["rows"], batches),
+        "real_tokens": real, "padded_slots": slots, "padding_tokens": slots - real,
+        "padding_waste": None if not slots else 1.0 - real / slots,
+    }
+    if "budget_slots" in counters:
+        out["budget_fill"] = _ratio(slots, counters["budget_slots"])
+    return out
 
 
 def mixture_report(source: Any, counts_by_lane: dict[int, Sequence[int]]) -> dict[str, Any]:
@@ -283,6 +306,12 @@ def format_stats(stats: Mapping[str, Any]) -> str:
         f"packing: efficiency {_pct(p.get('efficiency'))} ({p.get('real_tokens', 0):,} real tokens in {p.get('slots', 0):,} slots; "
         f"padding waste {_pct(p.get('padding_waste'))})"
     )
+    for name, b in stats.get("batching", {}).items():
+        fill = f", budget fill {_pct(b['budget_fill'])}" if "budget_fill" in b else ""
+        lines.append(
+            f"batching ({name}): {b['microbatches']:,} microbatches, {_num(b['rows_per_microbatch'])} rows per "
+            f"microbatch, padding waste {_pct(b['padding_waste'])}{fill}"
+        )
     flow = stats.get("flow", {})
     if flow:
         lines.append("")

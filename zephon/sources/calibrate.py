@@ -160,6 +160,12 @@ def step_size(source: StaticMixtureWorkSource, chain: Chain, lanes: int) -> Stat
             "a schedule by='step' needs to know what a global step holds, and the pipeline has no batch() step; add "
             "batch(), or give the source samples_per_step= or tokens_per_step=, or use a schedule by='tokens'"
         )
+    if getattr(batch, "max_tokens", None) is not None:
+        raise ValueError(
+            f"a schedule by='step' needs to know what a global step holds, and batch(max_tokens={batch.max_tokens}) "
+            "gives microbatches of a variable number of rows; use a schedule by='tokens', or give the source "
+            "samples_per_step= or tokens_per_step="
+        )
     pack = next((op for _, op in chain.children if op.kind in ("pack_flat", "pack_sequences")), None)
     if pack is not None:
         return attrs.evolve(source, tokens_per_step=lanes * batch.microbatch_size * pack.max_length)
