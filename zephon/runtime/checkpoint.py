@@ -20,6 +20,7 @@ import msgspec
 
 from ..core.atomic import replacing
 from ..core.fingerprint import unfingerprintable
+from .manifest import explain, normalized, note_folder, pin_data, write_manifest
 
 #: The checkpoint format this version writes and reads (4: checksummed lane states with per-dataset counts).
 FORMAT = "zephon.checkpoint/4"
@@ -167,7 +168,9 @@ def _check_format(fmt: Any, where: str = "") -> None:
 
 
 def build(fingerprint: dict[str, Any], encoded: dict[int, Any]) -> dict[str, Any]:
-    """A checkpoint document from a plan's fingerprint and encoded lane states (checksummed here)."""
+    """A checkpoint document from a plan's fingerprint and encoded lane states (checksummed here);
+    the shard lists of its data are kept in memory, so a restore into other data names the shards."""
+    pin_data(fingerprint)
     return {"format": FORMAT, "fingerprint": fingerprint, "lanes": {str(lane): seal(lane, encoded[lane]) for lane in sorted(encoded)}}
 
 
@@ -186,11 +189,11 @@ def validate(fingerprint: dict[str, Any], checkpoint: Any, *, decoded_next: Iter
     if not isinstance(checkpoint, dict):
         raise TypeError(f"restore() takes the dict returned by checkpoint(), got {type(checkpoint).__name__}")
     _check_head(checkpoint)
-    diffs = fingerprint_diff(checkpoint["fingerprint"], fingerprint)
+    diffs = fingerprint_diff(normalized(checkpoint["fingerprint"]), normalized(fingerprint))
     if diffs:
         lines = "\n".join(f"  {_named_change(path, fingerprint)}{path}: checkpoint={a} pipeline={b}" for path, a, b in diffs[:20])
         more = f"\n  ... and {len(diffs) - 20} more" if len(diffs) > 20 else ""
-        changed = shard_changes(checkpoint["fingerprint"], fingerprint, diffs)
+        changed = explain(checkpoint["fingerprint"], fingerprint, diffs)
         if changed is not None:
             raise ValueError(f"cannot restore: {changed}; these differ:\n{lines}{more}")
         parts = sorted({_part(path) for path, _, _ in diffs})
@@ -271,52 +274,6 @@ def _refuse_undescribed(fingerprint: Any) -> None:
             )
 
 
-_SHARD_FIELD = re.compile(r"(.*\.shards\[\d+\])\.(identity|bytes|rows)")
-
-
-def _at(doc: Any, path: str) -> Any:
-    """The value at a fingerprint path such as ``source.datasets[0].shards[3]``, else ``None``."""
-    for name, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", path):
-        try:
-            doc = doc[int(index)] if index else doc[name]
-        except (KeyError, IndexError, TypeError, ValueError):
-            return None
-    return doc
-
-
-def _digest_text(identity: Any) -> str:
-    name, _, value = str(identity).partition("=")
-    return f"{name}:{value[:12]}…" if len(value) > 12 else str(identity)
-
-
-def shard_changes(a: Any, b: Any, diffs: list[tuple[str, str, str]]) -> str | None:
-    """What changed, naming each shard and the fix, when only shards' content (identity, size, rows)
-    differs, else ``None``."""
-    shards = list(dict.fromkeys(m[1] for m in (_SHARD_FIELD.fullmatch(path) for path, _, _ in diffs) if m))
-    if not shards or len({_SHARD_FIELD.fullmatch(path) is not None for path, _, _ in diffs}) > 1:
-        return None
-    said, older = [], False
-    for where in shards:
-        old, new = _at(a, where), _at(b, where)
-        if not isinstance(old, dict) or not isinstance(new, dict):
-            return None
-        dataset = _at(a, where.rsplit(".shards[", 1)[0])
-        of = f"dataset {dataset['name']!r}: " if isinstance(dataset, dict) and "name" in dataset else ""
-        older = older or "mtime_ns=" in str(old.get("identity"))
-        said.append(
-            f"{of}shard {old.get('id', old.get('path'))!r} content differs from the checkpoint's (size {old.get('bytes')} → "
-            f"{new.get('bytes')}, digest {_digest_text(old.get('identity'))} → {_digest_text(new.get('identity'))})"
-        )
-    fix = (
-        "the checkpoint identifies files by modification time (it was written before shards were identified by their "
-        "content), so it cannot be matched to these files; start a new run, or resume with the zephon version that wrote it"
-        if older
-        else "the data changed since the checkpoint was written; restore the original files or start a new run"
-    )
-    listed = "; ".join(said[:5]) + (f"; and {len(said) - 5} more shards" if len(said) > 5 else "")
-    return f"{listed}: {fix}"
-
-
 def _part(path: str) -> str:
     """Which part of a pipeline a fingerprint path belongs to: the plan (source), the processing, or the lanes."""
     if path.startswith("source"):
@@ -388,8 +345,9 @@ def _merge(items: list[tuple[str, Any]]) -> dict[str, Any]:
     first_label, first = items[0]
     lanes: dict[str, Any] = {}
     owner: dict[str, str] = {}
+    reference = normalized(first["fingerprint"])
     for label, ck in items:
-        diffs = fingerprint_diff(first["fingerprint"], ck["fingerprint"])
+        diffs = fingerprint_diff(reference, normalized(ck["fingerprint"]))
         if diffs:
             raise ValueError(f"{label} was taken with different data settings than {first_label}: {diffs[:5]}")
         for lane, state in ck["lanes"].items():
@@ -519,6 +477,7 @@ def save_checkpoint(directory: str | os.PathLike, loader: Any) -> Path:
     lanes = sorted(int(k) for k in ck["lanes"])
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
+    write_manifest(d, ck["fingerprint"])
     path = d / f"zephon-lanes-{lanes[0]:05d}-{lanes[-1]:05d}.msgpack"
     with replacing(path, durable=True) as out:
         out.write(encode_file(ck))
@@ -549,7 +508,9 @@ def read_checkpoint(directory: str | os.PathLike, lanes: Iterable[int]) -> dict[
         items.append((f"checkpoint file {p}", ck))
     if not items:
         raise FileNotFoundError(f"no zephon-lanes-*.msgpack file in {d} covers lanes {sorted(need)}")
-    return _merge(items)
+    merged = _merge(items)
+    note_folder(merged["fingerprint"], d)
+    return merged
 
 
 def load_checkpoint(directory: str | os.PathLike, target: Any) -> Any:
