@@ -2,7 +2,9 @@
 
 A checkpoint is ``{"format", "fingerprint", "lanes": {lane id: lane state}}``: builtins only, keyed
 by *global* lane id, so every rank's checkpoints merge by union and restore on any data-parallel
-size dividing the lane count. Each lane state carries a ``checksum`` of its fields and lane id, so
+size dividing the lane count. The fingerprint names the data by counts and digests, so its size
+does not grow with the shards; the shard lists are a manifest written beside checkpoint files
+(``zephon.runtime.manifest``), read only to name the shards a restore into other data differs in. Each lane state carries a ``checksum`` of its fields and lane id, so
 a state changed after it was written is refused on restore; merging and the DCP form keep it. A
 checkpoint file adds a SHA-256 of its bytes and is written atomically.
 """
@@ -183,7 +185,8 @@ def validate(fingerprint: dict[str, Any], checkpoint: Any, *, decoded_next: Iter
     Raises:
         TypeError: not a mapping.
         ValueError: missing fields, another format, other data settings (the differing fields
-            are listed), a lane id outside ``[0, L)``, or a lane state that was modified (checksum
+            are listed; for other data, the shards that differ, or the counts when no manifest
+            is found), a lane id outside ``[0, L)``, or a lane state that was modified (checksum
             mismatch) or holds impossible values (the lane and the field are named).
     """
     if not isinstance(checkpoint, dict):
@@ -471,7 +474,9 @@ def save_checkpoint(directory: str | os.PathLike, loader: Any) -> Path:
 
     The file carries a SHA-256 of its contents and is written atomically (temporary name, fsync,
     rename, directory fsync): a crash leaves the previous file or the new one, at most with a hidden
-    ``.zephon-lanes-*.tmp`` file, which :func:`load_checkpoint` ignores.
+    ``.zephon-lanes-*.tmp`` file, which :func:`load_checkpoint` ignores. Before it, the data's
+    manifest ``zephon-manifest-<key>.msgpack`` is written unless the folder has it (nothing when the
+    fingerprint holds the shard lists itself).
     """
     ck = loader.checkpoint()
     lanes = sorted(int(k) for k in ck["lanes"])

@@ -241,11 +241,10 @@ def _size(entry: Mapping[str, Any]) -> str:
 
 
 def _counts_changed(old: Any, new: Any) -> str:
-    old, new = normalized_entry(old), normalized_entry(new)
-    return f"the data differs from the checkpoint's ({_size(old)} in the checkpoint; {_size(new)} now)"
+    return f"the data differs from the checkpoint's ({_size(_summary(old))} in the checkpoint; {_size(_summary(new))} now)"
 
 
-def normalized_entry(entry: Any) -> Mapping[str, Any]:
+def _summary(entry: Any) -> Mapping[str, Any]:
     """A dataset's fingerprint entry as a summary."""
     if isinstance(entry, Mapping) and isinstance(entry.get("shards"), list):
         return summarize(entry)

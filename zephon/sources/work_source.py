@@ -451,7 +451,10 @@ class StaticMixtureWorkSource:
         return attrs.evolve(self, datasets=tuple(d.with_io_options(io_options) for d in self.datasets))
 
     def fingerprint(self) -> dict[str, Any]:
-        """Everything that decides which sample comes where: the plan's part of a pipeline's fingerprint."""
+        """Everything that decides which sample comes where: the plan's part of a pipeline's fingerprint.
+
+        Datasets enter by counts and the digest of their shard lists (their full fingerprints when
+        the lists are small; see ``zephon.sources.manifest``)."""
         m = self.mixture
         plain = isinstance(m, MixtureSpec) and self.unit == "samples" and self.change is None
         fp: dict[str, Any] = {
