@@ -37,14 +37,15 @@ def toks(payload):
 
 def in_memory(shards: int) -> Dataset:
     """``shards`` shards of two short rows each, named like files (``part-00042``)."""
-    return Dataset.from_dict(
-        "web", {f"part-{i:05d}": InMemoryShard([{"toks": [i % 997 + 1, 2, 3]}, {"toks": [4, 5, i % 5 + 1]}]) for i in range(shards)}
-    )
+    rows = {f"part-{i:05d}": [{"toks": [i % 997 + 1, 2, 3]}, {"toks": [4, 5, i % 5 + 1]}] for i in range(shards)}
+    return Dataset.from_dict("web", {name: InMemoryShard(r) for name, r in rows.items()})
 
 
 def recipe(data: Dataset, **options) -> Pipeline:
     """map -> pack_flat -> batch over ``LANES`` lanes: the recipe without a shuffle buffer."""
-    src = StaticMixtureWorkSource([data], {"web": 1.0}, seed=1, chunk_size=4, shuffle_shards=True, exhausted_policy="repeat")
+    src = StaticMixtureWorkSource(
+        [data], {"web": 1.0}, seed=1, chunk_size=4, shuffle_shards=True, exhausted_policy="repeat"
+    )
     return Pipeline(src).options(canonical_replicas=LANES, **options).map(toks).pack_flat(16).batch(2)
 
 
@@ -61,9 +62,10 @@ def saved_sizes(data: Dataset, folder: Path, dp: int) -> list[int]:
 
 
 def test_a_ranks_checkpoint_is_bounded_by_its_lanes_and_does_not_grow_with_the_shards(tmp_path):
-    sizes = {}
+    sizes, data_part = {}, {}
     for shards in (100, 10_000):
         data = in_memory(shards)
+        data_part[shards] = len(msgspec.msgpack.encode(recipe(data).fingerprint()))
         for dp in (1, 4):
             sizes[shards, dp] = saved_sizes(data, tmp_path / f"{shards}-{dp}", dp)
             assert max(sizes[shards, dp]) <= 4096 + 2048 * LANES // dp, (shards, dp, sizes[shards, dp])
@@ -76,7 +78,6 @@ def test_a_ranks_checkpoint_is_bounded_by_its_lanes_and_does_not_grow_with_the_s
         # The lane states name shards by number (3 msgpack bytes past 127, not 1): some bytes, where the
         # shard list would add about 140 per shard, 1.4 MB here.
         assert max(sizes[10_000, dp]) - max(sizes[100, dp]) <= 256, sizes
-    data_part = {n: len(msgspec.msgpack.encode(recipe(in_memory(n)).fingerprint())) for n in (100, 10_000)}
     assert data_part[10_000] - data_part[100] <= 8  # the fingerprint: only the counts' integers widen
 
 
@@ -89,7 +90,8 @@ def write_jsonl(folder: Path, shards: int = 40, tag: str = "") -> Path:
 
 
 def files(folder: Path) -> Pipeline:
-    src = StaticMixtureWorkSource([Dataset.from_path("web", folder)], {"web": 1.0}, seed=3, chunk_size=4, shuffle_shards=True)
+    data = Dataset.from_path("web", folder)
+    src = StaticMixtureWorkSource([data], {"web": 1.0}, seed=3, chunk_size=4, shuffle_shards=True)
     return Pipeline(src).options(canonical_replicas=LANES).batch(2)
 
 
@@ -128,9 +130,11 @@ def saved(tmp_path_factory):
     """Three data folders (of different content), each with a checkpoint folder saved by another
     process, and the outputs that followed each checkpoint there."""
     root = tmp_path_factory.mktemp("saved")
-    pairs = [(str(write_jsonl(root / name / "data", tag=name)), str(root / name / "ckpt")) for name in ("named", "unnamed", "copied")]
+    names = ("named", "unnamed", "copied")
+    pairs = [(str(write_jsonl(root / name / "data", tag=name)), str(root / name / "ckpt")) for name in names]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, "-c", SAVER.format(tests=str(TESTS), pairs=pairs)], capture_output=True, text=True, env=env, timeout=120)
+    script = SAVER.format(tests=str(TESTS), pairs=pairs)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 0, run.stderr
     expected = json.loads(run.stdout)
     return {Path(d).parent.name: (Path(d), Path(c), expected[d]) for d, c in pairs}
@@ -146,7 +150,8 @@ def test_a_mismatch_names_the_shards_from_the_manifest_beside_the_checkpoint(sav
         load_checkpoint(ckpt, files(data))
     message = str(info.value)
     size = (data / "shard-00003.jsonl").stat().st_size
-    assert f"dataset 'web': shard 'shard-00003.jsonl' content differs from the checkpoint's (size {size} → {size}, digest" in message
+    changed = f"dataset 'web': shard 'shard-00003.jsonl' content differs from the checkpoint's (size {size} → {size}, "
+    assert changed in message
     assert "shard 'shard-00007.jsonl' was removed" in message and "shard 'shard-00040.jsonl' was added" in message
     assert "restore the original files or start a new run" in message
     assert "shard-00001.jsonl" not in message and "shard-00002.jsonl" not in message
@@ -181,6 +186,7 @@ def test_a_checkpoint_kept_in_memory_names_the_changed_shard_after_its_pipeline_
     ck = loader.checkpoint()
     entry = ck["fingerprint"]["source"]["datasets"][0]
     assert (entry["shards"], entry["rows"]) == (40, 200) and entry["digest"].startswith("sha256:")
+    loader.close()
     del loader
     gc.collect()
     rewrite_one_byte(data / "shard-00011.jsonl")

@@ -4,9 +4,10 @@ A checkpoint is ``{"format", "fingerprint", "lanes": {lane id: lane state}}``: b
 by *global* lane id, so every rank's checkpoints merge by union and restore on any data-parallel
 size dividing the lane count. The fingerprint names the data by counts and digests, so its size
 does not grow with the shards; the shard lists are a manifest written beside checkpoint files
-(``zephon.runtime.manifest``), read only to name the shards a restore into other data differs in. Each lane state carries a ``checksum`` of its fields and lane id, so
-a state changed after it was written is refused on restore; merging and the DCP form keep it. A
-checkpoint file adds a SHA-256 of its bytes and is written atomically.
+(``zephon.runtime.manifest``), read only to name the shards a restore into other data differs in.
+Each lane state carries a ``checksum`` of its fields and lane id, so a state changed after it was
+written is refused on restore; merging and the DCP form keep it. A checkpoint file adds a SHA-256
+of its bytes and is written atomically.
 """
 
 from __future__ import annotations

@@ -105,13 +105,15 @@ def write_manifest(directory: str | os.PathLike, fingerprint: Any) -> Path | Non
     if None in lists:
         missing = [d.get("name") for d, s in zip(entries, lists) if s is None]
         warnings.warn(
-            f"the shard lists of datasets {missing} are not known in this process, so {path} is not written; a restore "
-            "into other data will give the counts of what differs, not the shards. Save checkpoints from the loader that took them",
+            f"the shard lists of datasets {missing} are not known in this process, so {path} is not written; a "
+            "restore into other data will give the counts of what differs, not the shards. Save checkpoints from "
+            "the loader that took them",
             RuntimeWarning,
             stacklevel=3,
         )
         return None
-    doc = {"format": FORMAT, "datasets": [{"name": d.get("name"), "digest": s.digest, "shards": s.data} for d, s in zip(entries, lists)]}
+    listed = [{"name": d.get("name"), "digest": s.digest, "shards": s.data} for d, s in zip(entries, lists)]
+    doc = {"format": FORMAT, "datasets": listed}
     with replacing(path, durable=True) as out:
         out.write(msgspec.msgpack.encode(doc))
     with _lock:
@@ -153,7 +155,9 @@ def read_manifest(path: str | os.PathLike) -> dict[str, ShardList]:
             raise ValueError(f"{where}: a dataset entry holds no shard list")
         shards = encode(msgspec.msgpack.decode(data))
         if shards.data != data or shards.digest != d.get("digest"):
-            raise ValueError(f"{where}: the shard list of dataset {d.get('name')!r} does not match its digest (a damaged copy)")
+            raise ValueError(
+                f"{where}: the shard list of dataset {d.get('name')!r} does not match its digest (a damaged copy)"
+            )
         out[shards.digest] = shards
     return out
 
@@ -182,8 +186,9 @@ def explain(checkpoint_fp: Any, fingerprint: Any, diffs: list[tuple[str, str, st
         older = older or any("mtime_ns=" in str(s.get("identity")) for s in old_list)
         said.append(of + _shards_changed(old_list, new_list))
     fix = (
-        "the checkpoint identifies files by modification time (it was written before shards were identified by their "
-        "content), so it cannot be matched to these files; start a new run, or resume with the zephon version that wrote it"
+        "the checkpoint identifies files by modification time (it was written before shards were identified by "
+        "their content), so it cannot be matched to these files; start a new run, or resume with the zephon "
+        "version that wrote it"
         if older
         else "the data changed since the checkpoint was written; restore the original files or start a new run"
     )
@@ -230,8 +235,8 @@ class _Lookup:
             return self.problem
         name = manifest_name(self.key) if self.key else "zephon-manifest-<key>.msgpack"
         return (
-            f"no manifest came with the checkpoint to name the shards that differ: zephon.save_checkpoint writes {name} "
-            "beside the checkpoint files and zephon.load_checkpoint reads it from there"
+            "no manifest came with the checkpoint to name the shards that differ: zephon.save_checkpoint writes "
+            f"{name} beside the checkpoint files and zephon.load_checkpoint reads it from there"
         )
 
 
@@ -241,7 +246,8 @@ def _size(entry: Mapping[str, Any]) -> str:
 
 
 def _counts_changed(old: Any, new: Any) -> str:
-    return f"the data differs from the checkpoint's ({_size(_summary(old))} in the checkpoint; {_size(_summary(new))} now)"
+    was, now = _size(_summary(old)), _size(_summary(new))
+    return f"the data differs from the checkpoint's ({was} in the checkpoint; {now} now)"
 
 
 def _summary(entry: Any) -> Mapping[str, Any]:
@@ -272,10 +278,11 @@ def _shards_changed(old: list, new: list) -> str:
         elif now != was:
             rows = f", rows {was.get('rows')} → {now.get('rows')}" if was.get("rows") != now.get("rows") else ""
             said.append(
-                f"shard {key!r} content differs from the checkpoint's (size {was.get('bytes')} → {now.get('bytes')}{rows}, "
-                f"digest {_short(was.get('identity'))} → {_short(now.get('identity'))})"
+                f"shard {key!r} content differs from the checkpoint's (size {was.get('bytes')} → "
+                f"{now.get('bytes')}{rows}, digest {_short(was.get('identity'))} → {_short(now.get('identity'))})"
             )
-    said += [f"shard {key!r} was added ({s.get('bytes')} bytes, {s.get('rows')} rows)" for key, s in news.items() if key not in olds]
+    added = [(key, s) for key, s in news.items() if key not in olds]
+    said += [f"shard {key!r} was added ({s.get('bytes')} bytes, {s.get('rows')} rows)" for key, s in added]
     if not said:
         return "the same shards, in another order than the checkpoint's"
     listed = "; ".join(said[:5]) + (f"; and {len(said) - 5} more" if len(said) > 5 else "")
