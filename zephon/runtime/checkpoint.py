@@ -2,9 +2,12 @@
 
 A checkpoint is ``{"format", "fingerprint", "lanes": {lane id: lane state}}``: builtins only, keyed
 by *global* lane id, so every rank's checkpoints merge by union and restore on any data-parallel
-size dividing the lane count. Each lane state carries a ``checksum`` of its fields and lane id, so
-a state changed after it was written is refused on restore; merging and the DCP form keep it. A
-checkpoint file adds a SHA-256 of its bytes and is written atomically.
+size dividing the lane count. The fingerprint names the data by counts and digests, so its size
+does not grow with the shards; the shard lists are a manifest written beside checkpoint files
+(``zephon.runtime.manifest``), read only to name the shards a restore into other data differs in.
+Each lane state carries a ``checksum`` of its fields and lane id, so a state changed after it was
+written is refused on restore; merging and the DCP form keep it. A checkpoint file adds a SHA-256
+of its bytes and is written atomically.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import msgspec
 
 from ..core.atomic import replacing
 from ..core.fingerprint import unfingerprintable
+from .manifest import explain, normalized, note_folder, pin_data, write_manifest
 
 #: The checkpoint format this version writes and reads (4: checksummed lane states with per-dataset counts).
 FORMAT = "zephon.checkpoint/4"
@@ -172,7 +176,9 @@ def _check_format(fmt: Any, where: str = "") -> None:
 
 
 def build(fingerprint: dict[str, Any], encoded: dict[int, Any]) -> dict[str, Any]:
-    """A checkpoint document from a plan's fingerprint and encoded lane states (checksummed here)."""
+    """A checkpoint document from a plan's fingerprint and encoded lane states (checksummed here);
+    the shard lists of its data are kept in memory, so a restore into other data names the shards."""
+    pin_data(fingerprint)
     return {"format": FORMAT, "fingerprint": fingerprint, "lanes": {str(lane): seal(lane, encoded[lane]) for lane in sorted(encoded)}}
 
 
@@ -185,17 +191,18 @@ def validate(fingerprint: dict[str, Any], checkpoint: Any, *, decoded_next: Iter
     Raises:
         TypeError: not a mapping.
         ValueError: missing fields, another format, other data settings (the differing fields
-            are listed), a lane id outside ``[0, L)``, or a lane state that was modified (checksum
+            are listed; for other data, the shards that differ, or the counts when no manifest
+            is found), a lane id outside ``[0, L)``, or a lane state that was modified (checksum
             mismatch) or holds impossible values (the lane and the field are named).
     """
     if not isinstance(checkpoint, dict):
         raise TypeError(f"restore() takes the dict returned by checkpoint(), got {type(checkpoint).__name__}")
     _check_head(checkpoint)
-    diffs = fingerprint_diff(checkpoint["fingerprint"], fingerprint)
+    diffs = fingerprint_diff(normalized(checkpoint["fingerprint"]), normalized(fingerprint))
     if diffs:
         lines = "\n".join(f"  {_named_change(path, fingerprint)}{path}: checkpoint={a} pipeline={b}" for path, a, b in diffs[:20])
         more = f"\n  ... and {len(diffs) - 20} more" if len(diffs) > 20 else ""
-        changed = shard_changes(checkpoint["fingerprint"], fingerprint, diffs)
+        changed = explain(checkpoint["fingerprint"], fingerprint, diffs)
         if changed is not None:
             raise ValueError(f"cannot restore: {changed}; these differ:\n{lines}{more}")
         parts = sorted({_part(path) for path, _, _ in diffs})
@@ -277,52 +284,6 @@ def _refuse_undescribed(fingerprint: Any) -> None:
             )
 
 
-_SHARD_FIELD = re.compile(r"(.*\.shards\[\d+\])\.(identity|bytes|rows)")
-
-
-def _at(doc: Any, path: str) -> Any:
-    """The value at a fingerprint path such as ``source.datasets[0].shards[3]``, else ``None``."""
-    for name, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", path):
-        try:
-            doc = doc[int(index)] if index else doc[name]
-        except (KeyError, IndexError, TypeError, ValueError):
-            return None
-    return doc
-
-
-def _digest_text(identity: Any) -> str:
-    name, _, value = str(identity).partition("=")
-    return f"{name}:{value[:12]}…" if len(value) > 12 else str(identity)
-
-
-def shard_changes(a: Any, b: Any, diffs: list[tuple[str, str, str]]) -> str | None:
-    """What changed, naming each shard and the fix, when only shards' content (identity, size, rows)
-    differs, else ``None``."""
-    shards = list(dict.fromkeys(m[1] for m in (_SHARD_FIELD.fullmatch(path) for path, _, _ in diffs) if m))
-    if not shards or len({_SHARD_FIELD.fullmatch(path) is not None for path, _, _ in diffs}) > 1:
-        return None
-    said, older = [], False
-    for where in shards:
-        old, new = _at(a, where), _at(b, where)
-        if not isinstance(old, dict) or not isinstance(new, dict):
-            return None
-        dataset = _at(a, where.rsplit(".shards[", 1)[0])
-        of = f"dataset {dataset['name']!r}: " if isinstance(dataset, dict) and "name" in dataset else ""
-        older = older or "mtime_ns=" in str(old.get("identity"))
-        said.append(
-            f"{of}shard {old.get('id', old.get('path'))!r} content differs from the checkpoint's (size {old.get('bytes')} → "
-            f"{new.get('bytes')}, digest {_digest_text(old.get('identity'))} → {_digest_text(new.get('identity'))})"
-        )
-    fix = (
-        "the checkpoint identifies files by modification time (it was written before shards were identified by their "
-        "content), so it cannot be matched to these files; start a new run, or resume with the zephon version that wrote it"
-        if older
-        else "the data changed since the checkpoint was written; restore the original files or start a new run"
-    )
-    listed = "; ".join(said[:5]) + (f"; and {len(said) - 5} more shards" if len(said) > 5 else "")
-    return f"{listed}: {fix}"
-
-
 def _part(path: str) -> str:
     """Which part of a pipeline a fingerprint path belongs to: the plan (source), the processing, or the lanes."""
     if path.startswith("source"):
@@ -394,8 +355,9 @@ def _merge(items: list[tuple[str, Any]]) -> dict[str, Any]:
     first_label, first = items[0]
     lanes: dict[str, Any] = {}
     owner: dict[str, str] = {}
+    reference = normalized(first["fingerprint"])
     for label, ck in items:
-        diffs = fingerprint_diff(first["fingerprint"], ck["fingerprint"])
+        diffs = fingerprint_diff(reference, normalized(ck["fingerprint"]))
         if diffs:
             raise ValueError(f"{label} was taken with different data settings than {first_label}: {diffs[:5]}")
         for lane, state in ck["lanes"].items():
@@ -519,12 +481,15 @@ def save_checkpoint(directory: str | os.PathLike, loader: Any) -> Path:
 
     The file carries a SHA-256 of its contents and is written atomically (temporary name, fsync,
     rename, directory fsync): a crash leaves the previous file or the new one, at most with a hidden
-    ``.zephon-lanes-*.tmp`` file, which :func:`load_checkpoint` ignores.
+    ``.zephon-lanes-*.tmp`` file, which :func:`load_checkpoint` ignores. Before it, the data's
+    manifest ``zephon-manifest-<key>.msgpack`` is written unless the folder has it (nothing when the
+    fingerprint holds the shard lists itself).
     """
     ck = loader.checkpoint()
     lanes = sorted(int(k) for k in ck["lanes"])
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
+    write_manifest(d, ck["fingerprint"])
     path = d / f"zephon-lanes-{lanes[0]:05d}-{lanes[-1]:05d}.msgpack"
     with replacing(path, durable=True) as out:
         out.write(encode_file(ck))
@@ -555,7 +520,9 @@ def read_checkpoint(directory: str | os.PathLike, lanes: Iterable[int]) -> dict[
         items.append((f"checkpoint file {p}", ck))
     if not items:
         raise FileNotFoundError(f"no zephon-lanes-*.msgpack file in {d} covers lanes {sorted(need)}")
-    return _merge(items)
+    merged = _merge(items)
+    note_folder(merged["fingerprint"], d)
+    return merged
 
 
 def load_checkpoint(directory: str | os.PathLike, target: Any) -> Any:

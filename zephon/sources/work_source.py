@@ -23,6 +23,7 @@ import numpy as np
 
 from ..core.keys import fold_in, permutation, permute_np, seed_key
 from .estimate import Calibration, TokenEstimation
+from .manifest import source_entries
 from .mixture import Interleave, MixtureSchedule, MixtureSpec, Timeline, as_mixture, interleave, resolve_timeline
 
 ExhaustedPolicy = Literal["stop", "repeat", "redistribute"]
@@ -450,12 +451,15 @@ class StaticMixtureWorkSource:
         return attrs.evolve(self, datasets=tuple(d.with_io_options(io_options) for d in self.datasets))
 
     def fingerprint(self) -> dict[str, Any]:
-        """Everything that decides which sample comes where: the plan's part of a pipeline's fingerprint."""
+        """Everything that decides which sample comes where: the plan's part of a pipeline's fingerprint.
+
+        Datasets enter by counts and the digest of their shard lists (their full fingerprints when
+        the lists are small; see ``zephon.sources.manifest``)."""
         m = self.mixture
         plain = isinstance(m, MixtureSpec) and self.unit == "samples" and self.change is None
         fp: dict[str, Any] = {
             "source": "StaticMixtureWorkSource",
-            "datasets": [d.fingerprint() for d in self.datasets],
+            "datasets": source_entries(self.datasets),
             "mixture": {n: w for n, w in zip(self.names, m.integer_weights(self.names))} if plain else {**m.describe(), "unit": self.unit},
             **{k: getattr(self, k) for k in _SETTINGS},
         }
