@@ -30,6 +30,10 @@ FILE_FORMAT = "zephon.checkpoint-file/1"
 #: The fields of an encoded lane state, besides its checksum.
 LANE_FIELDS = ("source", "ops", "pending", "delivered", "done", "mixture")
 
+#: Fields a lane state may have besides :data:`LANE_FIELDS`: ``skipped``, once steps were skipped
+#: (:mod:`zephon.runtime.skip`).
+OPTIONAL_LANE_FIELDS = ("skipped",)
+
 _CANONICAL = msgspec.msgpack.Encoder(order="sorted")
 
 
@@ -91,7 +95,7 @@ def check_lane_state(lane: int, state: Any, *, require_checksum: bool = True) ->
             f"lane {lane}: the state has no checksum; a {FORMAT!r} checkpoint holds lane states exactly as "
             "checkpoint() wrote them"
         )
-    fields = set(state) - {"checksum"}
+    fields = set(state) - {"checksum"} - set(OPTIONAL_LANE_FIELDS)
     if fields != set(LANE_FIELDS):
         raise ValueError(
             f"lane {lane}: state fields {sorted(fields)} do not match {sorted(LANE_FIELDS)} "
@@ -112,6 +116,10 @@ def check_lane_state(lane: int, state: Any, *, require_checksum: bool = True) ->
     counts = state["mixture"]
     if not (isinstance(counts, (list, tuple)) and len(counts) % 2 == 0 and all(_is_int(x) and x >= 0 for x in counts)):
         raise ValueError(f"lane {lane}: field 'mixture' must be [samples, tokens] per dataset, ints >= 0, got {_short(counts)}")
+    if "skipped" in state:
+        from .skip import check_skipped_field
+
+        check_skipped_field(lane, state["skipped"])
 
 
 def _lane_id(key: Any, lanes: int | None, where: str) -> int:
