@@ -5,12 +5,14 @@ its steps ``k + n, k + n + 1, ...`` (every microbatch equal, lane by lane).
 """
 
 import json
+import time
 
 import pytest
 
 from _util import toy_pipeline
 from zephon.cli.main import main
 from zephon.ledger import Ledger, diff, read_skips
+from zephon.runtime.thread_executor import ThreadExecutor
 from zephon.testing import outputs_equal
 
 L = 4
@@ -55,22 +57,34 @@ def test_skipping_gives_the_uninterrupted_runs_later_steps_on_every_D(uninterrup
         loader.close()
 
 
-@pytest.mark.parametrize("options", [{"workers": 2}, {"thread": True}], ids=["workers=2", "thread"])
-def test_batches_read_ahead_for_skipped_steps_are_dropped_and_counted(uninterrupted, options):
-    for D in (1, 2):
-        loaders = rank_loaders(D, prefetch=3, **options)
-        try:
-            assert_steps(take(loaders, 1), uninterrupted[:1])
-            for loader in loaders:
-                loader.stats()  # a round trip: the executor has run ahead by now
-                skipped = loader.skip_steps(6)
-                assert skipped.count == 6
-                assert loader.stats()["skipped"]["discarded"] == skipped.discarded
-            assert_steps(take(loaders, 3), uninterrupted[7:10])
-        finally:
-            for loader in loaders:
-                loader.close()
-    assert sum(s["discarded"] for s in [loader.stats()["skipped"] for loader in loaders]) > 0
+@pytest.mark.parametrize("D, options", [(2, {"workers": 2}), (1, {"workers": 2}), (1, {"thread": True})],
+                         ids=["D=2-workers=2", "D=1-workers=2", "D=1-thread"])
+def test_skipping_while_batches_are_read_ahead_is_exact(uninterrupted, D, options):
+    loaders = rank_loaders(D, prefetch=3, **options)
+    try:
+        assert_steps(take(loaders, 1), uninterrupted[:1])
+        for loader in loaders:
+            skipped = loader.skip_steps(6)
+            assert skipped.count == 6 and 0 <= skipped.discarded <= 3 * (L // D)
+            assert loader.stats()["skipped"]["discarded"] == skipped.discarded
+        assert_steps(take(loaders, 3), uninterrupted[7:10])
+    finally:
+        for loader in loaders:
+            loader.close()
+
+
+def test_outputs_read_ahead_for_skipped_steps_are_dropped_and_counted(uninterrupted):
+    plan = toy_pipeline(L).plan
+    executor = ThreadExecutor(plan, {lane: plan.init(lane) for lane in range(L)}, credit=2)
+    try:
+        deadline = time.monotonic() + 30
+        while any(q.qsize() < 2 for q in executor.queues.values()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        reached, discarded = executor.skip({lane: 3 for lane in range(L)})
+        assert reached == {lane: 3 for lane in range(L)} and discarded == 2 * L  # outputs 1 and 2 of each lane
+        assert outputs_equal([executor.next(lane) for lane in range(L)], uninterrupted[3])
+    finally:
+        executor.close()
 
 
 def test_two_skips_compose_and_a_checkpoint_after_them_resumes_after_them(uninterrupted):
@@ -126,10 +140,11 @@ def test_skipping_inside_a_global_step_is_refused():
 def test_skipping_past_the_end_of_finite_data_warns_and_ends():
     full = list(toy_pipeline(L, policy="stop").steps())
     with toy_pipeline(L, policy="stop").loader() as loader:
-        with pytest.warns(RuntimeWarning, match="the data ends after"):
+        with pytest.warns(RuntimeWarning, match=f"the data ends at step {len(full)}, inside the steps skipped"):
             skipped = loader.skip_steps(len(full) + 5)
-        assert skipped.count == len(full) and skipped.requested == len(full) + 5
+        assert (skipped.count, skipped.ended_at) == (len(full) + 5, len(full))
         assert list(loader.steps()) == []
+        assert loader.skips == ((0, len(full) + 5),)
 
 
 def test_a_checkpoint_of_lanes_that_skipped_differently_is_refused():

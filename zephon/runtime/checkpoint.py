@@ -31,7 +31,7 @@ FILE_FORMAT = "zephon.checkpoint-file/1"
 LANE_FIELDS = ("source", "ops", "pending", "delivered", "done", "mixture")
 
 #: Fields a lane state may have besides :data:`LANE_FIELDS`: ``skipped``, once steps were skipped
-#: (:mod:`zephon.runtime.skip`).
+#: (:mod:`zephon.runtime.skip`; :func:`check_skipped_field`).
 OPTIONAL_LANE_FIELDS = ("skipped",)
 
 _CANONICAL = msgspec.msgpack.Encoder(order="sorted")
@@ -117,9 +117,25 @@ def check_lane_state(lane: int, state: Any, *, require_checksum: bool = True) ->
     if not (isinstance(counts, (list, tuple)) and len(counts) % 2 == 0 and all(_is_int(x) and x >= 0 for x in counts)):
         raise ValueError(f"lane {lane}: field 'mixture' must be [samples, tokens] per dataset, ints >= 0, got {_short(counts)}")
     if "skipped" in state:
-        from .skip import check_skipped_field
-
         check_skipped_field(lane, state["skipped"])
+
+
+def check_skipped_field(lane: int, value: Any) -> None:
+    """Raise unless ``value`` is a lane state's ``skipped`` field: ``[first step, count]`` pairs of
+    ints (first >= 0, count >= 1), in increasing order and not overlapping."""
+    ok = isinstance(value, (list, tuple))
+    end = 0
+    for pair in value if ok else ():
+        ok = (isinstance(pair, (list, tuple)) and len(pair) == 2
+              and all(_is_int(x) for x in pair) and pair[0] >= end and pair[1] >= 1)
+        if not ok:
+            break
+        end = pair[0] + pair[1]
+    if not ok:
+        raise ValueError(
+            f"lane {lane}: field 'skipped' must list [first step, count] pairs of ints (count >= 1) in increasing "
+            f"order, got {value!r}"
+        )
 
 
 def _lane_id(key: Any, lanes: int | None, where: str) -> int:

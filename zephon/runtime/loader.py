@@ -234,25 +234,25 @@ class Loader(Iterator[Any]):
         if not n or self.finished:
             if n:
                 warnings.warn(f"skip_steps({n}): the data already ended at step {first}; nothing to skip", RuntimeWarning, stacklevel=2)
-            return SkippedSteps(first, 0, n)
+            return SkippedSteps(first, 0, first if n else None)
         t0 = time.perf_counter()
         reached, discarded = self.executor.skip({lane: first + n for lane in self.delivered})
         seconds = time.perf_counter() - t0
         self.delivered.update(reached)
         self._pulled.update(reached)
-        done = SkippedSteps(first, min(reached.values()) - first, n, discarded, seconds)
-        if done.count:
-            self._skips += ((first, done.count),)
+        end = min(reached.values())
+        done = SkippedSteps(first, n, end if end < first + n else None, discarded, seconds)
+        self._skips += ((first, n),)
         c = self._skipped
-        c["steps"] += done.count
+        c["steps"] += n
         c["outputs"] += sum(reached.values()) - first * len(reached)
         c["discarded"] += discarded
         c["seconds"] += seconds
-        log.info("%s (%d requested) in %.2f s; %d outputs read ahead dropped", done, n, seconds, discarded)
-        if done.count < n:
+        log.info("%s in %.2f s; %d outputs read ahead dropped", done, seconds, discarded)
+        if done.ended_at is not None:
             warnings.warn(
-                f"skip_steps({n}): the data ends after {done.count} of the {n} steps from step {first}; the loader stops "
-                "at its end (use an endless source, exhausted_policy='repeat', to skip any number of steps)",
+                f"skip_steps({n}): the data ends at step {end}, inside the steps skipped from step {first}; the loader "
+                "stops there (use an endless source, exhausted_policy='repeat', to skip any number of steps)",
                 RuntimeWarning, stacklevel=2,
             )
         return done

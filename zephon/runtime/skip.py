@@ -23,11 +23,12 @@ from .lanes import LaneState, Plan, caller_order
 @attrs.frozen
 class SkippedSteps:
     """What one :meth:`~zephon.runtime.loader.Loader.skip_steps` call skipped: global steps ``first``
-    to ``first + count - 1`` (``count`` is below ``requested`` only where the data ended first)."""
+    to ``first + count - 1``. ``ended_at``: where finite data ended inside them (its first missing
+    step; ``None``: every skipped step existed). Every rank records the same ``first`` and ``count``."""
 
     first: int
     count: int
-    requested: int
+    ended_at: int | None = None
     discarded: int = 0  # outputs read ahead for the skipped steps and dropped unseen
     seconds: float = 0.0
 
@@ -74,24 +75,6 @@ def skip_lanes(plan: Plan, states: dict[int, LaneState], targets: Mapping[int, i
 def encode_skips(skips: Sequence[tuple[int, int]]) -> list[list[int]]:
     """The ``skipped`` field of a lane state: ``[[first step, count], ...]`` in order."""
     return [[int(first), int(count)] for first, count in skips]
-
-
-def check_skipped_field(lane: int, value: Any) -> None:
-    """Raise unless ``value`` is a lane state's ``skipped`` field: ``[first step, count]`` pairs of
-    ints (first >= 0, count >= 1), in increasing order and not overlapping."""
-    ok = isinstance(value, (list, tuple))
-    end = 0
-    for pair in value if ok else ():
-        ok = (isinstance(pair, (list, tuple)) and len(pair) == 2
-              and all(isinstance(x, int) and not isinstance(x, bool) for x in pair) and pair[0] >= end and pair[1] >= 1)
-        if not ok:
-            break
-        end = pair[0] + pair[1]
-    if not ok:
-        raise ValueError(
-            f"lane {lane}: field 'skipped' must list [first step, count] pairs of ints (count >= 1) in increasing "
-            f"order, got {value!r}"
-        )
 
 
 def skips_of(encoded: Mapping[int, Any]) -> tuple[tuple[int, int], ...]:
