@@ -105,13 +105,13 @@ class Ledger:
         return lanes
 
     def record_skip(self, skipped: Any) -> None:
-        """Record that the run skipped global steps ``skipped.first`` to ``skipped.last`` (a
-        :class:`~zephon.runtime.skip.SkippedSteps`), as ``{"skip": {"first": ..., "count": ...}}``;
-        nothing for a skip of no steps. ``diff`` expects these steps to be missing from this run."""
-        first, count = skipped.first, skipped.count
-        if isinstance(first, bool) or not isinstance(first, int) or isinstance(count, bool) or not isinstance(count, int) \
-                or first < 0 or count < 0:
-            raise ValueError(f"record_skip: skipped.first and skipped.count must be ints >= 0, got {first!r} and {count!r}")
+        """Record that the run skipped global steps: a :class:`~zephon.runtime.skip.SkippedSteps` (what
+        ``loader.skip_steps`` returns) or a ``(first, count)`` pair (an entry of ``loader.skips``),
+        as ``{"skip": {"first": ..., "count": ...}}``; nothing for a skip of no steps. ``diff``
+        expects these steps to be missing from this run."""
+        first, count = (skipped.first, skipped.count) if hasattr(skipped, "first") else tuple(skipped)
+        if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in (first, count)):
+            raise ValueError(f"record_skip: the first step and the count must be ints >= 0, got {first!r} and {count!r}")
         if count:
             self._fh.write(json.dumps({"skip": {"first": first, "count": count}}) + "\n")
             self._fh.flush()
