@@ -196,3 +196,31 @@ def test_the_ledger_numbers_steps_after_a_skip_by_the_uninterrupted_run(tmp_path
                 ledger.record(k + 2, step)  # misnumbered: step 2 recorded as 4
     result = diff(tmp_path / "a", tmp_path / "b")
     assert not result.match and result.step == 3
+
+
+def test_the_torch_dataloader_skips_and_resumes_on_any_number_of_workers(uninterrupted):
+    import torch
+    import torch.utils.data
+
+    from zephon.integrations.torch import DataLoader
+
+    def tensors(steps):
+        return [torch.utils.data.default_convert(b.to_training(return_labels=True)) for step in steps for b in step]
+
+    def equal(a, b):
+        return torch.equal(a, b) and a.dtype == b.dtype if isinstance(a, torch.Tensor) else a == b
+
+    def same(xs, ys):
+        return len(xs) == len(ys) and all(x.keys() == y.keys() and all(equal(x[k], y[k]) for k in x) for x, y in zip(xs, ys))
+
+    dl = DataLoader(toy_pipeline(L), num_workers=2, return_labels=True)
+    it = iter(dl)
+    assert same([next(it) for _ in range(2 * L)], tensors(uninterrupted[:2]))
+    skipped = dl.skip_steps(3)
+    assert (skipped.first, skipped.count) == (2, 3)
+    assert same([x for _, x in zip(range(2 * L), dl)], tensors(uninterrupted[5:7]))
+    state = dl.state_dict()
+    dl.close()
+    resumed = DataLoader(toy_pipeline(L), num_workers=0, checkpoint=state, return_labels=True)
+    assert same([x for _, x in zip(range(L), resumed)], tensors(uninterrupted[7:8]))
+    assert all(lane["skipped"] == [[2, 3]] for lane in resumed.checkpoint()["lanes"].values())
