@@ -10,6 +10,7 @@ import time
 import pytest
 
 from _util import toy_pipeline
+from zephon import merge_checkpoints
 from zephon.cli.main import main
 from zephon.ledger import Ledger, diff, read_skips
 from zephon.runtime.thread_executor import ThreadExecutor
@@ -68,6 +69,12 @@ def test_skipping_while_batches_are_read_ahead_is_exact(uninterrupted, D, option
             assert skipped.count == 6 and 0 <= skipped.discarded <= 3 * (L // D)
             assert loader.stats()["skipped"]["discarded"] == skipped.discarded
         assert_steps(take(loaders, 3), uninterrupted[7:10])
+        # The checkpoint after it is the one of the same skip in this process, lane for lane.
+        with toy_pipeline(L).loader() as inline:
+            take([inline], 1)
+            inline.skip_steps(6)
+            take([inline], 3)
+            assert merge_checkpoints([loader.checkpoint() for loader in loaders]) == inline.checkpoint()
     finally:
         for loader in loaders:
             loader.close()

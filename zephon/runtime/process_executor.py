@@ -296,7 +296,7 @@ class ProcessExecutor:
         self._check_open()
         self._skipped = {}
         for lane, target in targets.items():
-            self._send(self.owner[lane], ("skip", lane, target))
+            self._send(self.owner[lane], ("skip", lane, self.delivered[lane], target))
         self._pump(lambda: set(self._skipped) >= set(targets))
         reached, discarded = {}, 0
         for lane in targets:

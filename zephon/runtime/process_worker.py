@@ -21,7 +21,7 @@ from typing import Any
 from ..core.records import SampleBatch, describe_meta
 from .executor import caller_order_of
 from .lanes import LaneState, Plan
-from .skip import skip_lanes
+from .skip import skip_lanes, without_counts
 from .wire import pack_message, send_message, send_parts
 
 #: How often a worker attaches a lane's encoded state to an output: after a worker dies, the main
@@ -170,9 +170,11 @@ def worker_main(conn, lanes: list[int], credit: int, threads: int, env: dict[str
                     outbox.send(("state", lane, count, plan.encode(match[-1] if at_end else match[0])))
                 elif kind == "reports":
                     outbox.send(("reports", {lane: plan.reports(states[lane]) for lane in lanes}, meter.snapshot()))
-                elif kind == "skip":  # the caller skips to `target` outputs of `lane`
-                    _, lane, target = msg
+                elif kind == "skip":  # the caller skips from `count` to `target` outputs of `lane`
+                    _, lane, count, target = msg
                     current = lane
+                    uncount(plan, history[lane], count, target)
+                    states[lane] = history[lane][-1][1]
                     if lane not in ended and states[lane].delivered < target:
                         if skip_lanes(plan, states, {lane: target}, meter, ahead):
                             ended.add(lane)
@@ -205,6 +207,17 @@ def worker_main(conn, lanes: list[int], credit: int, threads: int, env: dict[str
         outbox.send(("error", current, cause, traceback.format_exc()))
     finally:
         outbox.close()
+
+
+def uncount(plan: Plan, history: deque, count: int, target: int) -> None:
+    """Take the mixture counts of the outputs after ``count`` up to ``target`` (run ahead, now skipped) off
+    the states ``history`` keeps (from ``count`` on, after each output sent)."""
+    base = next(s for c, s in history if c == count)
+    ahead = [s for c, s in history if c <= target][-1]
+    datasets = len(plan.source.datasets)
+    for i, (c, s) in enumerate(history):
+        if c > count:
+            history[i] = (c, without_counts(s, ahead, base, datasets))
 
 
 def skipped_to(plan: Plan, lane: int, target: int, history: deque, ended: bool) -> tuple:

@@ -6,6 +6,9 @@ as they would, and they are dropped where they are produced, before they are reb
 references, counted in the mixture, sent to another process or converted to tensors. What
 follows is the uninterrupted run's, output for output.
 
+The lane's mixture counts (what it delivered per dataset) leave the skipped outputs out, also those
+an executor had run ahead for before the skip.
+
 A run's skips are kept as ``(first step, count)`` pairs in the ``skipped`` field of every lane
 state of its checkpoints (absent while nothing was skipped), so a restored run knows them.
 """
@@ -70,6 +73,17 @@ def skip_lanes(plan: Plan, states: dict[int, LaneState], targets: Mapping[int, i
             if not k or states[lane].delivered >= targets[lane]:
                 live.remove(lane)
     return ended
+
+
+def without_counts(state: LaneState, ahead: LaneState, base: LaneState, datasets: int) -> LaneState:
+    """``state`` with the mixture counts of the outputs between ``base`` and ``ahead`` taken off: those
+    an executor ran ahead for steps that were then skipped (a skipped output is never counted, so the
+    counts do not depend on how far an executor ran ahead)."""
+    delta = [a - b for a, b in zip(ahead.mixture or [0] * (2 * datasets), base.mixture or [0] * (2 * datasets))]
+    if not any(delta):
+        return state
+    counts = state.mixture or (0,) * (2 * datasets)
+    return msgspec.structs.replace(state, mixture=tuple(c - d for c, d in zip(counts, delta)))
 
 
 def encode_skips(skips: Sequence[tuple[int, int]]) -> list[list[int]]:

@@ -10,7 +10,7 @@ from typing import Any
 from .executor import caller_order_of, closed_error
 from .inline_executor import InlineExecutor
 from .lanes import LaneState, Plan
-from .skip import skip_lanes
+from .skip import skip_lanes, without_counts
 
 
 def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: dict, stop: threading.Event, meter: Any) -> None:
@@ -82,8 +82,9 @@ class ThreadExecutor(InlineExecutor):
         if self.closed:
             raise closed_error()
         self._finalizer()
-        discarded = 0
+        discarded, datasets = 0, len(self.plan.source.datasets)
         for lane in self.lanes:
+            base = self.states[lane]
             while True:
                 try:
                     kind, state, out = self.queues[lane].get_nowait()
@@ -91,7 +92,7 @@ class ThreadExecutor(InlineExecutor):
                     break
                 if kind != "out" or state.delivered > targets[lane]:
                     break  # a failure, or past the skip: computed again (a failure is raised again there)
-                self.states[lane] = state
+                self.states[lane] = without_counts(state, state, base, datasets)
                 discarded += out is not None
         ahead = self.plan.reader(self.states)
         try:
