@@ -52,7 +52,10 @@ def build(corpus: Path, tokenizer: Path, workers: int, recipe: str) -> Any:
     from zephon.io import Dataset
     from zephon.work import StaticMixtureWorkSource
 
-    dataset = Dataset.from_path("corpus", corpus) if recipe == "tokenize" else Dataset.from_rows("corpus", pretokenized(corpus, tokenizer))
+    if recipe == "tokenize":
+        dataset = Dataset.from_path("corpus", corpus)
+    else:
+        dataset = Dataset.from_rows("corpus", pretokenized(corpus, tokenizer))
     source = StaticMixtureWorkSource([dataset], {"corpus": 1.0}, seed=0, exhausted_policy="repeat")
     pipe = Pipeline(source).options(canonical_replicas=LANES, workers=workers)
     if recipe == "tokenize":
@@ -109,7 +112,8 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=C.DEFAULT_CORPUS)
     ap.add_argument("--tokenizer", type=Path, default=C.DEFAULT_TOKENIZER)
     ap.add_argument("--steps", type=int, default=40, help="global steps timed per run of the tokenize recipe")
-    ap.add_argument("--steps-pretokenized", type=int, default=400, help="global steps timed per run of the pretokenized recipe")
+    ap.add_argument("--steps-pretokenized", type=int, default=400,
+                    help="global steps timed per run of the pretokenized recipe")
     ap.add_argument("--warmup", type=int, default=3, help="global steps delivered before timing")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", default="0,2", help="comma-separated worker counts")

@@ -13,7 +13,9 @@ from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 from _budget import examples
-from test_pipeline_laws import LANE_COUNTS, assemble, assert_same_steps, divisors, elastic_run, elastic_specs, over_the_wire
+from test_pipeline_laws import (
+    LANE_COUNTS, assemble, assert_same_steps, divisors, elastic_run, elastic_specs, over_the_wire,
+)
 from zephon import merge_checkpoints
 
 pytestmark = [

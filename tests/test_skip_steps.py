@@ -218,7 +218,8 @@ def test_the_torch_dataloader_skips_and_resumes_on_any_number_of_workers(uninter
         return torch.equal(a, b) and a.dtype == b.dtype if isinstance(a, torch.Tensor) else a == b
 
     def same(xs, ys):
-        return len(xs) == len(ys) and all(x.keys() == y.keys() and all(equal(x[k], y[k]) for k in x) for x, y in zip(xs, ys))
+        pairs = list(zip(xs, ys))
+        return len(xs) == len(ys) and all(x.keys() == y.keys() and all(equal(x[k], y[k]) for k in x) for x, y in pairs)
 
     dl = DataLoader(toy_pipeline(L), num_workers=2, return_labels=True)
     it = iter(dl)

@@ -452,7 +452,9 @@ class Pipeline:
         try:
             check_count(skip_steps)
         except ValueError:
-            raise ValueError(f"loader: skip_steps must be an int >= 0 (global steps to skip), got {skip_steps!r}") from None
+            raise ValueError(
+                f"loader: skip_steps must be an int >= 0 (global steps to skip), got {skip_steps!r}"
+            ) from None
         _prestart(self.run_options)
         if checkpoint is None:
             checkpoint = self.resume_from

@@ -201,7 +201,8 @@ class Plan:
             return state, None
         out = self._rebuilt_output(lane, state.pending[0])
         counts = mixture_counts(state.mixture, (out,), len(self.source.datasets))
-        return msgspec.structs.replace(state, pending=state.pending[1:], delivered=state.delivered + 1, mixture=counts), out
+        after = msgspec.structs.replace(state, pending=state.pending[1:], delivered=state.delivered + 1, mixture=counts)
+        return after, out
 
     def produce(self, lane: int, state: LaneState, meter: Any = None, ahead: ReadAhead | None = None) -> LaneState:
         """``state`` with outputs pending: as it is if it has some, else after its operators stepped (or, at

@@ -40,7 +40,8 @@ from ..core.records import SampleBatch
 from .skip import merged_ranges
 
 __all__ = [
-    "Ledger", "batch_digest", "step_digest", "read_ledger", "read_skips", "global_digests", "diff", "DiffResult", "show_lines",
+    "Ledger", "batch_digest", "step_digest", "read_ledger", "read_skips", "global_digests", "diff", "DiffResult",
+    "show_lines",
 ]
 
 
@@ -111,7 +112,9 @@ class Ledger:
         expects these steps to be missing from this run."""
         first, count = (skipped.first, skipped.count) if hasattr(skipped, "first") else tuple(skipped)
         if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in (first, count)):
-            raise ValueError(f"record_skip: the first step and the count must be ints >= 0, got {first!r} and {count!r}")
+            raise ValueError(
+                f"record_skip: the first step and the count must be ints >= 0, got {first!r} and {count!r}"
+            )
         if count:
             self._fh.write(json.dumps({"skip": {"first": first, "count": count}}) + "\n")
             self._fh.flush()

@@ -228,12 +228,14 @@ class Loader(Iterator[Any]):
         if len(counts) > 1 or self._unyielded:
             raise ValueError(
                 f"skip_steps({n}): this rank is inside global step {min(counts)} (lanes delivered "
-                f"{dict(self.delivered)}); skip between whole steps: take the rest of the step first, or iterate with steps()"
+                f"{dict(self.delivered)}); skip between whole steps: take the rest of the step first, or iterate "
+                "with steps()"
             )
         first = counts.pop()
         if not n or self.finished:
             if n:
-                warnings.warn(f"skip_steps({n}): the data already ended at step {first}; nothing to skip", RuntimeWarning, stacklevel=2)
+                message = f"skip_steps({n}): the data already ended at step {first}; nothing to skip"
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
             return SkippedSteps(first, 0, first if n else None)
         t0 = time.perf_counter()
         reached, discarded = self.executor.skip({lane: first + n for lane in self.delivered})

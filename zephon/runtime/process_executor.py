@@ -152,7 +152,8 @@ class ProcessExecutor:
         self._replayed: dict[int, tuple[Any, Any]] = {}  # lane -> (encoded state, counters), rebuilt after the workers stopped
         self._states: dict[tuple[int, int], Any] = {}
         self._reports: dict[int, Any] = {}
-        self._skipped: dict[int, tuple[int, bool, Any]] = {}  # lane -> (outputs behind it, at its end, state): skip replies
+        # Skip replies: lane -> (outputs behind it, at its end, its encoded state).
+        self._skipped: dict[int, tuple[int, bool, Any]] = {}
         self._meters: dict[int, Any] = {}  # per worker: its last runtime counters (sent with its reports)
         self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
         self._start_workers(n, credit, encoded)

@@ -61,7 +61,8 @@ def skip_lanes(plan: Plan, states: dict[int, LaneState], targets: Mapping[int, i
     """Advance ``states`` (in place: a read-ahead reads them) until each lane has ``targets[lane]``
     outputs behind it, round-robin in the caller's order so that reading ahead serves several lanes
     at once. Returns the lanes whose data ended first (they stop at their end)."""
-    live = [lane for lane in caller_order({lane: states[lane].delivered for lane in targets}) if states[lane].delivered < targets[lane]]
+    order = caller_order({lane: states[lane].delivered for lane in targets})
+    live = [lane for lane in order if states[lane].delivered < targets[lane]]
     ended: set[int] = set()
     while live:
         for lane in list(live):
