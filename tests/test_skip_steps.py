@@ -55,6 +55,7 @@ def test_skipping_gives_the_uninterrupted_runs_later_steps_on_every_D(uninterrup
         stats = loader.stats()
         assert stats["skipped"]["steps"] == 5 and stats["skipped"]["ranges"] == [[2, 6]]
         assert stats["skipped"]["outputs"] == 5 * (L // D)
+        assert "skipped: steps 2\u20136; here 5 steps" in loader.stats_table()
         loader.close()
 
 

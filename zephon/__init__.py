@@ -49,6 +49,7 @@ _LAZY = {
     "Options": ".runtime.options",
     "Pipeline": ".pipeline.pipeline",
     "SampleBatch": ".core.records",
+    "SkippedSteps": ".runtime.skip",
     "TrainingSpec": ".training.spec",
     "WorkerError": ".runtime.executor",
     "disable_logging": ".core.log",
@@ -76,6 +77,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .runtime.options import Options
     from .pipeline.pipeline import Pipeline
     from .core.records import SampleBatch
+    from .runtime.skip import SkippedSteps
     from .training.convert import to_training
     from .training.spec import TrainingSpec
 
