@@ -51,6 +51,7 @@ _LAZY = {
     "SampleBatch": ".core.records",
     "SkipLimitError": ".core.skip",
     "SkippedRecordWarning": ".runtime.skips",
+    "SkippedSteps": ".runtime.skip_steps",
     "TrainingSpec": ".training.spec",
     "WorkerError": ".runtime.executor",
     "disable_logging": ".core.log",
@@ -80,6 +81,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .core.records import SampleBatch
     from .core.skip import SkipLimitError
     from .runtime.skips import SkippedRecordWarning
+    from .runtime.skip_steps import SkippedSteps
     from .training.convert import to_training
     from .training.spec import TrainingSpec
 

@@ -22,8 +22,8 @@ def _ledger(args: argparse.Namespace) -> int:
             result = L.diff(args.a, args.b)
             print(result)
             return 0 if result.match else 1
-        for step, digest in L.global_digests(L.read_ledger(args.path)).items():
-            print(step, digest)
+        for line in L.show_lines(args.path):
+            print(line)
         return 0
     except (OSError, ValueError) as exc:
         print(f"zephon ledger: {exc}", file=sys.stderr)
@@ -36,7 +36,7 @@ def _register_ledger(sub) -> None:
     d = lsub.add_parser("diff", help="first step and lane where two ledgers diverge")
     d.add_argument("a", help="a ledger file or a directory of per-rank ledger files")
     d.add_argument("b", help="the other ledger file or directory")
-    show = lsub.add_parser("show", help="print the global digest of every complete step")
+    show = lsub.add_parser("show", help="print the global digest of every complete step, and the skipped steps")
     show.add_argument("path", help="a ledger file or a directory of per-rank ledger files")
     ledger.set_defaults(func=_ledger)
 

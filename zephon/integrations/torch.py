@@ -23,6 +23,7 @@ import torch.utils.data
 
 from ..runtime.checkpoint import build, checkpoint_to_state_dict, select_lanes, state_dict_to_checkpoint, validate
 from ..runtime.loader import Loader, out_lane, output_size
+from ..runtime.skip_steps import SkippedSteps, check_count
 from .attention import document_block_mask as document_block_mask
 from .attention import document_ids as document_ids
 from .attention import varlen_boundaries as varlen_boundaries
@@ -288,6 +289,23 @@ class DataLoader:
         states = self._lanes_of(_as_checkpoint(state))
         self.close()
         self._states, self._finished = states, False
+
+    def skip_steps(self, n: int) -> SkippedSteps:
+        """Skip the next ``n`` global steps exactly (:meth:`zephon.Loader.skip_steps`): the running iterator
+        is closed, a loader in this process (with the pipeline's run options) skips them from the state,
+        and the next ``iter()``, on any ``num_workers``, starts after them. The state records the skip.
+
+        Raises:
+            ValueError: ``n`` is not an int >= 0, or the state is inside a global step.
+        """
+        check_count(n)
+        self.close()
+        if self._finished:  # as iter() does: a new pass
+            self._states, self._finished = self.beginning(), False
+        with Loader(self.plan, self.share, self.options, dict(self._states)) as loader:
+            skipped = loader.skip_steps(n)
+            self._states = {int(k): v for k, v in loader.checkpoint()["lanes"].items()}
+        return skipped
 
     # -- iteration ------------------------------------------------------------------------------------
     def __iter__(self) -> "_Iteration":

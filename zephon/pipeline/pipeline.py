@@ -25,6 +25,7 @@ from ..core.fingerprint import FingerprintWarning, unfingerprintable
 from ..training.fields import TOKEN_FIELDS
 from ..runtime.lanes import Plan
 from ..runtime.loader import Loader, restored_lanes
+from ..runtime.skip_steps import check_count
 from ..core.log import progress
 from ..runtime.options import Options
 from ..ops.pack import PackFlat, PackSequences
@@ -477,19 +478,34 @@ class Pipeline:
             out.append({"lane": lane, "records": [_describe_record(plan, r) for r in records]})
         return out
 
-    def loader(self, checkpoint: dict[str, Any] | None = None) -> Loader:
-        """A new, independent loader for this rank, from ``checkpoint``, else :attr:`resume_from`, else the start.
+    def loader(self, checkpoint: dict[str, Any] | None = None, *, skip_steps: int = 0) -> Loader:
+        """A new, independent loader for this rank, from ``checkpoint``, else :attr:`resume_from`, else the start,
+        with the next ``skip_steps`` global steps skipped (:meth:`Loader.skip_steps`; ``loader.skips`` lists them).
 
         Raises:
             ValueError: a checkpoint of other data settings (listing the differences), or one
-                without this rank's lanes.
+                without this rank's lanes; ``skip_steps`` not an int >= 0, or a checkpoint taken
+                inside a global step with ``skip_steps`` > 0.
         """
+        try:
+            check_count(skip_steps)
+        except ValueError:
+            raise ValueError(
+                f"loader: skip_steps must be an int >= 0 (global steps to skip), got {skip_steps!r}"
+            ) from None
         _prestart(self.run_options)
         if checkpoint is None:
             checkpoint = self.resume_from
         plan, topo = self.compile(checkpoint), self.topology()
         encoded = None if checkpoint is None else restored_lanes(plan, topo, self.run_options, checkpoint)
-        return Loader(plan, topo, self.run_options, encoded)
+        loader = Loader(plan, topo, self.run_options, encoded)
+        if skip_steps:
+            try:
+                loader.skip_steps(skip_steps)
+            except BaseException:
+                loader.close()
+                raise
+        return loader
 
     def __iter__(self) -> Loader:
         loader = self.loader()

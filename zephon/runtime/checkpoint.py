@@ -33,8 +33,10 @@ FILE_FORMAT = "zephon.checkpoint-file/1"
 
 #: The fields of an encoded lane state, besides its checksum.
 LANE_FIELDS = ("source", "ops", "pending", "delivered", "done", "mixture")
-#: Fields a lane state holds only when used: ``skipped``, the reading's skip logs (``on_error="skip"``).
-OPTIONAL_LANE_FIELDS = ("skipped",)
+#: Fields a lane state holds only when used: ``skipped``, the reading's skip logs (``on_error="skip"``);
+#: ``skipped_steps``, once global steps were skipped (:mod:`zephon.runtime.skip_steps`;
+#: :func:`check_skipped_steps_field`).
+OPTIONAL_LANE_FIELDS = ("skipped", "skipped_steps")
 
 _CANONICAL = msgspec.msgpack.Encoder(order="sorted")
 
@@ -121,6 +123,26 @@ def check_lane_state(lane: int, state: Any, *, require_checksum: bool = True) ->
     if "skipped" in state and not isinstance(state["skipped"], (list, tuple)):
         got = _short(state["skipped"])
         raise ValueError(f"lane {lane}: field 'skipped' must be a list of skip logs, one per dataset, got {got}")
+    if "skipped_steps" in state:
+        check_skipped_steps_field(lane, state["skipped_steps"])
+
+
+def check_skipped_steps_field(lane: int, value: Any) -> None:
+    """Raise unless ``value`` is a lane state's ``skipped_steps`` field: ``[first step, count]`` pairs of
+    ints (first >= 0, count >= 1), in increasing order and not overlapping."""
+    ok = isinstance(value, (list, tuple))
+    end = 0
+    for pair in value if ok else ():
+        ok = (isinstance(pair, (list, tuple)) and len(pair) == 2
+              and all(_is_int(x) for x in pair) and pair[0] >= end and pair[1] >= 1)
+        if not ok:
+            break
+        end = pair[0] + pair[1]
+    if not ok:
+        raise ValueError(
+            f"lane {lane}: field 'skipped_steps' must list [first step, count] pairs of ints (count >= 1) in "
+            f"increasing order, got {value!r}"
+        )
 
 
 def _lane_id(key: Any, lanes: int | None, where: str) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .lanes import LaneState, Plan
+from .skip_steps import skip_lanes
 
 
 class InlineExecutor:
@@ -20,6 +21,14 @@ class InlineExecutor:
         state, out = self.plan.next(lane, self.states[lane], self.meter, self.ahead)
         self.states[lane] = state
         return out
+
+    def skip(self, targets: dict[int, int]) -> tuple[dict[int, int], int]:
+        """Move each lane to ``targets[lane]`` outputs delivered (or its end), dropping the outputs between.
+
+        Returns each lane's outputs delivered after it, and how many outputs read ahead were dropped (none here).
+        """
+        skip_lanes(self.plan, self.states, targets, self.meter, self.ahead)
+        return {lane: self.states[lane].delivered for lane in targets}, 0
 
     def meters(self) -> dict[str, Any] | None:
         """The runtime counters of the work done so far (see :class:`~zephon.runtime.stats.Meter`)."""

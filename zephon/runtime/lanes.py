@@ -204,10 +204,24 @@ class Plan:
         :meth:`reader`) reads and tokenizes for several lanes at once; neither changes the output.
         Restored references are rebuilt here, in the calling thread, when due.
         """
-        source, chain, pending, done = state.source, state.chain, state.pending, state.done
+        state = self.produce(lane, state, meter, ahead)
+        if not state.pending:
+            return state, None
+        out = self._rebuilt_output(lane, state.pending[0])
+        counts = mixture_counts(state.mixture, (out,), len(self.source.datasets))
+        after = msgspec.structs.replace(state, pending=state.pending[1:], delivered=state.delivered + 1, mixture=counts)
+        return after, out
+
+    def produce(self, lane: int, state: LaneState, meter: Any = None, ahead: ReadAhead | None = None) -> LaneState:
+        """``state`` with outputs pending: as it is if it has some, else after its operators stepped (or, at
+        the end of its data, flushed) until they gave some; none pending: the lane has ended. The pending
+        outputs are not rebuilt (:meth:`next` rebuilds the one it hands out)."""
+        if state.pending:
+            return state
+        source, chain, pending, done = state.source, state.chain, (), state.done
         unresolved, skipped = state.unresolved, state.skipped
         size = self.read_size_of(state)
-        if not pending and unresolved:  # it steps or flushes: its operators' held records first
+        if unresolved:  # it steps or flushes: its operators' held records first
             chain, unresolved = self.rebuild_chain(lane, chain), False
         driven = None
         while not pending and not done:
@@ -243,11 +257,7 @@ class Plan:
                 self._note_records(exc, lane, None)
                 raise
             pending = tuple(more)
-        if not pending:
-            return LaneState(source, chain, (), state.delivered, True, state.mixture, skipped=skipped), None
-        out = self._rebuilt_output(lane, pending[0])
-        counts = mixture_counts(state.mixture, (out,), len(self.source.datasets))
-        return LaneState(source, chain, pending[1:], state.delivered + 1, done, counts, unresolved, skipped), out
+        return LaneState(source, chain, pending, state.delivered, done, state.mixture, unresolved, skipped)
 
     def driven(self, lane: int, meter: Any = None) -> Chain:
         """The chain as lane ``lane`` runs it: every operator wrapped in a :class:`Driven`."""

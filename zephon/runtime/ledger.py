@@ -37,8 +37,12 @@ import msgspec
 import numpy as np
 
 from ..core.records import SampleBatch
+from .skip_steps import merged_ranges
 
-__all__ = ["Ledger", "batch_digest", "step_digest", "read_ledger", "global_digests", "diff", "DiffResult"]
+__all__ = [
+    "Ledger", "batch_digest", "step_digest", "read_ledger", "read_skips", "global_digests", "diff", "DiffResult",
+    "show_lines",
+]
 
 
 def batch_digest(batch: SampleBatch) -> str:
@@ -82,7 +86,8 @@ def step_digest(lane_digests: Sequence[str]) -> str:
 class Ledger:
     """Append one line per optimizer step to a JSON-lines file (one per rank, e.g.
     ``ledger/rank-0003.jsonl``; parents are created). Call :meth:`record` once per step with the
-    rank's microbatches of that step; lines are flushed at once, so a crash keeps every recorded step.
+    rank's microbatches of that step, and :meth:`record_skip` with what ``loader.skip_steps`` returns;
+    lines are flushed at once, so a crash keeps every recorded step.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -99,6 +104,20 @@ class Ledger:
         self._fh.write(json.dumps({"step": int(step), "lanes": lanes}) + "\n")
         self._fh.flush()
         return lanes
+
+    def record_skip(self, skipped: Any) -> None:
+        """Record that the run skipped global steps: a :class:`~zephon.runtime.skip_steps.SkippedSteps` (what
+        ``loader.skip_steps`` returns) or a ``(first, count)`` pair (an entry of ``loader.skips``),
+        as ``{"skip": {"first": ..., "count": ...}}``; nothing for a skip of no steps. ``diff``
+        expects these steps to be missing from this run."""
+        first, count = (skipped.first, skipped.count) if hasattr(skipped, "first") else tuple(skipped)
+        if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in (first, count)):
+            raise ValueError(
+                f"record_skip: the first step and the count must be ints >= 0, got {first!r} and {count!r}"
+            )
+        if count:
+            self._fh.write(json.dumps({"skip": {"first": first, "count": count}}) + "\n")
+            self._fh.flush()
 
     def close(self) -> None:
         self._fh.close()
@@ -134,6 +153,8 @@ def read_ledger(source: str | os.PathLike | Sequence[str | os.PathLike]) -> dict
                     continue
                 try:
                     entry = json.loads(line)
+                    if isinstance(entry, dict) and "skip" in entry and "step" not in entry:
+                        continue  # read by read_skips
                     step, lanes = int(entry["step"]), entry["lanes"]
                 except (ValueError, KeyError, TypeError) as exc:
                     raise ValueError(f"{path}:{n}: not a ledger line ({exc}): {line[:80]!r}") from exc
@@ -146,6 +167,41 @@ def read_ledger(source: str | os.PathLike | Sequence[str | os.PathLike]) -> dict
     return steps
 
 
+def read_skips(source: str | os.PathLike | Sequence[str | os.PathLike]) -> list[tuple[int, int]]:
+    """The global steps the run skipped (:meth:`Ledger.record_skip`), as ``(first, last)`` ranges in order;
+    every rank records the same skips, so the files' lines are joined."""
+    skips: list[tuple[int, int]] = []
+    for path in _files(source):
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if '"skip"' not in line:
+                    continue
+                try:
+                    entry = json.loads(line)
+                    if "step" in entry:
+                        continue
+                    first, count = entry["skip"]["first"], entry["skip"]["count"]
+                    if not (isinstance(first, int) and isinstance(count, int) and first >= 0 and count >= 1):
+                        raise ValueError(f"first {first!r}, count {count!r}")
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise ValueError(f"{path}:{n}: not a ledger skip line ({exc}): {line[:80]!r}") from exc
+                skips.append((first, count))
+    return merged_ranges(skips)
+
+
+def show_lines(source: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """What ``zephon ledger show`` prints: ``"step digest"`` for every complete global step and
+    ``"steps a–b skipped"`` for every skipped range, in step order."""
+    lines = [(step, 1, f"{step} {digest}") for step, digest in global_digests(read_ledger(source)).items()]
+    lines += [(first, 0, f"steps {_steps(first, last)} skipped") for first, last in read_skips(source)]
+    return [text for _, _, text in sorted(lines)]
+
+
+def _steps(first: int, last: int) -> str:
+    """A step range as printed: ``"11500\u201312099"`` (an en dash)."""
+    return f"{first}\u2013{last}"
+
+
 def global_digests(steps: dict[int, dict[int, str]], lanes: int | None = None) -> dict[int, str]:
     """Global digests of the steps whose every lane is recorded (``lanes`` defaults to the max seen)."""
     if lanes is None:
@@ -154,33 +210,47 @@ def global_digests(steps: dict[int, dict[int, str]], lanes: int | None = None) -
 
 
 class DiffResult:
-    """Where two ledgers first differ (``step is None`` when they match)."""
+    """Where two ledgers first differ (``step is None`` when they match); ``skipped``: per ledger
+    (``"a"``, ``"b"``), the ``(first, last)`` step ranges it skipped, expected missing and not compared."""
 
-    def __init__(self, step: int | None, lane: int | None, compared: int, reason: str):
+    def __init__(self, step: int | None, lane: int | None, compared: int, reason: str,
+                 skipped: dict[str, list[tuple[int, int]]] | None = None):
         self.step, self.lane, self.compared, self.reason = step, lane, compared, reason
+        self.skipped = skipped or {"a": [], "b": []}
 
     @property
     def match(self) -> bool:
         return self.step is None
 
     def __str__(self) -> str:
+        skips = "".join(
+            f"; steps {', '.join(_steps(a, b) for a, b in ranges)} skipped in {side.upper()} (expected, not compared)"
+            for side, ranges in self.skipped.items() if ranges
+        )
         if self.match:
-            return f"match: {self.compared} global steps identical"
+            return f"match: {self.compared} global steps identical{skips}"
         where = f"step {self.step}" + (f", lane {self.lane}" if self.lane is not None else "")
-        return f"diverge at {where}: {self.reason} ({self.compared} earlier steps identical)"
+        return f"diverge at {where}: {self.reason} ({self.compared} earlier steps identical){skips}"
 
 
 def diff(a: Any, b: Any) -> DiffResult:
-    """Compare two runs' ledgers (files or directories of per-rank files)."""
+    """Compare two runs' ledgers (files or directories of per-rank files); steps one run skipped
+    (:meth:`Ledger.record_skip`) are expected to be missing from it."""
     la, lb = read_ledger(a), read_ledger(b)
+    skipped = {"a": read_skips(a), "b": read_skips(b)}
     common = sorted(set(la) & set(lb))
     for i, step in enumerate(common):
         lanes_a, lanes_b = la[step], lb[step]
         if set(lanes_a) != set(lanes_b):
-            return DiffResult(step, None, i, f"lanes {sorted(lanes_a)} vs {sorted(lanes_b)}")
+            return DiffResult(step, None, i, f"lanes {sorted(lanes_a)} vs {sorted(lanes_b)}", skipped)
         for lane in sorted(lanes_a):
             if lanes_a[lane] != lanes_b[lane]:
-                return DiffResult(step, lane, i, f"digest {lanes_a[lane][:12]}... vs {lanes_b[lane][:12]}...")
-    only = sorted(set(la) ^ set(lb))
+                return DiffResult(step, lane, i, f"digest {lanes_a[lane][:12]}... vs {lanes_b[lane][:12]}...", skipped)
+
+    def expected(step: int) -> bool:  # missing from the ledger that skipped it
+        side = skipped["a"] if step in lb else skipped["b"]
+        return any(first <= step <= last for first, last in side)
+
+    only = [step for step in sorted(set(la) ^ set(lb)) if not expected(step)]
     reason = f"; steps only in one ledger: {only[:5]}{'...' if len(only) > 5 else ''}" if only else ""
-    return DiffResult(None, None, len(common), "identical" + reason)
+    return DiffResult(None, None, len(common), "identical" + reason, skipped)

@@ -27,6 +27,7 @@ from .lanes import Plan
 from ..core.log import get_logger
 from .options import Options
 from ..core.records import SampleBatch
+from .skip_steps import SkippedSteps, check_count, encode_skips, skips_of
 from .skips import skip_report
 from .stats import Deliveries, format_stats, mixture_report, summarize, summary_line
 
@@ -107,6 +108,8 @@ class Loader(Iterator[Any]):
         self._undelivered = {lane: [0, 0, 0] for lane in lanes}  # outputs, records, tokens
         self._final_meters: dict[str, Any] | None = None
         self._deliveries = Deliveries()
+        self._skips = skips_of(encoded) if encoded else ()  # (first step, count) of every skip of the run
+        self._skipped = {"steps": 0, "outputs": 0, "discarded": 0, "seconds": 0.0}  # skip_steps() since the start
         self._next_log = opts.log_every or 0
         topo = self.topology
         where = f"{opts.workers} worker process(es)" if opts.workers else ("a background thread" if opts.thread else "the calling thread")
@@ -192,6 +195,70 @@ class Loader(Iterator[Any]):
                 yield SampleBatch(tuple(r for b in group for r in b.records), getattr(group[0], "pad_token_id", None))
             else:
                 yield group
+
+    @property
+    def next_step(self) -> int:
+        """The global step the next :meth:`steps` iteration delivers: the steps delivered and skipped before it,
+        across restores (the step number the uninterrupted run gives it)."""
+        return min(self.delivered.values())
+
+    @property
+    def skips(self) -> tuple[tuple[int, int], ...]:
+        """Every skip of this run, restored ones included: ``(first global step, count)`` pairs in order."""
+        return self._skips
+
+    def skip_steps(self, n: int) -> SkippedSteps:
+        """Skip the next ``n`` global steps: the next step is the one the uninterrupted run delivers ``n``
+        steps later, and every step after it is that run's too.
+
+        The operators produce the skipped steps (they decide what follows), which are then dropped:
+        never rebuilt, sent from a worker process or converted. Outputs already read ahead for them are
+        dropped as well (counted in ``stats()["skipped_steps"]``). Every rank must skip the same steps. The
+        skip is recorded in the checkpoints taken after it (:attr:`skips`); several skips add up.
+
+        Returns:
+            A :class:`~zephon.runtime.skip_steps.SkippedSteps`: give it to ``Ledger.record_skip``.
+
+        Raises:
+            ValueError: ``n`` is not an int >= 0, or this rank's lanes are inside a global step (plain
+                iteration stopped between two lanes' outputs).
+        """
+        n = check_count(n)
+        self._check_open()
+        counts = set(self.delivered.values())
+        if len(counts) > 1 or self._unyielded:
+            raise ValueError(
+                f"skip_steps({n}): this rank is inside global step {min(counts)} (lanes delivered "
+                f"{dict(self.delivered)}); skip between whole steps: take the rest of the step first, or iterate "
+                "with steps()"
+            )
+        first = counts.pop()
+        if not n or self.finished:
+            if n:
+                message = f"skip_steps({n}): the data already ended at step {first}; nothing to skip"
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
+            return SkippedSteps(first, 0, first if n else None)
+        t0 = time.perf_counter()
+        reached, discarded = self.executor.skip({lane: first + n for lane in self.delivered})
+        seconds = time.perf_counter() - t0
+        self.delivered.update(reached)
+        self._pulled.update(reached)
+        end = min(reached.values())
+        done = SkippedSteps(first, n, end if end < first + n else None, discarded, seconds)
+        self._skips += ((first, n),)
+        c = self._skipped
+        c["steps"] += n
+        c["outputs"] += sum(reached.values()) - first * len(reached)
+        c["discarded"] += discarded
+        c["seconds"] += seconds
+        log.info("%s in %.2f s; %d outputs read ahead dropped", done, seconds, discarded)
+        if done.ended_at is not None:
+            warnings.warn(
+                f"skip_steps({n}): the data ends at step {end}, inside the steps skipped from step {first}; the loader "
+                "stops there (use an endless source, exhausted_policy='repeat', to skip any number of steps)",
+                RuntimeWarning, stacklevel=2,
+            )
+        return done
 
     def next_lane(self) -> int:
         live = [lane for lane in self._pulled if lane not in self.ended]
@@ -296,8 +363,12 @@ class Loader(Iterator[Any]):
     def lane_state(self, lane: int) -> dict[str, Any]:
         """One lane's encoded state (unsealed) after its last output delivered; inline, only it is encoded."""
         if self._final_states is None and isinstance(self.executor, InlineExecutor) and not self._unyielded:
-            return self.plan.encode(self.executor.states[lane])  # in-process executors keep states as values
+            return self._with_skips(self.plan.encode(self.executor.states[lane]))  # in-process executors keep values
         return self._delivered_states()[lane]
+
+    def _with_skips(self, encoded: dict[str, Any]) -> dict[str, Any]:
+        """An encoded lane state with the run's skipped steps (the ``skipped_steps`` field, once there are some)."""
+        return {**encoded, "skipped_steps": encode_skips(self._skips)} if self._skips else encoded
 
     def _delivered_states(self) -> dict[int, Any]:
         """The encoded lane states after the last output delivered (what a checkpoint holds)."""
@@ -306,7 +377,7 @@ class Loader(Iterator[Any]):
             states = dict(states)
             for lane in {out_lane(o) for o in self._unyielded}:
                 states[lane] = self.plan.unread(states[lane], [o for o in self._unyielded if out_lane(o) == lane])
-        return states
+        return {lane: self._with_skips(state) for lane, state in states.items()} if self._skips else states
 
     # torch.distributed.checkpoint's ``Stateful`` protocol: one key per lane.
     def state_dict(self) -> dict[str, Any]:
@@ -322,12 +393,14 @@ class Loader(Iterator[Any]):
 
         Returns:
             A dict with ``delivered``, ``complete_steps``, ``lanes`` (per lane: ``delivered``,
-            ``ended``, ``undelivered``), ``undelivered``, ``operators`` (the operators' own counters,
-            which continue across a restore), ``flow``, ``throughput``, ``packing``, ``dropped``,
-            ``mixture`` (:func:`~zephon.runtime.stats.mixture_report`, continued across
-            restores) and ``skipped`` (records left out by ``on_error="skip"`` up to the last
-            output delivered, continued across restores: :func:`~zephon.runtime.skips.skip_report`);
-            the other sections count since the start or the last restore, and ratios
+            ``ended``, ``undelivered``), ``undelivered``, ``skipped_steps`` (:meth:`skip_steps`: steps,
+            outputs, outputs read ahead and dropped, seconds; ``ranges`` of the whole run, first and
+            last step), ``operators`` (the operators' own counters, which continue across a restore),
+            ``flow``, ``throughput``, ``packing``, ``dropped``, ``mixture``
+            (:func:`~zephon.runtime.stats.mixture_report`, continued across restores) and ``skipped``
+            (records left out by ``on_error="skip"`` up to the last output delivered, continued across
+            restores: :func:`~zephon.runtime.skips.skip_report`); the other sections count since the
+            start or the last restore, and ratios
             are ``None`` until there is something to divide by. docs/guide/observability.md
             describes every field.
         """
@@ -350,6 +423,7 @@ class Loader(Iterator[Any]):
             },
             "undelivered": dict(zip(names, self._undelivered_totals())),
             "operators": ops,
+            "skipped_steps": {**self._skipped, "ranges": [[a, a + k - 1] for a, k in self._skips]},
             **summarize(operators=ops, meter=meters, deliveries=self._deliveries),
             "mixture": mixture_report(self.plan.source, {lane: s["mixture"] for lane, s in delivered_states.items()}),
             "skipped": skip_report(self.plan, delivered_states),

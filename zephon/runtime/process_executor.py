@@ -154,6 +154,8 @@ class ProcessExecutor:
         self._replayed: dict[int, tuple[Any, Any]] = {}  # lane -> (encoded state, counters), rebuilt after the workers stopped
         self._states: dict[tuple[int, int], Any] = {}
         self._reports: dict[int, Any] = {}
+        # Skip replies: lane -> (outputs behind it, at its end, its encoded state).
+        self._skipped: dict[int, tuple[int, bool, Any]] = {}
         self._meters: dict[int, Any] = {}  # per worker: its last runtime counters (sent with its reports)
         self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
         self._start_workers(n, credit, encoded)
@@ -226,6 +228,8 @@ class ProcessExecutor:
         elif kind == "state":
             _, lane, count, data = msg
             self._states[(lane, count)] = data
+        elif kind == "skipped_steps":
+            self._skipped[msg[1]] = msg[2:]
         elif kind == "reports":
             self._reports.update(msg[1])
             self._meters[w] = msg[2]
@@ -287,6 +291,30 @@ class ProcessExecutor:
             # The worker died after it sent this output: the caller still gets it (it is
             # counted as delivered and the checkpoint covers it); the next call reports the death.
         return out
+
+    def skip(self, targets: dict[int, int]) -> tuple[dict[int, int], int]:
+        """Move each lane to ``targets[lane]`` outputs delivered (or its end): its worker skips to there and
+        replies after every output it sent before; those received for the skipped steps are dropped here.
+
+        Returns each lane's outputs delivered after it, and how many outputs run ahead were dropped.
+        """
+        self._check_open()
+        self._skipped = {}
+        for lane, target in targets.items():
+            self._send(self.owner[lane], ("skip", lane, self.delivered[lane], target))
+        self._pump(lambda: set(self._skipped) >= set(targets))
+        reached, discarded = {}, 0
+        for lane in targets:
+            count, at_end, enc = self._skipped[lane]
+            buf = self.buffers[lane]
+            while buf and buf[0][2] <= count:
+                buf.popleft()
+                discarded += 1
+            self.delivered[lane] = reached[lane] = count
+            self.base[lane] = (count, enc)
+            if at_end:
+                self.ended[lane] = count
+        return reached, discarded
 
     def _live(self, ask: Callable[[], Any]) -> Any:
         """``ask()`` of the running workers; ``None`` once they are gone (closed, or one died)."""

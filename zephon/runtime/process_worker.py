@@ -21,6 +21,7 @@ from typing import Any
 from ..core.records import SampleBatch, describe_meta
 from .executor import caller_order_of
 from .lanes import LaneState, Plan
+from .skip_steps import skip_lanes, without_counts
 from .skips import forward_warnings
 from .wire import pack_message, send_message, send_parts
 
@@ -171,6 +172,17 @@ def worker_main(conn, lanes: list[int], credit: int, threads: int, env: dict[str
                     outbox.send(("state", lane, count, plan.encode(match[-1] if at_end else match[0])))
                 elif kind == "reports":
                     outbox.send(("reports", {lane: plan.reports(states[lane]) for lane in lanes}, meter.snapshot()))
+                elif kind == "skip":  # the caller skips from `count` to `target` outputs of `lane`
+                    _, lane, count, target = msg
+                    current = lane
+                    uncount(plan, history[lane], count, target)
+                    states[lane] = history[lane][-1][1]
+                    if lane not in ended and states[lane].delivered < target:
+                        if skip_lanes(plan, states, {lane: target}, meter, ahead):
+                            ended.add(lane)
+                        history[lane] = deque([(states[lane].delivered, states[lane])])
+                    outbox.send(skipped_to(plan, lane, target, history[lane], lane in ended))
+                    credits[lane] = credit - (states[lane].delivered - min(target, states[lane].delivered))
             lane = next(lane for lane in order if credits[lane] > 0 and lane not in ended)
             order.remove(lane)
             order.append(lane)
@@ -197,6 +209,28 @@ def worker_main(conn, lanes: list[int], credit: int, threads: int, env: dict[str
         outbox.send(("error", current, cause, traceback.format_exc()))
     finally:
         outbox.close()
+
+
+def uncount(plan: Plan, history: deque, count: int, target: int) -> None:
+    """Take the mixture counts of the outputs after ``count`` up to ``target`` (run ahead, now skipped) off
+    the states ``history`` keeps (from ``count`` on, after each output sent)."""
+    base = next(s for c, s in history if c == count)
+    ahead = [s for c, s in history if c <= target][-1]
+    datasets = len(plan.source.datasets)
+    for i, (c, s) in enumerate(history):
+        if c > count:
+            history[i] = (c, without_counts(s, ahead, base, datasets))
+
+
+def skipped_to(plan: Plan, lane: int, target: int, history: deque, ended: bool) -> tuple:
+    """The reply to a skip of ``lane`` to ``target`` outputs: the lane's outputs behind it (fewer where it
+    ended), whether it is at its end, and its encoded state there. ``history`` keeps from there on."""
+    count = min(target, history[-1][0])
+    while len(history) > 1 and history[0][0] < count:
+        history.popleft()
+    at_end = ended and count == history[-1][0]
+    state = [s for c, s in history if c == count][-1 if at_end else 0]
+    return ("skipped_steps", lane, count, at_end, plan.encode(state))
 
 
 def replay_lane(plan: Plan, lane: int, data: Any, delivered: int, at_end: bool) -> LaneState:

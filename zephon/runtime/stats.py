@@ -331,6 +331,13 @@ def format_stats(stats: Mapping[str, Any]) -> str:
     und = stats.get("undelivered", {})
     dropped = stats.get("dropped", {})
     lines.append("")
+    skipped = stats.get("skipped_steps", {})
+    if skipped.get("ranges"):
+        ranges = ", ".join(f"{a}\u2013{b}" for a, b in skipped["ranges"])
+        lines.append(
+            f"skipped: steps {ranges}; here {skipped.get('steps', 0):,} steps ({skipped.get('outputs', 0):,} outputs, "
+            f"{skipped.get('discarded', 0):,} read ahead and dropped) in {_num(skipped.get('seconds'))} s"
+        )
     drops = [f"{name}.{k}={_num(v)}" for name, c in dropped.items() for k, v in c.items() if v]
     lines.append("dropped: " + (", ".join(drops) if drops else "nothing"))
     skipped = stats.get("skipped") or {}

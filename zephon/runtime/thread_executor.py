@@ -10,6 +10,7 @@ from typing import Any
 from .executor import caller_order_of, closed_error
 from .inline_executor import InlineExecutor
 from .lanes import LaneState, Plan
+from .skip_steps import skip_lanes, without_counts
 
 
 def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: dict, stop: threading.Event, meter: Any) -> None:
@@ -57,16 +58,50 @@ class ThreadExecutor(InlineExecutor):
         self.plan = plan
         self.states = dict(states)  # state after the last output the caller took
         self.lanes = list(states)
-        self.queues = {lane: queue.Queue() for lane in self.lanes}
-        self.credits = {lane: threading.Semaphore(credit) for lane in self.lanes}
-        self.stop = threading.Event()
+        self.credit = credit
         self.closed = False
         self.meter = plan.meter()  # written by the thread; snapshots read it (its lists never change size)
+        self._launch()
+
+    def _launch(self) -> None:
+        """Start the background thread from the caller's states, with empty queues and full credit."""
+        self.queues = {lane: queue.Queue() for lane in self.lanes}
+        self.credits = {lane: threading.Semaphore(self.credit) for lane in self.lanes}
+        self.stop = threading.Event()
         self.thread = threading.Thread(
-            target=_prefetch, args=(plan, dict(states), self.queues, self.credits, self.stop, self.meter), name="zephon-prefetch", daemon=True
+            target=_prefetch, args=(self.plan, dict(self.states), self.queues, self.credits, self.stop, self.meter),
+            name="zephon-prefetch", daemon=True,
         )
         self._finalizer = weakref.finalize(self, _stop_prefetch, self.stop, self.credits, self.thread)
         self.thread.start()
+
+    def skip(self, targets: dict[int, int]) -> tuple[dict[int, int], int]:
+        """Move each lane to ``targets[lane]`` outputs delivered (or its end): the thread stops, the outputs
+        it ran ahead for the skipped steps are dropped (their count is returned) and the last state among
+        them kept, the rest is skipped here, and a new thread runs ahead from there."""
+        if self.closed:
+            raise closed_error()
+        self._finalizer()
+        discarded, datasets = 0, len(self.plan.source.datasets)
+        for lane in self.lanes:
+            base = self.states[lane]
+            while True:
+                try:
+                    kind, state, out = self.queues[lane].get_nowait()
+                except queue.Empty:
+                    break
+                if kind != "out" or state.delivered > targets[lane]:
+                    break  # a failure, or past the skip: computed again (a failure is raised again there)
+                self.states[lane] = without_counts(state, state, base, datasets)
+                discarded += out is not None
+        ahead = self.plan.reader(self.states)
+        try:
+            skip_lanes(self.plan, self.states, targets, self.meter, ahead)
+        finally:
+            if ahead is not None:
+                ahead.close()
+        self._launch()
+        return {lane: self.states[lane].delivered for lane in targets}, discarded
 
     def next(self, lane: int) -> Any:
         if self.closed:

@@ -1,0 +1,121 @@
+"""Skipping global steps: the lanes run on as the uninterrupted run's, and the skipped outputs are dropped.
+
+A lane's stream is a pure function of its state, so skipping ``n`` global steps moves every lane
+``n`` outputs on: its operators (reading, tokenizing, packing, shuffling, batching) produce them
+as they would, and they are dropped where they are produced, before they are rebuilt from
+references, counted in the mixture, sent to another process or converted to tensors. What
+follows is the uninterrupted run's, output for output.
+
+The lane's mixture counts (what it delivered per dataset) leave the skipped outputs out, also those
+an executor had run ahead for before the skip.
+
+A run's skips are kept as ``(first step, count)`` pairs in the ``skipped`` field of every lane
+state of its checkpoints (absent while nothing was skipped), so a restored run knows them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import attrs
+import msgspec
+
+from .lanes import LaneState, Plan, caller_order
+
+
+@attrs.frozen
+class SkippedSteps:
+    """What one :meth:`~zephon.runtime.loader.Loader.skip_steps` call skipped: global steps ``first``
+    to ``first + count - 1``. ``ended_at``: where finite data ended inside them (its first missing
+    step; ``None``: every skipped step existed). Every rank records the same ``first`` and ``count``."""
+
+    first: int
+    count: int
+    ended_at: int | None = None
+    discarded: int = 0  # outputs read ahead for the skipped steps and dropped unseen
+    seconds: float = 0.0
+
+    @property
+    def last(self) -> int:
+        """The last global step skipped (``first - 1`` when none was)."""
+        return self.first + self.count - 1
+
+    def __str__(self) -> str:
+        if not self.count:
+            return f"no steps skipped at step {self.first}"
+        return f"steps {self.first}\u2013{self.last} skipped"
+
+
+def check_count(n: Any) -> int:
+    """``n`` if it is a step count (an int >= 0), else a ``ValueError`` naming it."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(
+            f"skip_steps: n must be an int >= 0 (the number of global steps to skip), got {n!r} "
+            f"({type(n).__name__})"
+        )
+    return n
+
+
+def skip_lanes(plan: Plan, states: dict[int, LaneState], targets: Mapping[int, int], meter: Any = None,
+               ahead: Any = None) -> set[int]:
+    """Advance ``states`` (in place: a read-ahead reads them) until each lane has ``targets[lane]``
+    outputs behind it, round-robin in the caller's order so that reading ahead serves several lanes
+    at once. Returns the lanes whose data ended first (they stop at their end)."""
+    order = caller_order({lane: states[lane].delivered for lane in targets})
+    live = [lane for lane in order if states[lane].delivered < targets[lane]]
+    ended: set[int] = set()
+    while live:
+        for lane in list(live):
+            state = plan.produce(lane, states[lane], meter, ahead)
+            k = min(targets[lane] - state.delivered, len(state.pending))
+            states[lane] = msgspec.structs.replace(state, pending=state.pending[k:], delivered=state.delivered + k)
+            if not k:
+                ended.add(lane)
+            if not k or states[lane].delivered >= targets[lane]:
+                live.remove(lane)
+    return ended
+
+
+def without_counts(state: LaneState, ahead: LaneState, base: LaneState, datasets: int) -> LaneState:
+    """``state`` with the mixture counts of the outputs between ``base`` and ``ahead`` taken off: those
+    an executor ran ahead for steps that were then skipped (a skipped output is never counted, so the
+    counts do not depend on how far an executor ran ahead)."""
+    delta = [a - b for a, b in zip(ahead.mixture or [0] * (2 * datasets), base.mixture or [0] * (2 * datasets))]
+    if not any(delta):
+        return state
+    counts = state.mixture or (0,) * (2 * datasets)
+    return msgspec.structs.replace(state, mixture=tuple(c - d for c, d in zip(counts, delta)))
+
+
+def encode_skips(skips: Sequence[tuple[int, int]]) -> list[list[int]]:
+    """The ``skipped`` field of a lane state: ``[[first step, count], ...]`` in order."""
+    return [[int(first), int(count)] for first, count in skips]
+
+
+def skips_of(encoded: Mapping[int, Any]) -> tuple[tuple[int, int], ...]:
+    """The skips recorded in restored lane states (every lane of a run records the same ones).
+
+    Raises:
+        ValueError: lanes that record different skips (checkpoints of ranks that skipped differently).
+    """
+    found = {lane: tuple((int(a), int(b)) for a, b in data.get("skipped_steps", ())) for lane, data in encoded.items()}
+    kinds = set(found.values())
+    if len(kinds) > 1:
+        shown = "; ".join(f"lane {lane}: {list(s)}" for lane, s in sorted(found.items()))
+        raise ValueError(
+            f"the lane states record different skipped steps ({shown}): every rank must skip the same global steps; "
+            "restore checkpoints taken by the ranks of one run at one step"
+        )
+    return kinds.pop() if kinds else ()
+
+
+def merged_ranges(skips: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``(first, last)`` step ranges covered by ``(first, count)`` skips, overlapping or touching ones joined."""
+    out: list[list[int]] = []
+    for first, count in sorted(skips):
+        last = first + count - 1
+        if out and first <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], last)
+        else:
+            out.append([first, last])
+    return [(a, b) for a, b in out]
