@@ -249,7 +249,7 @@ class Packer(Operator):
     def flush(self, state: PackState) -> tuple[PackState, list[Record]]:
         w = _Work(state, self.candidate_age)
         out: list[Record] = []
-        L, cap = self.max_length, self.max_sequences_per_bin
+        L, cap = self._row_length(w.counts["rows"]), self.max_sequences_per_bin
         for pieces, _ in w.bins:  # oldest first
             self._close(w, pieces, out)
         w.bins = []
