@@ -139,9 +139,9 @@ def test_a_malformed_schedule_is_refused(points, message):
 
 
 def test_tokens_that_do_not_divide_a_phase_are_refused_naming_its_step():
-    with pytest.raises(ValueError, match="at step 3.*common multiple"):
+    with pytest.raises(ValueError, match="phase from step 3.*common multiple"):
         warmup(schedule=LengthSchedule([(0, 5), (3, 11)]))
-    with pytest.raises(ValueError, match=r"max_length=10.*10 - 1 = 9"):
+    with pytest.raises(ValueError, match=r"max_length=10\): 16 is not a multiple of 10 - 1 = 9"):
         Pipeline(source()).map(toks_to_ids).pack_flat(10).batch(tokens_per_microbatch=16)
 
 
@@ -187,3 +187,46 @@ def test_the_end_of_data_pads_the_last_row_to_its_steps_length():
     assert sum(len(r.payload["input_ids"]) - r.meta.padding_length for r in rows) == total  # every token, once
     assert all(len(r.payload["input_ids"]) == schedule.length_at(step) for step, b in enumerate(steps) for r in b.records)
     assert rows[-1].meta.padding_length > 0 and all(r.meta.padding_length == 0 for r in rows[:-1])
+
+
+def test_simulate_counts_the_tokens_of_every_phase():
+    from zephon.pipeline.plan import Plan, StepShape
+    from zephon.sources.estimate import DatasetEstimate
+    from zephon.testing import length_datasets
+    from zephon.work import Calibration, MixtureSpec
+
+    ds = length_datasets({"a": 10, "b": 100}, 200, shards=2)
+    cal = Calibration({"a": DatasetEstimate(1.0, 10.0), "b": DatasetEstimate(1.0, 100.0)})
+    steps = {"lanes": 2, "tokens_per_microbatch": 128, "sequence_length": [[0, 33], [50, 129]]}
+    plan = Plan(ds, MixtureSpec({"a": 1, "b": 1}, unit="tokens"), exhausted_policy="repeat", calibration=cal, steps=steps)
+    assert plan.steps == StepShape(2, sequence_length=LengthSchedule([(0, 33), (50, 129)]), tokens_per_microbatch=128)
+    sim = plan.simulate(100)
+    packed = 50 * 2 * 4 * 33 + 50 * 2 * 1 * 129  # rows x length, every lane, per phase
+    assert sum(sim.tokens.values()) == pytest.approx(packed, rel=0.01)
+    assert "from step 50: rows of 129 tokens, 1 per microbatch" in sim.table()
+    assert StepShape(**plan.steps.describe()) == plan.steps  # a [steps] table round-trips
+    with pytest.raises(ValueError, match="phase from step 50"):
+        Plan(ds, {"a": 1, "b": 1}, steps={**steps, "tokens_per_microbatch": 96})
+    with pytest.raises(ValueError, match="leave out microbatch_size"):
+        StepShape(2, 4, 33, tokens_per_microbatch=128)
+
+
+def test_zephon_plan_shows_the_length_per_phase(tmp_path, capsys):
+    from test_plan import write_datasets
+
+    from zephon.cli.main import main
+    from zephon.pipeline.plan import Plan
+    from zephon.testing import word_tokenizer
+
+    write_datasets(tmp_path)
+    word_tokenizer().save(str(tmp_path / "tok.json"))
+    (tmp_path / "plan.toml").write_text(
+        'exhausted_policy = "repeat"\n\n[mixture]\nunit = "tokens"\nweights = { web = 1, books = 1 }\n\n'
+        "[steps]\nlanes = 2\ntokens_per_microbatch = 64\nsequence_length = [[0, 17], [10, 65]]\n\n"
+        '[[datasets]]\nname = "web"\npath = "web"\n\n[[datasets]]\nname = "books"\npath = "books"\n'
+    )
+    assert "sequence_length = [[0, 17], [10, 65]]" in Plan.load(tmp_path / "plan.toml").to_toml()
+    assert main(["plan", str(tmp_path / "plan.toml"), "--steps", "20", "--tokenizer", str(tmp_path / "tok.json")]) == 0
+    out = capsys.readouterr().out
+    assert "first 20 global steps (2 lanes x 64 training tokens per microbatch)" in out
+    assert "from step 0: rows of 17 tokens, 4 per microbatch" in out and "from step 10: rows of 65 tokens, 1" in out

@@ -207,7 +207,7 @@ class Batch(Operator):
     def rows_for(self, rec: Record) -> int:
         """With ``tokens_per_microbatch``: the rows of a microbatch that starts with ``rec``."""
         n = record_length(rec, "batch: tokens_per_microbatch")
-        return rows_per_microbatch(n, self.tokens_per_microbatch, f"the row {describe_meta(rec.meta)} ({n} tokens)")
+        return rows_per_microbatch(n, self.tokens_per_microbatch, f"{n} tokens ({describe_meta(rec.meta)})")
 
     def _step_tokens(self, state: BatchState, chunk: Sequence[Record]) -> tuple[BatchState, list[SampleBatch]]:
         partial = list(state.partial)

@@ -73,12 +73,13 @@ def _convert_points(points: Any) -> tuple[tuple[int, int], ...]:
 
 def rows_per_microbatch(length: int, tokens_per_microbatch: int, where: str) -> int:
     """``tokens_per_microbatch / (length - 1)``, refused (naming ``where`` and the fix) unless it divides."""
-    if length < 2 or tokens_per_microbatch % (length - 1):
+    T = tokens_per_microbatch
+    if length < 2 or T % (length - 1):
         raise ValueError(
-            f"batch: tokens_per_microbatch={tokens_per_microbatch} is not a multiple of {where}'s row length minus one "
-            f"({length} - 1 = {length - 1}), so its microbatches cannot hold exactly {tokens_per_microbatch} training "
-            f"tokens; choose tokens_per_microbatch as a common multiple of every length - 1, or lengths of the form "
-            f"k + 1 with k dividing {tokens_per_microbatch}"
+            f"tokens_per_microbatch={T} does not divide into rows of {where}: {T} is not a multiple of {length} - 1 = "
+            f"{length - 1} (the training tokens of a row), so a microbatch cannot hold exactly {T} training tokens; "
+            f"choose tokens_per_microbatch as a common multiple of every length - 1, or lengths of the form k + 1 "
+            f"with k dividing {T}"
         )
     return tokens_per_microbatch // (length - 1)
 
@@ -88,7 +89,7 @@ def _phases(points: tuple[tuple[int, int], ...], tokens: int) -> tuple[tuple[Pha
     """The phases of a schedule for ``tokens`` per microbatch, and their first rows (computed once per pair)."""
     out: list[Phase] = []
     for step, length in points:
-        rows = rows_per_microbatch(length, tokens, f"the LengthSchedule point at step {step}")
+        rows = rows_per_microbatch(length, tokens, f"the LengthSchedule phase from step {step}")
         first = out[-1].first_row + (step - out[-1].step) * out[-1].rows if out else 0
         out.append(Phase(step, length, rows, first))
     return tuple(out), [p.first_row for p in out]
