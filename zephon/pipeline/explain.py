@@ -90,8 +90,11 @@ def _held(op: Operator) -> tuple[str, int | None]:
     if op.kind not in ("pack_flat", "pack_sequences"):
         return "see the operator's documentation", None
     algorithm = getattr(op, "algorithm", "")
+    if algorithm == "wrap" and hasattr(op.max_length, "longest"):
+        longest = op.max_length.longest
+        return f"pieces of documents shorter than the next row (under {longest} tokens; they carry over to a new length)", None
     if algorithm == "wrap":
-        return f"pieces of documents shorter than one row ({op.max_length} tokens; the rest carries over)", None
+        return f"pieces of documents shorter than one row ({op.max_length} tokens)", None
     if algorithm == "best_fit_wrap":
         return f"up to {op.candidate_pool_size or 'the default number of'} candidate pieces", None
     return f"up to {op.num_bins or 'the default number of'} open rows of documents", None
