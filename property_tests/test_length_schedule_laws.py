@@ -34,7 +34,8 @@ def schedules(draw):
 
 
 def warmup(schedule: LengthSchedule, seed: int, lanes: int = 4) -> Pipeline:
-    source = StaticMixtureWorkSource([toy_dataset(80, seed=seed)], {"web": 1.0}, seed=seed, chunk_size=8, exhausted_policy="repeat")
+    data = toy_dataset(80, seed=seed)
+    source = StaticMixtureWorkSource([data], {"web": 1.0}, seed=seed, chunk_size=8, exhausted_policy="repeat")
     pipe = Pipeline(source).options(canonical_replicas=lanes).map(toks_to_ids)
     return pipe.pack_flat(schedule).batch(tokens_per_microbatch=T)
 

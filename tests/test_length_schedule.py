@@ -102,6 +102,7 @@ def test_the_operator_alone_is_chunking_invariant_and_places_rows_by_step():
     _, rows = run(op, [records])
     assert [len(r.payload["input_ids"]) for r in rows] == [SCHEDULE.row_length(i, T) for i in range(len(rows))]
     assert [SCHEDULE.step_of_row(i, T) for i in (0, 11, 12, 17, 18, 19)] == [0, 2, 3, 5, 6, 7]
+    assert PackFlat([[0, 5], [3, 9], [6, 17]], tokens_per_microbatch=T) == op  # a config document's list
 
 
 def test_a_fixed_max_length_takes_T_over_length_minus_one_rows():
@@ -181,11 +182,13 @@ def test_the_end_of_data_pads_the_last_row_to_its_steps_length():
     src = StaticMixtureWorkSource([toy_dataset(n=40)], {"web": 1.0}, chunk_size=8, exhausted_policy="stop")
     total = sum(len(r.payload["input_ids"]) for r in Pipeline(src).map(toks_to_ids))
     schedule = LengthSchedule([(0, 5), (2, 9), (4, 17)])
-    pipe = Pipeline(src).map(toks_to_ids).pack_flat(schedule, pad_token_id=0).batch(tokens_per_microbatch=T, drop_last=False)
+    pipe = Pipeline(src).map(toks_to_ids).pack_flat(schedule, pad_token_id=0)
+    pipe = pipe.batch(tokens_per_microbatch=T, drop_last=False)
     steps = list(pipe)
     rows = [r for b in steps for r in b.records]
     assert sum(len(r.payload["input_ids"]) - r.meta.padding_length for r in rows) == total  # every token, once
-    assert all(len(r.payload["input_ids"]) == schedule.length_at(step) for step, b in enumerate(steps) for r in b.records)
+    for step, b in enumerate(steps):
+        assert all(len(r.payload["input_ids"]) == schedule.length_at(step) for r in b.records)
     assert rows[-1].meta.padding_length > 0 and all(r.meta.padding_length == 0 for r in rows[:-1])
 
 
@@ -198,7 +201,8 @@ def test_simulate_counts_the_tokens_of_every_phase():
     ds = length_datasets({"a": 10, "b": 100}, 200, shards=2)
     cal = Calibration({"a": DatasetEstimate(1.0, 10.0), "b": DatasetEstimate(1.0, 100.0)})
     steps = {"lanes": 2, "tokens_per_microbatch": 128, "sequence_length": [[0, 33], [50, 129]]}
-    plan = Plan(ds, MixtureSpec({"a": 1, "b": 1}, unit="tokens"), exhausted_policy="repeat", calibration=cal, steps=steps)
+    mix = MixtureSpec({"a": 1, "b": 1}, unit="tokens")
+    plan = Plan(ds, mix, exhausted_policy="repeat", calibration=cal, steps=steps)
     assert plan.steps == StepShape(2, sequence_length=LengthSchedule([(0, 33), (50, 129)]), tokens_per_microbatch=128)
     sim = plan.simulate(100)
     packed = 50 * 2 * 4 * 33 + 50 * 2 * 1 * 129  # rows x length, every lane, per phase
@@ -230,3 +234,13 @@ def test_zephon_plan_shows_the_length_per_phase(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "first 20 global steps (2 lanes x 64 training tokens per microbatch)" in out
     assert "from step 0: rows of 17 tokens, 4 per microbatch" in out and "from step 10: rows of 65 tokens, 1" in out
+
+
+def test_a_mixture_schedule_by_step_needs_a_fixed_step_size():
+    from zephon.work import MixtureSchedule
+
+    datasets = [toy_dataset(name="web"), toy_dataset(seed=1, name="books")]
+    mixture = MixtureSchedule([(0, {"web": 1, "books": 0}), (5, {"web": 0, "books": 1})])
+    src = StaticMixtureWorkSource(datasets, mixture, chunk_size=8, exhausted_policy="repeat")
+    with pytest.raises(ValueError, match="by='tokens'"):
+        Pipeline(src).map(toks_to_ids).pack_flat(SCHEDULE).batch(tokens_per_microbatch=T).plan  # noqa: B018

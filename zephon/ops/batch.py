@@ -12,8 +12,9 @@ variable number of rows, each within the budget. ``sort_window=k`` buffers ``k``
 them by length (ties by record id, then arrival), cuts the sorted window by the same rule and emits
 its microbatches in a drawn order. ``batch(tokens_per_microbatch=T)`` takes ``T / (length - 1)``
 rows of ``pack_flat`` per microbatch, read from the row length, so each holds ``T`` training tokens
-whether ``max_length`` is fixed or a :class:`~zephon.LengthSchedule` (sequence-length warmup). Every mode keeps its records by reference and counts rows, real
-tokens and padded slots so ``stats()`` reports the padding waste and the rows per microbatch.
+whether ``max_length`` is fixed or a :class:`~zephon.LengthSchedule` (sequence-length warmup).
+Every mode keeps its records by reference and counts rows, real tokens and padded slots so
+``stats()`` reports the padding waste and the rows per microbatch.
 """
 
 from __future__ import annotations
@@ -216,7 +217,8 @@ class Batch(Operator):
             if partial and record_length(rec) != record_length(partial[0]):
                 raise ValueError(
                     f"batch: tokens_per_microbatch={self.tokens_per_microbatch}: row {describe_meta(rec.meta)} has "
-                    f"{record_length(rec)} tokens but its microbatch started with a row of {record_length(partial[0])}; "
+                    f"{record_length(rec)} tokens but its microbatch started with a row of "
+                    f"{record_length(partial[0])}; "
                     "the rows of one microbatch share a length: put pack_flat directly before batch"
                 )
             partial.append(rec)

@@ -41,6 +41,11 @@ def _field_names(value: Any) -> Any:
     return () if value is None else unique_names(value)
 
 
+def _length_value(value: Any) -> Any:
+    """``max_length``: an int, or ``[[step, length], ...]`` (a config document's schedule) as a LengthSchedule."""
+    return LengthSchedule(value) if isinstance(value, (list, tuple)) else value
+
+
 def _ranged(seg: Segment, start: int, end: int) -> Segment:
     """``seg._replace(start=start, end=end)``, without the keyword machinery (once per piece of a row)."""
     return _new_tuple(Segment, (seg[0], seg[1], seg[2], seg[3], start, end))
@@ -116,7 +121,7 @@ class Packer(Operator):
     ``_payload(pieces, padding)`` (what a finished bin becomes).
     """
 
-    max_length: int | LengthSchedule = config_field()
+    max_length: int | LengthSchedule = config_field(converter=_length_value)
     algorithm: Literal["first_fit", "best_fit", "wrap", "best_fit_wrap"] = config_field(default="wrap", kw_only=True)
     num_bins: int | None = config_field(default=None, kw_only=True)
     max_sequences_per_bin: int | None = config_field(default=None, kw_only=True)

@@ -213,8 +213,8 @@ def bind_lengths(operators: Sequence[tuple[str, Any]], *, complete: bool = True)
     given = pack.tokens_per_microbatch
     if given is not None and given != tokens:
         raise ValueError(
-            f"pack_flat: tokens_per_microbatch={given} differs from batch(tokens_per_microbatch={tokens}); leave it out "
-            "of pack_flat (the pipeline fills it from batch)"
+            f"pack_flat: tokens_per_microbatch={given} differs from batch(tokens_per_microbatch={tokens}); leave it "
+            "out of pack_flat (the pipeline fills it from batch)"
         )
     bound = attrs.evolve(pack, tokens_per_microbatch=tokens)
     return tuple(operators[:at]) + ((operators[at][0], bound),) + tuple(operators[at + 1 :])

@@ -92,7 +92,9 @@ def _held(op: Operator) -> tuple[str, int | None]:
     algorithm = getattr(op, "algorithm", "")
     if algorithm == "wrap" and hasattr(op.max_length, "longest"):
         longest = op.max_length.longest
-        return f"pieces of documents shorter than the next row (under {longest} tokens; they carry over to a new length)", None
+        held = f"pieces of documents shorter than the next row (under {longest} tokens; they carry over to a new "
+        held += "length)"
+        return held, None
     if algorithm == "wrap":
         return f"pieces of documents shorter than one row ({op.max_length} tokens)", None
     if algorithm == "best_fit_wrap":
@@ -283,7 +285,8 @@ def render(data: dict[str, Any]) -> str:
             f"({lanes['training_tokens_per_global_step']:,} per global step)"
         )
         for p in lanes.get("row_lengths", []):
-            line += f"\n  from step {p['from_step']}: rows of {p['length']} tokens, {p['rows_per_microbatch']} per microbatch"
+            rows = f"rows of {p['length']} tokens, {p['rows_per_microbatch']} per microbatch"
+            line += f"\n  from step {p['from_step']}: {rows}"
     out.append(line)
     if "dp_degree" in lanes:
         ranks = lanes["ranks"]

@@ -338,8 +338,9 @@ class Pipeline:
         time). ``max_tokens=N`` instead closes a microbatch when the next record would make rows x
         longest row (rounded up to ``pad_to_multiple_of``) exceed ``N``, sorting ``sort_window``
         records at a time when given; ``tokens_per_microbatch=T`` takes ``T / (length - 1)`` ``pack_flat``
-        rows, whose length may follow a :class:`~zephon.LengthSchedule`; see :class:`zephon.ops.Batch`. ``pad_token_id`` (for
-        ``to_training``'s padding) defaults to the last tokenizer's pad token, else its EOS.
+        rows, whose length may follow a :class:`~zephon.LengthSchedule`; see :class:`zephon.ops.Batch`.
+        ``pad_token_id`` (for ``to_training``'s padding) defaults to the last tokenizer's pad token,
+        else its EOS.
         """
         if pad_token_id is None:
             handles = [getattr(op, "tokenizer", None) for _, op in self.operators]

@@ -171,8 +171,9 @@ def step_size(source: StaticMixtureWorkSource, chain: Chain, lanes: int) -> Stat
     if pack is not None and tokens is not None:
         if not isinstance(pack.max_length, int):
             raise ValueError(
-                f"a schedule by='step' needs a fixed size of a global step, and pack_flat(max_length={pack.max_length}) "
-                "changes the row length (and so the rows' tokens) per step; use a schedule by='tokens', or give the "
+                "a schedule by='step' needs a fixed size of a global step, and "
+                f"pack_flat(max_length={pack.max_length}) changes the row length (and so the rows' tokens) per step; "
+                "use a schedule by='tokens', or give the "
                 "source tokens_per_step="
             )
         rows = tokens // (pack.max_length - 1)
