@@ -158,12 +158,10 @@ class LengthSchedule:
         return "LengthSchedule(" + ", ".join(f"step {s}: {n}" for s, n in self.points) + ")"
 
 
-def bind_lengths(operators: Sequence[tuple[str, Any]], *, complete: bool = True) -> tuple[tuple[str, Any], ...]:
+def bind_lengths(operators: Sequence[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
     """``operators`` with ``pack_flat`` given its ``batch``'s ``tokens_per_microbatch``, after checking
     the pairing: a :class:`LengthSchedule` goes with ``batch(tokens_per_microbatch=T)`` and only with it,
     nothing stands between them, and ``T`` divides into whole rows in every phase.
-
-    ``complete=False`` (a pipeline still being built) accepts a schedule with no ``batch`` yet.
     """
     names = [n for n, _ in operators]
     packs = [i for i, (_, op) in enumerate(operators) if op.kind in ("pack_flat", "pack_sequences")]
@@ -186,12 +184,10 @@ def bind_lengths(operators: Sequence[tuple[str, Any]], *, complete: bool = True)
     at = scheduled[0]
     pack = operators[at][1]
     if batch is None:
-        if complete:
-            raise ValueError(
-                "pack_flat(max_length=LengthSchedule(...)) needs batch(tokens_per_microbatch=T) as the last step: the "
-                "step a row belongs to is counted in microbatches of T tokens"
-            )
-        return tuple(operators)
+        raise ValueError(
+            "pack_flat(max_length=LengthSchedule(...)) needs batch(tokens_per_microbatch=T) as the last step: the "
+            "step a row belongs to is counted in microbatches of T tokens"
+        )
     if tokens is None:
         mode = f"microbatch_size={batch.microbatch_size}" if batch.microbatch_size is not None else (
             f"max_tokens={batch.max_tokens}"
