@@ -45,6 +45,7 @@ if (_owner := _other_owner()) is not None:
 #: public name -> the module defining it
 _LAZY = {
     "Explanation": ".pipeline.explain",
+    "LengthSchedule": ".ops.lengths",
     "Loader": ".runtime.loader",
     "Options": ".runtime.options",
     "Pipeline": ".pipeline.pipeline",
@@ -74,6 +75,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .pipeline.config import load_pipeline_config, pipeline_from_config
     from .runtime.executor import WorkerError
     from .pipeline.explain import Explanation
+    from .ops.lengths import LengthSchedule
     from .runtime.loader import Loader
     from .core.log import disable_logging, enable_logging
     from .runtime.options import Options

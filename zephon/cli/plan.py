@@ -25,11 +25,17 @@ def _run(args: argparse.Namespace) -> int:
             pipeline = Pipeline(plan).tokenize(handle, special_tokens=cli.special_tokens(handle, args.special_tokens))
             shape = plan.steps
             if shape is None:
-                raise ValueError("the plan has no [steps] table (lanes, microbatch_size[, sequence_length]); simulate needs it")
+                raise ValueError(
+                    "the plan has no [steps] table (lanes, microbatch_size[, sequence_length] or lanes, "
+                    "tokens_per_microbatch, sequence_length); simulate needs it"
+                )
             pipeline = pipeline.options(canonical_replicas=shape.lanes)
             if shape.sequence_length:
                 pipeline = pipeline.pack_flat(shape.sequence_length)
-            pipeline = pipeline.batch(shape.microbatch_size)
+            if shape.tokens_per_microbatch is not None:
+                pipeline = pipeline.batch(tokens_per_microbatch=shape.tokens_per_microbatch)
+            else:
+                pipeline = pipeline.batch(shape.microbatch_size)
         src = pipeline.compile().source if pipeline is not None else plan.source()
         if src.calibration is not None and plan.calibration is None:
             import attrs

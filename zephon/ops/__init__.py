@@ -14,6 +14,7 @@ from ..core.operator import StatelessOp as StatelessOp
 from ..core.operator import config_field as config_field
 from ..core.operator import stateless as stateless
 from ..core.fingerprint import FingerprintWarning as FingerprintWarning
+from .lengths import LengthSchedule as LengthSchedule
 from .mixing import EnsureMixture as EnsureMixture
 from .order import OrderBy as OrderBy
 from .order import token_count as token_count
@@ -29,6 +30,7 @@ __all__ = [
     "Chain",
     "FilterOp",
     "FingerprintWarning",
+    "LengthSchedule",
     "MapOp",
     "Operator",
     "OrderBy",

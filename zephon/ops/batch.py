@@ -10,8 +10,11 @@ pseudo-random order drawn from the operator's key, which cuts padding for ragged
 rows x longest row (rounded up to ``pad_to_multiple_of``), exceed ``N``: microbatches hold a
 variable number of rows, each within the budget. ``sort_window=k`` buffers ``k`` records, sorts
 them by length (ties by record id, then arrival), cuts the sorted window by the same rule and emits
-its microbatches in a drawn order. Every mode keeps its records by reference and counts rows, real
-tokens and padded slots so ``stats()`` reports the padding waste and the rows per microbatch.
+its microbatches in a drawn order. ``batch(tokens_per_microbatch=T)`` takes ``T / (length - 1)``
+rows of ``pack_flat`` per microbatch, read from the row length, so each holds ``T`` training tokens
+whether ``max_length`` is fixed or a :class:`~zephon.LengthSchedule` (sequence-length warmup).
+Every mode keeps its records by reference and counts rows, real tokens and padded slots so
+``stats()`` reports the padding waste and the rows per microbatch.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from ..core.state import decode, resolve
 from ..core.keys import fold_in, randbelow
 from ..training.fields import TOKEN_FIELDS, payload_length
 from ..core.records import Meta, Record, SampleBatch, describe_meta
+from .lengths import rows_per_microbatch
 
 #: What a token budget does with a record that cannot fit a microbatch on its own.
 OVERSIZED = ("error", "drop")
@@ -127,6 +131,10 @@ class Batch(Operator):
             rounded up to this (pass the same to ``to_training``).
         oversized: with ``max_tokens``, a record wider than the budget on its own: ``"error"``
             (default; the message names the record) or ``"drop"`` (counted in ``stats()``).
+        tokens_per_microbatch: training tokens per microbatch of ``pack_flat`` rows: ``T / (length - 1)``
+            rows of ``length`` tokens (labels shift by one), with a fixed ``max_length`` or a
+            :class:`~zephon.LengthSchedule` (then required); ``T`` must divide evenly for every length
+            (checked when the pipeline is built). Exclusive with ``microbatch_size`` and ``max_tokens``.
         pad_token_id: stamped on each :class:`~zephon.types.SampleBatch` for ``to_training``'s
             dynamic padding; ``Pipeline.batch`` fills it from the pipeline's tokenizer (its pad
             token, else its EOS). It never changes which records form a batch.
@@ -150,12 +158,18 @@ class Batch(Operator):
         default=None, kw_only=True, validator=attrs.validators.optional(positive_int)
     )
     oversized: Literal["error", "drop"] = config_field(default="error", kw_only=True)
+    tokens_per_microbatch: int | None = config_field(
+        default=None, kw_only=True, omit_default=True, validator=attrs.validators.optional(positive_int)
+    )
     pad_token_id: int | None = config_field(default=None, data=False, kw_only=True)
 
     kind: ClassVar[str] = "batch"
     state_type: ClassVar[type] = BatchState
 
     def __attrs_post_init__(self) -> None:
+        if self.tokens_per_microbatch is not None:
+            self._check_tokens()
+            return
         if self.max_tokens is not None:
             self._check_budget()
             return
@@ -174,6 +188,44 @@ class Batch(Operator):
                 f"batch: buffer_size={self.window} must be a multiple of microbatch_size={self.microbatch_size} "
                 "so that every group fills whole batches"
             )
+
+    def _check_tokens(self) -> None:
+        T = self.tokens_per_microbatch
+        for name in ("microbatch_size", "max_tokens"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"batch: {name}={getattr(self, name)} and tokens_per_microbatch={T} exclude each other: "
+                    "tokens_per_microbatch sets the rows of each microbatch (T / (row length - 1)); pass one"
+                )
+        given = [n for n in (*_BUDGET_SETTINGS[1:], *_FIXED_SETTINGS[1:])
+                 if getattr(self, n) != attrs.fields_dict(Batch)[n].default]
+        if given:
+            raise ValueError(
+                f"batch: {', '.join(given)} do not apply with tokens_per_microbatch (rows in arrival order, "
+                "T / (row length - 1) per microbatch); leave them out"
+            )
+
+    def rows_for(self, rec: Record) -> int:
+        """With ``tokens_per_microbatch``: the rows of a microbatch that starts with ``rec``."""
+        n = record_length(rec, "batch: tokens_per_microbatch")
+        return rows_per_microbatch(n, self.tokens_per_microbatch, f"{n} tokens ({describe_meta(rec.meta)})")
+
+    def _step_tokens(self, state: BatchState, chunk: Sequence[Record]) -> tuple[BatchState, list[SampleBatch]]:
+        partial = list(state.partial)
+        out: list[SampleBatch] = []
+        for rec in chunk:
+            if partial and record_length(rec) != record_length(partial[0]):
+                raise ValueError(
+                    f"batch: tokens_per_microbatch={self.tokens_per_microbatch}: row {describe_meta(rec.meta)} has "
+                    f"{record_length(rec)} tokens but its microbatch started with a row of "
+                    f"{record_length(partial[0])}; "
+                    "the rows of one microbatch share a length: put pack_flat directly before batch"
+                )
+            partial.append(rec)
+            if len(partial) == self.rows_for(partial[0]):
+                out.append(self._batch(partial))
+                partial = []
+        return self._advance(state, tuple(partial), out), out
 
     def _check_budget(self) -> None:
         if self.microbatch_size is not None:
@@ -222,6 +274,10 @@ class Batch(Operator):
         """The settings of the mode in use: fixed-size batching keeps the fingerprint it always had;
         a token budget leaves out the fixed-size settings (which it refuses)."""
         out = super().fingerprint()
+        if self.tokens_per_microbatch is not None:
+            for name in (*_BUDGET_SETTINGS, *_FIXED_SETTINGS):
+                del out[name]
+            return out
         for name in _BUDGET_SETTINGS if self.max_tokens is None else _FIXED_SETTINGS:
             del out[name]
         return out
@@ -229,6 +285,8 @@ class Batch(Operator):
     def step(self, state: BatchState, chunk: Sequence[Record]) -> tuple[BatchState, list[SampleBatch]]:
         if self.max_tokens is not None:
             return self._step_budget(state, chunk)
+        if self.tokens_per_microbatch is not None:
+            return self._step_tokens(state, chunk)
         partial = list(state.partial)
         size = self.window
         out: list[SampleBatch] = []
@@ -292,6 +350,8 @@ class Batch(Operator):
         records = list(state.partial)
         if self.max_tokens is not None:
             out, dropped = self._flush_budget(state, records)
+        elif self.tokens_per_microbatch is not None:
+            out, dropped = ([], records) if self.drop_last else ([self._batch(records)], [])
         else:
             keep = len(records) - len(records) % self.microbatch_size if self.drop_last else len(records)
             out = self._emit(state, records[:keep], 0) if keep else []
@@ -374,6 +434,8 @@ class Batch(Operator):
         state = decode(data, BatchState)
         counters = ("batches", "dropped_records", "dropped_tokens", "real_tokens", "slots", "rows")
         nonnegative(state, counters + ("oversized_records", "oversized_tokens"))
+        if self.tokens_per_microbatch is not None:
+            return self._decode_tokens(state, upstream)
         size = self.window or self.max_tokens
         if len(state.partial) >= size:
             raise ValueError(f"field 'partial' holds {len(state.partial)} records, but a batch is emitted as soon as {size} wait")
@@ -387,9 +449,24 @@ class Batch(Operator):
                 )
         return state
 
+    def _decode_tokens(self, state: BatchState, upstream: Resolver) -> BatchState:
+        state = resolve(state, upstream)
+        if state.partial:
+            lengths = {record_length(r) for r in state.partial}
+            rows = self.rows_for(state.partial[0])
+            if len(lengths) > 1 or len(state.partial) >= rows:
+                raise ValueError(
+                    f"field 'partial' holds {len(state.partial)} rows of lengths {sorted(lengths)}, but an open "
+                    f"microbatch holds fewer than {rows} rows of one length (tokens_per_microbatch="
+                    f"{self.tokens_per_microbatch})"
+                )
+        return state
+
     def rebuild(self, refs: Sequence[Any], upstream: Resolver) -> list[SampleBatch]:
         budget = self.max_tokens is not None
         most, name = (self.max_tokens, "max_tokens") if budget else (self.microbatch_size, "microbatch_size")
+        if self.tokens_per_microbatch is not None:
+            most, name = self.tokens_per_microbatch, "tokens_per_microbatch"
         for ref in refs:
             if not 0 < len(ref) <= most:
                 raise ValueError(f"a batch reference holds {len(ref)} records; batches hold 1 to {name}={most}")

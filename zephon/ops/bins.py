@@ -7,8 +7,6 @@ chunks; only ``flush`` (the end of the data) closes partial bins. Every token no
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-from collections import deque
 from typing import Any, ClassVar, Literal, Sequence
 
 import attrs
@@ -19,6 +17,8 @@ from ..core.operator import Operator, Resolver, config_field, nonnegative
 from ..core.state import decode, resolve
 from ..training.fields import SEGMENT_KEYS, aligned_payload, check_carried, find_token_field, unique_names
 from ..core.records import Meta, Record, Segment, describe_meta
+from .candidates import Pool, Piece, length_of as _length
+from .lengths import LengthSchedule
 
 #: The packing algorithms, as Zephon names them.
 ALGORITHMS = ("first_fit", "best_fit", "wrap", "best_fit_wrap")
@@ -26,10 +26,6 @@ ALGORITHMS = ("first_fit", "best_fit", "wrap", "best_fit_wrap")
 OVERSIZED = ("split", "drop", "truncate", "error")
 _WHOLE = ("first_fit", "best_fit")  # keep documents whole in open bins
 _new_tuple = tuple.__new__
-
-#: A piece of a document: the record (whole, as its upstream produced it) and a token range.
-Piece = tuple  # (Record, start, end)
-
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
@@ -43,6 +39,11 @@ def _check_int(op: str, name: str, value: Any, low: int, none: str = "") -> None
 def _field_names(value: Any) -> Any:
     """``drop_fields`` as a tuple of names (``None``: none); anything else is left for the check."""
     return () if value is None else unique_names(value)
+
+
+def _length_value(value: Any) -> Any:
+    """``max_length``: an int, or ``[[step, length], ...]`` (a config document's schedule) as a LengthSchedule."""
+    return LengthSchedule(value) if isinstance(value, (list, tuple)) else value
 
 
 def _ranged(seg: Segment, start: int, end: int) -> Segment:
@@ -84,83 +85,9 @@ class PackState(msgspec.Struct, frozen=True, tag="pack", forbid_unknown_fields=T
 _COUNTERS = tuple(n for n in PackState.__struct_fields__ if n not in ("bins", "stream", "pool", "arrivals"))
 
 
-def _length(pieces: Sequence[tuple]) -> int:
-    return sum(p[2] - p[1] for p in pieces)
-
-
 def _pieces(state: PackState) -> list[tuple]:
     """Every piece a state holds: open bins, then the wrap stream, then the pool."""
     return [p for b in state.bins for p in b] + list(state.stream) + list(state.pool)
-
-
-class _Pool:
-    """best_fit_wrap's candidates: sorted by ``(length, arrival)`` and by arrival (for ages)."""
-
-    __slots__ = ("live", "keys", "order", "total", "arrivals", "max_age")
-
-    def __init__(self, items: Sequence[tuple], arrivals: int, max_age: int):
-        self.live = {arr: (rec, a, b) for rec, a, b, arr in items}  # insertion order = arrival order
-        self.keys = sorted((b - a, arr) for _, a, b, arr in items)
-        self.order = deque(arr for *_, arr in items)
-        self.total = _length(items)
-        self.arrivals = arrivals
-        self.max_age = max_age
-
-    def __len__(self) -> int:
-        return len(self.live)
-
-    def add(self, rec: Record, a: int, b: int) -> None:
-        self.arrivals += 1
-        self.live[self.arrivals] = (rec, a, b)
-        insort(self.keys, (b - a, self.arrivals))
-        self.order.append(self.arrivals)
-        self.total += b - a
-
-    def _take(self, length: int, arr: int) -> Piece:
-        del self.keys[bisect_left(self.keys, (length, arr))]
-        self.total -= length
-        return self.live.pop(arr)
-
-    def build(self, max_length: int, cap: int | None) -> list[Piece]:
-        """One bin: overdue candidates, then largest fits, then one split of the shortest."""
-        pieces: list[Piece] = []
-        gap = max_length
-        limit = len(self.live) if cap is None else min(len(self.live), cap)
-        while gap > 0 and len(pieces) < limit:
-            while self.order[0] not in self.live:
-                self.order.popleft()
-            arr = self.order[0]
-            rec, a, b = self.live[arr]
-            # Largest-first selection can pass over a candidate forever; age bounds its wait.
-            if self.arrivals - arr <= self.max_age or b - a > gap:
-                break
-            gap -= b - a
-            pieces.append(self._take(b - a, arr))
-        while gap > 0 and len(pieces) < limit:
-            i = bisect_left(self.keys, (gap + 1, -1))
-            if i:
-                length = self.keys[i - 1][0]
-                length, arr = self.keys[bisect_left(self.keys, (length, -1))]  # earliest of that length
-                gap -= length
-                pieces.append(self._take(length, arr))
-                continue
-            length, arr = self.keys[0]  # nothing fits: split the shortest (earliest on ties)
-            rec, a, b = self.live[arr]
-            # Cut the end that severs fewer tokens from a document's prefix; a suffix only splits forward.
-            if a == 0 and gap < length - gap:
-                pieces.append((rec, b - gap, b))
-                self.live[arr] = (rec, a, b - gap)
-            else:
-                pieces.append((rec, a, a + gap))
-                self.live[arr] = (rec, a + gap, b)
-            del self.keys[0]
-            insort(self.keys, (length - gap, arr))
-            self.total -= gap
-            gap = 0
-        return pieces
-
-    def freeze(self) -> tuple:
-        return tuple((rec, a, b, arr) for arr, (rec, a, b) in self.live.items())
 
 
 class _Work:
@@ -173,7 +100,7 @@ class _Work:
         self.stream = [list(p) for p in state.stream]
         self.head = 0
         self.avail = _length(state.stream)
-        self.pool = _Pool(state.pool, state.arrivals, max_age)
+        self.pool = Pool(state.pool, state.arrivals, max_age)
         self.counts = {n: getattr(state, n) for n in _COUNTERS}
 
     def freeze(self) -> PackState:
@@ -194,7 +121,7 @@ class Packer(Operator):
     ``_payload(pieces, padding)`` (what a finished bin becomes).
     """
 
-    max_length: int = config_field()
+    max_length: int | LengthSchedule = config_field(converter=_length_value)
     algorithm: Literal["first_fit", "best_fit", "wrap", "best_fit_wrap"] = config_field(default="wrap", kw_only=True)
     num_bins: int | None = config_field(default=None, kw_only=True)
     max_sequences_per_bin: int | None = config_field(default=None, kw_only=True)
@@ -213,7 +140,8 @@ class Packer(Operator):
 
     def __attrs_post_init__(self) -> None:
         k, alg = self.kind, self.algorithm
-        _check_int(k, "max_length", self.max_length, 1)
+        if not isinstance(self.max_length, LengthSchedule):
+            _check_int(k, "max_length", self.max_length, 1)
         if alg not in ALGORITHMS:
             raise ValueError(f"{k}: unknown algorithm {alg!r}; choose one of {', '.join(map(repr, ALGORITHMS))}")
         if alg in _WHOLE:
@@ -307,6 +235,10 @@ class Packer(Operator):
     def init(self, key: int) -> PackState:
         return PackState()
 
+    def _row_length(self, rows: int) -> int:
+        """The length of the lane's row that follows ``rows`` emitted rows: ``max_length``."""
+        return self.max_length
+
     def step(self, state: PackState, chunk: Sequence[Record]) -> tuple[PackState, list[Record]]:
         w = _Work(state, self.candidate_age)
         out: list[Record] = []
@@ -322,7 +254,7 @@ class Packer(Operator):
     def flush(self, state: PackState) -> tuple[PackState, list[Record]]:
         w = _Work(state, self.candidate_age)
         out: list[Record] = []
-        L, cap = self.max_length, self.max_sequences_per_bin
+        L, cap = self._row_length(w.counts["rows"]), self.max_sequences_per_bin
         for pieces, _ in w.bins:  # oldest first
             self._close(w, pieces, out)
         w.bins = []
@@ -395,7 +327,8 @@ class Packer(Operator):
 
     def _admit(self, rec: Record, w: _Work) -> list[Piece]:
         """The pieces of ``rec`` to pack, after the empty and oversized policies (all counted)."""
-        n, L, c = self._measure(rec), self.max_length, w.counts
+        n, c = self._measure(rec), w.counts
+        L = self._row_length(c["rows"])
         if n == 0:
             c["empty_records"] += 1
             return []
@@ -463,9 +396,11 @@ class Packer(Operator):
     def _place_wrap(self, w: _Work, piece: Piece, out: list) -> None:
         w.stream.append(list(piece))
         w.avail += piece[2] - piece[1]
-        L, cap = self.max_length, self.max_sequences_per_bin
-        stream = w.stream
-        while w.avail >= L or (cap is not None and len(stream) - w.head >= cap):
+        cap, stream = self.max_sequences_per_bin, w.stream
+        while True:
+            L = self._row_length(w.counts["rows"])  # a length schedule may change it from one row to the next
+            if not (w.avail >= L or (cap is not None and len(stream) - w.head >= cap)):
+                break
             need, head, pieces = L, w.head, []
             limit = len(stream) - head if cap is None else min(len(stream) - head, cap)
             while need and len(pieces) < limit:
@@ -499,7 +434,7 @@ class Packer(Operator):
         used = 0
         for _, a, b in pieces:
             used += b - a
-        padding = self.max_length - used if self.flat else 0
+        padding = self._row_length(w.counts["rows"]) - used if self.flat else 0
         out.append(self._row(pieces, pieces[0][0].meta.lane, padding))
         c = w.counts
         c["rows"] += 1
@@ -522,11 +457,12 @@ class Packer(Operator):
             for i, s in enumerate(m.segments):
                 self._check_range(docs[s.sample], s.start, s.end, f"row segment {i}")
                 used += s.end - s.start
-            padding = self.max_length - used if self.flat else 0
-            if used > self.max_length or m.padding_length != padding:
+            lengths = getattr(self.max_length, "lengths", (self.max_length,))
+            fits = used + m.padding_length in lengths if self.flat else used <= self.max_length and not m.padding_length
+            if not fits or m.padding_length < 0:
                 raise ValueError(
                     f"{self.kind}: a row reference covers {used} tokens with padding_length {m.padding_length}, but "
-                    f"a row of max_length={self.max_length} covering {used} tokens has padding {padding}: {m!r}"
+                    f"rows of max_length={self.max_length} are {'padded to' if self.flat else 'at most'} that: {m!r}"
                 )
         rows = [[(docs[s.sample], s.start, s.end) for s in m.segments] for m in refs]
         return [self._row(pieces, m.lane, m.padding_length) for pieces, m in zip(rows, refs)]
@@ -538,7 +474,7 @@ class Packer(Operator):
         of order or past ``arrivals``; a piece whose token range is empty or past its document."""
         state = decode(data, PackState)
         nonnegative(state, ("arrivals",) + _COUNTERS)
-        alg, L = self.algorithm, self.max_length
+        alg, L = self.algorithm, self._row_length(state.rows)
         names = [f"bins[{i}][{j}]" for i, b in enumerate(state.bins) for j in range(len(b))]
         names += [f"{field}[{i}]" for field in ("stream", "pool") for i in range(len(getattr(state, field)))]
         for name, (_, start, end, *_) in zip(names, _pieces(state)):

@@ -21,6 +21,7 @@ from ..core.records import Record
 from .bins import ALGORITHMS as ALGORITHMS
 from .bins import OVERSIZED as OVERSIZED
 from .bins import Packer, PackState as PackState, Piece
+from .lengths import LengthSchedule
 
 __all__ = ["ALGORITHMS", "OVERSIZED", "PackFlat", "PackSequences", "PackState", "packing_info"]
 
@@ -78,7 +79,10 @@ class PackFlat(Packer):
     Every dropped or cut token, and every empty document, is counted in :meth:`report`.
 
     Args:
-        max_length: tokens per row (pack ``context + 1`` when labels are shifted for training).
+        max_length: tokens per row (pack ``context + 1`` when labels are shifted for training), or a
+            :class:`~zephon.LengthSchedule` of row lengths over global steps (sequence-length warmup;
+            algorithm ``"wrap"``, with ``batch(tokens_per_microbatch=T)``): the wrap remainder carries
+            over to the next length, so no token is lost at a switch.
         algorithm: ``"wrap"``, ``"first_fit"``, ``"best_fit"`` or ``"best_fit_wrap"``.
         num_bins: open bins; required for first_fit/best_fit, not allowed otherwise.
         max_sequences_per_bin: the most pieces in a row (``None``: no limit).
@@ -97,6 +101,9 @@ class PackFlat(Packer):
             own ``positions`` is packed like any token-aligned field.
         drop_fields: field names removed from every document before packing, counted in
             ``report()["dropped_field_values"]``: the one way to leave a field out.
+        tokens_per_microbatch: with a :class:`~zephon.LengthSchedule`, the tokens of a microbatch,
+            which place row ``r`` of a lane in its global step; a pipeline fills it from
+            ``batch(tokens_per_microbatch=T)`` (pass it when running the operator alone).
 
     Output: the token field and every other 1-D numeric field of the same length, concatenated,
     padded with ``pad_token_id`` (other fields with 0); ``positions``; ``meta.padding_length``
@@ -133,11 +140,25 @@ class PackFlat(Packer):
     """
 
     emit_positions: bool = config_field(default=True, kw_only=True)
+    tokens_per_microbatch: int | None = config_field(default=None, kw_only=True, omit_default=True)
 
     kind: ClassVar[str] = "pack_flat"
     flat: ClassVar[bool] = True
 
+    def _row_length(self, rows: int) -> int:
+        schedule = self.max_length
+        if not isinstance(schedule, LengthSchedule):
+            return schedule
+        if self.tokens_per_microbatch is None:
+            raise ValueError(
+                "pack_flat(max_length=LengthSchedule(...)) needs tokens_per_microbatch to know the step of each row: "
+                "a pipeline fills it from batch(tokens_per_microbatch=T); pass tokens_per_microbatch=T when running "
+                "the operator on its own"
+            )
+        return schedule.row_length(rows, self.tokens_per_microbatch)
+
     def _check_output(self) -> None:
+        self._check_schedule()
         if not isinstance(self.emit_positions, bool):
             raise ValueError(f"pack_flat: emit_positions must be True or False, got {self.emit_positions!r}")
         capped = self.max_sequences_per_bin is not None
@@ -148,6 +169,27 @@ class PackFlat(Packer):
                 f"pack_flat: {why} max_length, so pad_token_id is required (any id the model can embed: padding is "
                 "masked by position through meta.padding_length); e.g. pad_token_id=0, or the tokenizer's pad/EOS id"
             )
+
+    def _check_schedule(self) -> None:
+        schedule, tokens = self.max_length, self.tokens_per_microbatch
+        if not isinstance(schedule, LengthSchedule):
+            if tokens is not None:
+                raise ValueError(
+                    "pack_flat: tokens_per_microbatch only applies with max_length=LengthSchedule(...); with a fixed "
+                    "max_length leave it out (batch(tokens_per_microbatch=T) alone sets the rows per microbatch)"
+                )
+            return
+        if self.algorithm != "wrap" or self.oversized_policy != "split":
+            raise ValueError(
+                f"pack_flat: max_length=LengthSchedule(...) needs algorithm='wrap' with oversized='split' (got "
+                f"algorithm={self.algorithm!r}, oversized={self.oversized_policy!r}): the token stream is cut into "
+                "rows of the step's length, and the remainder carries over to the next length unchanged; other "
+                "algorithms keep bins of one length open. Use the defaults, or a fixed max_length"
+            )
+        if tokens is not None:
+            if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+                raise ValueError(f"pack_flat: tokens_per_microbatch must be an int >= 1, got {tokens!r}")
+            schedule.phases(tokens)
 
     def _payload(self, pieces: Sequence[Piece], padding: int) -> dict[str, Any]:
         first = pieces[0][0].payload
@@ -250,6 +292,11 @@ class PackSequences(Packer):
     flat: ClassVar[bool] = False
 
     def _check_output(self) -> None:
+        if isinstance(self.max_length, LengthSchedule):
+            raise ValueError(
+                "pack_sequences: max_length must be an int; a LengthSchedule changes the length of pack_flat rows "
+                "(use pack_flat(max_length=LengthSchedule(...)) with batch(tokens_per_microbatch=T))"
+            )
         if self.pad_token_id is not None:
             raise ValueError(
                 "pack_sequences: pad_token_id does not apply: envelopes keep documents apart and are never padded; "

@@ -81,6 +81,8 @@ def _held(op: Operator) -> tuple[str, int | None]:
         if op.sort_window:
             return f"up to {op.sort_window - 1} records (the sort window being filled)", op.sort_window - 1
         return f"the open microbatch (under max_tokens={op.max_tokens} token slots)", None
+    if op.kind == "batch" and getattr(op, "tokens_per_microbatch", None) is not None:
+        return f"the open microbatch (fewer than tokens_per_microbatch={op.tokens_per_microbatch} tokens of rows)", None
     if op.kind == "batch" and getattr(op, "group_by_length", False):
         return f"up to {op.window} records (length grouping buffer)", op.window
     if op.kind == "batch":
@@ -88,6 +90,11 @@ def _held(op: Operator) -> tuple[str, int | None]:
     if op.kind not in ("pack_flat", "pack_sequences"):
         return "see the operator's documentation", None
     algorithm = getattr(op, "algorithm", "")
+    if algorithm == "wrap" and hasattr(op.max_length, "longest"):
+        longest = op.max_length.longest
+        held = f"pieces of documents shorter than the next row (under {longest} tokens; they carry over to a new "
+        held += "length)"
+        return held, None
     if algorithm == "wrap":
         return f"pieces of documents shorter than one row ({op.max_length} tokens)", None
     if algorithm == "best_fit_wrap":
@@ -176,6 +183,14 @@ def explain_plan(
     if budget is not None:
         lanes.update(max_tokens=budget, sort_window=batch.sort_window, pad_to_multiple_of=batch.pad_to_multiple_of)
         lanes["token_slots_per_global_step"] = L * budget
+    tokens = getattr(batch, "tokens_per_microbatch", None)
+    if tokens is not None:
+        lanes.update(tokens_per_microbatch=tokens, training_tokens_per_global_step=L * tokens)
+        pack = next((op for _, op in ops if op.kind == "pack_flat"), None)
+        if pack is not None:
+            phases = getattr(pack.max_length, "phases", None)
+            points = phases(tokens) if phases else [(0, pack.max_length, tokens // (pack.max_length - 1), 0)]
+            lanes["row_lengths"] = [{"from_step": p[0], "length": p[1], "rows_per_microbatch": p[2]} for p in points]
     executor: dict[str, Any] = {k: getattr(options, k) for k in _EXECUTOR_SETTINGS}
     executor["kind"] = "a background thread" if options.thread else "the calling thread"
     if options.workers:
@@ -264,6 +279,14 @@ def render(data: dict[str, Any]) -> str:
             f", microbatches of up to {lanes['max_tokens']:,} token slots (rows x longest row{multiple}; a variable "
             f"number of rows, {sort}), up to {lanes['token_slots_per_global_step']:,} slots per global step"
         )
+    if lanes.get("tokens_per_microbatch"):
+        line += (
+            f", {lanes['tokens_per_microbatch']:,} training tokens per microbatch "
+            f"({lanes['training_tokens_per_global_step']:,} per global step)"
+        )
+        for p in lanes.get("row_lengths", []):
+            rows = f"rows of {p['length']} tokens, {p['rows_per_microbatch']} per microbatch"
+            line += f"\n  from step {p['from_step']}: {rows}"
     out.append(line)
     if "dp_degree" in lanes:
         ranks = lanes["ranks"]

@@ -28,6 +28,7 @@ from ..runtime.loader import Loader, restored_lanes
 from ..runtime.skip_steps import check_count
 from ..core.log import progress
 from ..runtime.options import Options
+from ..ops.lengths import LengthSchedule, bind_lengths
 from ..ops.pack import PackFlat, PackSequences
 from ..core.records import SampleBatch
 from ..ops.order import OrderBy
@@ -185,6 +186,8 @@ class Pipeline:
                 f"{op.kind} splits records, so it must come before every buffering operator "
                 f"(it follows {[n for n, o in steps if not isinstance(o, StatelessOp)]})"
             )
+        if isinstance(op, Batch):
+            steps = bind_lengths(steps + (("", op),))[:-1]  # refuses a wrong pairing with pack_flat's length
         taken = {n for n, _ in steps}
         if name is None:
             name, i = op.kind, 1
@@ -295,10 +298,12 @@ class Pipeline:
 
         return self.add(TokenizeChat(tokenizer=tokenizer, tokenizer_id=tokenizer_id, **kwargs), name=name)
 
-    def pack_flat(self, max_length: int, *, name: str | None = None, **kwargs: Any) -> "Pipeline":
+    def pack_flat(self, max_length: "int | LengthSchedule", *, name: str | None = None, **kwargs: Any) -> "Pipeline":
         """Pack documents into rows of at most ``max_length`` tokens; see :class:`zephon.ops.PackFlat`.
 
         ``algorithm``: ``"wrap"`` (default), ``"first_fit"``, ``"best_fit"`` or ``"best_fit_wrap"``.
+        ``max_length`` may be a :class:`~zephon.LengthSchedule` (row lengths over global steps), with
+        ``batch(tokens_per_microbatch=T)`` as the next step.
         """
         return self.add(PackFlat(max_length, **kwargs), name=name)
 
@@ -326,15 +331,17 @@ class Pipeline:
         self, microbatch_size: int | None = None, *, drop_last: bool = True, group_by_length: bool = False,
         buffer_size: int | None = None, max_tokens: int | None = None, sort_window: int = 0,
         pad_to_multiple_of: int | None = None, oversized: str = "error", pad_token_id: int | None = None,
-        name: str | None = None,
+        tokens_per_microbatch: int | None = None, name: str | None = None,
     ) -> "Pipeline":
         """Group records into lane-pure :class:`~zephon.types.SampleBatch`: ``microbatch_size`` rows, or a token budget.
 
         ``group_by_length=True`` batches records of similar length (sorting ``buffer_size`` at a
         time). ``max_tokens=N`` instead closes a microbatch when the next record would make rows x
         longest row (rounded up to ``pad_to_multiple_of``) exceed ``N``, sorting ``sort_window``
-        records at a time when given; see :class:`zephon.ops.Batch`. ``pad_token_id`` (for
-        ``to_training``'s padding) defaults to the last tokenizer's pad token, else its EOS.
+        records at a time when given; ``tokens_per_microbatch=T`` takes ``T / (length - 1)`` ``pack_flat``
+        rows, whose length may follow a :class:`~zephon.LengthSchedule`; see :class:`zephon.ops.Batch`.
+        ``pad_token_id`` (for ``to_training``'s padding) defaults to the last tokenizer's pad token,
+        else its EOS.
         """
         if pad_token_id is None:
             handles = [getattr(op, "tokenizer", None) for _, op in self.operators]
@@ -344,7 +351,10 @@ class Pipeline:
                 pad_token_id = pad if pad is not None else handles[-1].eos_token_id
         settings = {"drop_last": drop_last, "group_by_length": group_by_length, "buffer_size": buffer_size}
         budget = {"max_tokens": max_tokens, "sort_window": sort_window, "pad_to_multiple_of": pad_to_multiple_of}
-        op = Batch(microbatch_size, **settings, **budget, oversized=oversized, pad_token_id=pad_token_id)
+        op = Batch(
+            microbatch_size, **settings, **budget, oversized=oversized, pad_token_id=pad_token_id,
+            tokens_per_microbatch=tokens_per_microbatch,
+        )
         return self.add(op, name=name)
 
     def ensure_mixture(
@@ -397,7 +407,7 @@ class Pipeline:
         key = repr(calibration.describe()) if calibration is not None else ""
         plans = self._notes.plans
         if key not in plans:
-            chain = Chain(self.operators)
+            chain = Chain(bind_lengths(self.operators))
             source = self.source if opts.io_options is None else self.source.with_io_options(opts.io_options)
             source = compile_source(source, chain, L, calibration=calibration)
             plans[key] = Plan(source, place_targets(chain, source, L), L, opts.read_size, opts.read_ahead)

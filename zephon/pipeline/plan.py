@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import attrs
 import numpy as np
 
+from ..ops.lengths import LengthSchedule, Phase
 from ..sources.estimate import Calibration, TokenEstimation
 from ..sources.mixture import MixtureSchedule, MixtureSpec, as_mixture
 from ..sources.work_source import StaticMixtureWorkSource
@@ -27,21 +28,83 @@ _PLAIN_KEYS = ("seed", "shuffle_shards", "shuffle_within_shard", "passes", "chun
 _OPTIONAL_KEYS = ("exhausted_policy", "max_repeats")
 _TABLES = ("datasets", "mixture", "schedule", "token_estimation", "calibration", "steps")
 _TOP_KEYS = {*_PLAIN_KEYS, *_OPTIONAL_KEYS, *_TABLES}
+_SHAPE_KEYS = ("lanes", "microbatch_size", "sequence_length", "tokens_per_microbatch")
+
+
+def _as_length(value: Any) -> Any:
+    """``sequence_length``: an int, or ``[[step, length], ...]`` as a :class:`~zephon.LengthSchedule`."""
+    return LengthSchedule(value) if isinstance(value, (list, tuple)) else value
 
 
 @attrs.frozen
 class StepShape:
-    """What one global step holds: ``lanes`` x ``microbatch_size`` records, of ``sequence_length`` tokens when packed."""
+    """What one global step holds: ``lanes`` x ``microbatch_size`` records, of ``sequence_length`` tokens when packed.
+
+    With ``tokens_per_microbatch=T`` (``batch(tokens_per_microbatch=T)``), a microbatch is
+    ``T / (length - 1)`` packed rows and ``sequence_length`` may be a :class:`~zephon.LengthSchedule`
+    (in a plan document: ``sequence_length = [[0, 257], [2000, 1025]]``); ``microbatch_size`` stays 1.
+    """
 
     lanes: int = 1
     microbatch_size: int = 1
-    sequence_length: int | None = None
+    sequence_length: int | LengthSchedule | None = attrs.field(default=None, converter=_as_length)
+    tokens_per_microbatch: int | None = None
 
     def __attrs_post_init__(self) -> None:
-        for name, v in attrs.asdict(self).items():
+        for name in _SHAPE_KEYS:
+            v = getattr(self, name)
+            if name == "sequence_length" and isinstance(v, LengthSchedule):
+                continue
             bad = isinstance(v, bool) or not isinstance(v, int) or v < 1
-            if bad and (v is not None or name != "sequence_length"):
+            if bad and (v is not None or name not in ("sequence_length", "tokens_per_microbatch")):
                 raise ValueError(f"steps.{name} must be an int >= 1, got {v!r}")
+        T = self.tokens_per_microbatch
+        if isinstance(self.sequence_length, LengthSchedule) and T is None:
+            raise ValueError("steps: a sequence_length schedule needs tokens_per_microbatch (tokens per microbatch)")
+        if T is not None:
+            if self.sequence_length is None or self.microbatch_size != 1:
+                raise ValueError(
+                    "steps: tokens_per_microbatch counts packed rows: give sequence_length (a length or "
+                    "[[step, length], ...]) and leave out microbatch_size (T / (length - 1) rows per microbatch)"
+                )
+            self.phases()  # every length divides T, or the error names the step
+
+    def phases(self) -> tuple[Phase, ...]:
+        """The stretches of steps with one row length (one, unless ``sequence_length`` is a schedule)."""
+        length, T = self.sequence_length, self.tokens_per_microbatch
+        if T is None:
+            return (Phase(0, length, self.microbatch_size, 0),)
+        return (length if isinstance(length, LengthSchedule) else LengthSchedule([(0, length)])).phases(T)
+
+    @property
+    def fixed(self) -> bool:
+        """Whether every step holds the same number of tokens (no length schedule)."""
+        return not isinstance(self.sequence_length, LengthSchedule) or len(self.sequence_length.points) == 1
+
+    def tokens_before(self, step: int) -> int:
+        """Packed tokens (rows x row length, every lane) in the global steps before ``step``."""
+        total, phases = 0, self.phases()
+        for p, nxt in zip(phases, [*phases[1:], None]):
+            end = step if nxt is None else min(step, nxt.step)
+            total += max(0, end - p.step) * self.lanes * p.rows * p.length
+        return total
+
+    def step_at_tokens(self, tokens: float) -> int:
+        """The global step whose tokens include token number ``tokens`` (counting from 0)."""
+        phases = self.phases()
+        for p, nxt in zip(phases, [*phases[1:], None]):
+            if nxt is None or tokens < self.tokens_before(nxt.step):
+                return p.step + int((tokens - self.tokens_before(p.step)) // (self.lanes * p.rows * p.length))
+        raise AssertionError("the last phase has no end")
+
+    def describe(self) -> dict[str, Any]:
+        """The shape as a plan document's ``[steps]`` table (a schedule as ``[[step, length], ...]``)."""
+        out = {k: getattr(self, k) for k in _SHAPE_KEYS if getattr(self, k) is not None}
+        if isinstance(self.sequence_length, LengthSchedule):
+            out["sequence_length"] = self.sequence_length.describe()
+        if self.tokens_per_microbatch is not None:
+            del out["microbatch_size"]
+        return out
 
 
 def _as_datasets(value: Any) -> tuple:
@@ -66,11 +129,9 @@ def _as_shape(value: Any) -> StepShape | None:
     if value is None or isinstance(value, StepShape):
         return value
     if isinstance(value, Mapping):
-        unknown = set(value) - {"lanes", "microbatch_size", "sequence_length"}
+        unknown = set(value) - set(_SHAPE_KEYS)
         if unknown:
-            raise ValueError(
-                f"unknown keys in steps: {sorted(unknown)}; allowed: lanes, microbatch_size, sequence_length"
-            )
+            raise ValueError(f"unknown keys in steps: {sorted(unknown)}; allowed: {', '.join(_SHAPE_KEYS)}")
         return StepShape(**value)
     raise TypeError(f"steps must be a StepShape or a table of lanes, microbatch_size, sequence_length, got {value!r}")
 
@@ -119,11 +180,17 @@ class Plan:
         shape = self.steps
         per_step: dict[str, int] = {}
         if shape is not None:
+            by_step = isinstance(self.mixture, MixtureSchedule) and len(self.mixture.points) > 1
             if shape.sequence_length is None:
                 per_step["samples_per_step"] = shape.lanes * shape.microbatch_size
-            else:
-                per_step["tokens_per_step"] = shape.lanes * shape.microbatch_size * shape.sequence_length
-            if isinstance(self.mixture, MixtureSchedule) and len(self.mixture.points) > 1:
+            elif shape.fixed:
+                per_step["tokens_per_step"] = shape.tokens_before(1)
+            elif by_step and self.mixture.by == "step":
+                raise ValueError(
+                    "a schedule by='step' needs a fixed size of a global step, and steps.sequence_length is a schedule "
+                    "(its steps hold different numbers of tokens); use a schedule by='tokens'"
+                )
+            if by_step:
                 per_step["step_lanes"] = shape.lanes  # points start at a block of lanes' chunks, as in a pipeline
         settings = {k: getattr(self, k) for k in (*_PLAIN_KEYS, *_OPTIONAL_KEYS, "token_estimation")}
         calibration = calibration or self.calibration
@@ -167,7 +234,7 @@ class Plan:
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name).describe()
         if self.steps is not None:
-            out["steps"] = {k: v for k, v in attrs.asdict(self.steps).items() if v is not None}
+            out["steps"] = self.steps.describe()
         return out
 
     @classmethod
@@ -289,14 +356,17 @@ def _pipeline_shape(pipeline: Any) -> StepShape:
     batch = next((op for op in ops if op.kind == "batch"), None)
     if batch is None:
         raise ValueError("simulate(pipeline=...) needs a pipeline that ends in batch()")
+    pack = next((op.max_length for op in ops if op.kind in ("pack_flat", "pack_sequences")), None)
+    lanes = pipeline.run_options.canonical_replicas
+    if batch.tokens_per_microbatch is not None:
+        return StepShape(lanes, 1, pack, tokens_per_microbatch=batch.tokens_per_microbatch)
     if batch.microbatch_size is None:
         raise ValueError(
             f"simulate(pipeline=...) needs a fixed number of rows per microbatch, and "
             f"batch(max_tokens={batch.max_tokens}) varies it; give the plan steps={{lanes, microbatch_size"
             "[, sequence_length]} (an average) instead"
         )
-    pack = next((op.max_length for op in ops if op.kind in ("pack_flat", "pack_sequences")), None)
-    return StepShape(pipeline.run_options.canonical_replicas, batch.microbatch_size, pack)
+    return StepShape(lanes, batch.microbatch_size, pack)
 
 
 @attrs.frozen
@@ -316,8 +386,14 @@ class Simulation:
     exact: bool = True
 
     def table(self) -> str:
-        head = f"first {self.steps} global steps ({self.shape.lanes} lanes x {self.shape.microbatch_size}"
-        head += f" rows of {self.shape.sequence_length} tokens)" if self.shape.sequence_length else " samples)"
+        shape = self.shape
+        head = f"first {self.steps} global steps ({shape.lanes} lanes x "
+        if shape.tokens_per_microbatch is not None:
+            head += f"{shape.tokens_per_microbatch} training tokens per microbatch)"
+        else:
+            head += f"{shape.microbatch_size} rows of {shape.sequence_length} tokens)" if shape.sequence_length else (
+                f"{shape.microbatch_size} samples)"
+            )
         head += "" if self.exact else "; sample counts estimated from tokens"
         total = sum(t for t in self.tokens.values() if t is not None) or 0
         rows = [("dataset", "samples", "est. tokens", "token share", "epochs", "first pass ends at step")]
@@ -329,6 +405,11 @@ class Simulation:
             rows.append((n, str(self.samples[n]), tokens, share, f"{self.epochs[n]:.3f}", end))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [head] + ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+        if shape.tokens_per_microbatch is not None:
+            lines.append("sequence length over steps:")
+            for p in shape.phases():
+                later = " (after the simulated steps)" if p.step >= self.steps else ""
+                lines.append(f"  from step {p.step}: rows of {p.length} tokens, {p.rows} per microbatch{later}")
         if len(self.weights) > 1:
             lines.append(f"target ({self.unit}) over steps:")
             lines += [f"  step {step}: " + ", ".join(f"{n} {x:.4f}" for n, x in w.items()) for step, w in self.weights]
@@ -381,10 +462,9 @@ def simulate_source(src: StaticMixtureWorkSource, shape: StepShape, steps: int) 
             for j in range(n):
                 per_step[:, j] += (comps.reshape(steps, B) == j).sum(axis=1)
     else:
-        T = L * B * shape.sequence_length
         if tps is None:
             raise ValueError("simulating packed steps needs the calibration (tokens per sample)")
-        positions = [_position_at_tokens(src, s * T) for s in range(steps + 1)]
+        positions = [_position_at_tokens(src, shape.tokens_before(s)) for s in range(steps + 1)]
         counts = np.stack([src.timeline.counts_before(p) for p in positions])
         per_step = np.diff(counts, axis=0)
     cum = np.cumsum(per_step, axis=0)
@@ -443,15 +523,15 @@ def _position_at_tokens(src: StaticMixtureWorkSource, tokens: float) -> int:
 
 
 def _position_of_step(src: StaticMixtureWorkSource, shape: StepShape, step: int) -> int:
-    records = step * shape.lanes * shape.microbatch_size
-    return records if shape.sequence_length is None else _position_at_tokens(src, records * shape.sequence_length)
+    if shape.sequence_length is None:
+        return step * shape.lanes * shape.microbatch_size
+    return _position_at_tokens(src, shape.tokens_before(step))
 
 
 def _step_of(src: StaticMixtureWorkSource, shape: StepShape, position: int) -> int:
-    per_step = shape.lanes * shape.microbatch_size
     if shape.sequence_length is None:
-        return position // per_step
-    return int(src.tokens_before(position) // (per_step * shape.sequence_length))
+        return position // (shape.lanes * shape.microbatch_size)
+    return shape.step_at_tokens(src.tokens_before(position))
 
 
 def _table(value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
