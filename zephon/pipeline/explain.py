@@ -20,6 +20,7 @@ from ..runtime.lanes import Plan
 from ..runtime.options import Options
 from ..core.records import Record, SampleBatch
 from ..text.tokenizer import TokenizerHandle
+from ..training.fields import TOKEN_FIELDS
 
 #: Options that decide the data; every other option only decides where and how fast lanes run.
 DATA_OPTIONS = ("canonical_replicas",)
@@ -317,3 +318,41 @@ def render(data: dict[str, Any]) -> str:
     else:
         out.append("  (explain(measure=N) runs lane 0 for N outputs and estimates the size with full buffers)")
     return "\n".join(out)
+
+
+
+#: Payload fields of conversations, which ``tokenize_chat`` renders.
+_CHAT_FIELDS = ("messages", "conversations", "conversation")
+
+
+def untokenized_warning(plan: Plan, lane: int) -> str | None:
+    """Why a pipeline without operators that yields text records (a forgotten or discarded ``tokenize``)
+    should be warned about, from its first record; ``None`` when it yields tokens."""
+    try:
+        _, first = plan.next(lane, plan.init(lane))
+    except Exception:  # noqa: BLE001 - the loader reads the same record and raises its error with context
+        return None
+    payload = getattr(first, "payload", None)
+    if not isinstance(payload, dict) or any(name in payload for name in TOKEN_FIELDS):
+        return None
+    fields = [name for name, value in payload.items() if isinstance(value, str) or _is_conversation(value)]
+    if not fields:
+        return None
+    chat = [f for f in fields if f in _CHAT_FIELDS or not isinstance(payload[f], str)]
+    fix = f"p = p.tokenize_chat(tokenizer, field={chat[0]!r})" if chat else f"p = p.tokenize(tokenizer, field={fields[0]!r})"
+    return (
+        f"this pipeline has no operators, so it yields the source's records as they are: text, not tokens "
+        f"(fields {fields} of the first record). Add a tokenizer, e.g. `{fix}`, and assign the result: "
+        "builder methods return a new pipeline."
+    )
+
+
+def _is_conversation(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "content" in m for m in value)
+
+
+def describe_record(plan: Plan, rec: Any) -> dict[str, Any]:
+    """Where a record's tokens come from: ``(dataset, shard, row, start, end)`` per segment, and its padding."""
+    ds = plan.source.datasets
+    segments = [(ds[s.dataset].name, ds[s.dataset].shard_ids[s.shard], s.row, s.start, s.end) for s in rec.meta.segments]
+    return {"segments": segments, "padding_length": rec.meta.padding_length}

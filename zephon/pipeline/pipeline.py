@@ -20,9 +20,8 @@ from ..ops.batch import Batch
 from ..runtime.checkpoint import validate
 from ..core.operator import Chain, FilterOp, MapOp, Operator, StatelessOp
 from ..runtime.distributed import Topology, resolve_topology
-from .explain import Explanation, explain_plan
+from .explain import Explanation, describe_record, explain_plan, untokenized_warning
 from ..core.fingerprint import FingerprintWarning, unfingerprintable
-from ..training.fields import TOKEN_FIELDS
 from ..runtime.lanes import Plan
 from ..runtime.loader import Loader, restored_lanes
 from ..runtime.skip_steps import check_count
@@ -89,21 +88,6 @@ _BUILDERS = frozenset(
 )
 #: What a loader owns, asked of a pipeline by code written for pipelines that run in place.
 _RUNNING = frozenset({"checkpoint", "stats", "stats_table", "close", "state_dict", "load_state_dict"})
-#: Payload fields of conversations, which ``tokenize_chat`` renders.
-_CHAT_FIELDS = ("messages", "conversations", "conversation")
-
-
-def _untokenized_text(payload: Any) -> tuple[str, ...]:
-    """The fields of ``payload`` that hold text or conversations, when it holds no tokens."""
-    if not isinstance(payload, dict) or any(name in payload for name in TOKEN_FIELDS):
-        return ()
-    return tuple(name for name, value in payload.items() if isinstance(value, str) or _is_conversation(value))
-
-
-def _is_conversation(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "content" in m for m in value)
-
-
 def _checked_function(pipe: "Pipeline") -> "Pipeline":
     """``pipe``, after warning if its last operator's function holds a value no fingerprint describes."""
     name, op = pipe.operators[-1]
@@ -485,7 +469,7 @@ class Pipeline:
                 if item is None:
                     break
             records = [] if item is None else (item.records if isinstance(item, SampleBatch) else [item])
-            out.append({"lane": lane, "records": [_describe_record(plan, r) for r in records]})
+            out.append({"lane": lane, "records": [describe_record(plan, r) for r in records]})
         return out
 
     def loader(self, checkpoint: dict[str, Any] | None = None, *, skip_steps: int = 0) -> Loader:
@@ -525,20 +509,9 @@ class Pipeline:
 
     def _warn_if_untokenized(self, plan: Plan, lane: int) -> None:
         """Warn when a pipeline without operators yields text records (a forgotten or discarded ``tokenize``)."""
-        try:
-            _, first = plan.next(lane, plan.init(lane))
-        except Exception:  # noqa: BLE001 - the loader reads the same record and raises its error with context
-            return
-        fields = _untokenized_text(getattr(first, "payload", None))
-        if not fields:
-            return
-        chat = [f for f in fields if f in _CHAT_FIELDS or not isinstance(first.payload[f], str)]
-        fix = f"p = p.tokenize_chat(tokenizer, field={chat[0]!r})" if chat else f"p = p.tokenize(tokenizer, field={fields[0]!r})"
-        _warn_at_caller(
-            f"this pipeline has no operators, so it yields the source's records as they are: text, not tokens "
-            f"(fields {list(fields)} of the first record). Add a tokenizer, e.g. `{fix}`, and assign the result: "
-            "builder methods return a new pipeline."
-        )
+        message = untokenized_warning(plan, lane)
+        if message:
+            _warn_at_caller(message)
 
     def steps(self, *, concat: bool = False) -> Iterator[Any]:
         """Iterate by optimizer step with a new loader; see :meth:`Loader.steps`."""
@@ -590,13 +563,6 @@ class Pipeline:
 
     def __exit__(self, *exc: Any) -> None:  # pragma: no cover - __enter__ raises
         return None
-
-
-def _describe_record(plan: Plan, rec: Any) -> dict[str, Any]:
-    ds = plan.source.datasets
-    segs = rec.meta.segments
-    segments = [(ds[s.dataset].name, ds[s.dataset].shard_ids[s.shard], s.row, s.start, s.end) for s in segs]
-    return {"segments": segments, "padding_length": rec.meta.padding_length}
 
 
 def _copy_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:

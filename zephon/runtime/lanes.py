@@ -25,12 +25,11 @@ import msgspec
 
 from ..core.operator import Chain, ChainState, Operator, Resolver, StatelessState, state_type
 from ..core.keys import fold_in, seed_key
-from ..training.fields import payload_length
 from .readahead import ReadAhead, per_record_prefix
 from ..core.records import UNRESOLVED, Meta, Record, SampleBatch, Segment, meta_from_ints, reference
 from ..core.state import decode as decode_struct, encode_outputs, keep_references, output_ref, references, resolve
 from .skips import decode_reading, naming_operator, note_skips, reading_logged, unreadable
-from .stats import Meter, items_size
+from .stats import Meter, items_size, mixture_counts
 from ..core.skip import Failure, SkipLog
 from ..sources.work_source import SourceState, StaticMixtureWorkSource
 
@@ -111,35 +110,6 @@ class Driven(Operator):
         holder = self.plan.chain.names[self.index - 1] if self.index else "source"
         with _restoring(self.lane, holder):
             return resolve(list(chunk), self.plan.resolver_at(self.lane, self.index))
-
-
-def mixture_counts(counts: Sequence[int], outputs: Sequence[Any], datasets: int, sign: int = 1) -> tuple[int, ...]:
-    """``counts`` (``[samples_0, tokens_0, samples_1, ...]``) plus (or minus) what ``outputs`` hold.
-
-    A segment that starts at token 0 of its sample-level record counts as one sample (a piece of
-    a document wrapped over two rows counts once); its tokens are its range, or the payload's
-    token count for a whole record (0 before tokenizing).
-
-    Examples:
-        >>> from zephon.types import Meta, Segment
-        >>> rec = Record({"input_ids": [1, 2, 3]}, Meta(0, (Segment(1, 0, 4, 0, 0, -1),)))
-        >>> mixture_counts((), [rec], 2)
-        (0, 0, 1, 3)
-    """
-    out = list(counts) if counts else [0] * (2 * datasets)
-    for o in outputs:
-        for rec in (o.records if isinstance(o, SampleBatch) else (o,)):
-            for seg in rec.meta.segments:
-                if seg.end >= 0:
-                    tokens = seg.end - seg.start
-                else:
-                    try:
-                        tokens = payload_length(rec.payload, "mixture")
-                    except (TypeError, ValueError):
-                        tokens = 0  # not tokenized (yet): samples only
-                out[2 * seg.dataset] += sign * (seg.start == 0)
-                out[2 * seg.dataset + 1] += sign * tokens
-    return tuple(out)
 
 
 @attrs.frozen(eq=False)

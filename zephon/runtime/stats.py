@@ -13,8 +13,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..training.fields import TOKEN_FIELDS
-from ..core.records import SampleBatch
+from ..training.fields import TOKEN_FIELDS, payload_length
+from ..core.records import Record, SampleBatch
 
 #: The name of the reading stage in the runtime counters (records out = source samples read).
 SOURCE = "source"
@@ -367,3 +367,32 @@ def summary_line(stats_light: Mapping[str, Any]) -> str:
         f"step {stats_light['complete_steps']:,}: {t['tokens']:,} tokens delivered, {_num(t['tokens_per_s'])} tokens/s, "
         f"waited {_pct(t['wait_fraction'])}, packing {_pct(p['efficiency'])}"
     )
+
+
+def mixture_counts(counts: Sequence[int], outputs: Sequence[Any], datasets: int, sign: int = 1) -> tuple[int, ...]:
+    """``counts`` (``[samples_0, tokens_0, samples_1, ...]``) plus (or minus) what ``outputs`` hold.
+
+    A segment that starts at token 0 of its sample-level record counts as one sample (a piece of
+    a document wrapped over two rows counts once); its tokens are its range, or the payload's
+    token count for a whole record (0 before tokenizing).
+
+    Examples:
+        >>> from zephon.types import Meta, Segment
+        >>> rec = Record({"input_ids": [1, 2, 3]}, Meta(0, (Segment(1, 0, 4, 0, 0, -1),)))
+        >>> mixture_counts((), [rec], 2)
+        (0, 0, 1, 3)
+    """
+    out = list(counts) if counts else [0] * (2 * datasets)
+    for o in outputs:
+        for rec in (o.records if isinstance(o, SampleBatch) else (o,)):
+            for seg in rec.meta.segments:
+                if seg.end >= 0:
+                    tokens = seg.end - seg.start
+                else:
+                    try:
+                        tokens = payload_length(rec.payload, "mixture")
+                    except (TypeError, ValueError):
+                        tokens = 0  # not tokenized (yet): samples only
+                out[2 * seg.dataset] += sign * (seg.start == 0)
+                out[2 * seg.dataset + 1] += sign * tokens
+    return tuple(out)
