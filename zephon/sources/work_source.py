@@ -349,7 +349,7 @@ class StaticMixtureWorkSource:
                     for s in sorted(set(shard.tolist())):
                         m = shard == s
                         key = fold_in(self._key, "rows", d.name, epoch, s)
-                        row[m] = permute_np(row[m].astype(np.uint64), d.shard_sizes[s], key)
+                        row[m] = permute_np(row[m].astype(np.uint64), int(d.shard_rows[s]), key)
                 shard_out[part] = shard
                 row_out[part] = row
         return comps.astype(np.int64), shard_out, row_out
@@ -519,7 +519,7 @@ def _inverse_block(key: int, lanes: int, block: int) -> tuple[int, ...]:
 def _layout(source: StaticMixtureWorkSource, j: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
     """Dataset ``j``'s shard order in ``epoch`` and the first position of each shard in it."""
     d = source.datasets[j]
-    sizes = np.asarray(d.shard_sizes, dtype=np.int64)
+    sizes = d.shard_rows
     if source.shuffle_shards and len(sizes) > 1:
         order = permutation(len(sizes), fold_in(source._key, "shards", d.name, epoch))
     else:
