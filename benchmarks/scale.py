@@ -246,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         shards, lanes, ranks, repeats = [1_000, 10_000], [1, 4, 16, 64], "64/32", 1
     else:
-        shards, lanes, ranks, repeats = [1_000, 10_000, 100_000], [4**k for k in range(6)] + [1024], "1024/512", args.repeats
+        shards, lanes, ranks, repeats = [1_000, 10_000, 100_000], [4**k for k in range(6)], "1024/512", args.repeats
     shards = args.shards or shards
     lanes = args.lanes or lanes
     pairs = [tuple(map(int, p.split("/"))) for p in (args.ranks or ranks).split(",") if p]
