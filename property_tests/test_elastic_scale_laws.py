@@ -82,7 +82,8 @@ class Case:
             lane_assignment=self.lane_assignment, exhausted_policy="repeat",
         )
         topology = {} if dp is None else {"dp_degree": dp, "dp_rank": rank}
-        return Pipeline(source).options(canonical_replicas=LANES, **topology, **options).map(toks_to_ids).batch(self.microbatch_size)
+        pipe = Pipeline(source).options(canonical_replicas=LANES, **topology, **options)
+        return pipe.map(toks_to_ids).batch(self.microbatch_size)
 
 
 weight = st.integers(0, 4)
