@@ -482,7 +482,7 @@ class Plan:
                     d, s, r = seg.pointer
                     if not 0 <= d < len(datasets):
                         raise ValueError(f"a record reference names dataset {d}, but the source has {len(datasets)}: {m!r}")
-                    sizes = datasets[d].shard_sizes
+                    sizes = datasets[d].shard_rows
                     if not 0 <= s < len(sizes):
                         raise ValueError(
                             f"a record reference names shard {s} of dataset {datasets[d].name!r}, which has {len(sizes)}: {m!r}"
@@ -490,7 +490,7 @@ class Plan:
                     if not 0 <= r < sizes[s]:
                         raise ValueError(
                             f"a record reference names row {r} of shard {s} of dataset {datasets[d].name!r}, which has "
-                            f"{sizes[s]} rows: {m!r}"
+                            f"{int(sizes[s])} rows: {m!r}"
                         )
             return then(metas)
 

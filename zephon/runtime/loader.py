@@ -12,6 +12,7 @@ data-parallel ranks, ``steps()`` agrees on the end through ``torch.distributed``
 
 from __future__ import annotations
 
+import heapq
 import time
 import warnings
 from collections import deque
@@ -99,6 +100,7 @@ class Loader(Iterator[Any]):
         self.executor = executor
         self.delivered = {lane: (int(encoded[lane]["delivered"]) if encoded else 0) for lane in lanes}
         self._pulled = dict(self.delivered)  # outputs taken from the executor, yielded or not
+        self._due = sorted((n, lane) for lane, n in self._pulled.items())  # a heap of the live lanes: (pulled, lane)
         self._unyielded: deque = deque()  # taken, not yet yielded (a step being agreed on)
         self.ended: dict[int, int] = {}
         self.finished = False
@@ -261,8 +263,8 @@ class Loader(Iterator[Any]):
         return done
 
     def next_lane(self) -> int:
-        live = [lane for lane in self._pulled if lane not in self.ended]
-        return min(live, key=lambda lane: (self._pulled[lane], lane))
+        """The live lane due next: fewest outputs pulled, then the lowest id (O(1); O(log L) to update)."""
+        return self._due[0][1]
 
     def _pull(self) -> Any:
         """The next output in lane order, or ``None`` at the end of this rank's data (and finish)."""
@@ -271,7 +273,9 @@ class Loader(Iterator[Any]):
             out = self.executor.next(lane)
             if out is not None:
                 self._pulled[lane] += 1
+                heapq.heapreplace(self._due, (self._pulled[lane], lane))
                 return out
+            heapq.heappop(self._due)
             self.ended[lane] = self._pulled[lane]
             if not self.options.drain or len(self.ended) == len(self._pulled):
                 self._finish()

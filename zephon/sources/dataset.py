@@ -9,6 +9,7 @@ long as the data is unchanged.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import operator
 import os
@@ -397,13 +398,18 @@ class Dataset:
 
     @property
     def shard_sizes(self) -> tuple[int, ...]:
-        """Rows per shard, in shard order."""
-        return tuple(s.num_rows for s in self._shards)
+        """Rows per shard, in shard order (a tuple built from :attr:`shard_rows`)."""
+        return tuple(self.shard_rows.tolist())
 
-    @property
+    @functools.cached_property
+    def shard_rows(self) -> np.ndarray:
+        """Rows per shard, in shard order: a read-only int64 array, counted once (8 bytes a shard)."""
+        return _read_only(np.fromiter((s.num_rows for s in self._shards), dtype=np.int64, count=len(self._shards)))
+
+    @functools.cached_property
     def num_rows(self) -> int:
         """Rows over all shards."""
-        return sum(s.num_rows for s in self._shards)
+        return int(self.shard_rows.sum())
 
     def read(self, shard: int, rows: Sequence[int] | np.ndarray) -> list[Any]:
         """Payloads of ``rows`` of shard number ``shard``, in the order asked.

@@ -341,7 +341,7 @@ class StaticMixtureWorkSource:
             for epoch in sorted(set(epochs.tolist())):
                 part = sel[epochs == epoch]
                 p = pos[epochs == epoch]
-                order, starts = _layout(self, j, epoch)
+                order, starts = _layout(d, self.shuffle_shards, self._key, epoch)
                 slot = np.searchsorted(starts, p, side="right") - 1
                 shard = order[slot]
                 row = p - starts[slot]
@@ -349,7 +349,7 @@ class StaticMixtureWorkSource:
                     for s in sorted(set(shard.tolist())):
                         m = shard == s
                         key = fold_in(self._key, "rows", d.name, epoch, s)
-                        row[m] = permute_np(row[m].astype(np.uint64), d.shard_sizes[s], key)
+                        row[m] = permute_np(row[m].astype(np.uint64), int(d.shard_rows[s]), key)
                 shard_out[part] = shard
                 row_out[part] = row
         return comps.astype(np.int64), shard_out, row_out
@@ -516,12 +516,13 @@ def _inverse_block(key: int, lanes: int, block: int) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=256)
-def _layout(source: StaticMixtureWorkSource, j: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-    """Dataset ``j``'s shard order in ``epoch`` and the first position of each shard in it."""
-    d = source.datasets[j]
-    sizes = np.asarray(d.shard_sizes, dtype=np.int64)
-    if source.shuffle_shards and len(sizes) > 1:
-        order = permutation(len(sizes), fold_in(source._key, "shards", d.name, epoch))
+def _layout(d: Any, shuffle: bool, key: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Dataset ``d``'s shard order in ``epoch`` and the first position of each shard in it (16 bytes a
+    shard), under the source's ``shuffle_shards`` and key. Keyed by the dataset object, not the
+    source, so the sources of one run (each rank's, each rebuild's) share one copy."""
+    sizes = d.shard_rows
+    if shuffle and len(sizes) > 1:
+        order = permutation(len(sizes), fold_in(key, "shards", d.name, epoch))
     else:
         order = np.arange(len(sizes), dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes[order])[:-1]]).astype(np.int64)
