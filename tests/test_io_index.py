@@ -95,3 +95,23 @@ def test_parquet_and_remote_indexes_carry_row_groups_and_identities(tmp_path, mo
     assert remote.shard_sizes == (10, 10, 10)
     monkeypatch.undo()
     assert remote.read(1, [9]) == local.read(1, [9]) == [{"text": "1-9"}]
+
+
+def test_unchanged_files_take_their_identity_from_the_index_and_changed_ones_are_digested(folder, tmp_path, monkeypatch):
+    from zephon.sources import digest as _digest
+
+    build_index(folder, cache_dir=tmp_path / "c")
+    reference = Dataset.from_path("d", folder, cache_dir=tmp_path / "c").fingerprint()
+    hashed = []
+    real = _digest.hash_file
+    monkeypatch.setattr(_digest, "hash_file", lambda path: hashed.append(os.path.basename(path)) or real(path))
+    # A fresh digest cache: only the index can give the identities without reading the files.
+    assert Dataset.from_path("d", folder, index="require", cache_dir=tmp_path / "fresh").fingerprint() == reference
+    assert hashed == []
+    os.utime(folder / "part-2.jsonl")  # same bytes, another stat: no longer vouched for by the index
+    again = Dataset.from_path("d", folder, index="auto", cache_dir=tmp_path / "fresh2")
+    assert hashed == ["part-2.jsonl"] and again.fingerprint() == reference
+    (folder / "part-1.jsonl").write_text('{"text": "changed"}\n' * 4)  # other bytes, the same row count: stale
+    with pytest.warns(RuntimeWarning, match="stale for 1 changed"):
+        changed = Dataset.from_path("d", folder, index="auto", cache_dir=tmp_path / "fresh3")
+    assert changed.read(1, [0]) == [{"text": "changed"}] and changed.fingerprint() != reference

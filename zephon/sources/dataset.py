@@ -284,7 +284,7 @@ class Dataset:
         io = _as_io(io_options)
 
         def open_dataset() -> tuple[str, ShardSpec, list]:
-            root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options, cache_dir=resolve_cache_dir(cache_dir), cache=io.cache)
+            root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options, cache_dir=resolve_cache_dir(cache_dir), cache=io.cache, index=index)
             kind = found[0].fmt
             chosen = columns
             if chosen is not None:

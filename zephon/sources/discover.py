@@ -24,7 +24,7 @@ import attrs
 from ..core.atomic import replacing
 from ..core.log import progress as progress_bar
 from .columnar import ARROW_SUFFIXES, PARQUET_SUFFIXES
-from .digest import cached, file_digests, resolve_cache_dir
+from .digest import cached, file_digests, resolve_cache_dir, stat_key
 from .files import RemoteShard
 from .jsonl import SUFFIXES, JsonlShard
 from .ranges import RangedParquet, ranged
@@ -59,6 +59,10 @@ class Found:
 
     A local file's ``identity`` is ``None`` until its digest is taken; ``st`` is its ``stat``.
     """
+
+    def identified(self, identity: str) -> "Found":
+        """This shard with its identity (``attrs.evolve`` costs several times more, per shard of 100,000)."""
+        return Found(self.location, self.shard_id, self.fmt, self.compression, self.size, identity, self.st)
 
     location: str  # an absolute local path or a URL
     shard_id: str
@@ -109,11 +113,12 @@ def _glob_root(pattern: str) -> str:
     return head
 
 
-def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_options: Mapping[str, Any] | None, cache_dir: str | None = None, cache: CacheOptions | None = None) -> tuple[str, list[Found]]:
+def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_options: Mapping[str, Any] | None, cache_dir: str | None = None, cache: CacheOptions | None = None, index: str = "auto") -> tuple[str, list[Found]]:
     """``(root, shards sorted by id)`` of what ``path`` names.
 
     Digests are cached in ``cache_dir``; objects of stores without checksums are digested as they
-    are downloaded into the shard cache (``cache``).
+    are downloaded into the shard cache (``cache``). Unless ``index="off"``, local files that the
+    dataset index recorded, unchanged since, take their identity from it.
     """
     so = tuple(sorted((storage_options or {}).items()))
     cache_dir = resolve_cache_dir(cache_dir)
@@ -145,24 +150,45 @@ def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_
     if len(set(ids)) != len(ids):
         twice = sorted({i for i in ids if ids.count(i) > 1})
         raise ValueError(f"dataset {name!r}: files listed more than once: {twice}")
-    return root, _identified(sorted(found, key=lambda f: f.shard_id), cache_dir)
+    local = any(f.identity is None for f in found)
+    doc = read_index(root) if local and index != "off" else None
+    indexed = doc["shards"] if doc is not None and doc.get("settings", {}).get("fmt") == formats[0] else {}
+    return root, _identified(sorted(found, key=lambda f: f.shard_id), cache_dir, indexed)
 
 
-def _identified(found: list, cache_dir: str) -> list[Found]:
-    """``found`` with the local files' content digests as identities (several files at once)."""
-    local = [i for i, f in enumerate(found) if f.identity is None]
-    if not local:
-        return found
-    digests = file_digests([found[i].location for i in local], cache_dir, [found[i].st for i in local])
+def _identified(found: list, cache_dir: str, indexed: Mapping[str, Any]) -> list[Found]:
+    """``found`` with the local files' content digests as identities (several files at once).
+
+    A file whose stat key (device, inode, size, times) is the one the dataset index recorded with
+    its identity still holds those bytes (any write changes its ctime), so the index's identity is
+    taken as it is; the others are digested (from the digest cache when it holds).
+    """
     out = list(found)
-    for i, digest in zip(local, digests):
-        out[i] = attrs.evolve(found[i], identity=digest)
+    local = []
+    for i, f in enumerate(found):
+        if f.identity is not None:
+            continue
+        entry = indexed.get(f.shard_id)
+        if isinstance(entry, dict) and entry.get("stat") == list(stat_key(f.st)) and isinstance(entry.get("identity"), str):
+            out[i] = f.identified(entry["identity"])
+        else:
+            local.append(i)
+    if local:
+        digests = file_digests([found[i].location for i in local], cache_dir, [found[i].st for i in local])
+        for i, digest in zip(local, digests):
+            out[i] = found[i].identified(digest)
     return out
 
 
+def _relative(full: str, root: str) -> str:
+    """``full``'s path below ``root``, with ``/`` separators."""
+    prefix = root.rstrip(os.sep) + os.sep
+    rel = full[len(prefix):] if full.startswith(prefix) else os.path.relpath(full, root)
+    return rel.replace(os.sep, "/")
+
+
 def _local_found(full: str, root: str, kind: tuple[str, str | None], st: os.stat_result) -> Found:
-    rel = os.path.relpath(full, root).replace(os.sep, "/")
-    return Found(full, rel, kind[0], kind[1], st.st_size, None, st)
+    return Found(full, _relative(full, root), kind[0], kind[1], st.st_size, None, st)
 
 
 def _local_one(name: str, full: str, fmt: str | None, recursive: bool) -> tuple[str, list[Found]]:
@@ -212,8 +238,7 @@ def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool) -> list
         with os.scandir(folder) as it:
             entries = {e.name: e for e in it}
         for filename in sorted(files):
-            rel = os.path.relpath(os.path.join(folder, filename), root).replace(os.sep, "/")
-            seen.append(rel)
+            seen.append(_relative(os.path.join(folder, filename), root))
             entry = entries.get(filename)
             if filename.startswith(".") or entry is None or not entry.is_file():
                 continue
@@ -299,8 +324,30 @@ def index_location(root: str) -> str:
 
 
 def read_index(root: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-    """The dataset index in ``root``, or ``None`` when there is none (or it is unreadable)."""
+    """The dataset index in ``root``, or ``None`` when there is none (or it is unreadable).
+
+    A local index is parsed once per process while its file is unchanged (discovery and counting
+    both read it); callers do not modify the document.
+    """
     where = index_location(root)
+    if not is_url(where):
+        try:
+            key = (where, stat_key(os.stat(where)))
+        except OSError:
+            return None
+        if key in _INDEXES:
+            return _INDEXES[key]
+        doc = _read_index(where, storage_options)
+        _INDEXES.clear()  # the last one only: an index of 100,000 shards is tens of MB
+        _INDEXES[key] = doc
+        return doc
+    return _read_index(where, storage_options)
+
+
+_INDEXES: dict[tuple, Any] = {}
+
+
+def _read_index(where: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
     try:
         if is_url(where):
             fs = _filesystem_of(where, storage_options)
@@ -375,8 +422,10 @@ def make_shard(found: Any, spec: ShardSpec, storage_options: Mapping[str, Any] |
 
 
 def index_entry(found: Any, shard: Any) -> dict[str, Any]:
-    """The dataset-index entry of a counted shard."""
+    """The dataset-index entry of a counted shard (with a local file's stat key: see :func:`_identified`)."""
     entry: dict[str, Any] = {"fmt": found.fmt, "bytes": found.size, "identity": found.identity, "rows": shard.num_rows}
+    if getattr(found, "st", None) is not None:
+        entry["stat"] = list(stat_key(found.st))
     if getattr(shard, "group_rows", None):
         entry["groups"] = list(shard.group_rows)
     return entry
