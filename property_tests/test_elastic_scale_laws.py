@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -29,7 +28,7 @@ from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 from _budget import examples
-from _util import toks_to_ids
+from _util import free_port, toks_to_ids
 from zephon import Pipeline, load_checkpoint, merge_checkpoints
 from zephon.io import Dataset, InMemoryShard
 from zephon.ledger import batch_digest, global_digests, read_ledger, step_digest
@@ -179,19 +178,13 @@ GLOO_CASE = Case(seed=11, shuffle_shards=True, shuffle_within_shard=True, chunk_
                  points=((0, 3, 1), (2, 1, 3)), interpolation="step", microbatch_size=1)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.integration
 def test_8_gloo_processes_give_the_single_rank_digests_and_resume_on_1_and_4_ranks(tmp_path):
     pytest.importorskip("torch")
     first, rest = 3, 3
     script = tmp_path / "ranks.py"
     script.write_text(GLOO.format(here=str(Path(__file__).parent), tests=str(Path(__file__).parents[1] / "tests")))
-    env = {**os.environ, "ZEPHON_TEST_PORT": str(_free_port())}
+    env = {**os.environ, "ZEPHON_TEST_PORT": str(free_port())}
     subprocess.run([sys.executable, str(script), "8", str(tmp_path), str(first)], check=True, env=env, timeout=300)
 
     reference, _ = run(GLOO_CASE, 1, first + rest)

@@ -287,6 +287,17 @@ def test_every_data_parallel_size_gives_the_same_global_steps(spec, read_size):
             assert_same_steps(elastic_run(spec, lanes, dp, read_size=read_size), reference)
 
 
+def ranks_after(spec: PipelineSpec, lanes: int, degree: int, k: int) -> list:
+    """The loaders of ``degree`` ranks of ``spec``'s run, each after ``k`` global steps."""
+    ranks = [spec.build(lanes=lanes, dp_degree=degree, dp_rank=r).loader() for r in range(degree)]
+    for loader in ranks:
+        steps = loader.steps()
+        for _ in range(k):
+            next(steps)
+    return ranks
+
+
+
 @settings(max_examples=examples(30))
 @given(spec=elastic_specs, lanes=st.sampled_from(LANE_COUNTS[1:]), codec=codecs | st.just("state_dict"), read_size=read_sizes, data=st.data())
 def test_stopping_on_d1_ranks_and_resuming_on_d2_ranks_continues_the_run(spec, lanes, codec, read_size, data):
@@ -298,11 +309,7 @@ def test_stopping_on_d1_ranks_and_resuming_on_d2_ranks_continues_the_run(spec, l
     event(f"L={lanes}, global steps: {'0' if not reference else '1-4' if len(reference) < 5 else '5+'}")
     event(f"D1 -> D2 changes: {before != after}")
 
-    ranks = [spec.build(lanes=lanes, dp_degree=before, dp_rank=r).loader() for r in range(before)]
-    for loader in ranks:
-        steps = loader.steps()
-        for _ in range(k):
-            next(steps)
+    ranks = ranks_after(spec, lanes, before, k)
     resumed = [spec.build(lanes=lanes, dp_degree=after, dp_rank=r, read_size=read_size).loader() for r in range(after)]
     if codec == "state_dict":  # torch.distributed.checkpoint keeps every rank's (distinct) keys
         saved = {key: value for loader in ranks for key, value in loader.state_dict().items()}

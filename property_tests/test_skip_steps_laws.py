@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from _budget import examples
 from test_pipeline_laws import (
-    LANE_COUNTS, assemble, assert_same_steps, divisors, elastic_run, elastic_specs, over_the_wire,
+    LANE_COUNTS, assemble, assert_same_steps, divisors, elastic_run, elastic_specs, over_the_wire, ranks_after,
 )
 from zephon import merge_checkpoints
 
@@ -36,11 +36,7 @@ def test_skipping_after_a_restore_gives_the_uninterrupted_steps_sliced(spec, lan
     event(f"skip reaches the end: {k + m >= len(reference)}")
     note(f"L={lanes}, k={k}, m={m}, D1={before}, D2={after}, thread={thread}")
 
-    ranks = [spec.build(lanes=lanes, dp_degree=before, dp_rank=r).loader() for r in range(before)]
-    for loader in ranks:
-        steps = loader.steps()
-        for _ in range(k):
-            next(steps)
+    ranks = ranks_after(spec, lanes, before, k)
     checkpoint = over_the_wire(merge_checkpoints([loader.checkpoint() for loader in ranks]), codec)
     resumed = [
         spec.build(lanes=lanes, dp_degree=after, dp_rank=r, thread=thread).loader(checkpoint, skip_steps=m)

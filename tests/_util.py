@@ -1,3 +1,6 @@
+import importlib
+import os
+import socket
 from pathlib import Path
 from typing import ClassVar
 
@@ -188,3 +191,23 @@ class Holds(Operator):
 
     def step(self, state, chunk):
         return Held(state.records + tuple(chunk)), []
+
+
+def free_port() -> int:
+    """A TCP port free on localhost now (for a torch.distributed rendezvous of processes a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def require(*modules: str, extra: str) -> None:
+    """Import ``modules`` or skip the test module; under ``CI`` (which installs the test extra) fail instead."""
+    import pytest
+
+    try:
+        for name in modules:
+            importlib.import_module(name)
+    except ImportError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"{', '.join(modules)} not installed: pip install 'zephon-lanes[{extra}]'", allow_module_level=True)

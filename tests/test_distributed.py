@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from _util import global_steps, toy_pipeline
+from _util import free_port, global_steps, toy_pipeline
 from zephon import load_checkpoint, merge_checkpoints, save_checkpoint
 from zephon.ledger import batch_digest
 from zephon.testing import outputs_equal
@@ -158,14 +158,6 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.integration
 def test_torch_distributed_gloo_save_on_2_resume_on_1_and_4(tmp_path):
     pytest.importorskip("torch")
@@ -176,7 +168,7 @@ def test_torch_distributed_gloo_save_on_2_resume_on_1_and_4(tmp_path):
     script.write_text(SCRIPT.format(tests=str(Path(__file__).parent), lanes=lanes, k=k))
 
     def launch(world, phase, ckpt, led, steps):
-        env = {**os.environ, "ZEPHON_TEST_PORT": str(_free_port())}
+        env = {**os.environ, "ZEPHON_TEST_PORT": str(free_port())}
         subprocess.run([sys.executable, str(script), str(world), phase, str(ckpt), str(led), str(steps)], check=True, env=env, timeout=300)
 
     launch(2, "first", tmp_path / "ckpt", tmp_path / "run2", k)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -13,13 +12,9 @@ from pathlib import Path
 
 import pytest
 
-try:
-    import accelerate  # noqa: F401
-    import transformers  # noqa: F401
-except ImportError:  # CI installs them (the test extra): there their absence is a failure, not a skip
-    if os.environ.get("CI"):
-        raise
-    pytest.skip("transformers is not installed: pip install 'zephon-lanes[transformers]'", allow_module_level=True)
+from _util import free_port, require
+
+require("transformers", "accelerate", extra="transformers")
 
 import torch
 
@@ -190,9 +185,7 @@ def test_data_parallel_part_of_a_parallelism_config():
 def test_two_processes_resume_on_one(common, tmp_path):
     script = tmp_path / "ddp_run.py"
     script.write_text(DDP_SCRIPT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
                str(script), str(tmp_path)]

@@ -12,12 +12,9 @@ from pathlib import Path
 
 import pytest
 
-try:
-    import lightning  # noqa: F401
-except ImportError:  # CI installs it (the test extra): there its absence is a failure, not a skip
-    if os.environ.get("CI"):
-        raise
-    pytest.skip("lightning is not installed: pip install 'zephon-lanes[lightning]'", allow_module_level=True)
+from _util import require
+
+require("lightning", extra="lightning")
 
 import numpy as np
 import torch

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _util import free_port  # noqa: E402
 from zephon.io import Dataset  # noqa: E402
 from zephon.sources.listing import list_once  # noqa: E402
 
@@ -87,9 +87,7 @@ def run_ranks(tmp_path: Path, listing: str, name: str = "docs") -> tuple[list[di
     log = out / "store.log"
     script = tmp_path / "rank.py"
     script.write_text(SCRIPT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
            "STORE_LOG": str(log), "ZEPHON_CACHE_DIR": str(tmp_path / "cache")}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", f"--master_port={port}",
