@@ -50,8 +50,8 @@ _LAZY = {
     "Options": ".runtime.options",
     "Pipeline": ".pipeline.pipeline",
     "SampleBatch": ".core.records",
-    "SkipLimitError": ".core.skip",
-    "SkippedRecordWarning": ".runtime.skips",
+    "SkipLimitError": ".core.bad_records",
+    "SkippedRecordWarning": ".runtime.bad_records",
     "SkippedSteps": ".runtime.skip_steps",
     "TrainingSpec": ".training.spec",
     "WorkerError": ".runtime.executor",
@@ -81,8 +81,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .runtime.options import Options
     from .pipeline.pipeline import Pipeline
     from .core.records import SampleBatch
-    from .core.skip import SkipLimitError
-    from .runtime.skips import SkippedRecordWarning
+    from .core.bad_records import SkipLimitError
+    from .runtime.bad_records import SkippedRecordWarning
     from .runtime.skip_steps import SkippedSteps
     from .training.convert import to_training
     from .training.spec import TrainingSpec

@@ -24,7 +24,7 @@ from . import state as _state
 from .fingerprint import describe_callable, is_callable_value
 from .keys import fold_in
 from .records import Meta, Record, Segment, describe_meta
-from .skip import Failure, SkipLog, check_limit, check_max_skipped, check_on_error, logged, skippable
+from .bad_records import Failure, SkipLog, check_limit, check_max_skipped, check_on_error, logged, skippable
 from .state import Resolver
 
 #: Multiplier that keeps child numbers of nested fan-outs distinct.
@@ -142,7 +142,7 @@ def state_type(op: Operator) -> type:
 
 class StatelessState(msgspec.Struct, frozen=True, tag="stateless", forbid_unknown_fields=True, omit_defaults=True):
     """The state of a per-payload operator: its counter of inputs that produced nothing, and with
-    ``on_error="skip"`` the log of the inputs it skipped (:class:`~zephon.core.skip.SkipLog`)."""
+    ``on_error="skip"`` the log of the inputs it skipped (:class:`~zephon.core.bad_records.SkipLog`)."""
 
     dropped_records: int = 0
     skips: SkipLog | None = None
@@ -163,9 +163,9 @@ class StatelessOp(Operator):
     Subclasses implement :meth:`apply_many`: a chunk's payloads to, per payload, a list of output
     payloads (empty drops it, several split it when ``fans_out``), so batch tokenization sees many
     payloads at once. With ``on_error="skip"`` a payload whose processing raises is left out
-    and logged instead (an ``apply_many`` may return a :class:`~zephon.core.skip.Failure` for it;
+    and logged instead (an ``apply_many`` may return a :class:`~zephon.core.bad_records.Failure` for it;
     one that raises for the chunk is applied payload by payload to find which). ``max_skipped``
-    bounds the skips of each lane (:mod:`zephon.core.skip`). State: the number of inputs that
+    bounds the skips of each lane (:mod:`zephon.core.bad_records`). State: the number of inputs that
     produced no output, and the skip log (``report()``).
     """
 
@@ -187,7 +187,7 @@ class StatelessOp(Operator):
 
     def advance(self, state: StatelessState, applied: Applied, seen: int) -> StatelessState:
         """The state after a chunk of ``seen`` inputs was applied (``applied``); raises
-        :class:`~zephon.core.skip.SkipLimitError` past ``max_skipped``."""
+        :class:`~zephon.core.bad_records.SkipLimitError` past ``max_skipped``."""
         if self.on_error == "raise":
             return StatelessState(state.dropped_records + applied.dropped) if applied.dropped else state
         check_limit(state.skips, seen, applied.skipped, self.max_skipped, self.kind)
@@ -200,7 +200,7 @@ class StatelessOp(Operator):
         return out
 
     def apply_checked(self, payloads: list) -> list:
-        """:meth:`apply_many`, with ``on_error="skip"`` a :class:`~zephon.core.skip.Failure` in place
+        """:meth:`apply_many`, with ``on_error="skip"`` a :class:`~zephon.core.bad_records.Failure` in place
         of the result of each payload whose processing raised."""
         if self.on_error == "raise" or not payloads:
             return self.apply_many(payloads)
@@ -312,7 +312,7 @@ def parent_meta(meta: Meta) -> Meta:
 
 def _each(fn: Callable[[Any], Any], payloads: list, skip: bool = False) -> list:
     """``fn`` over payloads; an exception carries the failing index so the record can be named
-    (``skip``: a :class:`~zephon.core.skip.Failure` takes the place of its result instead)."""
+    (``skip``: a :class:`~zephon.core.bad_records.Failure` takes the place of its result instead)."""
     out = []
     for i, p in enumerate(payloads):
         try:

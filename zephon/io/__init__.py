@@ -1,6 +1,6 @@
 """Data sources: datasets of files (JSONL, Parquet, Arrow, token files; local or remote) or rows in memory, read by ``(shard, row)``."""
 
-from ..core.skip import RecordDecodeError as RecordDecodeError
+from ..core.bad_records import RecordDecodeError as RecordDecodeError
 from ..sources.dataset import Dataset as Dataset
 from ..sources.dataset import InMemoryShard as InMemoryShard
 from ..sources.dataset import as_dataset as as_dataset

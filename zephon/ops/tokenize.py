@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 
 from ..core.operator import CHILD_BASE, StatelessOp, StatelessState, config_field
-from ..core.skip import Failure
+from ..core.bad_records import Failure
 from ..training.fields import SPECIAL_TOKEN_MODES as SPECIAL_TOKEN_MODES
 from ..text.tokenizer import BACKENDS, TokenizerHandle, load_tokenizer
 

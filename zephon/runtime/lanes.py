@@ -28,9 +28,9 @@ from ..core.keys import fold_in, seed_key
 from .readahead import ReadAhead, per_record_prefix
 from ..core.records import UNRESOLVED, Meta, Record, SampleBatch, Segment, meta_from_ints, reference
 from ..core.state import decode as decode_struct, encode_outputs, keep_references, output_ref, references, resolve
-from .skips import decode_reading, naming_operator, note_skips, reading_logged, unreadable
+from .bad_records import decode_reading, naming_operator, note_skips, reading_logged, unreadable
 from .stats import Meter, items_size, mixture_counts
-from ..core.skip import Failure, SkipLog
+from ..core.bad_records import Failure, SkipLog
 from ..sources.work_source import SourceState, StaticMixtureWorkSource
 
 

@@ -29,7 +29,7 @@ from ..core.log import get_logger
 from .options import Options
 from ..core.records import SampleBatch
 from .skip_steps import SkippedSteps, check_count, encode_skips, skips_of
-from .skips import skip_report
+from .bad_records import skip_report
 from .stats import Deliveries, format_stats, mixture_report, summarize, summary_line
 
 log = get_logger("loader")
@@ -403,7 +403,7 @@ class Loader(Iterator[Any]):
             ``flow``, ``throughput``, ``packing``, ``dropped``, ``mixture``
             (:func:`~zephon.runtime.stats.mixture_report`, continued across restores) and ``skipped``
             (records left out by ``on_error="skip"`` up to the last output delivered, continued across
-            restores: :func:`~zephon.runtime.skips.skip_report`); the other sections count since the
+            restores: :func:`~zephon.runtime.bad_records.skip_report`); the other sections count since the
             start or the last restore, and ratios
             are ``None`` until there is something to divide by. docs/guide/observability.md
             describes every field.

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from .executor import WorkerError, closed_error, ignoring_sigint, start_context
 from .lanes import Plan
 from .process_worker import replay_main, worker_main
-from .skips import SkippedRecordWarning
+from .bad_records import SkippedRecordWarning
 from .stats import merge_meters
 from .wire import recv_message
 

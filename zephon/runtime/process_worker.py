@@ -22,7 +22,7 @@ from ..core.records import SampleBatch, describe_meta
 from .executor import caller_order_of
 from .lanes import LaneState, Plan
 from .skip_steps import skip_lanes, without_counts
-from .skips import forward_warnings
+from .bad_records import forward_warnings
 from .wire import pack_message, send_message, send_parts
 
 #: How often a worker attaches a lane's encoded state to an output: after a worker dies, the main

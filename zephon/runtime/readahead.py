@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple, Sequence
 
 from ..text.tokenizer import EXTRA_ENCODER_THREADS
-from .skips import unreadable
+from .bad_records import unreadable
 from .stats import items_size
 
 #: The background thread's name (the tiktoken backend gives it one more encoder thread).

@@ -18,7 +18,7 @@ import attrs
 import msgspec
 
 from ..core.operator import Chain, StatelessOp, sample_meta
-from ..core.skip import Failure
+from ..core.bad_records import Failure
 from ..training.fields import payload_length
 from ..core.records import Record
 from .estimate import Calibration, DatasetEstimate

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.cache import ProcessCache
-from ..core.skip import RecordDecodeError
+from ..core.bad_records import RecordDecodeError
 from .files import FileIdentity, open_cached
 from .digest import ShardChangedError
 

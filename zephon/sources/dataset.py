@@ -20,7 +20,7 @@ import attrs
 import msgspec
 import numpy as np
 
-from ..core.skip import Failure, RecordDecodeError, check_max_skipped, check_on_error
+from ..core.bad_records import Failure, RecordDecodeError, check_max_skipped, check_on_error
 from .digest import resolve_cache_dir
 from .discover import FORMATS, ShardSpec, discover, index_entry, open_shards, write_index
 from .jsonl import VERIFY_MODES
@@ -151,7 +151,7 @@ class Dataset:
         columns: the projected columns of a Parquet or Arrow dataset (``None``: all).
         on_error: ``"raise"`` (default) or ``"skip"``: a row that cannot be decoded (a JSONL line
             that is not one JSON object, a damaged Parquet row group) is read as a
-            :class:`~zephon.core.skip.Failure`, which a pipeline leaves out and counts.
+            :class:`~zephon.core.bad_records.Failure`, which a pipeline leaves out and counts.
         max_skipped: with ``"skip"``, the most rows (an int) or the largest share (a float in
             ``(0, 1)``) of its rows read a lane may skip before the pipeline raises.
         shard_ids: the shards' ids, in shard order: relative paths for files; for in-memory
@@ -416,7 +416,7 @@ class Dataset:
 
         Rows may be unsorted and repeated. A JSONL payload is the decoded object as stored; an
         in-memory payload is the stored row itself. Treat payloads as read-only. With
-        ``on_error="skip"`` a row that cannot be decoded comes as a :class:`~zephon.core.skip.Failure`.
+        ``on_error="skip"`` a row that cannot be decoded comes as a :class:`~zephon.core.bad_records.Failure`.
 
         Raises:
             IndexError: a shard or row out of range.

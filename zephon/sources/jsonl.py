@@ -32,7 +32,7 @@ import numpy as np
 
 from ..core.atomic import discard, replacing
 from ..core.cache import ProcessCache
-from ..core.skip import RecordDecodeError
+from ..core.bad_records import RecordDecodeError
 from .digest import ShardChangedError, check_file
 from .files import FileIdentity
 

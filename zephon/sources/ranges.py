@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.cache import ProcessCache
-from ..core.skip import RecordDecodeError
+from ..core.bad_records import RecordDecodeError
 from .columnar import ROW_GROUPS, pyarrow, read_rows
 from .digest import ShardChangedError
 from .storage import CacheOptions, filesystem, identity_of, with_retries

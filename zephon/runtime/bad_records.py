@@ -2,8 +2,8 @@
 
 Operators keep their own skip logs (:class:`~zephon.core.operator.StatelessState`); a dataset
 opened with ``on_error="skip"`` hands a row it cannot decode as a
-:class:`~zephon.core.skip.Failure`, which the lane leaves out and logs in its state (one
-:class:`~zephon.core.skip.SkipLog` per dataset). Warnings are counted per plan and place in this
+:class:`~zephon.core.bad_records.Failure`, which the lane leaves out and logs in its state (one
+:class:`~zephon.core.bad_records.SkipLog` per dataset). Warnings are counted per plan and place in this
 process: the first skip warns, then every :data:`WARN_EVERY`-th; a worker process forwards its
 warnings to the main process. They decide nothing.
 """
@@ -20,7 +20,7 @@ import msgspec
 
 from ..core.operator import StatelessOp
 from ..core.records import Meta, Record
-from ..core.skip import EMPTY_LOG, Failure, SkipLimitError, SkipLog, check_limit, logged
+from ..core.bad_records import EMPTY_LOG, Failure, SkipLimitError, SkipLog, check_limit, logged
 
 #: One warning per this many skips of one place (the first skip warns too).
 WARN_EVERY = 1000
@@ -74,7 +74,7 @@ def note_skips(plan: Any, place: str, before: SkipLog | None, after: SkipLog | N
 
 @contextlib.contextmanager
 def naming_operator(name: str) -> Iterator[None]:
-    """Add the operator's name to a :class:`~zephon.core.skip.SkipLimitError` raised in the block."""
+    """Add the operator's name to a :class:`~zephon.core.bad_records.SkipLimitError` raised in the block."""
     try:
         yield
     except SkipLimitError as exc:
@@ -97,7 +97,7 @@ def reading_logged(
 ) -> tuple[SkipLog, ...]:
     """A lane's reading logs (one per dataset) after reading ``pointers``, of which ``failed`` did not decode.
 
-    ``()`` while no dataset skips. Raises :class:`~zephon.core.skip.SkipLimitError` past a dataset's
+    ``()`` while no dataset skips. Raises :class:`~zephon.core.bad_records.SkipLimitError` past a dataset's
     ``max_skipped``.
     """
     datasets = plan.source.datasets
