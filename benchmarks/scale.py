@@ -20,9 +20,15 @@ one warm-up run that pays the process's one-time costs.
 Growth exponents are log-log least-squares slopes: over shards at fixed lanes, over lanes per
 rank at fixed shards (``D = 1``).
 
+``--files N`` measures the same start-up on files instead: N tiny JSONL files in a temporary
+folder with their dataset index (``build_index``, not counted), then, in a fresh process per round
+and alternating ``index="require"`` and ``index="auto"``: ``Dataset.from_path`` and a rank's first
+step (rank 0 of 2 over 4 lanes), CPU seconds, the median of ``--repeats``.
+
     python benchmarks/scale.py                 # shards 1k/10k/100k, lanes 1..1024, 1,024 lanes on 512 ranks
     python benchmarks/scale.py --quick         # shards 1k/10k, lanes 1..64, 64 lanes on 32 ranks
     python benchmarks/scale.py --shards 100000 --lanes 1,1024 --profile   # cProfile of the slowest restore
+    python benchmarks/scale.py --files 100000  # opening 100,000 indexed files: from_path + first step
 """
 
 from __future__ import annotations
@@ -32,9 +38,12 @@ import cProfile
 import gc
 import json
 import math
+import os
 import pstats
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -43,7 +52,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from zephon import Pipeline
-from zephon.io import Dataset, InMemoryShard
+from zephon.io import Dataset, InMemoryShard, build_index
 from zephon.runtime.checkpoint import encode_file
 from zephon.testing import outputs_equal
 from zephon.work import StaticMixtureWorkSource
@@ -230,6 +239,53 @@ def report(rows: list[dict[str, Any]], memory: dict[int, dict[str, Any]]) -> Non
           f"layout <= 64 B/shard: {memory[largest]['layout_per_shard']:.1f} B/shard")
 
 
+def text_ids(payload: dict[str, Any]) -> dict[str, np.ndarray]:
+    return {"input_ids": np.frombuffer(payload["text"].encode(), dtype=np.uint8).astype(np.int32)}
+
+
+def write_files(folder: str, shards: int) -> None:
+    """``shards`` JSONL files of two short rows each (``part-000042.jsonl``) in ``folder``."""
+    os.makedirs(folder, exist_ok=True)
+    for i in range(shards):
+        with open(os.path.join(folder, f"part-{i:06d}.jsonl"), "w", encoding="utf-8") as f:
+            f.write(f'{{"text": "document {i} alpha"}}\n{{"text": "document {i} beta gamma"}}\n')
+
+
+def open_files(folder: str, index: str) -> dict[str, Any]:
+    """CPU seconds of ``Dataset.from_path(folder, index=index)`` and of rank 0 of 2's first step over 4 lanes."""
+    t0 = time.process_time()
+    data = Dataset.from_path("web", folder, index=index)
+    t1 = time.process_time()
+    pipe = Pipeline(source(data)).options(canonical_replicas=4, dp_degree=2, dp_rank=0).map(text_ids).pack_flat(16).batch(2)
+    loader = pipe.loader()
+    next(loader.steps())
+    t2 = time.process_time()
+    loader.close()
+    return {"shards": data.num_shards, "open_s": t1 - t0, "step_s": t2 - t1, "total_s": t2 - t0}
+
+
+def files_report(shards: int, repeats: int) -> None:
+    """Start-up on ``shards`` indexed files, each round in a fresh process (see the module docstring)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, env = os.path.join(tmp, "data"), {**os.environ, "ZEPHON_CACHE_DIR": os.path.join(tmp, "cache")}
+        made = time.perf_counter()
+        write_files(folder, shards)
+        os.environ["ZEPHON_CACHE_DIR"] = env["ZEPHON_CACHE_DIR"]
+        build_index(folder)
+        print(f"{shards:,} files written and indexed in {time.perf_counter() - made:.0f} s (not counted)")
+        runs: dict[str, list[dict[str, Any]]] = {"require": [], "auto": []}
+        for _ in range(repeats):
+            for index in runs:
+                out = subprocess.run([sys.executable, __file__, "--open", folder, "--index", index], env=env,
+                                     check=True, capture_output=True, text=True).stdout
+                runs[index].append(json.loads(out.splitlines()[-1]))
+    print("| index | from_path CPU s | first step CPU s | total CPU s | rounds |")
+    print("|---|--:|--:|--:|--:|")
+    for index, got in runs.items():
+        med = {k: statistics.median(r[k] for r in got) for k in ("open_s", "step_s", "total_s")}
+        print(f"| {index} | {med['open_s']:.3f} | {med['step_s']:.3f} | {med['total_s']:.3f} | {len(got)} |")
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -244,7 +300,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="shards 1k/10k, lanes 1..64, 64 lanes on 32 ranks, 1 repeat")
     ap.add_argument("--profile", action="store_true", help="cProfile the restore at the largest point")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--files", type=int, default=None, help="measure start-up on this many indexed JSONL files instead")
+    ap.add_argument("--open", default=None, help=argparse.SUPPRESS)  # one round of --files, in its own process
+    ap.add_argument("--index", default="require", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.open:
+        print(json.dumps(open_files(args.open, args.index)))
+        return 0
+    if args.files:
+        files_report(args.files, args.repeats)
+        return 0
     if args.quick:
         shards, lanes, ranks, repeats = [1_000, 10_000], [1, 4, 16, 64], "64/32", 1
     else:

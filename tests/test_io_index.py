@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import os
 import warnings
 
@@ -12,7 +13,7 @@ import pyarrow.parquet
 import pytest
 
 from zephon.cli.main import main
-from zephon.io import Dataset, build_index
+from zephon.io import Dataset, ShardChangedError, build_index
 from zephon.sources import columnar as _columnar
 from zephon.sources import jsonl as _jsonl
 
@@ -54,8 +55,17 @@ def test_a_stale_entry_is_counted_again_with_a_warning_or_refused(folder, tmp_pa
     with pytest.warns(RuntimeWarning, match=r"stale for 1 changed and 1 new shard\(s\) \(part-2.jsonl, part-9.jsonl\).*zephon index"):
         ds = Dataset.from_path("d", folder, cache_dir=tmp_path / "c")
     assert ds.shard_sizes == (3, 4, 1, 6, 1)  # the truth, not the index's 5 rows for part-2
-    with pytest.raises(ValueError, match="index .* is stale: shard part-2.jsonl changed since it was indexed"):
+    with pytest.raises(ValueError, match="index .* is stale: shard part-9.jsonl is not in it"):
         Dataset.from_path("d", folder, index="require", cache_dir=tmp_path / "c")
+    (folder / "part-9.jsonl").unlink()
+    # index="require" takes each listed file as the index recorded it, without a stat, and checks
+    # the file when it is first read: a changed file is refused there, naming it and the fix.
+    os.utime(folder / "part-0.jsonl", ns=(5, 5))  # the same bytes: read on
+    trusting = Dataset.from_path("d", folder, index="require", cache_dir=tmp_path / "c")
+    assert trusting.shard_sizes == (3, 4, 5, 6) and trusting.read(0, [0]) == [{"text": "0-0"}]
+    with pytest.raises(ShardChangedError, match="part-2.jsonl changed since the dataset index recorded it.*zephon index"):
+        trusting.read(2, [0])
+    (folder / "part-9.jsonl").write_text('{"text": "extra"}\n')
     build_index(folder, cache_dir=tmp_path / "c")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -115,3 +125,29 @@ def test_unchanged_files_take_their_identity_from_the_index_and_changed_ones_are
     with pytest.warns(RuntimeWarning, match="stale for 1 changed"):
         changed = Dataset.from_path("d", folder, index="auto", cache_dir=tmp_path / "fresh3")
     assert changed.read(1, [0]) == [{"text": "changed"}] and changed.fingerprint() != reference
+
+
+def test_an_indexed_dataset_makes_a_shard_object_only_for_the_files_read(tmp_path, monkeypatch):
+    data = tmp_path / "many"
+    data.mkdir()
+    for s in range(120):
+        (data / f"part-{s:03d}.jsonl").write_text(json.dumps({"text": f"{s}-0"}) + "\n" + json.dumps({"text": f"{s}-1"}) + "\n")
+    build_index(data, cache_dir=tmp_path / "c")
+    counted = Dataset.from_path("d", data, index="off", cache_dir=tmp_path / "c")
+    made: list[str] = []
+    init = _jsonl.JsonlShard.__init__
+
+    def counting(self, path, *args, **kwargs):
+        made.append(os.path.basename(path))
+        init(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(_jsonl.JsonlShard, "__init__", counting)
+    for index in ("require", "auto"):
+        ds = Dataset.from_path("d", data, index=index, cache_dir=tmp_path / "c")
+        assert ds.num_rows == 240 and ds.shard_sizes == (2,) * 120 and ds.fingerprint() == counted.fingerprint()
+        assert ds.shard_path(7) == str(data / "part-007.jsonl") and made == []
+        assert ds.read(7, [1, 0]) == [{"text": "7-1"}, {"text": "7-0"}] and ds.read(7, [0]) == [{"text": "7-0"}]
+        assert made == ["part-007.jsonl"]  # once, on the first read
+        made.clear()
+    again = pickle.loads(pickle.dumps(ds))  # a worker process makes its own shard objects
+    assert again.read(99, [0]) == [{"text": "99-0"}] and made == ["part-099.jsonl"]

@@ -22,9 +22,10 @@ import numpy as np
 
 from ..core.bad_records import Failure, RecordDecodeError, check_max_skipped, check_on_error
 from .digest import resolve_cache_dir
-from .discover import FORMATS, ShardSpec, discover, index_entry, open_shards, write_index
+from .discover import FORMATS, discover, write_index
 from .jsonl import VERIFY_MODES
 from .listing import list_once
+from .shard_table import ShardSpec, ShardTable, index_entry, open_shards
 from .storage import IoOptions
 from .storage import io_options as _as_io
 from .token_files import TOKEN_DTYPES
@@ -168,7 +169,7 @@ class Dataset:
     name: str
     format: str
     shard_ids: tuple[ShardId, ...] = attrs.field(converter=tuple)
-    _shards: tuple[Any, ...] = attrs.field(converter=tuple)
+    _shards: Sequence[Any] = attrs.field(converter=lambda s: s if isinstance(s, ShardTable) else tuple(s))
     io: IoOptions = attrs.field(factory=IoOptions, kw_only=True, converter=_as_io)
     columns: tuple[str, ...] | None = attrs.field(default=None, kw_only=True)
     on_error: str = attrs.field(default="raise", kw_only=True, validator=check_on_error)
@@ -244,8 +245,10 @@ class Dataset:
                 :meth:`with_io_options`; usually ``Pipeline.options(io_options=...)``).
             index: ``"auto"``: use the dataset index (``.zephon-index.json``, written by
                 ``zephon index PATH``) for shards whose identity still matches, counting the
-                others (with a warning); ``"require"``: refuse a missing or stale index;
-                ``"off"``: ignore it.
+                others (with a warning); ``"require"``: refuse a missing index or files not in
+                it, and take each listed file as the index recorded it without a ``stat``,
+                checking it when first read (a file changed since is refused then:
+                :class:`~zephon.io.ShardChangedError`); ``"off"``: ignore it.
             progress: show a progress bar (needs ``tqdm``) while shards are counted.
             listing: ``"auto"``: with ``torch.distributed`` initialized on several ranks, rank 0
                 lists and counts the dataset and broadcasts it, so the store is listed once per
@@ -283,7 +286,7 @@ class Dataset:
             raise ValueError(f"dataset {name!r}: token_dtype must be 'uint16', 'uint32', 'int32' or 'int64', got {token_dtype!r}")
         io = _as_io(io_options)
 
-        def open_dataset() -> tuple[str, ShardSpec, list]:
+        def open_dataset() -> tuple[str, ShardSpec, ShardTable]:
             root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options, cache_dir=resolve_cache_dir(cache_dir), cache=io.cache, index=index)
             kind = found[0].fmt
             chosen = columns
@@ -298,7 +301,7 @@ class Dataset:
         request = (name, paths, fmt, recursive, verify, None if columns is None else tuple(columns), eos_token_id,
                    token_dtype, index, sorted(storage_options or {}))
         kind, spec, shards = list_once(name, request, open_dataset, listing)
-        return cls(name, kind, [s.shard_id for s in shards], shards, io=io, columns=spec.columns, **skipping)
+        return cls(name, kind, shards.shard_ids, shards, io=io, columns=spec.columns, **skipping)
 
     @classmethod
     def from_hf(cls, name: str, hf_dataset: Any, *, split: str | None = None, shard_rows: int | None = None) -> Dataset:
@@ -404,6 +407,8 @@ class Dataset:
     @functools.cached_property
     def shard_rows(self) -> np.ndarray:
         """Rows per shard, in shard order: a read-only int64 array, counted once (8 bytes a shard)."""
+        if isinstance(self._shards, ShardTable):
+            return self._shards.rows
         return _read_only(np.fromiter((s.num_rows for s in self._shards), dtype=np.int64, count=len(self._shards)))
 
     @functools.cached_property
@@ -473,6 +478,8 @@ class Dataset:
             >>> Dataset.from_rows("toy", [{"text": "a"}]).shard_path(0) is None
             True
         """
+        if isinstance(self._shards, ShardTable):
+            return self._shards.found[shard].location
         return getattr(self._shards[shard], "path", None)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -491,7 +498,8 @@ class Dataset:
             out["columns"] = list(self.columns)
         if self.on_error != "raise":  # which rows reach the pipeline (absent at the default, as before)
             out["on_error"] = self.on_error
-        out["shards"] = [{"id": sid, **s.fingerprint()} for sid, s in zip(self.shard_ids, self._shards)]
+        shards = self._shards.fingerprints() if isinstance(self._shards, ShardTable) else [s.fingerprint() for s in self._shards]
+        out["shards"] = [{"id": sid, **s} for sid, s in zip(self.shard_ids, shards)]
         return out
 
     def __repr__(self) -> str:
@@ -590,9 +598,9 @@ def build_index(
     root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options, cache_dir=resolve_cache_dir(cache_dir), cache=io.cache)
     spec = ShardSpec(found[0].fmt, resolve_cache_dir(cache_dir), verify, None, eos_token_id, token_dtype)
     shards = open_shards(name, root, found, spec, storage_options, io, index="off", progress=progress)
-    entries = {f.shard_id: index_entry(f, s) for f, s in zip(found, shards)}
+    entries = {f.shard_id: index_entry(f, int(rows), shards.groups.get(i)) for i, (f, rows) in enumerate(zip(shards.found, shards.rows))}
     where = write_index(root, entries, spec.settings(), storage_options)
-    return where, Dataset(os.path.basename(root.rstrip("/")) or "data", spec.fmt, [s.shard_id for s in shards], shards, io=io)
+    return where, Dataset(os.path.basename(root.rstrip("/")) or "data", spec.fmt, shards.shard_ids, shards, io=io)
 
 
 def _spelled(path: Any) -> str:

@@ -130,14 +130,13 @@ def cached(cache_dir: str, name: str, key: Any, compute: Callable[[], str], *, k
     return digest
 
 
-def file_digest(path: str, cache_dir: str, st: os.stat_result | None = None) -> str:
+def file_digest(path: str, cache_dir: str, key: StatKey | None = None) -> str:
     """The identity of the file at ``path`` (``"sha256=<hex>"``), from the digest cache when it holds.
 
-    ``st``: the file's ``stat`` if the caller has it. A digest taken while the file changed is
-    returned but not recorded.
+    ``key``: the file's :func:`stat_key` if the caller has it. A digest taken while the file
+    changed is returned but not recorded.
     """
-    st = st or os.stat(path)
-    key = stat_key(st)
+    key = key or stat_key(os.stat(path))
 
     def unchanged() -> bool:
         try:
@@ -148,12 +147,12 @@ def file_digest(path: str, cache_dir: str, st: os.stat_result | None = None) -> 
     return cached(cache_dir, os.path.realpath(path), list(key), lambda: hash_file(path), keep=unchanged)
 
 
-def file_digests(paths: list[str], cache_dir: str, stats: list[os.stat_result]) -> list[str]:
-    """:func:`file_digest` of many files, up to :data:`PARALLEL` at once."""
+def file_digests(paths: list[str], cache_dir: str, keys: list[StatKey]) -> list[str]:
+    """:func:`file_digest` of many files (with their stat keys), up to :data:`PARALLEL` at once."""
     if len(paths) <= 1:
-        return [file_digest(p, cache_dir, s) for p, s in zip(paths, stats)]
+        return [file_digest(p, cache_dir, k) for p, k in zip(paths, keys)]
     with ThreadPoolExecutor(min(PARALLEL, len(paths))) as pool:
-        return list(pool.map(lambda ps: file_digest(ps[0], cache_dir, ps[1]), zip(paths, stats)))
+        return list(pool.map(lambda pk: file_digest(pk[0], cache_dir, pk[1]), zip(paths, keys)))
 
 
 def short(identity: str | None) -> str:
@@ -164,12 +163,12 @@ def short(identity: str | None) -> str:
     return f"{name} {value[:12]}…" if value else identity[:16]
 
 
-def check_file(shard: Any, dataset: str, when: str) -> os.stat_result:
+def check_file(shard: Any, dataset: str, when: str, fix: str | None = None) -> os.stat_result:
     """One ``stat`` of ``shard.path``; raises unless the file still holds the shard's bytes.
 
     ``shard`` has ``path``, ``size``, ``digest``, ``cache_dir`` and ``seen`` (the stat key last
     verified in this process, or ``None``); equal bytes under a new stat key update ``seen``.
-    ``when`` is for messages ("while reading").
+    ``when`` and ``fix`` are for messages ("while reading"; the default fix: open the dataset again).
 
     Raises:
         FileNotFoundError: the file is gone.
@@ -185,15 +184,15 @@ def check_file(shard: Any, dataset: str, when: str) -> os.stat_result:
     if key == shard.seen:
         return st
     if st.st_size != shard.size:
-        raise changed(shard, dataset, when, st, None)
-    now = file_digest(shard.path, shard.cache_dir, st)
+        raise changed(shard, dataset, when, st, None, fix)
+    now = file_digest(shard.path, shard.cache_dir, key)
     if now != shard.digest:
-        raise changed(shard, dataset, when, st, now)
+        raise changed(shard, dataset, when, st, now, fix)
     shard.seen = key
     return st
 
 
-def changed(shard: Any, dataset: str, when: str, st: os.stat_result, now: str | None) -> ShardChangedError:
+def changed(shard: Any, dataset: str, when: str, st: os.stat_result, now: str | None, fix: str | None = None) -> ShardChangedError:
     """The error for a shard file whose size (``now`` is ``None``) or bytes differ."""
     times = ""
     if shard.seen is not None:
@@ -203,6 +202,6 @@ def changed(shard: Any, dataset: str, when: str, st: os.stat_result, now: str | 
     return ShardChangedError(
         f"dataset {dataset!r}: shard file {shard.path} changed {when}: size was {shard.size} bytes, now {st.st_size}{times}{what}. "
         "Rows are located by byte offsets fixed when the dataset was opened, so reading the changed file would shift or "
-        "garble samples. Leave shard files untouched while a dataset is in use (write new files beside them), and open "
-        "the dataset again with Dataset.from_path to read the new content."
+        "garble samples. "
+        + (fix or "Leave shard files untouched while a dataset is in use (write new files beside them), and open the dataset again with Dataset.from_path to read the new content.")
     )

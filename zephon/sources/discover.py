@@ -13,21 +13,19 @@ identity matches.
 
 from __future__ import annotations
 
+import functools
 import glob as globlib
 import json
 import os
 import warnings
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-import attrs
+import msgspec
 
 from ..core.atomic import replacing
-from ..core.log import progress as progress_bar
 from .columnar import ARROW_SUFFIXES, PARQUET_SUFFIXES
 from .digest import cached, file_digests, resolve_cache_dir, stat_key
-from .files import RemoteShard
-from .jsonl import SUFFIXES, JsonlShard
-from .ranges import RangedParquet, ranged
+from .jsonl import SUFFIXES
 from .storage import (
     CacheOptions,
     cached_name,
@@ -53,16 +51,14 @@ _LISTED = 10
 _GLOB = "*?["
 
 
-@attrs.frozen
-class Found:
+class Found(msgspec.Struct, frozen=True):
     """One shard found: where it is, its id, format, compression, size and identity (its content's).
 
-    A local file's ``identity`` is ``None`` until its digest is taken; ``st`` is its ``stat``.
+    A local file's ``identity`` is ``None`` until its digest is taken; ``seen`` is its stat key
+    when it was found (:func:`~zephon.sources.digest.stat_key`), ``None`` for a remote object.
+    ``indexed``: size, identity and stat key are the dataset index's, taken without a ``stat``
+    (``index="require"``); the file is checked against them when first read.
     """
-
-    def identified(self, identity: str) -> "Found":
-        """This shard with its identity (``attrs.evolve`` costs several times more, per shard of 100,000)."""
-        return Found(self.location, self.shard_id, self.fmt, self.compression, self.size, identity, self.st)
 
     location: str  # an absolute local path or a URL
     shard_id: str
@@ -70,12 +66,36 @@ class Found:
     compression: str | None
     size: int
     identity: str | None
-    st: os.stat_result | None = attrs.field(default=None, eq=False, repr=False)
+    seen: tuple | None = None
+    indexed: bool = False
+
+    def identified(self, identity: str) -> "Found":
+        """This shard with its identity."""
+        return Found(self.location, self.shard_id, self.fmt, self.compression, self.size, identity, self.seen)
 
 
 def format_of(filename: str, forced: str | None) -> tuple[str, str | None] | None:
-    """``(format, compression)`` of a file name, or ``None`` when the name says nothing."""
-    lower = filename.lower()
+    """``(format, compression)`` of a file name, or ``None`` when the name says nothing.
+
+    Remembered by the name's text from its second-to-last dot, which decides every ending in
+    :data:`FORMATS` (a folder of 100,000 shards has a handful of endings).
+    """
+    last = filename.rfind(".")
+    cut = filename.rfind(".", 0, last) if last > 0 else -1
+    key = (filename[cut if cut >= 0 else max(last, len(filename) * (last < 0)):].lower(), forced)
+    kind = _KINDS.get(key, _UNKNOWN)
+    if kind is _UNKNOWN:
+        if len(_KINDS) >= 4096:
+            _KINDS.clear()
+        kind = _KINDS[key] = _format_of(key[0], forced)
+    return kind
+
+
+_KINDS: dict[tuple[str, str | None], Any] = {}
+_UNKNOWN = object()
+
+
+def _format_of(lower: str, forced: str | None) -> tuple[str, str | None] | None:
     if forced == "jsonl":
         if lower.endswith(".gz"):
             return "jsonl", "gzip"
@@ -128,7 +148,7 @@ def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_
         if is_url(text):
             root, found = _remote(name, [text], fmt, recursive, so, (cache_dir, cache), single=True)
         else:
-            root, found = _local_one(name, os.path.abspath(local_path(text)), fmt, recursive)
+            root, found = _local_one(name, os.path.abspath(local_path(text)), fmt, recursive, index)
     elif isinstance(path, Iterable) and not isinstance(path, (bytes, Mapping)):
         items = [os.fspath(p) for p in path]
         if not items:
@@ -152,7 +172,7 @@ def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_
         raise ValueError(f"dataset {name!r}: files listed more than once: {twice}")
     local = any(f.identity is None for f in found)
     doc = read_index(root) if local and index != "off" else None
-    indexed = doc["shards"] if doc is not None and doc.get("settings", {}).get("fmt") == formats[0] else {}
+    indexed = doc.shards if doc is not None and doc.settings.get("fmt") == formats[0] else {}
     return root, _identified(sorted(found, key=lambda f: f.shard_id), cache_dir, indexed)
 
 
@@ -169,12 +189,12 @@ def _identified(found: list, cache_dir: str, indexed: Mapping[str, Any]) -> list
         if f.identity is not None:
             continue
         entry = indexed.get(f.shard_id)
-        if isinstance(entry, dict) and entry.get("stat") == list(stat_key(f.st)) and isinstance(entry.get("identity"), str):
-            out[i] = f.identified(entry["identity"])
+        if entry is not None and f.seen is not None and entry.stat == f.seen:
+            out[i] = f.identified(entry.identity)
         else:
             local.append(i)
     if local:
-        digests = file_digests([found[i].location for i in local], cache_dir, [found[i].st for i in local])
+        digests = file_digests([found[i].location for i in local], cache_dir, [found[i].seen for i in local])
         for i, digest in zip(local, digests):
             out[i] = found[i].identified(digest)
     return out
@@ -187,19 +207,32 @@ def _relative(full: str, root: str) -> str:
     return rel.replace(os.sep, "/")
 
 
-def _local_found(full: str, root: str, kind: tuple[str, str | None], st: os.stat_result) -> Found:
-    return Found(full, _relative(full, root), kind[0], kind[1], st.st_size, None, st)
+def _trusted(root: str, index: str) -> Mapping[str, IndexEntry]:
+    """With ``index="require"``, the index's entries: a file listed in it takes its recorded size,
+    identity and stat key without a ``stat`` of its own (checked when first read), so opening
+    100,000 files costs no 100,000 ``stat`` calls (slow on network filesystems)."""
+    doc = read_index(root) if index == "require" else None
+    return doc.shards if doc is not None else {}
 
 
-def _local_one(name: str, full: str, fmt: str | None, recursive: bool) -> tuple[str, list[Found]]:
+def _local_found(full: str, shard_id: str, kind: tuple[str, str | None], stat: Callable[[], os.stat_result], trusted: Mapping[str, IndexEntry]) -> Found:
+    entry = trusted.get(shard_id)
+    if entry is not None and entry.stat is not None and entry.fmt == kind[0]:
+        return Found(full, shard_id, kind[0], kind[1], entry.bytes, entry.identity, entry.stat, indexed=True)
+    st = stat()
+    return Found(full, shard_id, kind[0], kind[1], st.st_size, None, stat_key(st))
+
+
+def _local_one(name: str, full: str, fmt: str | None, recursive: bool, index: str) -> tuple[str, list[Found]]:
     if os.path.isdir(full):
-        return full, _scan_folder(name, full, fmt, recursive)
+        return full, _scan_folder(name, full, fmt, recursive, _trusted(full, index))
     if _is_glob(full) and not os.path.exists(full):
         matches = sorted(p for p in globlib.glob(full, recursive=True) if os.path.isfile(p))
         if not matches:
             raise FileNotFoundError(f"dataset {name!r}: the glob {full} matches no files")
         root = _glob_root(full)
-        return root, [_checked_local(name, p, root, fmt) for p in matches]
+        trusted = _trusted(root, index)
+        return root, [_checked_local(name, p, root, fmt, trusted) for p in matches]
     if not os.path.exists(full):
         raise _missing(name, full)
     if not os.path.isfile(full):
@@ -208,11 +241,11 @@ def _local_one(name: str, full: str, fmt: str | None, recursive: bool) -> tuple[
     return root, [_checked_local(name, full, root, fmt)]
 
 
-def _checked_local(name: str, full: str, root: str, fmt: str | None) -> Found:
+def _checked_local(name: str, full: str, root: str, fmt: str | None, trusted: Mapping[str, Any] | None = None) -> Found:
     kind = format_of(os.path.basename(full), fmt)
     if kind is None:
         raise ValueError(f"dataset {name!r}: cannot tell the format of {full} from its name; supported endings: {_endings()}. Pass fmt='jsonl', 'parquet', 'arrow' or 'tokens' to say it.")
-    return _local_found(full, root, kind, os.stat(full))
+    return _local_found(full, _relative(full, root), kind, functools.partial(os.stat, full), trusted or {})
 
 
 def _local_list(name: str, paths: list[str], fmt: str | None) -> tuple[str, list[Found]]:
@@ -229,33 +262,56 @@ def _local_list(name: str, paths: list[str], fmt: str | None) -> tuple[str, list
     return root, [_checked_local(name, p, root, fmt) for p in paths]
 
 
-def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool) -> list[Found]:
+def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool, trusted: Mapping[str, IndexEntry]) -> list[Found]:
+    """The supported files of a folder (and, if ``recursive``, of its subfolders), one listing each.
+
+    As ``os.walk`` sees them: hidden entries skipped, symbolic links to folders not followed, an
+    unreadable subfolder passed over.
+    """
     found: list[Found] = []
     seen: list[str] = []
     subfolders = False
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        with os.scandir(folder) as it:
-            entries = {e.name: e for e in it}
-        for filename in sorted(files):
-            seen.append(_relative(os.path.join(folder, filename), root))
-            entry = entries.get(filename)
-            if filename.startswith(".") or entry is None or not entry.is_file():
+    pending = [(root, "")]
+    while pending:
+        folder, prefix = pending.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        dirs = []
+        for entry in entries:
+            filename = entry.name
+            if _is_folder(entry):
+                if not filename.startswith("."):
+                    dirs.append(entry)
+                continue
+            shard_id = prefix + filename
+            seen.append(shard_id)
+            if filename.startswith(".") or not entry.is_file():
                 continue
             if fmt == "tokens" and filename.endswith(".idx"):
                 continue  # Megatron indexes sit beside their .bin
             kind = format_of(filename, fmt)
             if kind is not None:
-                found.append(_local_found(entry.path, root, kind, entry.stat()))
+                found.append(_local_found(entry.path, shard_id, kind, entry.stat, trusted))
         if not recursive:
             subfolders = bool(dirs)
-            seen.extend(d + "/" for d in dirs)
+            seen.extend(d.name + "/" for d in dirs)
             break
+        pending.extend((d.path, prefix + d.name + "/") for d in reversed(dirs) if not d.is_symlink())
     if not found:
         listing = ", ".join(seen[:_LISTED]) + (f" and {len(seen) - _LISTED} more" if len(seen) > _LISTED else "")
         hint = " Subfolders are not searched; pass recursive=True to include them." if subfolders else ""
         raise ValueError(f"dataset {name!r}: no supported files in {root} (found: {listing or 'nothing'}); supported endings: {_endings()}. Pass fmt= to read other files.{hint}")
     return found
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def _remote(name: str, urls: list[str], fmt: str | None, recursive: bool, so: tuple, caches: tuple[str, CacheOptions], *, single: bool) -> tuple[str, list[Found]]:
@@ -323,11 +379,38 @@ def index_location(root: str) -> str:
     return root.rstrip("/") + "/" + INDEX_NAME if is_url(root) else os.path.join(root, INDEX_NAME)
 
 
-def read_index(root: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+class IndexEntry(msgspec.Struct, frozen=True):
+    """One shard in the dataset index: format, size, identity, rows, and what decides them.
+
+    ``stat``: the file's stat key when it was indexed (local files); ``groups``: rows per row
+    group (Parquet and Arrow).
+    """
+
+    fmt: str
+    bytes: int
+    identity: str
+    rows: int
+    stat: tuple[int, int, int, int, int] | None = None
+    groups: tuple[int, ...] | None = None
+
+
+class IndexDoc(msgspec.Struct, frozen=True):
+    """The dataset index: its version, the settings that decide rows, and an entry per shard id."""
+
+    zephon_index: int
+    settings: dict[str, Any] = {}
+    shards: dict[str, IndexEntry] = {}
+
+
+_INDEX_VERSION_ONLY = msgspec.json.Decoder(msgspec.defstruct("Version", [("zephon_index", Any, None)]))
+_INDEX_DOC = msgspec.json.Decoder(IndexDoc)
+
+
+def read_index(root: str, storage_options: Mapping[str, Any] | None = None) -> IndexDoc | None:
     """The dataset index in ``root``, or ``None`` when there is none (or it is unreadable).
 
     A local index is parsed once per process while its file is unchanged (discovery and counting
-    both read it); callers do not modify the document.
+    both read it).
     """
     where = index_location(root)
     if not is_url(where):
@@ -347,7 +430,7 @@ def read_index(root: str, storage_options: Mapping[str, Any] | None = None) -> d
 _INDEXES: dict[tuple, Any] = {}
 
 
-def _read_index(where: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _read_index(where: str, storage_options: Mapping[str, Any] | None) -> IndexDoc | None:
     try:
         if is_url(where):
             fs = _filesystem_of(where, storage_options)
@@ -357,15 +440,15 @@ def _read_index(where: str, storage_options: Mapping[str, Any] | None) -> dict[s
         else:
             with open(where, "rb") as f:
                 text = f.read()
-        doc = json.loads(text)
+        version = _INDEX_VERSION_ONLY.decode(text).zephon_index
+        doc = _INDEX_DOC.decode(text) if version == INDEX_VERSION else None
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, msgspec.DecodeError) as err:
         warnings.warn(f"the dataset index {where} cannot be read ({err}); counting shards without it. Rebuild it with `zephon index`.", RuntimeWarning, stacklevel=3)
         return None
-    if not isinstance(doc, dict) or doc.get("zephon_index") != INDEX_VERSION or not isinstance(doc.get("shards"), dict):
+    if doc is None:
         warnings.warn(f"the dataset index {where} is not a version-{INDEX_VERSION} zephon index; counting shards without it. Rebuild it with `zephon index`.", RuntimeWarning, stacklevel=3)
-        return None
     return doc
 
 
@@ -379,96 +462,3 @@ def write_index(root: str, entries: dict[str, Any], settings: dict[str, Any], st
     with replacing(where) as out:
         out.write(doc)
     return where
-
-
-@attrs.frozen
-class ShardSpec:
-    """How to open a local file of a dataset as a shard (picklable; also used for remote copies)."""
-
-    fmt: str
-    cache_dir: str
-    verify: str
-    columns: tuple[str, ...] | None = None
-    eos_token_id: int | None = None
-    token_dtype: str | None = None
-
-    def __call__(self, path: str, shard_id: str, compression: str | None = None, digest: str | None = None) -> Any:
-        """The shard of the file at ``path``; ``digest``: its content identity if known (else taken)."""
-        if self.fmt == "jsonl":
-            compression = compression or format_of(path, "jsonl")[1]
-            return JsonlShard(path, shard_id, compression, self.cache_dir, self.verify, digest)
-        if self.fmt in ("parquet", "arrow"):
-            from .columnar import ColumnarShard
-
-            return ColumnarShard(path, shard_id, self.fmt, self.columns, self.verify, cache_dir=self.cache_dir, digest=digest)
-        from .token_files import TokenShard
-
-        return TokenShard(path, shard_id, dtype=self.token_dtype, eos_token_id=self.eos_token_id, cache_dir=self.cache_dir, verify=self.verify, digest=digest)
-
-    def settings(self) -> dict[str, Any]:
-        """What decides an index entry's rows and digest."""
-        return {"fmt": self.fmt, "verify": self.verify, "eos_token_id": self.eos_token_id, "token_dtype": self.token_dtype}
-
-
-def make_shard(found: Any, spec: ShardSpec, storage_options: Mapping[str, Any] | None) -> Any:
-    """The shard of one found file: local, or a remote object read through the shard cache."""
-    if is_url(found.location):
-        fs_key = (split_url(found.location)[0], tuple(sorted((storage_options or {}).items())))
-        by_ranges = None
-        if spec.fmt == "parquet" and ranged(found.identity):
-            by_ranges = RangedParquet(found.location, found.size, found.identity, fs_key, spec.columns)
-        return RemoteShard(found.location, found.shard_id, found.size, found.identity, fs_key, spec, by_ranges=by_ranges)
-    return spec(found.location, found.shard_id, found.compression, found.identity)
-
-
-def index_entry(found: Any, shard: Any) -> dict[str, Any]:
-    """The dataset-index entry of a counted shard (with a local file's stat key: see :func:`_identified`)."""
-    entry: dict[str, Any] = {"fmt": found.fmt, "bytes": found.size, "identity": found.identity, "rows": shard.num_rows}
-    if getattr(found, "st", None) is not None:
-        entry["stat"] = list(stat_key(found.st))
-    if getattr(shard, "group_rows", None):
-        entry["groups"] = list(shard.group_rows)
-    return entry
-
-
-def _apply_entry(shard: Any, entry: Mapping[str, Any]) -> None:
-    shard.num_rows = int(entry["rows"])
-    if "groups" in entry and hasattr(shard, "group_rows"):
-        shard.group_rows = tuple(int(g) for g in entry["groups"])
-
-
-def open_shards(name: str, root: str, found: list, spec: ShardSpec, storage_options: Any, io: Any, *, index: str = "auto", progress: bool = False) -> list:
-    """Shards of every found file, counted, or taken from the dataset index where it still holds."""
-    doc = read_index(root, storage_options) if index != "off" else None
-    entries: Mapping[str, Any] = {}
-    if doc is not None:
-        if doc.get("settings") == spec.settings():
-            entries = doc["shards"]
-        elif index == "require":
-            raise ValueError(f"dataset {name!r}: the index in {root} was built with {doc.get('settings')}, not {spec.settings()}; rebuild it with `zephon index {root}`")
-    elif index == "require":
-        raise ValueError(f"dataset {name!r}: {root} has no dataset index; build it with `zephon index {root}` (or pass index='auto')")
-    stale, unlisted, shards = [], [], []
-    for f in progress_bar(found, total=len(found), desc=f"counting {name}", unit="shard", force=progress or None):
-        shard = make_shard(f, spec, storage_options)
-        entry = entries.get(f.shard_id)
-        if entry is not None and (entry.get("fmt"), entry.get("bytes"), entry.get("identity")) == (f.fmt, f.size, f.identity):
-            _apply_entry(shard, entry)
-        else:
-            (stale if entry is not None else unlisted).append(f.shard_id)
-            if index == "require":
-                raise ValueError(
-                    f"dataset {name!r}: the index in {root} is stale: shard {f.shard_id} "
-                    f"{'changed since it was indexed' if entry is not None else 'is not in it'}; rebuild it with `zephon index {root}`"
-                )
-            shard.count_rows(name, io)
-        shards.append(shard)
-    if doc is not None and (stale or unlisted):
-        listed = ", ".join((stale + unlisted)[:_LISTED])
-        warnings.warn(
-            f"dataset {name!r}: the index in {root} is stale for {len(stale)} changed and {len(unlisted)} new shard(s) "
-            f"({listed}); they were counted again, not trusted. Rebuild it with `zephon index {root}`.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return shards

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..core.cache import ProcessCache
-from .digest import ShardChangedError, check_file, file_digest, hash_file, resolve_cache_dir, short
+from .digest import ShardChangedError, check_file, file_digest, hash_file, resolve_cache_dir, short, stat_key
 from .storage import IoOptions, fetch, filesystem
 
 
@@ -39,7 +39,7 @@ class FileIdentity:
         self.cache_dir = cache_dir or resolve_cache_dir(None)
         self.size = st.st_size
         self.seen: Any = None
-        self.digest = digest or file_digest(path, self.cache_dir, st)
+        self.digest = digest or file_digest(path, self.cache_dir, stat_key(st))
         self.num_rows = -1
 
     def check_stat(self, dataset: str) -> os.stat_result:

@@ -1,0 +1,190 @@
+"""Opening found shards: a dataset's files as a table of columns, each shard made on first use.
+
+A dataset of 100,000 files would otherwise hold 100,000 shard objects, each made (and its file
+stat-ed) when the dataset is opened, though a rank reads a few of them. :class:`ShardTable` keeps
+what discovery found (:class:`~zephon.sources.discover.Found`: location, id, size, identity, stat
+key) and each shard's rows, counted or taken from the dataset index, and makes the shard object of
+a file when it is first read in a process. Row counts and fingerprints come from the columns.
+
+What is kept: the found entries, the rows per shard (``int64``), Parquet/Arrow row groups, and a
+process-local map from shard number to the shard objects made so far (not pickled: a worker makes
+its own).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Any, Iterator, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from ..core.log import progress as progress_bar
+from .digest import check_file
+from .discover import Found, format_of, read_index
+from .files import RemoteShard
+from .jsonl import JsonlShard
+from .ranges import RangedParquet, ranged
+from .storage import is_url, split_url
+
+_LISTED = 10
+
+
+@attrs.frozen
+class ShardSpec:
+    """How to open a local file of a dataset as a shard (picklable; also used for remote copies)."""
+
+    fmt: str
+    cache_dir: str
+    verify: str
+    columns: tuple[str, ...] | None = None
+    eos_token_id: int | None = None
+    token_dtype: str | None = None
+
+    def __call__(self, path: str, shard_id: str, compression: str | None = None, digest: str | None = None) -> Any:
+        """The shard of the file at ``path``; ``digest``: its content identity if known (else taken)."""
+        if self.fmt == "jsonl":
+            compression = compression or format_of(path, "jsonl")[1]
+            return JsonlShard(path, shard_id, compression, self.cache_dir, self.verify, digest)
+        if self.fmt in ("parquet", "arrow"):
+            from .columnar import ColumnarShard
+
+            return ColumnarShard(path, shard_id, self.fmt, self.columns, self.verify, cache_dir=self.cache_dir, digest=digest)
+        from .token_files import TokenShard
+
+        return TokenShard(path, shard_id, dtype=self.token_dtype, eos_token_id=self.eos_token_id, cache_dir=self.cache_dir, verify=self.verify, digest=digest)
+
+    def settings(self) -> dict[str, Any]:
+        """What decides an index entry's rows and digest."""
+        return {"fmt": self.fmt, "verify": self.verify, "eos_token_id": self.eos_token_id, "token_dtype": self.token_dtype}
+
+
+def make_shard(found: Found, spec: ShardSpec, storage_options: Mapping[str, Any] | None) -> Any:
+    """The shard of one found file: local, or a remote object read through the shard cache.
+
+    A local file found with its stat key starts verified at that key: its first read needs no new
+    digest unless the file changed since.
+    """
+    if is_url(found.location):
+        fs_key = (split_url(found.location)[0], tuple(sorted((storage_options or {}).items())))
+        by_ranges = None
+        if spec.fmt == "parquet" and ranged(found.identity):
+            by_ranges = RangedParquet(found.location, found.size, found.identity, fs_key, spec.columns)
+        return RemoteShard(found.location, found.shard_id, found.size, found.identity, fs_key, spec, by_ranges=by_ranges)
+    shard = spec(found.location, found.shard_id, found.compression, found.identity)
+    shard.size, shard.seen = found.size, found.seen
+    return shard
+
+
+class ShardTable(Sequence):
+    """A dataset's file shards: what was found, rows per shard and row groups; shards made on use.
+
+    ``table[i]`` is shard number ``i``'s object (made once per process, with its rows and row
+    groups set; a file found through the index is checked against it then); :attr:`rows` and
+    :meth:`fingerprints` need no shard object.
+    """
+
+    __slots__ = ("name", "root", "found", "spec", "storage_options", "rows", "groups", "_made", "_lock")
+
+    def __init__(self, name: str, root: str, found: Sequence[Found], spec: ShardSpec, storage_options: Mapping[str, Any] | None, rows: np.ndarray, groups: Mapping[int, tuple[int, ...]] | None = None, made: Mapping[int, Any] | None = None):
+        self.name, self.root = name, root
+        self.found = tuple(found)
+        self.spec, self.storage_options = spec, None if storage_options is None else dict(storage_options)
+        self.rows = rows
+        self.rows.flags.writeable = False
+        self.groups = dict(groups or {})
+        self._made: dict[int, Any] = dict(made or {})
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.found)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self.found)))]
+        i = range(len(self.found))[i]
+        shard = self._made.get(i)
+        if shard is None:
+            found = self.found[i]
+            shard = make_shard(found, self.spec, self.storage_options)
+            if found.indexed:
+                fix = f"Rebuild the index with `zephon index {self.root}`, or open the dataset with index='auto' to count changed files again."
+                check_file(shard, self.name, "since the dataset index recorded it", fix)
+            shard.num_rows = int(self.rows[i])
+            if i in self.groups:
+                shard.group_rows = self.groups[i]
+            with self._lock:
+                shard = self._made.setdefault(i, shard)
+        return shard
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self[i] for i in range(len(self.found)))
+
+    @property
+    def shard_ids(self) -> list[str]:
+        return [f.shard_id for f in self.found]
+
+    def fingerprints(self) -> list[dict[str, Any]]:
+        """Each shard's ``{"path", "bytes", "rows", "identity"}``, as its shard object gives it."""
+        return [{"path": f.shard_id, "bytes": f.size, "rows": r, "identity": f.identity} for f, r in zip(self.found, self.rows.tolist())]
+
+    def __getstate__(self) -> tuple:
+        return self.name, self.root, self.found, self.spec, self.storage_options, self.rows, self.groups
+
+    def __setstate__(self, state: tuple) -> None:
+        self.name, self.root, self.found, self.spec, self.storage_options, self.rows, self.groups = state
+        self._made, self._lock = {}, threading.Lock()
+
+
+def open_shards(name: str, root: str, found: list[Found], spec: ShardSpec, storage_options: Any, io: Any, *, index: str = "auto", progress: bool = False) -> ShardTable:
+    """The table of every found file, counted, or with its rows from the dataset index where it still holds."""
+    doc = read_index(root, storage_options) if index != "off" else None
+    entries: Mapping[str, Any] = {}
+    if doc is not None:
+        if doc.settings == spec.settings():
+            entries = doc.shards
+        elif index == "require":
+            raise ValueError(f"dataset {name!r}: the index in {root} was built with {doc.settings}, not {spec.settings()}; rebuild it with `zephon index {root}`")
+    elif index == "require":
+        raise ValueError(f"dataset {name!r}: {root} has no dataset index; build it with `zephon index {root}` (or pass index='auto')")
+    stale, unlisted = [], []
+    rows = np.empty(len(found), dtype=np.int64)
+    groups: dict[int, tuple[int, ...]] = {}
+    made: dict[int, Any] = {}
+    for i, f in enumerate(progress_bar(found, total=len(found), desc=f"counting {name}", unit="shard", force=progress or None)):
+        entry = entries.get(f.shard_id)
+        if entry is not None and (f.indexed or (entry.fmt, entry.bytes, entry.identity) == (f.fmt, f.size, f.identity)):
+            rows[i] = entry.rows
+            if entry.groups is not None:
+                groups[i] = entry.groups
+            continue
+        (stale if entry is not None else unlisted).append(f.shard_id)
+        if index == "require":
+            raise ValueError(
+                f"dataset {name!r}: the index in {root} is stale: shard {f.shard_id} "
+                f"{'changed since it was indexed' if entry is not None else 'is not in it'}; rebuild it with `zephon index {root}`"
+            )
+        shard = made[i] = make_shard(f, spec, storage_options)
+        rows[i] = shard.count_rows(name, io)
+        if getattr(shard, "group_rows", None):
+            groups[i] = tuple(shard.group_rows)
+    if doc is not None and (stale or unlisted):
+        listed = ", ".join((stale + unlisted)[:_LISTED])
+        warnings.warn(
+            f"dataset {name!r}: the index in {root} is stale for {len(stale)} changed and {len(unlisted)} new shard(s) "
+            f"({listed}); they were counted again, not trusted. Rebuild it with `zephon index {root}`.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return ShardTable(name, root, found, spec, storage_options, rows, groups, made)
+
+
+def index_entry(found: Found, rows: int, groups: Sequence[int] | None) -> dict[str, Any]:
+    """The dataset-index entry of a counted shard (with a local file's stat key: see ``discover._identified``)."""
+    entry: dict[str, Any] = {"fmt": found.fmt, "bytes": found.size, "identity": found.identity, "rows": rows}
+    if found.seen is not None:
+        entry["stat"] = list(found.seen)
+    if groups:
+        entry["groups"] = list(groups)
+    return entry
