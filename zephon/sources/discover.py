@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import glob as globlib
 import json
+import operator
 import os
 import warnings
 from typing import Any, Callable, Iterable, Mapping
@@ -276,7 +277,7 @@ def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool, trusted
         folder, prefix = pending.pop()
         try:
             with os.scandir(folder) as it:
-                entries = sorted(it, key=lambda e: e.name)
+                entries = sorted(it, key=_NAME)
         except OSError:
             continue
         dirs = []
@@ -305,6 +306,9 @@ def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool, trusted
         hint = " Subfolders are not searched; pass recursive=True to include them." if subfolders else ""
         raise ValueError(f"dataset {name!r}: no supported files in {root} (found: {listing or 'nothing'}); supported endings: {_endings()}. Pass fmt= to read other files.{hint}")
     return found
+
+
+_NAME = operator.attrgetter("name")
 
 
 def _is_folder(entry: os.DirEntry) -> bool:
@@ -402,7 +406,6 @@ class IndexDoc(msgspec.Struct, frozen=True):
     shards: dict[str, IndexEntry] = {}
 
 
-_INDEX_VERSION_ONLY = msgspec.json.Decoder(msgspec.defstruct("Version", [("zephon_index", Any, None)]))
 _INDEX_DOC = msgspec.json.Decoder(IndexDoc)
 
 
@@ -440,8 +443,12 @@ def _read_index(where: str, storage_options: Mapping[str, Any] | None) -> IndexD
         else:
             with open(where, "rb") as f:
                 text = f.read()
-        version = _INDEX_VERSION_ONLY.decode(text).zephon_index
-        doc = _INDEX_DOC.decode(text) if version == INDEX_VERSION else None
+        try:
+            doc = _INDEX_DOC.decode(text)
+        except msgspec.ValidationError:  # another version's layout, or not an index
+            doc = None
+        if doc is not None and doc.zephon_index != INDEX_VERSION:
+            doc = None
     except FileNotFoundError:
         return None
     except (OSError, ValueError, msgspec.DecodeError) as err:
