@@ -32,6 +32,7 @@ from ..ops.pack import PackFlat, PackSequences
 from ..core.records import SampleBatch
 from ..ops.order import OrderBy
 from ..ops.shuffle import Shuffle
+from ..ops.tokenize import TokenizerOp
 from ..training.spec import _warn_at_caller
 from ..sources.calibrate import compile_source, step_size
 from ..ops.mixing import place_targets
@@ -107,12 +108,18 @@ def _steps(value: Any) -> tuple[tuple[str, Operator], ...]:
     return tuple((str(name), op) for name, op in value)
 
 
-def _prestart(options: Options) -> None:
-    """Start the workers' fork server now when there are workers: it imports while the caller works."""
-    if options.workers:
-        from ..runtime.executor import prestart
+def _prestart(options: Options, pipeline: "Pipeline | None" = None) -> None:
+    """With worker processes: start their fork server now (it imports while the caller works) and,
+    for ``pipeline``, have its workers started and its encoders built (:mod:`zephon.runtime.standby`)."""
+    if not options.workers:
+        return
+    from ..runtime.executor import prestart
+    from ..runtime.standby import prepare
 
-        prestart()
+    prestart()
+    if pipeline is not None:
+        lanes = options.canonical_replicas // (options.dp_degree or 1) or options.canonical_replicas
+        prepare(min(options.workers, lanes), [op.handle for _, op in pipeline.operators if isinstance(op, TokenizerOp)])
 
 
 @attrs.frozen
@@ -146,7 +153,7 @@ class Pipeline:
     def options(self, **kwargs: Any) -> "Pipeline":
         """A new pipeline with these run options changed (see :class:`Options`; ``num_workers`` means ``workers``)."""
         child = attrs.evolve(self, options=self.run_options.evolve(**kwargs))
-        _prestart(child.run_options)
+        _prestart(child.run_options, child)
         call = "options(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
         L = self.run_options.canonical_replicas
         note = ""
@@ -181,7 +188,10 @@ class Pipeline:
             raise ValueError(f"an operator named {name!r} already exists; choose another name")
         caller = sys._getframe(1).f_code.co_name  # the builder method, named in the warning about a discarded result
         method = caller if sys._getframe(1).f_globals is globals() and caller in _BUILDERS else "add"
-        return self._made(attrs.evolve(self, operators=steps + ((name, op),)), f"{method}(...)")
+        child = self._made(attrs.evolve(self, operators=steps + ((name, op),)), f"{method}(...)")
+        if isinstance(op, TokenizerOp):
+            _prestart(child.run_options, child)  # its workers build the new encoder while the caller works
+        return child
 
     def _made(self, child: "Pipeline", call: str, note: str = "") -> "Pipeline":
         """``child``, recorded as made from this pipeline by ``call`` (see :meth:`_note_run`)."""

@@ -25,6 +25,8 @@ _PRELOAD = (
     "zephon.runtime.process_worker",
     "zephon.io",
     "zephon.ops",
+    "zephon.ops.tokenize",  # not imported by zephon.ops: unpickling a tokenizing plan would import it
+    "zephon.ops.chat",
     "importlib.metadata",
     "tokenizers",
     "tiktoken",

@@ -1,7 +1,8 @@
 """Running lanes ahead in worker processes (``workers > 0``): the main process's side.
 
-Workers are forked from a spawned fork server (:func:`~zephon.runtime.executor.start_context`),
-start at ``iter()`` and each owns a fixed subset of the rank's lanes from then on
+Workers are forked from a spawned fork server (:func:`~zephon.runtime.executor.start_context`):
+those started with the pipeline and waiting (:mod:`~zephon.runtime.standby`), else new ones. Each
+is given a fixed subset of the rank's lanes at ``iter()`` and owns them from then on
 (:mod:`~zephon.runtime.process_worker`); outputs are handed out in lane order, so the result is the
 in-process one. User code runs only in the workers: one that crashes the interpreter ends a
 worker, never the caller.
@@ -17,7 +18,6 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import socket
 import time
 import traceback
 import warnings
@@ -28,7 +28,8 @@ from typing import Any, Callable
 
 from .executor import WorkerError, closed_error, ignoring_sigint, start_context
 from .lanes import Plan
-from .process_worker import replay_main, worker_main
+from .process_worker import replay_main
+from .standby import start_worker, take
 from .bad_records import SkippedRecordWarning
 from .stats import merge_meters
 from .wire import recv_message
@@ -119,8 +120,8 @@ def _replay_elsewhere(plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]])
 
 
 class ProcessExecutor:
-    """Runs the rank's lanes ahead in ``workers`` processes, started here, each given the pipeline and
-    its lanes' encoded states (decoded there). State kept here, per lane: the outputs received and
+    """Runs the rank's lanes ahead in ``workers`` processes (waiting ones, else started here), each given
+    the pipeline and its lanes' encoded states (decoded there). State kept here, per lane: the outputs received and
     not yet taken, the count delivered, and a delivered state (see the module docstring).
     """
 
@@ -161,25 +162,20 @@ class ProcessExecutor:
         self._start_workers(n, credit, encoded)
 
     def _start_workers(self, n: int, credit: int, encoded: dict[int, Any] | None) -> None:
-        """Start the workers, then send each the pipeline and its lanes' states (they boot in parallel)."""
-        ctx = start_context()
+        """Take waiting workers (:mod:`~zephon.runtime.standby`), start the rest, then send each its lanes,
+        their states and the pipeline (they start in parallel)."""
         threads = max(1, (os.cpu_count() or 1) // n)
-        with ignoring_sigint():
-            for w in range(n):
-                mine = self._lanes_of(w)
-                parent, child = ctx.Pipe()
-                _widen(parent), _widen(child)
-                proc = ctx.Process(target=worker_main, args=(child, mine, credit, threads, dict(os.environ)), daemon=True, name=f"zephon-lanes-{mine[0]}")
-                self.conns.append(parent)
-                proc.start()
-                self.procs.append(proc)
-                child.close()
-            for w, conn in enumerate(self.conns):
-                sub = {lane: encoded[lane] for lane in self._lanes_of(w)} if encoded else None
-                try:
-                    conn.send((self.plan_bytes, sub))
-                except (BrokenPipeError, OSError):
-                    pass  # the worker died while starting: reported by the first wait for its output
+        workers = take(n)
+        workers += [start_worker(f"zephon-lanes-{self._lanes_of(w)[0]}") for w in range(len(workers), n)]
+        env = dict(os.environ)
+        for w, (proc, conn) in enumerate(workers):
+            self.procs.append(proc)
+            self.conns.append(conn)
+            sub = {lane: encoded[lane] for lane in self._lanes_of(w)} if encoded else None
+            try:
+                conn.send(("start", self._lanes_of(w), credit, threads, env, self.plan_bytes, sub))
+            except (BrokenPipeError, OSError):
+                pass  # the worker died while starting: reported by the first wait for its output
 
     def _check_open(self) -> None:
         if self.failure is not None or self.death is not None:
@@ -419,23 +415,6 @@ class ProcessExecutor:
         self.closed = True
         self._finalizer()
 
-
-_SOCKET_BUFFER = 4 << 20
-
-
-def _widen(conn: Any) -> None:
-    """Ask for ``_SOCKET_BUFFER``-byte socket buffers on ``conn`` (best effort, capped by the system),
-    so that a batch does not fill the buffer and reach the main process in several reads."""
-    try:
-        sock = socket.socket(fileno=os.dup(conn.fileno()))
-    except (OSError, ValueError):
-        return
-    with sock:
-        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, option, _SOCKET_BUFFER)
-            except OSError:
-                pass
 
 
 def _shutdown(conns, procs) -> None:

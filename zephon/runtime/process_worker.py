@@ -25,6 +25,19 @@ from .skip_steps import skip_lanes, without_counts
 from .bad_records import forward_warnings
 from .wire import pack_message, send_message, send_parts
 
+_in_worker = False
+
+
+def in_worker() -> bool:
+    """Whether this process is a worker or a replay (pipelines built here by user code start no workers)."""
+    return _in_worker
+
+
+def _become_worker() -> None:
+    global _in_worker
+    _in_worker = True
+
+
 #: How often a worker attaches a lane's encoded state to an output: after a worker dies, the main
 #: process replays at most this much of a lane's work to rebuild the caller's state.
 _ATTACH_S = 5.0
@@ -119,26 +132,54 @@ def take_environment(env: dict[str, str] | None) -> None:
         os.environ.update(env)
 
 
-def worker_main(conn, lanes: list[int], credit: int, threads: int, env: dict[str, str] | None = None) -> None:
-    # A Ctrl-C goes to the whole process group: only the main process sees it, so the workers stay
-    # alive to answer checkpoint().
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    take_environment(env)
-    # Before the plan (and with it the tokenizer library) is unpickled. Parallelism "true" even for
-    # one thread: RAYON_NUM_THREADS bounds the pool, and the sequential path costs more per token.
-    # The encoder threads are a share of the CPUs, without the read-ahead's extra one: a worker
-    # shares the cores with the main process.
+def _set_threads(threads: int) -> None:
+    # Before the first encode (and, when started for lanes, before the plan is unpickled). Parallelism
+    # "true" even for one thread: RAYON_NUM_THREADS bounds the pool, and the sequential path costs
+    # more per token. The encoder threads are a share of the CPUs, without the read-ahead's extra
+    # one: a worker shares the cores with the main process.
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     os.environ.setdefault("ZEPHON_ENCODER_THREADS", str(threads))
+
+
+def _wait_for_lanes(conn, idle_s: float | None) -> tuple | None:
+    """The ``("start", ...)`` message, building the encoders of ``("warm", handles)`` meanwhile
+    (``("warm", handles, threads)``: :mod:`~zephon.runtime.standby`); ``None`` on ``stop``, a closed
+    pipe, or ``idle_s`` without a message."""
+    while True:
+        if idle_s is not None and not conn.poll(idle_s):
+            return None
+        msg = conn.recv()
+        if msg[0] != "warm":
+            return msg if msg[0] == "start" else None
+        _set_threads(msg[2])
+        try:
+            for handle in pickle.loads(msg[1]):
+                handle.load_encoder()
+        except Exception:  # built again from the plan, where a failure is reported with its lane
+            pass
+
+
+def worker_main(conn, idle_s: float | None = None) -> None:
+    """A worker: waits for its lanes (``("start", lanes, credit, threads, env, plan, states)``), then
+    runs them ahead until ``stop``. Before that it may build encoders it is sent (``"warm"``)."""
+    # A Ctrl-C goes to the whole process group: only the main process sees it, so the workers stay
+    # alive to answer checkpoint().
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _become_worker()
+    try:
+        start = _wait_for_lanes(conn, idle_s)
+    except (EOFError, OSError, KeyboardInterrupt):
+        return
+    if start is None:
+        return
+    _, lanes, credit, threads, env, plan_bytes, encoded = start
+    take_environment(env)
+    _set_threads(threads)
     outbox = _Outbox(conn)
     forward_warnings(lambda text: outbox.send(("warning", text)))
     current = None
     try:
-        try:  # through the pipe, not with the process, so that the workers boot in parallel
-            plan_bytes, encoded = conn.recv()
-        except (EOFError, OSError):
-            return
         try:
             plan: Plan = pickle.loads(plan_bytes)
         except Exception as exc:
@@ -251,6 +292,7 @@ def replay_lane(plan: Plan, lane: int, data: Any, delivered: int, at_end: bool) 
 def replay_main(conn, plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]], env: dict[str, str] | None = None) -> None:
     """The process that replays lanes after the workers stopped: sends each lane's encoded state and counters."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _become_worker()
     take_environment(env)
     forward_warnings(lambda text: None)  # the workers warned about these records already
     lane = None

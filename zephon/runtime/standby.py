@@ -1,0 +1,147 @@
+"""Worker processes started before ``iter()``, waiting with the pipeline's encoders built.
+
+A worker's start (a fork from the fork server, its imports, the tokenizer's encoder: 0.1-0.3 s)
+would otherwise stand between ``iter()`` and a run's first batch. When a pipeline's options ask for
+worker processes, or a tokenizing operator joins such a pipeline, :func:`prepare` starts that many
+workers in the background and has them build the pipeline's encoders; the next
+:class:`~zephon.runtime.process_executor.ProcessExecutor` in this process :func:`take`\\ s them and
+gives each its lanes, as it does a worker it starts itself. A waiting worker owns no lane, holds no
+data and runs no user code; one not taken within :data:`IDLE_S` exits on its own.
+
+State kept (per process): the waiting workers (process, connection, the encoders each was told to
+build) and the thread starting them, under one lock.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import socket
+import threading
+from typing import Any, Sequence
+
+from .executor import ignoring_sigint, start_context
+from .process_worker import in_worker, worker_main
+
+#: Seconds a waiting worker stays without being given lanes before it exits.
+IDLE_S = 120.0
+_SOCKET_BUFFER = 4 << 20
+
+
+class _Waiting:
+    """A started worker without lanes: its process, connection and the encoders sent to it."""
+
+    __slots__ = ("proc", "conn", "warmed")
+
+    def __init__(self, proc: Any, conn: Any) -> None:
+        self.proc, self.conn, self.warmed = proc, conn, set()
+
+
+_POOL: list[_Waiting] = []
+_LOCK = threading.Lock()
+_starting: threading.Thread | None = None
+def _forget() -> None:
+    """In a child made by ``fork``: the waiting workers are the parent's, never this process's."""
+    global _POOL, _LOCK, _starting
+    _POOL, _LOCK, _starting = [], threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_forget)
+
+
+def start_worker(name: str = "zephon-worker") -> tuple[Any, Any]:
+    """A new worker process (``process_worker.worker_main``) and its connection; it waits for lanes."""
+    ctx = start_context()
+    parent, child = ctx.Pipe()
+    widen(parent), widen(child)
+    with ignoring_sigint():
+        proc = ctx.Process(target=worker_main, args=(child, IDLE_S), daemon=True, name=name)
+        proc.start()
+    child.close()
+    return proc, parent
+
+
+def prepare(workers: int, encoders: Sequence[Any] = ()) -> None:
+    """Have ``workers`` workers waiting, each building ``encoders`` (tokenizer handles); returns at once.
+
+    Workers are started by a background thread (a start waits for the fork server's imports).
+    Nothing happens inside a worker process or the fork server, or without a fork server.
+    """
+    global _starting
+    if workers <= 0 or in_worker() or getattr(mp.current_process(), "_inheriting", False):
+        return
+    if start_context().get_start_method() != "forkserver":
+        return
+    payload = [((e.fingerprint(), e.backend), e) for e in encoders]
+    with _LOCK:
+        previous = _starting
+        _starting = threading.Thread(target=_fill, args=(previous, workers, payload), name="zephon-standby", daemon=True)
+        _starting.start()
+
+
+def _fill(previous: threading.Thread | None, workers: int, payload: list[tuple[str, Any]]) -> None:
+    if previous is not None:
+        previous.join()
+    threads = max(1, (os.cpu_count() or 1) // workers)  # as the executor gives them (before the first encode)
+    with _LOCK:
+        _POOL[:] = [w for w in _POOL if w.proc.is_alive()]
+        missing = workers - len(_POOL)
+    started = []
+    for _ in range(max(0, missing)):
+        try:
+            started.append(_Waiting(*start_worker()))
+        except Exception:  # no worker now: the executor starts its own, and reports why
+            break
+    with _LOCK:  # a worker taken meanwhile is sent nothing more from here
+        _POOL.extend(started)
+        for waiting in _POOL:
+            new = [e for key, e in payload if key not in waiting.warmed]
+            if not new:
+                continue
+            try:
+                waiting.conn.send(("warm", pickle.dumps(new), threads))
+            except Exception:
+                continue
+            waiting.warmed.update(key for key, _ in payload)
+
+
+def take(workers: int) -> list[tuple[Any, Any]]:
+    """Up to ``workers`` waiting workers, each ``(process, connection)``; they leave the pool."""
+    with _LOCK:
+        starting = _starting
+    if starting is not None:
+        starting.join()  # a start under way: its workers are the quickest to have
+    with _LOCK:
+        alive = [w for w in _POOL if w.proc.is_alive()]
+        taken, _POOL[:] = alive[:workers], alive[workers:]
+    return [(w.proc, w.conn) for w in taken]
+
+
+def discard() -> None:
+    """Stop every waiting worker now (they also exit on their own after :data:`IDLE_S`)."""
+    for proc, conn in take(len(_POOL)):
+        try:
+            conn.send(("stop",))
+            conn.close()
+        except OSError:
+            pass
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=2)
+
+
+def widen(conn: Any) -> None:
+    """Ask for ``_SOCKET_BUFFER``-byte socket buffers on ``conn`` (best effort, capped by the system),
+    so that a batch does not fill the buffer and reach the main process in several reads."""
+    try:
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+    except (OSError, ValueError):
+        return
+    with sock:
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, option, _SOCKET_BUFFER)
+            except OSError:
+                pass
