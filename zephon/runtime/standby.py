@@ -41,6 +41,8 @@ class _Waiting:
 _POOL: list[_Waiting] = []
 _LOCK = threading.Lock()
 _starting: threading.Thread | None = None
+
+
 def _forget() -> None:
     """In a child made by ``fork``: the waiting workers are the parent's, never this process's."""
     global _POOL, _LOCK, _starting
@@ -80,7 +82,7 @@ def prepare(workers: int, encoders: Sequence[Any] = ()) -> None:
         _starting.start()
 
 
-def _fill(previous: threading.Thread | None, workers: int, payload: list[tuple[str, Any]]) -> None:
+def _fill(previous: threading.Thread | None, workers: int, payload: list[tuple[tuple[str, str], Any]]) -> None:
     if previous is not None:
         previous.join()
     threads = max(1, (os.cpu_count() or 1) // workers)  # as the executor gives them (before the first encode)
@@ -106,21 +108,22 @@ def _fill(previous: threading.Thread | None, workers: int, payload: list[tuple[s
             waiting.warmed.update(key for key, _ in payload)
 
 
-def take(workers: int) -> list[tuple[Any, Any]]:
-    """Up to ``workers`` waiting workers, each ``(process, connection)``; they leave the pool."""
+def take(workers: int | None = None) -> list[tuple[Any, Any]]:
+    """Up to ``workers`` (``None``: all) waiting workers, each ``(process, connection)``; they leave the pool."""
     with _LOCK:
         starting = _starting
     if starting is not None:
         starting.join()  # a start under way: its workers are the quickest to have
     with _LOCK:
         alive = [w for w in _POOL if w.proc.is_alive()]
-        taken, _POOL[:] = alive[:workers], alive[workers:]
+        count = len(alive) if workers is None else workers
+        taken, _POOL[:] = alive[:count], alive[count:]
     return [(w.proc, w.conn) for w in taken]
 
 
 def discard() -> None:
     """Stop every waiting worker now (they also exit on their own after :data:`IDLE_S`)."""
-    for proc, conn in take(len(_POOL)):
+    for proc, conn in take():
         try:
             conn.send(("stop",))
             conn.close()
