@@ -151,3 +151,21 @@ def test_an_indexed_dataset_makes_a_shard_object_only_for_the_files_read(tmp_pat
         made.clear()
     again = pickle.loads(pickle.dumps(ds))  # a worker process makes its own shard objects
     assert again.read(99, [0]) == [{"text": "99-0"}] and made == ["part-099.jsonl"]
+
+
+def test_a_local_index_copied_with_the_data_to_a_store_is_used_there(tmp_path, monkeypatch):
+    # `aws s3 sync data/ s3://...` copies .zephon-index.json too; on a store without checksums the
+    # objects' content digests equal the local files' identities, so its entries apply there.
+    (tmp_path / "p").mkdir()
+    for s in range(3):
+        table = pa.Table.from_pylist([{"text": f"{s}-{i}"} for i in range(10)])
+        pa.parquet.write_table(table, tmp_path / "p" / f"{s}.parquet", row_group_size=4)
+    build_index(tmp_path / "p", cache_dir=tmp_path / "c")
+    mem = fsspec.filesystem("memory")
+    for path in (tmp_path / "p").iterdir():
+        mem.pipe(f"/copied/{tmp_path.name}/{path.name}", path.read_bytes())
+    url = f"memory://copied/{tmp_path.name}"
+    remote = Dataset.from_path("p", url, index="require", cache_dir=tmp_path / "c", io_options={"cache": {"dir": str(tmp_path / "shards")}})
+    local = Dataset.from_path("p", tmp_path / "p", index="require", cache_dir=tmp_path / "c")
+    assert remote.shard_sizes == local.shard_sizes == (10, 10, 10)
+    assert remote.read(2, [9, 0]) == local.read(2, [9, 0]) == [{"text": "2-9"}, {"text": "2-0"}]

@@ -112,7 +112,7 @@ class ShardTable(Sequence):
                 fix = f"Rebuild the index with `zephon index {self.root}`, or open the dataset with index='auto' to count changed files again."
                 check_file(shard, self.name, "since the dataset index recorded it", fix)
             shard.num_rows = int(self.rows[i])
-            if i in self.groups:
+            if i in self.groups and hasattr(shard, "group_rows"):  # a remote copy reads its own footer
                 shard.group_rows = self.groups[i]
             with self._lock:
                 shard = self._made.setdefault(i, shard)
