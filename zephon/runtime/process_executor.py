@@ -29,7 +29,7 @@ from typing import Any, Callable
 from .executor import WorkerError, closed_error, ignoring_sigint, start_context
 from .lanes import Plan
 from .process_worker import replay_main
-from .standby import start_worker, take
+from .standby import start_worker, take, threads_per_worker
 from .bad_records import SkippedRecordWarning
 from .stats import merge_meters
 from .wire import recv_message
@@ -164,7 +164,7 @@ class ProcessExecutor:
     def _start_workers(self, n: int, credit: int, encoded: dict[int, Any] | None) -> None:
         """Take waiting workers (:mod:`~zephon.runtime.standby`), start the rest, then send each its lanes,
         their states and the pipeline (they start in parallel)."""
-        threads = max(1, (os.cpu_count() or 1) // n)
+        threads = threads_per_worker(n)
         workers = take(n)
         workers += [start_worker(f"zephon-lanes-{self._lanes_of(w)[0]}") for w in range(len(workers), n)]
         env = dict(os.environ)
@@ -414,7 +414,6 @@ class ProcessExecutor:
     def _stop(self) -> None:
         self.closed = True
         self._finalizer()
-
 
 
 def _shutdown(conns, procs) -> None:

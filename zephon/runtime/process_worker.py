@@ -143,9 +143,9 @@ def _set_threads(threads: int) -> None:
 
 
 def _wait_for_lanes(conn, idle_s: float | None) -> tuple | None:
-    """The ``("start", ...)`` message, building the encoders of ``("warm", handles)`` meanwhile
-    (``("warm", handles, threads)``: :mod:`~zephon.runtime.standby`); ``None`` on ``stop``, a closed
-    pipe, or ``idle_s`` without a message."""
+    """The ``("start", ...)`` message; meanwhile, for each ``("warm", handles, threads)``
+    (:mod:`~zephon.runtime.standby`), the handles' encoders are built. ``None`` on ``stop``, a
+    closed pipe, or ``idle_s`` seconds without a message."""
     while True:
         if idle_s is not None and not conn.poll(idle_s):
             return None

@@ -64,6 +64,11 @@ def start_worker(name: str = "zephon-worker") -> tuple[Any, Any]:
     return proc, parent
 
 
+def threads_per_worker(workers: int) -> int:
+    """The encoder threads of each of ``workers`` workers: their share of the CPUs."""
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 def prepare(workers: int, encoders: Sequence[Any] = ()) -> None:
     """Have ``workers`` workers waiting, each building ``encoders`` (tokenizer handles); returns at once.
 
@@ -85,7 +90,7 @@ def prepare(workers: int, encoders: Sequence[Any] = ()) -> None:
 def _fill(previous: threading.Thread | None, workers: int, payload: list[tuple[tuple[str, str], Any]]) -> None:
     if previous is not None:
         previous.join()
-    threads = max(1, (os.cpu_count() or 1) // workers)  # as the executor gives them (before the first encode)
+    threads = threads_per_worker(workers)  # set before the first encode, as for lanes
     with _LOCK:
         _POOL[:] = [w for w in _POOL if w.proc.is_alive()]
         missing = workers - len(_POOL)

@@ -25,7 +25,7 @@ from .digest import resolve_cache_dir
 from .discover import FORMATS, discover, write_index
 from .jsonl import VERIFY_MODES
 from .listing import list_once
-from .shard_table import ShardSpec, ShardTable, index_entry, open_shards
+from .shard_table import ObjectShards, ShardSpec, ShardTable, index_entry, open_shards
 from .storage import IoOptions
 from .storage import io_options as _as_io
 from .token_files import TOKEN_DTYPES
@@ -169,7 +169,7 @@ class Dataset:
     name: str
     format: str
     shard_ids: tuple[ShardId, ...] = attrs.field(converter=tuple)
-    _shards: Sequence[Any] = attrs.field(converter=lambda s: s if isinstance(s, ShardTable) else tuple(s))
+    _shards: ShardTable | ObjectShards = attrs.field(converter=lambda s: s if isinstance(s, (ShardTable, ObjectShards)) else ObjectShards(s))
     io: IoOptions = attrs.field(factory=IoOptions, kw_only=True, converter=_as_io)
     columns: tuple[str, ...] | None = attrs.field(default=None, kw_only=True)
     on_error: str = attrs.field(default="raise", kw_only=True, validator=check_on_error)
@@ -404,12 +404,10 @@ class Dataset:
         """Rows per shard, in shard order (a tuple built from :attr:`shard_rows`)."""
         return tuple(self.shard_rows.tolist())
 
-    @functools.cached_property
+    @property
     def shard_rows(self) -> np.ndarray:
         """Rows per shard, in shard order: a read-only int64 array, counted once (8 bytes a shard)."""
-        if isinstance(self._shards, ShardTable):
-            return self._shards.rows
-        return _read_only(np.fromiter((s.num_rows for s in self._shards), dtype=np.int64, count=len(self._shards)))
+        return self._shards.rows
 
     @functools.cached_property
     def num_rows(self) -> int:
@@ -478,9 +476,7 @@ class Dataset:
             >>> Dataset.from_rows("toy", [{"text": "a"}]).shard_path(0) is None
             True
         """
-        if isinstance(self._shards, ShardTable):
-            return self._shards.found[shard].location
-        return getattr(self._shards[shard], "path", None)
+        return self._shards.location(shard)
 
     def fingerprint(self) -> dict[str, Any]:
         """``{"name", "format", "shards": [{"id", "path", "bytes", "rows", "identity"}, ...]}``: the data.
@@ -498,8 +494,7 @@ class Dataset:
             out["columns"] = list(self.columns)
         if self.on_error != "raise":  # which rows reach the pipeline (absent at the default, as before)
             out["on_error"] = self.on_error
-        shards = self._shards.fingerprints() if isinstance(self._shards, ShardTable) else [s.fingerprint() for s in self._shards]
-        out["shards"] = [{"id": sid, **s} for sid, s in zip(self.shard_ids, shards)]
+        out["shards"] = [{"id": sid, **s} for sid, s in zip(self.shard_ids, self._shards.fingerprints())]
         return out
 
     def __repr__(self) -> str:

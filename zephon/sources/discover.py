@@ -82,8 +82,9 @@ def format_of(filename: str, forced: str | None) -> tuple[str, str | None] | Non
     :data:`FORMATS` (a folder of 100,000 shards has a handful of endings).
     """
     last = filename.rfind(".")
-    cut = filename.rfind(".", 0, last) if last > 0 else -1
-    key = (filename[cut if cut >= 0 else max(last, len(filename) * (last < 0)):].lower(), forced)
+    cut = filename.rfind(".", 0, last) if last >= 0 else -1
+    tail = "" if last < 0 else filename[cut if cut >= 0 else last :]
+    key = (tail.lower(), forced)
     kind = _KINDS.get(key, _UNKNOWN)
     if kind is _UNKNOWN:
         if len(_KINDS) >= 4096:

@@ -8,14 +8,14 @@ a file when it is first read in a process. Row counts and fingerprints come from
 
 What is kept: the found entries, the rows per shard (``int64``), Parquet/Arrow row groups, and a
 process-local map from shard number to the shard objects made so far (not pickled: a worker makes
-its own).
+its own). :class:`ObjectShards` gives shards held as objects (in memory, Hugging Face) the same
+interface, so a dataset reads both alike.
 """
 
 from __future__ import annotations
 
-import threading
 import warnings
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -81,11 +81,11 @@ class ShardTable(Sequence):
     """A dataset's file shards: what was found, rows per shard and row groups; shards made on use.
 
     ``table[i]`` is shard number ``i``'s object (made once per process, with its rows and row
-    groups set; a file found through the index is checked against it then); :attr:`rows` and
-    :meth:`fingerprints` need no shard object.
+    groups set; a file found through the index is checked against it then); :attr:`rows`,
+    :meth:`fingerprints` and :meth:`location` need no shard object.
     """
 
-    __slots__ = ("name", "root", "found", "spec", "storage_options", "rows", "groups", "_made", "_lock")
+    __slots__ = ("name", "root", "found", "spec", "storage_options", "rows", "groups", "_made")
 
     def __init__(self, name: str, root: str, found: Sequence[Found], spec: ShardSpec, storage_options: Mapping[str, Any] | None, rows: np.ndarray, groups: Mapping[int, tuple[int, ...]] | None = None, made: Mapping[int, Any] | None = None):
         self.name, self.root = name, root
@@ -95,14 +95,11 @@ class ShardTable(Sequence):
         self.rows.flags.writeable = False
         self.groups = dict(groups or {})
         self._made: dict[int, Any] = dict(made or {})
-        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.found)
 
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self.found)))]
+    def __getitem__(self, i: int) -> Any:
         i = range(len(self.found))[i]
         shard = self._made.get(i)
         if shard is None:
@@ -114,16 +111,16 @@ class ShardTable(Sequence):
             shard.num_rows = int(self.rows[i])
             if i in self.groups and hasattr(shard, "group_rows"):  # a remote copy reads its own footer
                 shard.group_rows = self.groups[i]
-            with self._lock:
-                shard = self._made.setdefault(i, shard)
+            shard = self._made.setdefault(i, shard)  # one object per shard, whichever thread made it first
         return shard
-
-    def __iter__(self) -> Iterator[Any]:
-        return (self[i] for i in range(len(self.found)))
 
     @property
     def shard_ids(self) -> list[str]:
         return [f.shard_id for f in self.found]
+
+    def location(self, i: int) -> str:
+        """Where shard ``i`` is: an absolute local path or a URL."""
+        return self.found[i].location
 
     def fingerprints(self) -> list[dict[str, Any]]:
         """Each shard's ``{"path", "bytes", "rows", "identity"}``, as its shard object gives it."""
@@ -134,7 +131,32 @@ class ShardTable(Sequence):
 
     def __setstate__(self, state: tuple) -> None:
         self.name, self.root, self.found, self.spec, self.storage_options, self.rows, self.groups = state
-        self._made, self._lock = {}, threading.Lock()
+        self._made = {}
+
+
+class ObjectShards(Sequence):
+    """Shards given as objects (in memory, Hugging Face, or any with ``num_rows``, ``read`` and
+    ``fingerprint``), with the reading interface of :class:`ShardTable`; rows counted once."""
+
+    __slots__ = ("_shards", "rows")
+
+    def __init__(self, shards: Iterable[Any]):
+        self._shards = tuple(shards)
+        self.rows = np.fromiter((s.num_rows for s in self._shards), dtype=np.int64, count=len(self._shards))
+        self.rows.flags.writeable = False
+
+    def __len__(self) -> int:
+        return len(self._shards)
+
+    def __getitem__(self, i: int) -> Any:
+        return self._shards[i]
+
+    def location(self, i: int) -> str | None:
+        """The shard's file (``path``), ``None`` for shards in memory."""
+        return getattr(self._shards[i], "path", None)
+
+    def fingerprints(self) -> list[dict[str, Any]]:
+        return [s.fingerprint() for s in self._shards]
 
 
 def open_shards(name: str, root: str, found: list[Found], spec: ShardSpec, storage_options: Any, io: Any, *, index: str = "auto", progress: bool = False) -> ShardTable:
