@@ -76,6 +76,8 @@ DDP_SCRIPT = COMMON + textwrap.dedent(
         trainer, seen = train(4, out + "/run", steps=4, accumulate=2, ddp_backend="gloo")
         with open(f"{out}/rank{trainer.args.process_index}.json", "w") as f:
             json.dump(seen, f)
+        # The Trainer leaves the process group up; exiting with it alive can abort in gloo's threads.
+        torch.distributed.destroy_process_group()
     '''
 )
 
