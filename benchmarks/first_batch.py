@@ -8,6 +8,7 @@ and range over the rounds and the median gap to the same round's inline run.
 
     python benchmarks/first_batch.py --rounds 5                   # inline against workers=2, pause 1 s
     python benchmarks/first_batch.py --pause 0 --backend tokenizers
+    python benchmarks/first_batch.py --pause 0 --torch           # the script imports torch, as a trainer's does
 """
 
 from __future__ import annotations
@@ -20,23 +21,18 @@ import sys
 import time
 from pathlib import Path
 
+if "--torch" in sys.argv:  # at the top, as in a training script: a process that runs the script imports it
+    import torch  # noqa: F401
+
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parent.parent / "shared" / "data"
 
 
 def one(data: str, tokenizer: str, lanes: int, workers: int, backend: str, pause: float) -> float:
     """Seconds from ``iter()`` to the first batch, in this process."""
-    from zephon import Pipeline
-    from zephon.io import Dataset
+    from recipe import build_pipeline
 
-    pipe = (
-        Pipeline(Dataset.from_path("data", data))
-        .options(canonical_replicas=lanes, workers=workers)
-        .tokenize(tokenizer=tokenizer, special_tokens="eos", backend=backend)
-        .pack_flat(2049, algorithm="wrap")
-        .shuffle(1024, seed=42)
-        .batch(8)
-    )
+    pipe = build_pipeline({"corpus": data, "tokenizer": tokenizer, "lanes": lanes, "workers": workers, "backend": backend})
     time.sleep(pause)
     start = time.perf_counter()
     loader = iter(pipe)
@@ -55,6 +51,7 @@ def main() -> int:
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--pause", type=float, default=1.0, help="seconds between building the pipeline and iter()")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--torch", action="store_true", help="import torch at the top of the script, as a training script does")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a single run, in its own process
     args = ap.parse_args()
     if args.one is not None:
@@ -67,12 +64,13 @@ def main() -> int:
         got = {}
         for w in order:
             cmd = [sys.executable, __file__, "--one", str(w), "--data", args.data, "--tokenizer", args.tokenizer,
-                   "--lanes", str(args.lanes), "--backend", args.backend, "--pause", str(args.pause)]
+                   "--lanes", str(args.lanes), "--backend", args.backend, "--pause", str(args.pause)] + ["--torch"] * args.torch
             got[w] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
             runs[w].append(got[w])
         for w in args.workers:
             gaps[w].append(got[w] - got[args.workers[0]])
-    print(f"iter() to the first batch, {args.rounds} alternating rounds, pause {args.pause} s, backend {args.backend}, L={args.lanes}")
+    print(f"iter() to the first batch, {args.rounds} alternating rounds, pause {args.pause} s, backend {args.backend}, "
+          f"L={args.lanes}{', the script imports torch' if args.torch else ''}")
     print("| workers | median s | range s | median gap to the first configuration s |")
     print("|--:|--:|--:|--:|")
     for w in args.workers:

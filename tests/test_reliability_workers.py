@@ -449,6 +449,51 @@ def test_function_defined_under_the_main_guard_gets_a_clear_error(tmp_path):
     assert "Move the function above the `if __name__ == '__main__':` line" in out
 
 
+def test_workers_run_the_script_only_when_the_pipeline_refers_to_it(tmp_path):
+    # The script records every process that runs its module-level code. Its imports (torch in a
+    # training script) would otherwise delay every worker's start; a worker runs it only to unpickle
+    # what is defined in it.
+    out = run_script(
+        tmp_path,
+        """
+        import multiprocessing as mp
+        import os
+        from zephon import Pipeline
+        from _util import toy_pipeline
+        from zephon.testing import outputs_equal
+
+        with open("ran-by.txt", "a") as f:
+            f.write(f"{os.getpid()}\\n")
+
+        def plus_one(p):  # defined here: a pipeline that maps it makes the workers run the script
+            return {"input_ids": [t + 1 for t in p["input_ids"]]}
+
+        if __name__ == "__main__":
+            def ran_by():
+                with open("ran-by.txt") as f:
+                    return set(map(int, f.read().split())) - {os.getpid()}
+
+            def delivered(pipe):
+                loader = pipe.loader()
+                try:
+                    return [b for b, _ in zip(loader, range(6))], {p.pid for p in mp.active_children()}
+                finally:
+                    loader.close()
+
+            built_in, pids = delivered(toy_pipeline(2, workers=2))
+            assert outputs_equal(built_in, delivered(toy_pipeline(2))[0]) and len(pids) == 2
+            print("built-in ops, script run by workers:", len(ran_by() & pids))
+            mapped = Pipeline([{"input_ids": [i, i]} for i in range(40)]).options(canonical_replicas=2, workers=2)
+            got, pids = delivered(mapped.map(plus_one).batch(2))
+            assert outputs_equal(got, delivered(mapped.options(workers=0).map(plus_one).batch(2))[0])
+            print("a function of the script, script run by workers:", len(ran_by() & pids))
+        """,
+        timeout=90,
+    )
+    assert "built-in ops, script run by workers: 0" in out, out
+    assert "a function of the script, script run by workers: 2" in out, out
+
+
 # -- 5. signals are named, with their likely cause --------------------------------------------------------
 
 

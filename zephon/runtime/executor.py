@@ -13,6 +13,7 @@ import contextlib
 import multiprocessing as mp
 import signal
 import threading
+from multiprocessing import spawn
 from typing import Any, Iterator
 
 from .lanes import LaneState, caller_order
@@ -62,6 +63,45 @@ def prestart() -> None:
         return
     with ignoring_sigint():
         forkserver.ensure_running()
+
+
+_stdlib_preparation_data = spawn.get_preparation_data
+_lean = threading.local()
+
+
+def _preparation_data(name: str) -> dict[str, Any]:
+    """``multiprocessing``'s start data for a child, without the main script inside :func:`without_main`."""
+    data = _stdlib_preparation_data(name)
+    if getattr(_lean, "active", False):
+        data.pop("init_main_from_path", None)
+    return data
+
+
+def main_script() -> str | None:
+    """The script a started process would run as ``__mp_main__`` (``None``: none, e.g. a notebook, or
+    ``python -m``, whose module a child still imports when it starts)."""
+    return _stdlib_preparation_data("zephon").get("init_main_from_path")
+
+
+@contextlib.contextmanager
+def without_main() -> Iterator[None]:
+    """Processes started on this thread inside the block do not run the caller's main script at their start.
+
+    A spawned or fork-server child runs the parent's script (as ``__mp_main__``) before its target,
+    so that functions defined in it unpickle. A training script's imports (torch: about a second)
+    would then delay every worker's start; a worker runs the script later, only when what it is
+    sent refers to it (:func:`~zephon.runtime.process_worker.loads`). Other threads' starts are
+    unaffected: the start data is changed only for this thread, by a wrapper of
+    ``multiprocessing.spawn.get_preparation_data`` that is installed once and passes everything
+    else through.
+    """
+    if spawn.get_preparation_data is not _preparation_data:
+        spawn.get_preparation_data = _preparation_data
+    _lean.active = True
+    try:
+        yield
+    finally:
+        _lean.active = False
 
 
 class WorkerError(RuntimeError):

@@ -7,6 +7,7 @@ until its delivery is confirmed, so ``checkpoint()`` covers exactly what the cal
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import pickle
 import queue
@@ -15,6 +16,7 @@ import threading
 import time
 import traceback
 from collections import deque
+from multiprocessing import spawn
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -125,6 +127,20 @@ def _load_error(exc: BaseException) -> str:
     return f"the worker could not load the pipeline ({text})"
 
 
+def loads(data: bytes, main: str | None) -> Any:
+    """``data`` unpickled; first, if it refers to the caller's main module (functions or classes
+    defined in the training script), the script ``main`` is run as ``__mp_main__``, as a spawned
+    process runs it at its start. A worker otherwise never runs it (see ``executor.without_main``)."""
+    if main is not None and b"__main__" in data:
+        process = mp.current_process()
+        process._inheriting = True  # as while a spawned process starts: the script's unguarded code may not start processes
+        try:
+            spawn.import_main_path(main)
+        finally:
+            del process._inheriting
+    return pickle.loads(data)
+
+
 def take_environment(env: dict[str, str] | None) -> None:
     """Make this process's environment the caller's as of the start (``env``), not the fork server's."""
     if env is not None and env != os.environ:
@@ -142,7 +158,7 @@ def _set_threads(threads: int) -> None:
     os.environ.setdefault("ZEPHON_ENCODER_THREADS", str(threads))
 
 
-def _wait_for_lanes(conn, idle_s: float | None) -> tuple | None:
+def _wait_for_lanes(conn, idle_s: float | None, main: str | None) -> tuple | None:
     """The ``("start", ...)`` message; meanwhile, for each ``("warm", handles, threads)``
     (:mod:`~zephon.runtime.standby`), the handles' encoders are built. ``None`` on ``stop``, a
     closed pipe, or ``idle_s`` seconds without a message."""
@@ -154,21 +170,22 @@ def _wait_for_lanes(conn, idle_s: float | None) -> tuple | None:
             return msg if msg[0] == "start" else None
         _set_threads(msg[2])
         try:
-            for handle in pickle.loads(msg[1]):
+            for handle in loads(msg[1], main):
                 handle.load_encoder()
         except Exception:  # built again from the plan, where a failure is reported with its lane
             pass
 
 
-def worker_main(conn, idle_s: float | None = None) -> None:
+def worker_main(conn, idle_s: float | None = None, main: str | None = None) -> None:
     """A worker: waits for its lanes (``("start", lanes, credit, threads, env, plan, states)``), then
-    runs them ahead until ``stop``. Before that it may build encoders it is sent (``"warm"``)."""
+    runs them ahead until ``stop``. Before that it may build encoders it is sent (``"warm"``).
+    ``main``: the caller's script, run before unpickling what refers to it."""
     # A Ctrl-C goes to the whole process group: only the main process sees it, so the workers stay
     # alive to answer checkpoint().
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _become_worker()
     try:
-        start = _wait_for_lanes(conn, idle_s)
+        start = _wait_for_lanes(conn, idle_s, main)
     except (EOFError, OSError, KeyboardInterrupt):
         return
     if start is None:
@@ -181,7 +198,7 @@ def worker_main(conn, idle_s: float | None = None) -> None:
     current = None
     try:
         try:
-            plan: Plan = pickle.loads(plan_bytes)
+            plan: Plan = loads(plan_bytes, main)
         except Exception as exc:
             outbox.send(("error", None, _load_error(exc), traceback.format_exc()))
             return

@@ -21,7 +21,7 @@ import socket
 import threading
 from typing import Any, Sequence
 
-from .executor import ignoring_sigint, start_context
+from .executor import ignoring_sigint, main_script, start_context, without_main
 from .process_worker import in_worker, worker_main
 
 #: Seconds a waiting worker stays without being given lanes before it exits.
@@ -53,12 +53,15 @@ os.register_at_fork(after_in_child=_forget)
 
 
 def start_worker(name: str = "zephon-worker") -> tuple[Any, Any]:
-    """A new worker process (``process_worker.worker_main``) and its connection; it waits for lanes."""
+    """A new worker process (``process_worker.worker_main``) and its connection; it waits for lanes.
+
+    It starts without running the caller's script, and runs it only if the pipeline it is given
+    refers to it (:func:`~zephon.runtime.executor.without_main`)."""
     ctx = start_context()
     parent, child = ctx.Pipe()
     widen(parent), widen(child)
-    with ignoring_sigint():
-        proc = ctx.Process(target=worker_main, args=(child, IDLE_S), daemon=True, name=name)
+    with ignoring_sigint(), without_main():
+        proc = ctx.Process(target=worker_main, args=(child, IDLE_S, main_script()), daemon=True, name=name)
         proc.start()
     child.close()
     return proc, parent
