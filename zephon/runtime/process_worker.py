@@ -306,15 +306,17 @@ def replay_lane(plan: Plan, lane: int, data: Any, delivered: int, at_end: bool) 
     return state
 
 
-def replay_main(conn, plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]], env: dict[str, str] | None = None) -> None:
-    """The process that replays lanes after the workers stopped: sends each lane's encoded state and counters."""
+def replay_main(conn, plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]], env: dict[str, str] | None = None,
+                main: str | None = None) -> None:
+    """The process that replays lanes after the workers stopped: sends each lane's encoded state and counters
+    (``main``: the caller's script, run first if the pipeline refers to it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _become_worker()
     take_environment(env)
     forward_warnings(lambda text: None)  # the workers warned about these records already
     lane = None
     try:
-        plan: Plan = pickle.loads(plan_bytes)
+        plan: Plan = loads(plan_bytes, main)
         for lane, (data, delivered, at_end) in jobs.items():
             state = replay_lane(plan, lane, data, delivered, at_end)
             conn.send(("replayed", lane, plan.encode(state), plan.reports(state)))
