@@ -47,6 +47,17 @@ def test_the_cli_writes_an_index_that_discovery_uses_without_opening_shards(fold
     assert warm.read(3, [5, 0]) == [{"text": "3-5"}, {"text": "3-0"}]
 
 
+@pytest.mark.parametrize(
+    "setting, named",
+    [({"fmt": "jsnl"}, "unknown fmt 'jsnl'"), ({"verify": "sometimes"}, "unknown verify 'sometimes'"),
+     ({"token_dtype": "int7"}, "token_dtype must be 'uint16'")],
+)
+def test_an_unknown_setting_is_refused_before_any_index_is_written(folder, tmp_path, setting, named):
+    with pytest.raises(ValueError, match=named):
+        build_index(folder, cache_dir=tmp_path / "c", **setting)
+    assert not (folder / ".zephon-index.json").exists()
+
+
 def test_a_stale_entry_is_counted_again_with_a_warning_or_refused(folder, tmp_path):
     build_index(folder, cache_dir=tmp_path / "c")
     (folder / "part-2.jsonl").write_text('{"text": "new"}\n')

@@ -14,7 +14,7 @@ FLAGS = {name: "--" + name.replace("_", "-") for name in (
 
 
 def _index(args: argparse.Namespace) -> int:
-    from ..sources.dataset import build_index
+    from ..sources.index import build_index
 
     options = json.loads(args.storage_options) if args.storage_options else None
     start = time.perf_counter()

@@ -4,7 +4,7 @@ from ..core.bad_records import RecordDecodeError as RecordDecodeError
 from ..sources.dataset import Dataset as Dataset
 from ..sources.dataset import InMemoryShard as InMemoryShard
 from ..sources.dataset import as_dataset as as_dataset
-from ..sources.dataset import build_index as build_index
+from ..sources.index import build_index as build_index
 from ..sources.digest import ShardChangedError as ShardChangedError
 from ..sources.storage import CacheOptions as CacheOptions
 from ..sources.storage import IoOptions as IoOptions

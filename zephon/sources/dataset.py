@@ -22,10 +22,10 @@ import numpy as np
 
 from ..core.bad_records import Failure, RecordDecodeError, check_max_skipped, check_on_error
 from .digest import resolve_cache_dir
-from .discover import FORMATS, discover, write_index
+from .discover import FORMATS, discover
 from .jsonl import VERIFY_MODES
 from .listing import list_once
-from .shard_table import ObjectShards, ShardSpec, ShardTable, index_entry, open_shards
+from .shard_table import ObjectShards, ShardSpec, ShardTable, open_shards
 from .storage import IoOptions
 from .storage import io_options as _as_io
 from .token_files import TOKEN_DTYPES
@@ -267,23 +267,12 @@ class Dataset:
             ImportError: a format whose optional package is missing (the message names the
                 ``pip install`` line).
         """
-        if fmt is not None and fmt not in FORMATS:
-            raise ValueError(
-                f"unknown fmt {fmt!r} for dataset {name!r}; supported: {', '.join(map(repr, FORMATS))}, "
-                "or fmt=None to detect it from the file endings"
-            )
-        if verify not in VERIFY_MODES:
-            raise ValueError(
-                f"unknown verify {verify!r} for dataset {name!r}; use 'quick' (a file is digested again when its "
-                "size, times or inode change) or 'full' (also hashed whole again whenever a process opens it)"
-            )
+        check_file_settings(name, fmt, verify, token_dtype)
         skipping = {"on_error": on_error, "max_skipped": max_skipped}
         check_on_error(SimpleNamespace(name=name), None, on_error)  # before any file is opened
         check_max_skipped(SimpleNamespace(name=name, on_error=on_error), None, max_skipped)
         if index not in ("auto", "require", "off"):
             raise ValueError(f"unknown index {index!r} for dataset {name!r}; use 'auto', 'require' or 'off'")
-        if token_dtype is not None and token_dtype not in TOKEN_DTYPES:
-            raise ValueError(f"dataset {name!r}: token_dtype must be 'uint16', 'uint32', 'int32' or 'int64', got {token_dtype!r}")
         io = _as_io(io_options)
 
         def open_dataset() -> tuple[str, ShardSpec, ShardTable]:
@@ -565,37 +554,20 @@ def _column_list(name: str, columns: Any) -> list[str]:
     return out
 
 
-def build_index(
-    path: PathLike | Sequence[PathLike],
-    *,
-    fmt: str | None = None,
-    recursive: bool = False,
-    verify: str = "quick",
-    eos_token_id: int | None = None,
-    token_dtype: str | None = None,
-    cache_dir: PathLike | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    io_options: Any = None,
-    progress: bool = False,
-) -> tuple[str, Dataset]:
-    """Count every shard of a dataset and write its index, ``.zephon-index.json``, in its root.
-
-    ``Dataset.from_path`` then takes each shard's row count and row groups from the index instead
-    of opening it, while the shard's size and identity match (see ``index=``). The arguments are
-    ``Dataset.from_path``'s and must match where they decide rows (``fmt``, ``verify``,
-    ``eos_token_id``, ``token_dtype``).
-
-    Returns:
-        ``(where the index was written, the dataset)``.
-    """
-    name = "index"
-    io = _as_io(io_options)
-    root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options, cache_dir=resolve_cache_dir(cache_dir), cache=io.cache)
-    spec = ShardSpec(found[0].fmt, resolve_cache_dir(cache_dir), verify, None, eos_token_id, token_dtype)
-    shards = open_shards(name, root, found, spec, storage_options, io, index="off", progress=progress)
-    entries = {f.shard_id: index_entry(f, int(rows), shards.groups.get(i)) for i, (f, rows) in enumerate(zip(shards.found, shards.rows))}
-    where = write_index(root, entries, spec.settings(), storage_options)
-    return where, Dataset(os.path.basename(root.rstrip("/")) or "data", spec.fmt, shards.shard_ids, shards, io=io)
+def check_file_settings(name: str, fmt: str | None, verify: str, token_dtype: str | None) -> None:
+    """A ``ValueError`` naming the setting and its choices for an unknown ``fmt``, ``verify`` or ``token_dtype``."""
+    if fmt is not None and fmt not in FORMATS:
+        raise ValueError(
+            f"unknown fmt {fmt!r} for dataset {name!r}; supported: {', '.join(map(repr, FORMATS))}, "
+            "or fmt=None to detect it from the file endings"
+        )
+    if verify not in VERIFY_MODES:
+        raise ValueError(
+            f"unknown verify {verify!r} for dataset {name!r}; use 'quick' (a file is digested again when its "
+            "size, times or inode change) or 'full' (also hashed whole again whenever a process opens it)"
+        )
+    if token_dtype is not None and token_dtype not in TOKEN_DTYPES:
+        raise ValueError(f"dataset {name!r}: token_dtype must be 'uint16', 'uint32', 'int32' or 'int64', got {token_dtype!r}")
 
 
 def _spelled(path: Any) -> str:
