@@ -138,8 +138,8 @@ def child_run(task: dict[str, Any]) -> dict[str, Any]:
     n, every = task["batches"], task["every"]
     ckdir = Path(task["dir"])
     warm = min(n, max(every, n // 10))
-    marks = {n * i // 10: f"{10 * i}%" for i in range(1, 11)}  # the trend, in the JSON
-    marks.update({warm: "warm", max(warm, n // 2): "middle", n: "end"})
+    marks = {f"{10 * i}%": n * i // 10 for i in range(1, 11)}  # the trend, in the JSON
+    marks.update({"warm": warm, "middle": max(warm, n // 2), "end": n})  # a batch may carry several names
     pipe = build(task["workers"], task["prefetch"])
     before = resources()
     loader = iter(pipe)
@@ -155,8 +155,9 @@ def child_run(task: dict[str, Any]) -> dict[str, Any]:
             ck = loader.checkpoint()
             ck_s += time.perf_counter() - t
             (ckdir / f"ck-{k}.json").write_text(json.dumps(ck))
-        if k in marks:
-            rss[marks[k]] = memory(loader)
+        if k in marks.values():
+            taken = memory(loader)
+            rss.update({name: taken for name, at in marks.items() if at == k})
         if k == n:
             break
     elapsed = time.perf_counter() - start
@@ -171,7 +172,7 @@ def child_run(task: dict[str, Any]) -> dict[str, Any]:
         "checkpoints": n // every,
         "checkpoint_ms": 1000 * ck_s / max(1, n // every),
         "rss_mib": rss,
-        "marks": {v: k for k, v in marks.items()},
+        "marks": marks,
         "before": before,
         "after": after,
     }
