@@ -65,13 +65,14 @@ def prestart() -> None:
         forkserver.ensure_running()
 
 
-_stdlib_preparation_data = spawn.get_preparation_data
+_inner_preparation_data = spawn.get_preparation_data  # what the wrapper below passes through to
 _lean = threading.local()
+_wrapped = False
 
 
 def _preparation_data(name: str) -> dict[str, Any]:
     """``multiprocessing``'s start data for a child, without the main script inside :func:`without_main`."""
-    data = _stdlib_preparation_data(name)
+    data = _inner_preparation_data(name)
     if getattr(_lean, "active", False):
         data.pop("init_main_from_path", None)
     return data
@@ -80,7 +81,7 @@ def _preparation_data(name: str) -> dict[str, Any]:
 def main_script() -> str | None:
     """The script a started process would run as ``__mp_main__`` (``None``: none, e.g. a notebook, or
     ``python -m``, whose module a child still imports when it starts)."""
-    return _stdlib_preparation_data("zephon").get("init_main_from_path")
+    return _inner_preparation_data("zephon").get("init_main_from_path")
 
 
 @contextlib.contextmanager
@@ -95,8 +96,9 @@ def without_main() -> Iterator[None]:
     ``multiprocessing.spawn.get_preparation_data`` that is installed once and passes everything
     else through.
     """
-    if spawn.get_preparation_data is not _preparation_data:
-        spawn.get_preparation_data = _preparation_data
+    global _inner_preparation_data, _wrapped
+    if not _wrapped:  # wraps whatever is there, once (a wrapper of it installed later keeps it in its chain)
+        _inner_preparation_data, spawn.get_preparation_data, _wrapped = spawn.get_preparation_data, _preparation_data, True
     _lean.active = True
     try:
         yield
