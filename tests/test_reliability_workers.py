@@ -494,6 +494,37 @@ def test_workers_run_the_script_only_when_the_pipeline_refers_to_it(tmp_path):
     assert "a function of the script, script run by workers: 2" in out, out
 
 
+def test_a_spawned_process_gives_its_workers_the_functions_of_the_script(tmp_path):
+    # In a process started by spawn (torch.multiprocessing.spawn, a DDP launcher), the script is
+    # the module __mp_main__: its functions pickle under that name and its workers must run it too.
+    out = run_script(
+        tmp_path,
+        """
+        import multiprocessing as mp
+        from zephon import Pipeline
+        from zephon.testing import outputs_equal
+
+        def plus_one(p):
+            return {"input_ids": [t + 1 for t in p["input_ids"]]}
+
+        def child(queue):
+            assert plus_one.__module__ == "__mp_main__"
+            pipe = Pipeline([{"input_ids": [i, i]} for i in range(40)]).options(canonical_replicas=2).map(plus_one).batch(2)
+            queue.put(outputs_equal(list(pipe.options(workers=2)), list(pipe)))
+
+        if __name__ == "__main__":
+            ctx = mp.get_context("spawn")
+            queue = ctx.Queue()
+            proc = ctx.Process(target=child, args=(queue,))
+            proc.start()
+            print("equal:", queue.get(timeout=60))
+            proc.join()
+        """,
+        timeout=90,
+    )
+    assert "equal: True" in out, out
+
+
 # -- 5. signals are named, with their likely cause --------------------------------------------------------
 
 
