@@ -132,7 +132,7 @@ def loads(data: bytes, main: str | None) -> Any:
     defined in the training script: ``__main__``, or ``__mp_main__`` when the caller was itself
     spawned), the script ``main`` is run as ``__mp_main__``, as a spawned process runs it at its
     start. A worker otherwise never runs it (see ``executor.without_main``)."""
-    if main is not None and (b"__main__" in data or b"__mp_main__" in data):  # the script run by a spawned caller
+    if main is not None and (b"__main__" in data or b"__mp_main__" in data):
         process = mp.current_process()
         process._inheriting = True  # as while a spawned process starts: the script's unguarded code may not start processes
         try:
