@@ -78,15 +78,11 @@ def _preparation_data(name: str) -> dict[str, Any]:
     return data
 
 
-def main_script() -> str | None:
-    """The script a started process would run as ``__mp_main__`` (``None``: none, e.g. a notebook, or
-    ``python -m``, whose module a child still imports when it starts)."""
-    return _inner_preparation_data("zephon").get("init_main_from_path")
-
-
 @contextlib.contextmanager
-def without_main() -> Iterator[None]:
-    """Processes started on this thread inside the block do not run the caller's main script at their start.
+def without_main() -> Iterator[str | None]:
+    """Processes started on this thread inside the block do not run the caller's main script at their
+    start; yields that script's path (``None``: none, e.g. a notebook, or ``python -m``, whose module a
+    child still imports when it starts), to be given to them.
 
     A spawned or fork-server child runs the parent's script (as ``__mp_main__``) before its target,
     so that functions defined in it unpickle. A training script's imports (torch: about a second)
@@ -101,7 +97,7 @@ def without_main() -> Iterator[None]:
         _inner_preparation_data, spawn.get_preparation_data, _wrapped = spawn.get_preparation_data, _preparation_data, True
     _lean.active = True
     try:
-        yield
+        yield _inner_preparation_data("zephon").get("init_main_from_path")
     finally:
         _lean.active = False
 

@@ -26,7 +26,7 @@ from collections import deque
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from .executor import WorkerError, closed_error, ignoring_sigint, main_script, start_context, without_main
+from .executor import WorkerError, closed_error, ignoring_sigint, start_context, without_main
 from .lanes import Plan
 from .process_worker import replay_main
 from .standby import start_worker, take, threads_per_worker
@@ -95,8 +95,8 @@ def _replay_elsewhere(plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]])
     """
     ctx = start_context()
     parent, child = ctx.Pipe()
-    with ignoring_sigint(), without_main():
-        args = (child, plan_bytes, jobs, dict(os.environ), main_script())
+    with ignoring_sigint(), without_main() as main:
+        args = (child, plan_bytes, jobs, dict(os.environ), main)
         proc = ctx.Process(target=replay_main, args=args, daemon=True, name="zephon-replay")
         proc.start()
     child.close()

@@ -21,7 +21,7 @@ import socket
 import threading
 from typing import Any, Sequence
 
-from .executor import ignoring_sigint, main_script, start_context, without_main
+from .executor import ignoring_sigint, start_context, without_main
 from .process_worker import in_worker, worker_main
 
 #: Seconds a waiting worker stays without being given lanes before it exits.
@@ -60,8 +60,8 @@ def start_worker(name: str = "zephon-worker") -> tuple[Any, Any]:
     ctx = start_context()
     parent, child = ctx.Pipe()
     widen(parent), widen(child)
-    with ignoring_sigint(), without_main():
-        proc = ctx.Process(target=worker_main, args=(child, IDLE_S, main_script()), daemon=True, name=name)
+    with ignoring_sigint(), without_main() as main:
+        proc = ctx.Process(target=worker_main, args=(child, IDLE_S, main), daemon=True, name=name)
         proc.start()
     child.close()
     return proc, parent
