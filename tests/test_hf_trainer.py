@@ -71,13 +71,21 @@ COMMON = textwrap.dedent(
 
 DDP_SCRIPT = COMMON + textwrap.dedent(
     '''
-    if __name__ == "__main__":  # 2 processes, 2 lanes each: 2 microbatches per rank per optimizer step
-        out = sys.argv[1]
+    def main(out):  # 2 processes, 2 lanes each: 2 microbatches per rank per optimizer step
         trainer, seen = train(4, out + "/run", steps=4, accumulate=2, ddp_backend="gloo")
         with open(f"{out}/rank{trainer.args.process_index}.json", "w") as f:
             json.dump(seen, f)
-        # The Trainer leaves the process group up; exiting with it alive can abort in gloo's threads.
+
+    if __name__ == "__main__":
+        main(sys.argv[1])
+        # The Trainer's DDP model holds the process group: destroy it once the Trainer is released, so
+        # the group is torn down here and not while the interpreter exits (which can abort in gloo).
+        import gc, weakref
+
+        gc.collect()
+        group = weakref.ref(torch.distributed.group.WORLD)
         torch.distributed.destroy_process_group()
+        assert group() is None, "something still holds the process group"
     '''
 )
 
