@@ -8,6 +8,8 @@ also when ``k + m`` is at or past the end of finite data (then there are none).
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
@@ -21,6 +23,7 @@ from zephon import merge_checkpoints
 pytestmark = [
     pytest.mark.filterwarnings("ignore:end of data:RuntimeWarning"),
     pytest.mark.filterwarnings("ignore:skip_steps:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:keyframes:RuntimeWarning"),
 ]
 
 
@@ -65,3 +68,28 @@ def test_skips_compose_and_checkpoints_carry_them(spec, lanes, data):
     resumed = spec.build(lanes=lanes).loader(checkpoint, skip_steps=b)
     assert resumed.skips == tuple((first, count) for first, count in ((0, a), (a, b)) if count)
     assert_same_steps(list(resumed.steps()), reference[a + b:])
+
+
+@settings(max_examples=examples(12))
+@given(spec=elastic_specs, lanes=st.sampled_from(LANE_COUNTS[1:]), every=st.integers(1, 4), data=st.data())
+def test_skipping_from_keyframes_gives_the_uninterrupted_steps_sliced(spec, lanes, every, data):
+    reference = elastic_run(spec, lanes, 1)
+    saver = data.draw(st.sampled_from(divisors(lanes)), label="D of the run that saves keyframes")
+    skipper = data.draw(st.sampled_from(divisors(lanes)), label="D of the run that skips")
+    k = data.draw(st.integers(0, len(reference)), label="steps before the skip")
+    m = data.draw(st.integers(0, len(reference) - k + 1), label="steps skipped")
+    note(f"L={lanes}, every={every}, D1={saver}, D2={skipper}, k={k}, m={m}")
+    with tempfile.TemporaryDirectory() as folder:
+        assert_same_steps(elastic_run(spec, lanes, saver, keyframes=folder, keyframe_every=every), reference)
+        ranks = [spec.build(lanes=lanes, dp_degree=skipper, dp_rank=r, keyframes=folder).loader() for r in range(skipper)]
+        try:
+            for loader in ranks:
+                steps = loader.steps()
+                for _ in range(k):
+                    next(steps)
+                skipped = loader.skip_steps(m)
+                event(f"started from a keyframe: {skipped.keyframe is not None}")
+            assert_same_steps(assemble([list(loader.steps()) for loader in ranks]), reference[k + m:])
+        finally:
+            for loader in ranks:
+                loader.close()

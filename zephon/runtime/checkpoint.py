@@ -507,14 +507,21 @@ def save_checkpoint(directory: str | os.PathLike, loader: Any) -> Path:
     manifest ``zephon-manifest-<key>.msgpack`` is written unless the folder has it (nothing when the
     fingerprint holds the shard lists itself).
     """
-    ck = loader.checkpoint()
-    lanes = sorted(int(k) for k in ck["lanes"])
+    return write_checkpoint(directory, loader.checkpoint())
+
+
+def write_checkpoint(directory: str | os.PathLike, checkpoint: dict[str, Any], *, durable: bool = True,
+                     manifest_in: str | os.PathLike | None = None) -> Path:
+    """Write ``checkpoint`` (one rank's) as :func:`save_checkpoint` does; the manifest goes to
+    ``manifest_in`` when given (a folder shared by many checkpoints), else next to the file.
+    ``durable=False`` skips the fsyncs (the file is still replaced atomically)."""
+    lanes = sorted(int(k) for k in checkpoint["lanes"])
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    write_manifest(d, ck["fingerprint"])
+    write_manifest(d if manifest_in is None else manifest_in, checkpoint["fingerprint"])
     path = d / f"zephon-lanes-{lanes[0]:05d}-{lanes[-1]:05d}.msgpack"
-    with replacing(path, durable=True) as out:
-        out.write(encode_file(ck))
+    with replacing(path, durable=durable) as out:
+        out.write(encode_file(checkpoint))
     return path
 
 

@@ -28,6 +28,7 @@ from .lanes import Plan
 from ..core.log import get_logger
 from .options import Options
 from ..core.records import SampleBatch
+from .keyframes import from_keyframe, latest_keyframe, save_keyframe
 from .skip_steps import SkippedSteps, check_count, encode_skips, skips_of
 from .bad_records import skip_report
 from .stats import Deliveries, format_stats, mixture_report, summarize, summary_line
@@ -81,6 +82,8 @@ class Loader(Iterator[Any]):
         auto = options.agree_on_end is None and options.dp_degree is None
         self._dist = distributed_group() if (options.agree_on_end or auto) else None
         self.executor: Any = None
+        self._last_lane = topology.lanes[-1]  # a global step is whole once it delivers
+        self._keyframes_failed = False
         self._start(encoded)
 
     def _start(self, encoded: dict[int, Any] | None) -> None:
@@ -169,7 +172,12 @@ class Loader(Iterator[Any]):
 
     def _deliver(self, out: Any, waited: float) -> None:
         """Count one output handed to the caller (``waited``: when the caller started waiting)."""
-        self.delivered[out_lane(out)] += 1
+        lane = out_lane(out)
+        self.delivered[lane] += 1
+        n = self.delivered[lane]
+        if self.options.keyframes and lane == self._last_lane and not n % self.options.keyframe_every:
+            if not self._keyframes_failed and min(self.delivered.values()) == n:
+                self._save_keyframe(n)
         d = self._deliveries
         d.add(out)
         d.end_wait(waited)
@@ -241,12 +249,13 @@ class Loader(Iterator[Any]):
                 warnings.warn(message, RuntimeWarning, stacklevel=2)
             return SkippedSteps(first, 0, first if n else None)
         t0 = time.perf_counter()
+        keyframe = self._to_keyframe(first, first + n) if self.options.keyframes else None
         reached, discarded = self.executor.skip({lane: first + n for lane in self.delivered})
         seconds = time.perf_counter() - t0
         self.delivered.update(reached)
         self._pulled.update(reached)
         end = min(reached.values())
-        done = SkippedSteps(first, n, end if end < first + n else None, discarded, seconds)
+        done = SkippedSteps(first, n, end if end < first + n else None, discarded, seconds, keyframe)
         self._skips += ((first, n),)
         c = self._skipped
         c["steps"] += n
@@ -261,6 +270,31 @@ class Loader(Iterator[Any]):
                 RuntimeWarning, stacklevel=2,
             )
         return done
+
+    def _to_keyframe(self, first: int, target: int) -> int | None:
+        """Restart from the newest keyframe after step ``first`` and at most at ``target``, keeping
+        this run's skips and mixture counts; its step, or ``None`` when there is none."""
+        found = latest_keyframe(self.options.keyframes, self.plan.fingerprint(), self.topology.lanes, first, target)
+        if found is None:
+            return None
+        step, states = found
+        skips, skipped = self._skips, self._skipped
+        self._start(from_keyframe(states, self._delivered_states()))
+        self._skips, self._skipped = skips, skipped
+        return step
+
+    def _save_keyframe(self, step: int) -> None:
+        """Save the lane states of global step ``step`` in ``options.keyframes``; a failure to write
+        is warned about once and ends the saving, never the run."""
+        try:
+            save_keyframe(self.options.keyframes, step, self.checkpoint(), self.options.keyframe_keep)
+        except OSError as exc:
+            self._keyframes_failed = True
+            warnings.warn(
+                f"keyframes: cannot save step {step} in {self.options.keyframes} ({exc}); this loader saves no more "
+                "keyframes, so skip_steps produces every skipped step (the data stays exact)",
+                RuntimeWarning, stacklevel=4,
+            )
 
     def next_lane(self) -> int:
         """The live lane due next: fewest outputs pulled, then the lowest id (O(1); O(log L) to update)."""

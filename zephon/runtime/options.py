@@ -6,6 +6,7 @@ lanes run, so it may change between a checkpoint and its restore.
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -57,6 +58,9 @@ class Options:
         log_every: log a one-line summary every this many global steps (INFO, ``"zephon.loader"``).
         io_options: how shards are fetched and cached (a dict or :class:`~zephon.io.IoOptions`).
             ``None``: each dataset's own.
+        keyframes: a folder where the loader saves this rank's lane states every
+            ``keyframe_every`` global steps, keeping the newest ``keyframe_keep``; ``skip_steps``
+            starts from the newest one before its target (:mod:`zephon.runtime.keyframes`).
     """
 
     canonical_replicas: int = attrs.field(default=1, validator=_opt_int(1))
@@ -72,6 +76,9 @@ class Options:
     agree_on_end: bool | None = attrs.field(default=None, validator=_opt_bool)
     log_every: int | None = attrs.field(default=None, validator=_opt_int(1))
     io_options: Any = attrs.field(default=None, converter=_io_options)
+    keyframes: str | None = attrs.field(default=None, converter=attrs.converters.optional(os.fspath))
+    keyframe_every: int = attrs.field(default=100, validator=_opt_int(1))
+    keyframe_keep: int = attrs.field(default=100, validator=_opt_int(1))
 
     @property
     def decodes_inline(self) -> bool:

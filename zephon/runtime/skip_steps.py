@@ -34,6 +34,7 @@ class SkippedSteps:
     ended_at: int | None = None
     discarded: int = 0  # outputs read ahead for the skipped steps and dropped unseen
     seconds: float = 0.0
+    keyframe: int | None = None  # the step of the keyframe the skip started from (options(keyframes=...))
 
     @property
     def last(self) -> int:

@@ -1,0 +1,102 @@
+"""Keyframes: lane states saved every few global steps, so that a skip starts near its target.
+
+The lane states at global step ``s`` are a pure function of (data, plan, ``s``): whichever run
+saved them, a loader of the same plan that restores them delivers step ``s`` next, exactly as the
+uninterrupted run does (a skip is exact too, so a run that skipped saves the same states). With
+``options(keyframes=folder)`` a loader saves this rank's lane states every ``keyframe_every``
+global steps as ``folder/step-<s>/zephon-lanes-<first>-<last>.msgpack`` (the files of
+:func:`~zephon.runtime.checkpoint.save_checkpoint`, one per rank, so keyframes saved on D ranks
+serve any other D) and keeps the newest ``keyframe_keep`` of them. ``skip_steps(n)`` then restores
+the newest keyframe after the current step and at most at the target and produces only the steps
+from there, instead of all ``n``: after a loss spike, the steps to skip are ones the run went
+through before, so their keyframes are there.
+
+Only the data position comes from a keyframe. The run keeps its own skips and its own mixture
+counts, which leave every skipped output out, as a skip without keyframes does. A keyframe that
+cannot serve (other data settings, a damaged file, lanes of this rank missing) is passed over,
+named with the reason in a warning, and the skip produces those steps instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any, Iterable
+
+from .checkpoint import read_checkpoint, seal, select_lanes, validate, write_checkpoint
+
+_STEP = re.compile(r"^step-(\d{12})$")
+
+
+def step_folder(folder: str | os.PathLike, step: int) -> Path:
+    """Where the keyframe of global step ``step`` lives."""
+    return Path(folder) / f"step-{step:012d}"
+
+
+def keyframe_steps(folder: str | os.PathLike) -> list[int]:
+    """The steps that have a keyframe folder in ``folder``, in increasing order (none if it is missing)."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for m in map(_STEP.match, names) if m)
+
+
+def save_keyframe(folder: str | os.PathLike, step: int, checkpoint: dict[str, Any], keep: int) -> Path:
+    """Write this rank's ``checkpoint`` of global step ``step`` and remove keyframes more than
+    ``keep`` keyframes old (steps a lagging rank could still write are never that old)."""
+    path = write_checkpoint(step_folder(folder, step), checkpoint, durable=False, manifest_in=folder)
+    steps = keyframe_steps(folder)
+    for old in steps[: max(0, len(steps) - keep)]:
+        if old < step:
+            shutil.rmtree(step_folder(folder, old), ignore_errors=True)
+    return path
+
+
+def latest_keyframe(folder: str | os.PathLike, fingerprint: dict[str, Any], lanes: Iterable[int], after: int,
+                    upto: int) -> tuple[int, dict[int, Any]] | None:
+    """The newest keyframe ``s`` with ``after < s <= upto`` that holds ``lanes`` of this plan, as
+    ``(s, encoded lane states)``; ``None`` if there is none. Keyframes passed over are named, with
+    the reason, in one ``RuntimeWarning``."""
+    lanes = list(lanes)
+    passed = []
+    for step in reversed(keyframe_steps(folder)):
+        if not after < step <= upto:
+            continue
+        where = step_folder(folder, step)
+        try:
+            checkpoint = read_checkpoint(where, lanes)
+            validate(fingerprint, checkpoint)
+            states = select_lanes(checkpoint, lanes)
+        except (OSError, ValueError) as exc:
+            passed.append(f"{where}: {str(exc).splitlines()[0]}")
+            continue
+        stray = sorted(lane for lane, state in states.items() if state["delivered"] != step)
+        if stray:
+            passed.append(f"{where}: lanes {stray} are not at step {step}")
+            continue
+        _warn_passed(passed)
+        return step, states
+    _warn_passed(passed)
+    return None
+
+
+def _warn_passed(passed: list[str]) -> None:
+    if passed:
+        warnings.warn(
+            "skip_steps: keyframes passed over (the skip produces their steps instead): " + "; ".join(passed),
+            RuntimeWarning, stacklevel=4,
+        )
+
+
+def from_keyframe(states: dict[int, Any], current: dict[int, Any]) -> dict[int, Any]:
+    """The keyframe's lane ``states`` with this run's mixture counts (``current``: its encoded lane
+    states now), resealed: the outputs between here and the keyframe are skipped, so never counted."""
+    out = {}
+    for lane, state in states.items():
+        body = {k: v for k, v in state.items() if k not in ("checksum", "skipped_steps")}
+        out[lane] = seal(lane, {**body, "mixture": current[lane]["mixture"]})
+    return out
