@@ -22,6 +22,11 @@ The tokenizer's share of the operators' time while skipping says what bounds the
 skipped steps are tokenized, packed, shuffled and batched like the others, since the token counts
 decide every later row.
 
+With ``--keyframes`` (on by default for the tokenize recipe), a run first goes through the steps
+with ``options(keyframes=folder, keyframe_every=K)``; then ``skip_steps(N)`` is timed from a step
+chosen so that its target lies ``R`` steps after a keyframe (``--keyframe-remainders``: about K/2
+on average, K-1 at worst): the skip restores the keyframe and produces R steps, instead of N.
+
 Usage::
 
     python benchmarks/skip.py                       # both recipes, inline and workers=2, 40 steps, 3 rounds
@@ -107,6 +112,41 @@ def measure(pipe: Any, mode: str, warmup: int, steps: int) -> dict[str, Any]:
         return out
 
 
+def measure_keyframes(pipe: Any, folder: str, every: int, n: int, remainder: int, digests: dict[int, str]) -> dict[str, Any]:
+    """One ``skip_steps(n)`` whose target is ``remainder`` steps after a keyframe of ``folder``."""
+    warmup = (remainder - n) % every
+    with pipe.options(keyframes=folder, keyframe_every=every).loader() as loader:
+        it = loader.steps()
+        for _ in range(warmup):
+            next(it)
+        cpu0, t0 = C.cpu_seconds(), time.perf_counter()
+        skipped = loader.skip_steps(n)
+        wall, cpu = time.perf_counter() - t0, C.cpu_seconds() - cpu0
+        if skipped.keyframe != warmup + n - remainder or step_digest(next(it)) != digests[warmup + n]:
+            raise SystemExit(f"keyframe skip to step {warmup + n}: not from keyframe {warmup + n - remainder} or not exact")
+    return {"wall_s": wall, "cpu_s": cpu}
+
+
+def keyframe_rates(pipe: Any, every: int, n: int, remainders: list[int], repeats: int) -> dict[str, Any]:
+    """Skip rates from keyframes saved by a first run over the steps (its digests check each skip)."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="zephon-keyframes-")
+    last = max((r - n) % every + n for r in remainders)
+    digests = {}
+    with pipe.options(keyframes=folder, keyframe_every=every).loader() as loader:
+        for k, step in zip(range(last + 1), loader.steps()):
+            digests[k] = step_digest(step)
+    runs: dict[int, list] = {r: [] for r in remainders}
+    for _ in range(repeats):
+        for r in remainders:
+            runs[r].append(measure_keyframes(pipe, folder, every, n, r, digests))
+    return {
+        r: {"steps_per_s": C.median([n / x["wall_s"] for x in rs]), "cpu_s_per_step": C.median([x["cpu_s"] / n for x in rs])}
+        for r, rs in runs.items()
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--corpus", type=Path, default=C.DEFAULT_CORPUS)
@@ -118,6 +158,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", default="0,2", help="comma-separated worker counts")
     ap.add_argument("--recipes", default="tokenize,pretokenized", help="comma-separated: tokenize, pretokenized")
+    ap.add_argument("--keyframe-every", type=int, default=50, help="K: keyframes every K global steps (0: no keyframe runs)")
+    ap.add_argument("--keyframe-skip", type=int, default=600, help="N: steps skipped from keyframes")
+    ap.add_argument("--keyframe-remainders", default="25,49", help="R: steps between the keyframe and the target")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
@@ -145,6 +188,9 @@ def main() -> None:
         summary["skip"]["tokenize_share"] = C.median([r["tokenize_share"] for r in runs["skip"]])
         summary["skip"]["discarded"] = [r["discarded"] for r in runs["skip"]]
         summary["steps"] = steps
+        if args.keyframe_every and recipe == "tokenize":
+            remainders = [int(r) for r in args.keyframe_remainders.split(",")]
+            summary["keyframes"] = keyframe_rates(pipe, args.keyframe_every, args.keyframe_skip, remainders, args.repeats)
         results["configs"][name] = summary
 
     rows = []
@@ -165,6 +211,15 @@ def main() -> None:
          "train CPU s/step", "deliver CPU s/step", "skip CPU s/step", "tokenize share (skip)"],
         rows,
     )
+    keyed = {name: s for name, s in results["configs"].items() if "keyframes" in s}
+    if keyed:
+        print(f"\nskip_steps({args.keyframe_skip}) from keyframes every {args.keyframe_every} steps, the target R steps "
+              f"after a keyframe; medians of {args.repeats}")
+        C.print_table(
+            ["config", "R", "skip steps/s", "skip/train", "skip CPU s/step"],
+            [[name, str(r), C.fmt_num(k["steps_per_s"], ",.1f"), C.fmt_num(k["steps_per_s"] / s["train"]["steps_per_s"], ".1f") + "x",
+              C.fmt_num(k["cpu_s_per_step"], ".4f")] for name, s in keyed.items() for r, k in s["keyframes"].items()],
+        )
     print("the step after every skip is the uninterrupted run's (digests equal)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -223,8 +223,10 @@ class Loader(Iterator[Any]):
 
         The operators produce the skipped steps (they decide what follows), which are then dropped:
         never rebuilt, sent from a worker process or converted. Outputs already read ahead for them are
-        dropped as well (counted in ``stats()["skipped_steps"]``). Every rank must skip the same steps. The
-        skip is recorded in the checkpoints taken after it (:attr:`skips`); several skips add up.
+        dropped as well (counted in ``stats()["skipped_steps"]``). With ``options(keyframes=...)`` the
+        lanes restart from the newest keyframe before the target and produce only the steps after it
+        (:mod:`zephon.runtime.keyframes`). Every rank must skip the same steps. The skip is recorded in
+        the checkpoints taken after it (:attr:`skips`); several skips add up.
 
         Returns:
             A :class:`~zephon.runtime.skip_steps.SkippedSteps`: give it to ``Ledger.record_skip``.

@@ -77,7 +77,7 @@ class Options:
     log_every: int | None = attrs.field(default=None, validator=_opt_int(1))
     io_options: Any = attrs.field(default=None, converter=_io_options)
     keyframes: str | None = attrs.field(default=None, converter=attrs.converters.optional(os.fspath))
-    keyframe_every: int = attrs.field(default=100, validator=_opt_int(1))
+    keyframe_every: int = attrs.field(default=50, validator=_opt_int(1))
     keyframe_keep: int = attrs.field(default=100, validator=_opt_int(1))
 
     @property
