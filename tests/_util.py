@@ -80,6 +80,21 @@ def toy_pipeline(lanes=1, *, workers=0, data=None, max_length=16, buffer=8, mbs=
     )
 
 
+def take_steps(loaders, steps):
+    """``steps`` global steps assembled from the ranks' loaders (rank order is lane order)."""
+    iters = [loader.steps() for loader in loaders]
+    return [[b for it in iters for b in next(it)] for _ in range(steps)]
+
+
+def assert_steps(got, expected):
+    """Two lists of global steps are the same, microbatch for microbatch."""
+    from zephon.testing import outputs_equal
+
+    assert len(got) == len(expected)
+    for k, (a, b) in enumerate(zip(got, expected)):
+        assert outputs_equal(a, b), f"step {k} differs"
+
+
 def global_steps(make, lanes, dp, steps, restore=None):
     """Run ``dp`` ranks (in this process) for ``steps`` global steps; returns (steps, rank loaders).
 

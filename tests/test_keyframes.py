@@ -9,8 +9,7 @@ import os
 
 import pytest
 
-from _util import toy_pipeline
-from zephon.testing import outputs_equal
+from _util import assert_steps, take_steps as take, toy_pipeline
 
 L = 4
 STEPS = 30
@@ -20,17 +19,6 @@ STEPS = 30
 def uninterrupted():
     with toy_pipeline(L).loader() as loader:
         return [step for _, step in zip(range(STEPS), loader.steps())]
-
-
-def take(loaders, steps):
-    iters = [loader.steps() for loader in loaders]
-    return [[b for it in iters for b in next(it)] for _ in range(steps)]
-
-
-def assert_steps(got, expected):
-    assert len(got) == len(expected)
-    for k, (a, b) in enumerate(zip(got, expected)):
-        assert outputs_equal(a, b), f"step {k} differs"
 
 
 def saved_run(folder, steps, D=1, every=5, keep=100):

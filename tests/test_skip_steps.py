@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from _util import toy_pipeline
+from _util import assert_steps, take_steps as take, toy_pipeline
 from zephon import merge_checkpoints
 from zephon.cli.main import main
 from zephon.ledger import Ledger, diff, read_skips
@@ -29,18 +29,6 @@ def uninterrupted():
 
 def rank_loaders(D, checkpoint=None, **options):
     return [toy_pipeline(L, **options).options(dp_degree=D, dp_rank=r).loader(checkpoint) for r in range(D)]
-
-
-def take(loaders, steps):
-    """``steps`` global steps assembled from the ranks' loaders (rank order is lane order)."""
-    iters = [loader.steps() for loader in loaders]
-    return [[b for it in iters for b in next(it)] for _ in range(steps)]
-
-
-def assert_steps(got, expected):
-    assert len(got) == len(expected)
-    for k, (a, b) in enumerate(zip(got, expected)):
-        assert outputs_equal(a, b), f"step {k} differs"
 
 
 @pytest.mark.parametrize("D", [1, 2, 4])

@@ -193,3 +193,18 @@ def test_the_dataloader_refuses_settings_it_owns_and_bad_states():
         loader.load_state_dict({"something": 1})
     with pytest.raises(ValueError, match="different data settings"):
         loader.load_state_dict(checkpoint_after(toy_pipeline(4, max_length=17), 2))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_dataloader_saves_keyframes_from_its_workers_and_skips_from_them(tmp_path, workers):
+    folder = tmp_path / "keyframes"
+    pipe = toy_pipeline(4, keyframes=folder, keyframe_every=5)
+    expected = reference(toy_pipeline(4), 4 * 16)
+    loader = DataLoader(pipe, num_workers=workers, **OPTIONS)
+    assert same_seq(take(loader, 4 * 12), expected[: 4 * 12])
+    loader.close()
+    loader = DataLoader(pipe, num_workers=workers, **OPTIONS)
+    skipped = loader.skip_steps(13)  # to step 13: from the keyframe of step 10, saved by the workers' lanes
+    assert (skipped.first, skipped.count, skipped.keyframe) == (0, 13, 10)
+    assert same_seq(take(loader, 4 * 3), expected[4 * 13 :])
+    loader.close()
