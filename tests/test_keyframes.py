@@ -44,7 +44,10 @@ def test_a_skip_from_a_keyframe_gives_the_uninterrupted_steps(tmp_path, uninterr
     assert {(s.first, s.count, s.keyframe) for s in skips} == {(3, 14, 15)}
     assert_steps(take(loaders, 6), uninterrupted[17:23])
     for loader in loaders:
-        assert loader.skips == ((3, 14),) and loader.stats()["skipped_steps"]["ranges"] == [[3, 16]]
+        stats = loader.stats()["skipped_steps"]
+        assert loader.skips == ((3, 14),) and stats["ranges"] == [[3, 16]]
+        assert (stats["steps"], stats["from_keyframes"]) == (14, 12)  # 3 -> 15 restored, 15 and 16 produced
+        assert "14 steps (12 from keyframes;" in loader.stats_table()
         loader.close()
 
 

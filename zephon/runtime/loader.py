@@ -114,7 +114,8 @@ class Loader(Iterator[Any]):
         self._final_meters: dict[str, Any] | None = None
         self._deliveries = Deliveries()
         self._skips = skips_of(encoded) if encoded else ()  # (first step, count) of every skip of the run
-        self._skipped = {"steps": 0, "outputs": 0, "discarded": 0, "seconds": 0.0}  # skip_steps() since the start
+        # skip_steps() since the start; from_keyframes: the skipped steps a keyframe restore passed over
+        self._skipped = {"steps": 0, "from_keyframes": 0, "outputs": 0, "discarded": 0, "seconds": 0.0}
         self._next_log = opts.log_every or 0
         topo = self.topology
         where = f"{opts.workers} worker process(es)" if opts.workers else ("a background thread" if opts.thread else "the calling thread")
@@ -263,6 +264,7 @@ class Loader(Iterator[Any]):
         c["steps"] += n
         c["outputs"] += sum(reached.values()) - first * len(reached)
         c["discarded"] += discarded
+        c["from_keyframes"] += 0 if keyframe is None else keyframe - first
         c["seconds"] += seconds
         log.info("%s in %.2f s; %d outputs read ahead dropped", done, seconds, discarded)
         if done.ended_at is not None:

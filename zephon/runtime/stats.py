@@ -335,8 +335,9 @@ def format_stats(stats: Mapping[str, Any]) -> str:
     if skipped.get("ranges"):
         ranges = ", ".join(f"{a}\u2013{b}" for a, b in skipped["ranges"])
         lines.append(
-            f"skipped: steps {ranges}; here {skipped.get('steps', 0):,} steps ({skipped.get('outputs', 0):,} outputs, "
-            f"{skipped.get('discarded', 0):,} read ahead and dropped) in {_num(skipped.get('seconds'))} s"
+            f"skipped: steps {ranges}; here {skipped.get('steps', 0):,} steps ({skipped.get('from_keyframes', 0):,} from "
+            f"keyframes; {skipped.get('outputs', 0):,} outputs, {skipped.get('discarded', 0):,} read ahead and dropped) "
+            f"in {_num(skipped.get('seconds'))} s"
         )
     drops = [f"{name}.{k}={_num(v)}" for name, c in dropped.items() for k, v in c.items() if v]
     lines.append("dropped: " + (", ".join(drops) if drops else "nothing"))
