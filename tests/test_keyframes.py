@@ -108,3 +108,10 @@ def test_a_folder_that_cannot_be_written_is_warned_about_once(tmp_path, uninterr
             got = take([loader], 7)
     assert len([w for w in caught if "keyframes" in str(w.message)]) == 1
     assert_steps(got, uninterrupted[:7])
+
+
+def test_explain_shows_where_keyframes_go(tmp_path):
+    shown = toy_pipeline(L, keyframes=tmp_path / "kf", keyframe_every=25).explain()
+    assert f"keyframes: every 25 global steps in {tmp_path / 'kf'}, the newest 100 kept" in str(shown)
+    assert shown.to_dict()["checkpoint"]["keyframes"] == {"folder": str(tmp_path / "kf"), "every": 25, "keep": 100}
+    assert "keyframes: every" not in str(toy_pipeline(L).explain())

@@ -225,6 +225,8 @@ def explain_plan(
         "bytes_at_start": _size(start),
         "lanes": L,
     }
+    if options.keyframes:
+        checkpoint["keyframes"] = {"folder": options.keyframes, "every": options.keyframe_every, "keep": options.keyframe_keep}
     if measure:
         m = _measure(plan, measure, ops)
         checkpoint["measured"] = m
@@ -307,6 +309,9 @@ def render(data: dict[str, Any]) -> str:
     out += ["", f"checkpoint: one state per lane ({ck['lanes']} lanes), {ck['records_by_reference']}:"]
     out += [f"  - {item}" for item in ck["per_lane"]]
     out.append(f"  size at the start: {_kib(ck['bytes_at_start'])} (msgpack, all lanes)")
+    kf = ck.get("keyframes")
+    if kf:
+        out.append(f"  keyframes: every {kf['every']} global steps in {kf['folder']}, the newest {kf['keep']} kept (skip_steps starts there)")
     m = ck.get("measured")
     if m:
         out.append(
