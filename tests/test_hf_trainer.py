@@ -216,3 +216,33 @@ def test_two_processes_resume_on_one(common, tmp_path):
     # other numbers on another number of processes).
     _, single = common["train"](4, str(tmp_path / "single"), steps=4, accumulate=4, save_steps=10)
     assert [(s, d) for s, d, _ in single[8:]] == [(s, d) for s, d, _ in resumed]
+
+
+def test_skip_data_steps_after_a_resume_trains_on_the_uninterrupted_runs_later_data(common, tmp_path):
+    from transformers import TrainingArguments
+
+    from zephon.runtime.checkpoint import read_checkpoint
+
+    # 2 lanes, accumulate 2: one zephon step per optimizer step; the full run's data for steps 0-5.
+    _, full = common["train"](2, str(tmp_path / "full"), steps=6, accumulate=2, save_steps=10)
+    common["train"](2, str(tmp_path / "run"), steps=2, accumulate=2)  # checkpoint-2
+    keyframes = tmp_path / "keyframes"
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=4, gradient_accumulation_steps=2, save_steps=4,
+                             learning_rate=1e-2, lr_scheduler_type="constant", report_to=[], use_cpu=True, seed=0,
+                             disable_tqdm=True)
+    # Without keyframes the skip produces the skipped steps; with them it restores the one of step 4.
+    for pipe, expect_keyframe in ((common["pipeline"](2), None),
+                                  (common["pipeline"](2).options(keyframes=keyframes, keyframe_every=1), 4)):
+        if expect_keyframe is not None:  # a run through the steps saves keyframes (every step here)
+            with pipe.loader() as loader:
+                [_ for _, _ in zip(range(5), loader.steps())]
+        trainer = common["Recording"](model=common["model"](), args=args, pipeline=pipe)
+        trainer.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"), skip_data_steps=2)
+        # Optimizer steps 2 and 3 train on the data of the uninterrupted run's steps 4 and 5.
+        assert [(s, d) for s, d, _ in trainer.seen] == [(s - 2, d) for s, d, _ in full[8:12]]
+        skipped = trainer.zephon_skipped
+        assert (skipped.first, skipped.count, skipped.keyframe) == (2, 2, expect_keyframe)
+        saved = read_checkpoint(tmp_path / "run" / "checkpoint-4" / "zephon", [0, 1])
+        assert all(lane["skipped_steps"] == [[2, 2]] for lane in saved["lanes"].values())
+    with pytest.raises(ValueError, match=r"skip_data_steps must be an int >= 0 .*got -1"):
+        common["Recording"](model=common["model"](), args=args, pipeline=common["pipeline"](2)).train(skip_data_steps=-1)

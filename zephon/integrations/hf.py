@@ -28,6 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(f"zephon.integrations.hf needs transformers: pip install 'zephon-lanes[transformers]' ({exc})") from exc
 
 from ..runtime.checkpoint import read_checkpoint, save_checkpoint, validate
+from ..runtime.skip_steps import SkippedSteps, check_count
 from .torch import DataLoader
 from .torch_dataset import position_problem, whole_steps_problem
 
@@ -70,8 +71,8 @@ class ZephonTrainerMixin:
             ``TrainingArguments``: ``dataloader_num_workers``, ``dataloader_pin_memory``,
             ``dataloader_prefetch_factor``.
 
-    State kept: the running loader (:attr:`zephon_loader`, created by ``get_train_dataloader``) and
-    the Trainer checkpoint ``train()`` resumes from.
+    State kept: the running loader (:attr:`zephon_loader`, created by ``get_train_dataloader``), the
+    Trainer checkpoint ``train()`` resumes from and the data steps it skips (``skip_data_steps``).
 
     Raises:
         TypeError: ``train_dataset`` or ``data_collator`` given; an unknown ``to_training`` option.
@@ -102,18 +103,37 @@ class ZephonTrainerMixin:
         self.zephon_options = options
         self.zephon_whole_steps = whole_steps
         self.zephon_loader: DataLoader | None = None
+        self.zephon_skipped: SkippedSteps | None = None  # what train(skip_data_steps=...) skipped
         self._zephon_resume: str | None = None
+        self._zephon_skip = 0
         dataset = pipeline.to_torch_dataset(**options)  # fails now on a bad pipeline or option
         kwargs["train_dataset"] = pipeline_rows(pipeline, options) if _needs_hf_dataset(type(self)) else dataset
         super().__init__(*args, **kwargs)
         self.add_callback(_SaveZephonState(self))
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
-        """``Trainer.train``, with zephon's loader resuming from ``checkpoint-N/zephon/`` instead of a replay."""
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, skip_data_steps: int = 0,
+              **kwargs: Any) -> Any:
+        """``Trainer.train``, with zephon's loader resuming from ``checkpoint-N/zephon/`` instead of a replay.
+
+        ``skip_data_steps``: the data of this many optimizer steps is skipped at the start (after a
+        loss spike: resume an earlier checkpoint and skip what led to it). The next optimizer step
+        trains on the microbatches the uninterrupted run trains on ``skip_data_steps`` steps later, and
+        every later one on that run's; the model, optimizer and step counter are the checkpoint's.
+        The skip is recorded in the zephon state of every later checkpoint; :attr:`zephon_skipped`
+        holds it (give it to ``Ledger.record_skip``). Uses the pipeline's keyframes when it has them.
+        """
+        try:
+            check_count(skip_data_steps)
+        except ValueError:
+            raise ValueError(
+                f"{type(self).__name__}.train: skip_data_steps must be an int >= 0 (optimizer steps whose data is "
+                f"skipped), got {skip_data_steps!r}"
+            ) from None
         resume = resume_from_checkpoint
         if resume is True:
             resume = get_last_checkpoint(self.args.output_dir)  # None: the Trainer raises its own error
         self._zephon_resume = os.fspath(resume) if resume else None
+        self._zephon_skip = skip_data_steps
         self.args.ignore_data_skip = True
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
@@ -143,6 +163,14 @@ class ZephonTrainerMixin:
             dataset, checkpoint=start, num_workers=args.dataloader_num_workers, pin_memory=args.dataloader_pin_memory,
             prefetch_factor=args.dataloader_prefetch_factor if args.dataloader_num_workers else None,
         )
+        if self._zephon_skip:
+            problem = whole_steps_problem(args.gradient_accumulation_steps, len(lanes), degree)
+            if problem:
+                raise ValueError(f"{name}: train(skip_data_steps={self._zephon_skip}) needs whole zephon steps per "
+                                 f"optimizer step: {problem}")
+            per_step = args.gradient_accumulation_steps // len(lanes)  # zephon global steps per optimizer step
+            self.zephon_skipped = self.zephon_loader.skip_steps(self._zephon_skip * per_step)
+            self._zephon_skip = 0
         return self.zephon_loader
 
     def _read_state(self, checkpoint_dir: str, lanes: tuple[int, ...]) -> dict[str, Any]:
