@@ -118,6 +118,29 @@ def test_state_holds_every_lane_and_refuses_foreign_state(common, tmp_path):
         dm.load_state_dict({"lanes": lanes})
 
 
+def test_skip_data_steps_on_resume_trains_on_the_uninterrupted_runs_later_data(common, tmp_path):
+    _, full = common["fit"](2, steps=6, accumulate=2)
+    common["fit"](2, steps=2, accumulate=2, ckpt_dir=str(tmp_path))  # epoch=0-step=2.ckpt
+    keyframes = tmp_path / "keyframes"
+    with common["pipeline"](2).options(keyframes=keyframes, keyframe_every=1).loader() as loader:
+        [_ for _, _ in zip(range(5), loader.steps())]  # a run through the steps saves keyframes
+    for pipe, expect_keyframe in ((common["pipeline"](2), None),
+                                  (common["pipeline"](2).options(keyframes=keyframes, keyframe_every=1), 4)):
+        dm = common["ZephonDataModule"](pipe, return_labels=True)
+        dm.skip_data_steps(2)
+        model = common["TinyLM"]()
+        trainer = common["pl"].Trainer(accelerator="cpu", devices=1, max_steps=4, accumulate_grad_batches=2, logger=False,
+                                       enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                                       num_sanity_val_steps=0)
+        trainer.fit(model, datamodule=dm, ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt"))
+        # Optimizer steps 2 and 3 train on the data of the uninterrupted run's steps 4 and 5.
+        assert [(s, d) for s, d, _ in model.seen] == [(s - 2, d) for s, d, _ in full[8:12]]
+        assert (dm.skipped.first, dm.skipped.count, dm.skipped.keyframe) == (2, 2, expect_keyframe)
+        assert all(lane["skipped_steps"] == [[2, 2]] for lane in dm.state_dict()["zephon_checkpoint"]["lanes"].values())
+    with pytest.raises(ValueError, match=r"n must be an int >= 0 .*got -1"):
+        dm.skip_data_steps(-1)
+
+
 def test_accumulation_must_be_whole_steps(common):
     with pytest.raises(ValueError, match=r"accumulate_grad_batches=3\).*not whole zephon steps.*Accumulate 2 \(or a multiple"):
         common["fit"](2, steps=1, accumulate=3)

@@ -30,6 +30,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from ..runtime.checkpoint import merge_checkpoints, validate
+from ..runtime.skip_steps import SkippedSteps, check_count
 from .torch import DataLoader
 from .torch_dataset import STATE_KEY, position_problem, whole_steps_problem
 
@@ -105,7 +106,7 @@ class ZephonDataModule(pl.LightningDataModule):
         **to_training_options: the options of :func:`~zephon.to_training` (``return_labels=True``, ``layout=``...).
 
     State kept: the checkpoint loaded by :meth:`load_state_dict` (where the next ``train_dataloader()``
-    starts), and the running loader: a reload (``reload_dataloaders_every_n_epochs``) returns it, so it
+    starts), the data steps it skips there (:meth:`skip_data_steps`), and the running loader: a reload (``reload_dataloaders_every_n_epochs``) returns it, so it
     goes on where it is (a new epoch starts a new pass of finite data); after ``fit()`` the state of the
     batches taken is kept for the next ``fit()`` or ``state_dict()``.
 
@@ -141,6 +142,21 @@ class ZephonDataModule(pl.LightningDataModule):
         self.pipeline.to_torch_dataset(**to_training_options)  # fail now on a bad pipeline or option
         self._checkpoint: dict[str, Any] | None = None
         self._feed: _Feed | None = None
+        self._skip = 0
+        self.skipped: SkippedSteps | None = None  # what skip_data_steps() skipped, once fit() started
+
+    def skip_data_steps(self, n: int) -> None:
+        """Skip the data of ``n`` optimizer steps where the next ``fit()`` starts (after a loss spike:
+        ``dm.skip_data_steps(600); trainer.fit(model, datamodule=dm, ckpt_path=earlier)``). Its first
+        optimizer step trains on the microbatches the uninterrupted run trains on ``n`` steps later;
+        :attr:`skipped` holds the skip once ``fit()`` started, and later checkpoints record it. Needs
+        whole global steps per optimizer step; uses the pipeline's keyframes when it has them."""
+        try:
+            self._skip = check_count(n)
+        except ValueError:
+            raise ValueError(
+                f"ZephonDataModule.skip_data_steps: n must be an int >= 0 (optimizer steps whose data is skipped), got {n!r}"
+            ) from None
 
     # -- data ---------------------------------------------------------------------------------------------
     def train_dataloader(self) -> Any:
@@ -162,7 +178,12 @@ class ZephonDataModule(pl.LightningDataModule):
         if start is not None:
             validate(dataset.plan.fingerprint(), start)
             check_position(start, lanes, degree)
-        self._feed = _Feed(DataLoader(dataset, checkpoint=start, **self.loader_options), (degree, rank))
+        loader = DataLoader(dataset, checkpoint=start, **self.loader_options)
+        if self._skip:
+            check_accumulation(trainer.accumulate_grad_batches, len(lanes), degree, True)
+            self.skipped = loader.skip_steps(self._skip * trainer.accumulate_grad_batches // len(lanes))
+            self._skip = 0
+        self._feed = _Feed(loader, (degree, rank))
         if not any(isinstance(cb, _TakenCounter) and cb.datamodule is self for cb in trainer.callbacks):
             trainer.callbacks.append(_TakenCounter(self))
         return self._feed
