@@ -74,11 +74,13 @@ COMMON = textwrap.dedent(
 
 DDP_SCRIPT = COMMON + textwrap.dedent(
     '''
-    if __name__ == "__main__":  # 2 ranks, 1 lane each: one microbatch per rank per optimizer step
-        out = sys.argv[1]
+    def main(out):  # 2 ranks, 1 lane each: one microbatch per rank per optimizer step
         trainer, seen = fit(2, steps=4, accumulate=1, devices=2, ckpt_dir=out + "/ckpt")
         with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
             json.dump(seen, f)
+
+    if __name__ == "__main__":
+        main(sys.argv[1])  # the Trainer is released here, before the process group is torn down at exit
     '''
 )
 
