@@ -30,6 +30,22 @@ def toks_to_ids(payload):
     return {"input_ids": np.asarray(payload["toks"], dtype=np.int32)}
 
 
+def gated_toks_to_ids(payload):
+    """:func:`toks_to_ids` that waits, while the file named by ``$ZEPHON_TEST_GATE`` exists, for it to
+    go (after creating ``<gate>.waiting``): user code that holds a worker's loop. Up to 20 s, then it raises."""
+    import time
+
+    gate = os.environ.get("ZEPHON_TEST_GATE")
+    if gate and os.path.exists(gate):
+        Path(gate + ".waiting").touch()
+        deadline = time.monotonic() + 20
+        while os.path.exists(gate):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the gate stayed closed for 20 s")
+            time.sleep(0.005)
+    return toks_to_ids(payload)
+
+
 def read_only_ids(payload):
     """Module-level map whose arrays are read-only, as those of memory-mapped token files are."""
     ids = np.asarray(payload["toks"], dtype=np.int32)

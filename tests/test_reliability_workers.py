@@ -558,3 +558,37 @@ def test_worker_signal_is_named_with_its_likely_cause(tmp_path, sig, expected):
     assert cause in out
     if sig != "SIGKILL":
         assert "out of memory" not in out and "out-of-memory" not in out
+
+
+def test_a_checkpoint_is_answered_while_a_worker_is_inside_user_code(tmp_path, monkeypatch):
+    import time
+
+    from _util import assert_steps, gated_toks_to_ids, take_steps, toy_dataset
+    from zephon import Pipeline
+    from zephon.work import StaticMixtureWorkSource
+
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("ZEPHON_TEST_GATE", str(gate))
+
+    def build(**options):
+        src = StaticMixtureWorkSource([toy_dataset()], {"web": 1.0}, chunk_size=8, exhausted_policy="repeat")
+        return (Pipeline(src).options(canonical_replicas=2, **options)
+                .map(gated_toks_to_ids).pack_flat(16).shuffle(8, seed=42).batch(2))
+
+    with build().loader() as loader:
+        reference = take_steps([loader], 8)
+    with build(workers=1, read_ahead=0).loader() as loader:  # the map runs in the worker's loop itself
+        steps = loader.steps()
+        got = [next(steps) for _ in range(2)]
+        gate.touch()
+        got.append(next(steps))  # frees credit: the worker reads on, and its map waits at the gate
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "gate.waiting").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (tmp_path / "gate.waiting").exists(), "the worker never reached the gate"
+        checkpoint = loader.checkpoint()  # the worker answers while its loop is held in the map
+        gate.unlink()
+        got += [next(steps) for _ in range(2)]
+    assert_steps(got, reference[:5])
+    with build().loader(checkpoint) as resumed:
+        assert_steps(take_steps([resumed], 3), reference[3:6])

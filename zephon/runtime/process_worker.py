@@ -2,7 +2,9 @@
 
 A worker runs its lanes ahead within a per-lane credit window and sends each output with its index
 (every few seconds with the lane's encoded state). State kept: the state after each output sent
-until its delivery is confirmed, so ``checkpoint()`` covers exactly what the caller received.
+until its delivery is confirmed, so ``checkpoint()`` covers exactly what the caller received. Lane
+states are immutable values, so a receiving thread answers state requests from that history while
+the loop computes the next output (a checkpoint never waits for a tokenizer call).
 """
 
 from __future__ import annotations
@@ -205,6 +207,8 @@ def worker_main(conn, idle_s: float | None = None, main: str | None = None) -> N
             return
         states = plan.decode_lanes({lane: encoded[lane] for lane in lanes}) if encoded else {lane: plan.init(lane) for lane in lanes}
         history = {lane: deque([(states[lane].delivered, states[lane])]) for lane in lanes}
+        kept = threading.Lock()  # guards `history` between this loop and the receiving thread
+        inbox = _receive(conn, plan, history, kept, outbox)
         meter = plan.meter()
         credits = {lane: credit for lane in lanes}
         attach_at = {lane: time.monotonic() + _ATTACH_S for lane in lanes}
@@ -212,35 +216,35 @@ def worker_main(conn, idle_s: float | None = None, main: str | None = None) -> N
         order = deque(caller_order_of(states))
         ahead = plan.reader(states)
         while True:
-            while conn.poll(0) or not any(credits[lane] > 0 and lane not in ended for lane in lanes):
-                msg = conn.recv()
+            while not inbox.empty() or not any(credits[lane] > 0 and lane not in ended for lane in lanes):
+                msg = inbox.get()
                 kind = msg[0]
                 if kind == "stop":
                     return
+                if kind == "failed":  # in the receiving thread
+                    raise RuntimeError(msg[1])
                 if kind == "delivered":  # the caller received output number `count` of `lane`
                     _, lane, count = msg
                     credits[lane] += 1
-                    hist = history[lane]
-                    while len(hist) > 1 and hist[0][0] < count:
-                        hist.popleft()
-                elif kind == "state":  # after `count` outputs; at_end: once the caller saw the lane end
-                    _, lane, count, at_end = msg
-                    match = [s for c, s in history[lane] if c == count]
-                    if not match:
-                        raise RuntimeError(f"no state kept for lane {lane} after {count} outputs")
-                    outbox.send(("state", lane, count, plan.encode(match[-1] if at_end else match[0])))
+                    with kept:
+                        hist = history[lane]
+                        while len(hist) > 1 and hist[0][0] < count:
+                            hist.popleft()
                 elif kind == "reports":
                     outbox.send(("reports", {lane: plan.reports(states[lane]) for lane in lanes}, meter.snapshot()))
                 elif kind == "skip":  # the caller skips from `count` to `target` outputs of `lane`
                     _, lane, count, target = msg
                     current = lane
-                    uncount(plan, history[lane], count, target)
+                    with kept:
+                        uncount(plan, history[lane], count, target)
                     states[lane] = history[lane][-1][1]
                     if lane not in ended and states[lane].delivered < target:
                         if skip_lanes(plan, states, {lane: target}, meter, ahead):
                             ended.add(lane)
-                        history[lane] = deque([(states[lane].delivered, states[lane])])
-                    outbox.send(skipped_to(plan, lane, target, history[lane], lane in ended))
+                        with kept:
+                            history[lane] = deque([(states[lane].delivered, states[lane])])
+                    with kept:
+                        outbox.send(skipped_to(plan, lane, target, history[lane], lane in ended))
                     credits[lane] = credit - (states[lane].delivered - min(target, states[lane].delivered))
             lane = next(lane for lane in order if credits[lane] > 0 and lane not in ended)
             order.remove(lane)
@@ -250,11 +254,13 @@ def worker_main(conn, idle_s: float | None = None, main: str | None = None) -> N
             states[lane] = state
             if out is None:
                 ended.add(lane)
-                history[lane].append((state.delivered, state))  # the state once its end was seen
+                with kept:
+                    history[lane].append((state.delivered, state))  # the state once its end was seen
                 outbox.send(("end", lane, state.delivered))
                 continue
             credits[lane] -= 1
-            history[lane].append((state.delivered, state))
+            with kept:
+                history[lane].append((state.delivered, state))
             now = time.monotonic()
             enc = None
             if now >= attach_at[lane]:  # now and then, the state after this output rides along
@@ -268,6 +274,35 @@ def worker_main(conn, idle_s: float | None = None, main: str | None = None) -> N
         outbox.send(("error", current, cause, traceback.format_exc()))
     finally:
         outbox.close()
+
+
+def _receive(conn, plan: Plan, history: dict[int, deque], kept: threading.Lock, outbox: "_Outbox") -> queue.Queue:
+    """Start the thread that reads the caller's messages: it answers ``state`` requests itself, from
+    ``history`` (the state after ``count`` outputs; ``at_end``: once the caller saw the lane end), and
+    queues every other message for the loop, ``("stop",)`` when the caller is gone."""
+    inbox: queue.Queue = queue.Queue()
+
+    def run() -> None:
+        try:
+            while True:
+                msg = conn.recv()
+                if msg[0] != "state":
+                    inbox.put(msg)
+                    continue
+                _, lane, count, at_end = msg
+                with kept:
+                    match = [s for c, s in history[lane] if c == count]
+                if not match:
+                    inbox.put(("failed", f"no state kept for lane {lane} after {count} outputs"))
+                    return
+                outbox.send(("state", lane, count, plan.encode(match[-1] if at_end else match[0])))
+        except (EOFError, OSError):
+            inbox.put(("stop",))
+        except BaseException as exc:  # never end silently: the loop reports it
+            inbox.put(("failed", f"the worker's receiving thread failed: {type(exc).__name__}: {exc}"))
+
+    threading.Thread(target=run, name="zephon-inbox", daemon=True).start()
+    return inbox
 
 
 def uncount(plan: Plan, history: deque, count: int, target: int) -> None:
