@@ -28,9 +28,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(f"zephon.integrations.hf needs transformers: pip install 'zephon-lanes[transformers]' ({exc})") from exc
 
 from ..runtime.checkpoint import read_checkpoint, save_checkpoint, validate
-from ..runtime.skip_steps import SkippedSteps, check_count
+from ..runtime.skip_steps import SkippedSteps
 from .torch import DataLoader
-from .torch_dataset import position_problem, whole_steps_problem
+from .torch_dataset import position_problem, skip_count, skip_optimizer_steps, whole_steps_problem
 
 __all__ = ["STATE_DIR", "ZephonTrainer", "ZephonTrainerMixin", "data_parallel", "pipeline_rows"]
 
@@ -122,18 +122,11 @@ class ZephonTrainerMixin:
         The skip is recorded in the zephon state of every later checkpoint; :attr:`zephon_skipped`
         holds it (give it to ``Ledger.record_skip``). Uses the pipeline's keyframes when it has them.
         """
-        try:
-            check_count(skip_data_steps)
-        except ValueError:
-            raise ValueError(
-                f"{type(self).__name__}.train: skip_data_steps must be an int >= 0 (optimizer steps whose data is "
-                f"skipped), got {skip_data_steps!r}"
-            ) from None
+        self._zephon_skip = skip_count(skip_data_steps, f"{type(self).__name__}.train: skip_data_steps")
         resume = resume_from_checkpoint
         if resume is True:
             resume = get_last_checkpoint(self.args.output_dir)  # None: the Trainer raises its own error
         self._zephon_resume = os.fspath(resume) if resume else None
-        self._zephon_skip = skip_data_steps
         self.args.ignore_data_skip = True
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
@@ -164,12 +157,9 @@ class ZephonTrainerMixin:
             prefetch_factor=args.dataloader_prefetch_factor if args.dataloader_num_workers else None,
         )
         if self._zephon_skip:
-            problem = whole_steps_problem(args.gradient_accumulation_steps, len(lanes), degree)
-            if problem:
-                raise ValueError(f"{name}: train(skip_data_steps={self._zephon_skip}) needs whole zephon steps per "
-                                 f"optimizer step: {problem}")
-            per_step = args.gradient_accumulation_steps // len(lanes)  # zephon global steps per optimizer step
-            self.zephon_skipped = self.zephon_loader.skip_steps(self._zephon_skip * per_step)
+            self.zephon_skipped = skip_optimizer_steps(
+                self.zephon_loader, self._zephon_skip, args.gradient_accumulation_steps, len(lanes), degree, name
+            )
             self._zephon_skip = 0
         return self.zephon_loader
 

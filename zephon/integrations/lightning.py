@@ -30,9 +30,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from ..runtime.checkpoint import merge_checkpoints, validate
-from ..runtime.skip_steps import SkippedSteps, check_count
+from ..runtime.skip_steps import SkippedSteps
 from .torch import DataLoader
-from .torch_dataset import STATE_KEY, position_problem, whole_steps_problem
+from .torch_dataset import STATE_KEY, position_problem, skip_count, skip_optimizer_steps, whole_steps_problem
 
 __all__ = ["ZephonDataModule"]
 
@@ -106,8 +106,8 @@ class ZephonDataModule(pl.LightningDataModule):
         **to_training_options: the options of :func:`~zephon.to_training` (``return_labels=True``, ``layout=``...).
 
     State kept: the checkpoint loaded by :meth:`load_state_dict` (where the next ``train_dataloader()``
-    starts), the data steps it skips there (:meth:`skip_data_steps`), and the running loader: a reload (``reload_dataloaders_every_n_epochs``) returns it, so it
-    goes on where it is (a new epoch starts a new pass of finite data); after ``fit()`` the state of the
+    starts), the data steps it skips there (:meth:`skip_data_steps`), and the running loader: a reload
+    (``reload_dataloaders_every_n_epochs``) returns it, so it goes on where it is (a new epoch starts a new pass of finite data); after ``fit()`` the state of the
     batches taken is kept for the next ``fit()`` or ``state_dict()``.
 
     Raises (from ``train_dataloader()``):
@@ -151,12 +151,7 @@ class ZephonDataModule(pl.LightningDataModule):
         optimizer step trains on the microbatches the uninterrupted run trains on ``n`` steps later;
         :attr:`skipped` holds the skip once ``fit()`` started, and later checkpoints record it. Needs
         whole global steps per optimizer step; uses the pipeline's keyframes when it has them."""
-        try:
-            self._skip = check_count(n)
-        except ValueError:
-            raise ValueError(
-                f"ZephonDataModule.skip_data_steps: n must be an int >= 0 (optimizer steps whose data is skipped), got {n!r}"
-            ) from None
+        self._skip = skip_count(n, "ZephonDataModule.skip_data_steps: n")
 
     # -- data ---------------------------------------------------------------------------------------------
     def train_dataloader(self) -> Any:
@@ -180,8 +175,8 @@ class ZephonDataModule(pl.LightningDataModule):
             check_position(start, lanes, degree)
         loader = DataLoader(dataset, checkpoint=start, **self.loader_options)
         if self._skip:
-            check_accumulation(trainer.accumulate_grad_batches, len(lanes), degree, True)
-            self.skipped = loader.skip_steps(self._skip * trainer.accumulate_grad_batches // len(lanes))
+            self.skipped = skip_optimizer_steps(loader, self._skip, trainer.accumulate_grad_batches, len(lanes), degree,
+                                                "ZephonDataModule")
             self._skip = 0
         self._feed = _Feed(loader, (degree, rank))
         if not any(isinstance(cb, _TakenCounter) and cb.datamodule is self for cb in trainer.callbacks):

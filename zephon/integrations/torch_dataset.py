@@ -27,6 +27,7 @@ import torch.utils.data
 from ..ops.batch import Batch
 from ..runtime.checkpoint import merge_checkpoints, select_lanes, validate
 from ..runtime.loader import Loader
+from ..runtime.skip_steps import SkippedSteps, check_count
 from ..training.convert import training_spec
 
 __all__ = ["TrainingDataset", "TrainingStream", "checkpoint_from_state", "position_problem", "whole_steps_problem"]
@@ -81,6 +82,24 @@ def whole_steps_problem(accumulate: int, lanes: int, degree: int) -> str | None:
         f"Accumulate {lanes} (or a multiple): then every optimizer step trains on the same rows whatever the number "
         "of devices"
     )
+
+
+def skip_count(n: Any, what: str) -> int:
+    """``n`` if it is a count of optimizer steps whose data a trainer skips, else a ``ValueError``
+    starting with ``what`` (the argument as the caller names it)."""
+    try:
+        return check_count(n)
+    except ValueError:
+        raise ValueError(f"{what} must be an int >= 0 (optimizer steps whose data is skipped), got {n!r}") from None
+
+
+def skip_optimizer_steps(loader: Any, n: int, accumulate: int, lanes: int, degree: int, who: str) -> SkippedSteps:
+    """Skip on ``loader`` the data of ``n`` optimizer steps of ``accumulate`` microbatches per rank
+    (``lanes`` of them per global step): ``n * accumulate / lanes`` global steps, which must be whole."""
+    problem = whole_steps_problem(accumulate, lanes, degree)
+    if problem:
+        raise ValueError(f"{who}: skipping the data of {n} optimizer step(s) needs whole zephon steps per optimizer step: {problem}")
+    return loader.skip_steps(n * accumulate // lanes)
 
 
 def position_problem(checkpoint: Mapping[str, Any], lanes: tuple[int, ...], degree: int) -> str | None:
