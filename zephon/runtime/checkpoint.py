@@ -1,13 +1,9 @@
 """Checkpoint documents: build, validate, compare, merge, convert for DCP, save and load.
 
-A checkpoint is ``{"format", "fingerprint", "lanes": {lane id: lane state}}``: builtins only, keyed
-by *global* lane id, so every rank's checkpoints merge by union and restore on any data-parallel
-size dividing the lane count. The fingerprint names the data by counts and digests, so its size
-does not grow with the shards; the shard lists are a manifest written beside checkpoint files
-(``zephon.runtime.manifest``), read only to name the shards a restore into other data differs in.
-Each lane state carries a ``checksum`` of its fields and lane id, so a state changed after it was
-written is refused on restore; merging and the DCP form keep it. A checkpoint file adds a SHA-256
-of its bytes and is written atomically.
+A checkpoint is ``{"format", "fingerprint", "lanes": {lane id: lane state}}`` (builtins, keyed by
+global lane id: ranks' checkpoints merge by union and restore on any D dividing L). Each lane
+state carries a ``checksum``; a checkpoint file adds a SHA-256 of its bytes, written atomically.
+The shard lists are a manifest beside the files (:mod:`zephon.runtime.manifest`).
 """
 
 from __future__ import annotations
@@ -25,27 +21,21 @@ from ..core.atomic import replacing
 from ..core.fingerprint import unfingerprintable
 from .manifest import explain, normalized, note_folder, pin_data, write_manifest
 
-#: The checkpoint format this version writes and reads (4: checksummed lane states with per-dataset counts).
+#: The checkpoint format this version writes and reads.
 FORMAT = "zephon.checkpoint/4"
-
 #: The layout of a checkpoint file written by :func:`save_checkpoint`.
 FILE_FORMAT = "zephon.checkpoint-file/1"
-
 #: The fields of an encoded lane state, besides its checksum.
 LANE_FIELDS = ("source", "ops", "pending", "delivered", "done", "mixture")
-#: Fields a lane state holds only when used: ``skipped``, the reading's skip logs (``on_error="skip"``);
-#: ``skipped_steps``, once global steps were skipped (:mod:`zephon.runtime.skip_steps`;
-#: :func:`check_skipped_steps_field`).
+#: Fields held only when used: the reading's skip logs, and the run's skipped global steps.
 OPTIONAL_LANE_FIELDS = ("skipped", "skipped_steps")
 
 _CANONICAL = msgspec.msgpack.Encoder(order="sorted")
 
 
 def lane_checksum(lane: int, state: Mapping[str, Any]) -> str:
-    """The checksum of an encoded lane state: BLAKE2b-128 of its lane id and canonical msgpack.
-
-    The ``checksum`` field is left out and keys are sorted, so it survives JSON and msgpack round
-    trips. It guards against accidental change, not deliberate edits.
+    """BLAKE2b-128 of a lane id and its encoded state's canonical msgpack, ``checksum`` left out
+    (it survives JSON and msgpack round trips; it guards against accidents, not edits).
 
     Examples:
         >>> lane_checksum(3, {"delivered": 0}) == lane_checksum(3, {"delivered": 0, "checksum": "x"})
@@ -53,9 +43,8 @@ def lane_checksum(lane: int, state: Mapping[str, Any]) -> str:
         >>> lane_checksum(3, {"delivered": 0}) != lane_checksum(2, {"delivered": 0})
         True
     """
-    body = {k: v for k, v in state.items() if k != "checksum"}
     try:
-        data = _CANONICAL.encode(body)
+        data = _CANONICAL.encode({k: v for k, v in state.items() if k != "checksum"})
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"lane {lane}: the state holds a value a checkpoint never contains ({exc})") from None
     h = hashlib.blake2b(digest_size=16, person=b"zephon-lane")
@@ -74,13 +63,27 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def check_lane_state(lane: int, state: Any, *, require_checksum: bool = True) -> None:
-    """Raise unless ``state`` is an unmodified lane state of this format: a mapping, its checksum
-    (unless ``require_checksum=False``), and the fields, types and ranges that need no pipeline.
+def _counts(x: Any) -> bool:
+    return isinstance(x, (list, tuple)) and all(_is_int(v) and v >= 0 for v in x)
 
-    Raises:
-        ValueError: naming the lane and the field.
-    """
+
+#: Per field of a lane state: whether a value is valid, and what it must be.
+_FIELD_CHECKS = {
+    "source": (lambda v: _counts(v) and len(v) == 2, "be [work chunk, offset], two ints >= 0"),
+    "ops": (lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+            "map operator names to states"),
+    "pending": (lambda v: isinstance(v, (list, tuple)), "be a list of output references"),
+    "delivered": (lambda v: _is_int(v) and v >= 0, "be an int >= 0"),
+    "done": (lambda v: isinstance(v, bool), "be true or false"),
+    "mixture": (lambda v: _counts(v) and not len(v) % 2,
+                "be [samples, tokens] per dataset, ints >= 0"),
+    "skipped": (lambda v: isinstance(v, (list, tuple)), "be a list of skip logs, one per dataset"),
+}
+
+
+def check_lane_state(lane: int, state: Any, *, require_checksum: bool = True) -> None:
+    """Raise a ValueError naming the lane and field unless ``state`` is an unmodified lane state
+    of this format: its checksum (unless ``require_checksum=False``), fields, types and ranges."""
     if state is None:
         raise ValueError(f"lane {lane}: the state is null; expected the mapping checkpoint() wrote for the lane")
     if not isinstance(state, dict):
@@ -105,31 +108,16 @@ def check_lane_state(lane: int, state: Any, *, require_checksum: bool = True) ->
             f"lane {lane}: state fields {sorted(fields)} do not match {sorted(LANE_FIELDS)} "
             f"(missing {sorted(set(LANE_FIELDS) - fields)}, unknown {sorted(fields - set(LANE_FIELDS))})"
         )
-    source = state["source"]
-    if not (isinstance(source, (list, tuple)) and len(source) == 2 and all(_is_int(x) and x >= 0 for x in source)):
-        raise ValueError(f"lane {lane}: field 'source' must be [work chunk, offset], two ints >= 0, got {_short(source)}")
-    if not (isinstance(state["ops"], dict) and all(isinstance(k, str) for k in state["ops"])):
-        raise ValueError(f"lane {lane}: field 'ops' must map operator names to states, got {_short(state['ops'])}")
-    if not isinstance(state["pending"], (list, tuple)):
-        raise ValueError(f"lane {lane}: field 'pending' must be a list of output references, got {_short(state['pending'])}")
-    delivered = state["delivered"]
-    if not (_is_int(delivered) and delivered >= 0):
-        raise ValueError(f"lane {lane}: field 'delivered' must be an int >= 0, got {_short(delivered)}")
-    if not isinstance(state["done"], bool):
-        raise ValueError(f"lane {lane}: field 'done' must be true or false, got {_short(state['done'])}")
-    counts = state["mixture"]
-    if not (isinstance(counts, (list, tuple)) and len(counts) % 2 == 0 and all(_is_int(x) and x >= 0 for x in counts)):
-        raise ValueError(f"lane {lane}: field 'mixture' must be [samples, tokens] per dataset, ints >= 0, got {_short(counts)}")
-    if "skipped" in state and not isinstance(state["skipped"], (list, tuple)):
-        got = _short(state["skipped"])
-        raise ValueError(f"lane {lane}: field 'skipped' must be a list of skip logs, one per dataset, got {got}")
+    for name, (valid, what) in _FIELD_CHECKS.items():
+        if name in state and not valid(state[name]):
+            raise ValueError(f"lane {lane}: field {name!r} must {what}, got {_short(state[name])}")
     if "skipped_steps" in state:
         check_skipped_steps_field(lane, state["skipped_steps"])
 
 
 def check_skipped_steps_field(lane: int, value: Any) -> None:
-    """Raise unless ``value`` is a lane state's ``skipped_steps`` field: ``[first step, count]`` pairs of
-    ints (first >= 0, count >= 1), in increasing order and not overlapping."""
+    """Raise unless ``value`` holds ``[first step, count]`` int pairs (count >= 1), in increasing
+    order and not overlapping."""
     ok = isinstance(value, (list, tuple))
     end = 0
     for pair in value if ok else ():
@@ -166,7 +154,7 @@ def _check_head(checkpoint: Any, where: str = "") -> None:
 
 
 def _check_document(checkpoint: Any, where: str = "", decoded_next: Iterable[int] = ()) -> None:
-    """Raise unless ``checkpoint`` is intact (of ``decoded_next``, decoded right after, only lane ids)."""
+    """Raise unless ``checkpoint`` is intact (of ``decoded_next``, checked later, only lane ids)."""
     _check_head(checkpoint, where)
     if not isinstance(checkpoint["fingerprint"], dict):
         raise ValueError(f"{where}field 'fingerprint' must be a mapping, got {type(checkpoint['fingerprint']).__name__}")
@@ -198,25 +186,17 @@ def _check_format(fmt: Any, where: str = "") -> None:
 
 
 def build(fingerprint: dict[str, Any], encoded: dict[int, Any]) -> dict[str, Any]:
-    """A checkpoint document from a plan's fingerprint and encoded lane states (checksummed here);
-    the shard lists of its data are kept in memory, so a restore into other data names the shards."""
+    """A checkpoint of a plan's fingerprint and encoded lane states (sealed here); the data's shard
+    lists stay in memory, so a restore into other data names the shards."""
     pin_data(fingerprint)
     return {"format": FORMAT, "fingerprint": fingerprint, "lanes": {str(lane): seal(lane, encoded[lane]) for lane in sorted(encoded)}}
 
 
 def validate(fingerprint: dict[str, Any], checkpoint: Any, *, decoded_next: Iterable[int] = ()) -> None:
-    """Raise unless ``checkpoint`` is an intact checkpoint of this format taken with ``fingerprint``.
-
-    ``decoded_next``: lanes the caller decodes right after (``Plan.decode_lanes`` checks their
-    states with the same errors), so each is read once; only their ids are checked here.
-
-    Raises:
-        TypeError: not a mapping.
-        ValueError: missing fields, another format, other data settings (the differing fields
-            are listed; for other data, the shards that differ, or the counts when no manifest
-            is found), a lane id outside ``[0, L)``, or a lane state that was modified (checksum
-            mismatch) or holds impossible values (the lane and the field are named).
-    """
+    """Raise unless ``checkpoint`` is an intact checkpoint of this format taken with
+    ``fingerprint``: a TypeError for a non-mapping, else a ValueError naming the differing fields
+    (or shards), the lane id or the lane and field. ``decoded_next``: lanes ``Plan.decode_lanes``
+    checks right after (with the same errors), so only their ids are checked here."""
     if not isinstance(checkpoint, dict):
         raise TypeError(f"restore() takes the dict returned by checkpoint(), got {type(checkpoint).__name__}")
     _check_head(checkpoint)
@@ -228,12 +208,10 @@ def validate(fingerprint: dict[str, Any], checkpoint: Any, *, decoded_next: Iter
         if changed is not None:
             raise ValueError(f"cannot restore: {changed}; these differ:\n{lines}{more}")
         parts = sorted({_part(path) for path, _, _ in diffs})
-        hint = ""
-        if "plan" in parts:
-            hint = (
-                " To change the plan (mixture, schedule, datasets, ends) of a running job from a step on, use "
-                "Pipeline.change_plan(new_source, from_step=k, checkpoint=...)."
-            )
+        hint = (
+            " To change the plan (mixture, schedule, datasets, ends) of a running job from a step "
+            "on, use Pipeline.change_plan(new_source, from_step=k, checkpoint=...)."
+        ) if "plan" in parts else ""
         raise ValueError(
             f"cannot restore: the checkpoint was taken with different data settings (the {' and the '.join(parts)} "
             f"{'differ' if len(parts) > 1 else 'differs'}); these differ:\n"
@@ -307,12 +285,9 @@ def _refuse_undescribed(fingerprint: Any) -> None:
 
 
 def _part(path: str) -> str:
-    """Which part of a pipeline a fingerprint path belongs to: the plan (source), the processing, or the lanes."""
-    if path.startswith("source"):
-        return "plan"
-    if path.startswith("operators"):
-        return "processing"
-    return "lane count" if path.startswith("lanes") else "settings"
+    """The part of a pipeline a fingerprint path belongs to."""
+    parts = {"source": "plan", "operators": "processing", "lanes": "lane count"}
+    return next((v for k, v in parts.items() if path.startswith(k)), "settings")
 
 
 _ABSENT = object()  # a key that one fingerprint has and the other has not
@@ -321,7 +296,7 @@ _ABSENT = object()  # a key that one fingerprint has and the other has not
 def fingerprint_diff(a: Any, b: Any, path: str = "") -> list[tuple[str, str, str]]:
     """The paths where two fingerprints differ, with short renderings of both values."""
     if not path and _norm(a) == _norm(b):
-        return []  # the usual case, settled in one comparison instead of one per leaf
+        return []  # the usual case, in one comparison
     if isinstance(a, dict) and isinstance(b, dict):
         keys = list(a) + [k for k in b if k not in a]
         subs = [(f"{path}.{k}" if path else str(k), a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in keys]
@@ -359,12 +334,8 @@ def select_lanes(checkpoint: dict[str, Any], lanes: Iterable[int]) -> dict[int, 
 
 
 def merge_checkpoints(checkpoints: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Join per-rank checkpoints into one holding every lane; every lane state's checksum is verified,
-    and ranks that share lanes (tensor/pipeline-parallel peers) must agree on them exactly.
-
-    Raises:
-        ValueError: another format, different fingerprints, a modified or conflicting lane state.
-    """
+    """Join per-rank checkpoints into one holding every lane, each verified; ranks that share lanes
+    (tensor/pipeline-parallel peers) must agree on them exactly, else ValueError."""
     return _merge([(f"checkpoint {i}", ck) for i, ck in enumerate(checkpoints)])
 
 
@@ -401,20 +372,16 @@ _STATE_KEY = re.compile(r"^lane_(\d+)$")
 
 
 def checkpoint_to_state_dict(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint as one entry per lane (its state as msgpack), for ``torch.distributed.checkpoint``:
-    DCP keeps every rank's lanes, and a rank of another data-parallel size asks for the lanes it needs."""
-    out: dict[str, Any] = {"zephon_format": checkpoint["format"], "zephon_fingerprint": msgspec.json.encode(checkpoint["fingerprint"]).decode()}
-    for lane, state in checkpoint["lanes"].items():
-        out[f"lane_{int(lane):05d}"] = msgspec.msgpack.encode(state)
-    return out
+    """A checkpoint as one msgpack entry per lane, for ``torch.distributed.checkpoint`` (a rank of
+    another data-parallel size asks for the lanes it needs)."""
+    fingerprint = msgspec.json.encode(checkpoint["fingerprint"]).decode()
+    lanes = {f"lane_{int(k):05d}": msgspec.msgpack.encode(s)
+             for k, s in checkpoint["lanes"].items()}
+    return {"zephon_format": checkpoint["format"], "zephon_fingerprint": fingerprint, **lanes}
 
 
 def state_dict_to_checkpoint(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """Inverse of :func:`checkpoint_to_state_dict`; verifies every lane's checksum.
-
-    Raises:
-        ValueError: a missing entry, an entry that is not a lane state, or a modified lane state.
-    """
+    """Inverse of :func:`checkpoint_to_state_dict`; every lane is verified (ValueError)."""
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"load_state_dict() takes the mapping returned by state_dict(), got {type(state_dict).__name__}")
     missing = [k for k in ("zephon_format", "zephon_fingerprint") if k not in state_dict]
@@ -429,21 +396,18 @@ def state_dict_to_checkpoint(state_dict: dict[str, Any]) -> dict[str, Any]:
         if lane in lanes:
             raise ValueError(f"state_dict entry {key!r}: lane {lane} appears twice")
         try:
-            data = value if isinstance(value, bytes) else bytes(value)
-            lanes[lane] = msgspec.msgpack.decode(data)
+            lanes[lane] = msgspec.msgpack.decode(bytes(value))
         except (TypeError, ValueError, msgspec.DecodeError) as exc:
             raise ValueError(f"state_dict entry {key!r}: not a msgpack lane state ({exc})") from None
-    fingerprint = state_dict["zephon_fingerprint"]
     try:
-        fingerprint = msgspec.json.decode(fingerprint)
+        fingerprint = msgspec.json.decode(state_dict["zephon_fingerprint"])
     except (TypeError, msgspec.DecodeError) as exc:
         raise ValueError(f"state_dict entry 'zephon_fingerprint': not the JSON state_dict() wrote ({exc})") from None
     ck = {"format": state_dict["zephon_format"], "fingerprint": fingerprint, "lanes": _by_lane(lanes)}
     _check_document(ck, "state_dict: ")
     return ck
 
-# A file is the msgpack map {"format": FILE_FORMAT, "sha256": hex digest of "checkpoint", "checkpoint":
-# msgpack of the document as bytes}: a torn or corrupted file is refused by name.
+# A file is the msgpack map {"format": FILE_FORMAT, "sha256": hex, "checkpoint": msgpack bytes}.
 _FILE = re.compile(r"^zephon-lanes-(\d+)-(\d+)\.msgpack$")
 _FILE_FIELDS = {"format", "sha256", "checkpoint"}
 
@@ -455,12 +419,7 @@ def encode_file(checkpoint: dict[str, Any]) -> bytes:
 
 
 def decode_file(data: bytes, name: str | os.PathLike = "<bytes>") -> dict[str, Any]:
-    """The checkpoint in a file's bytes, verified; errors name the file and what is wrong with it.
-
-    Raises:
-        ValueError: empty or truncated, not a zephon checkpoint file, another format, a checksum
-            mismatch (of the file or of a lane state), or impossible values.
-    """
+    """The checkpoint in a file's bytes, verified; a ValueError names the file and what is wrong."""
     where = f"checkpoint file {os.fspath(name)}"
     if not data:
         raise ValueError(f"{where} is empty (0 bytes): it was not written completely; use an earlier checkpoint")
@@ -498,23 +457,17 @@ def decode_file(data: bytes, name: str | os.PathLike = "<bytes>") -> dict[str, A
 
 
 def save_checkpoint(directory: str | os.PathLike, loader: Any) -> Path:
-    """Write this rank's checkpoint to ``directory`` (created if missing; one file per rank, named by
-    its lanes) and return its path. ``loader``: a running loader, or a ``zephon.compat.Pipeline``.
-
-    The file carries a SHA-256 of its contents and is written atomically (temporary name, fsync,
-    rename, directory fsync): a crash leaves the previous file or the new one, at most with a hidden
-    ``.zephon-lanes-*.tmp`` file, which :func:`load_checkpoint` ignores. Before it, the data's
-    manifest ``zephon-manifest-<key>.msgpack`` is written unless the folder has it (nothing when the
-    fingerprint holds the shard lists itself).
-    """
+    """Write this rank's checkpoint (of a loader or ``zephon.compat.Pipeline``) to ``directory``,
+    one file per rank named by its lanes, and return its path. The file carries a SHA-256 and is
+    written atomically (a crash leaves at most a hidden ``.zephon-lanes-*.tmp``, which loading
+    ignores); the data's manifest is written beside it unless there."""
     return write_checkpoint(directory, loader.checkpoint())
 
 
 def write_checkpoint(directory: str | os.PathLike, checkpoint: dict[str, Any], *, durable: bool = True,
                      manifest_in: str | os.PathLike | None = None) -> Path:
-    """Write ``checkpoint`` (one rank's) as :func:`save_checkpoint` does; the manifest goes to
-    ``manifest_in`` when given (a folder shared by many checkpoints), else next to the file.
-    ``durable=False`` skips the fsyncs (the file is still replaced atomically)."""
+    """Write one rank's ``checkpoint`` as :func:`save_checkpoint` does; the manifest goes to
+    ``manifest_in`` when given, else next to the file. ``durable=False`` skips the fsyncs."""
     lanes = sorted(int(k) for k in checkpoint["lanes"])
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -537,7 +490,7 @@ def read_checkpoint(directory: str | os.PathLike, lanes: Iterable[int]) -> dict[
         if not m:
             continue
         first, last = int(m.group(1)), int(m.group(2))
-        if not need & set(range(first, last + 1)):
+        if not any(first <= lane <= last for lane in need):
             continue
         ck = decode_file(p.read_bytes(), p)
         outside = [k for k in ck["lanes"] if not first <= int(k) <= last]
@@ -555,13 +508,7 @@ def read_checkpoint(directory: str | os.PathLike, lanes: Iterable[int]) -> dict[
 
 
 def load_checkpoint(directory: str | os.PathLike, target: Any) -> Any:
-    """Restore ``target`` from the files in ``directory`` holding its lanes; returns ``target.restore(ck)``
-    (a new pipeline for a pipeline; a loader resumes in place). Works for any data-parallel size.
-
-    Raises:
-        FileNotFoundError: no directory, or no file covering this rank's lanes.
-        ValueError: a file that is truncated, corrupted (checksum mismatch), not a zephon
-            checkpoint or of another format, naming the file; or different data settings.
-    """
+    """``target.restore(ck)`` of the files in ``directory`` holding its lanes, for any data-parallel
+    size (FileNotFoundError: none; ValueError: a damaged file, named, or other data settings)."""
     topology = target.topology() if callable(getattr(target, "topology", None)) else target.topology
     return target.restore(read_checkpoint(directory, topology.lanes))

@@ -1,14 +1,10 @@
 """Lanes: independent, pure per-lane streams, and their checkpoint encoding.
 
 A :class:`Plan` holds what decides a lane's output (work source, operator chain, lane count) and
-read settings that do not. ``plan.next(lane, state)`` returns the next output and the state after
-it, so any process can run any lane and a checkpoint is the per-lane states of what was received.
-
-Operators run wrapped (:class:`Driven`): metered, and rebuilding the references they are given. A
-restore (:meth:`Plan.decode_lanes`) checks every lane and rebuilds only what the first output due
-needs; the rest stays as references until due: an operator's held records before it next steps
-(except those of an operator that reads only metas, such as the shuffle: rebuilt as drawn), an
-undelivered output when it is delivered.
+read settings. ``plan.next(lane, state)`` returns the next output and the state after it, so any
+process can run any lane. Operators run wrapped (:class:`Driven`: metered, rebuilding references).
+A restore (:meth:`Plan.decode_lanes`) checks every lane and rebuilds only what the first output
+due needs; the rest stays as references until due.
 """
 
 from __future__ import annotations
@@ -34,17 +30,13 @@ from ..core.bad_records import Failure, SkipLog
 from ..sources.work_source import SourceState, StaticMixtureWorkSource
 
 
-#: Whether :meth:`Plan.decode_lanes` leaves what the first output does not need as references
-#: (rebuilt when due); ``False``: every lane is rebuilt whole at restore (:meth:`Plan.decode`).
+#: Whether :meth:`Plan.decode_lanes` defers rebuilding (``False``: every lane whole at restore).
 DEFERRED_RESTORE = True
 
 
 class LaneState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One lane: source cursor, operator states, outputs produced but not yet delivered.
-
-    ``unresolved``: the operator states hold restored references, rebuilt before the lane next
-    steps; undelivered outputs may be references too, each rebuilt when delivered.
-    """
+    ``unresolved``: the operator states hold restored references, rebuilt before it next steps."""
 
     source: SourceState
     chain: ChainState
@@ -58,11 +50,8 @@ class LaneState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 @contextlib.contextmanager
 def no_gc() -> Iterator[None]:
-    """Run the block with the cyclic garbage collector paused (main thread only: the switch is process-wide).
-
-    Decoding a restored state makes many small objects, none in a cycle, whose collections walk the
-    whole process.
-    """
+    """Pause the cyclic garbage collector in the block (main thread only): decoding makes many
+    small acyclic objects whose collections would walk the whole process."""
     if threading.current_thread() is not threading.main_thread() or not gc.isenabled():
         yield
         return
@@ -75,9 +64,7 @@ def no_gc() -> Iterator[None]:
 
 @attrs.frozen(eq=False)
 class Driven(Operator):
-    """An operator as a lane runs it: the references in its input rebuilt first (with
-    :meth:`Plan.resolver_at` of ``lane`` and ``index``), its work counted by ``meter`` (optional).
-    """
+    """An operator as a lane runs it: input references rebuilt first, work counted by ``meter``."""
 
     op: Operator
     index: int
@@ -124,7 +111,7 @@ class Plan:
 
     # -- reading ----------------------------------------------------------------------------------------
     def fetch(self, lane: int, pointers: Sequence[tuple[int, int, int]]) -> list[Record]:
-        """Read the payloads of ``pointers`` (in order) as fresh sample-level records."""
+        """The payloads of ``pointers`` (in order) as fresh sample-level records."""
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
         for i, (d, s, _) in enumerate(pointers):
             groups[(d, s)].append(i)
@@ -155,12 +142,11 @@ class Plan:
         return LaneState(SourceState(), self.chain.init(fold_in(seed_key(0), "lane", lane)))
 
     def read_size_of(self, state: LaneState) -> int:
-        """The lane's next read size: small until its first output, so that it arrives early (every
-        operator is chunking-invariant); ``read_size`` once it delivered or has outputs waiting."""
+        """The lane's next read size: small until its first output, so that it arrives early."""
         return self.read_size if (state.delivered or state.pending) else min(self.read_size, 16)
 
     def reader(self, states: dict[int, LaneState]) -> ReadAhead | None:
-        """A :class:`~zephon.runtime.readahead.ReadAhead` for an executor's live lane states (``None``: off)."""
+        """A :class:`ReadAhead` for an executor's live lane states (``None``: off)."""
         if not self.read_ahead or not per_record_prefix(self.chain):
             return None
         return ReadAhead(self, states, self.read_ahead)
@@ -168,12 +154,8 @@ class Plan:
     def next(
         self, lane: int, state: LaneState, meter: Any = None, ahead: ReadAhead | None = None
     ) -> tuple[LaneState, Any]:
-        """The lane's next output and the state after it; ``(state, None)`` when it has ended.
-
-        ``meter`` (a :class:`~zephon.runtime.stats.Meter`) counts the work; ``ahead`` (from
-        :meth:`reader`) reads and tokenizes for several lanes at once; neither changes the output.
-        Restored references are rebuilt here, in the calling thread, when due.
-        """
+        """The lane's next output and the state after it (``(state, None)`` at its end); ``meter``
+        and ``ahead`` (from :meth:`reader`) do not change the output. Rebuilds references."""
         state = self.produce(lane, state, meter, ahead)
         if not state.pending:
             return state, None
@@ -183,9 +165,8 @@ class Plan:
         return after, out
 
     def produce(self, lane: int, state: LaneState, meter: Any = None, ahead: ReadAhead | None = None) -> LaneState:
-        """``state`` with outputs pending: as it is if it has some, else after its operators stepped (or, at
-        the end of its data, flushed) until they gave some; none pending: the lane has ended. The pending
-        outputs are not rebuilt (:meth:`next` rebuilds the one it hands out)."""
+        """``state`` with outputs pending (not rebuilt): as it is, else after its operators stepped
+        (or flushed, at the end of its data) until they gave some; none: the lane has ended."""
         if state.pending:
             return state
         source, chain, pending, done = state.source, state.chain, (), state.done
@@ -230,7 +211,7 @@ class Plan:
         return LaneState(source, chain, pending, state.delivered, done, state.mixture, unresolved, skipped)
 
     def driven(self, lane: int, meter: Any = None) -> Chain:
-        """The chain as lane ``lane`` runs it: every operator wrapped in a :class:`Driven`."""
+        """The chain with every operator wrapped in a :class:`Driven` for ``lane``."""
         return Chain(tuple((name, Driven(op, i, self, lane, meter)) for i, (name, op) in enumerate(self.chain.children)))
 
     def resolver_at(self, lane: int, index: int) -> Resolver:
@@ -238,8 +219,7 @@ class Plan:
         return self.chain.resolver_at(index, self._checked_resolver(lane))
 
     def rebuild_chain(self, lane: int, chain: ChainState) -> ChainState:
-        """``chain`` (as a deferred restore decoded it) with the state of every operator that reads
-        its held payloads decoded again, whole, from its encoding: refused as a restore refuses it."""
+        """``chain`` (deferred) with each operator that reads held payloads decoded again, whole."""
         states = list(chain.states)
         for i, (name, op) in enumerate(self.chain.children):
             if op.reads_held_payloads:
@@ -256,7 +236,7 @@ class Plan:
 
     # -- naming records in errors -----------------------------------------------------------------------
     def describe(self, meta: Meta) -> str:
-        """Where a record came from: dataset, shard (and file), row and lane of its first source sample.
+        """Where a record came from: dataset, shard (file), row and lane of its first source sample.
 
         Examples:
             >>> from zephon.io import Dataset
@@ -281,8 +261,8 @@ class Plan:
         return f"dataset {name!r}, shard {shard_id!r}" + (f" (file {path})" if path else "")
 
     def _note_records(self, exc: Exception, lane: int, records: Sequence[Record] | None) -> None:
-        """Add a note to ``exc`` naming, by dataset and file, the record(s) it was raised on: the one
-        an operator left as ``exc.zephon_meta``, else the chunk's records (``None``: flushing)."""
+        """Note on ``exc`` the record(s) it was raised on: ``exc.zephon_meta``, else the chunk's
+        records (``None``: flushing)."""
         if not hasattr(exc, "add_note") or getattr(exc, "zephon_named", False):
             return
         meta = getattr(exc, "zephon_meta", None)
@@ -333,22 +313,15 @@ class Plan:
         return out
 
     def unread(self, encoded: dict[str, Any], outputs: Any) -> dict[str, Any]:
-        """An encoded lane state as it was before its last ``outputs`` were taken: they go back to the
-        front of ``pending``, by reference, so a checkpoint leaves out outputs taken and not delivered."""
+        """An encoded lane state before its last ``outputs`` were taken (back in ``pending``)."""
         refs = encode_outputs(outputs)
         counts = mixture_counts(encoded["mixture"], list(outputs), len(self.source.datasets), sign=-1)
         pending, delivered = refs + list(encoded["pending"]), encoded["delivered"] - len(refs)
         return {**encoded, "pending": pending, "delivered": delivered, "mixture": list(counts)}
 
     def decode(self, lane: int, data: Any) -> LaneState:
-        """Inverse of :meth:`encode`, every record rebuilt now; a ``checksum`` field is verified.
-
-        Raises:
-            ValueError: naming the lane and the field: a modified state (checksum mismatch), a
-                missing or unknown field, a value of the wrong type or out of range (a cursor
-                past the lane's data, a negative counter, a token range past its record, a
-                record of another lane or outside the data), or records that no longer rebuild.
-        """
+        """Inverse of :meth:`encode`, every record rebuilt now; a ValueError names the lane and
+        field of a modified, malformed or out-of-range state, or records that no longer rebuild."""
         source, refs, counts = self._check_state(lane, data)
         resolver = self._checked_resolver(lane)
         chain = self._decode_chain(lane, data["ops"], lambda i, op, state: op.decode_state(state, self.chain.resolver_at(i, resolver)))
@@ -358,12 +331,8 @@ class Plan:
         return LaneState(source, chain, pending, data["delivered"], data["done"], counts, skipped=skipped)
 
     def decode_lanes(self, encoded: dict[int, Any]) -> dict[int, LaneState]:
-        """Decode an executor's restored lane states: what the first output needs now, the rest when due.
-
-        Every lane's fields are checked now (all that needs no record); the lane due first has its
-        next output (or else its operators' held records) rebuilt now. Whole and deferred restores
-        give the same outputs and checkpoints.
-        """
+        """Decode restored lane states: every lane checked now, the records of the lane due first
+        rebuilt now, the rest when due (outputs and checkpoints as :meth:`decode` gives)."""
         if not DEFERRED_RESTORE:
             return {lane: self.decode(lane, data) for lane, data in encoded.items()}
         with no_gc():
@@ -385,12 +354,8 @@ class Plan:
             return out
 
     def _decode_deferred(self, lane: int, ops: Any) -> ChainState:
-        """The chain's states as a deferred restore keeps them: every field checked, no record rebuilt.
-
-        Each state is decoded up to its records, kept as references checked up to the source (for
-        an operator that reads only metas, when it holds fewer than ``CHECKED_HOLDINGS``); what needs
-        the records themselves is refused when they are rebuilt.
-        """
+        """The chain's states with every field checked and no record rebuilt (the references of an
+        operator that reads only metas checked up to the source below ``CHECKED_HOLDINGS``)."""
 
         def decoded(i: int, op: Operator, data: Any) -> Any:
             if isinstance(op, Chain):  # a nested chain's state is its children's by name: decoded whole
@@ -411,7 +376,7 @@ class Plan:
         return self._decode_chain(lane, ops, decoded)
 
     def _decode_chain(self, lane: int, ops: Any, decoded: Any) -> ChainState:
-        """The chain's states from their encoding, each ``decoded(index, op, data)``, errors named by lane and operator."""
+        """The chain's states, each ``decoded(index, op, data)``, errors named by lane and op."""
         try:
             self.chain._check_names(ops)
         except ValueError as exc:
@@ -423,7 +388,7 @@ class Plan:
         return ChainState(tuple(states))
 
     def _check_state(self, lane: int, data: Any) -> tuple[SourceState, list, tuple[int, ...]]:
-        """What :meth:`decode` checks without any operator: the checksum, the cursor, the output references, the counters."""
+        """What :meth:`decode` checks without operators: checksum, cursor, references, counters."""
         from .checkpoint import check_lane_state
 
         if isinstance(lane, bool) or not isinstance(lane, int):
@@ -444,7 +409,7 @@ class Plan:
         return source, refs, tuple(counts)
 
     def _check_cursor(self, lane: int, source: SourceState, done: bool) -> None:
-        """The source cursor is one the lane reaches, and ``done`` says whether it is at the end."""
+        """The cursor is one the lane reaches, and ``done`` says whether it is at the end."""
         check = getattr(self.source, "check_cursor", None)
         if check is None:
             return
@@ -452,8 +417,7 @@ class Plan:
             check(source, self.lanes, lane)
         except ValueError as exc:
             raise ValueError(f"lane {lane}: field 'source': {exc}") from None
-        # A lane is done exactly when its last read reached the end of its data; only the initial
-        # cursor can sit at the end of a lane that has not read yet (a lane without data).
+        # Only the initial cursor can sit at the end of a lane not done (a lane without data).
         at_end = self.source.lane_range(self.lanes, lane, source.chunk) is None
         if done and not at_end:
             raise ValueError(
@@ -467,8 +431,8 @@ class Plan:
             )
 
     def _checked_resolver(self, lane: int, then: Resolver | None = None) -> Resolver:
-        """:meth:`resolve_source` (or ``then``) for lane ``lane``'s state, refusing (by name, before
-        anything is read) a reference to another lane, a missing dataset, shard or row, or padding."""
+        """:meth:`resolve_source` (or ``then``) for ``lane``, refusing before any read a reference
+        to another lane, a missing dataset, shard or row, or padding."""
         then = then or self.resolve_source
         datasets = self.source.datasets
 
@@ -505,14 +469,13 @@ def caller_order(delivered: dict[int, int]) -> list[int]:
     return sorted(delivered, key=lambda lane: (delivered[lane], lane))
 
 
-#: A deferred restore checks the references of an operator that reads only metas (the shuffle)
-#: up to the source when it holds fewer than this many; more are checked as they are rebuilt.
+#: Up to how many references of a metas-only operator a deferred restore checks at once.
 CHECKED_HOLDINGS = 256
 
 
 class _RecordsLater(BaseException):
-    """Raised where a check of a deferred restore reaches records (a ``BaseException``, so that an
-    operator's ``except Exception`` around its upstream does not take it for a failure)."""
+    """Raised where a deferred restore's check reaches records (a ``BaseException``: an
+    operator's ``except Exception`` does not take it for a failure)."""
 
 
 def _records_later(metas: Sequence[Meta]) -> list:
@@ -527,8 +490,8 @@ def _reference_output(ref: Any) -> Any:
 
 
 def _step_prepared(driven: Chain, state: ChainState, prepared: Any, meter: Any) -> tuple[ChainState, list]:
-    """``driven.step(state, prepared.inputs)`` for a chunk whose leading per-record operators already
-    ran (a :class:`~zephon.runtime.readahead.Prepared`): their counters and meters advance as measured."""
+    """``driven.step(state, prepared.inputs)`` for a :class:`Prepared` chunk, whose per-record
+    operators already ran: their counters and meters advance as measured."""
     states = list(state.states)
     k = len(prepared.applied)
     for i, applied in enumerate(prepared.applied):
