@@ -1,13 +1,11 @@
 """The batch ledger: a SHA-256 digest of every global batch, to prove two runs saw the same data.
 
-Each rank digests the microbatches of its own lanes; the digest of global step ``k`` is the
-SHA-256 of the lane digests in lane order, so ranks never need to exchange batches, only
-(at most) their small ledger files. ``python -m zephon ledger diff A B`` finds the first step
-and lane where two runs diverge, whatever the number of ranks each run had.
+Each rank digests its own lanes' microbatches; a global step's digest hashes the lane digests in
+lane order, so ranks exchange no batches. ``python -m zephon ledger diff A B`` finds the first
+step and lane where two runs diverge, whatever their numbers of ranks.
 
 Examples:
-    The digest covers the payload and the padding, not the provenance, so equal data gives
-    equal digests and any changed token gives a different one:
+    The digest covers the payload and the padding, not the provenance:
 
     >>> import numpy as np
     >>> from zephon.types import Meta, Record, SampleBatch, Segment
@@ -46,11 +44,8 @@ __all__ = [
 
 
 def batch_digest(batch: SampleBatch) -> str:
-    """SHA-256 of a microbatch: every field of every record, in order.
-
-    Array fields contribute their name, dtype, shape and bytes; other fields (lists, strings,
-    numbers) their msgpack encoding; each record its padding length.
-    """
+    """SHA-256 of a microbatch: each record's padding length and fields (arrays by name, dtype,
+    shape and bytes; other values as msgpack)."""
     h = hashlib.sha256()
     for rec in batch.records:
         h.update(b"record%d;" % rec.meta.padding_length)
@@ -84,11 +79,8 @@ def step_digest(lane_digests: Sequence[str]) -> str:
 
 
 class Ledger:
-    """Append one line per optimizer step to a JSON-lines file (one per rank, e.g.
-    ``ledger/rank-0003.jsonl``; parents are created). Call :meth:`record` once per step with the
-    rank's microbatches of that step, and :meth:`record_skip` with what ``loader.skip_steps`` returns;
-    lines are flushed at once, so a crash keeps every recorded step.
-    """
+    """Appends one flushed JSON line per optimizer step to a rank's file (parents are created):
+    :meth:`record` the rank's microbatches of each step, :meth:`record_skip` each skip."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -96,28 +88,24 @@ class Ledger:
         self._fh = open(self.path, "a", encoding="utf-8")
 
     def record(self, step: int, batches: Iterable[SampleBatch]) -> dict[str, str]:
-        lanes = {}
-        for b in batches:
-            if b.lane is None:
-                continue
-            lanes[str(b.lane)] = batch_digest(b)
-        self._fh.write(json.dumps({"step": int(step), "lanes": lanes}) + "\n")
-        self._fh.flush()
+        lanes = {str(b.lane): batch_digest(b) for b in batches if b.lane is not None}
+        self._write({"step": int(step), "lanes": lanes})
         return lanes
 
+    def _write(self, entry: dict[str, Any]) -> None:
+        self._fh.write(json.dumps(entry) + "\n")
+        self._fh.flush()
+
     def record_skip(self, skipped: Any) -> None:
-        """Record that the run skipped global steps: a :class:`~zephon.runtime.skip_steps.SkippedSteps` (what
-        ``loader.skip_steps`` returns) or a ``(first, count)`` pair (an entry of ``loader.skips``),
-        as ``{"skip": {"first": ..., "count": ...}}``; nothing for a skip of no steps. ``diff``
-        expects these steps to be missing from this run."""
+        """Record skipped global steps (a :class:`~zephon.runtime.skip_steps.SkippedSteps` or a
+        ``(first, count)`` pair) as ``{"skip": {"first", "count"}}``; ``diff`` expects them absent."""
         first, count = (skipped.first, skipped.count) if hasattr(skipped, "first") else tuple(skipped)
         if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in (first, count)):
             raise ValueError(
                 f"record_skip: the first step and the count must be ints >= 0, got {first!r} and {count!r}"
             )
         if count:
-            self._fh.write(json.dumps({"skip": {"first": first, "count": count}}) + "\n")
-            self._fh.flush()
+            self._write({"skip": {"first": first, "count": count}})
 
     def close(self) -> None:
         self._fh.close()
@@ -143,63 +131,63 @@ def _files(source: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path
     return [Path(s) for s in source]
 
 
+def _lines(source: Any) -> Any:
+    """``(path, line number, line)`` of every non-blank line of the ledger files."""
+    for path in _files(source):
+        with open(path, encoding="utf-8") as fh:
+            yield from ((path, n, line) for n, line in enumerate(fh, 1) if line.strip())
+
+
 def read_ledger(source: str | os.PathLike | Sequence[str | os.PathLike]) -> dict[int, dict[int, str]]:
     """Merge per-rank ledger files into ``{step: {lane: digest}}``; conflicting lines are errors."""
     steps: dict[int, dict[int, str]] = {}
-    for path in _files(source):
-        with open(path, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    entry = json.loads(line)
-                    if isinstance(entry, dict) and "skip" in entry and "step" not in entry:
-                        continue  # read by read_skips
-                    step, lanes = int(entry["step"]), entry["lanes"]
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise ValueError(f"{path}:{n}: not a ledger line ({exc}): {line[:80]!r}") from exc
-                merged = steps.setdefault(step, {})
-                for lane, digest in lanes.items():
-                    lane = int(lane)
-                    if merged.get(lane, digest) != digest:
-                        raise ValueError(f"{path}:{n}: step {step} lane {lane} recorded twice with different digests")
-                    merged[lane] = digest
+    for path, n, line in _lines(source):
+        try:
+            entry = json.loads(line)
+            if isinstance(entry, dict) and "skip" in entry and "step" not in entry:
+                continue  # read by read_skips
+            step, lanes = int(entry["step"]), entry["lanes"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}:{n}: not a ledger line ({exc}): {line[:80]!r}") from exc
+        merged = steps.setdefault(step, {})
+        for lane, digest in lanes.items():
+            lane = int(lane)
+            if merged.get(lane, digest) != digest:
+                raise ValueError(f"{path}:{n}: step {step} lane {lane} recorded twice with different digests")
+            merged[lane] = digest
     return steps
 
 
 def read_skips(source: str | os.PathLike | Sequence[str | os.PathLike]) -> list[tuple[int, int]]:
-    """The global steps the run skipped (:meth:`Ledger.record_skip`), as ``(first, last)`` ranges in order;
-    every rank records the same skips, so the files' lines are joined."""
+    """The global steps the run skipped (:meth:`Ledger.record_skip`), as ``(first, last)`` ranges
+    in order (every rank records the same skips)."""
     skips: list[tuple[int, int]] = []
-    for path in _files(source):
-        with open(path, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if '"skip"' not in line:
-                    continue
-                try:
-                    entry = json.loads(line)
-                    if "step" in entry:
-                        continue
-                    first, count = entry["skip"]["first"], entry["skip"]["count"]
-                    if not (isinstance(first, int) and isinstance(count, int) and first >= 0 and count >= 1):
-                        raise ValueError(f"first {first!r}, count {count!r}")
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise ValueError(f"{path}:{n}: not a ledger skip line ({exc}): {line[:80]!r}") from exc
-                skips.append((first, count))
+    for path, n, line in _lines(source):
+        if '"skip"' not in line:
+            continue
+        try:
+            entry = json.loads(line)
+            if "step" in entry:
+                continue
+            first, count = entry["skip"]["first"], entry["skip"]["count"]
+            if not (isinstance(first, int) and isinstance(count, int) and first >= 0 and count >= 1):
+                raise ValueError(f"first {first!r}, count {count!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}:{n}: not a ledger skip line ({exc}): {line[:80]!r}") from exc
+        skips.append((first, count))
     return merged_ranges(skips)
 
 
 def show_lines(source: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
-    """What ``zephon ledger show`` prints: ``"step digest"`` for every complete global step and
-    ``"steps a–b skipped"`` for every skipped range, in step order."""
+    """What ``zephon ledger show`` prints, in step order: ``"step digest"`` per complete global
+    step, ``"steps a–b skipped"`` per skipped range."""
     lines = [(step, 1, f"{step} {digest}") for step, digest in global_digests(read_ledger(source)).items()]
     lines += [(first, 0, f"steps {_steps(first, last)} skipped") for first, last in read_skips(source)]
     return [text for _, _, text in sorted(lines)]
 
 
 def _steps(first: int, last: int) -> str:
-    """A step range as printed: ``"11500\u201312099"`` (an en dash)."""
-    return f"{first}\u2013{last}"
+    return f"{first}\u2013{last}"  # an en dash
 
 
 def global_digests(steps: dict[int, dict[int, str]], lanes: int | None = None) -> dict[int, str]:
@@ -211,7 +199,7 @@ def global_digests(steps: dict[int, dict[int, str]], lanes: int | None = None) -
 
 class DiffResult:
     """Where two ledgers first differ (``step is None`` when they match); ``skipped``: per ledger
-    (``"a"``, ``"b"``), the ``(first, last)`` step ranges it skipped, expected missing and not compared."""
+    (``"a"``, ``"b"``), the ``(first, last)`` step ranges it skipped (not compared)."""
 
     def __init__(self, step: int | None, lane: int | None, compared: int, reason: str,
                  skipped: dict[str, list[tuple[int, int]]] | None = None):
@@ -234,8 +222,8 @@ class DiffResult:
 
 
 def diff(a: Any, b: Any) -> DiffResult:
-    """Compare two runs' ledgers (files or directories of per-rank files); steps one run skipped
-    (:meth:`Ledger.record_skip`) are expected to be missing from it."""
+    """Compare two runs' ledgers (files or directories of per-rank files); steps a run skipped are
+    expected missing from it."""
     la, lb = read_ledger(a), read_ledger(b)
     skipped = {"a": read_skips(a), "b": read_skips(b)}
     common = sorted(set(la) & set(lb))

@@ -1,13 +1,9 @@
-"""The loader: what runs a pipeline.
+"""The loader: ``iter(pipeline)`` builds a :class:`Loader` for this rank's lanes.
 
-``iter(pipeline)`` builds a :class:`Loader` for this rank's lanes. It owns the executor (inline, a
-background thread, or worker processes), yields the lanes' outputs round-robin in lane order, and
-is the one object with run-time state: ``checkpoint()`` / ``restore()``, ``state_dict()``,
-``stats()`` and ``close()``.
-
-At the end of finite data it stops at the first incomplete global step unless ``drain=True``;
-what was produced and not delivered is counted and reported once in a warning. With several
-data-parallel ranks, ``steps()`` agrees on the end through ``torch.distributed``.
+It owns the executor (inline, a background thread, or worker processes), yields the lanes' outputs
+round-robin in lane order and holds the run-time state: ``checkpoint()`` / ``restore()``,
+``state_dict()``, ``stats()``, ``close()``. At the end of finite data it stops at the first
+incomplete global step unless ``drain=True``, and warns once about what was not delivered.
 """
 
 from __future__ import annotations
@@ -53,17 +49,15 @@ def output_size(out: Any) -> tuple[int, int]:
 
 
 def restored_lanes(plan: Plan, topology: Topology, options: Options, checkpoint: Any) -> dict[int, Any]:
-    """This rank's lane states from ``checkpoint``, validated against ``plan`` (a loader that decodes
-    its lanes itself verifies their checksums there, so each state is read once)."""
+    """This rank's lane states from ``checkpoint``, validated against ``plan`` (lanes decoded here
+    are verified there, so each state is read once)."""
     lanes = topology.lanes
     validate(plan.fingerprint(), checkpoint, decoded_next=lanes if options.decodes_inline else ())
     return select_lanes(checkpoint, lanes)
 
 
 class Loader(Iterator[Any]):
-    """Runs a pipeline's lanes for one rank and yields their outputs in lane order.
-
-    Lane ``a``'s ``k``-th output comes before lane ``b``'s when ``(k, a) < (k, b)``, so the ``k``-th
+    """Runs a pipeline's lanes for one rank and yields their outputs in lane order: the ``k``-th
     group of ``len(topology.lanes)`` outputs is this rank's share of global step ``k``.
     ``checkpoint()`` covers exactly the outputs yielded; ``restore()`` resumes exactly, in place.
     """
@@ -74,11 +68,8 @@ class Loader(Iterator[Any]):
                 "options: drain=True and agree_on_end=True exclude each other: a drained tail is not a whole "
                 "global step, so ranks cannot agree on it; pick one"
             )
-        self.plan = plan
-        self.topology = topology
-        self.options = options
-        # Automatic agreement only when D comes from torch.distributed (with an explicit dp_degree
-        # some ranks may not iterate at all).
+        self.plan, self.topology, self.options = plan, topology, options
+        # Automatic agreement only when D comes from torch.distributed.
         auto = options.agree_on_end is None and options.dp_degree is None
         self._dist = distributed_group() if (options.agree_on_end or auto) else None
         self.executor: Any = None
@@ -95,7 +86,7 @@ class Loader(Iterator[Any]):
         if opts.decodes_inline:
             states = self.plan.decode_lanes(encoded) if encoded else {lane: self.plan.init(lane) for lane in lanes}
         if self.executor is not None:
-            self.executor.close(read_final=False)  # what it ran is replaced, so its states are not needed
+            self.executor.close(read_final=False)  # replaced: its states are not needed
         if opts.workers:
             executor: Any = ProcessExecutor(self.plan, lanes, opts.workers, encoded=encoded, credit=opts.prefetch)
         else:
@@ -126,15 +117,14 @@ class Loader(Iterator[Any]):
         )
 
     def restore(self, checkpoint: dict[str, Any]) -> "Loader":
-        """Resume exactly from ``checkpoint`` (this rank's, merged, or full), in place: the next output is
-        the one after it. Fails, listing the differing fields, if the data settings differ."""
+        """Resume exactly from ``checkpoint`` (this rank's, merged, or full), in place; fails,
+        listing the differing fields, if the data settings differ."""
         self._start(restored_lanes(self.plan, self.topology, self.options, checkpoint))
         return self
 
     def close(self) -> None:
-        """Stop any worker thread or processes; ``checkpoint()`` and ``stats()`` still work, closing twice
-        is harmless. Before the end of the data, ``next()`` then raises ``RuntimeError`` until
-        ``restore()``; after it, ``StopIteration`` as before."""
+        """Stop any worker thread or processes (idempotent); ``checkpoint()`` and ``stats()`` still
+        work, and ``next()`` before the end of the data raises ``RuntimeError``."""
         self._closed = True
         self.executor.close(read_final=self._final_states is None)
 
@@ -187,12 +177,9 @@ class Loader(Iterator[Any]):
             log.info("%s", summary_line(self._light_stats()))
 
     def steps(self, *, concat: bool = False) -> Iterator[Any]:
-        """Iterate by optimizer step: this rank's L/D microbatches of each global step, in lane order
-        (``concat``: one :class:`~zephon.types.SampleBatch` of the step's records instead of a list).
-
-        At the end of finite data every rank stops at the same step when ``torch.distributed`` is
-        initialized with D > 1 (one all-reduce per step; off with ``options(agree_on_end=False)``).
-        """
+        """Iterate by optimizer step: this rank's microbatches of each global step, in lane order
+        (``concat``: one :class:`~zephon.types.SampleBatch` of them). With ``torch.distributed`` and
+        D > 1 every rank stops at the same step (off with ``options(agree_on_end=False)``)."""
         while True:
             waited = self._deliveries.start_wait()
             group = self._take_step()
@@ -209,32 +196,22 @@ class Loader(Iterator[Any]):
 
     @property
     def next_step(self) -> int:
-        """The global step the next :meth:`steps` iteration delivers: the steps delivered and skipped before it,
-        across restores (the step number the uninterrupted run gives it)."""
+        """The global step the next :meth:`steps` iteration delivers (skips and restores count)."""
         return min(self.delivered.values())
 
     @property
     def skips(self) -> tuple[tuple[int, int], ...]:
-        """Every skip of this run, restored ones included: ``(first global step, count)`` pairs in order."""
+        """Every skip of this run, restored ones included: ``(first global step, count)`` pairs."""
         return self._skips
 
     def skip_steps(self, n: int) -> SkippedSteps:
-        """Skip the next ``n`` global steps: the next step is the one the uninterrupted run delivers ``n``
-        steps later, and every step after it is that run's too.
+        """Skip the next ``n`` global steps, as the uninterrupted run would deliver them: the
+        operators produce them (from the newest keyframe before the target, with
+        ``options(keyframes=...)``) and they are dropped unconverted. Every rank must skip the same
+        steps; the skip is recorded in later checkpoints (:attr:`skips`).
 
-        The operators produce the skipped steps (they decide what follows), which are then dropped:
-        never rebuilt, sent from a worker process or converted. Outputs already read ahead for them are
-        dropped as well (counted in ``stats()["skipped_steps"]``). With ``options(keyframes=...)`` the
-        lanes restart from the newest keyframe before the target and produce only the steps after it
-        (:mod:`zephon.runtime.keyframes`). Every rank must skip the same steps. The skip is recorded in
-        the checkpoints taken after it (:attr:`skips`); several skips add up.
-
-        Returns:
-            A :class:`~zephon.runtime.skip_steps.SkippedSteps`: give it to ``Ledger.record_skip``.
-
-        Raises:
-            ValueError: ``n`` is not an int >= 0, or this rank's lanes are inside a global step (plain
-                iteration stopped between two lanes' outputs).
+        Returns a :class:`~zephon.runtime.skip_steps.SkippedSteps` for ``Ledger.record_skip``.
+        ValueError: ``n`` is not an int >= 0, or this rank is inside a global step.
         """
         n = check_count(n)
         self._check_open()
@@ -276,8 +253,8 @@ class Loader(Iterator[Any]):
         return done
 
     def _to_keyframe(self, first: int, target: int) -> int | None:
-        """Restart from the newest keyframe after step ``first`` and at most at ``target``, keeping
-        this run's skips and mixture counts; its step, or ``None`` when there is none."""
+        """Restart from the newest keyframe in ``(first, target]``, keeping this run's skips and
+        mixture counts; its step, or ``None``."""
         found = latest_keyframe(self.options.keyframes, self.plan.fingerprint(), self.topology.lanes, first, target)
         if found is None:
             return None
@@ -288,8 +265,8 @@ class Loader(Iterator[Any]):
         return step
 
     def _save_keyframe(self, step: int) -> None:
-        """Save the lane states of global step ``step`` in ``options.keyframes``; a failure to write
-        is warned about once and ends the saving, never the run."""
+        """Save the lane states of global step ``step`` as a keyframe; a failure warns once and
+        ends the saving, never the run."""
         try:
             save_keyframe(self.options.keyframes, step, self.checkpoint(), self.options.keyframe_keep)
         except OSError as exc:
@@ -301,7 +278,7 @@ class Loader(Iterator[Any]):
             )
 
     def next_lane(self) -> int:
-        """The live lane due next: fewest outputs pulled, then the lowest id (O(1); O(log L) to update)."""
+        """The live lane due next: fewest outputs pulled, then the lowest id."""
         return self._due[0][1]
 
     def _pull(self) -> Any:
@@ -398,18 +375,18 @@ class Loader(Iterator[Any]):
         warnings.warn(msg, RuntimeWarning, stacklevel=5)
 
     def checkpoint(self) -> dict[str, Any]:
-        """This rank's lane states after the last output delivered (JSON/msgpack-safe), keyed by global
-        lane id: merge ranks' with :func:`~zephon.merge_checkpoints`, restore on any D dividing L."""
+        """This rank's lane states after the last output delivered, keyed by global lane id (merge
+        ranks' with :func:`~zephon.merge_checkpoints`; restore on any D dividing L)."""
         return build(self.plan.fingerprint(), self._delivered_states())
 
     def lane_state(self, lane: int) -> dict[str, Any]:
-        """One lane's encoded state (unsealed) after its last output delivered; inline, only it is encoded."""
+        """One lane's encoded state (unsealed) after its last output delivered."""
         if self._final_states is None and isinstance(self.executor, InlineExecutor) and not self._unyielded:
             return self._with_skips(self.plan.encode(self.executor.states[lane]))  # in-process executors keep values
         return self._delivered_states()[lane]
 
     def _with_skips(self, encoded: dict[str, Any]) -> dict[str, Any]:
-        """An encoded lane state with the run's skipped steps (the ``skipped_steps`` field, once there are some)."""
+        """An encoded lane state with the run's ``skipped_steps`` field, once there are some."""
         return {**encoded, "skipped_steps": encode_skips(self._skips)} if self._skips else encoded
 
     def _delivered_states(self) -> dict[int, Any]:
@@ -431,20 +408,10 @@ class Loader(Iterator[Any]):
         self.restore(state_dict_to_checkpoint(state_dict))
 
     def stats(self) -> dict[str, Any]:
-        """What this loader has done (cheap, always on; one round trip to worker processes).
-
-        Returns:
-            A dict with ``delivered``, ``complete_steps``, ``lanes`` (per lane: ``delivered``,
-            ``ended``, ``undelivered``), ``undelivered``, ``skipped_steps`` (:meth:`skip_steps`: steps,
-            outputs, outputs read ahead and dropped, seconds; ``ranges`` of the whole run, first and
-            last step), ``operators`` (the operators' own counters, which continue across a restore),
-            ``flow``, ``throughput``, ``packing``, ``dropped``, ``mixture``
-            (:func:`~zephon.runtime.stats.mixture_report`, continued across restores) and ``skipped``
-            (records left out by ``on_error="skip"`` up to the last output delivered, continued across
-            restores: :func:`~zephon.runtime.bad_records.skip_report`); the other sections count since the
-            start or the last restore, and ratios
-            are ``None`` until there is something to divide by. docs/guide/observability.md
-            describes every field.
+        """What this loader has done (cheap, always on; one round trip to worker processes):
+        ``delivered``, ``complete_steps``, ``lanes``, ``undelivered``, ``skipped_steps``,
+        ``operators``, ``flow``, ``throughput``, ``packing``, ``dropped``, ``mixture`` and
+        ``skipped``, described in docs/guide/observability.md (ratios are ``None`` until defined).
         """
         reports = self._final_reports if self._final_reports is not None else self.executor.reports()
         meters = self._final_meters if self._final_reports is not None else self.executor.meters()
@@ -476,7 +443,7 @@ class Loader(Iterator[Any]):
         return format_stats(self.stats())
 
     def _light_stats(self) -> dict[str, Any]:
-        """The loader-side sections of :meth:`stats` (no round trip to workers), for summaries."""
+        """The loader-side sections of :meth:`stats` (no round trip to workers)."""
         d = summarize(operators={}, meter=None, deliveries=self._deliveries)
         return {"complete_steps": min(self.delivered.values()), **d}
 
