@@ -98,7 +98,7 @@ class Ledger:
 
     def record_skip(self, skipped: Any) -> None:
         """Record skipped global steps (a :class:`~zephon.runtime.skip_steps.SkippedSteps` or a
-        ``(first, count)`` pair) as ``{"skip": {"first", "count"}}``; ``diff`` expects them absent."""
+        ``(first, count)`` pair) as ``{"skip": {"first", "count"}}``; ``diff`` expects them gone."""
         first, count = (skipped.first, skipped.count) if hasattr(skipped, "first") else tuple(skipped)
         if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in (first, count)):
             raise ValueError(

@@ -1,8 +1,7 @@
 """What a loader is doing: runtime counters of reading, operators and deliveries, the mixture, the table.
 
-Counting is always on and cheap (integer additions, two clock reads per operator step). The
-counters decide nothing: they are not in checkpoints and restart with a loader; the operators'
-own counters (``report(state)``), part of their states, are kept apart from these.
+Counting is always on and cheap. These counters decide nothing and are not in checkpoints (the
+operators' own counters, ``report(state)``, are part of their states).
 """
 
 from __future__ import annotations
@@ -18,11 +17,9 @@ from ..core.records import Record, SampleBatch
 
 #: The name of the reading stage in the runtime counters (records out = source samples read).
 SOURCE = "source"
-
 #: The counters of each stage in ``stats()["flow"]``, in the order a :class:`Meter` keeps them.
 _FLOW = ("records_in", "records_out", "tokens_in", "tokens_out", "seconds")
-
-#: Operator counters that count data not emitted, by cause; gathered into ``stats()["dropped"]``.
+#: Operator counters that count data not emitted, gathered into ``stats()["dropped"]``.
 _DROP_WORDS = ("dropped", "truncated")
 
 
@@ -72,10 +69,9 @@ def items_size(items: Sequence[Any]) -> tuple[int, int]:
 
 
 class Meter:
-    """Runtime counters of the lanes one executor runs: per operator records and tokens in and out
-    and seconds in ``step``/``flush``; for reading, source samples per dataset and seconds.
-    Mutated only by the thread that runs the lanes; readers take :meth:`snapshot`.
-    """
+    """Runtime counters of one executor's lanes: per operator records and tokens in and out and
+    seconds; source samples per dataset and read seconds. Written by the thread running the lanes;
+    readers take :meth:`snapshot`."""
 
     __slots__ = ("names", "ops", "samples", "read_s")
 
@@ -86,9 +82,8 @@ class Meter:
         self.read_s = 0.0
 
     def read(self, pointers: Sequence[tuple[int, int, int]], seconds: float) -> None:
-        samples = self.samples
         for d, _, _ in pointers:
-            samples[d] += 1
+            self.samples[d] += 1
         self.read_s += seconds
 
     def add(self, index: int, size_in: tuple[int, int], size_out: tuple[int, int], seconds: float) -> None:
@@ -120,10 +115,8 @@ def merge_meters(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any] | Non
 
 
 class Deliveries:
-    """What a loader handed to its caller: records, real tokens, token slots (a batch's records padded
-    to its longest; packed rows count their padding tail); ``wait_s``: time spent inside ``next()``;
-    ``seconds``: from the first request to the last delivery.
-    """
+    """What a loader handed to its caller: records, real tokens, token slots (padded to a batch's
+    longest); ``wait_s``: time inside ``next()``; ``seconds``: first request to last delivery."""
 
     __slots__ = ("outputs", "records", "tokens", "slots", "wait_s", "first", "last")
 
@@ -145,8 +138,7 @@ class Deliveries:
 
     def add(self, out: Any) -> None:
         records = out.records if isinstance(out, SampleBatch) else (out,)
-        longest = 0
-        tokens = 0
+        longest = tokens = 0
         for r in records:
             segs = r.meta.segments
             if len(segs) == 1 and segs[0].end < 0:  # a whole sample: its tokens are its payload's
@@ -180,8 +172,7 @@ def summarize(
     flow: dict[str, dict[str, Any]] = {}
     if meter is not None:
         flow[SOURCE] = dict(zip(_FLOW, (0, sum(meter["samples"]), 0, 0, meter["read_s"])))
-        for name, (rin, rout, tin, tout, sec) in meter["ops"].items():
-            flow[name] = dict(zip(_FLOW, (rin, rout, tin, tout, sec)))
+        flow.update((name, dict(zip(_FLOW, c))) for name, c in meter["ops"].items())
     d = deliveries
     throughput = {
         "outputs": d.outputs, "records": d.records, "tokens": d.tokens, "seconds": d.seconds,
@@ -194,8 +185,7 @@ def summarize(
     }
     dropped = {}
     for name, counters in operators.items():
-        causes = {k: v for k, v in counters.items() if any(w in k for w in _DROP_WORDS)}
-        if causes:
+        if causes := {k: v for k, v in counters.items() if any(w in k for w in _DROP_WORDS)}:
             dropped[name] = causes
     batching = {name: batching_report(c) for name, c in operators.items() if _BATCH_COUNTERS <= c.keys()}
     return {"flow": flow, "throughput": throughput, "packing": packing, "dropped": dropped, "batching": batching}
@@ -206,12 +196,9 @@ _BATCH_COUNTERS = frozenset({"batches", "rows", "real_tokens", "padded_slots"})
 
 
 def batching_report(counters: Mapping[str, int]) -> dict[str, Any]:
-    """The microbatches a batching operator built, from its counters (summed over lanes).
-
-    ``rows_per_microbatch`` (mean), ``padding_tokens`` and ``padding_waste`` (padded slots not
-    holding a real token, over all slots: rows x longest row, rounded up to ``pad_to_multiple_of``)
-    and, for a token budget, ``budget_fill`` (slots used over ``microbatches x max_tokens``).
-    """
+    """The microbatches a batching operator built, from its counters summed over lanes: with
+    ``rows_per_microbatch``, ``padding_waste`` (padding over all slots) and, for a token budget,
+    ``budget_fill`` (slots used over ``microbatches x max_tokens``)."""
     batches, slots, real = counters["batches"], counters["padded_slots"], counters["real_tokens"]
     out = {
         "microbatches": batches, "rows": counters["rows"], "rows_per_microbatch": _ratio(counters["rows"], batches),
@@ -224,13 +211,9 @@ def batching_report(counters: Mapping[str, int]) -> dict[str, Any]:
 
 
 def mixture_report(source: Any, counts_by_lane: dict[int, Sequence[int]]) -> dict[str, Any]:
-    """The achieved mixture, per lane and over the lanes given, next to the target.
-
-    Returns:
-        ``{"unit", "target": {name: share}, "global": {name: {...}}, "lanes": {lane: {name: {...}}}}``;
-        each dataset's entry holds ``samples``, ``tokens``, ``sample_share``, ``token_share``,
-        ``target`` (share in the mixture's unit) and ``epochs`` (samples over the dataset's rows).
-    """
+    """The achieved mixture next to the target: ``{"unit", "target", "global": {name: {...}},
+    "lanes": {lane: {name: {...}}}}``, each dataset with ``samples``, ``tokens``, ``sample_share``,
+    ``token_share``, ``target`` and ``epochs`` (samples over its rows)."""
     names = source.names
     n = len(names)
     rows = [getattr(d, "num_rows", 0) for d in source.datasets]
@@ -323,11 +306,9 @@ def format_stats(stats: Mapping[str, Any]) -> str:
         lines += _table(["operator", "records in", "records out", "tokens in", "tokens out", "seconds", "time"], rows)
     ops = stats.get("operators", {})
     if ops:
-        lines.append("")
-        lines.append("operator counters (part of the checkpoint):")
+        lines += ["", "operator counters (part of the checkpoint):"]
         for name, counters in ops.items():
-            shown = ", ".join(f"{k}={_num(v)}" for k, v in counters.items())
-            lines.append(f"  {name}: {shown}")
+            lines.append(f"  {name}: {', '.join(f'{k}={_num(v)}' for k, v in counters.items())}")
     und = stats.get("undelivered", {})
     dropped = stats.get("dropped", {})
     lines.append("")
@@ -351,8 +332,7 @@ def format_stats(stats: Mapping[str, Any]) -> str:
     )
     mix = stats.get("mixture")
     if mix:
-        lines.append("")
-        lines.append(f"mixture (target shares count {mix.get('unit', 'samples')}):")
+        lines += ["", f"mixture (target shares count {mix.get('unit', 'samples')}):"]
         rows = [
             [name, _pct(m["target"]), _num(m["samples"]), _pct(m["sample_share"]), _num(m["tokens"]), _pct(m["token_share"]), _num(m["epochs"])]
             for name, m in mix.get("global", {}).items()
@@ -371,11 +351,8 @@ def summary_line(stats_light: Mapping[str, Any]) -> str:
 
 
 def mixture_counts(counts: Sequence[int], outputs: Sequence[Any], datasets: int, sign: int = 1) -> tuple[int, ...]:
-    """``counts`` (``[samples_0, tokens_0, samples_1, ...]``) plus (or minus) what ``outputs`` hold.
-
-    A segment that starts at token 0 of its sample-level record counts as one sample (a piece of
-    a document wrapped over two rows counts once); its tokens are its range, or the payload's
-    token count for a whole record (0 before tokenizing).
+    """``counts`` (``[samples_0, tokens_0, samples_1, ...]``) plus (or minus) what ``outputs`` hold:
+    a segment starting at token 0 counts one sample; its tokens are its range, or its payload's.
 
     Examples:
         >>> from zephon.types import Meta, Segment
