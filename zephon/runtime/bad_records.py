@@ -1,11 +1,9 @@
 """Skipped records as a lane runs them: reading's skip logs, the warnings, and ``stats()["skipped"]``.
 
-Operators keep their own skip logs (:class:`~zephon.core.operator.StatelessState`); a dataset
-opened with ``on_error="skip"`` hands a row it cannot decode as a
-:class:`~zephon.core.bad_records.Failure`, which the lane leaves out and logs in its state (one
-:class:`~zephon.core.bad_records.SkipLog` per dataset). Warnings are counted per plan and place in this
-process: the first skip warns, then every :data:`WARN_EVERY`-th; a worker process forwards its
-warnings to the main process. They decide nothing.
+A dataset opened with ``on_error="skip"`` hands a row it cannot decode as a
+:class:`~zephon.core.bad_records.Failure`, which the lane leaves out and logs in its state (a
+:class:`~zephon.core.bad_records.SkipLog` per dataset). Warnings, counted per plan and place in this
+process, come at the first skip and every :data:`WARN_EVERY`-th; workers forward theirs.
 """
 
 from __future__ import annotations
@@ -35,8 +33,7 @@ class SkippedRecordWarning(RuntimeWarning):
 
 
 _WARNED: "weakref.WeakKeyDictionary[Any, dict[str, int]]" = weakref.WeakKeyDictionary()
-#: Where this process's skip warnings go instead of ``warnings.warn`` (a worker sends them to the
-#: main process, which warns; a replay, which repeats work already warned about, drops them).
+#: Where this process's skip warnings go instead of ``warnings.warn`` (in a worker or a replay).
 _forward: list[Callable[[str], None]] = []
 
 
@@ -83,8 +80,8 @@ def naming_operator(name: str) -> Iterator[None]:
 
 
 def unreadable(records: Sequence[Record]) -> tuple[list[Record], list[tuple[int, Meta, Failure]]]:
-    """The records read, and apart the rows a dataset could not decode (its ``on_error="skip"``),
-    each as ``(position in the read, meta, failure)``."""
+    """The records read, and apart the rows a dataset could not decode, each as
+    ``(position in the read, meta, failure)``."""
     if not any(type(r.payload) is Failure for r in records):
         return list(records), []
     good = [r for r in records if type(r.payload) is not Failure]
@@ -95,11 +92,8 @@ def reading_logged(
     plan: Any, logs: tuple[SkipLog, ...], pointers: Sequence[tuple[int, int, int]],
     failed: Sequence[tuple[int, Meta, Failure]],
 ) -> tuple[SkipLog, ...]:
-    """A lane's reading logs (one per dataset) after reading ``pointers``, of which ``failed`` did not decode.
-
-    ``()`` while no dataset skips. Raises :class:`~zephon.core.bad_records.SkipLimitError` past a dataset's
-    ``max_skipped``.
-    """
+    """A lane's reading logs (one per dataset, ``()`` while none skips) after reading ``pointers``,
+    of which ``failed`` did not decode; ``SkipLimitError`` past a dataset's ``max_skipped``."""
     datasets = plan.source.datasets
     if not logs and not any(getattr(d, "on_error", "raise") == "skip" for d in datasets):
         return logs
@@ -137,13 +131,9 @@ def decode_reading(data: Any, datasets: int, lane: int) -> tuple[SkipLog, ...]:
 
 
 def skip_report(plan: Any, states: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
-    """``stats()["skipped"]`` from encoded lane states: counts per place and cause, the first records.
-
-    Returns:
-        ``{"total", "by_operator": {place: {"skipped", "seen", "causes": {cause: n}}}, "records": [...]}``;
-        places are ``"source"`` (the datasets' decoding) and operator names; each record is
-        ``{"operator", "dataset", "shard", "row", "lane", "cause", "message"}``.
-    """
+    """``stats()["skipped"]`` from encoded lane states: ``{"total", "by_operator": {place:
+    {"skipped", "seen", "causes"}}, "records"}``, places being ``"source"`` and operator names, the
+    first records listed lanes in turn."""
     places: dict[str, dict[str, Any]] = {}
     per_lane: list[list[dict[str, Any]]] = []
     for lane in sorted(states):

@@ -1,9 +1,7 @@
 """Data parallelism: which lanes a rank owns, and how ranks agree on the end of data.
 
-Rank ``r`` of ``D`` owns the contiguous block of lanes ``[r * L/D, (r + 1) * L/D)``. Global step
-``k`` is lane 0's ``k``-th output, then lane 1's, ..., lane L-1's; a rank's share of it is its
-block, in lane order. Checkpoints carry states per global lane (see ``_checkpoint``), so they
-merge by union and restore on any ``D`` that divides ``L``.
+Rank ``r`` of ``D`` owns lanes ``[r * L/D, (r + 1) * L/D)``; global step ``k`` is every lane's
+``k``-th output, in lane order.
 """
 
 from __future__ import annotations
@@ -59,7 +57,7 @@ def resolve_topology(options: Any, microbatch_size: int | None) -> Topology:
     if L % D:
         raise ValueError(
             f"canonical_replicas={L} is not divisible by dp_degree={D} (from {where}); ranks must own equal lane "
-            f"blocks. Use an L that every data-parallel size divides, e.g. {_lcm(L, D)}."
+            f"blocks. Use an L that every data-parallel size divides, e.g. {math.lcm(L, D)}."
         )
     if not 0 <= r < D:
         raise ValueError(f"dp_rank={r} is outside [0, {D}); pass dp_rank between 0 and dp_degree - 1")
@@ -72,10 +70,6 @@ def resolve_topology(options: Any, microbatch_size: int | None) -> Topology:
     return Topology(L, D, r)
 
 
-def _lcm(a: int, b: int) -> int:
-    return a * b // math.gcd(a, b)
-
-
 def distributed_group() -> Any:
     """``torch.distributed`` when it is imported and initialized with more than one rank, else ``None``."""
     dist = sys.modules.get("torch.distributed")
@@ -85,13 +79,11 @@ def distributed_group() -> Any:
 
 
 def all_ranks_have(flag: bool, dist: Any) -> bool:
-    """Whether every rank passed ``flag=True``: one all-reduce (MIN) of a one-element tensor (on CUDA
-    for NCCL), once per global step, so that ranks whose lanes end at different steps stop together."""
+    """Whether every rank passed ``flag=True``: one all-reduce (MIN; on CUDA for NCCL), so that
+    ranks whose lanes end at different steps stop together."""
     import torch
 
-    device = "cpu"
-    if dist.get_backend() == "nccl":
-        device = f"cuda:{torch.cuda.current_device()}"
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
     t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return bool(t.item())

@@ -1,10 +1,7 @@
 """What every executor shares: worker failure, the closed executor, lane order, how workers start.
 
-An executor hands out a rank's lanes' outputs one lane at a time (``next(lane)``), with their
-encoded states (``lane_states()``), counters (``reports()``, ``meters()``) and ``close()``: inline
-(:mod:`~zephon.runtime.inline_executor`), in a background thread
-(:mod:`~zephon.runtime.thread_executor`) or in worker processes
-(:mod:`~zephon.runtime.process_executor`). Only these modules know about threads and processes.
+An executor (inline, thread or process) hands out a rank's lanes' outputs one lane at a time
+(``next(lane)``), with ``lane_states()``, ``reports()``, ``meters()``, ``skip()`` and ``close()``.
 """
 
 from __future__ import annotations
@@ -18,8 +15,7 @@ from typing import Any, Iterator
 
 from .lanes import LaneState, caller_order
 
-#: What the fork server imports once, so that a worker forked from it starts with them (a module
-#: that is not installed is skipped).
+#: What the fork server imports once for every worker forked from it (missing ones are skipped).
 _PRELOAD = (
     "__main__",
     "zephon",
@@ -35,12 +31,8 @@ _PRELOAD = (
 
 
 def start_context() -> Any:
-    """The start method of workers and replays: ``forkserver`` (``spawn`` where there is none).
-
-    The server is spawned (a clean, single-threaded interpreter, safe with the caller's threads),
-    imports :data:`_PRELOAD` once and forks each worker with the imports done. It is shared with
-    any other use of ``forkserver``; zephon adds its modules to its preload only before it runs.
-    """
+    """The start method of workers and replays: ``forkserver`` (``spawn`` where there is none),
+    whose server (shared with other uses) preloads :data:`_PRELOAD` when zephon starts it."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
@@ -54,8 +46,8 @@ def start_context() -> Any:
 
 
 def prestart() -> None:
-    """Start the fork server now (it imports in the background), so that workers started later by
-    ``iter()`` fork from a ready server. Idempotent; the caller does not wait for the imports."""
+    """Start the fork server now (it imports in the background), so later workers fork from a
+    ready server. Idempotent."""
     from multiprocessing import forkserver
 
     # Not while this process is itself set up as a worker or server: the server would start servers.
@@ -80,17 +72,10 @@ def _preparation_data(name: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def without_main() -> Iterator[str | None]:
-    """Processes started on this thread inside the block do not run the caller's main script at their
-    start; yields that script's path (``None``: none, e.g. a notebook, or ``python -m``, whose module a
-    child still imports when it starts), to be given to them.
-
-    A spawned or fork-server child runs the parent's script (as ``__mp_main__``) before its target,
-    so that functions defined in it unpickle. A training script's imports (torch: about a second)
-    would then delay every worker's start; a worker runs the script later, only when what it is
-    sent refers to it (:func:`~zephon.runtime.process_worker.loads`). Other threads' starts are
-    unaffected: the start data is changed only for this thread, by a wrapper of
-    ``multiprocessing.spawn.get_preparation_data`` that is installed once and passes everything
-    else through.
+    """Processes started on this thread inside the block do not run the caller's main script at
+    their start (its imports would delay every worker); yields the script's path (``None``: none)
+    for them to run only when needed (:func:`~zephon.runtime.process_worker.loads`). Other
+    threads are unaffected: a wrapper of ``spawn.get_preparation_data`` acts for this one only.
     """
     global _inner_preparation_data, _wrapped
     if not _wrapped:  # wraps whatever is there, once (a wrapper of it installed later keeps it in its chain)
@@ -120,10 +105,8 @@ def caller_order_of(states: dict[int, LaneState]) -> list[int]:
 
 @contextlib.contextmanager
 def ignoring_sigint() -> Iterator[None]:
-    """Ignore SIGINT in this process while workers are started, so that they ignore it from their
-    first instruction on (an ignored signal stays ignored across ``exec``; a mask or a handler does
-    not), also while importing the main module. Only the main thread may set handlers: from another
-    thread the workers ignore SIGINT once they run their own code."""
+    """Ignore SIGINT (main thread only) while workers are started, so that they ignore it from
+    their first instruction on (an ignored signal stays ignored across ``exec``)."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
         yield
         return

@@ -23,15 +23,13 @@ class InlineExecutor:
         return out
 
     def skip(self, targets: dict[int, int]) -> tuple[dict[int, int], int]:
-        """Move each lane to ``targets[lane]`` outputs delivered (or its end), dropping the outputs between.
-
-        Returns each lane's outputs delivered after it, and how many outputs read ahead were dropped (none here).
-        """
+        """Move each lane to ``targets[lane]`` outputs delivered (or its end), dropping the outputs
+        between; returns the lanes' counts and the outputs read ahead and dropped (none)."""
         skip_lanes(self.plan, self.states, targets, self.meter, self.ahead)
         return {lane: self.states[lane].delivered for lane in targets}, 0
 
     def meters(self) -> dict[str, Any] | None:
-        """The runtime counters of the work done so far (see :class:`~zephon.runtime.stats.Meter`)."""
+        """The runtime counters of the work done so far."""
         return self.meter.snapshot()
 
     def lane_states(self) -> dict[int, Any]:

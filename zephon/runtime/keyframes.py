@@ -1,20 +1,11 @@
 """Keyframes: lane states saved every few global steps, so that a skip starts near its target.
 
-The lane states at global step ``s`` are a pure function of (data, plan, ``s``): whichever run
-saved them, a loader of the same plan that restores them delivers step ``s`` next, exactly as the
-uninterrupted run does (a skip is exact too, so a run that skipped saves the same states). With
-``options(keyframes=folder)`` a loader saves this rank's lane states every ``keyframe_every``
-global steps as ``folder/step-<s>/zephon-lanes-<first>-<last>.msgpack`` (the files of
-:func:`~zephon.runtime.checkpoint.save_checkpoint`, one per rank, so keyframes saved on D ranks
-serve any other D) and keeps the newest ``keyframe_keep`` of them. ``skip_steps(n)`` then restores
-the newest keyframe after the current step and at most at the target and produces only the steps
-from there, instead of all ``n``: after a loss spike, the steps to skip are ones the run went
-through before, so their keyframes are there.
-
-Only the data position comes from a keyframe. The run keeps its own skips and its own mixture
-counts, which leave every skipped output out, as a skip without keyframes does. A keyframe that
-cannot serve (other data settings, a damaged file, lanes of this rank missing) is passed over,
-named with the reason in a warning, and the skip produces those steps instead.
+The lane states at global step ``s`` are a pure function of (data, plan, ``s``). With
+``options(keyframes=folder)`` a loader saves this rank's checkpoint every ``keyframe_every`` global
+steps as ``folder/step-<s>/zephon-lanes-<first>-<last>.msgpack`` (serving any D), keeping the
+newest ``keyframe_keep``; ``skip_steps(n)`` restores the newest one up to its target and produces
+only the steps from there. Only the data position comes from a keyframe: the run keeps its own
+skips and mixture counts. A keyframe that cannot serve is passed over, named in a warning.
 """
 
 from __future__ import annotations
@@ -46,8 +37,8 @@ def keyframe_steps(folder: str | os.PathLike) -> list[int]:
 
 
 def save_keyframe(folder: str | os.PathLike, step: int, checkpoint: dict[str, Any], keep: int) -> Path:
-    """Write this rank's ``checkpoint`` of global step ``step`` and remove keyframes more than
-    ``keep`` keyframes old (steps a lagging rank could still write are never that old)."""
+    """Write this rank's ``checkpoint`` of global step ``step`` and remove all but the newest
+    ``keep`` keyframes (never one a lagging rank could still write)."""
     path = write_checkpoint(step_folder(folder, step), checkpoint, durable=False, manifest_in=folder)
     steps = keyframe_steps(folder)
     for old in steps[: max(0, len(steps) - keep)]:
@@ -58,9 +49,8 @@ def save_keyframe(folder: str | os.PathLike, step: int, checkpoint: dict[str, An
 
 def latest_keyframe(folder: str | os.PathLike, fingerprint: dict[str, Any], lanes: Iterable[int], after: int,
                     upto: int) -> tuple[int, dict[int, Any]] | None:
-    """The newest keyframe ``s`` with ``after < s <= upto`` that holds ``lanes`` of this plan, as
-    ``(s, encoded lane states)``; ``None`` if there is none. Keyframes passed over are named, with
-    the reason, in one ``RuntimeWarning``."""
+    """The newest keyframe ``s`` with ``after < s <= upto`` holding ``lanes`` of this plan, as
+    ``(s, encoded lane states)`` or ``None``; those passed over are named in one RuntimeWarning."""
     lanes = list(lanes)
     passed = []
     for step in reversed(keyframe_steps(folder)):
@@ -93,8 +83,7 @@ def _warn_passed(passed: list[str]) -> None:
 
 
 def from_keyframe(states: dict[int, Any], current: dict[int, Any]) -> dict[int, Any]:
-    """The keyframe's lane ``states`` with this run's mixture counts (``current``: its encoded lane
-    states now), resealed: the outputs between here and the keyframe are skipped, so never counted."""
+    """The keyframe's lane ``states`` with the mixture counts of ``current``, resealed."""
     out = {}
     for lane, state in states.items():
         body = {k: v for k, v in state.items() if k not in ("checksum", "skipped_steps")}

@@ -1,18 +1,13 @@
 """Manifests beside checkpoint files, and what a restore names when the data differs.
 
-A checkpoint's fingerprint names each dataset by counts and the digest of its shard list
-(``zephon.sources.manifest``); the lists are the *manifest*, written once beside the checkpoint
-files as ``zephon-manifest-<key>.msgpack`` (``key``: a digest of the datasets' digests): msgpack
-``{"format": FORMAT, "datasets": [{"name", "digest", "shards": <canonical msgpack of the list>}]}``.
-Each list is verified against its digest when read, so a damaged manifest is never believed.
+A fingerprint names each dataset by counts and the digest of its shard list; the lists are the
+manifest, ``zephon-manifest-<key>.msgpack`` beside the checkpoint files: msgpack ``{"format",
+"datasets": [{"name", "digest", "shards": <canonical msgpack of the list>}]}``, each list verified
+against its digest when read. A restore into other data names the shards that differ from the
+checkpoint's lists (in it, in memory, or in the manifest of the folder it was read from).
 
-When a restore finds other data, the shards that differ (added, removed, changed, by id) are named
-from the checkpoint's lists: held in the checkpoint itself for small data, in memory for
-checkpoints built in this process, else in the manifest beside the files it was loaded from. Without
-one the error gives the counts and digests, and where the manifest was expected.
-
-What is kept: where each loaded checkpoint's manifest lies (by key, the last :data:`_NOTED`), and
-the manifests this process wrote (so the next checkpoint folder gets a hard link, not a copy).
+Kept: where the last :data:`_NOTED` loaded checkpoints' manifests lie, and the manifests this
+process wrote (hard-linked into the next folder).
 """
 
 from __future__ import annotations
@@ -46,8 +41,8 @@ def _datasets(fingerprint: Any) -> list:
 
 
 def normalized(fingerprint: Any) -> Any:
-    """``fingerprint`` with every dataset that holds its shard list summarized (counts and digest),
-    so fingerprints of either form compare; the same object when there is nothing to change."""
+    """``fingerprint`` with every dataset that holds its shard list summarized, so fingerprints of
+    either form compare (the same object when there is nothing to change)."""
     datasets = _datasets(fingerprint)
     if not any(isinstance(d, Mapping) and isinstance(d.get("shards"), list) for d in datasets):
         return fingerprint
@@ -61,7 +56,7 @@ def normalized(fingerprint: Any) -> Any:
 
 
 def manifest_key(fingerprint: Any) -> str | None:
-    """The key naming the manifest of a fingerprint's data; ``None`` when every dataset holds its list."""
+    """The key naming a fingerprint's manifest; ``None`` when every dataset holds its list."""
     digests = [d["digest"] for d in _datasets(fingerprint) if is_summary(d)]
     if not digests:
         return None
@@ -81,9 +76,8 @@ def pin_data(fingerprint: Any) -> None:
 
 
 def write_manifest(directory: str | os.PathLike, fingerprint: Any) -> Path | None:
-    """Write the manifest of ``fingerprint``'s data into ``directory`` unless it is there; returns its
-    path (``None`` when the fingerprint holds every shard list). A manifest this process wrote to
-    another folder is hard-linked where the filesystem allows; the file is written atomically."""
+    """Write the manifest of ``fingerprint``'s data into ``directory`` (atomically, or as a hard
+    link to one this process wrote) unless it is there; its path (``None``: none needed)."""
     key = manifest_key(fingerprint)
     if key is None:
         return None
@@ -122,8 +116,7 @@ def write_manifest(directory: str | os.PathLike, fingerprint: Any) -> Path | Non
 
 
 def note_folder(fingerprint: Any, directory: str | os.PathLike) -> None:
-    """Record that a checkpoint of ``fingerprint`` was read from ``directory``: its manifest is looked
-    for there if a restore finds other data."""
+    """Note that a checkpoint of ``fingerprint`` was read from ``directory`` (with its manifest)."""
     key = manifest_key(fingerprint)
     if key is None:
         return
@@ -135,12 +128,7 @@ def note_folder(fingerprint: Any, directory: str | os.PathLike) -> None:
 
 
 def read_manifest(path: str | os.PathLike) -> dict[str, ShardList]:
-    """The verified shard lists of a manifest file, by digest.
-
-    Raises:
-        OSError: the file cannot be read.
-        ValueError: not a manifest of this format, or a list that does not match its digest.
-    """
+    """The verified shard lists of a manifest file, by digest (ValueError: not one, or damaged)."""
     where = f"manifest {os.fspath(path)}"
     try:
         doc = msgspec.msgpack.decode(Path(path).read_bytes())
@@ -166,8 +154,8 @@ _DATA_FIELD = re.compile(r"source\.datasets\[(\d+)\]\.(shards|bytes|rows|digest)
 
 
 def explain(checkpoint_fp: Any, fingerprint: Any, diffs: list[tuple[str, str, str]]) -> str | None:
-    """What differs in the data, naming the shards and the fix, when the diffs of the normalized
-    fingerprints are only datasets' content (shard lists, counts, digests); else ``None``."""
+    """What differs in the data, naming the shards and the fix, when the fingerprints differ only
+    in datasets' content; else ``None``."""
     found = [_DATA_FIELD.fullmatch(path) for path, _, _ in diffs]
     if not found or None in found:
         return None
@@ -196,7 +184,7 @@ def explain(checkpoint_fp: Any, fingerprint: Any, diffs: list[tuple[str, str, st
 
 
 def _entries(entry: Any) -> list | None:
-    """The shard entries a dataset's fingerprint entry holds or this process knows, else ``None``."""
+    """The shard entries a dataset's entry holds or this process knows, else ``None``."""
     if isinstance(entry, Mapping) and isinstance(entry.get("shards"), list):
         return entry["shards"]
     shards = shard_list(entry["digest"]) if is_summary(entry) else None
@@ -204,7 +192,7 @@ def _entries(entry: Any) -> list | None:
 
 
 class _Lookup:
-    """Finds the checkpoint's shard lists: in it, in memory, else in the manifest of the folder it was read from."""
+    """Finds the checkpoint's shard lists: in it, in memory, else in its folder's manifest."""
 
     def __init__(self, fingerprint: Any):
         key = manifest_key(fingerprint)
@@ -267,7 +255,7 @@ def _key(shard: Mapping[str, Any]) -> Any:
 
 
 def _shards_changed(old: list, new: list) -> str:
-    """``"shard 'b.jsonl' content differs from the checkpoint's (size 10 → 12, digest …)"`` and the like."""
+    """``"shard 'b.jsonl' content differs from the checkpoint's (size 10 → 12, ...)"`` and such."""
     olds = {_key(s): s for s in old}
     news = {_key(s): s for s in new}
     said = []

@@ -1,7 +1,6 @@
 """Run settings of a pipeline: lanes, ranks, workers, reads, and what happens at the end of data.
 
-Only ``canonical_replicas`` decides the data; every other option is about where and how fast the
-lanes run, so it may change between a checkpoint and its restore.
+Only ``canonical_replicas`` decides the data; the others may change between checkpoint and restore.
 """
 
 from __future__ import annotations
@@ -40,9 +39,8 @@ class Options:
 
     Attributes:
         canonical_replicas: L, the number of lanes; decides the data (a common multiple of every D).
-        dp_degree: D, data-parallel ranks sharing the lanes. ``None``: ``torch.distributed``, else
-            ``WORLD_SIZE``, else 1.
-        dp_rank: this rank's data-parallel index. ``None``: ``torch.distributed``, else ``RANK``, else 0.
+        dp_degree: D, data-parallel ranks (``None``: ``torch.distributed``, ``WORLD_SIZE``, or 1).
+        dp_rank: this rank's index (``None``: ``torch.distributed``, ``RANK``, or 0).
         workers: worker processes that run this rank's lanes ahead (0: in the calling thread).
         prefetch: outputs each lane may run ahead of the caller (with ``workers > 0`` or ``thread``).
         read_size: source samples read per lane step (tokenizer batch size).
@@ -50,17 +48,13 @@ class Options:
         global_batch_size: optional check: a multiple of L x microbatch_size.
         start_inline: accepted by :meth:`evolve` only: ``True`` raises ``ValueError``, ``False`` warns.
         thread: with ``workers=0``, run the lanes ahead in a background thread.
-        drain: at the end of finite data, deliver what lanes still have instead of stopping at the
-            first incomplete global step (the same only for the same D).
-        agree_on_end: every rank stops at the same global step (one all-reduce per step). ``None``:
-            ``steps()`` agrees when D comes from an initialized ``torch.distributed``; ``True``:
-            ``steps()`` and plain iteration; ``False``: neither.
+        drain: at the end of finite data, deliver what lanes still have (the same only for one D).
+        agree_on_end: every rank stops at the same global step (``None``: ``steps()`` does when D
+            comes from ``torch.distributed``; ``True``: plain iteration too; ``False``: neither).
         log_every: log a one-line summary every this many global steps (INFO, ``"zephon.loader"``).
-        io_options: how shards are fetched and cached (a dict or :class:`~zephon.io.IoOptions`).
-            ``None``: each dataset's own.
-        keyframes: a folder where the loader saves this rank's lane states every
-            ``keyframe_every`` global steps, keeping the newest ``keyframe_keep``; ``skip_steps``
-            starts from the newest one before its target (:mod:`zephon.runtime.keyframes`).
+        io_options: how shards are fetched and cached (``None``: each dataset's own).
+        keyframes: a folder for this rank's lane states every ``keyframe_every`` global steps
+            (the newest ``keyframe_keep`` kept), where ``skip_steps`` starts from.
     """
 
     canonical_replicas: int = attrs.field(default=1, validator=_opt_int(1))

@@ -1,20 +1,15 @@
 """Running lanes ahead in worker processes (``workers > 0``): the main process's side.
 
-Workers are forked from a spawned fork server (:func:`~zephon.runtime.executor.start_context`):
-those started with the pipeline and waiting (:mod:`~zephon.runtime.standby`), else new ones. Each
-is given a fixed subset of the rank's lanes at ``iter()`` and owns them from then on
-(:mod:`~zephon.runtime.process_worker`); outputs are handed out in lane order, so the result is the
-in-process one. User code runs only in the workers: one that crashes the interpreter ends a
-worker, never the caller.
-
-State kept here per lane: a recent delivered state, so the caller's states survive stopped workers
-(rebuilt by replaying the outputs after it in a separate process). Workers ignore SIGINT and stay
-alive to answer ``checkpoint()``. A worker that raises reports lane, record and cause; one that dies
-is reported with its exit code or signal and the likely cause. ``close()`` stops every worker.
+Each worker (waiting in :mod:`~zephon.runtime.standby`, else started here) owns a fixed subset of
+the rank's lanes (:mod:`~zephon.runtime.process_worker`); outputs are handed out in lane order, and
+user code runs only in the workers. Kept here per lane: a recent delivered state, so the caller's
+states survive stopped workers (replayed in a separate process). A worker that raises reports
+lane, record and cause; one that dies, its exit code or signal and the likely cause.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -35,8 +30,7 @@ from .stats import merge_meters
 from .wire import recv_message
 
 _POLL_S = 0.5
-#: How long ``close()`` waits for live workers to report their final states and counters before
-#: stopping them anyway (the states are then rebuilt by a replay when asked for).
+#: How long ``close()`` waits for the workers' final states and counters (else they are replayed).
 _CLOSE_READ_S = 10.0
 #: How long close() waits for the workers to exit on their own before it terminates them.
 _STOP_GRACE_S = 0.2
@@ -67,10 +61,7 @@ def _death_cause(code: int | None) -> tuple[str, str]:
     if code is None:
         return "closed its connection while still running", "it has been stopped"
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = None
+        name = {s.value: s.name for s in signal.Signals}.get(-code)
         how = f"was killed by signal {-code}" + (f" ({name})" if name else "")
         return how, "likely cause: " + _SIGNAL_CAUSES.get(name or "", "a signal sent by another process or by the system")
     if code == 0:
@@ -86,13 +77,8 @@ def _death_cause(code: int | None) -> tuple[str, str]:
 
 
 def _replay_elsewhere(plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]]) -> dict[int, tuple[Any, Any]]:
-    """Run :func:`~zephon.runtime.process_worker.replay_main` in a separate process.
-
-    Returns ``{lane: (encoded state, counters)}``.
-
-    Raises:
-        WorkerError: the replay raised (its lane and cause) or its process died (exit code or signal).
-    """
+    """``{lane: (encoded state, counters)}`` from :func:`~zephon.runtime.process_worker.replay_main`
+    in a separate process (WorkerError: it raised, or died)."""
     ctx = start_context()
     parent, child = ctx.Pipe()
     with ignoring_sigint(), without_main() as main:
@@ -121,10 +107,9 @@ def _replay_elsewhere(plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]])
 
 
 class ProcessExecutor:
-    """Runs the rank's lanes ahead in ``workers`` processes (waiting ones, else started here), each given
-    the pipeline and its lanes' encoded states (decoded there). State kept here, per lane: the outputs received and
-    not yet taken, the count delivered, and a delivered state (see the module docstring).
-    """
+    """Runs the rank's lanes ahead in ``workers`` processes, each given the pipeline and its lanes'
+    encoded states. Kept per lane: the outputs received and not taken, the count delivered, and a
+    delivered state."""
 
     def __init__(self, plan: Plan, lanes: list[int], workers: int, *, encoded: dict[int, Any] | None, credit: int = 4):
         try:
@@ -145,8 +130,7 @@ class ProcessExecutor:
         self.ended: dict[int, int] = {}  # lane -> its output count, once a worker found its end
         self.saw_end: set[int] = set()  # lanes whose end the caller was handed
         self.delivered: dict[int, int] = {lane: int(encoded[lane]["delivered"]) if encoded else 0 for lane in lanes}
-        # Per lane, a delivered state kept in this process: (outputs delivered, encoded state, or
-        # None for the initial state). The caller's states are rebuilt from it after the workers stop.
+        # Per lane: (outputs delivered, encoded state or None for the initial one), to replay from.
         self.base: dict[int, tuple[int, Any]] = {lane: (self.delivered[lane], encoded[lane] if encoded else None) for lane in lanes}
         self.closed = False
         self.failure: str | None = None  # a worker reported an exception: its message
@@ -163,8 +147,7 @@ class ProcessExecutor:
         self._start_workers(n, credit, encoded)
 
     def _start_workers(self, n: int, credit: int, encoded: dict[int, Any] | None) -> None:
-        """Take waiting workers (:mod:`~zephon.runtime.standby`), start the rest, then send each its lanes,
-        their states and the pipeline (they start in parallel)."""
+        """Take waiting workers, start the rest, and send each its lanes, states and pipeline."""
         threads = threads_per_worker(n)
         workers = take(n)
         workers += [start_worker(f"zephon-lanes-{self._lanes_of(w)[0]}") for w in range(len(workers), n)]
@@ -173,10 +156,8 @@ class ProcessExecutor:
             self.procs.append(proc)
             self.conns.append(conn)
             sub = {lane: encoded[lane] for lane in self._lanes_of(w)} if encoded else None
-            try:
+            with contextlib.suppress(OSError):  # a dead worker is reported by the first wait for it
                 conn.send(("start", self._lanes_of(w), credit, threads, env, self.plan_bytes, sub))
-            except (BrokenPipeError, OSError):
-                pass  # the worker died while starting: reported by the first wait for its output
 
     def _check_open(self) -> None:
         if self.failure is not None or self.death is not None:
@@ -234,9 +215,8 @@ class ProcessExecutor:
             warnings.warn(f"in the worker process for lanes {self._lanes_of(w)}: {msg[1]}", SkippedRecordWarning, 2)
         elif kind == "error":
             _, lane, cause, tb = msg
-            if lane is not None:
-                where = f"lane {lane} failed in a worker process"
-            else:
+            where = f"lane {lane} failed in a worker process"
+            if lane is None:
                 where = f"the worker process for lanes {self._lanes_of(w)} failed"
             self._fail(f"{where}: {cause}", tb)
 
@@ -290,11 +270,8 @@ class ProcessExecutor:
         return out
 
     def skip(self, targets: dict[int, int]) -> tuple[dict[int, int], int]:
-        """Move each lane to ``targets[lane]`` outputs delivered (or its end): its worker skips to there and
-        replies after every output it sent before; those received for the skipped steps are dropped here.
-
-        Returns each lane's outputs delivered after it, and how many outputs run ahead were dropped.
-        """
+        """Move each lane to ``targets[lane]`` outputs delivered (or its end) in its worker,
+        dropping the outputs received for the skipped steps; returns the lanes' counts and drops."""
         self._check_open()
         self._skipped = {}
         for lane, target in targets.items():
@@ -330,7 +307,7 @@ class ProcessExecutor:
 
     def _ask_states(self, deadline: float | None, with_reports: bool = False) -> dict[int, Any] | None:
         """The lanes' encoded states after what the caller received (``None``: ``deadline`` passed);
-        ``with_reports``: the counters come in the same round trip (kept for :meth:`reports`)."""
+        ``with_reports``: the counters too, kept for :meth:`reports`."""
         want = {(lane, self.delivered[lane]) for lane in self.lanes}
         for lane in self.lanes:
             self._send(self.owner[lane], ("state", lane, self.delivered[lane], lane in self.saw_end))
@@ -355,7 +332,7 @@ class ProcessExecutor:
                 f"Restore the last checkpoint you saved into a new pipeline.\n{self.failure}"
             )
         if self._final_states is None:
-            # A kept state is the caller's when it is after exactly the delivered outputs (and before any end).
+            # A kept state serves when it is after exactly the delivered outputs, before any end.
             kept = {lane: data for lane, (count, data) in self.base.items()
                     if count == self.delivered[lane] and data is not None and lane not in self.saw_end}
             rebuilt = self._rebuilt([lane for lane in self.lanes if lane not in kept])
@@ -364,8 +341,8 @@ class ProcessExecutor:
         return dict(self._final_states)
 
     def _rebuilt(self, lanes: list[int]) -> dict[int, tuple[Any, Any]]:
-        """The encoded states and counters of ``lanes`` after exactly the delivered outputs, each kept
-        state replayed in a separate process (so user code cannot end this one); what was rebuilt is kept."""
+        """The encoded states and counters of ``lanes`` after exactly the delivered outputs,
+        replayed (once) in a separate process, so user code cannot end this one."""
         todo = [lane for lane in lanes if lane not in self._replayed]
         if todo:
             jobs = {lane: (self.base[lane][1], self.delivered[lane], lane in self.saw_end) for lane in todo}
@@ -383,7 +360,7 @@ class ProcessExecutor:
         return dict(self._final_reports)
 
     def _ask_reports(self) -> dict[int, Any]:
-        """The counters of the lanes (and the workers' runtime counters)."""
+        """The lanes' counters (and the workers' runtime counters)."""
         self._request_reports()
         self._pump(lambda: set(self._reports) >= set(self.lanes))
         return {lane: self._reports[lane] for lane in self.lanes}
@@ -394,7 +371,7 @@ class ProcessExecutor:
             self._send(w, ("reports",))
 
     def meters(self) -> dict[str, Any] | None:
-        """The runtime counters: the workers' as of their last reports (``reports()`` asks for them)."""
+        """The workers' runtime counters as of their last reports."""
         return merge_meters(list(self._meters.values()))
 
     def close(self, read_final: bool = True) -> None:
@@ -419,12 +396,9 @@ class ProcessExecutor:
 
 def _shutdown(conns, procs) -> None:
     for conn in conns:
-        try:
+        with contextlib.suppress(Exception):
             conn.send(("stop",))
-        except Exception:
-            pass
-    # A worker reads "stop" between two of its steps, which can take a second: past a short grace
-    # it is terminated (it holds nothing to flush; its cache writes are atomic renames).
+    # Past a short grace a worker is terminated (it holds nothing to flush).
     grace = time.monotonic() + _STOP_GRACE_S
     for proc in procs:
         proc.join(timeout=max(0.0, grace - time.monotonic()))
@@ -435,7 +409,5 @@ def _shutdown(conns, procs) -> None:
             proc.kill()
             proc.join()
     for conn in conns:
-        try:
+        with contextlib.suppress(Exception):
             conn.close()
-        except Exception:
-            pass

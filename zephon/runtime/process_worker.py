@@ -1,14 +1,14 @@
 """The worker side of :mod:`~zephon.runtime.process_executor`: a worker's loop, and the replay process.
 
 A worker runs its lanes ahead within a per-lane credit window and sends each output with its index
-(every few seconds with the lane's encoded state). State kept: the state after each output sent
-until its delivery is confirmed, so ``checkpoint()`` covers exactly what the caller received. Lane
-states are immutable values, so a receiving thread answers state requests from that history while
-the loop computes the next output (a checkpoint never waits for a tokenizer call).
+(now and then with the lane's encoded state). It keeps the state after each output sent until its
+delivery is confirmed; a receiving thread answers state requests from that history, so a
+checkpoint never waits for the loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -42,8 +42,7 @@ def _become_worker() -> None:
     _in_worker = True
 
 
-#: How often a worker attaches a lane's encoded state to an output: after a worker dies, the main
-#: process replays at most this much of a lane's work to rebuild the caller's state.
+#: How often a worker attaches a lane's encoded state to an output (bounds a replay's work).
 _ATTACH_S = 5.0
 
 
@@ -72,11 +71,8 @@ def unpicklable_output(msg: tuple, exc: BaseException) -> tuple:
 
 
 class _Outbox:
-    """Sends a worker's messages from a thread, so producing never waits for the pipe to drain.
-
-    A message that cannot be pickled is reported to the main process as an error (and nothing
-    after it is sent). Arrays travel out of band (see :mod:`zephon.runtime.wire`).
-    """
+    """Sends a worker's messages from a thread, so producing never waits for the pipe; a message
+    that cannot be pickled is reported as an error, and nothing after it is sent."""
 
     def __init__(self, conn) -> None:
         self.conn = conn
@@ -100,11 +96,9 @@ class _Outbox:
             return
         except BaseException as exc:  # never end silently: the main process would wait forever
             self.failed = True
-            try:
+            with contextlib.suppress(Exception):
                 cause = f"the worker's sender thread failed: {type(exc).__name__}: {exc}"
                 send_message(self.conn, ("error", None, cause, traceback.format_exc()))
-            except Exception:
-                pass
 
     def send(self, msg: tuple) -> None:
         self.queue.put(msg)
@@ -130,10 +124,8 @@ def _load_error(exc: BaseException) -> str:
 
 
 def loads(data: bytes, main: str | None) -> Any:
-    """``data`` unpickled; first, if it refers to the caller's main module (functions or classes
-    defined in the training script: ``__main__``, or ``__mp_main__`` when the caller was itself
-    spawned), the script ``main`` is run as ``__mp_main__``, as a spawned process runs it at its
-    start. A worker otherwise never runs it (see ``executor.without_main``)."""
+    """``data`` unpickled, after running the caller's script ``main`` as ``__mp_main__`` if it
+    refers to it (``__main__`` or ``__mp_main__``), as a spawned process would at its start."""
     if main is not None and (b"__main__" in data or b"__mp_main__" in data):
         process = mp.current_process()
         process._inheriting = True  # as while a spawned process starts: the script's unguarded code may not start processes
@@ -152,19 +144,16 @@ def take_environment(env: dict[str, str] | None) -> None:
 
 
 def _set_threads(threads: int) -> None:
-    # Before the first encode (and, when started for lanes, before the plan is unpickled). Parallelism
-    # "true" even for one thread: RAYON_NUM_THREADS bounds the pool, and the sequential path costs
-    # more per token. The encoder threads are a share of the CPUs, without the read-ahead's extra
-    # one: a worker shares the cores with the main process.
+    # Before the first encode. Parallelism "true" even for one thread: the sequential path costs
+    # more per token, and RAYON_NUM_THREADS bounds the pool.
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     os.environ.setdefault("ZEPHON_ENCODER_THREADS", str(threads))
 
 
 def _wait_for_lanes(conn, idle_s: float | None, main: str | None) -> tuple | None:
-    """The ``("start", ...)`` message; meanwhile, for each ``("warm", handles, threads)``
-    (:mod:`~zephon.runtime.standby`), the handles' encoders are built. ``None`` on ``stop``, a
-    closed pipe, or ``idle_s`` seconds without a message."""
+    """The ``("start", ...)`` message, building the encoders of each ``("warm", handles, threads)``
+    meanwhile; ``None`` on ``stop``, a closed pipe, or ``idle_s`` seconds without a message."""
     while True:
         if idle_s is not None and not conn.poll(idle_s):
             return None
@@ -172,19 +161,15 @@ def _wait_for_lanes(conn, idle_s: float | None, main: str | None) -> tuple | Non
         if msg[0] != "warm":
             return msg if msg[0] == "start" else None
         _set_threads(msg[2])
-        try:
+        with contextlib.suppress(Exception):  # built again from the plan, where it fails by lane
             for handle in loads(msg[1], main):
                 handle.load_encoder()
-        except Exception:  # built again from the plan, where a failure is reported with its lane
-            pass
 
 
 def worker_main(conn, idle_s: float | None = None, main: str | None = None) -> None:
-    """A worker: waits for its lanes (``("start", lanes, credit, threads, env, plan, states)``), then
-    runs them ahead until ``stop``. Before that it may build encoders it is sent (``"warm"``).
-    ``main``: the caller's script, run before unpickling what refers to it."""
-    # A Ctrl-C goes to the whole process group: only the main process sees it, so the workers stay
-    # alive to answer checkpoint().
+    """A worker: waits for its lanes (``("start", lanes, credit, threads, env, plan, states)``),
+    then runs them ahead until ``stop``. ``main``: the caller's script."""
+    # Only the main process sees a Ctrl-C, so the workers stay alive to answer checkpoint().
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _become_worker()
     try:
@@ -252,15 +237,13 @@ def worker_main(conn, idle_s: float | None = None, main: str | None = None) -> N
             current = lane
             state, out = plan.next(lane, states[lane], meter, ahead)
             states[lane] = state
+            with kept:
+                history[lane].append((state.delivered, state))  # at the end: once its end was seen
             if out is None:
                 ended.add(lane)
-                with kept:
-                    history[lane].append((state.delivered, state))  # the state once its end was seen
                 outbox.send(("end", lane, state.delivered))
                 continue
             credits[lane] -= 1
-            with kept:
-                history[lane].append((state.delivered, state))
             now = time.monotonic()
             enc = None
             if now >= attach_at[lane]:  # now and then, the state after this output rides along
@@ -277,9 +260,8 @@ def worker_main(conn, idle_s: float | None = None, main: str | None = None) -> N
 
 
 def _receive(conn, plan: Plan, history: dict[int, deque], kept: threading.Lock, outbox: "_Outbox") -> queue.Queue:
-    """Start the thread that reads the caller's messages: it answers ``state`` requests itself, from
-    ``history`` (the state after ``count`` outputs; ``at_end``: once the caller saw the lane end), and
-    queues every other message for the loop, ``("stop",)`` when the caller is gone."""
+    """Start the thread that reads the caller's messages: it answers ``state`` requests from
+    ``history`` and queues the others for the loop (``("stop",)`` once the caller is gone)."""
     inbox: queue.Queue = queue.Queue()
 
     def run() -> None:
@@ -306,8 +288,8 @@ def _receive(conn, plan: Plan, history: dict[int, deque], kept: threading.Lock, 
 
 
 def uncount(plan: Plan, history: deque, count: int, target: int) -> None:
-    """Take the mixture counts of the outputs after ``count`` up to ``target`` (run ahead, now skipped) off
-    the states ``history`` keeps (from ``count`` on, after each output sent)."""
+    """Take the mixture counts of the outputs run ahead after ``count`` up to ``target`` (skipped)
+    off the states ``history`` keeps."""
     base = next(s for c, s in history if c == count)
     ahead = [s for c, s in history if c <= target][-1]
     datasets = len(plan.source.datasets)
@@ -317,8 +299,8 @@ def uncount(plan: Plan, history: deque, count: int, target: int) -> None:
 
 
 def skipped_to(plan: Plan, lane: int, target: int, history: deque, ended: bool) -> tuple:
-    """The reply to a skip of ``lane`` to ``target`` outputs: the lane's outputs behind it (fewer where it
-    ended), whether it is at its end, and its encoded state there. ``history`` keeps from there on."""
+    """The reply to a skip of ``lane`` to ``target`` outputs: its count (fewer where it ended),
+    whether it is at its end, and its encoded state there; ``history`` keeps from there on."""
     count = min(target, history[-1][0])
     while len(history) > 1 and history[0][0] < count:
         history.popleft()
@@ -328,8 +310,8 @@ def skipped_to(plan: Plan, lane: int, target: int, history: deque, ended: bool) 
 
 
 def replay_lane(plan: Plan, lane: int, data: Any, delivered: int, at_end: bool) -> LaneState:
-    """The lane's state after exactly ``delivered`` outputs, replayed from ``data`` (an encoded state,
-    ``None``: the start); ``at_end``: the caller saw the lane end, so does the state."""
+    """The lane's state after exactly ``delivered`` outputs, replayed from ``data`` (``None``: the
+    start); ``at_end``: the caller saw the lane end, so does the state."""
     state = plan.decode(lane, data) if data is not None else plan.init(lane)
     while state.delivered < delivered:
         state, out = plan.next(lane, state)
@@ -344,8 +326,8 @@ def replay_lane(plan: Plan, lane: int, data: Any, delivered: int, at_end: bool) 
 
 def replay_main(conn, plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]], env: dict[str, str] | None = None,
                 main: str | None = None) -> None:
-    """The process that replays lanes after the workers stopped: sends each lane's encoded state and counters
-    (``main``: the caller's script, run first if the pipeline refers to it)."""
+    """The process that replays lanes after the workers stopped: sends each lane's encoded state
+    and counters (``main``: the caller's script)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _become_worker()
     take_environment(env)
@@ -358,9 +340,7 @@ def replay_main(conn, plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]],
             conn.send(("replayed", lane, plan.encode(state), plan.reports(state)))
     except BaseException as exc:
         cause = "".join(traceback.format_exception_only(exc)).strip()
-        try:
+        with contextlib.suppress(OSError):
             conn.send(("error", lane, cause, traceback.format_exc()))
-        except OSError:
-            pass
     finally:
         conn.close()

@@ -1,13 +1,10 @@
 """Reading ahead: the lanes' next chunks, read and tokenized in a background thread, several at a time.
 
-Why: tokenizing each lane's chunk alone, in the thread that runs the lanes, leaves cores idle. Once
-a lane stepped a chunk that gave outputs its next chunk is queued, and one thread runs the chain's
-leading per-record operators (:func:`per_record_prefix`) once over queued chunks, up to ``group``
-samples a call; a lane that finds nothing queued asks with the lanes that read next, and waits. A
-lane uses a chunk only if read for it from the same source state and size, so it steps exactly as
-if it had read it itself. If the background work fails, each lane reads on its own and raises it.
-
-State: per lane, at most one queued chunk, and the thread; none of it is part of a checkpoint.
+One thread runs the chain's leading per-record operators (:func:`per_record_prefix`) once over
+several lanes' queued chunks, up to ``group`` samples a call, instead of each lane's alone. A lane
+uses a chunk only if read from its own source state and size, so it steps exactly as if it had
+read it; if the background work fails, each lane reads on its own and raises it. State: per lane
+at most one queued chunk, and the thread (not part of a checkpoint).
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ THREAD_NAME = "zephon-read-ahead"
 
 def per_record_prefix(chain: Any) -> int:
     """How many leading children of ``chain`` are plain per-record operators (``StatelessOp.step``),
-    whose work does not depend on their state and so can run ahead, over several lanes' chunks."""
+    whose work does not depend on their state."""
     from ..core.operator import StatelessOp
 
     n = 0
@@ -64,7 +61,7 @@ class _Request(NamedTuple):
 
 class ReadAhead:
     """Prepares an executor's lanes' next chunks in a background thread, from its live ``states``
-    (read, never written), at most ``group`` samples per call of the per-record operators."""
+    (only read), at most ``group`` samples per call."""
 
     def __init__(self, plan: Any, states: dict[int, Any], group: int) -> None:
         self.plan = plan
@@ -94,8 +91,7 @@ class ReadAhead:
             return None
 
     def stepped(self, lane: int, source: Any, outputs: int, exhausted: bool) -> None:
-        """A lane stepped a chunk that left it at ``source`` with ``outputs`` to deliver: queue its next
-        (of ``read_size``, as it delivers before it reads again)."""
+        """A lane stepped a chunk that left it at ``source`` with ``outputs``: queue its next."""
         if outputs:
             self.started = True
         if self.failed or exhausted or not outputs or lane in self.queued:
@@ -107,8 +103,8 @@ class ReadAhead:
         self._finalizer()
 
     def _others(self, lane: int, size: int) -> list[tuple[int, tuple[Any, int]]]:
-        """The lanes to read for with ``lane``'s chunk: after it in lane order, not done, nothing queued
-        (none until a chunk read here gave outputs, so the first batch waits for its own lane only)."""
+        """The lanes to read for with ``lane``'s chunk: after it in lane order, not done, nothing
+        queued (none until a chunk read here gave outputs)."""
         states = self.states
         if not self.started:
             return []
@@ -168,7 +164,7 @@ class _Work:
             self.thread.join()
 
     def run(self) -> None:
-        # One encoder thread more than CPUs here: this thread encodes while the lanes run Python.
+        # One more encoder thread: this one encodes while the lanes run Python.
         EXTRA_ENCODER_THREADS.set(1)
         while True:
             with self.cond:

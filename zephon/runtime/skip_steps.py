@@ -1,16 +1,9 @@
 """Skipping global steps: the lanes run on as the uninterrupted run's, and the skipped outputs are dropped.
 
-A lane's stream is a pure function of its state, so skipping ``n`` global steps moves every lane
-``n`` outputs on: its operators (reading, tokenizing, packing, shuffling, batching) produce them
-as they would, and they are dropped where they are produced, before they are rebuilt from
-references, counted in the mixture, sent to another process or converted to tensors. What
-follows is the uninterrupted run's, output for output.
-
-The lane's mixture counts (what it delivered per dataset) leave the skipped outputs out, also those
-an executor had run ahead for before the skip.
-
-A run's skips are kept as ``(first step, count)`` pairs in the ``skipped`` field of every lane
-state of its checkpoints (absent while nothing was skipped), so a restored run knows them.
+Skipping ``n`` global steps moves every lane ``n`` outputs on: its operators produce them as they
+would, and they are dropped where produced (never rebuilt, counted in the mixture, sent or
+converted), so what follows is the uninterrupted run's. A run's skips are kept as ``(first step,
+count)`` pairs in every lane state of its checkpoints.
 """
 
 from __future__ import annotations
@@ -26,15 +19,15 @@ from .lanes import LaneState, Plan, caller_order
 @attrs.frozen
 class SkippedSteps:
     """What one :meth:`~zephon.runtime.loader.Loader.skip_steps` call skipped: global steps ``first``
-    to ``first + count - 1``. ``ended_at``: where finite data ended inside them (its first missing
-    step; ``None``: every skipped step existed). Every rank records the same ``first`` and ``count``."""
+    to ``first + count - 1``; ``ended_at``: the first missing step where finite data ended inside
+    them (``None``: none)."""
 
     first: int
     count: int
     ended_at: int | None = None
     discarded: int = 0  # outputs read ahead for the skipped steps and dropped unseen
     seconds: float = 0.0
-    keyframe: int | None = None  # the step of the keyframe the skip started from (options(keyframes=...))
+    keyframe: int | None = None  # the step of the keyframe the skip started from
 
     @property
     def last(self) -> int:
@@ -59,9 +52,9 @@ def check_count(n: Any) -> int:
 
 def skip_lanes(plan: Plan, states: dict[int, LaneState], targets: Mapping[int, int], meter: Any = None,
                ahead: Any = None) -> set[int]:
-    """Advance ``states`` (in place: a read-ahead reads them) until each lane has ``targets[lane]``
-    outputs behind it, round-robin in the caller's order so that reading ahead serves several lanes
-    at once. Returns the lanes whose data ended first (they stop at their end)."""
+    """Advance ``states`` in place until each lane has ``targets[lane]`` outputs behind it,
+    round-robin in the caller's order (reading ahead serves several lanes at once). Returns the
+    lanes whose data ended first."""
     order = caller_order({lane: states[lane].delivered for lane in targets})
     live = [lane for lane in order if states[lane].delivered < targets[lane]]
     ended: set[int] = set()
@@ -78,9 +71,8 @@ def skip_lanes(plan: Plan, states: dict[int, LaneState], targets: Mapping[int, i
 
 
 def without_counts(state: LaneState, ahead: LaneState, base: LaneState, datasets: int) -> LaneState:
-    """``state`` with the mixture counts of the outputs between ``base`` and ``ahead`` taken off: those
-    an executor ran ahead for steps that were then skipped (a skipped output is never counted, so the
-    counts do not depend on how far an executor ran ahead)."""
+    """``state`` with the mixture counts of the outputs between ``base`` and ``ahead`` (run ahead,
+    then skipped) taken off: a skipped output is never counted."""
     delta = [a - b for a, b in zip(ahead.mixture or [0] * (2 * datasets), base.mixture or [0] * (2 * datasets))]
     if not any(delta):
         return state
@@ -94,11 +86,7 @@ def encode_skips(skips: Sequence[tuple[int, int]]) -> list[list[int]]:
 
 
 def skips_of(encoded: Mapping[int, Any]) -> tuple[tuple[int, int], ...]:
-    """The skips recorded in restored lane states (every lane of a run records the same ones).
-
-    Raises:
-        ValueError: lanes that record different skips (checkpoints of ranks that skipped differently).
-    """
+    """The skips recorded in restored lane states (ValueError if lanes record different ones)."""
     found = {lane: tuple((int(a), int(b)) for a, b in data.get("skipped_steps", ())) for lane, data in encoded.items()}
     kinds = set(found.values())
     if len(kinds) > 1:

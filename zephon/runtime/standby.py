@@ -1,19 +1,16 @@
 """Worker processes started before ``iter()``, waiting with the pipeline's encoders built.
 
-A worker's start (a fork from the fork server, its imports, the tokenizer's encoder: 0.1-0.3 s)
-would otherwise stand between ``iter()`` and a run's first batch. When a pipeline's options ask for
-worker processes, or a tokenizing operator joins such a pipeline, :func:`prepare` starts that many
-workers in the background and has them build the pipeline's encoders; the next
-:class:`~zephon.runtime.process_executor.ProcessExecutor` in this process :func:`take`\\ s them and
-gives each its lanes, as it does a worker it starts itself. A waiting worker owns no lane, holds no
-data and runs no user code; one not taken within :data:`IDLE_S` exits on its own.
+A worker's start (fork, imports, the tokenizer's encoder: 0.1-0.3 s) would otherwise delay a run's
+first batch. :func:`prepare` starts workers in the background and has them build the encoders; the
+next :class:`~zephon.runtime.process_executor.ProcessExecutor` :func:`take`\\ s them. A waiting
+worker owns no lane and runs no user code; one not taken within :data:`IDLE_S` exits.
 
-State kept (per process): the waiting workers (process, connection, the encoders each was told to
-build) and the thread starting them, under one lock.
+State kept (per process, under one lock): the waiting workers and the thread starting them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -53,10 +50,8 @@ os.register_at_fork(after_in_child=_forget)
 
 
 def start_worker(name: str = "zephon-worker") -> tuple[Any, Any]:
-    """A new worker process (``process_worker.worker_main``) and its connection; it waits for lanes.
-
-    It starts without running the caller's script, and runs it only if the pipeline it is given
-    refers to it (:func:`~zephon.runtime.executor.without_main`)."""
+    """A new worker process (``process_worker.worker_main``), waiting for lanes, and its connection;
+    it runs the caller's script only if its pipeline refers to it."""
     ctx = start_context()
     parent, child = ctx.Pipe()
     widen(parent), widen(child)
@@ -73,11 +68,8 @@ def threads_per_worker(workers: int) -> int:
 
 
 def prepare(workers: int, encoders: Sequence[Any] = ()) -> None:
-    """Have ``workers`` workers waiting, each building ``encoders`` (tokenizer handles); returns at once.
-
-    Workers are started by a background thread (a start waits for the fork server's imports).
-    Nothing happens inside a worker process or the fork server, or without a fork server.
-    """
+    """Have ``workers`` workers waiting, each building ``encoders`` (tokenizer handles), started by
+    a background thread; nothing inside a worker or the fork server, or without a fork server."""
     global _starting
     if workers <= 0 or in_worker() or getattr(mp.current_process(), "_inheriting", False):
         return
@@ -132,11 +124,9 @@ def take(workers: int | None = None) -> list[tuple[Any, Any]]:
 def discard() -> None:
     """Stop every waiting worker now (they also exit on their own after :data:`IDLE_S`)."""
     for proc, conn in take():
-        try:
+        with contextlib.suppress(OSError):
             conn.send(("stop",))
             conn.close()
-        except OSError:
-            pass
         proc.join(timeout=5)
         if proc.is_alive():
             proc.terminate()
@@ -144,15 +134,13 @@ def discard() -> None:
 
 
 def widen(conn: Any) -> None:
-    """Ask for ``_SOCKET_BUFFER``-byte socket buffers on ``conn`` (best effort, capped by the system),
-    so that a batch does not fill the buffer and reach the main process in several reads."""
+    """Ask for ``_SOCKET_BUFFER``-byte socket buffers on ``conn`` (best effort), so that a batch
+    reaches the main process in fewer reads."""
     try:
         sock = socket.socket(fileno=os.dup(conn.fileno()))
     except (OSError, ValueError):
         return
     with sock:
         for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-            try:
+            with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, option, _SOCKET_BUFFER)
-            except OSError:
-                pass

@@ -14,8 +14,8 @@ from .skip_steps import skip_lanes, without_counts
 
 
 def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: dict, stop: threading.Event, meter: Any) -> None:
-    """The background thread of :class:`ThreadExecutor` (holding no reference to it, so that an executor
-    dropped without ``close()`` is collected and its finalizer stops this thread)."""
+    """The background thread of :class:`ThreadExecutor` (holding no reference to it, so that its
+    finalizer can stop this thread)."""
     live = caller_order_of(states)
     ahead = plan.reader(states)
     try:
@@ -40,7 +40,7 @@ def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: d
 
 
 def _stop_prefetch(stop: threading.Event, credits: dict, thread: threading.Thread) -> None:
-    """Stop the background thread, waiting briefly (also at exit: a daemon thread can abort finalization)."""
+    """Stop the background thread, waiting briefly (also at exit)."""
     stop.set()
     for sem in credits.values():  # wake the thread wherever it waits for credit
         sem.release()
@@ -49,10 +49,8 @@ def _stop_prefetch(stop: threading.Event, credits: dict, thread: threading.Threa
 
 
 class ThreadExecutor(InlineExecutor):
-    """Runs lanes ahead in one background thread: each lane's next outputs, paired with the state after
-    them, up to ``credit`` ahead; the caller's view advances only when it takes an output, so the
-    checkpoint is exactly what it received.
-    """
+    """Runs lanes ahead in one background thread, up to ``credit`` outputs each, paired with the
+    state after them; the caller's states advance only as it takes outputs."""
 
     def __init__(self, plan: Plan, states: dict[int, LaneState], credit: int = 4):
         self.plan = plan
@@ -76,9 +74,9 @@ class ThreadExecutor(InlineExecutor):
         self.thread.start()
 
     def skip(self, targets: dict[int, int]) -> tuple[dict[int, int], int]:
-        """Move each lane to ``targets[lane]`` outputs delivered (or its end): the thread stops, the outputs
-        it ran ahead for the skipped steps are dropped (their count is returned) and the last state among
-        them kept, the rest is skipped here, and a new thread runs ahead from there."""
+        """Move each lane to ``targets[lane]`` outputs delivered (or its end): the thread stops,
+        what it ran ahead for the skipped steps is dropped (and counted), the rest skipped here,
+        and a new thread runs ahead from there."""
         if self.closed:
             raise closed_error()
         self._finalizer()
@@ -117,5 +115,5 @@ class ThreadExecutor(InlineExecutor):
     def close(self, read_final: bool = True) -> None:
         if not self.closed:
             self.closed = True
-            # The thread wakes at once, or exits after the step it computes (a longer one is left to run).
+            # The thread wakes at once, or exits after the step it computes.
             self._finalizer()

@@ -1,15 +1,10 @@
 """Messages over a ``multiprocessing`` connection with their buffers out of band.
 
-A message is pickled with protocol 5: every contiguous buffer (numpy arrays, bytearrays, small ones
-too) is left out of the pickle and written after it from the object's memory; the receiver reads
-each into a fresh ``bytearray`` and rebuilds the arrays over it, so the bytes are copied once fewer
-on each side. Batches of dict payloads holding only arrays and plain values reduce to a compact
-form (:func:`_reduce_batch`); any other batch pickles as usual.
-
-Wire format: the pickle's length, the pickle and a trailer (the buffers' sizes, then their count;
-each a little-endian 64-bit integer), then the buffers' bytes, back to back, with one ``writev``
-(on Windows, one connection message each). Every array arrives writable and owns its memory, as
-with an in-band pickle; arrays that are not contiguous are copied into the pickle, as numpy does.
+Pickled with protocol 5, every contiguous buffer is written after the pickle from the object's
+memory and read into a fresh writable ``bytearray``; batches of dict payloads of arrays and plain
+values reduce to a compact form (:func:`_reduce_batch`). Wire format: the pickle's length, the
+pickle and a trailer (the buffers' sizes, then their count; little-endian 64-bit), then the
+buffers, with one ``writev`` (on Windows, one connection message each).
 """
 
 from __future__ import annotations
@@ -47,11 +42,9 @@ _PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
 
 
 def _reduce_batch(batch: SampleBatch) -> Any:
-    """A batch in a form that pickles without Python code per array and meta: per record its payload's
-    keys and values, each contiguous array as its buffer with its dtype and shape; the metas as
-    msgpack. A batch holding anything else (nested containers, other array types, arrays without
-    a buffer, one array twice) pickles as usual.
-    """
+    """A batch in a form that pickles without Python code per array and meta: per record its
+    payload's keys and values (arrays as buffers, dtype and shape), the metas as msgpack. Any other
+    batch (nested containers, other arrays, one array twice) pickles as usual."""
     records, seen, out = batch.records, set(), []
     for r in records:
         payload = r.payload
@@ -101,8 +94,7 @@ class _Unpickler(pickle.Unpickler):
 
 
 def _frombuffer(buf: Any, dtype: np.dtype, shape: tuple[int, ...], order: str, axis_order: Any = None) -> np.ndarray:
-    """numpy's ``_frombuffer``, except that the array is always writable: ``buf`` is a received
-    bytearray, or a read-only view of one (an array read-only in the sender), whose bytearray is used."""
+    """numpy's ``_frombuffer`` over a received bytearray (or a read-only view of one), writable."""
     if isinstance(buf, memoryview) and isinstance(buf.obj, bytearray):
         buf = buf.obj
     array = np.frombuffer(buf, dtype=dtype)
@@ -112,12 +104,8 @@ def _frombuffer(buf: Any, dtype: np.dtype, shape: tuple[int, ...], order: str, a
 
 
 def pack_message(msg: Any) -> list[memoryview]:
-    """``msg`` (any picklable value) as the parts to send: the pickle with its trailer, then each buffer
-    (views of the message's own arrays: valid while those are not changed).
-
-    Raises:
-        Exception: what pickling ``msg`` raises.
-    """
+    """``msg`` as the parts to send: the pickle with its trailer, then each buffer (views of the
+    message's own arrays); raises what pickling raises."""
     head = io.BytesIO()
     pickler = _Pickler(head)
     pickler.dump(msg)
@@ -137,14 +125,12 @@ def send_parts(conn: Any, parts: list[memoryview]) -> None:
 
 
 def send_message(conn: Any, msg: Any) -> None:
-    """Send ``msg`` over ``conn``, its buffers out of band; nothing is sent if it does not pickle (what
-    pickling raises is raised; ``OSError``: the other end is gone)."""
+    """Send ``msg`` over ``conn``, buffers out of band (nothing is sent if it does not pickle)."""
     send_parts(conn, pack_message(msg))
 
 
 def recv_message(conn: Any) -> Any:
-    """Receive a message sent by :func:`send_message`; its arrays are writable and own their memory
-    (``EOFError``: the other end closed the connection; what unpickling raises is raised)."""
+    """A message sent by :func:`send_message`, its arrays writable (``EOFError``: closed)."""
     if _RAW:
         length = bytearray(8)
         _read_all(conn.fileno(), [length])
@@ -165,8 +151,7 @@ def recv_message(conn: Any) -> Any:
     return _Unpickler(io.BytesIO(head), buffers=buffers).load()
 
 
-# On POSIX a message is written with one system call (a multiprocessing message would copy each part
-# into a frame and wake the reader once per part); messages the other way keep multiprocessing's frames.
+# On POSIX a message is written with one system call, not one framed message per part.
 _RAW = hasattr(os, "writev") and sys.platform != "win32"
 _IOV_MAX = 512  # buffers per system call: Linux and macOS take up to 1024
 
