@@ -9,6 +9,7 @@ process, come at the first skip and every :data:`WARN_EVERY`-th; workers forward
 from __future__ import annotations
 
 import contextlib
+import itertools
 import warnings
 import weakref
 from collections import Counter, defaultdict
@@ -152,10 +153,7 @@ def skip_report(plan: Any, states: Mapping[int, Mapping[str, Any]]) -> dict[str,
                 entry["causes"][cause] = entry["causes"].get(cause, 0) + n
             listed += [_listed(plan, place, s) for s in log.listed]
         per_lane.append(listed)
-    records: list[dict[str, Any]] = []
-    depth = max((len(x) for x in per_lane), default=0)
-    for i in range(depth):
-        records += [x[i] for x in per_lane if i < len(x)]
+    records = [x for row in itertools.zip_longest(*per_lane) for x in row if x is not None]
     return {
         "total": sum(p["skipped"] for p in places.values()),
         "by_operator": places,

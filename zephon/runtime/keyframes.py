@@ -52,7 +52,7 @@ def latest_keyframe(folder: str | os.PathLike, fingerprint: dict[str, Any], lane
     """The newest keyframe ``s`` with ``after < s <= upto`` holding ``lanes`` of this plan, as
     ``(s, encoded lane states)`` or ``None``; those passed over are named in one RuntimeWarning."""
     lanes = list(lanes)
-    passed = []
+    passed, found = [], None
     for step in reversed(keyframe_steps(folder)):
         if not after < step <= upto:
             continue
@@ -65,21 +65,16 @@ def latest_keyframe(folder: str | os.PathLike, fingerprint: dict[str, Any], lane
             passed.append(f"{where}: {str(exc).splitlines()[0]}")
             continue
         stray = sorted(lane for lane, state in states.items() if state["delivered"] != step)
-        if stray:
-            passed.append(f"{where}: lanes {stray} are not at step {step}")
-            continue
-        _warn_passed(passed)
-        return step, states
-    _warn_passed(passed)
-    return None
-
-
-def _warn_passed(passed: list[str]) -> None:
+        if not stray:
+            found = step, states
+            break
+        passed.append(f"{where}: lanes {stray} are not at step {step}")
     if passed:
         warnings.warn(
             "skip_steps: keyframes passed over (the skip produces their steps instead): " + "; ".join(passed),
-            RuntimeWarning, stacklevel=4,
+            RuntimeWarning, stacklevel=3,
         )
+    return found
 
 
 def from_keyframe(states: dict[int, Any], current: dict[int, Any]) -> dict[int, Any]:

@@ -280,10 +280,8 @@ class Plan:
                 shown = ", ".join(map(str, found[:8])) + (f", ... ({len(found)} rows)" if len(found) > 8 else "")
                 parts.append(f"{self._shard_name(d, s)}, row{'s' if len(found) > 1 else ''} {shown}")
             exc.add_note(f"zephon: raised while lane {lane} was processing {len(records)} records: {'; '.join(parts)}")
-        try:
+        with contextlib.suppress(AttributeError):
             exc.zephon_named = True  # type: ignore[attr-defined]
-        except AttributeError:
-            pass
 
     def meter(self) -> Meter:
         """Fresh runtime counters for this plan's operators and datasets."""
@@ -395,8 +393,7 @@ class Plan:
             raise ValueError(f"lane ids are ints, got {lane!r}")
         self._check_lane(lane)
         check_lane_state(lane, data, require_checksum=False)
-        chunk, offset = data["source"]
-        source = SourceState(chunk, offset)
+        source = SourceState(*data["source"])
         self._check_cursor(lane, source, data["done"])
         batches = bool(self.chain.children) and self.chain.children[-1][1].kind == "batch"
         refs = [_decode_ref(r, batches, f"lane {lane}: field 'pending[{i}]'") for i, r in enumerate(data["pending"])]

@@ -146,18 +146,14 @@ class Loader(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
-        if self._closed:
-            self._check_open()
+        self._check_open()
         waited = self._deliveries.start_wait()
-        if self.options.agree_on_end and self._dist is not None:
-            if not self._unyielded:
-                if self._take_step() is None:
-                    raise StopIteration
-            out = self._unyielded.popleft()
-        else:
-            out = self._pull()
-            if out is None:
-                raise StopIteration
+        agree = self.options.agree_on_end and self._dist is not None
+        if agree and not self._unyielded and self._take_step() is None:
+            raise StopIteration
+        out = self._unyielded.popleft() if agree else self._pull()
+        if out is None:
+            raise StopIteration
         self._deliver(out, waited)
         return out
 
@@ -223,10 +219,10 @@ class Loader(Iterator[Any]):
                 "with steps()"
             )
         first = counts.pop()
+        if n and self.finished:
+            message = f"skip_steps({n}): the data already ended at step {first}; nothing to skip"
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
         if not n or self.finished:
-            if n:
-                message = f"skip_steps({n}): the data already ended at step {first}; nothing to skip"
-                warnings.warn(message, RuntimeWarning, stacklevel=2)
             return SkippedSteps(first, 0, first if n else None)
         t0 = time.perf_counter()
         keyframe = self._to_keyframe(first, first + n) if self.options.keyframes else None
@@ -425,7 +421,7 @@ class Loader(Iterator[Any]):
         delivered_states = self._delivered_states()
         return {
             "delivered": sum(self.delivered.values()),
-            "complete_steps": min(self.delivered.values()),
+            "complete_steps": self.next_step,
             "lanes": {
                 lane: {"delivered": n, "ended": lane in self.ended, "undelivered": dict(zip(names, self._undelivered[lane]))}
                 for lane, n in self.delivered.items()
@@ -445,7 +441,7 @@ class Loader(Iterator[Any]):
     def _light_stats(self) -> dict[str, Any]:
         """The loader-side sections of :meth:`stats` (no round trip to workers)."""
         d = summarize(operators={}, meter=None, deliveries=self._deliveries)
-        return {"complete_steps": min(self.delivered.values()), **d}
+        return {"complete_steps": self.next_step, **d}
 
 
 def out_lane(out: Any) -> int:

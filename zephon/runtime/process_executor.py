@@ -113,7 +113,7 @@ class ProcessExecutor:
 
     def __init__(self, plan: Plan, lanes: list[int], workers: int, *, encoded: dict[int, Any] | None, credit: int = 4):
         try:
-            plan_bytes = pickle.dumps(plan)
+            self.plan_bytes = pickle.dumps(plan)
         except Exception as exc:
             raise TypeError(
                 "workers > 0 needs a picklable pipeline (spawned processes): every map/filter function must be "
@@ -121,7 +121,6 @@ class ProcessExecutor:
             ) from exc
         n = max(1, min(workers, len(lanes)))
         self.plan = plan
-        self.plan_bytes = plan_bytes
         self.lanes = list(lanes)
         self.owner: dict[int, int] = {lane: i % n for i, lane in enumerate(lanes)}  # lanes w, w+n, ... of the block
         self.conns: list = []
@@ -203,9 +202,8 @@ class ProcessExecutor:
             self.buffers[msg[1]].append(msg)
         elif kind == "end":
             self.ended[msg[1]] = msg[2]
-        elif kind == "state":
-            _, lane, count, data = msg
-            self._states[(lane, count)] = data
+        elif kind == "state":  # (lane, count) -> encoded state
+            self._states[msg[1:3]] = msg[3]
         elif kind == "skipped_steps":
             self._skipped[msg[1]] = msg[2:]
         elif kind == "reports":

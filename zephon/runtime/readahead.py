@@ -64,9 +64,7 @@ class ReadAhead:
     (only read), at most ``group`` samples per call."""
 
     def __init__(self, plan: Any, states: dict[int, Any], group: int) -> None:
-        self.plan = plan
-        self.states = states
-        self.group = group
+        self.plan, self.states, self.group = plan, states, group
         self.queued: dict[int, _Request] = {}
         self.failed = False
         self.started = False  # a chunk read here gave outputs: from then on, misses read for others too
@@ -92,8 +90,7 @@ class ReadAhead:
 
     def stepped(self, lane: int, source: Any, outputs: int, exhausted: bool) -> None:
         """A lane stepped a chunk that left it at ``source`` with ``outputs``: queue its next."""
-        if outputs:
-            self.started = True
+        self.started = self.started or bool(outputs)
         if self.failed or exhausted or not outputs or lane in self.queued:
             return
         self.queued[lane] = self._submit(lane, (source, self.plan.read_size))
@@ -105,9 +102,9 @@ class ReadAhead:
     def _others(self, lane: int, size: int) -> list[tuple[int, tuple[Any, int]]]:
         """The lanes to read for with ``lane``'s chunk: after it in lane order, not done, nothing
         queued (none until a chunk read here gave outputs)."""
-        states = self.states
         if not self.started:
             return []
+        states = self.states
         lanes = list(states)
         i = lanes.index(lane) if lane in lanes else -1
         total, out = size, []

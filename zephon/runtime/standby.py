@@ -11,6 +11,7 @@ State kept (per process, under one lock): the waiting workers and the thread sta
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import os
 import pickle
@@ -26,13 +27,13 @@ IDLE_S = 120.0
 _SOCKET_BUFFER = 4 << 20
 
 
+@dataclasses.dataclass
 class _Waiting:
     """A started worker without lanes: its process, connection and the encoders sent to it."""
 
-    __slots__ = ("proc", "conn", "warmed")
-
-    def __init__(self, proc: Any, conn: Any) -> None:
-        self.proc, self.conn, self.warmed = proc, conn, set()
+    proc: Any
+    conn: Any
+    warmed: set = dataclasses.field(default_factory=set)
 
 
 _POOL: list[_Waiting] = []

@@ -231,14 +231,11 @@ def mixture_report(source: Any, counts_by_lane: dict[int, Sequence[int]]) -> dic
         samples, tokens = sum(counts[0::2]), sum(counts[1::2])
         return {
             name: {
-                "samples": counts[2 * j],
-                "tokens": counts[2 * j + 1],
-                "sample_share": counts[2 * j] / samples if samples else 0.0,
-                "token_share": counts[2 * j + 1] / tokens if tokens else 0.0,
-                "target": target.get(name),
-                "epochs": counts[2 * j] / rows[j] if rows[j] else 0.0,
+                "samples": s, "tokens": t, "sample_share": s / samples if samples else 0.0,
+                "token_share": t / tokens if tokens else 0.0, "target": target.get(name),
+                "epochs": s / rows[j] if rows[j] else 0.0,
             }
-            for j, name in enumerate(names)
+            for j, (name, s, t) in enumerate(zip(names, counts[0::2], counts[1::2]))
         }
 
     return {
