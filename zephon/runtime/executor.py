@@ -1,4 +1,4 @@
-"""What every executor shares: worker failure, the closed executor, lane order, how workers start.
+"""What every executor shares: worker failure, the closed executor, how workers start.
 
 An executor (inline, thread or process) hands out a rank's lanes' outputs one lane at a time
 (``next(lane)``), with ``lane_states()``, ``reports()``, ``meters()``, ``skip()`` and ``close()``.
@@ -13,7 +13,6 @@ import threading
 from multiprocessing import spawn
 from typing import Any, Iterator
 
-from .lanes import LaneState, caller_order
 
 #: What the fork server imports once for every worker forked from it (missing ones are skipped).
 _PRELOAD = (
@@ -96,11 +95,6 @@ def closed_error() -> RuntimeError:
         "this executor was closed; checkpoint() still works. Call restore(checkpoint) on the loader to "
         "resume it, or iter(pipeline) for a new one"
     )
-
-
-def caller_order_of(states: dict[int, LaneState]) -> list[int]:
-    """The lanes in the order the caller takes their outputs, so that its next output is computed first."""
-    return caller_order({lane: s.delivered for lane, s in states.items()})
 
 
 @contextlib.contextmanager

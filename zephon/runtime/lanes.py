@@ -109,7 +109,6 @@ class Plan:
     read_size: int = 64
     read_ahead: int = 512  # samples read and tokenized together for the lanes about to read (0: off)
 
-    # -- reading ----------------------------------------------------------------------------------------
     def fetch(self, lane: int, pointers: Sequence[tuple[int, int, int]]) -> list[Record]:
         """The payloads of ``pointers`` (in order) as fresh sample-level records."""
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
@@ -136,7 +135,6 @@ class Plan:
                 out[i] = rec
         return out
 
-    # -- lanes ------------------------------------------------------------------------------------------
     def init(self, lane: int) -> LaneState:
         self._check_lane(lane)
         return LaneState(SourceState(), self.chain.init(fold_in(seed_key(0), "lane", lane)))
@@ -234,7 +232,6 @@ class Plan:
         with _restoring(lane):
             return self.chain.rebuild([output_ref(out)], self._checked_resolver(lane))[0]
 
-    # -- naming records in errors -----------------------------------------------------------------------
     def describe(self, meta: Meta) -> str:
         """Where a record came from: dataset, shard (file), row and lane of its first source sample.
 
@@ -295,7 +292,6 @@ class Plan:
         if not 0 <= lane < self.lanes:
             raise ValueError(f"lane {lane} outside [0, {self.lanes}) (canonical_replicas={self.lanes})")
 
-    # -- checkpoints ------------------------------------------------------------------------------------
     def encode(self, state: LaneState) -> dict[str, Any]:
         """The lane state as builtins; ``skipped`` only when a dataset skips undecodable rows."""
         out = {

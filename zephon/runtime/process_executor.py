@@ -263,8 +263,7 @@ class ProcessExecutor:
         except WorkerError:
             if self.failure is not None:
                 raise
-            # The worker died after it sent this output: the caller still gets it (it is
-            # counted as delivered and the checkpoint covers it); the next call reports the death.
+            # It died after sending this output: the caller gets it; the next call reports the death.
         return out
 
     def skip(self, targets: dict[int, int]) -> tuple[dict[int, int], int]:

@@ -23,8 +23,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from ..core.records import SampleBatch, describe_meta
-from .executor import caller_order_of
-from .lanes import LaneState, Plan
+from .lanes import LaneState, Plan, caller_order
 from .skip_steps import skip_lanes, without_counts
 from .bad_records import forward_warnings
 from .wire import pack_message, send_message, send_parts
@@ -198,7 +197,7 @@ def worker_main(conn, idle_s: float | None = None, main: str | None = None) -> N
         credits = {lane: credit for lane in lanes}
         attach_at = {lane: time.monotonic() + _ATTACH_S for lane in lanes}
         ended: set[int] = set()
-        order = deque(caller_order_of(states))
+        order = deque(caller_order({lane: s.delivered for lane, s in states.items()}))
         ahead = plan.reader(states)
         while True:
             while not inbox.empty() or not any(credits[lane] > 0 and lane not in ended for lane in lanes):

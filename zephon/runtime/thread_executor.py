@@ -7,16 +7,16 @@ import threading
 import weakref
 from typing import Any
 
-from .executor import caller_order_of, closed_error
+from .executor import closed_error
 from .inline_executor import InlineExecutor
-from .lanes import LaneState, Plan
+from .lanes import LaneState, Plan, caller_order
 from .skip_steps import skip_lanes, without_counts
 
 
 def _prefetch(plan: Plan, states: dict[int, LaneState], queues: dict, credits: dict, stop: threading.Event, meter: Any) -> None:
     """The background thread of :class:`ThreadExecutor` (holding no reference to it, so that its
     finalizer can stop this thread)."""
-    live = caller_order_of(states)
+    live = caller_order({lane: s.delivered for lane, s in states.items()})
     ahead = plan.reader(states)
     try:
         while live and not stop.is_set():
