@@ -13,11 +13,9 @@ import attrs
 
 
 def _io_options(value: Any) -> Any:
-    if value is None:
-        return None
     from ..sources.storage import io_options
 
-    return io_options(value)
+    return None if value is None else io_options(value)
 
 
 def _opt_int(minimum: int):

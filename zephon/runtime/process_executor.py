@@ -263,7 +263,7 @@ class ProcessExecutor:
         except WorkerError:
             if self.failure is not None:
                 raise
-            # It died after sending this output: the caller gets it; the next call reports the death.
+            # It died after sending this output: the caller gets it; the next call reports it.
         return out
 
     def skip(self, targets: dict[int, int]) -> tuple[dict[int, int], int]:
@@ -333,8 +333,7 @@ class ProcessExecutor:
             kept = {lane: data for lane, (count, data) in self.base.items()
                     if count == self.delivered[lane] and data is not None and lane not in self.saw_end}
             rebuilt = self._rebuilt([lane for lane in self.lanes if lane not in kept])
-            got = {**kept, **{lane: enc for lane, (enc, _) in rebuilt.items()}}
-            self._final_states = {lane: got[lane] for lane in self.lanes}
+            self._final_states = {lane: kept.get(lane) or rebuilt[lane][0] for lane in self.lanes}
         return dict(self._final_states)
 
     def _rebuilt(self, lanes: list[int]) -> dict[int, tuple[Any, Any]]:
