@@ -100,13 +100,10 @@ def _fill(previous: threading.Thread | None, workers: int, payload: list[tuple[t
         _POOL.extend(started)
         for waiting in _POOL:
             new = [e for key, e in payload if key not in waiting.warmed]
-            if not new:
-                continue
-            try:
-                waiting.conn.send(("warm", pickle.dumps(new), threads))
-            except Exception:
-                continue
-            waiting.warmed.update(key for key, _ in payload)
+            if new:
+                with contextlib.suppress(Exception):
+                    waiting.conn.send(("warm", pickle.dumps(new), threads))
+                    waiting.warmed.update(key for key, _ in payload)
 
 
 def take(workers: int | None = None) -> list[tuple[Any, Any]]:
