@@ -198,9 +198,8 @@ def _boundaries(real: np.ndarray, padded: np.ndarray, flatten: bool) -> tuple[An
         keep = padded.reshape(-1) > 0
         real, padded = real.reshape(-1)[keep][None], padded.reshape(-1)[keep][None]
     zero = np.zeros((len(real), 1), dtype=np.int64)
-    cu, cu_padded = (
-        np.concatenate([zero, np.cumsum(x, axis=1)], axis=1).astype(np.int32) for x in (real, padded)
-    )
+    cu, cu_padded = (np.concatenate([zero, np.cumsum(x, axis=1)], axis=1) for x in (real, padded))
+    cu, cu_padded = cu.astype(np.int32), cu_padded.astype(np.int32)
     if flatten:
         return cu[0], cu_padded[0], int(padded.max(initial=0))
     return cu, cu_padded, padded.max(axis=1, initial=0).astype(np.int32)

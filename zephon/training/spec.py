@@ -142,7 +142,9 @@ class TrainingSpec:
     return_cu_seqlens: bool = attrs.field(default=False, converter=bool)
     return_padding_mask: bool = attrs.field(default=False, converter=bool)
     eos_mask_loss: bool = attrs.field(default=False, converter=bool)
-    eos_token_id: int | None = attrs.field(default=None, converter=_int, validator=_optional_nonnegative_int())
+    eos_token_id: int | None = attrs.field(
+        default=None, converter=_int, validator=_optional_nonnegative_int()
+    )
     position_mode: str = attrs.field(default="preserve", validator=_one_of("preserve", "sequence"))
     shift_labels: bool = attrs.field(default=True, converter=bool)
     padding: str | None = attrs.field(default=None, converter=_padding, validator=_check_padding)
@@ -224,7 +226,8 @@ class TrainingSpec:
             on, why = flagged.get(name, (False, ""))
             if on:
                 raise ValueError(
-                    f"to_training: extra_fields cannot include {name!r} with {why}; that output is generated"
+                    f"to_training: extra_fields cannot include {name!r} with {why}; that output is "
+                    "generated"
                 )
             if name == "loss_mask" and self.return_labels:
                 raise ValueError(
@@ -434,7 +437,7 @@ class TrainingSpec:
             labels = fields["labels"][0] if labelled else None
             cu = thd_cu if thd_cu is not None else cu
 
-        # -- assemble: ids are the (dataset, shard, row) of every segment of every record -----------------
+        # -- assemble: ids are the (dataset, shard, row) of every segment of every record
         out = self._output
         result: dict[str, Any] = {"ids": [[tuple(s[:3]) for s in r.meta.segments] for r in records]}
         result["texts"] = rows.texts
@@ -536,7 +539,7 @@ class _FrozenDict(Mapping):
 
 def _warn_at_caller(message: str) -> None:
     """Warn at the first frame outside this package and attrs: ``to_training`` is reached by many
-    paths (``SampleBatch.to_training``, a spec, ``attrs.evolve``), so no fixed ``stacklevel`` fits."""
+    paths (``SampleBatch.to_training``, a spec, ``attrs.evolve``), so no fixed stacklevel fits."""
     level = 1
     frame = inspect.currentframe()
     while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _INTERNAL_PACKAGES:
