@@ -164,8 +164,7 @@ class TrainingDataset(torch.utils.data.IterableDataset):
                 "to_torch_dataset: the pipeline must end in batch(microbatch_size): every item of the dataset "
                 "is one microbatch of training tensors (append .batch(8), for example)"
             )
-        self.pipeline = pipeline
-        self.stateful = stateful
+        self.pipeline, self.stateful = pipeline, stateful
         self.spec = training_spec(**to_training_options)
         self.plan = pipeline.compile(checkpoint)
         if checkpoint is not None:
@@ -392,16 +391,15 @@ def checkpoint_from_state(state: Any) -> dict[str, Any]:
     Raises:
         ValueError: the state holds no zephon checkpoint.
     """
-    found: list[dict[str, Any]] = []
 
-    def walk(node: Any) -> None:
+    def walk(node: Any) -> Iterator[dict[str, Any]]:
         if isinstance(node, Mapping) and isinstance(node.get(STATE_KEY), Mapping):
-            found.append(dict(node[STATE_KEY]))
+            yield dict(node[STATE_KEY])
         elif isinstance(node, (Mapping, list, tuple)):
             for value in node.values() if isinstance(node, Mapping) else node:
-                walk(value)
+                yield from walk(value)
 
-    walk(state)
+    found = list(walk(state))
     if not found:
         raise ValueError(
             f"no zephon checkpoint (key {STATE_KEY!r}) in this state; pass the state_dict() of a StatefulDataLoader "

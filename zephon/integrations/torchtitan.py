@@ -84,9 +84,8 @@ class ZephonPlan(_Section):
     """Seed of the mixture's order."""
 
     exhausted_policy: str = "repeat"
-    """``"repeat"`` (endless: train for ``training.steps``; recommended), ``"stop"`` (end when the first
-    dataset is exhausted) or ``"passes"`` (one full pass of every dataset). With finite data the
-    ranks agree on the last step (one all-reduce per step), and TorchTitan stops there."""
+    """``"repeat"`` (endless; recommended), ``"stop"`` (end when the first dataset is exhausted) or
+    ``"passes"`` (one pass of every dataset); with finite data TorchTitan stops at the last step."""
 
     chunk_size: int | None = None
     """Samples per unit of work a lane takes at a time (``None``: zephon's default)."""

@@ -209,12 +209,8 @@ def _fill(rows: list[np.ndarray], B: int, T: int, left: np.ndarray, fill: int, d
     """Rows copied into one contiguous ``[B, T]`` buffer at their offsets; other slots hold ``fill``."""
     if dtype is None:
         dtype = np.result_type(*[r.dtype for r in rows]) if rows else np.int64
-    if all(len(r) == T for r in rows):
-        out = np.empty((B, T), dtype=dtype)
-        for i, r in enumerate(rows):
-            out[i] = r
-        return out
-    out = np.full((B, T), fill, dtype=dtype)
+    full = all(len(r) == T for r in rows)  # then every offset is 0
+    out = np.empty((B, T), dtype=dtype) if full else np.full((B, T), fill, dtype=dtype)
     for i, r in enumerate(rows):
         a = int(left[i])
         out[i, a : a + len(r)] = r

@@ -78,6 +78,9 @@ def _optional_nonnegative_int(tail: str = ""):
                   f"to_training: {{name}} must be a nonnegative integer{tail}, got {{value!r}}")
 
 
+_check_eos_id, _check_pad_id = _optional_nonnegative_int(), _optional_nonnegative_int(" or None")
+
+
 _check_tokens_field = _check(
     lambda v: isinstance(v, str), TypeError,
     "to_training: tokens_field must be a payload field name or 'auto', got {value!r}",
@@ -142,18 +145,14 @@ class TrainingSpec:
     return_cu_seqlens: bool = attrs.field(default=False, converter=bool)
     return_padding_mask: bool = attrs.field(default=False, converter=bool)
     eos_mask_loss: bool = attrs.field(default=False, converter=bool)
-    eos_token_id: int | None = attrs.field(
-        default=None, converter=_int, validator=_optional_nonnegative_int()
-    )
+    eos_token_id: int | None = attrs.field(default=None, converter=_int, validator=_check_eos_id)
     position_mode: str = attrs.field(default="preserve", validator=_one_of("preserve", "sequence"))
     shift_labels: bool = attrs.field(default=True, converter=bool)
     padding: str | None = attrs.field(default=None, converter=_padding, validator=_check_padding)
     max_length: int | None = attrs.field(default=None, converter=_int)
     pad_to_multiple_of: int | None = attrs.field(default=None, converter=_int)
     padding_side: str = attrs.field(default="right", validator=_one_of("right", "left"))
-    pad_token_id: int | None = attrs.field(
-        default=None, converter=_int, validator=_optional_nonnegative_int(" or None")
-    )
+    pad_token_id: int | None = attrs.field(default=None, converter=_int, validator=_check_pad_id)
     return_attention_mask: bool | None = attrs.field(default=None, validator=_check_attention)
     return_document_ids: bool = attrs.field(default=False, converter=bool)
     context_parallel: tuple[int, int] | None = attrs.field(default=None, converter=cp.as_pair)
