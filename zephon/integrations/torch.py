@@ -148,15 +148,15 @@ class DataLoader:
     """A ``torch.utils.data.DataLoader`` over a pipeline whose state does not depend on ``num_workers``.
 
     Iterating yields this rank's microbatches as ``to_training`` tensors, exactly the pipeline's
-    stream, from ``num_workers`` worker processes (the largest divisor of the rank's lanes at most
-    ``num_workers`` run) or in this process (``0``; ``options(workers=N)`` then runs the lanes in
-    zephon's processes). :meth:`state_dict` is zephon's lane checkpoint after exactly the items
+    stream, from worker processes (the largest divisor of the rank's lanes at most ``num_workers``
+    run) or in this process. :meth:`state_dict` is the lane checkpoint after exactly the items
     delivered; it resumes on any number of workers or ranks dividing the lanes.
 
     Args:
         data: a :class:`~zephon.Pipeline` ending in ``batch()`` (starting at the checkpoint it
             carries), or a :class:`TrainingDataset` from ``pipeline.to_torch_dataset()``.
-        num_workers: DataLoader worker processes.
+        num_workers: DataLoader worker processes (``0``: this process, where ``options(workers=N)``
+            runs the lanes in zephon's processes).
         checkpoint: where to start (a zephon checkpoint, this loader's ``state_dict()``, or a
             ``StatefulDataLoader`` state); ``None``: the dataset's start.
         pin_memory, timeout, worker_init_fn, multiprocessing_context, generator,
@@ -164,12 +164,11 @@ class DataLoader:
         **to_training_options: the options of :func:`~zephon.to_training`, with a pipeline.
 
     ``iter()`` leaves torch's global random state alone (the workers' base seed comes from
-    ``generator``, by default the loader's own), so a trainer that restores its random state on
-    resume draws the same numbers as the uninterrupted run.
+    ``generator``), so a trainer that restores its random state draws the uninterrupted numbers.
 
     State kept: per lane, the encoded state after its last delivered output, and whether the last
-    iteration reached the end of the data. Each ``iter()`` continues from that state (an earlier
-    iterator then raises); after the end of the data it starts a new pass, as a torch epoch does.
+    iteration reached the end of the data. Each ``iter()`` continues from there (an earlier
+    iterator then raises), or after the end of the data starts a new pass, as a torch epoch does.
 
     Raises:
         ValueError: a torch setting the pipeline owns (``batch_size``, ``shuffle``, ...);

@@ -128,12 +128,6 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
         ([[10, 20, 30, 40], [60, 70, 80, 2]], [[-100, -100, 40, 50], [70, 80, -100, -100]])
         >>> out["attention_mask"].tolist()
         [[1, 1, 1, 1], [1, 1, 1, 0]]
-
-        The same options applied to many batches, validated once:
-
-        >>> spec = TrainingSpec(dtype=np.int64, return_labels=True, padding="longest", pad_token_id=2)
-        >>> spec(batch)["labels"].tolist() == out["labels"].tolist()
-        True
     """
     return _spec_of(options)(batch)
 
