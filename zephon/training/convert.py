@@ -82,12 +82,8 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
     shift), with values copied; a field named ``start``/``length`` or one that does not pickle is
     refused.
 
-    Output keys, in order: ``ids``, ``texts``, ``segments``, ``padding_mask``, ``input_ids``,
-    ``labels``, ``attention_mask``, extra fields, ``positions``, ``loss_mask``, ``document_ids``,
-    ``num_valid_tokens``, ``cu_seqlens``, ``cu_seqlens_padded``, ``max_seqlen`` (each when it
-    applies), then renamed and excluded. An empty batch gives ``ids``, ``texts`` and each requested
-    field empty (``num_valid_tokens=0``; flattened ``cu_seqlens`` ``[0]`` and ``max_seqlen`` 0).
-    The output depends only on the batch and the options; payloads are never modified or aliased.
+    The guide lists the output keys in order, and an empty batch's output. The output depends only
+    on the batch and the options; payloads are never modified or aliased.
 
     Args:
         batch: an object with ``records`` (each with a ``payload``, all dicts or all 1-D token
