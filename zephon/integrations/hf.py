@@ -1,14 +1,9 @@
 """The Hugging Face ``Trainer`` (and TRL's trainers) over a zephon pipeline: :class:`ZephonTrainerMixin`.
 
-``ZephonTrainer(model=..., args=..., pipeline=pipe)`` trains on ``pipe``'s microbatches converted
-with ``to_training(layout="hf")``; ``class MySFT(ZephonTrainerMixin, trl.SFTTrainer)`` does the
-same for a TRL trainer. The Trainer's own data path (sampler, collator, ``accelerator.prepare`` of
-the loader, ``skip_first_batches``) is bypassed.
-
-**State.** With every ``checkpoint-N/`` each rank writes its lanes' zephon checkpoint (after
-exactly the microbatches trained) to ``checkpoint-N/zephon/``; ``train(resume_from_checkpoint=...)``
-reads this rank's lanes back, on any world size dividing the lanes, and sets
-``args.ignore_data_skip = True``, so no batch is replayed.
+The Trainer's own data path (sampler, collator, ``accelerator.prepare``, ``skip_first_batches``) is
+bypassed. With every ``checkpoint-N/`` each rank saves its lanes' state in ``checkpoint-N/zephon/``;
+``train(resume_from_checkpoint=...)`` resumes from it, on any world size dividing the lanes,
+replaying nothing (``args.ignore_data_skip = True``).
 
 Requires ``transformers`` (``pip install 'zephon-lanes[transformers]'``); importing this module imports it.
 """

@@ -1,15 +1,9 @@
 """A pipeline as a Lightning ``LightningDataModule``: :class:`ZephonDataModule`.
 
-``train_dataloader()`` feeds this rank's microbatches, as ``to_training`` tensors, to Lightning's
-fit loop, with the data-parallel degree and rank of the trainer's strategy
-(``trainer.distributed_sampler_kwargs``). The loader is zephon's
-:class:`~zephon.integrations.torch.DataLoader`, so Lightning injects no ``DistributedSampler`` and
-re-batches nothing.
-
-**State.** ``state_dict()`` is ``{"zephon_checkpoint": checkpoint}``: every lane's state after the
-microbatches handed to ``training_step`` (not those read ahead), gathered from every rank since
-Lightning saves the datamodule's state from rank 0 only. So Lightning checkpoints resume exactly
-mid-epoch, on any number of devices whose data-parallel degree divides the lanes.
+Its loader is zephon's :class:`~zephon.integrations.torch.DataLoader` on the strategy's
+data-parallel degree and rank, so Lightning neither shards nor re-batches it. Its state, gathered
+from every rank (Lightning saves it from rank 0), is every lane after the batches handed to
+``training_step``, so checkpoints resume exactly mid-epoch on any device count dividing the lanes.
 
 Requires ``lightning`` (``pip install 'zephon-lanes[lightning]'``); importing this module imports it.
 """

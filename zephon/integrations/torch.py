@@ -1,9 +1,6 @@
-"""A pipeline as torch data: :class:`TrainingDataset`, an ``IterableDataset`` of training tensors
-(``pipeline.to_torch_dataset()``, resumable by torchdata's ``StatefulDataLoader`` on the
-``num_workers`` it was saved with), and :class:`DataLoader`, a torch ``DataLoader`` whose state
-lives in the main process (every item a worker sends carries its lane, the lane's count and the
-lane's state after it), so its ``state_dict()`` is zephon's lane checkpoint and resumes on any
-``num_workers``. :func:`document_block_mask` keeps attention within documents.
+"""A pipeline as torch data: :class:`TrainingDataset` (``pipeline.to_torch_dataset()``) and
+:class:`DataLoader`, a torch ``DataLoader`` whose lane checkpoint, kept in the main process, resumes
+on any ``num_workers``; :func:`document_block_mask` keeps attention within documents.
 
 torch is imported with this module, never by ``import zephon``.
 """

@@ -1,13 +1,9 @@
 """A pipeline as a torch ``IterableDataset`` of training tensors, and the lane arithmetic of torch workers.
 
-:class:`TrainingDataset` (``pipeline.to_torch_dataset(**to_training_options)``) yields this rank's
-microbatches as training tensors, in the pipeline's order; its iterators are ``Stateful`` for
-torchdata's ``StatefulDataLoader`` (which resumes them on the ``num_workers`` they were saved with).
-
-**Workers.** Item ``j`` of a rank's stream is lane ``j mod n``'s output ``j div n``, and a torch
-DataLoader asks its ``W`` workers in turn, so worker ``w`` runs the lanes of one residue class mod
-``W``: the largest divisor of ``n`` at most ``W`` run, the others end at once. At the end of finite
-data the workers agree through :class:`WorkerSync` and stop where the pipeline's loader stops.
+Item ``j`` of a rank's stream is lane ``j mod n``'s output ``j div n``, and a torch DataLoader asks
+its ``W`` workers in turn, so each worker runs the lanes of one residue class mod ``W`` (the largest
+divisor of ``n`` at most ``W`` run). At the end of finite data they agree through
+:class:`WorkerSync` and stop where the pipeline's loader stops.
 """
 
 from __future__ import annotations

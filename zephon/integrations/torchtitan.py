@@ -1,15 +1,10 @@
-"""TorchTitan's data loader, replaced by a zephon pipeline: ``ZephonDataLoader``.
+"""TorchTitan's data loader protocol over a zephon pipeline: :class:`ZephonDataLoader`, built from a
+small config section (datasets, plan, processing, lanes) and saved as a DCP ``Stateful``.
 
-TorchTitan builds its loader from ``Trainer.Config.dataloader`` with ``config.build(dp_world_size=,
-dp_rank=, tokenizer=, seq_len=, local_batch_size=, ...)``, pulls ``(input_dict, labels)``
-microbatches and saves the loader, a ``Stateful``, in its DCP checkpoint. :class:`ZephonDataLoader`
-is such a loader, built from a small config section (datasets, plan, processing, lanes).
-
-**How the numbers fit.** A zephon global step takes one microbatch of ``local_batch_size`` rows
-from each of ``L = canonical_replicas`` lanes, and a data-parallel rank owns ``L / D`` of them. So
-``D`` must divide ``L`` and ``global_batch_size = k x L x local_batch_size``; then every optimizer
-step sees the same rows for every ``D`` dividing ``L``, and a run saved on ``D`` ranks resumes on
-any such ``D'``. Both are checked when the loader is built.
+A global step takes one microbatch of ``local_batch_size`` rows from each of ``L =
+canonical_replicas`` lanes, ``L / D`` per data-parallel rank; so ``D`` must divide ``L`` and the
+global batch be whole steps. Then every optimizer step sees the same rows for every such ``D``,
+and a run resumes on any of them.
 
 Requires ``torchtitan`` (``pip install 'zephon-lanes[titan]'``); importing this module imports it.
 """

@@ -1,14 +1,9 @@
 """Context-parallel layout of training tensors: each CP rank's share of every row, and document ids.
 
-With context parallelism of size ``cp`` every rank holds a slice of each sequence. Causal attention
-makes late tokens costlier, so the load-balanced scheme (Megatron-LM, TransformerEngine,
-TorchTitan) cuts a sequence into ``2 * cp`` chunks and gives rank ``r`` chunks ``r`` and
-``2 * cp - 1 - r``. Formats, after TransformerEngine's ``qkv_format``: ``"bshd"`` cuts the whole
-input-aligned row (its width must divide); ``"thd"`` pads every document to a multiple of the
-chunk count inside the row (taking the room of its trailing padding; a row without room fails) and
-cuts each on its own, described by ``cu_seqlens`` and ``cu_seqlens_padded``.
-
-Pure functions on ``[B, W]`` numpy buffers (``W``: the width after the label shift).
+Load-balanced (Megatron-LM, TransformerEngine, TorchTitan), a sequence is cut into ``2 * cp``
+chunks and rank ``r`` takes chunks ``r`` and ``2 * cp - 1 - r``. ``"bshd"`` cuts the whole row;
+``"thd"`` pads every document to a multiple of the chunk count inside the row (a row without room
+fails) and cuts each on its own. Pure functions on ``[B, W]`` numpy buffers (after the label shift).
 """
 
 from __future__ import annotations

@@ -114,9 +114,7 @@ class TrainingSpec:
     ``return_attention_mask`` bools. The other options are kept as given.
 
     Raises:
-        TypeError: an unknown option, a bare string for ``exclude_fields`` / ``extra_fields``, a
-            non-mapping ``rename_fields`` or a non-string ``tokens_field``.
-        ValueError: an invalid option or combination of options (see :func:`~zephon.to_training`).
+        TypeError, ValueError: an invalid option or combination, as :func:`~zephon.to_training`.
 
     Examples:
         >>> import numpy as np
