@@ -92,7 +92,8 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
         **options: ``layout`` and the options of :class:`TrainingSpec`.
 
     Raises:
-        TypeError: an unknown option; payloads that are neither dicts nor arrays, or a mix.
+        TypeError: an unknown option, or one of the wrong type (a bare string for ``extra_fields``);
+            payloads that are neither dicts nor arrays, or a mix.
         ValueError: an invalid option or combination; padding without a pad id; records of
             different lengths without ``padding``; a missing, misaligned or non-integer field
             (the message names the record and field); values that do not fit ``dtype``.
