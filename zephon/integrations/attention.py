@@ -1,17 +1,9 @@
 """Per-document attention from training tensors: document ids, FlexAttention block masks, varlen boundaries.
 
-A packed row holds several documents; a token should attend only to tokens of its own document, and
-padding should take no part in attention. :func:`document_ids` numbers the documents of every row of
-a :func:`~zephon.to_training` output (padding is ``-1``), :func:`document_block_mask` turns the ids
-into a FlexAttention ``BlockMask`` (document-causal, document-bidirectional, optionally with a
-sliding window), and :func:`varlen_boundaries` gives the flat ``cu_seqlens``/``max_seqlen`` that
-variable-length kernels (flash-attn's ``*_varlen_func``) take. Everything is computed with torch
-operations on the tensors' own device; nothing is kept between calls.
-
-Documents are read, in order of preference, from a ``document_ids`` tensor, from ``cu_seqlens``
-(``return_cu_seqlens=True``) or from the zeros of ``positions`` (``pack_flat(emit_positions=True)``
-with the default ``position_mode="preserve"``). Padding is known from ``attention_mask`` (0 on
-padding; emitted whenever ``padding=`` is requested) or ``padding_mask`` (``return_padding_mask=True``).
+A token of a packed row should attend only to tokens of its own document, and padding to nothing.
+Documents are read from ``document_ids``, else ``cu_seqlens``, else the zeros of ``positions``;
+padding from ``attention_mask`` (0) or ``padding_mask``. Computed with torch on the tensors' own
+device; nothing is kept between calls.
 
 torch is imported with this module, never by ``import zephon``.
 """
@@ -32,28 +24,22 @@ def document_ids(tensors: Mapping[str, Any]) -> torch.Tensor:
     """The document index of every token of a training batch, ``-1`` on padding.
 
     Args:
-        tensors: a :func:`~zephon.to_training` output with torch tensors, padded ``(B, T)`` or flattened
-            ``(B*T,)`` (``flatten=True``). Documents come from ``document_ids`` when present, else from
-            ``cu_seqlens``, else from the zeros of ``positions``; padding from ``attention_mask`` (0) or
-            ``padding_mask`` (True), and negative ``document_ids``.
+        tensors: a :func:`~zephon.to_training` output with torch tensors, ``(B, T)`` or flattened.
 
     Returns:
-        A ``torch.long`` tensor of the token layout's shape, on its device: per row, documents are
-        numbered ``0, 1, ...`` in order (flattened: across the whole batch). Without a padding field,
-        the padding that packing appends (its positions restart at 0) is a document of its own: no real
-        token attends to it, but it is not ``-1``.
+        A ``torch.long`` tensor of the token layout's shape: per row (flattened: per batch)
+        documents numbered ``0, 1, ...``. Without a padding field, the padding packing appends is
+        a document of its own (no real token attends to it), not ``-1``.
 
     Raises:
-        KeyError: none of ``document_ids``, ``cu_seqlens`` and ``positions`` is present (the message
-            names the ``to_training`` options that add them).
-        ValueError: a field of the wrong shape or rank, ``cu_seqlens`` that do not cover the row, or
+        KeyError: none of ``document_ids``, ``cu_seqlens`` and ``positions`` is present.
+        ValueError: a field of the wrong shape, ``cu_seqlens`` that do not cover the row, or
             positions whose rows do not start at zero.
     """
     if not isinstance(tensors, Mapping):
         raise TypeError(f"document_ids: tensors must be a to_training output (a mapping), got {type(tensors).__name__}")
     if "document_ids" in tensors:
-        ids = _tensor(tensors, "document_ids").long()
-        _check_layout(ids, "document_ids")
+        ids = _check_layout(_tensor(tensors, "document_ids"), "document_ids").long()
     elif "cu_seqlens" in tensors:
         ids = _from_cu_seqlens(_tensor(tensors, "cu_seqlens"), _layout_shape(tensors))
     elif "positions" in tensors:
@@ -78,23 +64,20 @@ def document_block_mask(
 ) -> Any:
     """A FlexAttention ``BlockMask`` keeping each token's attention within its own document.
 
-    Query ``q`` attends to key ``k`` of the same row when both belong to the same document (see
-    :func:`document_ids`), neither is padding, and, with ``causal``, ``k <= q``; with
-    ``sliding_window=w`` also ``|q - k| < w`` (a token sees itself and the ``w - 1`` tokens before it,
-    and after it when not causal). Padding queries attend to nothing: ``flex_attention`` returns zeros
-    for such rows (their log-sum-exp is ``-inf``), never NaN, and no real token attends to padding.
+    Query ``q`` attends to key ``k`` of its row when both are of the same document (see
+    :func:`document_ids`), not padding, and, with ``causal``, ``k <= q``; with ``sliding_window=w``
+    also ``|q - k| < w``. Padding queries attend to nothing (``flex_attention`` gives zeros).
 
     Args:
         tensors: a :func:`~zephon.to_training` output with torch tensors, ``(B, T)`` or flattened.
         causal: document-causal (decoders, the default) or document-bidirectional (encoders).
         sliding_window: optional window length in tokens (a positive int).
         block_size: FlexAttention's ``BLOCK_SIZE``, an int or ``(q, kv)`` pair.
-        compile: build the mask with ``torch.compile`` (``create_block_mask(_compile=True)``); the eager
-            build evaluates the mask at every ``(q, k)`` pair, ``B * T * T`` booleans at a time.
+        compile: build the mask with ``torch.compile`` (the eager build evaluates B * T * T pairs).
 
     Returns:
-        A ``BlockMask`` of shape ``(B, 1, T, T)`` (flattened: ``(1, 1, B*T, B*T)``) on the tensors' device,
-        broadcast over heads; pass it as ``flex_attention(q, k, v, block_mask=mask)``.
+        A ``BlockMask`` of shape ``(B, 1, T, T)`` (flattened: ``(1, 1, B*T, B*T)``), broadcast over
+        heads: ``flex_attention(q, k, v, block_mask=mask)``.
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -113,12 +96,9 @@ def document_block_mask(
 
 
 def varlen_boundaries(tensors: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
-    """``(cu_seqlens, max_seqlen)`` over the flattened batch, for variable-length attention kernels.
-
-    Every document of every row is one sequence; each run of padding within a row is one sequence too
-    (so the offsets cover all ``B*T`` tokens and padding attends only to padding). ``cu_seqlens`` is
-    an int32 tensor on the tensors' device starting at 0 and ending at ``B*T``; ``max_seqlen`` an int.
-    """
+    """``(cu_seqlens, max_seqlen)`` over the flattened batch, for variable-length attention kernels:
+    every document and every run of padding of a row is one sequence, so the int32 offsets run from
+    0 to ``B*T``."""
     ids = document_ids(tensors)
     rows = ids if ids.dim() == 2 else ids[None]
     B, T = rows.shape
@@ -128,9 +108,6 @@ def varlen_boundaries(tensors: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
     end = torch.tensor([B * T], dtype=offsets.dtype, device=offsets.device)
     cu = torch.cat([offsets, end]).to(torch.int32)
     return cu, int(torch.diff(cu).max()) if len(cu) > 1 else 0
-
-
-# -- pieces -------------------------------------------------------------------------------------------------
 
 
 def _mask_mod(rows: torch.Tensor, causal: bool, window: int | None) -> Callable[..., torch.Tensor]:
@@ -156,20 +133,19 @@ def _tensor(tensors: Mapping[str, Any], name: str) -> torch.Tensor:
     return value
 
 
-def _check_layout(t: torch.Tensor, name: str) -> None:
+def _check_layout(t: torch.Tensor, name: str) -> torch.Tensor:
     if t.dim() not in (1, 2):
         raise ValueError(
             f"document_ids: field {name!r} must be (B, T) or flattened (B*T,), got shape {tuple(t.shape)}"
         )
+    return t
 
 
 def _layout_shape(tensors: Mapping[str, Any]) -> tuple[int, ...]:
     """The token layout's shape, from the first token-aligned field present."""
     for name in ("input_ids", "tokens", "positions", "attention_mask", "padding_mask", "labels"):
         if name in tensors:
-            t = _tensor(tensors, name)
-            _check_layout(t, name)
-            return tuple(t.shape)
+            return tuple(_check_layout(_tensor(tensors, name), name).shape)
     raise KeyError("document_ids: cu_seqlens needs a token-aligned field ('input_ids', 'positions', ...) for its shape")
 
 

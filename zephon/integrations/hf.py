@@ -1,17 +1,9 @@
 """The Hugging Face ``Trainer`` (and TRL's trainers) over a zephon pipeline: :class:`ZephonTrainerMixin`.
 
-``ZephonTrainer(model=..., args=..., pipeline=pipe)`` trains on ``pipe``'s microbatches, converted with
-``to_training(layout="hf")`` (unshifted ``labels``, ``position_ids`` per document, only keys a
-model's ``forward`` takes); ``class MySFT(ZephonTrainerMixin, trl.SFTTrainer)`` does the same for a
-TRL trainer. The Trainer's own data path is bypassed: no sampler, no collator, no
-``accelerator.prepare`` of the loader (which would shard or re-batch it), no ``skip_first_batches``.
-
-**State.** When the Trainer saves ``checkpoint-N/``, every rank writes its lanes' zephon checkpoint
-to ``checkpoint-N/zephon/`` (one file per rank, :func:`zephon.save_checkpoint`): the state after
-exactly the microbatches trained, since the Trainer reads ``gradient_accumulation_steps`` of them
-per optimizer step and saves after the step. ``train(resume_from_checkpoint=...)`` reads those files
-back for this rank's lanes, on any world size dividing the lanes, and sets
-``args.ignore_data_skip = True``: the loader starts where the checkpoint is, so no batch is replayed.
+The Trainer's own data path (sampler, collator, ``accelerator.prepare``, ``skip_first_batches``) is
+bypassed. With every ``checkpoint-N/`` each rank saves its lanes' state in ``checkpoint-N/zephon/``;
+``train(resume_from_checkpoint=...)`` resumes from it, on any world size dividing the lanes,
+replaying nothing (``args.ignore_data_skip = True``).
 
 Requires ``transformers`` (``pip install 'zephon-lanes[transformers]'``); importing this module imports it.
 """
@@ -58,21 +50,19 @@ class ZephonTrainerMixin:
 
     Args:
         pipeline: a :class:`~zephon.Pipeline` ending in ``batch(microbatch_size)``; each training
-            batch is one microbatch of one lane (``per_device_train_batch_size`` is not used).
-            The checkpoint it carries (``pipeline.restore(ck)``) is the start of a run not resumed
-            from a Trainer checkpoint.
+            batch is one microbatch of one lane (not ``per_device_train_batch_size``). A run not
+            resumed starts at its checkpoint.
         whole_steps: ``True`` (default): refuse a ``gradient_accumulation_steps`` that is not a
-            multiple of the rank's lanes (``L / D``), because only then is every optimizer step the
-            same rows for every world size (and a checkpoint resumable on another one); ``False`` allows it.
-        to_training: options of :func:`~zephon.to_training`, over the ``layout="hf"`` preset
-            (``layout=None`` starts from none).
-        *args, **kwargs: the Trainer's own arguments, except ``train_dataset`` and ``data_collator``
-            (the pipeline is the data and converts its batches itself). Loader settings come from
-            ``TrainingArguments``: ``dataloader_num_workers``, ``dataloader_pin_memory``,
-            ``dataloader_prefetch_factor``.
+            multiple of the rank's lanes (``L / D``): only then is every optimizer step the same
+            rows for every world size (and a checkpoint resumable on another); ``False`` allows it.
+        to_training: options of :func:`~zephon.to_training` over the ``layout="hf"`` preset
+            (``layout=None``: none).
+        *args, **kwargs: the Trainer's own, except ``train_dataset`` and ``data_collator``. The
+            loader takes ``dataloader_num_workers``, ``dataloader_pin_memory`` and
+            ``dataloader_prefetch_factor`` from ``TrainingArguments``.
 
-    State kept: the running loader (:attr:`zephon_loader`, created by ``get_train_dataloader``), the
-    Trainer checkpoint ``train()`` resumes from and the data steps it skips (``skip_data_steps``).
+    State kept: the running loader (:attr:`zephon_loader`), the Trainer checkpoint ``train()``
+    resumes from and the data steps it skips.
 
     Raises:
         TypeError: ``train_dataset`` or ``data_collator`` given; an unknown ``to_training`` option.
@@ -99,8 +89,7 @@ class ZephonTrainerMixin:
         if not isinstance(whole_steps, bool):
             raise TypeError(f"{type(self).__name__}: whole_steps must be True or False, got {whole_steps!r}")
         options = {"layout": "hf", **(to_training or {})}
-        self.zephon_pipeline = pipeline
-        self.zephon_options = options
+        self.zephon_pipeline, self.zephon_options = pipeline, options
         self.zephon_whole_steps = whole_steps
         self.zephon_loader: DataLoader | None = None
         self.zephon_skipped: SkippedSteps | None = None  # what train(skip_data_steps=...) skipped
@@ -115,12 +104,10 @@ class ZephonTrainerMixin:
               **kwargs: Any) -> Any:
         """``Trainer.train``, with zephon's loader resuming from ``checkpoint-N/zephon/`` instead of a replay.
 
-        ``skip_data_steps``: the data of this many optimizer steps is skipped at the start (after a
-        loss spike: resume an earlier checkpoint and skip what led to it). The next optimizer step
-        trains on the microbatches the uninterrupted run trains on ``skip_data_steps`` steps later, and
-        every later one on that run's; the model, optimizer and step counter are the checkpoint's.
-        The skip is recorded in the zephon state of every later checkpoint; :attr:`zephon_skipped`
-        holds it (give it to ``Ledger.record_skip``). Uses the pipeline's keyframes when it has them.
+        ``skip_data_steps``: skip the data of this many optimizer steps at the start (after a loss
+        spike): the next optimizer step trains on what the uninterrupted run trains on that many
+        steps later. Later checkpoints record the skip; :attr:`zephon_skipped` holds it (for
+        ``Ledger.record_skip``).
         """
         self._zephon_skip = skip_count(skip_data_steps, f"{type(self).__name__}.train: skip_data_steps")
         resume = resume_from_checkpoint
@@ -179,9 +166,9 @@ class ZephonTrainer(ZephonTrainerMixin, transformers.Trainer):
 
 
 def data_parallel(args: Any, parallelism: Any = None) -> tuple[int, int]:
-    """``(degree, rank)`` of data parallelism: the world size and process index, or, under Accelerate's
-    ``ParallelismConfig``, the data-parallel part (the ranks of one tensor/context/sequence-parallel
-    group are neighbours and read the same microbatches, as Accelerate's own loaders arrange)."""
+    """``(degree, rank)`` of data parallelism: the world size and process index, or the
+    data-parallel part of Accelerate's ``ParallelismConfig`` (the ranks of one model-parallel
+    group read the same data)."""
     if parallelism is None:
         return int(args.world_size), int(args.process_index)
     inner = int(parallelism.non_data_parallel_size)
@@ -194,11 +181,8 @@ def _needs_hf_dataset(cls: type) -> bool:
 
 
 def pipeline_rows(pipeline: Any, to_training: dict[str, Any] | None = None) -> Any:
-    """The pipeline's training rows (its first microbatches, row by row) as a ``datasets.IterableDataset``.
-
-    What a trainer that insists on a 🤗 dataset (TRL's) inspects at construction; training reads
-    zephon's loader, not this. Each example is one row of ``to_training(**to_training)`` as lists.
-    """
+    """The pipeline's training rows, as lists, as a ``datasets.IterableDataset``: what a trainer
+    that insists on a 🤗 dataset (TRL's) inspects at construction; training reads zephon's loader."""
     import datasets
 
     return datasets.IterableDataset.from_generator(_rows, gen_kwargs={"pipeline": pipeline, "options": to_training or {}})

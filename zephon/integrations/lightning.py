@@ -1,17 +1,9 @@
 """A pipeline as a Lightning ``LightningDataModule``: :class:`ZephonDataModule`.
 
-``train_dataloader()`` feeds this rank's microbatches, as ``to_training`` tensors, to Lightning's
-fit loop; the data-parallel degree and rank come from the trainer's strategy
-(``trainer.distributed_sampler_kwargs``: DDP's world size and global rank, a model-parallel
-strategy's data-parallel mesh). The loader is :class:`zephon.integrations.torch.DataLoader`, not a
-``torch.utils.data.DataLoader``, so Lightning injects no ``DistributedSampler`` and re-batches
-nothing (with or without ``use_distributed_sampler``).
-
-**State.** ``state_dict()`` is ``{"zephon_checkpoint": checkpoint}``: every lane's state after the
-microbatches Lightning's loop has handed to ``training_step`` (its fetcher reads one ahead; DataLoader
-workers read further ahead), gathered from every rank, because Lightning saves the datamodule's state
-from rank 0 only. So ``ModelCheckpoint``, ``trainer.save_checkpoint`` and ``fit(ckpt_path=...)``
-resume exactly mid-epoch, on any number of devices whose data-parallel degree divides the lanes.
+Its loader is zephon's :class:`~zephon.integrations.torch.DataLoader` on the strategy's
+data-parallel degree and rank, so Lightning neither shards nor re-batches it. Its state, gathered
+from every rank (Lightning saves it from rank 0), is every lane after the batches handed to
+``training_step``, so checkpoints resume exactly mid-epoch on any device count dividing the lanes.
 
 Requires ``lightning`` (``pip install 'zephon-lanes[lightning]'``); importing this module imports it.
 """
@@ -40,15 +32,13 @@ __all__ = ["ZephonDataModule"]
 class _Feed:
     """The iterable Lightning's fit loop reads: a :class:`DataLoader`'s items, and the state before each.
 
-    ``_before`` holds, per item handed over and not yet taken by ``training_step``, the loader's
-    checkpoint before it; :meth:`taken` drops the oldest. So :meth:`checkpoint` is the state after
-    exactly the items taken. It has no ``state_dict``, so Lightning does not save it (rank 0's lanes
-    only) beside the datamodule's state.
+    ``_before`` holds the loader's checkpoint before each item handed over and not yet taken by
+    ``training_step``, so :meth:`checkpoint` is the state after exactly the items taken. It has no
+    ``state_dict``, so Lightning does not save it (rank 0's lanes only).
     """
 
     def __init__(self, loader: DataLoader, layout: tuple[int, int]):
-        self.loader = loader
-        self.layout = layout  # (data-parallel degree, rank)
+        self.loader, self.layout = loader, layout  # layout: (data-parallel degree, rank)
         self._before: deque[dict[str, Any]] = deque()
 
     def __iter__(self) -> Iterator[Any]:
@@ -95,20 +85,20 @@ class ZephonDataModule(pl.LightningDataModule):
 
     Args:
         pipeline: a :class:`~zephon.Pipeline` ending in ``batch(microbatch_size)``; each training
-            batch is one microbatch of one lane. The checkpoint it carries (``pipeline.restore(ck)``)
-            is the start when no Lightning checkpoint is loaded.
-        num_workers: DataLoader worker processes per rank (the largest divisor of the rank's lanes at
-            most ``num_workers`` run); ``pipeline.options(workers=N)`` runs lanes in zephon's processes instead.
-        whole_steps: ``True`` (default): refuse an ``accumulate_grad_batches`` that is not a multiple of
-            the rank's lanes (``L / D``), because only then is every optimizer step the same rows for every
-            ``D``; ``False`` allows it (the data is still exact, its split into optimizer steps depends on ``D``).
+            batch is one microbatch of one lane. Without a loaded Lightning checkpoint it starts
+            at the checkpoint the pipeline carries.
+        num_workers: DataLoader worker processes per rank (the largest divisor of the rank's lanes
+            at most ``num_workers`` run).
+        whole_steps: ``True`` (default): refuse an ``accumulate_grad_batches`` that is not a
+            multiple of the rank's lanes (``L / D``), since only then is every optimizer step the
+            same rows for every ``D``; ``False`` allows it (the data stays exact).
         pin_memory, timeout, prefetch_factor, multiprocessing_context: as for ``torch.utils.data.DataLoader``.
-        **to_training_options: the options of :func:`~zephon.to_training` (``return_labels=True``, ``layout=``...).
+        **to_training_options: the options of :func:`~zephon.to_training`.
 
-    State kept: the checkpoint loaded by :meth:`load_state_dict` (where the next ``train_dataloader()``
-    starts), the data steps it skips there (:meth:`skip_data_steps`), and the running loader: a reload
-    (``reload_dataloaders_every_n_epochs``) returns it, so it goes on where it is (a new epoch starts a new pass of finite data); after ``fit()`` the state of the
-    batches taken is kept for the next ``fit()`` or ``state_dict()``.
+    State kept: the checkpoint loaded by :meth:`load_state_dict` (where the next
+    ``train_dataloader()`` starts), the data steps skipped there, and the running loader, which a
+    reload (``reload_dataloaders_every_n_epochs``) returns to go on where it is; after ``fit()`` the
+    state of the batches taken is kept for the next ``fit()`` or ``state_dict()``.
 
     Raises (from ``train_dataloader()``):
         ValueError: the data-parallel degree does not divide the lanes; ``accumulate_grad_batches`` not
@@ -147,13 +137,11 @@ class ZephonDataModule(pl.LightningDataModule):
 
     def skip_data_steps(self, n: int) -> None:
         """Skip the data of ``n`` optimizer steps where the next ``fit()`` starts (after a loss spike:
-        ``dm.skip_data_steps(600); trainer.fit(model, datamodule=dm, ckpt_path=earlier)``). Its first
-        optimizer step trains on the microbatches the uninterrupted run trains on ``n`` steps later;
-        :attr:`skipped` holds the skip once ``fit()`` started, and later checkpoints record it. Needs
-        whole global steps per optimizer step; uses the pipeline's keyframes when it has them."""
+        ``dm.skip_data_steps(600); trainer.fit(model, datamodule=dm, ckpt_path=earlier)``); needs
+        whole global steps per optimizer step. :attr:`skipped` holds the skip once ``fit()``
+        started, and later checkpoints record it."""
         self._skip = skip_count(n, "ZephonDataModule.skip_data_steps: n")
 
-    # -- data ---------------------------------------------------------------------------------------------
     def train_dataloader(self) -> Any:
         """This rank's microbatches from the loaded checkpoint (or the pipeline's start), as training tensors."""
         trainer = self.trainer
@@ -164,7 +152,13 @@ class ZephonDataModule(pl.LightningDataModule):
         degree, rank = data_parallel(trainer)
         dataset = self.pipeline.options(dp_degree=degree, dp_rank=rank).to_torch_dataset(**self.to_training_options)
         lanes = tuple(dataset.topology().lanes)
-        check_accumulation(trainer.accumulate_grad_batches, len(lanes), degree, self.whole_steps)
+        accumulate = trainer.accumulate_grad_batches
+        problem = whole_steps_problem(accumulate, len(lanes), degree) if self.whole_steps else None
+        if problem:
+            raise ValueError(
+                f"ZephonDataModule: Trainer(accumulate_grad_batches={accumulate}): {problem}. "
+                "Pass ZephonDataModule(..., whole_steps=False) to allow it anyway"
+            )
         if self._feed is not None and self._feed.layout == (degree, rank):
             return self._feed  # a reload (reload_dataloaders_every_n_epochs): the running loader goes on
         start = self.checkpoint()
@@ -172,11 +166,16 @@ class ZephonDataModule(pl.LightningDataModule):
             self._feed.close()
         if start is not None:
             validate(dataset.plan.fingerprint(), start)
-            check_position(start, lanes, degree)
+            problem = position_problem(start, lanes, degree)
+            if problem:
+                raise ValueError(
+                    f"ZephonDataModule: {problem} (ModelCheckpoint(every_n_train_steps=...))"
+                )
         loader = DataLoader(dataset, checkpoint=start, **self.loader_options)
         if self._skip:
-            self.skipped = skip_optimizer_steps(loader, self._skip, trainer.accumulate_grad_batches, len(lanes), degree,
-                                                "ZephonDataModule")
+            self.skipped = skip_optimizer_steps(
+                loader, self._skip, accumulate, len(lanes), degree, "ZephonDataModule"
+            )
             self._skip = 0
         self._feed = _Feed(loader, (degree, rank))
         if not any(isinstance(cb, _TakenCounter) and cb.datamodule is self for cb in trainer.callbacks):
@@ -189,16 +188,13 @@ class ZephonDataModule(pl.LightningDataModule):
             self._feed.close()
             self._feed = None
 
-    # -- state ----------------------------------------------------------------------------------------
     def checkpoint(self) -> dict[str, Any] | None:
         """This rank's zephon checkpoint after the batches taken (``None`` before any data and any load)."""
         return self._feed.checkpoint() if self._feed is not None else self._checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"zephon_checkpoint": every rank's lanes}``.
-
-        A collective when distributed (every rank's checkpoint is gathered): Lightning calls it on every rank.
-        """
+        """``{"zephon_checkpoint": every rank's lanes}``; a collective when distributed (Lightning
+        calls it on every rank)."""
         local = self.checkpoint()
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             gathered: list[Any] = [None] * dist.get_world_size()
@@ -218,8 +214,7 @@ class ZephonDataModule(pl.LightningDataModule):
         if not isinstance(state_dict, Mapping) or not isinstance(state_dict.get(STATE_KEY), Mapping):
             raise ValueError(
                 "ZephonDataModule.load_state_dict: expected the mapping state_dict() returned, with key "
-                f"{STATE_KEY!r}; "
-                f"got {type(state_dict).__name__}"
+                f"{STATE_KEY!r}; got {type(state_dict).__name__}"
             )
         self._checkpoint = dict(state_dict[STATE_KEY])
         if self._feed is not None:
@@ -234,19 +229,3 @@ def data_parallel(trainer: Any) -> tuple[int, int]:
         return 1, 0
     return int(kwargs["num_replicas"]), int(kwargs["rank"])
 
-
-def check_accumulation(accumulate: int, lanes: int, degree: int, whole_steps: bool) -> None:
-    """Raise unless an optimizer step of ``accumulate`` microbatches per rank is whole global steps."""
-    problem = whole_steps_problem(accumulate, lanes, degree) if whole_steps else None
-    if problem:
-        raise ValueError(
-            f"ZephonDataModule: Trainer(accumulate_grad_batches={accumulate}): {problem}. "
-            "Pass ZephonDataModule(..., whole_steps=False) to allow it anyway"
-        )
-
-
-def check_position(checkpoint: dict[str, Any], lanes: tuple[int, ...], degree: int) -> None:
-    """Raise unless the checkpoint's states of ``lanes`` are a position of this rank's stream."""
-    problem = position_problem(checkpoint, lanes, degree)
-    if problem:
-        raise ValueError(f"ZephonDataModule: {problem} (ModelCheckpoint(every_n_train_steps=...))")

@@ -1,20 +1,13 @@
-"""A pipeline as torch data: an ``IterableDataset`` of training tensors, and a resumable ``DataLoader``.
-
-:class:`TrainingDataset` (``pipeline.to_torch_dataset()``, from :mod:`zephon.integrations.torch_dataset`)
-is torch's ``IterableDataset`` whose iterators torchdata's ``StatefulDataLoader`` saves and restores
-with the ``num_workers`` they were saved with. :class:`DataLoader` wraps
-``torch.utils.data.DataLoader`` and keeps the state in the main process: every item a worker sends
-carries its lane, the lane's count and the lane's state after it, so its ``state_dict()`` is
-zephon's lane checkpoint and resumes on any ``num_workers``, from its own state, a zephon
-checkpoint or a ``StatefulDataLoader`` state. Its workers run the lanes as the dataset's do, and a
-worker whose lanes end sends an end marker in its turn, where the main process stops.
-:func:`document_block_mask` (from :mod:`zephon.integrations.attention`) keeps attention within documents.
+"""A pipeline as torch data: :class:`TrainingDataset` (``pipeline.to_torch_dataset()``) and
+:class:`DataLoader`, a torch ``DataLoader`` whose lane checkpoint, kept in the main process, resumes
+on any ``num_workers``; :func:`document_block_mask` keeps attention within documents.
 
 torch is imported with this module, never by ``import zephon``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any, Iterator, Mapping
 
@@ -40,12 +33,9 @@ __all__ = [
 
 @attrs.frozen
 class Delivery:
-    """One item a :class:`DataLoader` worker sends: a microbatch's tensors and where it leaves its lane.
-
-    ``delivered``: the lane's outputs delivered up to and including this one; ``state``: the
-    lane's encoded state after it (``None`` from the main process, whose loader is asked
-    instead); ``size``: its ``(records, tokens)``, counted if it is never delivered.
-    """
+    """One item a :class:`DataLoader` worker sends: a microbatch's tensors, the lane's outputs
+    delivered with it, the lane's encoded state after it (``None`` from the main process, whose
+    loader is asked instead) and its ``(records, tokens)``, counted if it is never delivered."""
 
     lane: int
     delivered: int
@@ -60,10 +50,8 @@ class Delivery:
 
 @attrs.frozen
 class EndOfData:
-    """A worker's last item: lane ``lane`` has no output number ``delivered`` (0-based), so the stream ends.
-
-    ``undelivered``: ``(outputs, records, tokens)`` its lanes produced and never delivered.
-    """
+    """A worker's last item: lane ``lane`` has no output number ``delivered`` (0-based), so the
+    stream ends; ``undelivered``: ``(outputs, records, tokens)`` produced and never delivered."""
 
     lane: int
     delivered: int
@@ -90,9 +78,8 @@ def _convert(item: Any) -> Any:
 class LaneDataset(torch.utils.data.IterableDataset):
     """What a :class:`DataLoader` hands its torch DataLoader: this rank's lanes from ``start``, as deliveries.
 
-    In a worker (``workers`` of them run, ``offset`` = the start position mod ``workers``), the
-    lanes of the residue class of position ``start + worker``; in the main process, all of them,
-    with the pipeline's run options. The in-process loader is kept in ``local`` for its checkpoint.
+    A worker runs the lanes of the residue class of position ``offset + worker`` (mod ``workers``);
+    the main process runs all of them, keeping its loader in ``local`` for its checkpoint.
     """
 
     def __init__(self, plan: Any, share: LaneShare, options: Any, spec: Any, start: dict[int, Any], workers: int, offset: int):
@@ -118,18 +105,14 @@ class LaneDataset(torch.utils.data.IterableDataset):
 
 
 def _deliveries(loader: Loader, spec: Any, *, with_states: bool) -> Iterator[Any]:
-    """Each output of ``loader`` as a :class:`Delivery`, then one :class:`EndOfData` if the data ends.
-
-    In a worker the loader's own end-of-data warning is left out: the main process warns once,
-    for every worker's undelivered tail.
-    """
+    """Each output of ``loader`` as a :class:`Delivery`, then, in a worker, one :class:`EndOfData`
+    if the data ends (there the loader's end-of-data warning is left out: the main process warns
+    once, for every worker's undelivered tail)."""
     try:
         while True:
-            if with_states:
-                with warnings.catch_warnings():
+            with warnings.catch_warnings() if with_states else contextlib.nullcontext():
+                if with_states:
                     warnings.filterwarnings("ignore", "end of data", RuntimeWarning)
-                    out = next(loader, None)
-            else:
                 out = next(loader, None)
             if out is None:
                 break
@@ -162,16 +145,15 @@ class DataLoader:
     """A ``torch.utils.data.DataLoader`` over a pipeline whose state does not depend on ``num_workers``.
 
     Iterating yields this rank's microbatches as ``to_training`` tensors, exactly the pipeline's
-    stream, with ``num_workers`` worker processes (the largest divisor of the rank's lanes at
-    most ``num_workers`` run) or in this process (``0``; ``options(workers=N)`` then runs the
-    lanes in zephon's processes). :meth:`state_dict` is zephon's lane checkpoint after exactly
-    the items delivered; it resumes on any number of workers, ranks dividing the lanes, or with
-    ``pipeline.loader(checkpoint)``.
+    stream, from worker processes (the largest divisor of the rank's lanes at most ``num_workers``
+    run) or in this process. :meth:`state_dict` is the lane checkpoint after exactly the items
+    delivered; it resumes on any number of workers or ranks dividing the lanes.
 
     Args:
-        data: a :class:`~zephon.Pipeline` ending in ``batch()`` (the checkpoint it carries,
-            ``pipeline.restore(ck)``, is the start), or a :class:`TrainingDataset` from ``pipeline.to_torch_dataset()``.
-        num_workers: DataLoader worker processes.
+        data: a :class:`~zephon.Pipeline` ending in ``batch()`` (starting at the checkpoint it
+            carries), or a :class:`TrainingDataset` from ``pipeline.to_torch_dataset()``.
+        num_workers: DataLoader worker processes (``0``: this process, where ``options(workers=N)``
+            runs the lanes in zephon's processes).
         checkpoint: where to start (a zephon checkpoint, this loader's ``state_dict()``, or a
             ``StatefulDataLoader`` state); ``None``: the dataset's start.
         pin_memory, timeout, worker_init_fn, multiprocessing_context, generator,
@@ -179,18 +161,15 @@ class DataLoader:
         **to_training_options: the options of :func:`~zephon.to_training`, with a pipeline.
 
     ``iter()`` leaves torch's global random state alone (the workers' base seed comes from
-    ``generator``, by default one of the loader's own), so a trainer that restores its random
-    state and then iterates (the Hugging Face ``Trainer`` on resume) draws the same numbers as the
-    uninterrupted run.
+    ``generator``), so a trainer that restores its random state draws the uninterrupted numbers.
 
-    State kept: per lane, the encoded state after its last delivered output; whether the last
-    iteration reached the end of the data. Each ``iter()`` continues from that state (an earlier
-    iterator then raises); after the end of the data it starts a new pass, as a torch epoch does.
+    State kept: per lane, the encoded state after its last delivered output, and whether the last
+    iteration reached the end of the data. Each ``iter()`` continues from there (an earlier
+    iterator then raises), or after the end of the data starts a new pass, as a torch epoch does.
 
     Raises:
         ValueError: a torch setting the pipeline owns (``batch_size``, ``shuffle``, ...);
-            ``drain=True`` with workers (a drained tail is not in the rotation's order); a
-            checkpoint of other data settings.
+            ``drain=True`` with workers; a checkpoint of other data settings.
         TypeError: an unknown ``to_training`` option.
     """
 
@@ -214,16 +193,14 @@ class DataLoader:
             raise ValueError(f"zephon.integrations.torch.DataLoader sets {owned[0]} itself: {_OWNED[owned[0]]}")
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
             raise ValueError(f"DataLoader: num_workers must be an int >= 0, got {num_workers!r}")
-        if not isinstance(data, TrainingDataset):
-            dataset = data.to_torch_dataset(**to_training_options)
-        elif to_training_options:
+        if isinstance(data, TrainingDataset) and to_training_options:
             raise TypeError(
                 f"DataLoader: to_training options {sorted(to_training_options)} go to pipeline.to_torch_dataset(), "
                 "not next to a dataset it made"
             )
-        else:
-            dataset = data
-        self.dataset = dataset
+        if not isinstance(data, TrainingDataset):
+            data = data.to_torch_dataset(**to_training_options)
+        self.dataset = dataset = data
         self.plan, self.spec = dataset.plan, dataset.spec
         self.options = dataset.pipeline.run_options
         topo = dataset.topology()
@@ -253,7 +230,6 @@ class DataLoader:
         start = dataset.checkpoint if checkpoint is None else _as_checkpoint(checkpoint)
         self._states = self._lanes_of(start) if start is not None else self.beginning()
 
-    # -- state ----------------------------------------------------------------------------------------
     def beginning(self) -> dict[int, Any]:
         """This rank's lane states at the beginning of the data (encoded, sealed)."""
         if self._beginning is None:
@@ -277,11 +253,9 @@ class DataLoader:
         return checkpoint_to_state_dict(self.checkpoint())
 
     def load_state_dict(self, state: Any) -> None:
-        """Resume exactly after the last item delivered before ``state`` was taken, on any ``num_workers``.
-
-        ``state``: this loader's :meth:`state_dict`, a zephon checkpoint, or a torchdata
-        ``StatefulDataLoader.state_dict()`` over ``pipeline.to_torch_dataset()`` (its workers'
-        lanes merged). A running iterator is closed; the next ``iter()`` starts at ``state``.
+        """Close the running iterator; the next ``iter()``, on any ``num_workers``, starts at
+        ``state`` (this loader's :meth:`state_dict`, a zephon checkpoint or a ``StatefulDataLoader``
+        state).
 
         Raises:
             ValueError: no zephon checkpoint in ``state``; other data settings; missing lanes.
@@ -291,27 +265,28 @@ class DataLoader:
         self._states, self._finished = states, False
 
     def skip_steps(self, n: int) -> SkippedSteps:
-        """Skip the next ``n`` global steps exactly (:meth:`zephon.Loader.skip_steps`): the running iterator
-        is closed, a loader in this process (with the pipeline's run options) skips them from the state,
-        and the next ``iter()``, on any ``num_workers``, starts after them. The state records the skip.
+        """Skip the next ``n`` global steps exactly (:meth:`zephon.Loader.skip_steps`): the running
+        iterator is closed, a loader in this process skips them, and the next ``iter()`` starts
+        after them. The state records the skip.
 
         Raises:
             ValueError: ``n`` is not an int >= 0, or the state is inside a global step.
         """
         check_count(n)
-        self.close()
-        if self._finished:  # as iter() does: a new pass
-            self._states, self._finished = self.beginning(), False
+        self._restart()
         with Loader(self.plan, self.share, self.options, dict(self._states)) as loader:
             skipped = loader.skip_steps(n)
             self._states = {int(k): v for k, v in loader.checkpoint()["lanes"].items()}
         return skipped
 
-    # -- iteration ------------------------------------------------------------------------------------
-    def __iter__(self) -> "_Iteration":
+    def _restart(self) -> None:
+        """Close the running iteration; after the end of the data, start a new pass."""
         self.close()
         if self._finished:
             self._states, self._finished = self.beginning(), False
+
+    def __iter__(self) -> "_Iteration":
+        self._restart()
         self._current = _Iteration(self)
         return self._current
 

@@ -1,18 +1,9 @@
 """A pipeline as a torch ``IterableDataset`` of training tensors, and the lane arithmetic of torch workers.
 
-:class:`TrainingDataset` (``pipeline.to_torch_dataset(**to_training_options)``) yields
-``to_training(batch, **options)`` per microbatch of this rank's lanes, in the pipeline's order, from
-the pipeline's checkpoint or ``checkpoint=``. Its iterators are ``Stateful``: torchdata's
-``StatefulDataLoader`` saves and restores them with the ``num_workers`` they were saved with
-(:class:`zephon.integrations.torch.DataLoader` resumes on any).
-
-**Workers.** A torch DataLoader asks its ``W`` workers for items in turn. Item ``j`` of a rank's
-stream is lane ``j mod n``'s output ``j div n``, so worker ``w`` runs the lanes of one residue
-class mod ``W`` (that of the position it is asked for first): the delivered sequence is the
-pipeline's when ``W`` divides ``n``; else the largest divisor of ``n`` below ``W`` runs and the
-other workers end at once. At the end of finite data a plain DataLoader's workers agree through
-:class:`WorkerSync` and stop where the pipeline's own loader stops. Lanes run inside the worker
-(``options(workers=...)`` applies with ``num_workers=0``).
+Item ``j`` of a rank's stream is lane ``j mod n``'s output ``j div n``, and a torch DataLoader asks
+its ``W`` workers in turn, so each worker runs the lanes of one residue class mod ``W`` (the largest
+divisor of ``n`` at most ``W`` run). At the end of finite data they agree through
+:class:`WorkerSync` and stop where the pipeline's loader stops.
 """
 
 from __future__ import annotations
@@ -35,6 +26,7 @@ __all__ = ["TrainingDataset", "TrainingStream", "checkpoint_from_state", "positi
 #: The key of zephon's checkpoint in an iterator's ``state_dict()``.
 STATE_KEY = "zephon_checkpoint"
 
+
 @attrs.frozen
 class LaneShare:
     """The lanes one iterator runs: a rank's lanes, or one DataLoader worker's share of them."""
@@ -48,12 +40,8 @@ class LaneShare:
 def stream_position(counts: Mapping[int, int]) -> int:
     """The position in a rank's stream of the first item after lanes that delivered ``counts``.
 
-    After ``p`` items the first ``p mod n`` lanes (in lane order) delivered ``p div n + 1``
-    outputs and the others ``p div n``: the shape of every checkpoint of a rank's loader (a
-    drained tail aside).
-
-    Raises:
-        ValueError: the counts have another shape (with the counts, and what to do).
+    After ``p`` items the first ``p mod n`` lanes delivered ``p div n + 1`` outputs and the others
+    ``p div n``; other counts (a drained tail, other ranks' lanes) raise ``ValueError``.
     """
     lanes = sorted(counts)
     p = sum(counts.values())
@@ -69,11 +57,9 @@ def stream_position(counts: Mapping[int, int]) -> int:
 
 
 def whole_steps_problem(accumulate: int, lanes: int, degree: int) -> str | None:
-    """Why ``accumulate`` microbatches per rank and optimizer step are not whole global steps (``None`` if they are).
-
-    A global step is one microbatch of every lane; only when each rank's optimizer step takes a
-    multiple of its ``lanes`` microbatches is every optimizer step the same rows for every ``degree``.
-    """
+    """Why ``accumulate`` microbatches per rank and optimizer step are not whole global steps
+    (one microbatch of every lane), which keeps optimizer steps the same rows for every ``degree``;
+    ``None`` if they are."""
     if accumulate % lanes == 0:
         return None
     return (
@@ -150,16 +136,13 @@ class TrainingDataset(torch.utils.data.IterableDataset):
     Args:
         pipeline: a :class:`~zephon.Pipeline` ending in ``batch()``.
         stateful: ``True`` (default): iterators have ``state_dict()``/``load_state_dict()`` for
-            ``StatefulDataLoader``; ``False``: plain iterators (a ``StatefulDataLoader`` then
-            fast-forwards on resume, replaying the data).
-        checkpoint: where every iteration starts (a zephon checkpoint holding this rank's
-            lanes); ``None``: the beginning. ``pipeline.to_torch_dataset()`` passes the
-            checkpoint the pipeline carries (``pipeline.restore(ck)``).
-        **to_training_options: the options of :func:`~zephon.to_training` (``layout=``
-            included), validated here, once.
+            ``StatefulDataLoader``; ``False``: plain iterators (resuming replays the data).
+        checkpoint: where every iteration starts (holding this rank's lanes); ``None``: the
+            beginning (``pipeline.to_torch_dataset()`` passes the pipeline's own).
+        **to_training_options: the options of :func:`~zephon.to_training`, validated once.
 
     Each ``iter()`` starts a :class:`TrainingStream` at ``checkpoint`` (or the state a
-    ``StatefulDataLoader`` loads into it). The plan is compiled here, once, and travels to the workers.
+    ``StatefulDataLoader`` loads into it). The plan is compiled once and travels to the workers.
 
     Raises:
         ValueError: the pipeline does not end in ``batch()``; invalid ``to_training`` options; a
@@ -177,8 +160,7 @@ class TrainingDataset(torch.utils.data.IterableDataset):
                 "to_torch_dataset: the pipeline must end in batch(microbatch_size): every item of the dataset "
                 "is one microbatch of training tensors (append .batch(8), for example)"
             )
-        self.pipeline = pipeline
-        self.stateful = stateful
+        self.pipeline, self.stateful = pipeline, stateful
         self.spec = training_spec(**to_training_options)
         self.plan = pipeline.compile(checkpoint)
         if checkpoint is not None:
@@ -238,12 +220,10 @@ class TrainingDataset(torch.utils.data.IterableDataset):
 class WorkerSync:
     """How a DataLoader's workers stop together at the end of finite data: a multiprocessing condition.
 
-    Per seat three integers in a shared array guarded by the condition's lock: the iteration the
-    seat serves, the items its worker has produced, and whether its lanes ended. Seat ``c`` runs
-    the lanes of residue class ``c`` (mod ``W``); its item ``m`` is item ``m * W + c`` of the
-    rank's stream. Before handing item ``m`` over, a worker waits until every item before it has
-    been produced, and stops if one never will be (its worker ended first). The primitives come
-    from the ``spawn`` context, so they reach forked and spawned workers alike.
+    Per seat (residue class ``c``, whose item ``m`` is item ``m * W + c`` of the stream) a shared
+    array holds the iteration it serves, the items produced and whether its lanes ended. A worker
+    hands item ``m`` over once every earlier item exists, and stops if one never will. The
+    primitives come from the ``spawn`` context, so they reach forked and spawned workers alike.
     """
 
     MAX_WORKERS = 256
@@ -292,10 +272,10 @@ class WorkerSeat:
         ``None`` to wait. A seat of another iteration (a worker not started yet) has produced nothing."""
         slots, waiting = self.sync._slots, False
         for other in range(self.workers):
-            iteration, produced, ended = slots[3 * other : 3 * other + 3]
-            need = m + 1 if other < self.worker else m  # its items with a smaller index in the stream
             if other == self.worker:
                 continue
+            iteration, produced, ended = slots[3 * other : 3 * other + 3]
+            need = m + 1 if other < self.worker else m  # its items with a smaller index in the stream
             if iteration != self.iteration or produced < need:
                 if iteration == self.iteration and ended:
                     return False
@@ -311,16 +291,12 @@ class TrainingStream(Iterator[dict]):
 
     The loader starts at the first ``next()`` (so ``load_state_dict()`` before it costs nothing)
     from ``start`` (a checkpoint holding the share's lanes; ``None``: the beginning).
-    ``state_dict()`` is ``{"zephon_checkpoint": checkpoint}`` after the last batch yielded.
     """
 
     def __init__(
         self, plan: Any, share: LaneShare, options: Any, spec: Any, *, seat: WorkerSeat | None = None, start: Any = None
     ):
-        self.plan = plan
-        self.share = share
-        self.options = options
-        self.spec = spec
+        self.plan, self.share, self.options, self.spec = plan, share, options, spec
         self._seat = seat
         self._produced = 0  # items this share has taken from its loader (its index in the rank's stream)
         self._stopped = False
@@ -405,24 +381,21 @@ class TrainingStream(Iterator[dict]):
 
 
 def checkpoint_from_state(state: Any) -> dict[str, Any]:
-    """zephon's checkpoint inside a ``StatefulDataLoader.state_dict()`` (every worker's lanes, merged).
-
-    The result restores with ``pipeline.loader(checkpoint)`` and zephon's other checkpoint tools,
-    on any number of ranks and workers.
+    """zephon's checkpoint inside a ``StatefulDataLoader.state_dict()`` (every worker's lanes,
+    merged), which restores on any number of ranks and workers.
 
     Raises:
         ValueError: the state holds no zephon checkpoint.
     """
-    found: list[dict[str, Any]] = []
 
-    def walk(node: Any) -> None:
+    def walk(node: Any) -> Iterator[dict[str, Any]]:
         if isinstance(node, Mapping) and isinstance(node.get(STATE_KEY), Mapping):
-            found.append(dict(node[STATE_KEY]))
+            yield dict(node[STATE_KEY])
         elif isinstance(node, (Mapping, list, tuple)):
             for value in node.values() if isinstance(node, Mapping) else node:
-                walk(value)
+                yield from walk(value)
 
-    walk(state)
+    found = list(walk(state))
     if not found:
         raise ValueError(
             f"no zephon checkpoint (key {STATE_KEY!r}) in this state; pass the state_dict() of a StatefulDataLoader "

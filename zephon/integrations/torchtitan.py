@@ -1,18 +1,10 @@
-"""TorchTitan's data loader, replaced by a zephon pipeline: ``ZephonDataLoader``.
+"""TorchTitan's data loader protocol over a zephon pipeline: :class:`ZephonDataLoader`, built from a
+small config section (datasets, plan, processing, lanes) and saved as a DCP ``Stateful``.
 
-TorchTitan builds its data loader from ``Trainer.Config.dataloader`` with ``config.build(dp_world_size=,
-dp_rank=, tokenizer=, seq_len=, local_batch_size=, ...)``, pulls ``(input_dict, labels)`` microbatches
-(``gradient_accumulation_steps`` per optimizer step) and saves the loader, a ``Stateful``, under
-``"dataloader"`` in its DCP checkpoint. :class:`ZephonDataLoader` is such a loader, built from a small
-config section (datasets, plan, processing, ``canonical_replicas``).
-
-**How the numbers fit.** A zephon global step takes one microbatch of ``local_batch_size`` rows from
-each of the ``L = canonical_replicas`` lanes; a data-parallel rank owns ``L / D`` lanes. So ``D``
-(data-parallel replicate x shard) must divide ``L``, and ``global_batch_size = k x L x
-local_batch_size``: TorchTitan then takes ``k x L / D`` microbatches per rank per optimizer step, and
-every optimizer step sees the same rows in the same order for every ``D`` dividing ``L``. Both are
-checked when the loader is built. The saved state holds one entry per lane, so a run saved on ``D``
-ranks resumes on any ``D'`` dividing ``L``.
+A global step takes one microbatch of ``local_batch_size`` rows from each of ``L =
+canonical_replicas`` lanes, ``L / D`` per data-parallel rank; so ``D`` must divide ``L`` and the
+global batch be whole steps. Then every optimizer step sees the same rows for every such ``D``,
+and a run resumes on any of them.
 
 Requires ``torchtitan`` (``pip install 'zephon-lanes[titan]'``); importing this module imports it.
 """
@@ -87,9 +79,8 @@ class ZephonPlan(_Section):
     """Seed of the mixture's order."""
 
     exhausted_policy: str = "repeat"
-    """``"repeat"`` (endless: train for ``training.steps``; recommended), ``"stop"`` (end when the first
-    dataset is exhausted) or ``"passes"`` (one full pass of every dataset). With finite data the
-    ranks agree on the last step (one all-reduce per step), and TorchTitan stops there."""
+    """``"repeat"`` (endless; recommended), ``"stop"`` (end when the first dataset is exhausted) or
+    ``"passes"`` (one pass of every dataset); with finite data TorchTitan stops at the last step."""
 
     chunk_size: int | None = None
     """Samples per unit of work a lane takes at a time (``None``: zephon's default)."""
@@ -132,10 +123,10 @@ class ZephonProcessing(_Section):
 class ZephonDataLoader(BaseDataLoader):
     """TorchTitan data loader over a zephon pipeline: ``(input_dict, labels)`` microbatches.
 
-    Each item is ``({"input": [B, S] int64, "positions": [B, S] int64}, labels [B, S] int64)``
-    with ``B = training.local_batch_size`` and ``S = training.seq_len``: the field layout of
-    TorchTitan's decoders (``positions`` restart at 0 at every document, which its flex/varlen
-    attention masks read; labels are ``-100`` on padding and, with ``eos_mask_loss``, after EOS).
+    Each item is ``({"input": [B, S], "positions": [B, S]}, labels [B, S])`` (int64, ``B =
+    training.local_batch_size``, ``S = training.seq_len``): ``positions`` restart at every document
+    for TorchTitan's flex/varlen attention; labels are ``-100`` on padding and, with
+    ``eos_mask_loss``, after EOS.
 
     Raises (when built):
         ValueError: ``canonical_replicas`` not divisible by the data-parallel degree, or a global
@@ -191,7 +182,6 @@ class ZephonDataLoader(BaseDataLoader):
         )
         self.loader = self.pipeline.loader()
 
-    # -- iteration ------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         for batch in self.loader:
             t = self.spec(batch)
@@ -204,8 +194,8 @@ class ZephonDataLoader(BaseDataLoader):
             positions = {} if t.get("positions") is None else {"positions": t["positions"]}
             yield {"input": inputs, **positions}, t["labels"]
 
-    # -- Stateful: one entry per lane, so DCP restores it on any data-parallel degree dividing L --------
     def state_dict(self) -> dict[str, Any]:
+        """One entry per lane, so DCP restores it on any data-parallel degree dividing L."""
         return self.loader.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -333,9 +323,8 @@ def _policy(config: Any) -> str | None:
 def use_zephon(trainer_config: Any, loader_config: "ZephonDataLoader.Config") -> Any:
     """Make ``trainer_config`` (a ``Trainer.Config``) load its data with ``loader_config``.
 
-    Copies ``training.global_batch_size`` into the section (for the startup check) and checks the
-    lane layout against the configured data-parallel degree when it is fixed in the config.
-    Returns ``trainer_config``.
+    Copies ``training.global_batch_size`` into the section and checks the lane layout against the
+    data-parallel degree when the config fixes it. Returns ``trainer_config``.
     """
     training = trainer_config.training
     section = replace(loader_config, global_batch_size=training.global_batch_size)

@@ -1,21 +1,9 @@
 """Context-parallel layout of training tensors: each CP rank's share of every row, and document ids.
 
-With context parallelism (CP) of size ``cp``, every rank holds a slice of each sequence and the
-ranks exchange keys and values inside attention. Causal attention makes late tokens costlier than
-early ones, so the load-balanced scheme (Megatron-LM, TransformerEngine, TorchTitan) cuts a
-sequence into ``2 * cp`` equal chunks and gives rank ``r`` chunks ``r`` and ``2 * cp - 1 - r``.
-
-Two formats, named after TransformerEngine's ``qkv_format``:
-
-* ``"bshd"`` (Megatron-LM, TorchTitan): the whole input-aligned row is cut into chunks; its width
-  must be a multiple of ``2 * cp`` (``cp`` without load balancing).
-* ``"thd"`` (TransformerEngine's packed format): every document is padded to a multiple of
-  ``2 * cp`` inside the row and cut into chunks of its own; ``cu_seqlens`` (real tokens) and
-  ``cu_seqlens_padded`` (slots) describe the padded row. Rows keep their width: the per-document
-  padding takes the room of the row's trailing padding, and a row without enough room fails.
-
-Every function here is pure and works on ``[B, W]`` numpy buffers (``W``: the input-aligned width,
-after the label shift), before conversion into the output framework; nothing keeps state.
+Load-balanced (Megatron-LM, TransformerEngine, TorchTitan), a sequence is cut into ``2 * cp``
+chunks and rank ``r`` takes chunks ``r`` and ``2 * cp - 1 - r``. ``"bshd"`` cuts the whole row;
+``"thd"`` pads every document to a multiple of the chunk count inside the row (a row without room
+fails) and cuts each on its own. Pure functions on ``[B, W]`` numpy buffers (after the label shift).
 """
 
 from __future__ import annotations
@@ -76,9 +64,9 @@ def chunk_multiple(size: int, load_balance: bool) -> int:
     return 2 * size if load_balance else size
 
 
-def rank_chunks(size: int, rank: int, load_balance: bool) -> tuple[int, ...]:
-    """The chunk indices rank ``rank`` takes, in order: ``(r, 2 * size - 1 - r)`` or ``(r,)``."""
-    return (rank, 2 * size - 1 - rank) if load_balance else (rank,)
+def label_shift(spec: Any) -> int:
+    """How many tokens a row loses to the label shift (1 when labels are the next token)."""
+    return int(spec.return_labels and spec.shift_labels)
 
 
 def document_ids(starts: np.ndarray, real: np.ndarray, flatten: bool) -> np.ndarray:
@@ -93,27 +81,28 @@ def document_ids(starts: np.ndarray, real: np.ndarray, flatten: bool) -> np.ndar
     return np.where(real, counts - 1, PADDING_DOCUMENT).astype(np.int64)
 
 
-def _label_shift(spec: Any) -> int:
-    """How many tokens a row loses to the label shift (1 when labels are the next token), for messages."""
-    return 1 if (spec.return_labels and spec.shift_labels) else 0
-
-
 def _fill_value(name: str, spec: Any, pad_id: int) -> Any:
     return {
         "input_ids": pad_id, "labels": spec.ignore_index, "padding_mask": True, "document_ids": PADDING_DOCUMENT,
     }.get(name, 0)
 
 
+def _stacked(rows: list[np.ndarray]) -> np.ndarray:
+    """Rows of lengths as one ``[B, K]`` int64 array, short rows padded with zeros."""
+    out = np.zeros((len(rows), max(len(r) for r in rows)), dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
 def thd_layout(fields: dict, doc: np.ndarray, spec: Any, pad_id: int) -> tuple[dict, tuple[np.ndarray, ...]]:
     """Pad every document of every row to a multiple of the chunk count, inside the row's width.
 
-    Returns the re-laid-out fields and, per row, the sequence boundaries: ``(real_lengths,
-    padded_lengths)`` as ``[B, K]`` int64 arrays (rows with fewer sequences padded with zero
-    lengths). The row's trailing padding becomes one last sequence with no real tokens.
-    Raises ``ValueError`` naming the row when its documents and their padding do not fit.
+    Returns the re-laid-out fields and, per row, ``(real_lengths, padded_lengths)`` of its
+    sequences as ``[B, K]`` arrays (zero-padded); the row's trailing padding is one last sequence
+    with no real tokens. Raises ``ValueError`` naming a row whose documents do not fit.
     """
-    size, _ = spec.context_parallel
-    m = chunk_multiple(size, spec.load_balance)
+    m = chunk_multiple(spec.context_parallel[0], spec.load_balance)
     B, W = doc.shape
     real_rows, padded_rows, index = [], [], np.full((B, W), -1, dtype=np.int64)
     offset = np.zeros((B, W), dtype=np.int64)  # per new slot: offset within its sequence
@@ -125,12 +114,11 @@ def thd_layout(fields: dict, doc: np.ndarray, spec: Any, pad_id: int) -> tuple[d
         padded = -(-lengths // m) * m
         need = int(padded.sum())
         if need > W:
-            shift = _label_shift(spec)
             raise ValueError(
                 f"to_training: context_parallel_format='thd' pads every document to a multiple of {m}; row {i} "
                 f"needs {need} slots for its {len(lengths)} documents ({n} tokens) but has {W}. Give rows room: "
                 f"pack with a smaller pack_flat(max_length=...) than the row width, or pass padding='max_length' "
-                f"with max_length of at least {need + shift}"
+                f"with max_length of at least {need + label_shift(spec)}"
             )
         tail = W - need
         real_rows.append(np.append(lengths, [0] if tail else []))
@@ -146,35 +134,26 @@ def thd_layout(fields: dict, doc: np.ndarray, spec: Any, pad_id: int) -> tuple[d
     taken = np.maximum(index, 0)
     out = {}
     for name, (arr, kind) in fields.items():
-        moved = arr[rows, taken]
         if name == "positions":
-            first = np.where(start_source >= 0, arr[rows, np.maximum(start_source, 0)], 0)
-            fill = first + offset
+            fill = np.where(start_source >= 0, arr[rows, np.maximum(start_source, 0)], 0) + offset
         else:
             fill = np.asarray(_fill_value(name, spec, pad_id), dtype=arr.dtype)
-        out[name] = (np.where(index >= 0, moved, fill), kind)
-    K = max(len(r) for r in real_rows)
-    real_lengths = np.zeros((B, K), dtype=np.int64)
-    padded_lengths = np.zeros((B, K), dtype=np.int64)
-    for i, (r, p) in enumerate(zip(real_rows, padded_rows)):
-        real_lengths[i, : len(r)] = r
-        padded_lengths[i, : len(p)] = p
-    return out, (real_lengths, padded_lengths)
+        out[name] = (np.where(index >= 0, arr[rows, taken], fill), kind)
+    return out, (_stacked(real_rows), _stacked(padded_rows))
 
 
 def rank_columns(padded_lengths: np.ndarray | None, W: int, size: int, rank: int, load_balance: bool) -> np.ndarray:
     """The slots of a row this rank takes, ``[B, W // size]`` (one row for ``"bshd"``, where
     ``padded_lengths`` is ``None`` and the whole row is one sequence)."""
     m = chunk_multiple(size, load_balance)
-    chunks = rank_chunks(size, rank, load_balance)
+    chunks = (rank, 2 * size - 1 - rank) if load_balance else (rank,)
     if padded_lengths is None:
         c = W // m
         return np.concatenate([np.arange(k * c, (k + 1) * c) for k in chunks])[None, :]
     rows = []
     for lengths in padded_lengths:
-        starts = np.cumsum(lengths) - lengths
         parts = []
-        for s, p in zip(starts, lengths):
+        for s, p in zip(np.cumsum(lengths) - lengths, lengths):
             c = int(p) // m
             parts.extend(np.arange(s + k * c, s + (k + 1) * c) for k in chunks)
         rows.append(np.concatenate(parts) if parts else np.zeros(0, np.int64))
@@ -192,15 +171,14 @@ def split(fields: dict, doc: np.ndarray, spec: Any, pad_id: int | None) -> tuple
     m = chunk_multiple(size, spec.load_balance)
     B, W = doc.shape
     if W % m:
-        shift = _label_shift(spec)
+        shift = label_shift(spec)
         raise ValueError(
             f"to_training: context_parallel={spec.context_parallel!r} cuts every row into {m} chunks, but rows "
             f"have {W} input slots (row length {W + shift}{' minus the label shift' if shift else ''}), not a "
             f"multiple of {m}. Fix: pack rows of N tokens with pack_flat(max_length=N), N{' - 1' if shift else ''} "
             f"a multiple of {m}, or pass padding='max_length' (or pad_to_multiple_of={m})"
         )
-    boundaries = None
-    padded_lengths = None
+    boundaries = padded_lengths = None
     if spec.context_parallel_format == "thd":
         fields, (real_lengths, padded_lengths) = thd_layout(fields, doc, spec, pad_id)
         boundaries = _boundaries(real_lengths, padded_lengths, spec.flatten)
@@ -211,13 +189,12 @@ def split(fields: dict, doc: np.ndarray, spec: Any, pad_id: int | None) -> tuple
 
 
 def _boundaries(real: np.ndarray, padded: np.ndarray, flatten: bool) -> tuple[Any, Any, Any]:
-    if flatten:
+    if flatten:  # one row of the sequences of every row, without the empty ones
         keep = padded.reshape(-1) > 0
-        r, p = real.reshape(-1)[keep], padded.reshape(-1)[keep]
-        cu = np.concatenate([[0], np.cumsum(r)]).astype(np.int32)
-        cu_padded = np.concatenate([[0], np.cumsum(p)]).astype(np.int32)
-        return cu, cu_padded, int(p.max(initial=0))
+        real, padded = real.reshape(-1)[keep][None], padded.reshape(-1)[keep][None]
     zero = np.zeros((len(real), 1), dtype=np.int64)
-    cu = np.concatenate([zero, np.cumsum(real, axis=1)], axis=1).astype(np.int32)
-    cu_padded = np.concatenate([zero, np.cumsum(padded, axis=1)], axis=1).astype(np.int32)
+    cu, cu_padded = (np.concatenate([zero, np.cumsum(x, axis=1)], axis=1) for x in (real, padded))
+    cu, cu_padded = cu.astype(np.int32), cu_padded.astype(np.int32)
+    if flatten:
+        return cu[0], cu_padded[0], int(padded.max(initial=0))
     return cu, cu_padded, padded.max(axis=1, initial=0).astype(np.int32)

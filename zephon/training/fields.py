@@ -1,10 +1,6 @@
-"""Payload fields shared by every operator family: token fields and fields aligned with them.
-
-A payload is usually a dict with a token field (``input_ids``, ...) and often fields with one
-entry per token (``loss_mask``, ``labels``, ...), as lists or arrays. This module decides which
-field holds the tokens and which are aligned with them, and makes them 1-D numpy arrays at an
-operator's input. Every other field belongs to its document as a whole and is carried per segment
-(:func:`check_carried`). It imports nothing from zephon, so every layer may use it.
+"""Payload fields shared by every operator family: which field holds the tokens, which fields are
+aligned with them (one entry per token, made 1-D numpy arrays at an operator's input), and the
+per-segment fields every other one becomes. Imports nothing from zephon, so every layer may use it.
 """
 
 from __future__ import annotations
@@ -29,12 +25,8 @@ _PLAIN = (str, int, float, bool, bytes, type(None), np.generic)
 
 def find_token_field(payload: Any, tokens_field: str, where: str) -> str:
     """The name of the token field of ``payload`` (``tokens_field``, or with ``"auto"`` the first of
-    :data:`TOKEN_FIELDS` present); ``where`` names the operator in errors.
-
-    Raises:
-        TypeError: the payload is not a dict.
-        ValueError: the field is missing.
-    """
+    :data:`TOKEN_FIELDS` present); ``where`` names the operator in errors (a ``TypeError`` for a
+    payload that is not a dict, a ``ValueError`` for a missing field)."""
     if not isinstance(payload, dict):
         raise TypeError(f"{where}: payloads must be dicts with a token field, got {type(payload).__name__}")
     if tokens_field != "auto":
@@ -76,15 +68,9 @@ def aligned_payload(payload: dict, tfield: str, where: str, record: str = "") ->
     """Normalise the token field ``tfield`` and the token-aligned fields of ``payload`` to 1-D arrays.
 
     A field is aligned when it is numeric and as long as the tokens; one named in
-    :data:`ALIGNED_FIELDS` must be. ``where`` (the operator) and ``record`` name errors.
-
-    Returns:
-        The payload (a new dict when a field was converted; the given one is not modified) and the
-        aligned field names: the token field first, then the others in payload order.
-
-    Raises:
-        ValueError: a token field that is not a 1-D integer sequence, or a field that must be
-            aligned but has another length or non-numeric values.
+    :data:`ALIGNED_FIELDS` must be (else ``ValueError``, as for a token field that is not 1-D
+    integers; ``where`` and ``record`` name it). Returns the payload (a new dict when a field was
+    converted) and the aligned field names, the token field first.
     """
     at = f" in {record}" if record else ""
     tokens = payload[tfield]
@@ -125,13 +111,9 @@ def aligned_payload(payload: dict, tfield: str, where: str, record: str = "") ->
 
 
 def check_carried(name: str, value: Any, where: str, record: str, fix: str) -> None:
-    """Refuse a per-segment field value that does not pickle (segments travel to DataLoader workers).
-
-    Plain values and numpy arrays of a non-object dtype pass at once; anything else is pickled once.
-
-    Raises:
-        ValueError: naming the field, the record and ``fix``.
-    """
+    """Refuse (``ValueError`` naming the field, the record and ``fix``) a per-segment field value
+    that does not pickle, since segments travel to DataLoader workers. Plain values and numpy
+    arrays of a non-object dtype pass at once; anything else is pickled once."""
     if isinstance(value, _PLAIN) or (isinstance(value, np.ndarray) and not value.dtype.hasobject):
         return
     try:

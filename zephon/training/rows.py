@@ -1,10 +1,5 @@
-"""The rows of a batch, gathered and checked, and the conversion of the output into its framework.
-
-:func:`_gather` reads every record's token, position, loss-mask and extra fields as 1-D numpy rows
-(each error names the record and the field); :func:`_segments` collects the fields that are not
-token-aligned; :func:`_fill` and :func:`_cu_seqlens` build the ``[B, T]`` buffers; :class:`_Output`
-turns numpy buffers into lists, numpy arrays or torch tensors (torch imported only then). Used by
-:class:`~zephon.training.spec.TrainingSpec`; nothing here keeps state.
+"""The rows of a batch, gathered and checked (errors name the record and field), laid into
+``[B, T]`` buffers, and converted into the output framework by :class:`_Output`. Stateless.
 """
 
 from __future__ import annotations
@@ -96,14 +91,11 @@ _CONSUMED = frozenset({"text", "positions", "loss_mask"})
 
 
 def _segments(records: Sequence[Any], tokens_field: str, n: np.ndarray, pad_len: np.ndarray, left: np.ndarray) -> list | None:
-    """Per record, one dict per segment: ``start`` (offset in the output row, before the label
-    shift), ``length`` (its tokens) and its document's fields that are not token-aligned; ``None``
-    when no record of the batch carries such fields.
-
-    A packed row (token ranges in its meta) carries its segments in ``payload["segments"]``, as
-    ``pack_flat`` writes them; a plain record is one segment whose fields are those of its payload
-    that the output does not hold otherwise (not its tokens, ``text``, ``positions``, ``loss_mask``
-    or another token-aligned field). Field values are copied, never aliased.
+    """Per record, one dict per segment: ``start`` (in the output row, before the label shift),
+    ``length`` and its document's fields that are not token-aligned (copied); ``None`` when no
+    record carries such fields. A packed row's segments are its ``payload["segments"]`` (as
+    ``pack_flat`` writes them); a plain record is one segment of the payload fields that the
+    output does not otherwise hold.
     """
     first = records[0].payload
     if not isinstance(first, dict):
@@ -217,12 +209,8 @@ def _fill(rows: list[np.ndarray], B: int, T: int, left: np.ndarray, fill: int, d
     """Rows copied into one contiguous ``[B, T]`` buffer at their offsets; other slots hold ``fill``."""
     if dtype is None:
         dtype = np.result_type(*[r.dtype for r in rows]) if rows else np.int64
-    if all(len(r) == T for r in rows):
-        out = np.empty((B, T), dtype=dtype)
-        for i, r in enumerate(rows):
-            out[i] = r
-        return out
-    out = np.full((B, T), fill, dtype=dtype)
+    full = all(len(r) == T for r in rows)  # then every offset is 0
+    out = np.empty((B, T), dtype=dtype) if full else np.full((B, T), fill, dtype=dtype)
     for i, r in enumerate(rows):
         a = int(left[i])
         out[i, a : a + len(r)] = r
@@ -247,10 +235,10 @@ def _cu_seqlens(starts: np.ndarray, flatten: bool) -> tuple[np.ndarray, Any]:
 
 @attrs.frozen
 class _Output:
-    """The output framework (``"list"``, ``"numpy"`` or ``"torch"``) and dtypes, and the conversion into it.
+    """The output framework (``"list"``, ``"numpy"`` or ``"torch"``) and the conversion into it.
 
-    ``np_dtype`` is the numpy dtype sequence fields are cast to (``None``: keep their own; a torch
-    dtype without a numpy twin, such as bfloat16, is then applied in torch).
+    ``np_dtype``: the numpy dtype of sequence fields (``None``: keep their own, and apply a torch
+    dtype without a numpy twin, such as bfloat16, in torch).
     """
 
     kind: str

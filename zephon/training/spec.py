@@ -1,15 +1,9 @@
 """The options of :func:`~zephon.to_training` as a validated value, and their application to a batch.
 
-:class:`TrainingSpec` is a frozen attrs class built from ``to_training``'s keyword options: its
-converters normalise them and its validators reject invalid values and combinations, once. Calling
-it converts a batch; it keeps no state, so one spec serves every batch of a run, from any thread or
-process (it pickles). Everything is computed on contiguous numpy buffers; only the final conversion
-picks the framework (torch, imported lazily, wraps the buffers without a copy).
-
-Padding is known *by position*, never by token id: the trailing ``meta.padding_length`` slots
-that packing added, plus the slots that ``padding=`` adds here, so a pad id that also occurs as
-content never loses or gains supervision. A batch is anything with ``records`` (each with a
-``payload`` and a ``meta``) and, optionally, ``pad_token_id``: nothing from the layers above.
+:class:`TrainingSpec` normalises and validates the options once; calling it converts a batch. It
+keeps no state and pickles, so one spec serves every batch of a run, from any thread or process.
+Work is done on numpy buffers; torch (imported lazily) wraps them without a copy. Padding is known
+*by position* (``meta.padding_length`` plus the slots ``padding=`` adds), never by token id.
 """
 
 from __future__ import annotations
@@ -22,25 +16,18 @@ import attrs
 import numpy as np
 
 from . import context_parallel as cp
+from .context_parallel import _is_int
 from .fields import TOKEN_FIELDS, unique_names
 from .rows import _cu_seqlens, _fill, _gather, _Output, _rename_and_exclude, _segments
 
 __all__ = ["TrainingSpec"]
 
-_POSITION_MODES = ("preserve", "sequence")
-_PADDING_SIDES = ("right", "left")
 #: Modules whose frames a warning skips to reach the caller: this package and attrs (evolve).
 _INTERNAL_PACKAGES = frozenset({__package__.partition(".")[0], "attr", "attrs"})
 
 
-# -- converters and validators -------------------------------------------------------------------------
-# Converters only normalise values they recognise and pass anything else through, so that the
-# validators (which run after every field is set) report the value the caller gave. Every converter
-# is idempotent, so attrs.evolve on a spec gives what the constructor gives.
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+# Converters normalise only the values they recognise (validators then report the value the caller
+# gave) and are idempotent, so attrs.evolve on a spec gives what the constructor gives.
 
 
 def _int(value: Any) -> Any:
@@ -56,11 +43,7 @@ def _padding(value: Any) -> Any:
 
 
 def _renames(value: Any) -> Any:
-    if value is None:
-        return _FrozenDict({})
-    if isinstance(value, Mapping):
-        return _FrozenDict(value)
-    return value
+    return _FrozenDict(value or {}) if value is None or isinstance(value, Mapping) else value
 
 
 def _check_names(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -73,29 +56,29 @@ def _check_names(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise TypeError(f"to_training: {attribute.name} must be a sequence of field names, got {value!r}")
 
 
-def _one_of(choices: tuple[str, ...]):
-    def check(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if not (isinstance(value, str) and value in choices):
-            allowed = " or ".join(repr(c) for c in choices)
-            raise ValueError(f"to_training: {attribute.name} must be {allowed}, got {value!r}")
-
-    return check
-
-
-def _optional_nonnegative_int(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None and (not _is_int(value) or value < 0):
-        tail = " or None" if attribute.name == "pad_token_id" else ""
-        raise ValueError(f"to_training: {attribute.name} must be a nonnegative integer{tail}, got {value!r}")
-
-
 def _check(valid: Any, error: type[Exception], message: str):
-    """A validator raising ``error(message)`` unless ``valid(value)``; ``{value}``, ``{kind}``: the value, its type."""
+    """A validator raising ``error(message)`` unless ``valid(value)``; ``message`` may use
+    ``{name}`` (the option), ``{value}`` and ``{kind}`` (its type)."""
 
     def check(spec: Any, attribute: attrs.Attribute, value: Any) -> None:
         if not valid(value):
-            raise error(message.format(value=value, kind=type(value).__name__))
+            raise error(message.format(name=attribute.name, value=value, kind=type(value).__name__))
 
     return check
+
+
+def _one_of(*choices: str):
+    allowed = " or ".join(repr(c) for c in choices)
+    return _check(lambda v: isinstance(v, str) and v in choices, ValueError,
+                  f"to_training: {{name}} must be {allowed}, got {{value!r}}")
+
+
+def _optional_nonnegative_int(tail: str = ""):
+    return _check(lambda v: v is None or (_is_int(v) and v >= 0), ValueError,
+                  f"to_training: {{name}} must be a nonnegative integer{tail}, got {{value!r}}")
+
+
+_check_eos_id, _check_pad_id = _optional_nonnegative_int(), _optional_nonnegative_int(" or None")
 
 
 _check_tokens_field = _check(
@@ -117,33 +100,21 @@ _check_attention = _check(
 )
 
 
-# -- the spec ------------------------------------------------------------------------------------------
-
-
 @attrs.frozen(kw_only=True)
 class TrainingSpec:
     """The options of :func:`~zephon.to_training`, validated once; call it on a batch to convert it.
 
-    ``TrainingSpec(**options)(batch)`` equals ``to_training(batch, **options)``, and every option
-    has the name, default and meaning documented there. Build the spec once and apply it to every
-    batch of a run: misuse fails (or warns) where the spec is built, and each batch skips the checks.
+    ``TrainingSpec(**options)(batch)`` equals ``to_training(batch, **options)``; every option has
+    the name, default and meaning documented there. Misuse fails (or warns) where the spec is
+    built, and each batch skips the checks.
 
-    Args:
-        **options: the keyword options of :func:`~zephon.to_training`.
-
-    Attributes:
-        extra_fields, exclude_fields: tuples of names (``extra_fields`` without repeats).
-        rename_fields: a read-only ``{emitted name: new name}`` mapping, empty for ``None``.
-        padding: ``None``, ``"longest"`` or ``"max_length"`` (``False`` and ``"do_not_pad"`` become
-            ``None``, ``True`` becomes ``"longest"``).
-        ignore_index, eos_token_id, max_length, pad_to_multiple_of, pad_token_id: Python ints (or ``None``).
-        return_labels, shift_labels, flatten, eos_mask_loss, load_balance and the ``return_*`` flags other than
-            ``return_attention_mask``: bools (by truth value). The other options are kept as given.
+    Attributes (normalised): ``extra_fields``/``exclude_fields`` are tuples (``extra_fields``
+    without repeats); ``rename_fields`` a read-only mapping (empty for ``None``); ``padding``
+    ``None``, ``"longest"`` or ``"max_length"``; integer options Python ints; flags other than
+    ``return_attention_mask`` bools. The other options are kept as given.
 
     Raises:
-        TypeError: an unknown option, a bare string for ``exclude_fields`` / ``extra_fields``, a
-            non-mapping ``rename_fields`` or a non-string ``tokens_field``.
-        ValueError: an invalid option or combination of options (see :func:`~zephon.to_training`).
+        TypeError, ValueError: an invalid option or combination, as :func:`~zephon.to_training`.
 
     Examples:
         >>> import numpy as np
@@ -172,14 +143,14 @@ class TrainingSpec:
     return_cu_seqlens: bool = attrs.field(default=False, converter=bool)
     return_padding_mask: bool = attrs.field(default=False, converter=bool)
     eos_mask_loss: bool = attrs.field(default=False, converter=bool)
-    eos_token_id: int | None = attrs.field(default=None, converter=_int, validator=_optional_nonnegative_int)
-    position_mode: str = attrs.field(default="preserve", validator=_one_of(_POSITION_MODES))
+    eos_token_id: int | None = attrs.field(default=None, converter=_int, validator=_check_eos_id)
+    position_mode: str = attrs.field(default="preserve", validator=_one_of("preserve", "sequence"))
     shift_labels: bool = attrs.field(default=True, converter=bool)
     padding: str | None = attrs.field(default=None, converter=_padding, validator=_check_padding)
     max_length: int | None = attrs.field(default=None, converter=_int)
     pad_to_multiple_of: int | None = attrs.field(default=None, converter=_int)
-    padding_side: str = attrs.field(default="right", validator=_one_of(_PADDING_SIDES))
-    pad_token_id: int | None = attrs.field(default=None, converter=_int, validator=_optional_nonnegative_int)
+    padding_side: str = attrs.field(default="right", validator=_one_of("right", "left"))
+    pad_token_id: int | None = attrs.field(default=None, converter=_int, validator=_check_pad_id)
     return_attention_mask: bool | None = attrs.field(default=None, validator=_check_attention)
     return_document_ids: bool = attrs.field(default=False, converter=bool)
     context_parallel: tuple[int, int] | None = attrs.field(default=None, converter=cp.as_pair)
@@ -191,7 +162,6 @@ class TrainingSpec:
     )
 
     def __attrs_post_init__(self) -> None:
-        # Combinations of options; each single option was checked by its validator.
         for flag in ("return_loss_mask", "return_num_valid_tokens", "eos_mask_loss"):
             if getattr(self, flag) and not self.return_labels:
                 raise ValueError(f"to_training: {flag} requires return_labels=True (it describes the labels)")
@@ -203,7 +173,7 @@ class TrainingSpec:
                 "e.g. eos_mask_loss=True, eos_token_id=tokenizer.eos_token_id"
             )
         if self.padding == "max_length":
-            if not _is_int(self.max_length) or self.max_length < 1:
+            if not (_is_int(self.max_length) and self.max_length >= 1):
                 raise ValueError(
                     "to_training: padding='max_length' requires max_length, a positive integer; "
                     f"got {self.max_length!r}"
@@ -232,13 +202,14 @@ class TrainingSpec:
 
     def _check_extra_fields(self) -> None:
         generated = {"ids", "texts", "input_ids"} | ({"labels"} if self.return_labels else set())
+        cu = (self.return_cu_seqlens, "return_cu_seqlens=True")
         flagged = {
             "padding_mask": (self.return_padding_mask, "return_padding_mask=True"),
             "attention_mask": (
                 self.emit_attention, "an attention mask (padding requested or return_attention_mask=True)"
             ),
-            "cu_seqlens": (self.return_cu_seqlens, "return_cu_seqlens=True"),
-            "max_seqlen": (self.return_cu_seqlens, "return_cu_seqlens=True"),
+            "cu_seqlens": cu,
+            "max_seqlen": cu,
             "num_valid_tokens": (self.return_num_valid_tokens, "return_num_valid_tokens=True"),
             "document_ids": (self.return_document_ids, "return_document_ids=True"),
             "cu_seqlens_padded": (self._thd, "context_parallel_format='thd'"),
@@ -249,9 +220,10 @@ class TrainingSpec:
                     f"to_training: extra_fields cannot overwrite generated field {name!r}; rename the payload field "
                     "or use rename_fields on the output"
                 )
-            if name in flagged and flagged[name][0]:
+            on, why = flagged.get(name, (False, ""))
+            if on:
                 raise ValueError(
-                    f"to_training: extra_fields cannot include {name!r} with {flagged[name][1]}; that output is "
+                    f"to_training: extra_fields cannot include {name!r} with {why}; that output is "
                     "generated"
                 )
             if name == "loss_mask" and self.return_labels:
@@ -272,11 +244,8 @@ class TrainingSpec:
         return self.context_parallel is not None and self.context_parallel_format == "thd"
 
     def pad_token_id_for(self, batch: Any) -> int | None:
-        """The id written into added padding slots of ``batch``.
-
-        ``pad_token_id`` when given, else the batch's own ``pad_token_id`` attribute (a pipeline
-        that tokenizes sets it from the tokenizer: its pad token, else its EOS). Without
-        ``padding`` nothing is padded, so the batch is not looked at and the result may be ``None``.
+        """The id written into added padding slots: ``pad_token_id``, else the batch's own (a
+        tokenizing pipeline sets it); without padding the batch is not read and it may be ``None``.
 
         Raises:
             ValueError: padding is requested and neither gives an id, or the batch's id is invalid.
@@ -302,11 +271,7 @@ class TrainingSpec:
         )
 
     def __call__(self, batch: Any) -> dict[str, Any]:
-        """Convert ``batch``, exactly as ``to_training(batch, **options)`` does.
-
-        Raises:
-            TypeError, ValueError: what :func:`~zephon.to_training` raises for the batch's data.
-        """
+        """Convert ``batch`` as ``to_training(batch, **options)`` does (raising what it raises)."""
         pad_id = self.pad_token_id_for(batch)  # before the empty-batch shortcut: a missing id fails on every batch
 
         records = batch.records
@@ -329,6 +294,7 @@ class TrainingSpec:
         # -- gather rows -----------------------------------------------------------------------------------
         extras = self.extra_fields
         labelled = self.return_labels
+        shift = cp.label_shift(self)
         documents = self.return_document_ids or self.context_parallel is not None
         need_positions = (
             self.return_cu_seqlens or self.position_mode == "preserve" or "positions" in extras or documents
@@ -372,9 +338,7 @@ class TrainingSpec:
                         "padding never truncates: raise max_length, use padding='longest', or cut records upstream"
                     )
                 T = self.max_length
-            if self.pad_to_multiple_of:
-                # Round the length the model sees: with shifted labels that is T - 1.
-                shift = 1 if (labelled and self.shift_labels) else 0
+            if self.pad_to_multiple_of:  # round the length the model sees (T - shift)
                 T = -(-(T - shift) // self.pad_to_multiple_of) * self.pad_to_multiple_of + shift
         left = (T - n) if self.padding_side == "left" else np.zeros(B, dtype=np.int64)
         padded = bool((n != T).any())
@@ -400,7 +364,7 @@ class TrainingSpec:
                 )
 
         # -- labels (computed on the full row, then shifted views) ------------------------------------------
-        W = max(T - 1, 0) if (labelled and self.shift_labels) else T  # input-aligned width
+        W = max(T - shift, 0)  # input-aligned width
         fields: dict[str, tuple[np.ndarray, str]] = {}  # name -> (array, kind), in output order
         if self.return_padding_mask:
             fields["padding_mask"] = (~real[:, :W], "bool")
@@ -427,16 +391,11 @@ class TrainingSpec:
         if self.emit_attention:
             fields["attention_mask"] = (real[:, :W], "seq")
 
-        positions_out = None
+        positions_out = pos[:, :W] if pos is not None else None
         if self.position_mode == "sequence":
+            positions_out = cols[None, :W] - left[:, None]
             if padded:
-                positions_out = cols[None, :W] - left[:, None]
                 positions_out[(positions_out < 0) | (positions_out >= n[:, None])] = 0
-            else:
-                positions_out = np.empty((B, W), dtype=np.int64)
-                positions_out[:] = cols[:W]
-        elif pos is not None:
-            positions_out = pos[:, :W]
         for name in extras:
             if name == "positions":
                 if positions_out is None:
@@ -475,11 +434,10 @@ class TrainingSpec:
             labels = fields["labels"][0] if labelled else None
             cu = thd_cu if thd_cu is not None else cu
 
-        # -- assemble ------------------------------------------------------------------------------------
+        # -- assemble: ids are the (dataset, shard, row) of every segment of every record
         out = self._output
-        # ids: the source pointer (dataset, shard, row) of every segment of every record.
-        ids = [[tuple(s[:3]) for s in r.meta.segments] for r in records]
-        result: dict[str, Any] = {"ids": ids, "texts": rows.texts}
+        result: dict[str, Any] = {"ids": [[tuple(s[:3]) for s in r.meta.segments] for r in records]}
+        result["texts"] = rows.texts
         segments = _segments(records, self.tokens_field, n, pad_len, left)
         if segments is not None:
             result["segments"] = segments
@@ -554,13 +512,8 @@ class TrainingSpec:
         return _rename_and_exclude(result, self.rename_fields, self.exclude_fields, allow_missing=False)
 
 
-# -- rows, buffers and output conversion ---------------------------------------------------------------
-
-
 class _FrozenDict(Mapping):
     """A read-only, hashable, picklable copy of a mapping (``rename_fields``)."""
-
-    __slots__ = ("_items",)
 
     def __init__(self, items: Mapping[Any, Any]):
         self._items = dict(items)
@@ -580,16 +533,10 @@ class _FrozenDict(Mapping):
     def __repr__(self) -> str:
         return repr(self._items)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_FrozenDict, (self._items,))
-
 
 def _warn_at_caller(message: str) -> None:
-    """Warn at the first frame outside this package, so the warning names the caller's line.
-
-    ``to_training`` is reached directly, through ``SampleBatch.to_training``, by building a spec
-    or by ``attrs.evolve`` on one, so no fixed ``stacklevel`` fits every path.
-    """
+    """Warn at the first frame outside this package and attrs: ``to_training`` is reached by many
+    paths (``SampleBatch.to_training``, a spec, ``attrs.evolve``), so no fixed stacklevel fits."""
     level = 1
     frame = inspect.currentframe()
     while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _INTERNAL_PACKAGES:
