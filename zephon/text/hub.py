@@ -55,8 +55,7 @@ def _offline() -> bool:
 
 
 def _hub_address() -> tuple[str, int]:
-    """``(host, port)`` a download would connect to first: the HTTPS proxy if one is set, else the hub
-    (``$HF_ENDPOINT`` as ``huggingface_hub`` reads it, by default ``https://huggingface.co``)."""
+    """``(host, port)`` a download connects to first: the proxy if one is set, else the hub."""
     from urllib.parse import urlsplit
     from urllib.request import getproxies, proxy_bypass
 
@@ -72,8 +71,8 @@ def _hub_address() -> tuple[str, int]:
 
 
 def _hub_unreachable() -> str:
-    """``""`` when a TCP connection to :func:`_hub_address` opens within :data:`HUB_PROBE_TIMEOUT_S`,
-    else why not. The probe runs in a daemon thread, because name resolution ignores socket timeouts."""
+    """``""`` when a TCP connection to :func:`_hub_address` opens in time, else why not (in a daemon
+    thread: name resolution ignores socket timeouts)."""
     import socket
 
     host, port = _hub_address()
@@ -95,8 +94,8 @@ def _hub_unreachable() -> str:
 
 
 def download(repo_id: str, cache: Path) -> tuple[Path | None, str]:
-    """``(folder, "")`` of ``repo_id``'s ``tokenizer.json`` (and its optional config files) downloaded
-    into ``cache``, or ``(None, why it cannot be fetched)``."""
+    """``(folder, "")`` of ``repo_id``'s ``tokenizer.json`` (and configs) downloaded into ``cache``,
+    or ``(None, why not)``."""
     try:
         from huggingface_hub import hf_hub_download
     except ImportError:

@@ -1,15 +1,12 @@
-"""Resolving, wrapping and pickling tokenizers.
+"""Resolving tokenizers into :class:`TokenizerHandle`, a frozen value that encodes text batches.
 
-:func:`load_tokenizer` turns a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a
-``tokenizer.json`` (or its folder) or a Hugging Face model id into a :class:`TokenizerHandle`, a
-frozen value that encodes batches of text to ``int32`` arrays. The tiktoken backend is used only
-after it reproduced the ``tokenizers`` ids on a built-in sample and on every vocabulary entry
-(:mod:`zephon.text.tiktoken_encoding`); ``backend="auto"`` otherwise uses ``tokenizers`` and logs
-why on the ``"zephon"`` logger, an explicit ``backend="tiktoken"`` raises.
+The tiktoken backend is used only once proven to give the ``tokenizers`` ids
+(:mod:`zephon.text.tiktoken_encoding`); else ``backend="auto"`` logs why and uses ``tokenizers``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -43,8 +40,7 @@ _LOCAL_ADVICE = (
     "or a tokenizers.Tokenizer object: tokenize(tokenizer=Tokenizer.from_file(...))"
 )
 
-# Well-known special tokens, tried in order when no tokenizer_config.json names them. GPT-2's
-# <|endoftext|> is a document separator, so it counts as EOS only (GPT-2 has no BOS of its own).
+# Special tokens tried in order when no config names them; GPT-2's <|endoftext|> is EOS only.
 _BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "[BOS]", "<BOS>", "<|startoftext|>", "[CLS]")
 _EOS_CANDIDATES = ("<|end_of_text|>", "</s>", "<eos>", "[EOS]", "<EOS>", "<|endoftext|>", "[SEP]")
 _PAD_CANDIDATES = ("<pad>", "[PAD]", "<|pad|>", "<PAD>", "<|padding|>")
@@ -57,18 +53,12 @@ class TokenizerLoadError(ValueError):
 
 @attrs.frozen(eq=False, repr=False)
 class TokenizerHandle:
-    """A resolved tokenizer: its content, its special ids and a fast batch encoder.
+    """A resolved tokenizer (:func:`load_tokenizer`): its content, special ids and a batch encoder.
 
-    Build one with :func:`load_tokenizer`. It pickles as the canonical JSON plus the ids; the live
-    tokenizer is rebuilt lazily once per process, so unpickling many handles loads it once.
-
-    Attributes:
-        tokenizer_json: the canonical ``tokenizer.json`` text (sorted keys, no truncation or padding).
-        bos_token_id, eos_token_id, pad_token_id: the special ids, each ``None`` when absent.
-        backend: the encoder in use, ``"tokenizers"`` or ``"tiktoken"`` (only when verified exact).
-        encode_special_tokens: whether special tokens written in the text are encoded as plain
-            text (``False`` by default, so a literal ``<|endoftext|>`` becomes the special id).
-        source: where the tokenizer came from (for messages only; not part of the identity).
+    It pickles as the canonical JSON (sorted keys, no truncation or padding) and the ids; the live
+    tokenizer is built once per process, on first use. ``backend``: ``"tokenizers"`` or
+    ``"tiktoken"`` (only when proven exact). ``encode_special_tokens``: special tokens written in
+    the text are plain text. ``source`` is for messages only, not part of the identity.
 
     Examples:
         >>> from tokenizers import Tokenizer, models, pre_tokenizers
@@ -97,8 +87,7 @@ class TokenizerHandle:
     def __attrs_post_init__(self) -> None:
         if self.backend not in ("tokenizers", "tiktoken"):
             raise ValueError(f"TokenizerHandle: backend must be 'tokenizers' or 'tiktoken', got {self.backend!r}")
-        # _content names what encodes text (shared by handles that differ only in special ids);
-        # _digest adds the ids, which decide the bracketing.
+        # _content names what encodes text; _digest adds the special ids.
         json_digest = hashlib.sha256(self.tokenizer_json.encode("utf-8")).hexdigest()
         content = json_digest + ("+encode_special_tokens" if self.encode_special_tokens else "")
         ids = json.dumps([self.bos_token_id, self.eos_token_id, self.pad_token_id])
@@ -144,8 +133,7 @@ class TokenizerHandle:
     def _build_tokenizer(self) -> Any:
         from tokenizers import Tokenizer
 
-        # From the cached model files where they were proven (a quicker build of a large BPE);
-        # the first build from the JSON proves them.
+        # From proven cached model files (quicker for a large BPE); the first build proves them.
         tok = _bpe_files.build(self._json_digest)
         if tok is None:
             tok = Tokenizer.from_str(self.tokenizer_json)
@@ -166,7 +154,7 @@ class TokenizerHandle:
         return _build_tiktoken(plan, self._content)
 
     def load_encoder(self) -> TokenizerHandle:
-        """Build this process's live encoder now, not in the first encode (a starting lane does); returns self."""
+        """Build this process's live encoder now, not in the first encode; returns self."""
         self._encoding() if self.backend == "tiktoken" and _tiktoken_usable() else self.tokenizer
         return self
 
@@ -179,15 +167,11 @@ class TokenizerHandle:
         return self if effective == self.backend else attrs.evolve(self, backend=effective)
 
     def encode_batch(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[np.ndarray]:
-        """Encode texts to one writable ``int32`` id array each, in one native call, adding no special tokens.
+        """Encode texts to one writable ``int32`` id array each, adding no special tokens.
 
-        Args:
-            num_threads: encoder threads (``None``: one per CPU): the tiktoken backend's pool, or
-                ``tokenizers``' Rayon pool, which exists once per process and takes the size given
-                before its first use; a later, different size is logged once as a warning.
-
-        Raises:
-            ValueError: a text cannot be encoded as UTF-8 (it holds an unpaired surrogate).
+        ``num_threads`` (``None``: one per CPU) sizes tiktoken's pool, or ``tokenizers``' Rayon
+        pool, which takes the size given before its first use in the process (a later one warns).
+        Raises ``ValueError`` for a text that is not UTF-8 (an unpaired surrogate).
         """
         return self.encode_bracketed(texts, num_threads=num_threads)
 
@@ -195,9 +179,8 @@ class TokenizerHandle:
         self, texts: Sequence[str], *, bos: int | None = None, eos: int | None = None, keep: int | None = None,
         num_threads: int | None = None,
     ) -> list[np.ndarray]:
-        """Like :meth:`encode_batch`, each text's ids cut to their first ``keep`` and put between
-        ``bos`` and ``eos`` (each only when not ``None``), in one new array per text (``tokenize``
-        brackets every document this way, so the ids are copied into an array once)."""
+        """:meth:`encode_batch`, each text's ids cut to their first ``keep`` and put between ``bos``
+        and ``eos`` (each when not ``None``), copied into their array once."""
         if not texts:
             return []
         try:
@@ -214,8 +197,7 @@ class TokenizerHandle:
         tok = self.tokenizer
         texts = texts if isinstance(texts, list) else list(texts)
         _size_rayon_pool(_LIVE, num_threads)
-        # encode_batch_fast skips the offsets (same ids, less work). Encoding.ids builds a Python
-        # list; it is cut and bracketed as a list, then np.fromiter reads it once into its array.
+        # encode_batch_fast skips the offsets; the ids list is cut and bracketed, then read once.
         encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
         encodings = encode(texts, add_special_tokens=False)
         out = []
@@ -237,11 +219,10 @@ class TokenizerHandle:
         allowed = frozenset() if self.encode_special_tokens else enc.special_tokens_set
         start = 0 if bos is None else 1
         extra = start + (eos is not None)
-        if hasattr(enc, "encode_to_numpy"):
-
-            def ids_of(text: str) -> np.ndarray:  # uint32, read-only: a view of tiktoken's buffer
-                return enc.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
-
+        if hasattr(enc, "encode_to_numpy"):  # uint32, read-only: a view of tiktoken's buffer
+            ids_of = functools.partial(
+                enc.encode_to_numpy, allowed_special=allowed, disallowed_special=()
+            )
         else:  # tiktoken < 0.8
 
             def ids_of(text: str) -> np.ndarray:
@@ -278,10 +259,9 @@ def _raise_unencodable(texts: Sequence[str], exc: BaseException) -> None:
             ) from exc
 
 
-# Live tokenizers, tiktoken encodings and thread pools, rebuilt in each process (pool threads do not survive fork).
+# Live tokenizers, tiktoken encodings and thread pools of this process.
 _LIVE = ProcessCache()
-# Whether the tiktoken path proved exact, by tokenizer content. Kept in forked children: the
-# verdict depends only on the content, and proving it again takes seconds for large vocabularies.
+# Why the tiktoken path is not exact ("" when it is), by content; kept in forked children.
 _VERIFIED = ProcessCache(clear_after_fork=False)
 
 
@@ -292,33 +272,24 @@ def _thread_pool(threads: int) -> ThreadPoolExecutor:
 def load_tokenizer(tokenizer: Any = None, tokenizer_id: str | None = None, *, backend: str = "auto") -> TokenizerHandle:
     """Resolve a tokenizer into a :class:`TokenizerHandle`.
 
-    Special ids come from ``tokenizer_config.json`` / ``special_tokens_map.json`` (the latter wins,
-    as in transformers; ``null`` means "none"), from a transformers tokenizer's ``*_token_id``
-    attributes, else from well-known special tokens of the vocabulary (``<s>``/``</s>``,
-    ``<|begin_of_text|>``/``<|end_of_text|>``, ``[CLS]``/``[SEP]``, ``<pad>``...). A bare GPT-2
-    ``tokenizer.json`` resolves ``<|endoftext|>`` as EOS only; GPT-2's ``tokenizer_config.json``
-    also names it BOS, and wins when present.
+    Special ids come from ``tokenizer_config.json`` / ``special_tokens_map.json`` (the latter wins;
+    ``null`` means none), a transformers tokenizer's ``*_token_id``, else well-known special tokens
+    of the vocabulary (``<s>``, ``<|end_of_text|>``, ``[SEP]``, ``<pad>``...).
 
     Args:
-        tokenizer: a ``tokenizers.Tokenizer``; an object exposing one as ``backend_tokenizer``
-            (a transformers fast tokenizer); a path to a ``tokenizer.json`` file or to a folder
-            holding one; or a :class:`TokenizerHandle`.
-        tokenizer_id: a local path or a Hugging Face model id (``"gpt2"``, ``"org/name"``), looked
-            up in the local hub cache (``$HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``)
-            and else downloaded when ``huggingface_hub`` is installed and not offline
-            (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``), after a connection probe of about a second
-            (:mod:`zephon.text.hub`).
-        backend: ``"tokenizers"``; ``"tiktoken"`` (when verified exact for this tokenizer, else an
-            error: an explicit request is never replaced); or ``"auto"`` (tiktoken when installed
-            and exact, else ``tokenizers``, logged at INFO). The handle's ``backend`` says which.
+        tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to a
+            ``tokenizer.json`` or its folder, or a :class:`TokenizerHandle`.
+        tokenizer_id: a local path or a Hugging Face model id, looked up in the local hub cache,
+            else downloaded (:mod:`zephon.text.hub`).
+        backend: ``"tokenizers"``, ``"tiktoken"`` (when proven exact, else an error) or ``"auto"``
+            (tiktoken when installed and exact, else ``tokenizers``, logged at INFO).
 
     Raises:
-        TokenizerLoadError: nothing or both of ``tokenizer``/``tokenizer_id`` given, a path with no
-            ``tokenizer.json``, an unreadable file, a model id neither cached nor downloadable, or
-            ``backend="tiktoken"`` for a tokenizer tiktoken cannot encode exactly.
+        TokenizerLoadError: no or both tokenizer arguments, no readable ``tokenizer.json``, a model
+            id neither cached nor downloadable, or ``backend="tiktoken"`` where it is not exact.
         TypeError: ``tokenizer`` is of an unsupported type.
-        ValueError: ``backend`` is not one of ``"auto"``, ``"tokenizers"``, ``"tiktoken"``.
-        ImportError: ``backend="tiktoken"`` without tiktoken installed (``pip install 'zephon-lanes[fast]'``).
+        ValueError: an unknown ``backend``.
+        ImportError: ``backend="tiktoken"`` without tiktoken installed.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
@@ -420,8 +391,7 @@ def _file_key(file: Path) -> str | None:
 
 
 def _cached_file_handle(file: Path, key: str, folder_given: bool) -> TokenizerHandle | None:
-    """The handle of ``file`` from its cache entry (canonical JSON and guessed ids), or ``None``; a
-    folder's config files are read every time (they are small, and not part of the key)."""
+    """The handle of ``file`` from its cache entry, or ``None``; a folder's configs are reread."""
     entry = _tokcache.load_entry("file", key)
     if entry is None:
         return None
@@ -502,8 +472,7 @@ def _make_handle(tok: Any, ids: dict[str, int | None], source: str, *, owned: bo
     special = bool(getattr(tok, "encode_special_tokens", False))
     handle = TokenizerHandle(_canonical_json(tok), *resolved.values(), "tokenizers", special, source)
     if owned:
-        # Saves rebuilding it from the JSON in this process; a caller's object is never reused,
-        # since the caller may still change it.
+        # The live copy of this process (never a caller's object, which the caller may change).
         tok.no_truncation()
         tok.no_padding()
         _LIVE.get(("tokenizer", handle._content), lambda: tok)
@@ -543,8 +512,8 @@ def _from_id(tokenizer_id: str) -> TokenizerHandle:
 
 
 def _choose_backend(handle: TokenizerHandle, backend: str) -> str:
-    """The encoder ``handle`` uses for ``backend``: an explicit ``"tiktoken"`` is used or raises, never replaced;
-    ``"auto"`` takes tiktoken when it is installed and proven exact, else ``tokenizers`` (logged at INFO)."""
+    """The encoder ``handle`` uses for ``backend``: an explicit ``"tiktoken"`` is used or raises;
+    ``"auto"`` takes tiktoken when installed and proven exact, else ``tokenizers`` (logged)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
     if backend == "tokenizers":
@@ -570,8 +539,8 @@ def _choose_backend(handle: TokenizerHandle, backend: str) -> str:
 
 
 def _prove_tiktoken(handle: TokenizerHandle) -> str:
-    """``""`` when the tiktoken path is exact for ``handle`` (its encoding is then kept), else why not;
-    the outcome goes to the on-disk cache, so later processes skip the checks."""
+    """``""`` when the tiktoken path is exact for ``handle`` (keeping its encoding), else why not;
+    stored in the on-disk cache for later processes."""
     key = handle._content
     plan, reason = _tokcache.load_proof(key)
     if reason:
