@@ -58,9 +58,9 @@ def disable_logging() -> None:
 
 def progress_enabled() -> bool:
     """Whether :func:`progress` draws a bar: ``ZEPHON_PROGRESS``, else the ``"zephon"`` logger at INFO."""
-    forced = os.environ.get("ZEPHON_PROGRESS")
-    if forced is not None and forced.strip() != "":
-        return forced.strip().lower() not in ("0", "false", "no", "off")
+    forced = os.environ.get("ZEPHON_PROGRESS", "").strip().lower()
+    if forced:
+        return forced not in ("0", "false", "no", "off")
     return logger.isEnabledFor(logging.INFO)
 
 

@@ -37,11 +37,8 @@ def config_field(
     *, default: Any = attrs.NOTHING, data: bool = True, validator=None, converter=None, kw_only: bool = False,
     omit_default: bool = False,
 ):
-    """An operator setting; ``data=False``: it cannot change the output (not fingerprinted).
-
-    ``omit_default``: left out of the fingerprint (and ``explain()``) at its default, so a new
-    setting changes no existing fingerprint. Normalise values in ``converter``.
-    """
+    """An operator setting; ``data=False``: it cannot change the output (not fingerprinted);
+    ``omit_default``: not fingerprinted at its default, so a new setting changes no fingerprint."""
     metadata = {"data": data, "omit_default": omit_default}
     return attrs.field(default=default, validator=validator, converter=converter, kw_only=kw_only, metadata=metadata)
 
@@ -365,15 +362,7 @@ class ChainState(msgspec.Struct, frozen=True, tag="chain", forbid_unknown_fields
 @attrs.frozen
 class Chain(Operator):
     """A named chain of operators, itself an operator: outputs of child ``i`` feed child ``i + 1``.
-
-    State: the children's states, in order.
-
-    Examples:
-        >>> from zephon import ops
-        >>> chain = Chain((("double", ops.stateless(lambda p: p * 2)),))
-        >>> [n for n, _ in chain.children]
-        ['double']
-    """
+    State: the children's states, in order."""
 
     children: tuple[tuple[str, Operator], ...] = attrs.field(converter=tuple)
     kind: ClassVar[str] = "chain"

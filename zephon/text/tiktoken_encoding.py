@@ -43,14 +43,9 @@ def _tiktoken_usable() -> bool:
 def _byte_decoder() -> dict[str, int]:
     """The inverse of GPT-2's bytes-to-unicode table (each byte is shown as one printable char)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = printable[:]
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
+    others = [b for b in range(256) if b not in printable]  # shown as chr(256), chr(257), ...
+    chars = printable + list(range(256, 256 + len(others)))
+    return {chr(c): b for b, c in zip(printable + others, chars)}
 
 
 def _tiktoken_plan(spec: dict) -> tuple[dict | None, str]:

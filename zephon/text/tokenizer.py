@@ -479,17 +479,6 @@ def _make_handle(tok: Any, ids: dict[str, int | None], source: str, *, owned: bo
     return handle
 
 
-def _cached_snapshot(repo_id: str, cache: Path) -> Path | None:
-    found = _hub.snapshots(repo_id, cache)
-    if len(found) > 1:
-        raise TokenizerLoadError(
-            f"tokenizer_id={repo_id!r}: the hub cache holds {len(found)} snapshots with a tokenizer.json "
-            f"({[p.name for p in found]}) and no refs/main to choose one; pass the one you want as "
-            f'tokenizer="{found[-1]}"'
-        )
-    return found[0] if found else None
-
-
 def _from_id(tokenizer_id: str) -> TokenizerHandle:
     local = Path(tokenizer_id).expanduser()
     if local.exists():
@@ -497,9 +486,15 @@ def _from_id(tokenizer_id: str) -> TokenizerHandle:
     if tokenizer_id.startswith(("/", "./", "../", "~")) or tokenizer_id.endswith(".json"):
         raise TokenizerLoadError(f"tokenizer_id={tokenizer_id!r}: no such file or folder")
     cache = _hub.cache_dir()
-    snapshot = _cached_snapshot(tokenizer_id, cache)
-    if snapshot is not None:
-        return attrs.evolve(_from_path(snapshot), source=f"{tokenizer_id} (hub cache {snapshot})")
+    found = _hub.snapshots(tokenizer_id, cache)
+    if len(found) > 1:
+        raise TokenizerLoadError(
+            f"tokenizer_id={tokenizer_id!r}: the hub cache holds {len(found)} snapshots with a "
+            f"tokenizer.json ({[p.name for p in found]}) and no refs/main to choose one; "
+            f'pass the one you want as tokenizer="{found[-1]}"'
+        )
+    if found:
+        return attrs.evolve(_from_path(found[0]), source=f"{tokenizer_id} (hub cache {found[0]})")
     looked = cache / ("models--" + tokenizer_id.replace("/", "--")) / "snapshots" / "*" / "tokenizer.json"
     folder, reason = _hub.download(tokenizer_id, cache)
     if folder is not None:
