@@ -277,14 +277,8 @@ def _compiled(template: str) -> Any:
 
 
 def render_chat(
-    template: str,
-    messages: Sequence[Mapping[str, Any]],
-    *,
-    add_generation_prompt: bool = False,
-    tools: Any = None,
-    bos_token: str = "",
-    eos_token: str = "",
-    **kwargs: Any,
+    template: str, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = False,
+    tools: Any = None, bos_token: str = "", eos_token: str = "", **kwargs: Any,
 ) -> tuple[str, list[tuple[int, int]]]:
     """Render a conversation (``template``: a built-in name or Jinja text; the other arguments are
     template variables) and give the text and the ``[start, end)`` span of each generation block.

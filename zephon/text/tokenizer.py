@@ -6,6 +6,7 @@ The tiktoken backend is used only once proven to give the ``tokenizers`` ids
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -372,7 +373,7 @@ def _from_path(path: Path) -> TokenizerHandle:
             "pass the tokenizer.json written by tokenizers/transformers, or the folder holding it"
         ) from exc
     # A file stands alone: sibling config files are read only when the folder is passed.
-    ids = _config_ids(tok, _read_special_config(folder), folder) if path.is_dir() else {}
+    ids = _config_ids(tok, folder) if path.is_dir() else {}
     handle = _make_handle(tok, ids, str(folder if path.is_dir() else file), owned=True)
     if key:
         entry = {"json": handle.tokenizer_json, "content": handle._content, "ids": _guess_ids(tok)}
@@ -406,12 +407,13 @@ def _cached_file_handle(file: Path, key: str, folder_given: bool) -> TokenizerHa
         return None
     if not folder_given:
         return handle
-    ids = _resolved(_config_ids(handle, _read_special_config(file.parent), file.parent), guessed)
+    ids = {**guessed, **_config_ids(handle, file.parent)}
     return attrs.evolve(handle, source=str(file.parent), **{f"{role}_token_id": v for role, v in ids.items()})
 
 
-def _read_special_config(folder: Path) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
+def _config_ids(tok: Any, folder: Path) -> dict[str, int | None]:
+    """The special ids named by the folder's config files (``null``: none; unknown tokens warn)."""
+    config: dict[str, Any] = {}
     for name in ("tokenizer_config.json", "special_tokens_map.json"):  # later files win
         p = folder / name
         if not p.is_file():
@@ -421,11 +423,7 @@ def _read_special_config(folder: Path) -> dict[str, Any]:
         except (OSError, ValueError) as exc:
             raise TokenizerLoadError(f"cannot read {str(p)!r}: {exc}; fix or remove it") from exc
         if isinstance(data, dict):
-            merged.update({role: data[f"{role}_token"] for role in _ROLES if f"{role}_token" in data})
-    return merged
-
-
-def _config_ids(tok: Any, config: dict[str, Any], folder: Path) -> dict[str, int | None]:
+            config.update((r, data[f"{r}_token"]) for r in _ROLES if f"{r}_token" in data)
     ids: dict[str, int | None] = {}
     for role, value in config.items():
         if isinstance(value, dict):
@@ -448,11 +446,6 @@ def _guess_ids(tok: Any) -> dict[str, int | None]:
     return {role: next((tok.token_to_id(c) for c in cs if c in specials), None) for role, cs in zip(_ROLES, candidates)}
 
 
-def _resolved(ids: dict[str, int | None], guessed: dict[str, int | None]) -> dict[str, int | None]:
-    """Each role's id: as given in ``ids`` (``None`` included), else as guessed."""
-    return {role: ids[role] if role in ids else guessed[role] for role in _ROLES}
-
-
 def _canonical_json(tok: Any) -> str:
     try:
         spec = json.loads(tok.to_str())
@@ -468,7 +461,7 @@ def _canonical_json(tok: Any) -> str:
 
 def _make_handle(tok: Any, ids: dict[str, int | None], source: str, *, owned: bool = False) -> TokenizerHandle:
     """The handle of ``tok``; ``owned`` when no one else holds ``tok``, so it may serve as the live copy."""
-    resolved = _resolved(ids, _guess_ids(tok))
+    resolved = {**_guess_ids(tok), **ids}  # given ids (None included) win
     special = bool(getattr(tok, "encode_special_tokens", False))
     handle = TokenizerHandle(_canonical_json(tok), *resolved.values(), "tokenizers", special, source)
     if owned:
@@ -541,11 +534,8 @@ def _prove_tiktoken(handle: TokenizerHandle) -> str:
     if reason:
         return reason
     if plan is not None:
-        try:
+        with contextlib.suppress(Exception):  # an entry tiktoken no longer takes: prove again
             encoding = _build_tiktoken(plan, key)
-        except Exception:  # an entry tiktoken no longer accepts: prove again
-            plan = None
-        else:
             _LIVE.get(("tiktoken", key), lambda: encoding)
             return ""
     plan, reason = _tiktoken_plan(json.loads(handle.tokenizer_json))
