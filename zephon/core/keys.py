@@ -76,8 +76,6 @@ def randbelow(key: int, counter: int, n: int) -> int:
     return (draw(key, counter) * n) >> 64
 
 
-# -- permutations ---------------------------------------------------------------------------------
-
 _ROUNDS = 6
 
 

@@ -395,15 +395,9 @@ class Chain(Operator):
         return items
 
     def flush(self, state: ChainState) -> tuple[ChainState, list]:
-        """The next outputs of the chain's end: ``[]`` once every child has handed out all it held.
-
-        Children flush in order, each until its flush returns nothing, what one hands out running
-        through the rest; it returns at the first chain outputs (call it again until ``[]``).
-
-        Raises:
-            ValueError: a child's flush returned outputs and its state unchanged (it would give
-                them forever).
-        """
+        """The next outputs of the chain's end (``[]`` once all is handed out): children flush in
+        order, each until it returns nothing, outputs running through the rest. ``ValueError``
+        when a child's flush returns outputs and its state unchanged (giving them forever)."""
         states = list(state.states)
         for i, (name, op) in enumerate(self.children):
             while True:

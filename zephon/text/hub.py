@@ -1,8 +1,7 @@
 """Finding a Hugging Face model's ``tokenizer.json``: in the local hub cache, else by a download.
 
-A download is tried only when ``huggingface_hub`` is installed, offline mode is off and a TCP
-probe of the hub answers within :data:`HUB_PROBE_TIMEOUT_S`, so that an unreachable hub fails at
-once instead of after the hub client's retries. Nothing is kept between calls.
+A download needs ``huggingface_hub``, offline mode off and a TCP probe of the hub answered within
+:data:`HUB_PROBE_TIMEOUT_S` (so an unreachable hub fails at once). Keeps no state.
 """
 
 from __future__ import annotations

@@ -163,7 +163,6 @@ class TokenizerHandle:
         """This handle with the encoder chosen again for ``backend`` (``auto``, ``tokenizers``, ``tiktoken``)."""
         effective = _choose_backend(self, backend)
         if effective == "tokenizers":
-            # Once per machine, where the tokenizer is loaded, not in each worker or restore.
             _bpe_files.prepare(self.tokenizer_json, self._json_digest)
         return self if effective == self.backend else attrs.evolve(self, backend=effective)
 
@@ -277,20 +276,11 @@ def load_tokenizer(tokenizer: Any = None, tokenizer_id: str | None = None, *, ba
     ``null`` means none), a transformers tokenizer's ``*_token_id``, else well-known special tokens
     of the vocabulary (``<s>``, ``<|end_of_text|>``, ``[SEP]``, ``<pad>``...).
 
-    Args:
-        tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to a
-            ``tokenizer.json`` or its folder, or a :class:`TokenizerHandle`.
-        tokenizer_id: a local path or a Hugging Face model id, looked up in the local hub cache,
-            else downloaded (:mod:`zephon.text.hub`).
-        backend: ``"tokenizers"``, ``"tiktoken"`` (when proven exact, else an error) or ``"auto"``
-            (tiktoken when installed and exact, else ``tokenizers``, logged at INFO).
-
-    Raises:
-        TokenizerLoadError: no or both tokenizer arguments, no readable ``tokenizer.json``, a model
-            id neither cached nor downloadable, or ``backend="tiktoken"`` where it is not exact.
-        TypeError: ``tokenizer`` is of an unsupported type.
-        ValueError: an unknown ``backend``.
-        ImportError: ``backend="tiktoken"`` without tiktoken installed.
+    ``tokenizer``: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to a
+    ``tokenizer.json`` or its folder, or a handle; ``tokenizer_id``: a local path or a Hugging Face
+    id (:mod:`zephon.text.hub`); ``backend``: ``"tokenizers"``, ``"tiktoken"`` (when proven exact,
+    else an error) or ``"auto"``. Raises :class:`TokenizerLoadError` when none can be loaded,
+    ``TypeError``, ``ValueError`` (an unknown backend), ``ImportError`` (tiktoken missing).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
