@@ -86,8 +86,8 @@ def _qualname(obj: Any) -> str:
     return f"{module}.{qual}"
 
 
-def _digest(data: Any) -> str:
-    return _sha(json.dumps(data, sort_keys=True, default=str).encode())
+def _json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, default=str)
 
 
 def _sha(data: bytes) -> str:
@@ -175,9 +175,9 @@ class _Describer:
         """A value's description; a long one (without markers) becomes its digest."""
         desc = self.value(value, where)
         if isinstance(desc, (dict, list)):
-            text = json.dumps(desc, sort_keys=True, default=str)
+            text = _json(desc)
             if len(text) > _MAX_INLINE and MARKER not in text:
-                return {"sha256": _digest(desc), "type": type(value).__qualname__}
+                return {"sha256": _sha(text.encode()), "type": type(value).__qualname__}
         return desc
 
     def value(self, value: Any, where: str) -> Any:
@@ -211,7 +211,7 @@ class _Describer:
             return {_key(k): self.value(v, where) for k, v in value.items()}
         if isinstance(value, (set, frozenset)):
             items = [self.value(v, where) for v in value]
-            return {"set": sorted(items, key=lambda d: json.dumps(d, sort_keys=True, default=str))}
+            return {"set": sorted(items, key=_json)}
         if type(value).__module__ == "numpy" and hasattr(value, "tobytes") and hasattr(value, "dtype"):
             if value.dtype.hasobject:
                 return f"{MARKER}numpy array of objects in {where}>"
@@ -235,7 +235,7 @@ def _key(k: Any) -> str:
         return k
     if k is None or isinstance(k, (bool, int, float)):
         return repr(k)
-    return json.dumps(_Describer().value(k, "a dict key"), sort_keys=True, default=str)
+    return _json(_Describer().value(k, "a dict key"))
 
 
 def _is_record_value(value: Any) -> bool:

@@ -79,12 +79,6 @@ def randbelow(key: int, counter: int, n: int) -> int:
 _ROUNDS = 6
 
 
-def _feistel_params(n: int) -> tuple[int, int]:
-    bits = max(2, (max(n - 1, 1)).bit_length())
-    half = (bits + 1) // 2
-    return half, (1 << half) - 1
-
-
 def permute(index: int, n: int, key: int) -> int:
     """Position ``index`` of a pseudo-random permutation of ``range(n)`` (:func:`permute_np`).
 
@@ -105,8 +99,8 @@ def permute_np(indices: np.ndarray, n: int, key: int) -> np.ndarray:
         raise IndexError(f"permute index {int(idx.max())} outside [0, {n})")
     if n == 1:
         return np.zeros_like(idx)
-    half, mask = _feistel_params(n)
-    h, m = np.uint64(half), np.uint64(mask)
+    half = (max(2, max(n - 1, 1).bit_length()) + 1) // 2  # bits of each half
+    h, m = np.uint64(half), np.uint64((1 << half) - 1)
     round_keys = [np.uint64(fold_in(key, r)) for r in range(_ROUNDS)]
     out = idx.copy()
     todo = np.arange(idx.size)

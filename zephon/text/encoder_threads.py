@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextvars
 import itertools
-import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
@@ -15,10 +14,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.cache import ProcessCache
+from ..core.log import logger
 
 __all__ = ["EXTRA_ENCODER_THREADS"]
-
-logger = logging.getLogger("zephon")
 
 #: Encoder threads beyond one per CPU in this context (the read-ahead thread sets 1).
 EXTRA_ENCODER_THREADS: contextvars.ContextVar[int] = contextvars.ContextVar("zephon_extra_encoder_threads", default=0)

@@ -10,7 +10,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,14 +22,13 @@ from . import bpe_files as _bpe_files
 from . import hub as _hub
 from . import tokenizer_cache as _tokcache
 from ..core.cache import ProcessCache
+from ..core.log import logger
 from .encoder_threads import EXTRA_ENCODER_THREADS as EXTRA_ENCODER_THREADS
 from .encoder_threads import _cpu_count, _encode_longest_first, _encoder_threads, _size_rayon_pool  # noqa: F401
 from .tiktoken_encoding import _build_tiktoken, _tiktoken_available, _tiktoken_plan, _tiktoken_usable, _verify_tiktoken
 from .tiktoken_encoding import _byte_decoder as _byte_decoder  # noqa: F401  (benchmarks import it from here)
 
 __all__ = ["BACKENDS", "TokenizerHandle", "TokenizerLoadError", "load_tokenizer"]
-
-logger = logging.getLogger("zephon")
 
 #: Encoding backends a handle can be asked for.
 BACKENDS = ("auto", "tokenizers", "tiktoken")

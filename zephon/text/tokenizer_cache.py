@@ -10,7 +10,6 @@ costs time; ``ZEPHON_TOKENIZER_CACHE=0`` turns it off.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 from typing import Any
 
@@ -18,10 +17,9 @@ import msgspec
 import numpy as np
 
 from ..core.atomic import replacing
+from ..core.log import logger
 
 __all__ = ["cache_enabled", "entry_path", "file_digest", "load_entry", "load_proof", "store_entry", "store_proof"]
-
-logger = logging.getLogger("zephon")
 
 #: Bump when the canonical form, the guessed ids or the tiktoken checks change.
 FORMAT = 2
