@@ -36,13 +36,10 @@ def replacing(target: str | os.PathLike, *, durable: bool = False) -> Iterator[I
 
 def current_umask() -> int:
     """The process umask: from Linux ``/proc`` without changing it, else set and put back."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -50,10 +47,8 @@ def current_umask() -> int:
 
 def discard(path: str) -> None:
     """Remove ``path`` if it is there."""
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def fsync_directory(directory: str | os.PathLike) -> None:
@@ -63,8 +58,7 @@ def fsync_directory(directory: str | os.PathLike) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory; the rename itself is still atomic
+        with contextlib.suppress(OSError):  # some filesystems refuse; the rename is still atomic
+            os.fsync(fd)
     finally:
         os.close(fd)

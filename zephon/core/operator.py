@@ -10,6 +10,7 @@ decode with the resolver of its input.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 
 import attrs
@@ -239,10 +240,8 @@ class StatelessOp(Operator):
             return
         meta = chunk[index].meta
         exc.add_note(f"zephon: raised by {self.kind} on {describe_meta(meta)}")
-        try:
+        with contextlib.suppress(AttributeError):  # an exception type may take no attributes
             exc.zephon_meta = meta  # type: ignore[attr-defined]
-        except AttributeError:  # an exception type that takes no attributes
-            pass
 
     def rebuild(self, refs: Sequence[Meta], upstream: Resolver) -> list[Record]:
         parents = [parent_meta(m) for m in refs] if self.fans_out else list(refs)

@@ -6,6 +6,7 @@ A download needs ``huggingface_hub``, offline mode off and a TCP probe of the hu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -109,8 +110,6 @@ def download(repo_id: str, cache: Path) -> tuple[Path | None, str]:
         first = str(exc).splitlines()[0] if str(exc) else ""
         return None, f"the download failed ({type(exc).__name__}: {first}; HF_HUB_OFFLINE=1 skips the attempt)"
     for extra in ("tokenizer_config.json", "special_tokens_map.json"):
-        try:
+        with contextlib.suppress(Exception):  # optional files; absent for many models
             hf_hub_download(repo_id, extra, cache_dir=str(cache))
-        except Exception:  # optional files; absent for many models
-            pass
     return file.parent, ""
