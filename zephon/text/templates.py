@@ -486,12 +486,10 @@ def check_markers(template: str, tokenizer: Any, name: str, *, op: str = "tokeni
         return
     listed = ", ".join(f"{m!r} ({n} ids)" if n != 1 else f"{m!r} (an unrelated id)" for m, n in bad.items())
     known = [m for m in bad if tokenizer.token_to_id(m) is not None]
-    why = ""
-    if known and getattr(tokenizer, "encode_special_tokens", False):
-        why = (
-            f"; its vocabulary has {', '.join(map(repr, known))}, but it encodes special tokens written in text as "
-            "plain text (encode_special_tokens=True): turn that off"
-        )
+    why = (
+        f"; its vocabulary has {', '.join(map(repr, known))}, but it encodes special tokens written in text as "
+        "plain text (encode_special_tokens=True): turn that off"
+    ) if known and getattr(tokenizer, "encode_special_tokens", False) else ""
     fits = [f"chat_template={key!r}" for key, text in BUILTIN_TEMPLATES.items()
             if text != template and not _unsplit_markers(template_markers(text), tokenizer)]
     pick = f" ({' or '.join(fits)} does)" if fits else ""

@@ -293,15 +293,16 @@ def load_tokenizer(tokenizer: Any = None, tokenizer_id: str | None = None, *, ba
             f"tokenizer_id={tokenizer_id!r})"
         )
     if isinstance(tokenizer, TokenizerHandle):
-        return tokenizer.with_backend(backend)
-    if tokenizer is not None:
+        handle = tokenizer
+    elif tokenizer is not None:
         handle = _from_object(tokenizer)
-    else:
-        if not isinstance(tokenizer_id, (str, os.PathLike)):
-            raise TypeError(
-                f"tokenizer_id must be a str (a local path or a Hugging Face id), got {type(tokenizer_id).__name__}"
-            )
+    elif isinstance(tokenizer_id, (str, os.PathLike)):
         handle = _from_id(os.fspath(tokenizer_id))
+    else:
+        raise TypeError(
+            "tokenizer_id must be a str (a local path or a Hugging Face id), "
+            f"got {type(tokenizer_id).__name__}"
+        )
     return handle.with_backend(backend)
 
 
@@ -342,12 +343,10 @@ def _from_path(path: Path) -> TokenizerHandle:
     if not file.is_file():
         present = sorted(p.name for p in folder.iterdir())[:12]
         slow = [n for n in present if n in ("vocab.json", "merges.txt", "tokenizer.model", "vocab.txt", "spiece.model")]
-        hint = ""
-        if slow:
-            hint = (
-                f"; it holds {slow}, the files of a slow tokenizer: save a fast one first, e.g. "
-                "AutoTokenizer.from_pretrained(folder).save_pretrained(folder) with transformers"
-            )
+        hint = (
+            f"; it holds {slow}, the files of a slow tokenizer: save a fast one first, e.g. "
+            "AutoTokenizer.from_pretrained(folder).save_pretrained(folder) with transformers"
+        ) if slow else ""
         raise TokenizerLoadError(f"no tokenizer.json in {str(folder)!r} (it holds {present}){hint}")
     key = _file_key(file)
     cached = _cached_file_handle(file, key, path.is_dir()) if key else None
