@@ -1,9 +1,7 @@
 """Files written whole or not at all: a temporary file beside the target, then ``os.replace``.
 
-Readers see the old file or the new one, never a part. ``durable=True`` also survives a machine
-crash (fsync of the file before the rename, of its folder after). The file gets the permissions of
-any new file of the process (``0666`` less the umask), not a temporary file's ``0600``, so that
-teammates on a shared cluster can read the indexes, caches and checkpoints written.
+``durable=True`` also survives a machine crash (fsync of the file and its folder). Files get the
+permissions of any new file (``0666`` less the umask), so teammates on a cluster can read them.
 """
 
 from __future__ import annotations
@@ -16,10 +14,7 @@ from typing import IO, Iterator
 
 @contextlib.contextmanager
 def replacing(target: str | os.PathLike, *, durable: bool = False) -> Iterator[IO[bytes]]:
-    """A binary file to write; on a clean exit it replaces ``target``, on any error it is removed.
-
-    Raises ``OSError`` when the folder cannot take the temporary file.
-    """
+    """A binary file to write: on a clean exit it replaces ``target``, on an error it is removed."""
     target = os.fspath(target)
     folder = os.path.dirname(target) or "."
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(target)}.", suffix=".part")
@@ -40,14 +35,11 @@ def replacing(target: str | os.PathLike, *, durable: bool = False) -> Iterator[I
 
 
 def current_umask() -> int:
-    """The process umask: from Linux ``/proc`` without changing it, elsewhere by setting it and putting it back."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+    """The process umask: from Linux ``/proc`` without changing it, else set and put back."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -55,10 +47,8 @@ def current_umask() -> int:
 
 def discard(path: str) -> None:
     """Remove ``path`` if it is there."""
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def fsync_directory(directory: str | os.PathLike) -> None:
@@ -68,8 +58,7 @@ def fsync_directory(directory: str | os.PathLike) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory; the rename itself is still atomic
+        with contextlib.suppress(OSError):  # some filesystems refuse; the rename is still atomic
+            os.fsync(fd)
     finally:
         os.close(fd)

@@ -1,17 +1,10 @@
-"""Skipping bad records: the ``on_error`` and ``max_skipped`` settings and the skip log kept in state.
+"""Skipping bad records: the ``on_error`` and ``max_skipped`` settings and the skip log in state.
 
-With ``on_error="skip"`` a record whose processing raises (a function given to ``map``, a text
-field that is missing, a JSONL line that is not JSON) is left out instead of ending the run. The
-decision depends on the record alone, so it is the same for every number of ranks, workers and
-restarts. What was skipped is counted in the state of whatever skipped it (an operator, or a
-lane's reading), as a :class:`SkipLog`: records seen, skips per cause (the exception's type),
-the first :data:`LISTED` skips of the lane and the last one. Being state, the log is part of
-every checkpoint and continues across a restore.
-
-``max_skipped`` turns a flood of bad records into an error (:class:`SkipLimitError`): an int is
-the most records a lane may skip; a float in ``(0, 1)`` the largest share of the records it has
-seen, checked once it has seen ``1 / fraction`` of them (before that one skip is more than any
-share).
+With ``on_error="skip"`` a record whose processing raises is left out, a decision of the record
+alone (the same for any ranks, workers and restarts), and logged in the state of what skipped it
+(:class:`SkipLog`, so checkpoints keep it). ``max_skipped`` raises :class:`SkipLimitError` past
+an int (records a lane may skip) or a float in ``(0, 1)`` (a share of the records seen, checked
+once ``1 / fraction`` were seen).
 """
 
 from __future__ import annotations
@@ -36,10 +29,7 @@ class SkipLimitError(RuntimeError):
 
 
 class RecordDecodeError(ValueError):
-    """A stored record could not be decoded (a line that is not JSON, a row group that is damaged).
-
-    ``cause`` names the underlying error (``"JSONDecodeError"``); it is the cause a skip is counted under.
-    """
+    """A stored record could not be decoded; ``cause``: the underlying error, as skips count it."""
 
     def __init__(self, message: str, cause: str) -> None:
         super().__init__(message)
@@ -82,8 +72,7 @@ class Skipped(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_field
 
 
 class SkipLog(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """What one lane skipped at one place: records seen, skips per cause (in order of first
-    occurrence), the first :data:`LISTED` skips and the last one."""
+    """A lane's skips at one place: records seen, skips per cause, the first ones, the last."""
 
     seen: int = 0
     causes: tuple[tuple[str, int], ...] = ()
@@ -116,13 +105,9 @@ def check_limit(
     log: SkipLog | None, seen: int, skips: Sequence[tuple[int, Meta, Failure]], max_skipped: int | float | None,
     where: str, describe: Any = None,
 ) -> None:
-    """Raise :class:`SkipLimitError` if a chunk of ``seen`` records with ``skips`` takes ``log`` (before the
-    chunk) past ``max_skipped``.
-
-    Checked record by record, so the error comes at the same record however the stream is cut
-    into chunks. ``where`` names what skipped (``"map"``); ``describe`` turns a meta into words. The
-    error keeps the last skipped record's meta as ``zephon_meta`` (the runtime names its file).
-    """
+    """Raise :class:`SkipLimitError` if a chunk of ``seen`` records with ``skips`` takes ``log``
+    past ``max_skipped``, at the same record however the stream is chunked. ``where`` names what
+    skipped; ``describe`` words a meta; the error keeps the last skipped meta as ``zephon_meta``."""
     if max_skipped is None:
         return
     log = log or EMPTY_LOG
@@ -159,7 +144,7 @@ def _raise(where: str, total: int, bound: str, meta: Meta, failure: Failure, des
 
 
 def _owner(instance: Any) -> str:
-    """How an error names what has the setting: an operator's kind, else a dataset by its name."""
+    """An operator's kind, else a dataset by its name, for errors."""
     kind = getattr(instance, "kind", None)
     if isinstance(kind, str):
         return kind

@@ -1,10 +1,7 @@
-"""Per-process caches of built objects: live tokenizers, compiled chat templates, mapped files.
+"""Per-process caches of objects that are costly to build and cannot travel between processes.
 
-Such objects are costly to build and cannot travel between processes, so each process builds
-them on first use, by key, once (under a lock), and shares them between its threads. After
-``fork`` the child gets a new lock and, unless ``clear_after_fork=False``, no entries (native
-tokenizers and thread pools do not survive ``fork``; read-only mappings do); the process id is
-checked too, for a ``fork`` that skips the at-fork hooks. Imports nothing from zephon.
+After ``fork`` (hook, or a changed process id) the child gets a new lock and no entries, unless
+``clear_after_fork=False``.
 """
 
 from __future__ import annotations
@@ -24,12 +21,9 @@ _CACHES: weakref.WeakSet[ProcessCache] = weakref.WeakSet()
 class ProcessCache:
     """Objects built once per process, by key, and shared between threads.
 
-    Args:
-        clear_after_fork: whether a forked child starts without entries (default). Use ``False``
-            only for objects that stay valid in a child (read-only memory mappings).
-        max_entries: keep at most this many entries, least recently used out first; an int or a
-            function returning one (read at each insertion, so a module constant can be patched).
-            ``None``: unbounded.
+    ``clear_after_fork=False`` only for objects valid in a child (read-only mappings).
+    ``max_entries``: most entries kept, least recently used out first; an int, a function
+    returning one (read at each insertion), or ``None`` (unbounded).
 
     Examples:
         >>> cache = ProcessCache(max_entries=2)

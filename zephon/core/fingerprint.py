@@ -1,16 +1,10 @@
 """Fingerprints of the functions given to operators: what decides a function's output.
 
-A restore into a pipeline whose fingerprint differs is refused, so :func:`describe_callable`
-covers a function's code (source text, else bytecode with the Python version), closure cells,
-defaults, ``functools.partial`` arguments, a bound method's instance, and the module-level names
-its code reads (data by value, functions recursively; modules, classes and loggers are not
-described). Values are described deterministically (no ids; sets sorted; numpy arrays by dtype,
-shape and digest; attrs, dataclass and msgspec instances by fields); a long description becomes
-its digest. Anything else is a marker, ``"<unfingerprintable: TextIOWrapper in closure cell
-'f'>"`` (:func:`unfingerprintable`), and a restore is refused until the user names the function
-with ``fingerprint="..."``. See ``docs/design/operators.md``.
-
-State kept: a per-code-object cache of the code's digest (reading source is the costly part).
+:func:`describe_callable` covers a function's code (source, else bytecode), closure cells,
+defaults, ``partial`` arguments, a bound method's instance and the module-level data and functions
+it reads, described deterministically (a long description as its digest). Anything else is a
+marker (:func:`unfingerprintable`), and a restore is refused until the user names the function
+with ``fingerprint="..."`` (``docs/design/operators.md``). Keeps a cache of code digests.
 """
 
 from __future__ import annotations
@@ -92,8 +86,8 @@ def _qualname(obj: Any) -> str:
     return f"{module}.{qual}"
 
 
-def _digest(data: Any) -> str:
-    return _sha(json.dumps(data, sort_keys=True, default=str).encode())
+def _json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, default=str)
 
 
 def _sha(data: bytes) -> str:
@@ -166,8 +160,7 @@ class _Describer:
             kwdefaults = sorted(fn.__kwdefaults__.items())
             out["kwdefaults"] = {n: self.slot(v, f"keyword default of {n!r}" + _of(where)) for n, v in kwdefaults}
         read = {}
-        # Names that are builtins, attributes or not defined yet are not in the namespace; modules and
-        # classes are code, named by their import; loggers decide where messages go, not the output.
+        # Modules and classes are code, named by their import; loggers do not decide the output.
         skipped = (types.ModuleType, type, logging.Logger, logging.LoggerAdapter)
         for name in sorted(_global_names(code)):
             value = fn.__globals__.get(name, skipped)
@@ -182,9 +175,9 @@ class _Describer:
         """A value's description; a long one (without markers) becomes its digest."""
         desc = self.value(value, where)
         if isinstance(desc, (dict, list)):
-            text = json.dumps(desc, sort_keys=True, default=str)
+            text = _json(desc)
             if len(text) > _MAX_INLINE and MARKER not in text:
-                return {"sha256": _digest(desc), "type": type(value).__qualname__}
+                return {"sha256": _sha(text.encode()), "type": type(value).__qualname__}
         return desc
 
     def value(self, value: Any, where: str) -> Any:
@@ -218,7 +211,7 @@ class _Describer:
             return {_key(k): self.value(v, where) for k, v in value.items()}
         if isinstance(value, (set, frozenset)):
             items = [self.value(v, where) for v in value]
-            return {"set": sorted(items, key=lambda d: json.dumps(d, sort_keys=True, default=str))}
+            return {"set": sorted(items, key=_json)}
         if type(value).__module__ == "numpy" and hasattr(value, "tobytes") and hasattr(value, "dtype"):
             if value.dtype.hasobject:
                 return f"{MARKER}numpy array of objects in {where}>"
@@ -242,7 +235,7 @@ def _key(k: Any) -> str:
         return k
     if k is None or isinstance(k, (bool, int, float)):
         return repr(k)
-    return json.dumps(_Describer().value(k, "a dict key"), sort_keys=True, default=str)
+    return _json(_Describer().value(k, "a dict key"))
 
 
 def _is_record_value(value: Any) -> bool:
@@ -270,17 +263,15 @@ def _global_names(code: types.CodeType) -> set[str]:
 
 def code_digest(code: types.CodeType) -> str:
     """``"source:<sha256>"`` of the code's source text, else ``"bytecode-<python>:<sha256>"`` (cached)."""
-    try:
-        return _CODE_DIGESTS[code]
-    except KeyError:
-        pass
-    text = _source_text(code)
-    if text is not None:
-        digest = "source:" + _sha(text.encode())
-    else:
-        version = f"{sys.implementation.name}-{sys.version_info.major}.{sys.version_info.minor}"
-        digest = f"bytecode-{version}:{bytecode_digest(code)}"
-    _CODE_DIGESTS[code] = digest
+    digest = _CODE_DIGESTS.get(code)
+    if digest is None:
+        text = _source_text(code)
+        if text is not None:
+            digest = "source:" + _sha(text.encode())
+        else:
+            version = f"{sys.implementation.name}-{sys.version_info.major}.{sys.version_info.minor}"
+            digest = f"bytecode-{version}:{bytecode_digest(code)}"
+        _CODE_DIGESTS[code] = digest
     return digest
 
 
@@ -305,11 +296,8 @@ def _source_text(code: types.CodeType) -> str | None:
 
 
 def _lambda_text(code: types.CodeType) -> str | None:
-    """The lambda's own text (``lambda p: p * 2``), found in its file's syntax tree.
-
-    ``inspect.getsource`` gives whole lines (maybe with other lambdas); among the lambdas starting
-    on the code's first line, the innermost whose body spans the instructions' positions is it.
-    """
+    """The lambda's own text (``lambda p: p * 2``): among the lambdas of its file's syntax tree
+    starting on its first line, the innermost whose body spans the instructions' positions."""
     filename = code.co_filename
     lines = linecache.getlines(filename)
     if not lines:

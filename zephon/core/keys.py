@@ -1,9 +1,7 @@
 """Counter-based randomness: keys, ``fold_in``, uniform draws and O(1)-memory permutations.
 
-Every random decision in zephon is a pure function of a 64-bit *key* and an integer counter,
-never of a generator object (JAX's PRNG design). Keys derive from the user's seed with
-:func:`fold_in` (``fold_in(seed, "shuffle", lane)``), so the same (seed, operator, lane, position)
-always gives the same draw. Mixing is SplitMix64's finalizer; strings go through BLAKE2b.
+Every random decision is a pure function of a 64-bit key (derived from the seed with
+:func:`fold_in`) and a counter, as in JAX. Mixing is SplitMix64's finalizer; strings use BLAKE2b.
 """
 
 from __future__ import annotations
@@ -78,19 +76,11 @@ def randbelow(key: int, counter: int, n: int) -> int:
     return (draw(key, counter) * n) >> 64
 
 
-# -- permutations ---------------------------------------------------------------------------------
-
 _ROUNDS = 6
 
 
-def _feistel_params(n: int) -> tuple[int, int]:
-    bits = max(2, (max(n - 1, 1)).bit_length())
-    half = (bits + 1) // 2
-    return half, (1 << half) - 1
-
-
 def permute(index: int, n: int, key: int) -> int:
-    """Position ``index`` of a pseudo-random permutation of ``range(n)``, in O(1) memory (:func:`permute_np`).
+    """Position ``index`` of a pseudo-random permutation of ``range(n)`` (:func:`permute_np`).
 
     Examples:
         >>> sorted(permute(i, 10, 7) for i in range(10)) == list(range(10))
@@ -102,18 +92,15 @@ def permute(index: int, n: int, key: int) -> int:
 
 
 def permute_np(indices: np.ndarray, n: int, key: int) -> np.ndarray:
-    """Positions ``indices`` of a pseudo-random permutation of ``range(n)``, in O(len(indices)) memory.
-
-    A balanced Feistel network over the next even power of two, keyed by ``key``, with
-    cycle-walking back into ``[0, n)``: no state and no materialized permutation.
-    """
+    """Positions ``indices`` of a pseudo-random permutation of ``range(n)``: a keyed Feistel
+    network over the next even power of two, cycle-walking into ``[0, n)``; no state."""
     idx = np.asarray(indices, dtype=np.uint64)
     if idx.size and (int(idx.max()) >= n):
         raise IndexError(f"permute index {int(idx.max())} outside [0, {n})")
     if n == 1:
         return np.zeros_like(idx)
-    half, mask = _feistel_params(n)
-    h, m = np.uint64(half), np.uint64(mask)
+    half = (max(2, max(n - 1, 1).bit_length()) + 1) // 2  # bits of each half
+    h, m = np.uint64(half), np.uint64((1 << half) - 1)
     round_keys = [np.uint64(fold_in(key, r)) for r in range(_ROUNDS)]
     out = idx.copy()
     todo = np.arange(idx.size)

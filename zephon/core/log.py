@@ -1,9 +1,6 @@
-"""Logging and progress bars: quiet by default, one switch to turn both on.
+"""Logging (the ``"zephon"`` logger, silent until configured) and tqdm progress bars.
 
-zephon logs under the logger ``"zephon"`` (children such as ``"zephon.loader"``), which has a
-``NullHandler``: nothing prints unless the application configures logging or calls
-:func:`enable_logging`. Long set-up work shows a ``tqdm`` bar after two seconds when that logger is
-enabled for INFO and tqdm is installed; ``ZEPHON_PROGRESS=0`` or ``1`` forces it off or on.
+Bars show when that logger is enabled for INFO; ``ZEPHON_PROGRESS=0`` or ``1`` forces them.
 """
 
 from __future__ import annotations
@@ -30,9 +27,8 @@ def get_logger(name: str) -> logging.Logger:
 
 
 def enable_logging(level: int | str = "INFO", stream: Any = None) -> logging.Handler:
-    """Print zephon's log records (and progress bars) to ``stream`` (default: stderr); returns the handler.
-
-    Adds one handler to the ``"zephon"`` logger and sets its level; calling it again replaces it.
+    """Print zephon's logs and progress bars to ``stream`` (default: stderr) at ``level``; returns
+    the handler (one: calling it again replaces it).
 
     Examples:
         >>> import io, logging
@@ -62,17 +58,17 @@ def disable_logging() -> None:
 
 def progress_enabled() -> bool:
     """Whether :func:`progress` draws a bar: ``ZEPHON_PROGRESS``, else the ``"zephon"`` logger at INFO."""
-    forced = os.environ.get("ZEPHON_PROGRESS")
-    if forced is not None and forced.strip() != "":
-        return forced.strip().lower() not in ("0", "false", "no", "off")
+    forced = os.environ.get("ZEPHON_PROGRESS", "").strip().lower()
+    if forced:
+        return forced not in ("0", "false", "no", "off")
     return logger.isEnabledFor(logging.INFO)
 
 
 def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "", unit: str = "it", force: bool | None = None) -> Iterable[T]:
-    """``iterable``, with a tqdm progress bar after :data:`PROGRESS_DELAY_S` seconds, leaving no line behind.
+    """``iterable`` with a tqdm bar after :data:`PROGRESS_DELAY_S` seconds, leaving no line behind.
 
-    ``force``: ``True`` always draws it, ``False`` never, ``None`` follows :func:`progress_enabled`.
-    Without tqdm, a bar that was asked for becomes one log line saying how to install it.
+    ``force``: ``True``/``False`` always/never, ``None`` per :func:`progress_enabled`. Without
+    tqdm, one log line says how to install it.
     """
     if not (progress_enabled() if force is None else force):
         return iterable

@@ -1,20 +1,16 @@
-"""The operator protocol, stateless operators, named chains, and state encoding by reference.
+"""The operator protocol, stateless operators and named chains.
 
 An operator is a frozen configuration with pure functions (optax's shape): ``init(key) -> state``,
-``step(state, chunk) -> (state, outputs)``, ``flush(state) -> (state, outputs)``, and a config
-``fingerprint()``. ``chunk`` is a sequence of :class:`~zephon.types.Record`; outputs are records
-(or, for ``batch``, :class:`~zephon.types.SampleBatch`); inputs are never mutated, and any split
-of a stream into chunks gives the same outputs. ``flush`` runs at the end of a lane's data until
-it returns no outputs.
-
-Checkpoints store records *by reference* (:mod:`zephon.core.state`): a held record is encoded as
-its :class:`~zephon.types.Meta` and rebuilt on decode by the upstream operators (``rebuild``).
-Records in an operator's state are records at its *input*, so decoding resolves them with the
-resolver of its input. Metering, read-ahead and deferred rebuilds are the runtime's wrappers.
+``step(state, chunk) -> (state, outputs)``, ``flush(state) -> (state, outputs)`` (run at the end
+of a lane's data until it returns nothing) and ``fingerprint()``. Inputs are never mutated, and
+any split of a stream into chunks gives the same outputs. Checkpoints hold records by reference
+(:mod:`zephon.core.state`); records in an operator's state are records at its *input*, rebuilt on
+decode with the resolver of its input.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 
 import attrs
@@ -42,31 +38,20 @@ def config_field(
     *, default: Any = attrs.NOTHING, data: bool = True, validator=None, converter=None, kw_only: bool = False,
     omit_default: bool = False,
 ):
-    """An operator setting; ``data=False`` marks settings that cannot change the output (performance).
-
-    ``omit_default``: left out of the fingerprint (and ``explain()``) at its default, so adding the
-    setting changes no fingerprint of a pipeline that does not use it. Normalise values in
-    ``converter``, so ``attrs.evolve`` and the constructor agree.
-    """
+    """An operator setting; ``data=False``: it cannot change the output (not fingerprinted);
+    ``omit_default``: not fingerprinted at its default, so a new setting changes no fingerprint."""
     metadata = {"data": data, "omit_default": omit_default}
     return attrs.field(default=default, validator=validator, converter=converter, kw_only=kw_only, metadata=metadata)
 
 
 class Operator:
-    """Base class of operators. Subclasses are ``@attrs.frozen`` and module-level (picklable).
+    """Base class of operators: ``@attrs.frozen``, module-level (picklable) subclasses.
 
-    Class attributes:
-        kind: the default name of the operator in a pipeline ("tokenize", "shuffle", ...).
-        state_type: the msgspec Struct type of its state.
-        fans_out: whether one input may produce several outputs (children get new child numbers).
-        reads_held_payloads: whether ``step`` and ``flush`` read the payloads of the records the
-            state holds. ``False`` (the shuffle, which moves records by their metas): a restore may
-            leave them as references, and the runtime rebuilds each one as it is output.
-
-    A stateful operator implements ``init``, ``step`` and ``flush``; its state is a tagged frozen
-    ``msgspec.Struct`` and its fingerprint is its ``data`` settings. ``report`` (counters for
-    ``stats()``) is optional. ``rebuild`` needs overriding only by an operator whose outputs are new
-    records; ``decode_state`` only to refuse values ``step`` never leaves.
+    Class attributes: ``kind`` (its default name in a pipeline), ``state_type`` (the tagged frozen
+    ``msgspec.Struct`` of its state), ``fans_out`` (one input may give several outputs, with new
+    child numbers) and ``reads_held_payloads`` (``False`` when ``step``/``flush`` never read the
+    payloads the state holds, so a restore may leave them as references). Override ``rebuild``
+    only when outputs are new records, ``decode_state`` only to refuse values ``step`` never leaves.
     """
 
     kind: ClassVar[str] = "op"
@@ -88,10 +73,7 @@ class Operator:
         return {}
 
     def rebuild(self, refs: Sequence[Any], upstream: Resolver) -> list:
-        """Rebuild outputs of this operator from their refs, using ``upstream`` for its inputs.
-
-        The default suits operators whose outputs are their inputs (shuffles, filters).
-        """
+        """Outputs rebuilt from their refs, ``upstream`` giving the inputs (default: the inputs)."""
         return upstream(refs)
 
     def encode_state(self, state: Any) -> Any:
@@ -106,14 +88,10 @@ class Operator:
         """Every setting that decides the output (``data=False`` fields are left out)."""
         out: dict[str, Any] = {"op": type(self).__name__}
         for f in attrs.fields(type(self)):
-            if f.metadata.get("data", True) and not at_omitted_default(self, f):
-                out[f.name] = describe(getattr(self, f.name))
+            value, meta = getattr(self, f.name), f.metadata
+            if meta.get("data", True) and not (meta.get("omit_default") and value == f.default):
+                out[f.name] = describe(value)
         return out
-
-
-def at_omitted_default(op: Any, field: Any) -> bool:
-    """Whether ``field`` of ``op`` is a setting left out at its default (``config_field(omit_default=True)``)."""
-    return bool(field.metadata.get("omit_default")) and getattr(op, field.name) == field.default
 
 
 def describe(value: Any) -> Any:
@@ -141,8 +119,7 @@ def state_type(op: Operator) -> type:
 
 
 class StatelessState(msgspec.Struct, frozen=True, tag="stateless", forbid_unknown_fields=True, omit_defaults=True):
-    """The state of a per-payload operator: its counter of inputs that produced nothing, and with
-    ``on_error="skip"`` the log of the inputs it skipped (:class:`~zephon.core.bad_records.SkipLog`)."""
+    """A per-payload operator's count of inputs that produced nothing, and its skip log."""
 
     dropped_records: int = 0
     skips: SkipLog | None = None
@@ -161,12 +138,10 @@ class StatelessOp(Operator):
     """An operator applied to each payload independently.
 
     Subclasses implement :meth:`apply_many`: a chunk's payloads to, per payload, a list of output
-    payloads (empty drops it, several split it when ``fans_out``), so batch tokenization sees many
-    payloads at once. With ``on_error="skip"`` a payload whose processing raises is left out
-    and logged instead (an ``apply_many`` may return a :class:`~zephon.core.bad_records.Failure` for it;
-    one that raises for the chunk is applied payload by payload to find which). ``max_skipped``
-    bounds the skips of each lane (:mod:`zephon.core.bad_records`). State: the number of inputs that
-    produced no output, and the skip log (``report()``).
+    payloads (empty drops it, several split it when ``fans_out``). With ``on_error="skip"`` a
+    payload whose processing raises is left out and logged (``apply_many`` may return a
+    :class:`~zephon.core.bad_records.Failure` for it); ``max_skipped`` bounds a lane's skips.
+    State: :class:`StatelessState`.
     """
 
     on_error: str = config_field(default="raise", kw_only=True, validator=check_on_error, omit_default=True)
@@ -186,7 +161,7 @@ class StatelessOp(Operator):
         return self.advance(state, applied, len(chunk)), applied.outputs
 
     def advance(self, state: StatelessState, applied: Applied, seen: int) -> StatelessState:
-        """The state after a chunk of ``seen`` inputs was applied (``applied``); raises
+        """The state after ``applied`` for a chunk of ``seen`` inputs; raises
         :class:`~zephon.core.bad_records.SkipLimitError` past ``max_skipped``."""
         if self.on_error == "raise":
             return StatelessState(state.dropped_records + applied.dropped) if applied.dropped else state
@@ -200,16 +175,15 @@ class StatelessOp(Operator):
         return out
 
     def apply_checked(self, payloads: list) -> list:
-        """:meth:`apply_many`, with ``on_error="skip"`` a :class:`~zephon.core.bad_records.Failure` in place
-        of the result of each payload whose processing raised."""
+        """:meth:`apply_many`; with ``on_error="skip"`` a :class:`~.bad_records.Failure` for each
+        payload that raised (found by its ``zephon_index``, else payload by payload)."""
         if self.on_error == "raise" or not payloads:
             return self.apply_many(payloads)
         out: list = []
         rest = payloads
         while rest:
             try:
-                out.extend(self.apply_many(rest))
-                return out
+                return [*out, *self.apply_many(rest)]
             except Exception as exc:
                 if not skippable(exc):
                     raise
@@ -218,16 +192,12 @@ class StatelessOp(Operator):
                     return out + [Failure.of(exc)]
                 if not isinstance(index, int) or not 0 <= index < len(rest):
                     return out + [r for p in rest for r in self.apply_checked([p])]
-                out.extend(self.apply_checked(rest[:index]))
-                out.append(Failure.of(exc))
+                out += [*self.apply_checked(rest[:index]), Failure.of(exc)]
                 rest = rest[index + 1 :]
         return out
 
     def apply_records(self, chunk: Sequence[Record], results: list | None = None) -> Applied:
-        """The outputs of a chunk, how many inputs produced none, and those skipped (:class:`Applied`).
-
-        ``results``: what :meth:`apply_checked` already returned for the chunk's payloads (read-ahead).
-        """
+        """A chunk's :class:`Applied`; ``results``: its payloads' :meth:`apply_checked` if known."""
         if not chunk:
             return Applied([], 0)
         if results is None:
@@ -246,22 +216,19 @@ class StatelessOp(Operator):
                 skipped.append((position, rec.meta, outs))
                 continue
             dropped += not outs
-            if not self.fans_out:
-                if len(outs) > 1:
-                    raise RuntimeError(f"{self.kind}: produced {len(outs)} outputs for one input but does not fan out")
-                if outs:
-                    out.append(rec if outs[0] is rec.payload else Record(outs[0], rec.meta))
-                continue
-            for i, payload in enumerate(outs):
-                out.append(Record(payload, child_meta(rec.meta, i)))
+            if self.fans_out:
+                out.extend(Record(p, child_meta(rec.meta, i)) for i, p in enumerate(outs))
+            elif len(outs) > 1:
+                raise RuntimeError(
+                    f"{self.kind}: produced {len(outs)} outputs for one input but does not fan out"
+                )
+            elif outs:
+                out.append(rec if outs[0] is rec.payload else Record(outs[0], rec.meta))
         return Applied(out, dropped, tuple(skipped))
 
     def _name_failing_record(self, exc: Exception, chunk: Sequence[Record]) -> None:
-        """Add a note to ``exc`` naming the record it was raised on; keep its meta as ``exc.zephon_meta``.
-
-        An exception without ``zephon_index`` is traced to a payload by applying the operator to
-        each payload alone (only after a failure).
-        """
+        """Note on ``exc`` the record it was raised on (its ``zephon_index``, else found by applying
+        each payload alone), and keep its meta as ``exc.zephon_meta``."""
         if getattr(exc, "zephon_meta", None) is not None or not hasattr(exc, "add_note"):
             return  # already named (by an operator nested in this one)
         index = getattr(exc, "zephon_index", None)
@@ -273,10 +240,8 @@ class StatelessOp(Operator):
             return
         meta = chunk[index].meta
         exc.add_note(f"zephon: raised by {self.kind} on {describe_meta(meta)}")
-        try:
+        with contextlib.suppress(AttributeError):  # an exception type may take no attributes
             exc.zephon_meta = meta  # type: ignore[attr-defined]
-        except AttributeError:  # an exception type that takes no attributes
-            pass
 
     def rebuild(self, refs: Sequence[Meta], upstream: Resolver) -> list[Record]:
         parents = [parent_meta(m) for m in refs] if self.fans_out else list(refs)
@@ -333,14 +298,21 @@ def _optional_str(value: Any) -> str | None:
     return value
 
 
+def _fn_fingerprint(op: StatelessOp, kind: str, field: str) -> dict[str, Any]:
+    """The fingerprint of an operator of one function: its version string, else its description;
+    ``on_error`` only when not the default (older fingerprints lack it)."""
+    name = getattr(op, f"{field}_fingerprint")
+    out = {"op": kind, field: name if name is not None else describe_callable(getattr(op, field))}
+    return out if op.on_error == "raise" else {**out, "on_error": op.on_error}
+
+
 @attrs.frozen
 class MapOp(StatelessOp):
     """``Pipeline.map(fn)`` / ``stateless(fn)``: replace each payload with ``fn(payload)``.
 
-    ``None`` drops the record. ``fn`` must be deterministic, and picklable when the pipeline runs
-    worker processes. Its fingerprint covers what decides its output
-    (:mod:`zephon.core.fingerprint`); ``fn_fingerprint``, a version string the user changes with
-    the function's behaviour, replaces it (for a function holding an open file or a model).
+    ``None`` drops the record. ``fn`` must be deterministic, and picklable for worker processes.
+    Its fingerprint covers what decides its output (:mod:`zephon.core.fingerprint`), unless
+    ``fn_fingerprint`` names its version (for a function holding an open file or a model).
     """
 
     fn: Callable[[Any], Any]
@@ -352,7 +324,7 @@ class MapOp(StatelessOp):
         return [r if type(r) is Failure else [] if r is None else [r] for r in results]
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"op": "MapOp", "fn": _named_or_described(self.fn_fingerprint, self.fn), **_on_error(self)}
+        return _fn_fingerprint(self, "MapOp", "fn")
 
 
 @attrs.frozen
@@ -371,17 +343,7 @@ class FilterOp(StatelessOp):
         return [keep if type(keep) is Failure else [p] if keep else [] for p, keep in zip(payloads, keeps)]
 
     def fingerprint(self) -> dict[str, Any]:
-        described = _named_or_described(self.predicate_fingerprint, self.predicate)
-        return {"op": "FilterOp", "predicate": described, **_on_error(self)}
-
-
-def _named_or_described(name: str | None, fn: Callable) -> Any:
-    return name if name is not None else describe_callable(fn)
-
-
-def _on_error(op: StatelessOp) -> dict[str, str]:
-    """``on_error`` as the fingerprint holds it: only when not the default (older fingerprints lack it)."""
-    return {} if op.on_error == "raise" else {"on_error": op.on_error}
+        return _fn_fingerprint(self, "FilterOp", "predicate")
 
 
 def stateless(fn: Callable[[Any], Any], *, fingerprint: str | None = None, **skipping: Any) -> MapOp:
@@ -398,17 +360,8 @@ class ChainState(msgspec.Struct, frozen=True, tag="chain", forbid_unknown_fields
 
 @attrs.frozen
 class Chain(Operator):
-    """A named chain of operators, itself an operator.
-
-    Outputs of child ``i`` feed child ``i + 1``; ``flush`` flushes children in order, passing
-    each one's flushed outputs through the rest. State: the children's states, in order.
-
-    Examples:
-        >>> from zephon import ops
-        >>> chain = Chain((("double", ops.stateless(lambda p: p * 2)),))
-        >>> [n for n, _ in chain.children]
-        ['double']
-    """
+    """A named chain of operators, itself an operator: outputs of child ``i`` feed child ``i + 1``.
+    State: the children's states, in order."""
 
     children: tuple[tuple[str, Operator], ...] = attrs.field(converter=tuple)
     kind: ClassVar[str] = "chain"
@@ -441,17 +394,9 @@ class Chain(Operator):
         return items
 
     def flush(self, state: ChainState) -> tuple[ChainState, list]:
-        """The next outputs of the chain's end: ``[]`` once every child has handed out all it held.
-
-        Children flush in order, each until its flush returns nothing, and what one hands out runs
-        through the rest. It returns as soon as a flush produced chain outputs, so the caller calls
-        it again until it returns ``[]``; a child that hands out a piece per call (the shuffle) gives
-        the same outputs as one that hands out at once.
-
-        Raises:
-            ValueError: a child's flush returned outputs and its state unchanged (it would give
-                them forever: a flush hands out what the state holds, then returns nothing).
-        """
+        """The next outputs of the chain's end (``[]`` once all is handed out): children flush in
+        order, each until it returns nothing, outputs running through the rest. ``ValueError``
+        when a child's flush returns outputs and its state unchanged (giving them forever)."""
         states = list(state.states)
         for i, (name, op) in enumerate(self.children):
             while True:
@@ -476,10 +421,9 @@ class Chain(Operator):
 
     def resolver_at(self, index: int, upstream: Resolver) -> Resolver:
         """The resolver of child ``index``'s input, built on the chain's input resolver."""
-        resolver = upstream
         for _, op in self.children[:index]:
-            resolver = _bind(op, resolver)
-        return resolver
+            upstream = _bind(op, upstream)
+        return upstream
 
     def rebuild(self, refs: Sequence[Any], upstream: Resolver) -> list:
         return self.resolver_at(len(self.children), upstream)(refs)
@@ -502,13 +446,12 @@ class Chain(Operator):
     def decode_state(self, data: Any, upstream: Resolver) -> ChainState:
         self._check_names(data)
         states = []
-        resolver = upstream
         for name, op in self.children:
             try:
-                states.append(op.decode_state(data[name], resolver))
+                states.append(op.decode_state(data[name], upstream))
             except (msgspec.ValidationError, ValueError, TypeError) as exc:
                 raise ValueError(f"cannot restore the state of operator {name!r}: {exc}") from exc
-            resolver = _bind(op, resolver)
+            upstream = _bind(op, upstream)
         return ChainState(tuple(states))
 
     def fingerprint(self) -> dict[str, Any]:
@@ -516,10 +459,7 @@ class Chain(Operator):
 
 
 def _bind(op: Operator, upstream: Resolver) -> Resolver:
-    def resolve(refs: Sequence[Any]) -> list:
-        return op.rebuild(refs, upstream) if refs else []
-
-    return resolve
+    return lambda refs: op.rebuild(refs, upstream) if refs else []
 
 
 def sample_meta(lane: int, dataset: int, shard: int, row: int) -> Meta:
@@ -528,7 +468,7 @@ def sample_meta(lane: int, dataset: int, shard: int, row: int) -> Meta:
 
 
 def positive_int(instance: Any, attribute: Any, value: Any) -> None:
-    """The attrs validator of an operator's size settings (shuffle, batch, ensure_mixture): an int >= 1."""
+    """The attrs validator of an operator's size settings: an int >= 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{instance.kind}: {attribute.name} must be an int >= 1, got {value!r}")
 

@@ -1,9 +1,4 @@
-"""Records, their provenance, and microbatches.
-
-A :class:`Record` is one item of a lane: a ``payload`` (usually a dict of arrays and strings)
-and a :class:`Meta` saying where it came from, which checkpoints store instead of the payload
-(``docs/design/state-by-reference.md``).
-"""
+"""Records (a payload and its provenance, :class:`Meta`, which checkpoints store), microbatches."""
 
 from __future__ import annotations
 
@@ -68,7 +63,6 @@ def meta_to_ints(meta: Meta) -> list[int]:
 def meta_from_ints(data: Any) -> Meta:
     """Inverse of :func:`meta_to_ints`; errors name what is malformed."""
     if (type(data) is list or type(data) is tuple) and len(data) >= 8 and not (len(data) - 2) % 6 and {*map(type, data)} == _INT:
-        # The common case, checked at C speed; the checks above made sure of six ints per segment.
         if len(data) == 8:
             return Meta(data[0], (_tuple_new(Segment, data[2:]),), data[1])
         return Meta(data[0], tuple([_tuple_new(Segment, data[i : i + 6]) for i in range(2, len(data), 6)]), data[1])
@@ -101,11 +95,8 @@ UNRESOLVED = _Unresolved()
 
 
 class Record:
-    """One item of a lane: a payload and its provenance. Immutable; equal when metas and payloads are.
-
-    A record whose payload is :data:`UNRESOLVED` is a *reference* (:func:`reference`) that a restored
-    state holds until the runtime rebuilds it from its meta.
-    """
+    """One item of a lane: a payload and its provenance. Immutable; equal when metas and payloads
+    are. With payload :data:`UNRESOLVED` it is a *reference* (:func:`reference`)."""
 
     __slots__ = ("payload", "meta")
 
@@ -144,11 +135,8 @@ def reference(meta: Meta) -> Record:
 
 
 class SampleBatch:
-    """A lane-pure microbatch of records (in the lane's order), the output of ``batch``. Immutable.
-
-    ``pad_token_id``: the tokenizer's padding id when the pipeline knows it, ``to_training``'s
-    default; not part of equality.
-    """
+    """A lane-pure microbatch of records, the output of ``batch``. Immutable. ``pad_token_id`` (the
+    tokenizer's, if known) is ``to_training``'s default, not part of equality."""
 
     __slots__ = ("records", "pad_token_id")
 

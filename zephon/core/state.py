@@ -1,9 +1,7 @@
-"""State encoding: operator states as builtins, with the records they hold stored by reference.
+"""State encoding: operator states (msgspec Structs) as builtins, records held by reference.
 
-Every operator state is a tagged, frozen ``msgspec.Struct`` of ints, tuples, bytes, nested states
-and records. :func:`encode` gives builtins, each record as its meta's ints (a batch as a list of
-them); :func:`decode` gives the records back as references, and :func:`resolve` rebuilds them with
-one bulk call to a resolver (``docs/design/state-by-reference.md``).
+:func:`encode` stores each record as its meta's ints, :func:`decode` gives references back, and
+:func:`resolve` rebuilds them with one bulk call (``docs/design/state-by-reference.md``).
 
 Examples:
     >>> import msgspec
@@ -34,7 +32,7 @@ Resolver = Callable[[Sequence[Meta]], list]
 
 
 def enc_hook(obj: Any) -> Any:
-    """msgspec's ``enc_hook`` for states: a record (or reference) as its meta's ints, a batch as a list of them."""
+    """msgspec's ``enc_hook``: a record as its meta's ints, a batch as a list of them."""
     if isinstance(obj, Record):
         return meta_to_ints(obj.meta)
     if isinstance(obj, SampleBatch):
@@ -57,11 +55,8 @@ def encode(state: Any) -> Any:
 
 
 def decode(data: Any, typ: type) -> Any:
-    """Inverse of :func:`encode` into ``typ``, the records held as references.
-
-    Raises:
-        msgspec.ValidationError: naming the field that is missing, unknown or of the wrong type.
-    """
+    """Inverse of :func:`encode` into ``typ``, records as references (``msgspec.ValidationError``
+    names a bad field)."""
     return msgspec.convert(data, typ, dec_hook=dec_hook)
 
 
@@ -127,12 +122,8 @@ def _substitute(tree: Any, it) -> Any:
 
 
 def resolve(tree: Any, upstream: Resolver) -> Any:
-    """``tree`` with every reference rebuilt by one bulk call to ``upstream``.
-
-    Raises:
-        RuntimeError: ``upstream`` returned another number of records, or a record with another
-            meta (the data or a per-sample function changed since the checkpoint was taken).
-    """
+    """``tree`` with every reference rebuilt by one bulk call to ``upstream``; ``RuntimeError``
+    when that gives another number of records or another meta."""
     if upstream is keep_references:
         return tree
     metas = references(tree)

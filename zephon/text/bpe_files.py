@@ -1,16 +1,10 @@
-"""A faster build of a BPE tokenizer: its model read from vocabulary and merges files in the cache.
+"""A faster build of a BPE tokenizer: ``models.BPE.from_file`` on vocabulary and merges files.
 
-``models.BPE.from_file`` reads a ``vocab.json`` and a ``merges.txt`` straight into the model, in
-less time than ``Tokenizer.from_str`` parses them from the JSON; every process that encodes with
-``tokenizers`` (each worker, a restore) builds the tokenizer, so this is paid often.
-
-Loading a tokenizer for the ``tokenizers`` backend (or its first build from the JSON) writes its
-vocabulary and merges into the tokenizer cache (:mod:`zephon.text.tokenizer_cache`), builds it the
-fast way and keeps the entry only when both serialize identically (``to_str``) with this
-``tokenizers`` version (part of the cache's salt); otherwise the entry records why not. A fast
-build takes the model from the files (checked against their recorded sha256), everything else
-from a skeleton (the JSON without the model's vocabulary and merges and without the added
-tokens), then the added tokens in their order, as ``from_str`` adds them.
+Every process that encodes with ``tokenizers`` builds the tokenizer, and ``from_file`` is faster
+than ``Tokenizer.from_str``. The files go to :mod:`zephon.text.tokenizer_cache` once a fast build
+serializes exactly as ``from_str``'s (else the entry records why not). A fast build takes the
+model from the files (checked by sha256), the rest from a skeleton (the JSON without vocabulary,
+merges and added tokens), then the added tokens in order.
 """
 
 from __future__ import annotations
@@ -43,11 +37,8 @@ def build(key: str) -> Any | None:
 
 
 def remember(tokenizer_json: str, key: str, tok: Any) -> None:
-    """Prove the fast build of ``tokenizer_json`` (sha256 ``key``) against ``tok``, the same JSON
-    built by ``Tokenizer.from_str``, and record the outcome.
-
-    Does nothing when the cache is off or already has an entry whose files are intact.
-    """
+    """Prove the fast build of ``tokenizer_json`` (sha256 ``key``) against ``tok``, its
+    ``Tokenizer.from_str``, and record the outcome (unless the cache is off or has it intact)."""
     if not _tokcache.cache_enabled():
         return
     entry = _tokcache.load_entry(KIND, key)
@@ -63,9 +54,8 @@ def remember(tokenizer_json: str, key: str, tok: Any) -> None:
 
 
 def prepare(tokenizer_json: str, key: str) -> None:
-    """Prove the files of ``tokenizer_json`` (sha256 ``key``) now unless an entry already says
-    whether they hold (intact or not: :func:`build` checks): the process that loads a tokenizer
-    does it, once per machine, instead of the first worker or restore that builds it."""
+    """Prove the files of ``tokenizer_json`` (sha256 ``key``) now, unless an entry exists: once per
+    machine, where the tokenizer is loaded, not in a worker or restore."""
     if not _tokcache.cache_enabled() or _tokcache.load_entry(KIND, key) is not None:
         return
     from tokenizers import Tokenizer
@@ -114,14 +104,11 @@ def _paths(key: str) -> tuple[str, str]:
 def _checked_files(key: str, entry: dict[str, Any]) -> tuple[str, str] | None:
     """The entry's two files, if they still hold what it recorded."""
     paths = _paths(key)
-    for path, recorded in zip(paths, (entry.get("vocab_sha"), entry.get("merges_sha"))):
-        try:
-            with open(path, "rb") as f:
-                if hashlib.sha256(f.read()).hexdigest() != recorded:
-                    return None
-        except OSError:
-            return None
-    return paths
+    try:
+        digests = [_tokcache.file_digest(p) for p in paths]
+    except OSError:
+        return None
+    return paths if digests == [entry.get("vocab_sha"), entry.get("merges_sha")] else None
 
 
 def _assemble(entry: dict[str, Any], vocab: str, merges: str) -> Any:

@@ -1,15 +1,12 @@
-"""The threads the encoders run on: how many, the size of tokenizers' Rayon pool, and the
-longest-first split of a tiktoken batch over a thread pool.
+"""Encoder threads: how many, tokenizers' Rayon pool size, and tiktoken's longest-first split.
 
-Nothing here keeps state of its own; the pools and the Rayon record are the tokenizer module's
-per-process objects.
+No state of its own: the pools and the Rayon record live in the tokenizer module's cache.
 """
 
 from __future__ import annotations
 
 import contextvars
 import itertools
-import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
@@ -17,24 +14,17 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.cache import ProcessCache
+from ..core.log import logger
 
 __all__ = ["EXTRA_ENCODER_THREADS"]
 
-logger = logging.getLogger("zephon")
-
-#: Encoder threads beyond one per CPU for encodes started in the current thread's context; the
-#: runtime's read-ahead thread sets 1 (see :func:`_encoder_threads`).
+#: Encoder threads beyond one per CPU in this context (the read-ahead thread sets 1).
 EXTRA_ENCODER_THREADS: contextvars.ContextVar[int] = contextvars.ContextVar("zephon_extra_encoder_threads", default=0)
 
 
 def _encoder_threads() -> int:
-    """The encoder's threads when ``parallelism`` is not given: one per CPU in the calling process
-    (plus :data:`EXTRA_ENCODER_THREADS`), and ``ZEPHON_ENCODER_THREADS`` (CPUs // N) in a worker
-    process of ``workers=N``, so that N workers do not each start a thread per CPU.
-
-    The read-ahead thread encodes while the lanes run Python in another thread, and each tiktoken
-    call takes the GIL back between documents: one more thread keeps the cores busy meanwhile.
-    """
+    """The encoder's threads without ``parallelism``: ``ZEPHON_ENCODER_THREADS`` (a worker's share
+    of the CPUs), else one per CPU plus :data:`EXTRA_ENCODER_THREADS`."""
     env = os.environ.get("ZEPHON_ENCODER_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)  # a worker's share: one more each would put W more threads on the cores
@@ -52,12 +42,8 @@ def _cpu_count() -> int:
 def _encode_longest_first(
     one: Callable[[str], np.ndarray], texts: Sequence[str], pool: ThreadPoolExecutor, threads: int
 ) -> list:
-    """``[one(t) for t in texts]`` on ``threads`` threads: the calling thread and ``threads - 1`` of ``pool``.
-
-    Every thread takes the longest text not yet taken until none is left, so the work stays
-    balanced even when the OS preempts one of them, and a call costs ``threads - 1`` futures.
-    The first failure is raised once every thread has stopped.
-    """
+    """``[one(t) for t in texts]`` on this thread and ``threads - 1`` of ``pool``, each taking the
+    longest text left (balanced even under preemption); raises once every thread stopped."""
     out: list = [None] * len(texts)
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
     taken = itertools.count()  # next() on it is atomic: each index goes to one thread
@@ -85,11 +71,8 @@ def _encode_longest_first(
 
 
 def _size_rayon_pool(live: ProcessCache, threads: int | None) -> None:
-    """Size tokenizers' Rayon pool for ``threads`` before its first use in this process, else warn once.
-
-    Rayon reads ``RAYON_NUM_THREADS`` when the pool starts, and the pool then keeps its size; the
-    size it started with, and the warnings given, are kept in ``live``, the process's cache.
-    """
+    """Size tokenizers' Rayon pool (``RAYON_NUM_THREADS``) before its first use, else warn once per
+    size; its size and the warnings are kept in ``live``, the process's cache."""
     started = live.peek(("rayon",))
     if started is None:
         if threads is not None:

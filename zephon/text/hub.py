@@ -1,12 +1,12 @@
 """Finding a Hugging Face model's ``tokenizer.json``: in the local hub cache, else by a download.
 
-A download is tried only when ``huggingface_hub`` is installed, offline mode is off and a TCP
-probe of the hub answers within :data:`HUB_PROBE_TIMEOUT_S`, so that an unreachable hub fails at
-once instead of after the hub client's retries. Nothing is kept between calls.
+A download needs ``huggingface_hub``, offline mode off and a TCP probe of the hub answered within
+:data:`HUB_PROBE_TIMEOUT_S` (so an unreachable hub fails at once). Keeps no state.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -55,8 +55,7 @@ def _offline() -> bool:
 
 
 def _hub_address() -> tuple[str, int]:
-    """``(host, port)`` a download would connect to first: the HTTPS proxy if one is set, else the hub
-    (``$HF_ENDPOINT`` as ``huggingface_hub`` reads it, by default ``https://huggingface.co``)."""
+    """``(host, port)`` a download connects to first: the proxy if one is set, else the hub."""
     from urllib.parse import urlsplit
     from urllib.request import getproxies, proxy_bypass
 
@@ -72,8 +71,8 @@ def _hub_address() -> tuple[str, int]:
 
 
 def _hub_unreachable() -> str:
-    """``""`` when a TCP connection to :func:`_hub_address` opens within :data:`HUB_PROBE_TIMEOUT_S`,
-    else why not. The probe runs in a daemon thread, because name resolution ignores socket timeouts."""
+    """``""`` when a TCP connection to :func:`_hub_address` opens in time, else why not (in a daemon
+    thread: name resolution ignores socket timeouts)."""
     import socket
 
     host, port = _hub_address()
@@ -95,8 +94,8 @@ def _hub_unreachable() -> str:
 
 
 def download(repo_id: str, cache: Path) -> tuple[Path | None, str]:
-    """``(folder, "")`` of ``repo_id``'s ``tokenizer.json`` (and its optional config files) downloaded
-    into ``cache``, or ``(None, why it cannot be fetched)``."""
+    """``(folder, "")`` of ``repo_id``'s ``tokenizer.json`` (and configs) downloaded into ``cache``,
+    or ``(None, why not)``."""
     try:
         from huggingface_hub import hf_hub_download
     except ImportError:
@@ -111,8 +110,6 @@ def download(repo_id: str, cache: Path) -> tuple[Path | None, str]:
         first = str(exc).splitlines()[0] if str(exc) else ""
         return None, f"the download failed ({type(exc).__name__}: {first}; HF_HUB_OFFLINE=1 skips the attempt)"
     for extra in ("tokenizer_config.json", "special_tokens_map.json"):
-        try:
+        with contextlib.suppress(Exception):  # optional files; absent for many models
             hf_hub_download(repo_id, extra, cache_dir=str(cache))
-        except Exception:  # optional files; absent for many models
-            pass
     return file.parent, ""

@@ -1,11 +1,8 @@
-"""Chat templates: the built-ins, rendering with generation tags, special markers and span masks.
+"""Chat templates: the built-ins, rendering with ``{% generation %}`` spans, markers, span masks.
 
-Templates are Jinja in the Hugging Face form, rendered as transformers renders them (sandboxed,
-``trim_blocks``, ``lstrip_blocks``, ``tojson``, ``raise_exception``, ``loopcontrols``).
-``{% generation %}`` blocks record the character span of each block while the template renders;
-:func:`spans_to_mask` turns spans into token masks. :func:`check_markers` rejects a template whose
-special markers (``<|im_start|>``...) the tokenizer would split into ordinary text tokens. The
-operators are in :mod:`zephon.ops.chat`; needs ``jinja2`` (``pip install zephon-lanes[chat]``).
+Templates are Hugging Face Jinja, rendered as transformers renders them (sandboxed, ``trim_blocks``,
+``lstrip_blocks``, ``tojson``, ``raise_exception``, ``loopcontrols``). Needs ``jinja2``; the
+operators are in :mod:`zephon.ops.chat`.
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ __all__ = [
     "has_generation_tags", "render_chat", "spans_to_mask", "strip_generation_tags", "template_markers",
 ]
 
-# The variable through which a render passes its span recorder to the generation extension. It
-# lives in the render's own context, so one compiled template serves concurrent renders.
+# The render variable holding its span recorder (per render: compiled templates are shared).
 _RECORDER = "_zephon_generation_recorder"
 #: Render variables a template receives from the operator; chat_template_kwargs cannot set them.
 RESERVED_KWARGS = frozenset(
@@ -38,12 +34,10 @@ RESERVED_KWARGS = frozenset(
 )
 
 
-# -- built-in templates -------------------------------------------------------------------------------
-# Every tag and expression strips the whitespace before it ({%- / {{-), so only the quoted strings
-# produce output and the layout of the source does not matter.
+# Every tag strips the whitespace before it ({%- / {{-): only the quoted strings produce output.
 
-#: ChatML as Qwen writes it: ``<|im_start|>role\n...<|im_end|>\n`` turns; tools listed in the system
-#: turn; tool calls as ``<tool_call>`` JSON inside the assistant turn; tool results as ``tool`` turns.
+#: ChatML as Qwen writes it: ``<|im_start|>role\n...<|im_end|>\n`` turns, tools in the system turn,
+#: tool calls as ``<tool_call>`` JSON, tool results as ``tool`` turns.
 CHATML_TEMPLATE = r"""
 {%- set has_system = messages and messages[0]['role'] == 'system' %}
 {%- if tools %}
@@ -103,9 +97,8 @@ CHATML_TEMPLATE = r"""
 {%- endif %}
 """
 
-#: Llama 3 style: ``bos_token``, then ``<|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>``
-#: turns with trimmed contents; tools listed in the system turn; tool calls as
-#: ``{"name": ..., "parameters": ...}`` JSON; tool results as ``ipython`` turns.
+#: Llama 3 style: ``bos_token``, ``<|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>`` turns
+#: (trimmed), tools in the system turn, ``{"name", "parameters"}`` calls, ``ipython`` results.
 LLAMA3_TEMPLATE = r"""
 {{- bos_token }}
 {%- set has_system = messages and messages[0]['role'] == 'system' %}
@@ -176,10 +169,8 @@ _TAG = re.compile(r"\{%([-+]?)(\s*)(end)?generation(\s*)([-+]?)%\}")
 
 
 def strip_generation_tags(template: str) -> str:
-    """``template`` with its ``{% generation %}`` blocks turned into plain, always-true blocks.
-
-    The tags become ``{% if true %}`` / ``{% endif %}`` with the same whitespace controls, so the
-    rendered text is unchanged; only the span information is gone.
+    """``template`` with its ``{% generation %}`` tags as ``{% if true %}`` / ``{% endif %}``, same
+    whitespace controls: the same text, without the spans.
 
     Examples:
         >>> strip_generation_tags("{%- generation %}{{ x }}{% endgeneration -%}")
@@ -195,30 +186,21 @@ def strip_generation_tags(template: str) -> str:
 
 
 def has_generation_tags(template: str) -> bool:
-    """Whether ``template`` holds a ``{% generation %}`` block (comments and strings do not count).
-
-    Raises:
-        ValueError: ``template`` is not valid Jinja.
-    """
+    """Whether ``template`` has a ``{% generation %}`` block; ``ValueError`` if it is not Jinja."""
     jinja2 = _jinja()
     return any(node.name == "_record" for node in _parse(template).find_all(jinja2.nodes.ExtensionAttribute))
 
 
 def _parse(template: str) -> Any:
-    """The Jinja syntax tree of ``template``; ``ValueError`` when it is not valid Jinja."""
     return _valid_jinja(lambda: _environment().parse(template))
 
 
 def _valid_jinja(build: Any) -> Any:
     """``build()``, a Jinja syntax error raised as ``ValueError``."""
-    jinja2 = _jinja()
     try:
         return build()
-    except jinja2.TemplateSyntaxError as exc:
+    except _jinja().TemplateSyntaxError as exc:
         raise ValueError(f"the chat template is not valid Jinja: {exc} (line {exc.lineno})") from exc
-
-
-# -- rendering ------------------------------------------------------------------------------------------
 
 
 def _jinja():
@@ -236,7 +218,7 @@ def _jinja():
 
 @dataclasses.dataclass(slots=True)
 class _Recorder:
-    """Collects, during one render, the output length so far and each generation block's text."""
+    """One render's output length so far and each generation block's start and text."""
 
     length: int = 0
     blocks: list[tuple[int, str]] = dataclasses.field(default_factory=list)
@@ -255,12 +237,8 @@ def _new_environment() -> Any:
     jinja2 = _jinja()
 
     class GenerationExtension(jinja2.ext.Extension):
-        """``{% generation %}...{% endgeneration %}``: renders its body and records where it went.
-
-        The block's start is the length of the output yielded so far, which is exact when the
-        block is rendered straight into the template's output (not inside a macro, a
-        ``{% set %}`` block or a ``{% filter %}`` block); :func:`render_chat` checks it.
-        """
+        """``{% generation %}``: renders its body and records its start, the output length so far
+        (exact unless buffered by a macro, ``set`` or ``filter`` block; :func:`_render` checks)."""
 
         tags = {"generation"}
 
@@ -284,8 +262,7 @@ def _new_environment() -> Any:
         # As transformers: no HTML escaping, keyword options exposed.
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    # No strftime_now: a date in the data would make it depend on the day it was built; templates
-    # that test `strftime_now is defined` fall back to their fixed date.
+    # No strftime_now: the data must not depend on the day it was built.
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[GenerationExtension, jinja2.ext.loopcontrols]
     )
@@ -300,30 +277,15 @@ def _compiled(template: str) -> Any:
 
 
 def render_chat(
-    template: str,
-    messages: Sequence[Mapping[str, Any]],
-    *,
-    add_generation_prompt: bool = False,
-    tools: Any = None,
-    bos_token: str = "",
-    eos_token: str = "",
-    **kwargs: Any,
+    template: str, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = False,
+    tools: Any = None, bos_token: str = "", eos_token: str = "", **kwargs: Any,
 ) -> tuple[str, list[tuple[int, int]]]:
-    """Render a conversation and report the character spans of its ``{% generation %}`` blocks.
-
-    Args:
-        template: a built-in name or Jinja chat template text (Hugging Face form).
-        add_generation_prompt: append the assistant header for the next turn.
-        tools, bos_token, eos_token, **kwargs: template variables (the tool schemas, the strings
-            the template sees as ``bos_token`` and ``eos_token``, and any others).
-
-    Returns:
-        The text and the ``[start, end)`` character span of each generation block, in order.
+    """Render a conversation (``template``: a built-in name or Jinja text; the other arguments are
+    template variables) and give the text and the ``[start, end)`` span of each generation block.
 
     Raises:
-        ValueError: the template is not valid Jinja, or a generation block's recorded span does
-            not hold its text (the block sits inside a macro, a ``{% set %}`` or a ``{% filter %}``
-            block, whose output is buffered).
+        ValueError: the template is not valid Jinja, or a generation block sits inside a macro, a
+            ``{% set %}`` or a ``{% filter %}`` block (its span cannot be tracked).
         jinja2.TemplateError: the template raised (``raise_exception``) or failed.
 
     Examples:
@@ -345,9 +307,8 @@ def _render(template: str, variables: dict[str, Any], *, track: bool) -> tuple[s
     if not track:
         return compiled.render(variables), []
     recorder = _Recorder()
-    variables = {**variables, _RECORDER: recorder}
     parts = []
-    for piece in compiled.generate(variables):
+    for piece in compiled.generate({**variables, _RECORDER: recorder}):
         parts.append(piece)
         recorder.length += len(piece)
     text = "".join(parts)
@@ -363,9 +324,6 @@ def _render(template: str, variables: dict[str, Any], *, track: bool) -> tuple[s
             )
         spans.append((start, end))
     return text, spans
-
-
-# -- the chat template of a tokenizer -------------------------------------------------------------------
 
 
 def _folder_template(folder: Path) -> tuple[str | None, str]:
@@ -425,12 +383,8 @@ def _usage() -> str:
 
 
 def shipped_template(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, BaseException | None]:
-    """The chat template shipped with a tokenizer; else ``None`` and the error that asking for it raises.
-
-    The error is returned, not raised: an operator looks the template up once, when it is built,
-    and raises it only where ``chat_template=None`` needs the template (then or under
-    ``attrs.evolve``). It carries no traceback, so holding it keeps no frames alive.
-    """
+    """The chat template shipped with a tokenizer, else ``None`` and the error (without traceback)
+    to raise where ``chat_template=None`` needs it: an operator looks it up once, when built."""
     try:
         text, looked = _tokenizer_template(tokenizer, tokenizer_id)
     except Exception as exc:  # an unreadable config; raised when the template is asked for
@@ -476,9 +430,6 @@ def _resolve_template(chat_template: Any, tokenizer: Any, tokenizer_id: Any) -> 
     )
 
 
-# -- spans and markers -------------------------------------------------------------------------------------
-
-
 def spans_to_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
     """uint8 mask, one entry per token, of the tokens whose character range (``offsets``: ``[n, 2]``)
     overlaps one of the ``[start, end)`` character ``spans``."""
@@ -491,21 +442,14 @@ def spans_to_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.n
     return mask
 
 
-#: Literal text taken for a special-token marker: ``<|...|>`` (and the full-width ``<｜...｜>`` of
-#: DeepSeek), ``<s>`` and ``</s>``. Bracket forms such as ``[INST]`` are left out: some tokenizers
-#: rightly encode them as plain text (Mistral's first tokenizer does).
+#: Special-token markers: ``<|...|>``, DeepSeek's ``<｜...｜>``, ``<s>``, ``</s>`` (not ``[INST]``,
+#: which some tokenizers rightly encode as plain text).
 _MARKER = re.compile(r"<\|[^|<>\s]{1,64}\|>|<｜[^｜<>\s]{1,64}｜>|</?s>")
 
 
 def template_markers(template: str) -> tuple[str, ...]:
-    """The special-token markers ``template`` writes literally, in order of first appearance.
-
-    Markers are looked for in the template's text and string constants (comments do not count).
-    Tokens a template receives as variables (``bos_token``, ``eos_token``) are the tokenizer's own
-    and are not listed.
-
-    Raises:
-        ValueError: ``template`` is not valid Jinja.
+    """The special-token markers ``template`` writes in its text and string constants, in order of
+    first appearance (not ``bos_token`` and the like); ``ValueError`` if it is not Jinja.
 
     Examples:
         >>> template_markers(CHATML_TEMPLATE)
@@ -534,30 +478,18 @@ def _unsplit_markers(markers: Sequence[str], tokenizer: Any) -> dict[str, int]:
 
 
 def check_markers(template: str, tokenizer: Any, name: str, *, op: str = "tokenize_chat") -> None:
-    """Check that every special marker of ``template`` is one token of ``tokenizer``.
-
-    A marker the tokenizer lacks (``<|im_start|>`` with the GPT-2 tokenizer, 7 ordinary tokens)
-    would render and tokenize without error, and the data would teach a turn format the model
-    never sees at inference; so it is an error when the operator is built.
-
-    Args:
-        tokenizer: the ``tokenizers.Tokenizer`` that encodes the rendered text.
-        name, op: where the tokenizer came from and the operator, for the message.
-
-    Raises:
-        ValueError: names the markers that are not single tokens and how to fix it.
-    """
+    """Raise ``ValueError`` unless every special marker of ``template`` is one token of
+    ``tokenizer`` (a ``tokenizers.Tokenizer``; ``name`` and ``op`` are for the message): a split
+    marker would teach a turn format the model never sees at inference."""
     bad = _unsplit_markers(template_markers(template), tokenizer)
     if not bad:
         return
     listed = ", ".join(f"{m!r} ({n} ids)" if n != 1 else f"{m!r} (an unrelated id)" for m, n in bad.items())
     known = [m for m in bad if tokenizer.token_to_id(m) is not None]
-    why = ""
-    if known and getattr(tokenizer, "encode_special_tokens", False):
-        why = (
-            f"; its vocabulary has {', '.join(map(repr, known))}, but it encodes special tokens written in text as "
-            "plain text (encode_special_tokens=True): turn that off"
-        )
+    why = (
+        f"; its vocabulary has {', '.join(map(repr, known))}, but it encodes special tokens written in text as "
+        "plain text (encode_special_tokens=True): turn that off"
+    ) if known and getattr(tokenizer, "encode_special_tokens", False) else ""
     fits = [f"chat_template={key!r}" for key, text in BUILTIN_TEMPLATES.items()
             if text != template and not _unsplit_markers(template_markers(text), tokenizer)]
     pick = f" ({' or '.join(fits)} does)" if fits else ""

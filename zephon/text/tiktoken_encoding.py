@@ -1,9 +1,7 @@
-"""The tiktoken fast path: an exact ``tiktoken.Encoding`` for GPT-2 style byte-level BPE tokenizers.
+"""The tiktoken fast path: an exact ``tiktoken.Encoding`` for GPT-2 style byte-level BPE.
 
-:func:`_tiktoken_plan` checks a ``tokenizer.json`` spec and turns it into tiktoken's inputs;
-:func:`_build_tiktoken` builds the encoding; :func:`_verify_tiktoken` proves it gives the
-``tokenizers`` ids on :func:`_verification_texts` and on every vocabulary entry. Choosing the
-backend stays in :mod:`zephon.text.tokenizer`, which imports this module (never the reverse).
+:func:`_tiktoken_plan` checks a spec and makes tiktoken's inputs, :func:`_verify_tiktoken` proves
+the encoding gives the ``tokenizers`` ids; :mod:`zephon.text.tokenizer` chooses the backend.
 """
 
 from __future__ import annotations
@@ -45,23 +43,14 @@ def _tiktoken_usable() -> bool:
 def _byte_decoder() -> dict[str, int]:
     """The inverse of GPT-2's bytes-to-unicode table (each byte is shown as one printable char)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = printable[:]
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
+    others = [b for b in range(256) if b not in printable]  # shown as chr(256), chr(257), ...
+    chars = printable + list(range(256, 256 + len(others)))
+    return {chr(c): b for b, c in zip(printable + others, chars)}
 
 
 def _tiktoken_plan(spec: dict) -> tuple[dict | None, str]:
-    """Check that a tokenizer is GPT-2 style byte-level BPE and build tiktoken's inputs.
-
-    Returns ``(plan, "")`` or ``(None, reason)``. The checks make tiktoken's algorithm (merge the
-    adjacent pair whose concatenation has the lowest id; a piece that is a whole token is kept)
-    coincide with ``tokenizers``' BPE (merge the pair with the lowest merge rank).
-    """
+    """``(tiktoken's inputs, "")`` for a GPT-2 style byte-level BPE, else ``(None, reason)``: the
+    checks make tiktoken's merges (lowest id first) coincide with ``tokenizers``' (lowest rank)."""
     if spec.get("normalizer") is not None:
         return None, f"it has a normalizer ({spec['normalizer'].get('type')})"
     pre = spec.get("pre_tokenizer") or {}
@@ -178,8 +167,7 @@ def _verification_texts() -> list[str]:
 def _verify_tiktoken(tok: Any, encoding: Any, plan: dict, encode_special_tokens: bool) -> str:
     """``""`` when tiktoken reproduced ``tokenizers`` on the sample and every vocabulary entry."""
     texts = _verification_texts()
-    # One by one: a batch call would start tokenizers' thread pool in this (often the parent)
-    # process, and tokenizers then disables its parallelism in every forked child.
+    # One by one: a batch call would start the thread pool, disabling it in forked children.
     expected = [tok.encode(t, add_special_tokens=False).ids for t in texts]
     allowed = frozenset() if encode_special_tokens else encoding.special_tokens_set
     for text, ids in zip(texts, expected):

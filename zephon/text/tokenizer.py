@@ -1,18 +1,15 @@
-"""Resolving, wrapping and pickling tokenizers.
+"""Resolving tokenizers into :class:`TokenizerHandle`, a frozen value that encodes text batches.
 
-:func:`load_tokenizer` turns a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a
-``tokenizer.json`` (or its folder) or a Hugging Face model id into a :class:`TokenizerHandle`, a
-frozen value that encodes batches of text to ``int32`` arrays. The tiktoken backend is used only
-after it reproduced the ``tokenizers`` ids on a built-in sample and on every vocabulary entry
-(:mod:`zephon.text.tiktoken_encoding`); ``backend="auto"`` otherwise uses ``tokenizers`` and logs
-why on the ``"zephon"`` logger, an explicit ``backend="tiktoken"`` raises.
+The tiktoken backend is used only once proven to give the ``tokenizers`` ids
+(:mod:`zephon.text.tiktoken_encoding`); else ``backend="auto"`` logs why and uses ``tokenizers``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
-import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,14 +22,13 @@ from . import bpe_files as _bpe_files
 from . import hub as _hub
 from . import tokenizer_cache as _tokcache
 from ..core.cache import ProcessCache
+from ..core.log import logger
 from .encoder_threads import EXTRA_ENCODER_THREADS as EXTRA_ENCODER_THREADS
 from .encoder_threads import _cpu_count, _encode_longest_first, _encoder_threads, _size_rayon_pool  # noqa: F401
 from .tiktoken_encoding import _build_tiktoken, _tiktoken_available, _tiktoken_plan, _tiktoken_usable, _verify_tiktoken
 from .tiktoken_encoding import _byte_decoder as _byte_decoder  # noqa: F401  (benchmarks import it from here)
 
 __all__ = ["BACKENDS", "TokenizerHandle", "TokenizerLoadError", "load_tokenizer"]
-
-logger = logging.getLogger("zephon")
 
 #: Encoding backends a handle can be asked for.
 BACKENDS = ("auto", "tokenizers", "tiktoken")
@@ -43,8 +39,7 @@ _LOCAL_ADVICE = (
     "or a tokenizers.Tokenizer object: tokenize(tokenizer=Tokenizer.from_file(...))"
 )
 
-# Well-known special tokens, tried in order when no tokenizer_config.json names them. GPT-2's
-# <|endoftext|> is a document separator, so it counts as EOS only (GPT-2 has no BOS of its own).
+# Special tokens tried in order when no config names them; GPT-2's <|endoftext|> is EOS only.
 _BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "[BOS]", "<BOS>", "<|startoftext|>", "[CLS]")
 _EOS_CANDIDATES = ("<|end_of_text|>", "</s>", "<eos>", "[EOS]", "<EOS>", "<|endoftext|>", "[SEP]")
 _PAD_CANDIDATES = ("<pad>", "[PAD]", "<|pad|>", "<PAD>", "<|padding|>")
@@ -57,18 +52,12 @@ class TokenizerLoadError(ValueError):
 
 @attrs.frozen(eq=False, repr=False)
 class TokenizerHandle:
-    """A resolved tokenizer: its content, its special ids and a fast batch encoder.
+    """A resolved tokenizer (:func:`load_tokenizer`): its content, special ids and a batch encoder.
 
-    Build one with :func:`load_tokenizer`. It pickles as the canonical JSON plus the ids; the live
-    tokenizer is rebuilt lazily once per process, so unpickling many handles loads it once.
-
-    Attributes:
-        tokenizer_json: the canonical ``tokenizer.json`` text (sorted keys, no truncation or padding).
-        bos_token_id, eos_token_id, pad_token_id: the special ids, each ``None`` when absent.
-        backend: the encoder in use, ``"tokenizers"`` or ``"tiktoken"`` (only when verified exact).
-        encode_special_tokens: whether special tokens written in the text are encoded as plain
-            text (``False`` by default, so a literal ``<|endoftext|>`` becomes the special id).
-        source: where the tokenizer came from (for messages only; not part of the identity).
+    It pickles as the canonical JSON (sorted keys, no truncation or padding) and the ids; the live
+    tokenizer is built once per process, on first use. ``backend``: ``"tokenizers"`` or
+    ``"tiktoken"`` (only when proven exact). ``encode_special_tokens``: special tokens written in
+    the text are plain text. ``source`` is for messages only, not part of the identity.
 
     Examples:
         >>> from tokenizers import Tokenizer, models, pre_tokenizers
@@ -97,8 +86,7 @@ class TokenizerHandle:
     def __attrs_post_init__(self) -> None:
         if self.backend not in ("tokenizers", "tiktoken"):
             raise ValueError(f"TokenizerHandle: backend must be 'tokenizers' or 'tiktoken', got {self.backend!r}")
-        # _content names what encodes text (shared by handles that differ only in special ids);
-        # _digest adds the ids, which decide the bracketing.
+        # _content names what encodes text; _digest adds the special ids.
         json_digest = hashlib.sha256(self.tokenizer_json.encode("utf-8")).hexdigest()
         content = json_digest + ("+encode_special_tokens" if self.encode_special_tokens else "")
         ids = json.dumps([self.bos_token_id, self.eos_token_id, self.pad_token_id])
@@ -144,8 +132,7 @@ class TokenizerHandle:
     def _build_tokenizer(self) -> Any:
         from tokenizers import Tokenizer
 
-        # From the cached model files where they were proven (a quicker build of a large BPE);
-        # the first build from the JSON proves them.
+        # From proven cached model files (quicker for a large BPE); the first build proves them.
         tok = _bpe_files.build(self._json_digest)
         if tok is None:
             tok = Tokenizer.from_str(self.tokenizer_json)
@@ -166,7 +153,7 @@ class TokenizerHandle:
         return _build_tiktoken(plan, self._content)
 
     def load_encoder(self) -> TokenizerHandle:
-        """Build this process's live encoder now, not in the first encode (a starting lane does); returns self."""
+        """Build this process's live encoder now, not in the first encode; returns self."""
         self._encoding() if self.backend == "tiktoken" and _tiktoken_usable() else self.tokenizer
         return self
 
@@ -174,20 +161,15 @@ class TokenizerHandle:
         """This handle with the encoder chosen again for ``backend`` (``auto``, ``tokenizers``, ``tiktoken``)."""
         effective = _choose_backend(self, backend)
         if effective == "tokenizers":
-            # Once per machine, where the tokenizer is loaded, not in each worker or restore.
             _bpe_files.prepare(self.tokenizer_json, self._json_digest)
         return self if effective == self.backend else attrs.evolve(self, backend=effective)
 
     def encode_batch(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[np.ndarray]:
-        """Encode texts to one writable ``int32`` id array each, in one native call, adding no special tokens.
+        """Encode texts to one writable ``int32`` id array each, adding no special tokens.
 
-        Args:
-            num_threads: encoder threads (``None``: one per CPU): the tiktoken backend's pool, or
-                ``tokenizers``' Rayon pool, which exists once per process and takes the size given
-                before its first use; a later, different size is logged once as a warning.
-
-        Raises:
-            ValueError: a text cannot be encoded as UTF-8 (it holds an unpaired surrogate).
+        ``num_threads`` (``None``: one per CPU) sizes tiktoken's pool, or ``tokenizers``' Rayon
+        pool, which takes the size given before its first use in the process (a later one warns).
+        Raises ``ValueError`` for a text that is not UTF-8 (an unpaired surrogate).
         """
         return self.encode_bracketed(texts, num_threads=num_threads)
 
@@ -195,9 +177,8 @@ class TokenizerHandle:
         self, texts: Sequence[str], *, bos: int | None = None, eos: int | None = None, keep: int | None = None,
         num_threads: int | None = None,
     ) -> list[np.ndarray]:
-        """Like :meth:`encode_batch`, each text's ids cut to their first ``keep`` and put between
-        ``bos`` and ``eos`` (each only when not ``None``), in one new array per text (``tokenize``
-        brackets every document this way, so the ids are copied into an array once)."""
+        """:meth:`encode_batch`, each text's ids cut to their first ``keep`` and put between ``bos``
+        and ``eos`` (each when not ``None``), copied into their array once."""
         if not texts:
             return []
         try:
@@ -214,8 +195,7 @@ class TokenizerHandle:
         tok = self.tokenizer
         texts = texts if isinstance(texts, list) else list(texts)
         _size_rayon_pool(_LIVE, num_threads)
-        # encode_batch_fast skips the offsets (same ids, less work). Encoding.ids builds a Python
-        # list; it is cut and bracketed as a list, then np.fromiter reads it once into its array.
+        # encode_batch_fast skips the offsets; the ids list is cut and bracketed, then read once.
         encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
         encodings = encode(texts, add_special_tokens=False)
         out = []
@@ -237,11 +217,10 @@ class TokenizerHandle:
         allowed = frozenset() if self.encode_special_tokens else enc.special_tokens_set
         start = 0 if bos is None else 1
         extra = start + (eos is not None)
-        if hasattr(enc, "encode_to_numpy"):
-
-            def ids_of(text: str) -> np.ndarray:  # uint32, read-only: a view of tiktoken's buffer
-                return enc.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
-
+        if hasattr(enc, "encode_to_numpy"):  # uint32, read-only: a view of tiktoken's buffer
+            ids_of = functools.partial(
+                enc.encode_to_numpy, allowed_special=allowed, disallowed_special=()
+            )
         else:  # tiktoken < 0.8
 
             def ids_of(text: str) -> np.ndarray:
@@ -278,10 +257,9 @@ def _raise_unencodable(texts: Sequence[str], exc: BaseException) -> None:
             ) from exc
 
 
-# Live tokenizers, tiktoken encodings and thread pools, rebuilt in each process (pool threads do not survive fork).
+# Live tokenizers, tiktoken encodings and thread pools of this process.
 _LIVE = ProcessCache()
-# Whether the tiktoken path proved exact, by tokenizer content. Kept in forked children: the
-# verdict depends only on the content, and proving it again takes seconds for large vocabularies.
+# Why the tiktoken path is not exact ("" when it is), by content; kept in forked children.
 _VERIFIED = ProcessCache(clear_after_fork=False)
 
 
@@ -292,33 +270,15 @@ def _thread_pool(threads: int) -> ThreadPoolExecutor:
 def load_tokenizer(tokenizer: Any = None, tokenizer_id: str | None = None, *, backend: str = "auto") -> TokenizerHandle:
     """Resolve a tokenizer into a :class:`TokenizerHandle`.
 
-    Special ids come from ``tokenizer_config.json`` / ``special_tokens_map.json`` (the latter wins,
-    as in transformers; ``null`` means "none"), from a transformers tokenizer's ``*_token_id``
-    attributes, else from well-known special tokens of the vocabulary (``<s>``/``</s>``,
-    ``<|begin_of_text|>``/``<|end_of_text|>``, ``[CLS]``/``[SEP]``, ``<pad>``...). A bare GPT-2
-    ``tokenizer.json`` resolves ``<|endoftext|>`` as EOS only; GPT-2's ``tokenizer_config.json``
-    also names it BOS, and wins when present.
+    Special ids come from ``tokenizer_config.json`` / ``special_tokens_map.json`` (the latter wins;
+    ``null`` means none), a transformers tokenizer's ``*_token_id``, else well-known special tokens
+    of the vocabulary (``<s>``, ``<|end_of_text|>``, ``[SEP]``, ``<pad>``...).
 
-    Args:
-        tokenizer: a ``tokenizers.Tokenizer``; an object exposing one as ``backend_tokenizer``
-            (a transformers fast tokenizer); a path to a ``tokenizer.json`` file or to a folder
-            holding one; or a :class:`TokenizerHandle`.
-        tokenizer_id: a local path or a Hugging Face model id (``"gpt2"``, ``"org/name"``), looked
-            up in the local hub cache (``$HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``)
-            and else downloaded when ``huggingface_hub`` is installed and not offline
-            (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``), after a connection probe of about a second
-            (:mod:`zephon.text.hub`).
-        backend: ``"tokenizers"``; ``"tiktoken"`` (when verified exact for this tokenizer, else an
-            error: an explicit request is never replaced); or ``"auto"`` (tiktoken when installed
-            and exact, else ``tokenizers``, logged at INFO). The handle's ``backend`` says which.
-
-    Raises:
-        TokenizerLoadError: nothing or both of ``tokenizer``/``tokenizer_id`` given, a path with no
-            ``tokenizer.json``, an unreadable file, a model id neither cached nor downloadable, or
-            ``backend="tiktoken"`` for a tokenizer tiktoken cannot encode exactly.
-        TypeError: ``tokenizer`` is of an unsupported type.
-        ValueError: ``backend`` is not one of ``"auto"``, ``"tokenizers"``, ``"tiktoken"``.
-        ImportError: ``backend="tiktoken"`` without tiktoken installed (``pip install 'zephon-lanes[fast]'``).
+    ``tokenizer``: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to a
+    ``tokenizer.json`` or its folder, or a handle; ``tokenizer_id``: a local path or a Hugging Face
+    id (:mod:`zephon.text.hub`); ``backend``: ``"tokenizers"``, ``"tiktoken"`` (when proven exact,
+    else an error) or ``"auto"``. Raises :class:`TokenizerLoadError` when none can be loaded,
+    ``TypeError``, ``ValueError`` (an unknown backend), ``ImportError`` (tiktoken missing).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
@@ -333,15 +293,16 @@ def load_tokenizer(tokenizer: Any = None, tokenizer_id: str | None = None, *, ba
             f"tokenizer_id={tokenizer_id!r})"
         )
     if isinstance(tokenizer, TokenizerHandle):
-        return tokenizer.with_backend(backend)
-    if tokenizer is not None:
+        handle = tokenizer
+    elif tokenizer is not None:
         handle = _from_object(tokenizer)
-    else:
-        if not isinstance(tokenizer_id, (str, os.PathLike)):
-            raise TypeError(
-                f"tokenizer_id must be a str (a local path or a Hugging Face id), got {type(tokenizer_id).__name__}"
-            )
+    elif isinstance(tokenizer_id, (str, os.PathLike)):
         handle = _from_id(os.fspath(tokenizer_id))
+    else:
+        raise TypeError(
+            "tokenizer_id must be a str (a local path or a Hugging Face id), "
+            f"got {type(tokenizer_id).__name__}"
+        )
     return handle.with_backend(backend)
 
 
@@ -382,12 +343,10 @@ def _from_path(path: Path) -> TokenizerHandle:
     if not file.is_file():
         present = sorted(p.name for p in folder.iterdir())[:12]
         slow = [n for n in present if n in ("vocab.json", "merges.txt", "tokenizer.model", "vocab.txt", "spiece.model")]
-        hint = ""
-        if slow:
-            hint = (
-                f"; it holds {slow}, the files of a slow tokenizer: save a fast one first, e.g. "
-                "AutoTokenizer.from_pretrained(folder).save_pretrained(folder) with transformers"
-            )
+        hint = (
+            f"; it holds {slow}, the files of a slow tokenizer: save a fast one first, e.g. "
+            "AutoTokenizer.from_pretrained(folder).save_pretrained(folder) with transformers"
+        ) if slow else ""
         raise TokenizerLoadError(f"no tokenizer.json in {str(folder)!r} (it holds {present}){hint}")
     key = _file_key(file)
     cached = _cached_file_handle(file, key, path.is_dir()) if key else None
@@ -401,7 +360,7 @@ def _from_path(path: Path) -> TokenizerHandle:
             "pass the tokenizer.json written by tokenizers/transformers, or the folder holding it"
         ) from exc
     # A file stands alone: sibling config files are read only when the folder is passed.
-    ids = _config_ids(tok, _read_special_config(folder), folder) if path.is_dir() else {}
+    ids = _config_ids(tok, folder) if path.is_dir() else {}
     handle = _make_handle(tok, ids, str(folder if path.is_dir() else file), owned=True)
     if key:
         entry = {"json": handle.tokenizer_json, "content": handle._content, "ids": _guess_ids(tok)}
@@ -420,8 +379,7 @@ def _file_key(file: Path) -> str | None:
 
 
 def _cached_file_handle(file: Path, key: str, folder_given: bool) -> TokenizerHandle | None:
-    """The handle of ``file`` from its cache entry (canonical JSON and guessed ids), or ``None``; a
-    folder's config files are read every time (they are small, and not part of the key)."""
+    """The handle of ``file`` from its cache entry, or ``None``; a folder's configs are reread."""
     entry = _tokcache.load_entry("file", key)
     if entry is None:
         return None
@@ -436,12 +394,13 @@ def _cached_file_handle(file: Path, key: str, folder_given: bool) -> TokenizerHa
         return None
     if not folder_given:
         return handle
-    ids = _resolved(_config_ids(handle, _read_special_config(file.parent), file.parent), guessed)
+    ids = {**guessed, **_config_ids(handle, file.parent)}
     return attrs.evolve(handle, source=str(file.parent), **{f"{role}_token_id": v for role, v in ids.items()})
 
 
-def _read_special_config(folder: Path) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
+def _config_ids(tok: Any, folder: Path) -> dict[str, int | None]:
+    """The special ids named by the folder's config files (``null``: none; unknown tokens warn)."""
+    config: dict[str, Any] = {}
     for name in ("tokenizer_config.json", "special_tokens_map.json"):  # later files win
         p = folder / name
         if not p.is_file():
@@ -451,11 +410,7 @@ def _read_special_config(folder: Path) -> dict[str, Any]:
         except (OSError, ValueError) as exc:
             raise TokenizerLoadError(f"cannot read {str(p)!r}: {exc}; fix or remove it") from exc
         if isinstance(data, dict):
-            merged.update({role: data[f"{role}_token"] for role in _ROLES if f"{role}_token" in data})
-    return merged
-
-
-def _config_ids(tok: Any, config: dict[str, Any], folder: Path) -> dict[str, int | None]:
+            config.update((r, data[f"{r}_token"]) for r in _ROLES if f"{r}_token" in data)
     ids: dict[str, int | None] = {}
     for role, value in config.items():
         if isinstance(value, dict):
@@ -478,11 +433,6 @@ def _guess_ids(tok: Any) -> dict[str, int | None]:
     return {role: next((tok.token_to_id(c) for c in cs if c in specials), None) for role, cs in zip(_ROLES, candidates)}
 
 
-def _resolved(ids: dict[str, int | None], guessed: dict[str, int | None]) -> dict[str, int | None]:
-    """Each role's id: as given in ``ids`` (``None`` included), else as guessed."""
-    return {role: ids[role] if role in ids else guessed[role] for role in _ROLES}
-
-
 def _canonical_json(tok: Any) -> str:
     try:
         spec = json.loads(tok.to_str())
@@ -498,27 +448,15 @@ def _canonical_json(tok: Any) -> str:
 
 def _make_handle(tok: Any, ids: dict[str, int | None], source: str, *, owned: bool = False) -> TokenizerHandle:
     """The handle of ``tok``; ``owned`` when no one else holds ``tok``, so it may serve as the live copy."""
-    resolved = _resolved(ids, _guess_ids(tok))
+    resolved = {**_guess_ids(tok), **ids}  # given ids (None included) win
     special = bool(getattr(tok, "encode_special_tokens", False))
     handle = TokenizerHandle(_canonical_json(tok), *resolved.values(), "tokenizers", special, source)
     if owned:
-        # Saves rebuilding it from the JSON in this process; a caller's object is never reused,
-        # since the caller may still change it.
+        # The live copy of this process (never a caller's object, which the caller may change).
         tok.no_truncation()
         tok.no_padding()
         _LIVE.get(("tokenizer", handle._content), lambda: tok)
     return handle
-
-
-def _cached_snapshot(repo_id: str, cache: Path) -> Path | None:
-    found = _hub.snapshots(repo_id, cache)
-    if len(found) > 1:
-        raise TokenizerLoadError(
-            f"tokenizer_id={repo_id!r}: the hub cache holds {len(found)} snapshots with a tokenizer.json "
-            f"({[p.name for p in found]}) and no refs/main to choose one; pass the one you want as "
-            f'tokenizer="{found[-1]}"'
-        )
-    return found[0] if found else None
 
 
 def _from_id(tokenizer_id: str) -> TokenizerHandle:
@@ -528,9 +466,15 @@ def _from_id(tokenizer_id: str) -> TokenizerHandle:
     if tokenizer_id.startswith(("/", "./", "../", "~")) or tokenizer_id.endswith(".json"):
         raise TokenizerLoadError(f"tokenizer_id={tokenizer_id!r}: no such file or folder")
     cache = _hub.cache_dir()
-    snapshot = _cached_snapshot(tokenizer_id, cache)
-    if snapshot is not None:
-        return attrs.evolve(_from_path(snapshot), source=f"{tokenizer_id} (hub cache {snapshot})")
+    found = _hub.snapshots(tokenizer_id, cache)
+    if len(found) > 1:
+        raise TokenizerLoadError(
+            f"tokenizer_id={tokenizer_id!r}: the hub cache holds {len(found)} snapshots with a "
+            f"tokenizer.json ({[p.name for p in found]}) and no refs/main to choose one; "
+            f'pass the one you want as tokenizer="{found[-1]}"'
+        )
+    if found:
+        return attrs.evolve(_from_path(found[0]), source=f"{tokenizer_id} (hub cache {found[0]})")
     looked = cache / ("models--" + tokenizer_id.replace("/", "--")) / "snapshots" / "*" / "tokenizer.json"
     folder, reason = _hub.download(tokenizer_id, cache)
     if folder is not None:
@@ -543,8 +487,8 @@ def _from_id(tokenizer_id: str) -> TokenizerHandle:
 
 
 def _choose_backend(handle: TokenizerHandle, backend: str) -> str:
-    """The encoder ``handle`` uses for ``backend``: an explicit ``"tiktoken"`` is used or raises, never replaced;
-    ``"auto"`` takes tiktoken when it is installed and proven exact, else ``tokenizers`` (logged at INFO)."""
+    """The encoder ``handle`` uses for ``backend``: an explicit ``"tiktoken"`` is used or raises;
+    ``"auto"`` takes tiktoken when installed and proven exact, else ``tokenizers`` (logged)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
     if backend == "tokenizers":
@@ -570,18 +514,15 @@ def _choose_backend(handle: TokenizerHandle, backend: str) -> str:
 
 
 def _prove_tiktoken(handle: TokenizerHandle) -> str:
-    """``""`` when the tiktoken path is exact for ``handle`` (its encoding is then kept), else why not;
-    the outcome goes to the on-disk cache, so later processes skip the checks."""
+    """``""`` when the tiktoken path is exact for ``handle`` (keeping its encoding), else why not;
+    stored in the on-disk cache for later processes."""
     key = handle._content
     plan, reason = _tokcache.load_proof(key)
     if reason:
         return reason
     if plan is not None:
-        try:
+        with contextlib.suppress(Exception):  # an entry tiktoken no longer takes: prove again
             encoding = _build_tiktoken(plan, key)
-        except Exception:  # an entry tiktoken no longer accepts: prove again
-            plan = None
-        else:
             _LIVE.get(("tiktoken", key), lambda: encoding)
             return ""
     plan, reason = _tiktoken_plan(json.loads(handle.tokenizer_json))

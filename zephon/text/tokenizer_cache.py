@@ -1,26 +1,15 @@
-"""An on-disk cache of what loading a tokenizer computes: its canonical JSON, the tiktoken proof, fast-build files.
+"""An on-disk cache of what loading a tokenizer computes, in ``$ZEPHON_CACHE_DIR/tokenizers``.
 
-Results that are pure functions of their inputs, kept in ``$ZEPHON_CACHE_DIR`` (else
-``~/.cache/zephon``) under ``tokenizers/`` instead of being paid in every process that starts:
-
-- ``file-<sha256 of the file's bytes>.msgpack``: the canonical tokenizer JSON and the special ids
-  guessed from the vocabulary, for a ``tokenizer.json`` file loaded by path;
-- ``proof-<content digest>.msgpack``: whether tiktoken is exact for that content (or why not) and,
-  when it is, tiktoken's inputs (pattern, byte ranks, special tokens);
-- ``bpe-<sha256 of the canonical JSON>.msgpack`` and its ``.vocab.json`` and ``.merges.txt``: a
-  BPE model as files that build it faster, once proven (:mod:`zephon.text.bpe_files`).
-
-Keys name the content, never the path or the time. Every entry holds :func:`salt` (the versions
-of ``tokenizers`` and ``tiktoken``, :data:`FORMAT` and the check texts) and repeats its key; any
-mismatch makes it unused. Entries are written atomically (``os.replace``); one that does not
-decode is ignored and rewritten. ``ZEPHON_TOKENIZER_CACHE=0`` turns the cache off; an unwritable
-folder only means every process computes again.
+Entries (keyed by content, never path or time): ``file-<sha256 of a tokenizer.json>`` (canonical
+JSON, guessed special ids), ``proof-<content>`` (whether tiktoken is exact, and its inputs) and
+``bpe-<sha256 of the JSON>`` (:mod:`zephon.text.bpe_files`). Each holds its key and :func:`salt`;
+a mismatch, or one that does not decode, is unused. Written atomically; an unwritable folder only
+costs time; ``ZEPHON_TOKENIZER_CACHE=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 from typing import Any
 
@@ -28,10 +17,9 @@ import msgspec
 import numpy as np
 
 from ..core.atomic import replacing
+from ..core.log import logger
 
 __all__ = ["cache_enabled", "entry_path", "file_digest", "load_entry", "load_proof", "store_entry", "store_proof"]
-
-logger = logging.getLogger("zephon")
 
 #: Bump when the canonical form, the guessed ids or the tiktoken checks change.
 FORMAT = 2
