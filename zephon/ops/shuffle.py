@@ -51,18 +51,23 @@ def drain_positions(value: Any) -> tuple[int, ...]:
     return out
 
 
-def _draw(buffer: list[Record], key: int, draws: int) -> Record:
-    """Take the ``draws``-th draw of ``key`` out of ``buffer`` (swap-pop: the last record fills its place)."""
-    i = randbelow(key, draws, len(buffer))
-    rec = buffer[i]
-    buffer[i] = buffer[-1]
-    buffer.pop()
-    return rec
+def next_phase(drains: tuple[int, ...], samples: int, phase: int, rec: Record) -> tuple[bool, int, int]:
+    """Advance the lane clock past ``rec``: whether it opens a new phase, and the new
+    ``(samples, phase)``. A record's clock is the samples whose first token it holds."""
+    starts = sum(1 for seg in rec.meta.segments if seg.start == 0 and seg.child == 0)
+    if not starts:
+        return False, samples, phase
+    at = bisect.bisect_right(drains, samples)
+    return at != phase, samples + starts, at
 
 
-def sample_starts(rec: Record) -> int:
-    """The samples whose first token ``rec`` holds: its lane clock for ``drains``."""
-    return sum(1 for seg in rec.meta.segments if seg.start == 0 and seg.child == 0)
+def _draw(buffer: list[Record], key: int, draws: int, count: int, out: list[Record]) -> None:
+    """Move draws ``draws .. draws + count - 1`` of ``key`` from ``buffer`` to ``out`` (swap-pop)."""
+    for d in range(draws, draws + count):
+        i = randbelow(key, d, len(buffer))
+        out.append(buffer[i])
+        buffer[i] = buffer[-1]
+        buffer.pop()
 
 
 def _int(instance, attribute, value):
@@ -108,36 +113,26 @@ class Shuffle(Operator):
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings; ``drains`` only when there are some (a shuffle without a schedule keeps
-        the fingerprint it always had)."""
+        its fingerprint)."""
         out = super().fingerprint()
         if not self.drains:
             del out["drains"]
         return out
 
     def step(self, state: ShuffleState, chunk: Sequence[Record]) -> tuple[ShuffleState, list[Record]]:
-        buffer = list(state.buffer)
-        draws, emitted = state.draws, state.emitted
-        key, size, warmup = state.key, self.buffer_size, self.warmup
-        out: list[Record] = []
-        drains, samples, phase = self.drains, state.samples, state.phase
+        buffer, out = list(state.buffer), []  # every output is one draw: draws = state.draws + len(out)
+        key, size, warmup, drains = state.key, self.buffer_size, self.warmup, self.drains
+        samples, phase = state.samples, state.phase
         for rec in chunk:
             if drains:
-                starts = sample_starts(rec)
-                if starts:
-                    at = bisect.bisect_right(drains, samples)
-                    if at != phase:  # the first record of the next phase: empty the buffer first
-                        while buffer:
-                            out.append(_draw(buffer, key, draws))
-                            draws += 1
-                            emitted += 1
-                        phase = at
-                    samples += starts
+                switched, samples, phase = next_phase(drains, samples, phase, rec)
+                if switched:  # the first record of the next phase: empty the buffer first
+                    _draw(buffer, key, state.draws + len(out), len(buffer), out)
             buffer.append(rec)
-            if len(buffer) > min(size, warmup + emitted) or size == 1:
-                out.append(_draw(buffer, key, draws))
-                draws += 1
-                emitted += 1
-        return ShuffleState(key, tuple(buffer), draws, emitted, samples, phase), out
+            if size == 1 or len(buffer) > min(size, warmup + state.emitted + len(out)):
+                _draw(buffer, key, state.draws + len(out), 1, out)
+        n = len(out)
+        return ShuffleState(key, tuple(buffer), state.draws + n, state.emitted + n, samples, phase), out
 
     def flush(self, state: ShuffleState) -> tuple[ShuffleState, list[Record]]:
         """The next ``FLUSH_PIECE`` records in draw order; the rest stays buffered for the next call.
@@ -146,13 +141,11 @@ class Shuffle(Operator):
         piece for its next output, not its whole buffer. Pieces concatenate to the whole flush,
         so the stream is the same; a checkpoint taken between pieces holds the rest.
         """
-        buffer = list(state.buffer)
-        draws = state.draws
-        out: list[Record] = []
-        while buffer and len(out) < FLUSH_PIECE:
-            out.append(_draw(buffer, state.key, draws))
-            draws += 1
-        return msgspec.structs.replace(state, buffer=tuple(buffer), draws=draws, emitted=state.emitted + len(out)), out
+        buffer, out = list(state.buffer), []
+        _draw(buffer, state.key, state.draws, min(FLUSH_PIECE, len(buffer)), out)
+        n = len(out)
+        changes = {"buffer": tuple(buffer), "draws": state.draws + n, "emitted": state.emitted + n}
+        return msgspec.structs.replace(state, **changes), out
 
     def report(self, state: ShuffleState) -> dict[str, int]:
         return {"buffered": len(state.buffer), "emitted": state.emitted}
