@@ -1,10 +1,7 @@
-"""The ``tokenize`` operator: text field to ``input_ids``, with zephon's own BOS/EOS bracketing.
-
-It also holds what the tokenizing operators (``Tokenize``, ``TokenizeChat``,
-``TokenizePromptCompletion``) share about construction: the tokenizer given is resolved into a
-:class:`~zephon.text.tokenizer.TokenizerHandle` *before* the attrs initializer stores the fields,
-and an :class:`Origin` records what it stands for, so that ``attrs.evolve(op, **changes)`` gives
-what the constructor gives for the operator's arguments changed by ``changes``.
+"""The ``tokenize`` operator (text to ``input_ids``, with zephon's own BOS/EOS bracketing), and
+the construction the tokenizing operators share: the tokenizer is resolved into a
+:class:`~zephon.text.tokenizer.TokenizerHandle` before the fields are stored, and an
+:class:`Origin` records what it stands for, so ``attrs.evolve`` equals construction.
 """
 
 from __future__ import annotations
@@ -62,21 +59,16 @@ def shown_keys(payload: Mapping) -> str:
 class Origin:
     """What a tokenizing operator was built from, where its fields alone do not say it.
 
-    ``attrs.evolve`` passes the fields (the resolved tokenizer, and for ``TokenizeChat`` the
-    template text) back together with this record, which tells the constructor which arguments
-    they stand for. Never compared, hashed or fingerprinted; needs no files, so an operator evolves
-    the same way after pickling.
+    ``attrs.evolve`` passes it back with the fields, telling the constructor which arguments they
+    stand for. Never compared, hashed or fingerprinted; needs no files (it survives pickling).
 
     Attributes:
-        handle: the handle held in ``tokenizer``, recognised by identity: any other tokenizer
-            passed in is a change.
-        tokenizer_id: the ``tokenizer_id`` given, ``None`` when it was ``tokenizer=``. The pair
-            stays exclusive under ``attrs.evolve``: changing ``tokenizer`` of an operator built
-            from an id also needs ``tokenizer_id=None``.
-        template: ``TokenizeChat``: the text held in ``chat_template``, recognised by identity too
-            (``attrs.evolve(op, tokenizer=t, chat_template=text)`` keeps an equal ``text``).
-        from_tokenizer: ``TokenizeChat``: the template is the one shipped with the tokenizer
-            (``chat_template=None``), so it follows the tokenizer when that changes.
+        handle: the handle held in ``tokenizer``, recognised by identity (any other is a change).
+        tokenizer_id: the ``tokenizer_id`` given, ``None`` for ``tokenizer=``; changing
+            ``tokenizer`` of an operator built from an id also needs ``tokenizer_id=None``.
+        template: ``TokenizeChat``: the text held in ``chat_template``, recognised by identity.
+        from_tokenizer: ``TokenizeChat``: the template shipped with the tokenizer is in use, so
+            it follows the tokenizer when that changes.
         shipped: ``TokenizeChat``: the template shipped with the tokenizer, or ``None``.
         missing: ``TokenizeChat``: what ``chat_template=None`` raises when none ships.
     """
@@ -95,9 +87,9 @@ def origin_field() -> Any:
 
 
 def given_settings(cls: type, options: dict[str, Any], *, skip: tuple[str, ...] = ("tokenizer",)) -> SimpleNamespace:
-    """The settings ``cls.__attrs_init__`` will store for ``options`` (defaults filled in, converters
-    applied), for the checks that must fail before the tokenizer is loaded. An unknown keyword
-    raises ``TypeError`` first, as a generated ``__init__`` would."""
+    """The settings ``cls.__attrs_init__`` will store for ``options`` (defaults and converters
+    applied), for the checks that run before the tokenizer loads; an unknown keyword raises
+    ``TypeError`` as a generated ``__init__`` would."""
     fields = {f.alias: f for f in attrs.fields(cls) if f.init and f.name not in skip}
     for name in options:
         if name not in fields:
@@ -110,10 +102,9 @@ def given_settings(cls: type, options: dict[str, Any], *, skip: tuple[str, ...] 
 
 
 def given_tokenizer(tokenizer: Any, tokenizer_id: Any, origin: Origin | None) -> tuple[Any, Any, bool]:
-    """The ``tokenizer=`` and ``tokenizer_id=`` a construction stands for, and whether they are unchanged
-    (then the origin's handle is reused, without loading anything). ``attrs.evolve`` passes the
-    operator's own handle (recognised through ``origin``), which stands for what the operator was
-    given, and ``tokenizer_id`` only when it is among the changes."""
+    """The ``tokenizer=`` and ``tokenizer_id=`` a construction stands for, and whether they are
+    unchanged (then the origin's handle is reused). ``attrs.evolve`` passes the operator's own
+    handle, and ``tokenizer_id`` only when it is among the changes."""
     if origin is not None and tokenizer is origin.handle:
         if tokenizer_id is UNSET:
             tokenizer_id = origin.tokenizer_id
@@ -177,18 +168,14 @@ class TokenizerOp(StatelessOp):
 class Tokenize(TokenizerOp):
     """Tokenize a text field into ``{"input_ids": int32 array}``.
 
-    The tokenizer is resolved when the operator is built (:func:`~zephon.text.tokenizer.load_tokenizer`),
-    so a missing file, BOS/EOS id or a bad option fails when the pipeline is assembled. Each
-    ``step`` encodes the chunk in one native batch call; zephon brackets each document itself
-    according to ``special_tokens`` (the tokenizer's own template never adds special tokens).
+    The tokenizer is resolved when the operator is built, so a missing file, BOS/EOS id or bad
+    option fails when the pipeline is assembled. Each ``step`` encodes the chunk in one native
+    batch call; zephon brackets each document per ``special_tokens`` (never the tokenizer's template).
 
-    State: none; it restores and reshards trivially. A record's output depends only on its payload,
-    the tokenizer's content (:meth:`TokenizerHandle.fingerprint`) and the data options.
-
-    ``tokenizer`` holds the resolved :class:`~zephon.text.tokenizer.TokenizerHandle` and
-    ``tokenizer_id`` reads ``None``; numpy integers given for ids and lengths are stored as ``int``.
-    ``attrs.evolve(op, **changes)`` equals the constructor called with the operator's arguments
-    changed by ``changes``, reusing the loaded tokenizer unless ``tokenizer``/``tokenizer_id`` change.
+    State: none. A record's output depends only on its payload, the tokenizer's content
+    (:meth:`TokenizerHandle.fingerprint`) and the data options. ``tokenizer`` holds the resolved
+    :class:`~zephon.text.tokenizer.TokenizerHandle` (``tokenizer_id`` reads ``None``), numpy ints are
+    stored as ``int``, and ``attrs.evolve`` equals construction, reusing the loaded tokenizer.
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to
@@ -201,12 +188,10 @@ class Tokenize(TokenizerOp):
             ``"bos"`` / ``"eos"`` only one of them, ``"none"`` neither (a bare GPT-2
             ``tokenizer.json`` has no BOS: use ``"eos"`` or ``bos_token_id=``). Special tokens
             written in the text itself are encoded as the special id.
-        bos_token_id: overrides the tokenizer's BOS id (not allowed with ``"none"``).
-        eos_token_id: overrides the tokenizer's EOS id (not allowed with ``"none"``).
-        max_length: the longest output, counting the added specials. Needs ``truncation`` or
+        bos_token_id, eos_token_id: override the tokenizer's ids (not with ``"none"``).
+        max_length: the longest output, specials included; with ``truncation`` or
             ``split_long_samples``.
-        truncation: cut content so that the output, specials included, is at most ``max_length``
-            (both BOS and EOS are kept).
+        truncation: cut content to fit ``max_length`` (BOS and EOS are kept).
         split_long_samples: bracket first, then cut into ``max_length`` pieces, each its own
             record (child ``i`` of the source record). BOS is on the first piece only, EOS on the
             last only; the last piece may be just ``[EOS]``, and an empty sequence (``"none"``
@@ -215,9 +200,8 @@ class Tokenize(TokenizerOp):
             ``""`` instead (``[BOS, EOS]`` in ``"bos_eos"`` mode).
         preserve_upstream_payload: keep the payload's other keys (the text included) next to
             ``input_ids``; otherwise the output holds ``input_ids`` only.
-        parallelism: threads for the encoder (``None``: one per CPU); the native pool of
-            ``tokenizers`` is one per process and keeps the size it first got (a warning says so).
-            Performance only.
+        parallelism: encoder threads (``None``: one per CPU; the native pool of ``tokenizers`` is
+            per process and keeps its first size, with a warning). Performance only.
         backend: ``"auto"`` (default), ``"tokenizers"`` or ``"tiktoken"`` (GPT-2 style byte-level
             BPE only, once it reproduced the tokenizers ids at load time; ``"auto"`` takes it
             then). ``op.tokenizer.backend`` says which one encodes; performance only.
