@@ -298,8 +298,8 @@ class TokenizeChat(TokenizerOp):
 
     def _render(self, messages: Sequence[Any], tools: Any, add_generation_prompt: bool = False, *, track: bool = False):
         bos, eos = self._special_texts()
-        variables = dict(self.chat_template_kwargs or {}, messages=messages, tools=tools, bos_token=bos,
-                         eos_token=eos, add_generation_prompt=add_generation_prompt)
+        variables = dict(self.chat_template_kwargs or {}, messages=messages, tools=tools)
+        variables.update(add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos)
         return _render(self.chat_template, variables, track=track)
 
     def _probe_generation_prompt(self) -> bool:

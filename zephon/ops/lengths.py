@@ -60,8 +60,8 @@ def _convert_points(points: Any) -> tuple[tuple[int, int], ...]:
     for i, ((before, _), (step, _)) in enumerate(zip(out, out[1:]), 1):
         if step <= before:
             raise ValueError(
-                f"LengthSchedule: steps must increase strictly; point {i} is at step {step} after step "
-                f"{before}; sort the points and give each step one length"
+                f"LengthSchedule: steps must increase strictly; point {i} is at step {step} after "
+                f"step {before}; sort the points and give each step one length"
             )
     return tuple(out)
 

@@ -51,7 +51,9 @@ def drain_positions(value: Any) -> tuple[int, ...]:
     return out
 
 
-def next_phase(drains: tuple[int, ...], samples: int, phase: int, rec: Record) -> tuple[bool, int, int]:
+def next_phase(
+    drains: tuple[int, ...], samples: int, phase: int, rec: Record
+) -> tuple[bool, int, int]:
     """Advance the lane clock past ``rec``: whether it opens a new phase, and the new
     ``(samples, phase)``. A record's clock is the samples whose first token it holds."""
     starts = sum(1 for seg in rec.meta.segments if seg.start == 0 and seg.child == 0)
@@ -62,7 +64,7 @@ def next_phase(drains: tuple[int, ...], samples: int, phase: int, rec: Record) -
 
 
 def _draw(buffer: list[Record], key: int, draws: int, count: int, out: list[Record]) -> None:
-    """Move draws ``draws .. draws + count - 1`` of ``key`` from ``buffer`` to ``out`` (swap-pop)."""
+    """Move draws ``draws`` to ``draws + count - 1`` of ``key`` from ``buffer`` to ``out``."""
     for d in range(draws, draws + count):
         i = randbelow(key, d, len(buffer))
         out.append(buffer[i])
@@ -120,7 +122,7 @@ class Shuffle(Operator):
         return out
 
     def step(self, state: ShuffleState, chunk: Sequence[Record]) -> tuple[ShuffleState, list[Record]]:
-        buffer, out = list(state.buffer), []  # every output is one draw: draws = state.draws + len(out)
+        buffer, out = list(state.buffer), []  # each output is a draw
         key, size, warmup, drains = state.key, self.buffer_size, self.warmup, self.drains
         samples, phase = state.samples, state.phase
         for rec in chunk:
@@ -132,7 +134,8 @@ class Shuffle(Operator):
             if size == 1 or len(buffer) > min(size, warmup + state.emitted + len(out)):
                 _draw(buffer, key, state.draws + len(out), 1, out)
         n = len(out)
-        return ShuffleState(key, tuple(buffer), state.draws + n, state.emitted + n, samples, phase), out
+        state = ShuffleState(key, tuple(buffer), state.draws + n, state.emitted + n, samples, phase)
+        return state, out
 
     def flush(self, state: ShuffleState) -> tuple[ShuffleState, list[Record]]:
         """The next ``FLUSH_PIECE`` records in draw order; the rest stays buffered for the next call.

@@ -170,12 +170,13 @@ class Tokenize(TokenizerOp):
 
     The tokenizer is resolved when the operator is built, so a missing file, BOS/EOS id or bad
     option fails when the pipeline is assembled. Each ``step`` encodes the chunk in one native
-    batch call; zephon brackets each document per ``special_tokens`` (never the tokenizer's template).
+    batch call; zephon brackets each document per ``special_tokens`` (never the tokenizer's
+    template).
 
     State: none. A record's output depends only on its payload, the tokenizer's content
     (:meth:`TokenizerHandle.fingerprint`) and the data options. ``tokenizer`` holds the resolved
-    :class:`~zephon.text.tokenizer.TokenizerHandle` (``tokenizer_id`` reads ``None``), numpy ints are
-    stored as ``int``, and ``attrs.evolve`` equals construction, reusing the loaded tokenizer.
+    :class:`~zephon.text.tokenizer.TokenizerHandle` (``tokenizer_id`` reads ``None``), numpy
+    ints are stored as ``int``, and ``attrs.evolve`` equals construction, reusing the tokenizer.
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to
