@@ -18,7 +18,7 @@ from ..core.state import decode, resolve
 from ..training.fields import SEGMENT_KEYS, aligned_payload, check_carried, find_token_field, unique_names
 from ..core.records import Meta, Record, Segment, describe_meta
 from .candidates import Pool, Piece, length_of as _length
-from .lengths import LengthSchedule
+from .lengths import LengthSchedule, is_int
 
 #: The packing algorithms, as Zephon names them.
 ALGORITHMS = ("first_fit", "best_fit", "wrap", "best_fit_wrap")
@@ -27,12 +27,9 @@ OVERSIZED = ("split", "drop", "truncate", "error")
 _WHOLE = ("first_fit", "best_fit")  # keep documents whole in open bins
 _new_tuple = tuple.__new__
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
 
 def _check_int(op: str, name: str, value: Any, low: int, none: str = "") -> None:
-    if not _is_int(value) or value < low:
+    if not is_int(value) or value < low:
         raise ValueError(f"{op}: {name} must be an int >= {low}{none}, got {value!r}")
 
 
@@ -176,7 +173,7 @@ class Packer(Operator):
         if not isinstance(self.tokens_field, str) or not self.tokens_field:
             raise ValueError(f"{k}: tokens_field must be a field name or 'auto', got {self.tokens_field!r}")
         pad = self.pad_token_id
-        if pad is not None and (not _is_int(pad) or pad < 0):
+        if pad is not None and (not is_int(pad) or pad < 0):
             raise ValueError(f"{k}: pad_token_id must be a non-negative int or None, got {pad!r}")
         drop = self.drop_fields
         if isinstance(drop, str) or not isinstance(drop, tuple) or not all(isinstance(n, str) and n for n in drop):
@@ -358,24 +355,17 @@ class Packer(Operator):
         cap = self.max_sequences_per_bin
         return self.max_length - used < self.min_sequence_length or (cap is not None and len(pieces) >= cap)
 
-    def _place_first_fit(self, w: _Work, piece: Piece, out: list) -> None:
-        m = piece[2] - piece[1]
-        for i, b in enumerate(w.bins):
-            if self.max_length - b[1] >= m:
-                self._add(w, i, piece, m, out)
-                return
-        self._open(w, piece, m, out)
-
-    def _place_best_fit(self, w: _Work, piece: Piece, out: list) -> None:
-        m, best, chosen = piece[2] - piece[1], self.max_length + 1, -1
-        for i, b in enumerate(w.bins):
-            room = self.max_length - b[1]
-            if m <= room < best:  # strict: ties go to the first such bin
-                best, chosen = room, i
-        if chosen >= 0:
-            self._add(w, chosen, piece, m, out)
-        else:
+    def _place_fit(self, w: _Work, piece: Piece, out: list) -> None:
+        """Into the first open bin with room (first_fit), or the one with least room (best_fit)."""
+        m, L = piece[2] - piece[1], self.max_length
+        fits = [(L - used, i) for i, (_, used) in enumerate(w.bins) if L - used >= m]
+        if not fits:
             self._open(w, piece, m, out)
+            return
+        _, i = fits[0] if self.algorithm == "first_fit" else min(fits)  # ties: the first such bin
+        self._add(w, i, piece, m, out)
+
+    _place_first_fit = _place_best_fit = _place_fit
 
     def _add(self, w: _Work, i: int, piece: Piece, m: int, out: list) -> None:
         b = w.bins[i]
@@ -431,9 +421,7 @@ class Packer(Operator):
             self._close(w, pool.build(L, cap), out)
 
     def _close(self, w: _Work, pieces: list, out: list) -> None:
-        used = 0
-        for _, a, b in pieces:
-            used += b - a
+        used = _length(pieces)
         padding = self._row_length(w.counts["rows"]) - used if self.flat else 0
         out.append(self._row(pieces, pieces[0][0].meta.lane, padding))
         c = w.counts

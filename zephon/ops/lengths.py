@@ -27,7 +27,7 @@ class Phase(NamedTuple):
     first_row: int
 
 
-def _is_int(x: Any) -> bool:
+def is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -44,9 +44,9 @@ def _convert_points(points: Any) -> tuple[tuple[int, int], ...]:
         if isinstance(p, (str, bytes)) or not isinstance(p, Sequence) or len(p) != 2:
             raise ValueError(f"LengthSchedule: point {i} must be a pair (step, length), got {p!r}")
         step, length = p
-        if not _is_int(step) or step < 0:
+        if not is_int(step) or step < 0:
             raise ValueError(f"LengthSchedule: point {i}: step must be an int >= 0, got {step!r}")
-        if not _is_int(length) or length < 2:
+        if not is_int(length) or length < 2:
             raise ValueError(
                 f"LengthSchedule: point {i} (step {step}): length must be an int >= 2 (a row of context + 1 "
                 f"tokens), got {length!r}"

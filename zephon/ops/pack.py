@@ -1,11 +1,9 @@
 """Packing: fit a lane's documents into rows of at most ``max_length`` tokens.
 
-:class:`PackFlat` (``pack_flat``) and :class:`PackSequences` (``pack_sequences``) share the engine of
-:mod:`zephon.ops.bins` (which tokens share a bin) and differ in what a finished bin becomes: a
-fixed-length training row, or an envelope ``{"packed_samples": [payload, ...]}``. Every output's
-meta lists its pieces as segments ``(dataset, shard, row, child, start, end)`` and its
-``padding_length``: all :meth:`~PackFlat.rebuild` needs to rebuild it, through the function that
-built it. See ``docs/guide/packing.md``.
+:class:`PackFlat` and :class:`PackSequences` share the engine of :mod:`zephon.ops.bins` and differ
+in what a finished bin becomes: a fixed-length training row, or an envelope
+``{"packed_samples": [payload, ...]}``. An output's meta (its pieces as segments and its
+``padding_length``) is all :meth:`~PackFlat.rebuild` needs. See ``docs/guide/packing.md``.
 """
 
 from __future__ import annotations
@@ -61,7 +59,7 @@ class PackFlat(Packer):
 
     Algorithms (worked examples in ``docs/guide/packing.md``):
 
-    - ``"wrap"`` (default): one token stream cut into consecutive rows of ``max_length``; capped
+    - ``"wrap"`` (default): one token stream cut into consecutive rows; capped
       (``max_sequences_per_bin``), a row also closes, short, when it holds that many pieces.
     - ``"first_fit"``: each document into the first of up to ``num_bins`` open bins with room, else
       a new bin (emitting the oldest when ``num_bins`` are open). A bin is emitted once its free
@@ -69,58 +67,56 @@ class PackFlat(Packer):
     - ``"best_fit"``: as first_fit, into the open bin with the least room that fits (first on ties).
     - ``"best_fit_wrap"``: full windows go out directly, remainders join a pool; once it holds
       ``candidate_pool_size`` candidates and a row's worth, a row takes candidates older than
-      ``max_candidate_age`` arrivals, then the largest that fit (earliest on ties); if none fits,
-      the shortest is split to fill the row (its tail cut when it starts its document and the gap
-      is under half of it, else its head).
+      ``max_candidate_age`` arrivals, then the largest that fit (earliest on ties), else splits
+      the shortest (its tail when it starts its document and the gap is under half, else its head).
 
     Only ``flush`` closes partial work: open bins oldest first, full best_fit_wrap rows, then one
-    partial row. Documents longer than ``max_length`` follow ``oversized``: ``"split"`` (into
-    ``max_length`` pieces; wrap: the stream cuts it), ``"truncate"``, ``"drop"`` or ``"error"``.
-    Every dropped or cut token, and every empty document, is counted in :meth:`report`.
+    partial row. Every dropped or cut token, and every empty document, is counted in :meth:`report`.
 
     Args:
-        max_length: tokens per row (pack ``context + 1`` when labels are shifted for training), or a
-            :class:`~zephon.LengthSchedule` of row lengths over global steps (sequence-length warmup;
-            algorithm ``"wrap"``, with ``batch(tokens_per_microbatch=T)``): the wrap remainder carries
-            over to the next length, so no token is lost at a switch.
+        max_length: tokens per row (``context + 1`` for shifted labels), or a
+            :class:`~zephon.LengthSchedule` (algorithm ``"wrap"``, with
+            ``batch(tokens_per_microbatch=T)``; the remainder carries over at a switch).
         algorithm: ``"wrap"``, ``"first_fit"``, ``"best_fit"`` or ``"best_fit_wrap"``.
         num_bins: open bins; required for first_fit/best_fit, not allowed otherwise.
         max_sequences_per_bin: the most pieces in a row (``None``: no limit).
         min_sequence_length: first/best fit emit a bin whose free room is below this.
-        oversized: the policy above; ``None``: ``"drop"`` for first/best fit, else ``"split"``.
+        oversized: a document longer than ``max_length``: ``"split"`` (into ``max_length``
+            pieces; wrap: the stream cuts it), ``"truncate"``, ``"drop"`` or ``"error"``;
+            ``None``: ``"drop"`` for first/best fit, else ``"split"``.
         drop_oversized: an alias: ``True`` is ``oversized="drop"``; ``False`` is ``"error"`` for
             first/best fit and ``"split"`` for the wrap kinds.
         candidate_pool_size: best_fit_wrap's pool size (default 1024).
         max_candidate_age: best_fit_wrap's age limit in arrivals (default ``8 * pool``).
         tokens_field: the token field, or ``"auto"`` (input_ids, tokens, token_ids, ids).
-        pad_token_id: fills the token field of rows shorter than ``max_length``; required but for
-            uncapped wrap, where it only pads the end-of-data remainder (``None``: that remainder
-            is dropped and counted as ``dropped_tail_tokens``).
+        pad_token_id: fills rows shorter than ``max_length``; required but for uncapped wrap,
+            where it only pads the end-of-data remainder (``None``: dropped and counted as
+            ``dropped_tail_tokens``).
         emit_positions: add int32 ``positions`` restarting at 0 at every piece and at the padding
-            tail (document ids are ``cumsum(positions == 0) - 1``). With ``False``, a payload's
-            own ``positions`` is packed like any token-aligned field.
-        drop_fields: field names removed from every document before packing, counted in
-            ``report()["dropped_field_values"]``: the one way to leave a field out.
+            (document ids are ``cumsum(positions == 0) - 1``); ``False``: a payload's own
+            ``positions`` is packed like any token-aligned field.
+        drop_fields: fields removed from every document before packing (the one way to leave a
+            field out), counted in ``report()["dropped_field_values"]``.
         tokens_per_microbatch: with a :class:`~zephon.LengthSchedule`, the tokens of a microbatch,
-            which place row ``r`` of a lane in its global step; a pipeline fills it from
-            ``batch(tokens_per_microbatch=T)`` (pass it when running the operator alone).
+            which place row ``r`` in its global step; a pipeline fills it from
+            ``batch(tokens_per_microbatch=T)``.
 
-    Output: the token field and every other 1-D numeric field of the same length, concatenated,
-    padded with ``pad_token_id`` (other fields with 0); ``positions``; ``meta.padding_length``
-    (what ``to_training`` masks). When a document has other fields (scalars, strings, arrays of
-    another length), ``segments`` lists one dict per piece, in ``meta.segments`` order:
-    ``{"start": offset in the row, "length": tokens, **the document's other fields}``.
+    Output: the token field and every 1-D numeric field of its length, concatenated and padded
+    with ``pad_token_id`` (other fields with 0); ``positions``; ``meta.padding_length`` (what
+    ``to_training`` masks). Documents with other fields (scalars, strings, other arrays) give
+    ``segments``, a dict per piece in ``meta.segments`` order: ``{"start": offset in the row,
+    "length": tokens, **the document's other fields}``.
 
     State: open bins, wrap remainder or candidate pool as ``(record, start, end)`` references
-    plus counters; outputs depend only on the order of the lane's documents (not on chunking);
-    restores exactly, segment fields included; per lane, so resharding moves states whole.
+    plus counters; outputs depend only on the order of the lane's documents; restores exactly;
+    per lane, so resharding moves states whole.
 
     Raises:
-        ValueError: for settings that contradict each other, an oversized document under
-            ``oversized="error"``, missing or misaligned token fields, fields that differ between
-            the documents of a row, an existing ``positions`` field, a pad value that does not fit
-            the field's dtype, a field that does not pickle or is named ``start``, ``length`` or
-            ``segments``, or ``drop_fields`` naming the token field.
+        ValueError: contradicting settings, an oversized document under ``oversized="error"``,
+            missing or misaligned token fields, fields that differ between the documents of a
+            row, an existing ``positions``, a pad value outside the field's dtype, a field that
+            does not pickle or is named ``start``, ``length`` or ``segments``, or ``drop_fields``
+            naming the token field.
         TypeError: ``drop_fields`` that is not a sequence of names.
 
     Examples:
@@ -196,11 +192,6 @@ class PackFlat(Packer):
         tfield = find_token_field(first, self.tokens_field, self.kind)
         fields: list[dict | None] = []  # per piece: its document's fields that are not token-aligned
         parts = self._tokens_only(pieces, tfield) if len(first) == 1 else None
-        if parts is not None and not padding:  # a full row of token-only documents (wrap's usual row)
-            payload = {tfield: np.concatenate(parts) if len(parts) > 1 else np.array(parts[0])}
-            if self.emit_positions:
-                payload["positions"] = _positions([b - a for _, a, b in pieces])
-            return payload
         columns = {tfield: parts} if parts is not None else self._columns(pieces, first, tfield, fields)
         payload: dict[str, Any] = {}
         for k, column in columns.items():
