@@ -1,24 +1,17 @@
 """``ensure_mixture``: per-lane exact token accounting of a mixture, by deficit.
 
-Each lane reorders its records so that the tokens it has emitted track the target mixture: the
-next record comes from the dataset most owed (the smallest ``(emitted_j + next_j / 2) / W_j`` for
-integer target weights ``W`` and ``next_j`` the weight of its next waiting record, ties to the
-earlier dataset), taken from a per-dataset queue in arrival order. Records wait in a bounded
-buffer for that dataset; when it is full, the most owed dataset that *has* a record waiting goes
-next (a forced emission, counted). The end of the lane's data emits the buffer in the same order:
-nothing is discarded, ever.
-
-A schedule of weights is followed phase by phase on the lane's own clock, the records it has
-emitted: a phase that starts at source position ``P`` starts at the lane's emission ``ceil(P / L)``
-for ``L`` lanes (:func:`place_targets` places them when the pipeline compiles, from the numbers
-that place the source's own switch). At a phase's start the emitted counters restart from zero, so
-each phase meets its own target. Running per lane on the lane's own stream, the output is
-identical for every number of ranks.
+Each lane emits next the waiting record (per-dataset queues, arrival order) of the dataset most
+owed: the smallest ``(emitted_j + next_j / 2) / W_j`` for integer target weights ``W``, ties to
+the earlier dataset. When the bounded buffer overflows, the most owed dataset that has a record
+waiting goes (a forced emission, counted); the end of data emits the buffer; nothing is dropped.
+A schedule is followed phase by phase on the lane's emissions (:func:`place_targets`), the
+emitted counters restarting at each phase, so the output is the same for every number of ranks.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import warnings
 from collections import deque
 from typing import Any, ClassVar, Sequence
@@ -63,8 +56,7 @@ def _ratio(low_open: bool):
 def _mixture(value: Any) -> dict[str, float] | MixtureSchedule | None:
     if value is None or isinstance(value, MixtureSchedule):
         return value
-    weights = getattr(value, "weights", value)
-    return normalize(weights, zero_ok=True)
+    return normalize(getattr(value, "weights", value), zero_ok=True)
 
 
 def _phases(value: Any) -> tuple[tuple[int, tuple[int, ...]], ...]:
@@ -185,10 +177,9 @@ class EnsureMixture(Operator):
         n = len(W)
         emitted = list(state.emitted)
         queues: list[deque] = [deque() for _ in range(n)]
-        seq = 0
+        seq = itertools.count()
         for rec in state.buffer:
-            queues[self._dataset(rec)].append((seq, rec))
-            seq += 1
+            queues[self._dataset(rec)].append((next(seq), rec))
         held = len(state.buffer)
         outputs, forced = state.outputs, state.forced
         out: list[Record] = []
@@ -209,6 +200,9 @@ class EnsureMixture(Operator):
         low = int(self.drain_target_ratio * self.max_buffer_size)
         since = state.since_drain
 
+        def oldest() -> int:
+            return min((k for k in range(n) if queues[k]), key=lambda k: queues[k][0][0])
+
         def emit(j: int) -> None:
             nonlocal held, outputs, phase, W, live
             _, rec = queues[j].popleft()
@@ -228,7 +222,7 @@ class EnsureMixture(Operator):
             overflow = False
             while held:
                 if every and since >= every:  # the oldest waiting record goes, then on target again
-                    emit(min((k for k in range(n) if queues[k]), key=lambda k: queues[k][0][0]))
+                    emit(oldest())
                     since = 0
                     forced += 1
                     continue
@@ -241,16 +235,12 @@ class EnsureMixture(Operator):
                 if not (final or (overflow and held > low)):
                     return
                 waiting = [k for k in live if queues[k]]
-                if waiting:
-                    j = most_owed(waiting)
-                else:  # only datasets without target weight wait: the oldest record goes
-                    j = min((k for k in range(n) if queues[k]), key=lambda k: queues[k][0][0])
-                emit(j)
+                # With only datasets without target weight waiting, the oldest record goes.
+                emit(most_owed(waiting) if waiting else oldest())
                 forced += not final
 
         for rec in chunk:
-            queues[self._dataset(rec)].append((seq, rec))
-            seq += 1
+            queues[self._dataset(rec)].append((next(seq), rec))
             held += 1
             drain(False)
         if flushing:
