@@ -32,11 +32,8 @@ _FIXED_SETTINGS = ("microbatch_size", "group_by_length", "buffer_size")
 
 
 class BatchState(msgspec.Struct, frozen=True, tag="batch", forbid_unknown_fields=True):
-    """Records waiting for a batch (by reference) and counters.
-
-    ``partial``: the open batch (fixed size, or a token budget without sorting) or the records of
-    the window being filled (``group_by_length``, ``sort_window``).
-    """
+    """Counters and, by reference, ``partial``: the open batch, or the window being filled
+    (``group_by_length``, ``sort_window``)."""
 
     key: int = 0
     partial: tuple[Record, ...] = ()
@@ -74,10 +71,9 @@ def _real_tokens(records: Sequence[Record]) -> int:
 def cut_by_budget(widths: Sequence[int], max_tokens: int) -> tuple[list[list[int]], list[int]]:
     """Greedy microbatches of rows with these padded widths, in order: ``(closed, open)`` index lists.
 
-    A row joins the open microbatch unless ``(rows + 1) x max(width)`` would exceed ``max_tokens``;
-    then the open one closes and the row starts the next. A microbatch also closes as soon as no
-    further row could join it (one more row of its width would exceed the budget), so ``open`` is
-    the last microbatch only while another row could still join. Every width is at most the budget.
+    A row joins the open microbatch unless ``(rows + 1) x max(width)`` would exceed ``max_tokens``,
+    else it starts the next. A microbatch also closes as soon as one more row of its width would
+    not fit, so ``open`` is one another row could still join. Every width is within the budget.
 
     Examples:
         >>> cut_by_budget([3, 3, 4, 2, 8], 8)
@@ -85,9 +81,7 @@ def cut_by_budget(widths: Sequence[int], max_tokens: int) -> tuple[list[list[int
         >>> cut_by_budget([1, 2, 2], 8)
         ([], [0, 1, 2])
     """
-    closed: list[list[int]] = []
-    current: list[int] = []
-    width = 0
+    closed, current, width = [], [], 0
     for i, w in enumerate(widths):
         if current and (len(current) + 1) * max(width, w) > max_tokens:
             closed.append(current)
@@ -107,15 +101,13 @@ class Batch(Operator):
 
     Args:
         microbatch_size: records per batch (exclusive with ``max_tokens``).
-        drop_last: at the end of data, drop a final batch the end closed (short of
-            ``microbatch_size``, or one the budget did not close), counted in ``stats()``,
-            instead of emitting it. There are no mid-stream flushes: only the end can be short.
+        drop_last: drop (and count in ``stats()``) a last batch the end of data closed: short of
+            ``microbatch_size``, or one the budget did not close. Only the end can be short.
         group_by_length: batch records of similar length together (see the module docstring).
         buffer_size: records sorted together when grouping (default ``64 * microbatch_size``).
         max_tokens: the token budget of a microbatch: rows x its longest row (rounded up to
-            ``pad_to_multiple_of``; a row counts at least one slot) never exceeds it, and a
-            microbatch closes when the next record would push it over. A global step is still
-            one microbatch per lane; its row count varies.
+            ``pad_to_multiple_of``; at least one slot) never exceeds it; a microbatch closes when
+            the next record would push it over. A step is still one microbatch per lane.
         sort_window: with ``max_tokens``: sort ``sort_window`` records at a time by length (ties by
             record id, then arrival) and emit the window's microbatches in a drawn order; ``0``
             (default): arrival order.
@@ -123,21 +115,16 @@ class Batch(Operator):
             rounded up to this (pass the same to ``to_training``).
         oversized: with ``max_tokens``, a record wider than the budget on its own: ``"error"``
             (default; the message names the record) or ``"drop"`` (counted in ``stats()``).
-        tokens_per_microbatch: training tokens per microbatch of ``pack_flat`` rows: ``T / (length - 1)``
-            rows of ``length`` tokens (labels shift by one), with a fixed ``max_length`` or a
-            :class:`~zephon.LengthSchedule` (then required); ``T`` must divide evenly for every length
-            (checked when the pipeline is built). Exclusive with ``microbatch_size`` and ``max_tokens``.
-        pad_token_id: stamped on each :class:`~zephon.types.SampleBatch` for ``to_training``'s
-            dynamic padding; ``Pipeline.batch`` fills it from the pipeline's tokenizer (its pad
-            token, else its EOS). It never changes which records form a batch.
+        tokens_per_microbatch: training tokens per microbatch of ``pack_flat`` rows: ``T / (length
+            - 1)`` rows of ``length`` tokens, for a fixed ``max_length`` or a
+            :class:`~zephon.LengthSchedule` (then required); ``T`` must divide for every length.
+            Exclusive with ``microbatch_size`` and ``max_tokens``.
+        pad_token_id: stamped on each batch for ``to_training``'s dynamic padding (the pipeline
+            fills it from the tokenizer's pad, else EOS); it never changes the batches.
 
-    Records are held whole, every payload field kept (scalars, strings, arrays of any shape);
-    ``to_training`` lists the fields that are not token-aligned per record in ``segments``.
-    The batches depend only on the lane's records, the settings and the key: not on chunking,
-    workers or ranks; a restore resumes them exactly.
-
-    State: the waiting records (the open batch, or the window being filled), by reference; a key
-    (grouping order); counters.
+    Records are held whole, every payload field kept. The batches depend only on the lane's
+    records, the settings and the key (not on chunking, workers or ranks); a restore resumes them
+    exactly. State: the waiting records by reference, a key (grouping order), counters.
     """
 
     microbatch_size: int | None = config_field(default=None, validator=attrs.validators.optional(positive_int))
@@ -360,12 +347,9 @@ class Batch(Operator):
         when they were sorted by length; in their own order otherwise."""
         if not (self.group_by_length or self.sort_window):
             return [self._batch(g) for g in groups]
-        groups = [tuple(g) for g in groups]
-        counter = state.batches + already
-        out = []
-        while groups:
+        groups, out, first = [tuple(g) for g in groups], [], state.batches + already
+        for counter in range(first, first + len(groups)):
             out.append(self._batch(groups.pop(randbelow(state.key, counter, len(groups)))))
-            counter += 1
         return out
 
     def _emit(self, state: BatchState, records: list[Record], already: int) -> list[SampleBatch]:
