@@ -8,6 +8,7 @@ closes the open window early, so a window never holds records of two phases.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable, ClassVar, Sequence
 
@@ -120,10 +121,8 @@ def sort_value(value: Any, meta: Meta) -> Any:
     """
     if isinstance(value, str):
         return str(value)
-    if isinstance(value, (bool, np.bool_, np.integer)):
+    if isinstance(value, (int, np.bool_, np.integer)):
         return int(value)
-    if isinstance(value, int):
-        return value
     if isinstance(value, (float, np.floating)):
         if math.isnan(value):
             raise _named(ValueError(
@@ -143,10 +142,8 @@ def sort_value(value: Any, meta: Meta) -> Any:
 
 def _named(exc: Exception, meta: Meta) -> Exception:
     """``exc`` carrying the record's meta, which the lanes name by dataset and file."""
-    try:
+    with contextlib.suppress(AttributeError):  # an exception type that takes no attributes
         exc.zephon_meta = meta  # type: ignore[attr-defined]
-    except AttributeError:  # an exception type that takes no attributes
-        pass
     return exc
 
 
@@ -179,10 +176,9 @@ class OrderBy(Operator):
         drains: the lane's sample positions of the source schedule's switches, where a window
             closes early (see the module docstring); filled in by the pipeline.
 
-    State: the open window's records by reference (fewer than ``window``), the windows and records
-    emitted, and with ``drains`` the sample starts seen and the window's phase. The key reads the
-    payloads, so a restore rebuilds the open window's records. The output depends only on the
-    lane's input order; it restores exactly and reshards with its lane.
+    State: the open window's records by reference (fewer than ``window``), counters, and with
+    ``drains`` the lane clock. The key reads payloads, so a restore rebuilds the open window. The
+    output depends only on the lane's input order; it restores exactly and reshards with its lane.
 
     Examples:
         >>> from zephon.testing import records_from, run

@@ -308,20 +308,11 @@ class PackSequences(Packer):
 
 
 def packing_info(record: Record, max_length: int | None = None) -> dict[str, Any]:
-    """Packing metadata of an output of ``pack_flat`` or ``pack_sequences``, read from its meta.
-
-    Args:
-        record: a packed row (or envelope).
-        max_length: the packer's ``max_length``; for ``pack_flat`` rows it defaults to the row
-            length (real tokens plus padding); ``pack_sequences`` envelopes need it.
-
-    Returns:
-        ``num_sequences`` (pieces), ``total_length`` (real tokens), ``packing_efficiency``
-        (``total_length / max_length``) and ``padding_length`` (``None`` for envelopes), the
-        fields of Zephon's ``_packing_metadata``.
-
-    Raises:
-        ValueError: for an envelope without ``max_length``, or a record that is not packed.
+    """Packing metadata of a ``pack_flat`` row or ``pack_sequences`` envelope, read from its meta:
+    ``num_sequences`` (pieces), ``total_length`` (real tokens), ``packing_efficiency``
+    (``total_length / max_length``) and ``padding_length`` (``None`` for envelopes), the fields of
+    Zephon's ``_packing_metadata``. ``max_length`` defaults to a row's length (tokens plus
+    padding); envelopes need it. Raises ``ValueError`` for a record that is not packed.
     """
     meta = record.meta
     if any(s.end < 0 for s in meta.segments):

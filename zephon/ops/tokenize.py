@@ -278,19 +278,10 @@ class Tokenize(TokenizerOp):
         return self.split_long_samples
 
     def apply_many(self, payloads: list) -> list[list]:
-        """Tokenize a chunk of payloads with one batch call to the tokenizer.
-
-        Args:
-            payloads: dicts holding ``field`` (or plain ``str`` texts).
-
-        Returns:
-            Per payload, its output payloads: one, or several with ``split_long_samples``.
-
-        Raises:
-            ValueError: a payload lacks ``field`` (with ``missing_field="error"``), or a text
-                cannot be encoded as UTF-8.
-            TypeError: a payload is neither a mapping nor a str, or its field is not a str.
-        """
+        """Tokenize a chunk of payloads (dicts holding ``field``, or ``str`` texts) in one batch
+        call: per payload, its outputs (several with ``split_long_samples``). Raises ``ValueError``
+        for a missing ``field`` (``missing_field="error"``) or a text that is not UTF-8, and
+        ``TypeError`` for a payload that is no mapping or str, or a field that is no str."""
         if not payloads:
             return []
         texts, failed = self._texts(payloads)
