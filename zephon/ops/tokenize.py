@@ -300,8 +300,7 @@ class Tokenize(TokenizerOp):
 
     def _texts(self, payloads: list) -> tuple[list[str], dict[int, Failure]]:
         """The texts of the payloads that have one, and (``on_error="skip"``) the failures of the others by index."""
-        texts: list[str] = []
-        failed: dict[int, Failure] = {}
+        texts, failed = [], {}
         for i, payload in enumerate(payloads):
             try:
                 texts.append(self._text_of(payload))
@@ -338,8 +337,6 @@ class Tokenize(TokenizerOp):
             value = payload
             for part in self.field.split("."):
                 value = value.get(part, _MISSING) if isinstance(value, Mapping) else _MISSING
-                if value is _MISSING:
-                    break
         if value is _MISSING:
             if self.missing_field == "empty":
                 return ""
@@ -349,11 +346,10 @@ class Tokenize(TokenizerOp):
                 "to tokenize such payloads as ''"
             )
         if not isinstance(value, str):
-            hint = (
-                "; decode it to str first (e.g. bytes.decode('utf-8') in a map step)"
-                if isinstance(value, (bytes, bytearray, memoryview))
-                else "; convert or filter such records in a map step before tokenize"
-            )
+            if isinstance(value, (bytes, bytearray, memoryview)):
+                hint = "; decode it to str first (e.g. bytes.decode('utf-8') in a map step)"
+            else:
+                hint = "; convert or filter such records in a map step before tokenize"
             raise TypeError(f"tokenize: field {self.field!r} holds a {type(value).__name__}, expected str{hint}")
         return value
 
