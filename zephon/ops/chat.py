@@ -119,9 +119,8 @@ def _tagged(template: str) -> bool:
 
 def _plain_dict(value: Any) -> Any:
     """A mapping with str keys as a plain dict (a copy); any other value unchanged, for the check to name."""
-    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
-        return dict(value)
-    return value
+    plain = isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
+    return dict(value) if plain else value
 
 
 def _check_chat_options(v: Any) -> None:
