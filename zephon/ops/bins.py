@@ -478,14 +478,13 @@ class Packer(Operator):
                 raise ValueError(f"field 'bins[{i}]' must hold 1 to max_length={L} tokens, got {_length(b)}")
         if _length(state.stream) >= L:
             raise ValueError(f"field 'stream' holds {_length(state.stream)} tokens; a row is cut at max_length={L}")
-        previous = 0
-        for i, (*_, arrival) in enumerate(state.pool):
+        arrivals = [0] + [arrival for *_, arrival in state.pool]
+        for i, (previous, arrival) in enumerate(zip(arrivals, arrivals[1:])):
             if not previous < arrival <= state.arrivals:
                 raise ValueError(
                     f"field 'pool[{i}]' has arrival {arrival}; arrivals increase along the pool, up to 'arrivals' "
                     f"({state.arrivals})"
                 )
-            previous = arrival
         state = resolve(state, self._inputs(upstream))
         for name, (rec, start, end, *_) in zip(names, _pieces(state)):
             self._check_range(rec, start, end, f"field {name!r}")
