@@ -35,11 +35,8 @@ __all__ = [
 
 logger = logging.getLogger("zephon")
 
-#: Values of ``loss_scope``.
 LOSS_SCOPES = ("assistant", "last_assistant", "all")
-#: Values of ``span_source``.
 SPAN_SOURCES = ("auto", "generation_tags", "prefix")
-#: Values of ``empty_mask``.
 EMPTY_MASK_MODES = ("error", "drop")
 
 # Per process, by tokenizer fingerprint: a tokenizer that reports untrimmed offsets.
