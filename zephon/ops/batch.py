@@ -53,7 +53,6 @@ def record_length(rec: Record, where: str = "batch") -> int:
 
 
 def round_up(n: int, multiple: int) -> int:
-    """``n`` rounded up to a multiple of ``multiple``."""
     return -(-n // multiple) * multiple
 
 
@@ -279,10 +278,10 @@ class Batch(Operator):
             out = [self._batch([records[i] for i in group]) for group in closed]
             partial = [records[i] for i in tail]
         else:
-            partial, out = list(state.partial), []
+            partial, out, size = list(state.partial), [], self.window
             for rec in kept:
                 partial.append(rec)
-                if len(partial) == self.window:
+                if len(partial) == size:
                     out.extend(self._emit(state, partial, len(out)))
                     partial = []
         state = self._advance(state, tuple(partial), out)

@@ -141,7 +141,6 @@ class TokenizerOp(StatelessOp):
 
     @property
     def handle(self) -> TokenizerHandle:
-        """The resolved tokenizer."""
         return self.tokenizer
 
     @property
