@@ -63,13 +63,13 @@ def next_phase(
     return at != phase, samples + starts, at
 
 
-def _draw(buffer: list[Record], key: int, draws: int, count: int, out: list[Record]) -> None:
-    """Move draws ``draws`` to ``draws + count - 1`` of ``key`` from ``buffer`` to ``out``."""
-    for d in range(draws, draws + count):
-        i = randbelow(key, d, len(buffer))
-        out.append(buffer[i])
-        buffer[i] = buffer[-1]
-        buffer.pop()
+def _draw(buffer: list[Record], key: int, draws: int) -> Record:
+    """Take the ``draws``-th draw of ``key`` out of ``buffer`` (swap-pop: the last record fills its place)."""
+    i = randbelow(key, draws, len(buffer))
+    rec = buffer[i]
+    buffer[i] = buffer[-1]
+    buffer.pop()
+    return rec
 
 
 def _int(instance, attribute, value):
@@ -122,20 +122,20 @@ class Shuffle(Operator):
         return out
 
     def step(self, state: ShuffleState, chunk: Sequence[Record]) -> tuple[ShuffleState, list[Record]]:
-        buffer, out = list(state.buffer), []  # each output is a draw
+        buffer, out = list(state.buffer), []
         key, size, warmup, drains = state.key, self.buffer_size, self.warmup, self.drains
-        samples, phase = state.samples, state.phase
+        draws, emitted, samples, phase = state.draws, state.emitted, state.samples, state.phase
         for rec in chunk:
             if drains:
                 switched, samples, phase = next_phase(drains, samples, phase, rec)
-                if switched:  # the first record of the next phase: empty the buffer first
-                    _draw(buffer, key, state.draws + len(out), len(buffer), out)
+                while switched and buffer:  # a new phase's first record: empty the buffer first
+                    out.append(_draw(buffer, key, draws))
+                    draws, emitted = draws + 1, emitted + 1
             buffer.append(rec)
-            if size == 1 or len(buffer) > min(size, warmup + state.emitted + len(out)):
-                _draw(buffer, key, state.draws + len(out), 1, out)
-        n = len(out)
-        state = ShuffleState(key, tuple(buffer), state.draws + n, state.emitted + n, samples, phase)
-        return state, out
+            if len(buffer) > min(size, warmup + emitted) or size == 1:
+                out.append(_draw(buffer, key, draws))
+                draws, emitted = draws + 1, emitted + 1
+        return ShuffleState(key, tuple(buffer), draws, emitted, samples, phase), out
 
     def flush(self, state: ShuffleState) -> tuple[ShuffleState, list[Record]]:
         """The next ``FLUSH_PIECE`` records in draw order; the rest stays buffered for the next call.
@@ -144,9 +144,8 @@ class Shuffle(Operator):
         piece for its next output, not its whole buffer. Pieces concatenate to the whole flush,
         so the stream is the same; a checkpoint taken between pieces holds the rest.
         """
-        buffer, out = list(state.buffer), []
-        _draw(buffer, state.key, state.draws, min(FLUSH_PIECE, len(buffer)), out)
-        n = len(out)
+        buffer, n = list(state.buffer), min(FLUSH_PIECE, len(state.buffer))
+        out = [_draw(buffer, state.key, d) for d in range(state.draws, state.draws + n)]
         changes = {"buffer": tuple(buffer), "draws": state.draws + n, "emitted": state.emitted + n}
         return msgspec.structs.replace(state, **changes), out
 
