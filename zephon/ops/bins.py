@@ -355,17 +355,24 @@ class Packer(Operator):
         cap = self.max_sequences_per_bin
         return self.max_length - used < self.min_sequence_length or (cap is not None and len(pieces) >= cap)
 
-    def _place_fit(self, w: _Work, piece: Piece, out: list) -> None:
-        """Into the first open bin with room (first_fit), or the one with least room (best_fit)."""
-        m, L = piece[2] - piece[1], self.max_length
-        fits = [(L - used, i) for i, (_, used) in enumerate(w.bins) if L - used >= m]
-        if not fits:
-            self._open(w, piece, m, out)
-            return
-        _, i = fits[0] if self.algorithm == "first_fit" else min(fits)  # ties: the first such bin
-        self._add(w, i, piece, m, out)
+    def _place_first_fit(self, w: _Work, piece: Piece, out: list) -> None:
+        m = piece[2] - piece[1]
+        for i, b in enumerate(w.bins):
+            if self.max_length - b[1] >= m:
+                self._add(w, i, piece, m, out)
+                return
+        self._open(w, piece, m, out)
 
-    _place_first_fit = _place_best_fit = _place_fit
+    def _place_best_fit(self, w: _Work, piece: Piece, out: list) -> None:
+        m, best, chosen = piece[2] - piece[1], self.max_length + 1, -1
+        for i, b in enumerate(w.bins):
+            room = self.max_length - b[1]
+            if m <= room < best:  # strict: ties go to the first such bin
+                best, chosen = room, i
+        if chosen >= 0:
+            self._add(w, chosen, piece, m, out)
+        else:
+            self._open(w, piece, m, out)
 
     def _add(self, w: _Work, i: int, piece: Piece, m: int, out: list) -> None:
         b = w.bins[i]
@@ -421,7 +428,9 @@ class Packer(Operator):
             self._close(w, pool.build(L, cap), out)
 
     def _close(self, w: _Work, pieces: list, out: list) -> None:
-        used = _length(pieces)
+        used = 0
+        for _, a, b in pieces:
+            used += b - a
         padding = self._row_length(w.counts["rows"]) - used if self.flat else 0
         out.append(self._row(pieces, pieces[0][0].meta.lane, padding))
         c = w.counts

@@ -192,6 +192,11 @@ class PackFlat(Packer):
         tfield = find_token_field(first, self.tokens_field, self.kind)
         fields: list[dict | None] = []  # per piece: its document's fields that are not token-aligned
         parts = self._tokens_only(pieces, tfield) if len(first) == 1 else None
+        if parts is not None and not padding:  # a full row of token-only documents (wrap's usual row)
+            payload = {tfield: np.concatenate(parts) if len(parts) > 1 else np.array(parts[0])}
+            if self.emit_positions:
+                payload["positions"] = _positions([b - a for _, a, b in pieces])
+            return payload
         columns = {tfield: parts} if parts is not None else self._columns(pieces, first, tfield, fields)
         payload: dict[str, Any] = {}
         for k, column in columns.items():
