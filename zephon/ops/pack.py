@@ -16,9 +16,7 @@ import numpy as np
 from ..core.operator import config_field
 from ..training.fields import find_token_field, segment_entry
 from ..core.records import Record
-from .bins import ALGORITHMS as ALGORITHMS
-from .bins import OVERSIZED as OVERSIZED
-from .bins import Packer, PackState as PackState, Piece
+from .bins import ALGORITHMS, OVERSIZED, Packer, PackState, Piece
 from .lengths import LengthSchedule
 
 __all__ = ["ALGORITHMS", "OVERSIZED", "PackFlat", "PackSequences", "PackState", "packing_info"]
