@@ -164,9 +164,8 @@ class TokenizeChat(TokenizerOp):
     construction: a template that came with the tokenizer follows a changed tokenizer.
 
     Args:
-        tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to
-            ``tokenizer.json`` or its folder, or a ``TokenizerHandle``.
-        tokenizer_id: instead of ``tokenizer``: a local path or a Hugging Face id in the local cache.
+        tokenizer: as for :class:`~zephon.ops.Tokenize` (or ``tokenizer_id``: a local path or a
+            Hugging Face id in the local cache).
         field: the payload key holding the messages.
         chat_template: a built-in name (``"chatml"``, ``"llama3"``), Jinja text, or a path to a
             ``.jinja`` file, a ``tokenizer_config.json`` or a folder; ``None``: the template
