@@ -277,9 +277,7 @@ SAMPLE_SUPPLY_WARNING = (
 def make_ensure_mixture(source: Any, mixture: Any = None, **kwargs: Any) -> EnsureMixture:
     """The operator for ``source``: its dataset names, and its mixture (or schedule) when ``mixture`` is not given.
 
-    A token target (``weight_by="auto"``) over a source whose weights count samples warns: the
-    supply does not follow the target, so most emissions would be forced (see
-    :data:`SAMPLE_SUPPLY_WARNING`).
+    Warns (:data:`SAMPLE_SUPPLY_WARNING`) for a token target over a source mixed by samples.
     """
     tokens = kwargs.get("weight_by", "auto") == "auto"
     if mixture is None:
@@ -300,10 +298,8 @@ def make_ensure_mixture(source: Any, mixture: Any = None, **kwargs: Any) -> Ensu
 def lane_phases(source: Any, schedule: MixtureSchedule, lanes: int, names: Sequence[str]) -> tuple[tuple[int, tuple[int, ...]], ...]:
     """``schedule``'s targets on one lane's emissions: ``((first emission, integer weights), ...)``.
 
-    Each piece of the schedule starts at the source position where the source places it (its own
-    schedule's positions when ``schedule`` is the source's, else the same placement rules applied
-    to ``schedule``); a lane reads one ``lanes``-th of the positions, so the piece at position
-    ``P`` starts at the lane's emission ``ceil(P / lanes)``.
+    A piece the source places at position ``P`` (by its placement rules, or its own schedule's
+    positions) starts at the lane's emission ``ceil(P / lanes)``: a lane reads every ``lanes``-th.
     """
     if schedule == source.mixture:
         placed = source

@@ -1,16 +1,12 @@
 """A per-lane streaming shuffle buffer, deterministic and restorable.
 
-The buffer first fills to a warm-up window ``w = max(1, min(128, buffer_size // 16))``; after that
-each arrival that pushes it past ``min(buffer_size, w + emitted)`` evicts one record chosen by the
-``draws``-th counter-based draw of the operator's key (swap-pop). So the first outputs come early
-and the window grows to ``buffer_size``. ``flush`` drains the rest in draw order, a piece per
-call. The output is a permutation of the input and independent of how the input is chunked.
-
-Under a mixture schedule the buffer never carries records across a switch of weights (it would
-mix the phases' shares): the pipeline gives the shuffle the lane's sample positions where the
-source switches (``drains``), and the first record at or after such a position first empties the
-buffer, in draw order. A record's position is its lane's count of sample starts before it
-(segments at a sample's first token), which holds through per-sample operators and packing.
+The buffer fills to a warm-up window ``w = max(1, min(128, buffer_size // 16))``; then each
+arrival past ``min(buffer_size, w + emitted)`` evicts the record of the ``draws``-th
+counter-based draw of the key (swap-pop), so outputs come early and the window grows to
+``buffer_size``. ``flush`` drains the rest in draw order, a piece per call. The output is a
+permutation of the input, independent of chunking. Under a mixture schedule the first record at
+or after a switch (``drains``: lane sample positions, counted in sample starts) first empties the
+buffer, so the phases' shares never mix.
 """
 
 from __future__ import annotations
