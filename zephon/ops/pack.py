@@ -261,11 +261,9 @@ class PackSequences(Packer):
     """Pack documents into bins, emitted as envelopes ``{"packed_samples": [payload, ...]}``.
 
     Same arguments, algorithms, state, restore and resharding as :class:`PackFlat`, without
-    ``emit_positions``; ``pad_token_id`` is refused (envelopes are never padded). For users who
-    build their own tensors; ``to_training`` takes ``pack_flat`` rows.
-
-    Output: one envelope per bin. A piece that covers its whole document is its payload unchanged;
-    a piece of a document has its token-aligned fields sliced and every other field kept.
+    ``emit_positions`` and ``pad_token_id`` (envelopes are never padded); for users who build their
+    own tensors (``to_training`` takes ``pack_flat`` rows). A piece of a whole document is its
+    payload unchanged; a part has its token-aligned fields sliced, every other field kept.
     ``padding_length`` is 0; uncapped wrap emits its end-of-data remainder as a last envelope.
 
     Examples:

@@ -193,9 +193,8 @@ class Tokenize(TokenizerOp):
             ``split_long_samples``.
         truncation: cut content to fit ``max_length`` (BOS and EOS are kept).
         split_long_samples: bracket first, then cut into ``max_length`` pieces, each its own
-            record (child ``i`` of the source record). BOS is on the first piece only, EOS on the
-            last only; the last piece may be just ``[EOS]``, and an empty sequence (``"none"``
-            mode, empty text) gives one empty piece, never zero records.
+            record (child ``i``): BOS on the first only, EOS on the last only (which may be just
+            ``[EOS]``); an empty sequence gives one empty piece, never zero records.
         missing_field: ``"error"`` raises when a payload lacks ``field``; ``"empty"`` tokenizes
             ``""`` instead (``[BOS, EOS]`` in ``"bos_eos"`` mode).
         preserve_upstream_payload: keep the payload's other keys (the text included) next to
@@ -205,9 +204,8 @@ class Tokenize(TokenizerOp):
         backend: ``"auto"`` (default), ``"tokenizers"`` or ``"tiktoken"`` (GPT-2 style byte-level
             BPE only, once it reproduced the tokenizers ids at load time; ``"auto"`` takes it
             then). ``op.tokenizer.backend`` says which one encodes; performance only.
-        on_error: ``"raise"`` (default) or ``"skip"``: a record without a usable text field is
-            left out and counted in ``stats()["skipped"]``; ``max_skipped`` bounds that per lane
-            (see :class:`~zephon.ops.StatelessOp`).
+        on_error: ``"raise"`` (default) or ``"skip"``: leave out a record without a usable text
+            field, counted in ``stats()["skipped"]`` (``max_skipped`` bounds it per lane).
 
     Raises:
         ValueError: an invalid option or combination (listed in the messages), a missing BOS/EOS
