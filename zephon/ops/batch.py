@@ -1,20 +1,12 @@
 """Grouping records into lane-pure microbatches: a fixed number of rows, or a token budget.
 
-``batch(microbatch_size)`` cuts each lane's stream into batches in arrival order.
-``batch(microbatch_size, group_by_length=True, buffer_size=N)`` collects ``N`` records, sorts
-them by length (ties by arrival), cuts batches of similar lengths and emits them in a
-pseudo-random order drawn from the operator's key, which cuts padding for ragged records (the
-``group_by_length`` of Hugging Face trainers) without a length curriculum.
-
-``batch(max_tokens=N)`` closes a microbatch as soon as one more record would make its padded size,
-rows x longest row (rounded up to ``pad_to_multiple_of``), exceed ``N``: microbatches hold a
-variable number of rows, each within the budget. ``sort_window=k`` buffers ``k`` records, sorts
-them by length (ties by record id, then arrival), cuts the sorted window by the same rule and emits
-its microbatches in a drawn order. ``batch(tokens_per_microbatch=T)`` takes ``T / (length - 1)``
-rows of ``pack_flat`` per microbatch, read from the row length, so each holds ``T`` training tokens
-whether ``max_length`` is fixed or a :class:`~zephon.LengthSchedule` (sequence-length warmup).
-Every mode keeps its records by reference and counts rows, real tokens and padded slots so
-``stats()`` reports the padding waste and the rows per microbatch.
+``batch(microbatch_size)`` cuts each lane's stream in arrival order; with ``group_by_length`` it
+sorts ``buffer_size`` records by length and emits their batches in an order drawn from the key
+(less padding, no length curriculum). ``batch(max_tokens=N)`` closes a microbatch before its padded
+size (rows x longest row) would exceed ``N``; ``sort_window=k`` sorts ``k`` records first and
+draws the order likewise. ``batch(tokens_per_microbatch=T)`` takes ``T / (length - 1)`` rows of
+``pack_flat`` per microbatch (fixed ``max_length`` or a :class:`~zephon.LengthSchedule`). Every
+mode holds records by reference and counts rows, real tokens and padded slots for ``stats()``.
 """
 
 from __future__ import annotations
@@ -40,11 +32,8 @@ _FIXED_SETTINGS = ("microbatch_size", "group_by_length", "buffer_size")
 
 
 class BatchState(msgspec.Struct, frozen=True, tag="batch", forbid_unknown_fields=True):
-    """Records waiting for a batch (by reference) and counters.
-
-    ``partial``: the open batch (fixed size, or a token budget without sorting) or the records of
-    the window being filled (``group_by_length``, ``sort_window``).
-    """
+    """Counters and, by reference, ``partial``: the open batch, or the window being filled
+    (``group_by_length``, ``sort_window``)."""
 
     key: int = 0
     partial: tuple[Record, ...] = ()
@@ -64,7 +53,6 @@ def record_length(rec: Record, where: str = "batch") -> int:
 
 
 def round_up(n: int, multiple: int) -> int:
-    """``n`` rounded up to a multiple of ``multiple``."""
     return -(-n // multiple) * multiple
 
 
@@ -82,10 +70,9 @@ def _real_tokens(records: Sequence[Record]) -> int:
 def cut_by_budget(widths: Sequence[int], max_tokens: int) -> tuple[list[list[int]], list[int]]:
     """Greedy microbatches of rows with these padded widths, in order: ``(closed, open)`` index lists.
 
-    A row joins the open microbatch unless ``(rows + 1) x max(width)`` would exceed ``max_tokens``;
-    then the open one closes and the row starts the next. A microbatch also closes as soon as no
-    further row could join it (one more row of its width would exceed the budget), so ``open`` is
-    the last microbatch only while another row could still join. Every width is at most the budget.
+    A row joins the open microbatch unless ``(rows + 1) x max(width)`` would exceed ``max_tokens``,
+    else it starts the next. A microbatch also closes as soon as one more row of its width would
+    not fit, so ``open`` is one another row could still join. Every width is within the budget.
 
     Examples:
         >>> cut_by_budget([3, 3, 4, 2, 8], 8)
@@ -93,9 +80,7 @@ def cut_by_budget(widths: Sequence[int], max_tokens: int) -> tuple[list[list[int
         >>> cut_by_budget([1, 2, 2], 8)
         ([], [0, 1, 2])
     """
-    closed: list[list[int]] = []
-    current: list[int] = []
-    width = 0
+    closed, current, width = [], [], 0
     for i, w in enumerate(widths):
         if current and (len(current) + 1) * max(width, w) > max_tokens:
             closed.append(current)
@@ -115,15 +100,13 @@ class Batch(Operator):
 
     Args:
         microbatch_size: records per batch (exclusive with ``max_tokens``).
-        drop_last: at the end of data, drop a final batch the end closed (short of
-            ``microbatch_size``, or one the budget did not close), counted in ``stats()``,
-            instead of emitting it. There are no mid-stream flushes: only the end can be short.
+        drop_last: drop (and count in ``stats()``) a last batch the end of data closed: short of
+            ``microbatch_size``, or one the budget did not close. Only the end can be short.
         group_by_length: batch records of similar length together (see the module docstring).
         buffer_size: records sorted together when grouping (default ``64 * microbatch_size``).
         max_tokens: the token budget of a microbatch: rows x its longest row (rounded up to
-            ``pad_to_multiple_of``; a row counts at least one slot) never exceeds it, and a
-            microbatch closes when the next record would push it over. A global step is still
-            one microbatch per lane; its row count varies.
+            ``pad_to_multiple_of``; at least one slot) never exceeds it; a microbatch closes when
+            the next record would push it over. A step is still one microbatch per lane.
         sort_window: with ``max_tokens``: sort ``sort_window`` records at a time by length (ties by
             record id, then arrival) and emit the window's microbatches in a drawn order; ``0``
             (default): arrival order.
@@ -131,21 +114,16 @@ class Batch(Operator):
             rounded up to this (pass the same to ``to_training``).
         oversized: with ``max_tokens``, a record wider than the budget on its own: ``"error"``
             (default; the message names the record) or ``"drop"`` (counted in ``stats()``).
-        tokens_per_microbatch: training tokens per microbatch of ``pack_flat`` rows: ``T / (length - 1)``
-            rows of ``length`` tokens (labels shift by one), with a fixed ``max_length`` or a
-            :class:`~zephon.LengthSchedule` (then required); ``T`` must divide evenly for every length
-            (checked when the pipeline is built). Exclusive with ``microbatch_size`` and ``max_tokens``.
-        pad_token_id: stamped on each :class:`~zephon.types.SampleBatch` for ``to_training``'s
-            dynamic padding; ``Pipeline.batch`` fills it from the pipeline's tokenizer (its pad
-            token, else its EOS). It never changes which records form a batch.
+        tokens_per_microbatch: training tokens per microbatch of ``pack_flat`` rows: ``T / (length
+            - 1)`` rows of ``length`` tokens, for a fixed ``max_length`` or a
+            :class:`~zephon.LengthSchedule` (then required); ``T`` must divide for every length.
+            Exclusive with ``microbatch_size`` and ``max_tokens``.
+        pad_token_id: stamped on each batch for ``to_training``'s dynamic padding (the pipeline
+            fills it from the tokenizer's pad, else EOS); it never changes the batches.
 
-    Records are held whole, every payload field kept (scalars, strings, arrays of any shape);
-    ``to_training`` lists the fields that are not token-aligned per record in ``segments``.
-    The batches depend only on the lane's records, the settings and the key: not on chunking,
-    workers or ranks; a restore resumes them exactly.
-
-    State: the waiting records (the open batch, or the window being filled), by reference; a key
-    (grouping order); counters.
+    Records are held whole, every payload field kept. The batches depend only on the lane's
+    records, the settings and the key (not on chunking, workers or ranks); a restore resumes them
+    exactly. State: the waiting records by reference, a key (grouping order), counters.
     """
 
     microbatch_size: int | None = config_field(default=None, validator=attrs.validators.optional(positive_int))
@@ -275,58 +253,44 @@ class Batch(Operator):
         a token budget leaves out the fixed-size settings (which it refuses)."""
         out = super().fingerprint()
         if self.tokens_per_microbatch is not None:
-            for name in (*_BUDGET_SETTINGS, *_FIXED_SETTINGS):
-                del out[name]
-            return out
-        for name in _BUDGET_SETTINGS if self.max_tokens is None else _FIXED_SETTINGS:
+            unused = (*_BUDGET_SETTINGS, *_FIXED_SETTINGS)
+        else:
+            unused = _BUDGET_SETTINGS if self.max_tokens is None else _FIXED_SETTINGS
+        for name in unused:
             del out[name]
         return out
 
     def step(self, state: BatchState, chunk: Sequence[Record]) -> tuple[BatchState, list[SampleBatch]]:
-        if self.max_tokens is not None:
-            return self._step_budget(state, chunk)
         if self.tokens_per_microbatch is not None:
             return self._step_tokens(state, chunk)
-        partial = list(state.partial)
-        size = self.window
-        out: list[SampleBatch] = []
-        for rec in chunk:
-            partial.append(rec)
-            if len(partial) == size:
-                out.extend(self._emit(state, partial, len(out)))
-                partial = []
-        return self._advance(state, tuple(partial), out), out
-
-    def _step_budget(self, state: BatchState, chunk: Sequence[Record]) -> tuple[BatchState, list[SampleBatch]]:
-        kept, over_records, over_tokens = [], 0, 0
-        for rec in chunk:
-            if self.width(rec) > self.max_tokens:
-                self._oversized(rec)
-                over_records += 1
-                over_tokens += record_length(rec) - rec.meta.padding_length
-            else:
-                kept.append(rec)
-        out: list[SampleBatch] = []
-        if self.sort_window:
-            partial = list(state.partial)
-            for rec in kept:
-                partial.append(rec)
-                if len(partial) == self.sort_window:
-                    out.extend(self._emit_window(state, partial, len(out)))
-                    partial = []
-        else:
+        kept, over = chunk, []
+        if self.max_tokens is not None:
+            kept = []
+            for rec in chunk:
+                (over if self.width(rec) > self.max_tokens else kept).append(rec)
+            if over:
+                self._oversized(over[0])
+        if self.max_tokens is not None and not self.sort_window:
             # The open microbatch was cut by the same rule from its first record, so cutting it
             # again with the new records continues exactly where the last chunk stopped.
             records = [*state.partial, *kept]
             closed, tail = cut_by_budget([self.width(r) for r in records], self.max_tokens)
             out = [self._batch([records[i] for i in group]) for group in closed]
             partial = [records[i] for i in tail]
+        else:
+            partial, out, size = list(state.partial), [], self.window
+            for rec in kept:
+                partial.append(rec)
+                if len(partial) == size:
+                    out.extend(self._emit(state, partial, len(out)))
+                    partial = []
         state = self._advance(state, tuple(partial), out)
-        if over_records:
+        if over:
+            tokens = sum(record_length(r) - r.meta.padding_length for r in over)
             state = msgspec.structs.replace(
                 state,
-                oversized_records=state.oversized_records + over_records,
-                oversized_tokens=state.oversized_tokens + over_tokens,
+                oversized_records=state.oversized_records + len(over),
+                oversized_tokens=state.oversized_tokens + tokens,
             )
         return state, out
 
@@ -345,11 +309,16 @@ class Batch(Operator):
         )
 
     def flush(self, state: BatchState) -> tuple[BatchState, list[SampleBatch]]:
+        """The end of data: the open batch or window, less what ``drop_last`` drops: a short
+        batch, or with a token budget a last microbatch the budget did not close."""
         if not state.partial:
             return state, []
         records = list(state.partial)
         if self.max_tokens is not None:
-            out, dropped = self._flush_budget(state, records)
+            groups, dropped = self._cut_window(records) if self.sort_window else ([], records)
+            if dropped and not self.drop_last:
+                groups, dropped = groups + [dropped], []
+            out = self._drawn(state, groups, 0)
         elif self.tokens_per_microbatch is not None:
             out, dropped = ([], records) if self.drop_last else ([self._batch(records)], [])
         else:
@@ -357,35 +326,17 @@ class Batch(Operator):
             out = self._emit(state, records[:keep], 0) if keep else []
             dropped = records[keep:]
         state = self._advance(state, (), out)
-        return (
-            msgspec.structs.replace(
-                state,
-                dropped_records=state.dropped_records + len(dropped),
-                dropped_tokens=state.dropped_tokens + _real_tokens(dropped),
-            ),
-            out,
-        )
-
-    def _flush_budget(self, state: BatchState, records: list[Record]) -> tuple[list[SampleBatch], list[Record]]:
-        """The end of data: the last window is cut; a last microbatch the budget did not close is
-        dropped with ``drop_last`` (the open batch of arrival order is never one the budget closed)."""
-        if self.sort_window:
-            closed, tail = self._cut_window(records)
-        else:
-            closed, tail = [], records
-        if self.drop_last:
-            return self._drawn(state, closed, 0), tail
-        return self._drawn(state, closed + ([tail] if tail else []), 0), []
+        changes = {
+            "dropped_records": state.dropped_records + len(dropped),
+            "dropped_tokens": state.dropped_tokens + _real_tokens(dropped),
+        }
+        return msgspec.structs.replace(state, **changes), out
 
     def _cut_window(self, records: list[Record]) -> tuple[list[list[Record]], list[Record]]:
         """A window sorted by (length, record id, arrival) and cut by the budget: ``(closed, open)``."""
         order = sorted(range(len(records)), key=lambda i: (record_length(records[i]), records[i].meta.segments, i))
         closed, tail = cut_by_budget([self.width(records[i]) for i in order], self.max_tokens)
         return [[records[order[j]] for j in group] for group in closed], [records[order[j]] for j in tail]
-
-    def _emit_window(self, state: BatchState, records: list[Record], already: int) -> list[SampleBatch]:
-        closed, tail = self._cut_window(records)
-        return self._drawn(state, closed + ([tail] if tail else []), already)
 
     def _batch(self, records: Sequence[Record]) -> SampleBatch:
         return SampleBatch(tuple(records), self.pad_token_id)
@@ -395,15 +346,16 @@ class Batch(Operator):
         when they were sorted by length; in their own order otherwise."""
         if not (self.group_by_length or self.sort_window):
             return [self._batch(g) for g in groups]
-        groups = [tuple(g) for g in groups]
-        counter = state.batches + already
-        out = []
-        while groups:
+        groups, out, first = [tuple(g) for g in groups], [], state.batches + already
+        for counter in range(first, first + len(groups)):
             out.append(self._batch(groups.pop(randbelow(state.key, counter, len(groups)))))
-            counter += 1
         return out
 
     def _emit(self, state: BatchState, records: list[Record], already: int) -> list[SampleBatch]:
+        """The batches of a full window (or the end's records): cut by the budget, or by size."""
+        if self.max_tokens is not None:
+            closed, tail = self._cut_window(records)
+            return self._drawn(state, closed + ([tail] if tail else []), already)
         mbs = self.microbatch_size
         if not self.group_by_length:
             return [self._batch(records[i : i + mbs]) for i in range(0, len(records), mbs)]
@@ -463,10 +415,9 @@ class Batch(Operator):
         return state
 
     def rebuild(self, refs: Sequence[Any], upstream: Resolver) -> list[SampleBatch]:
-        budget = self.max_tokens is not None
-        most, name = (self.max_tokens, "max_tokens") if budget else (self.microbatch_size, "microbatch_size")
-        if self.tokens_per_microbatch is not None:
-            most, name = self.tokens_per_microbatch, "tokens_per_microbatch"
+        modes = ("tokens_per_microbatch", "max_tokens", "microbatch_size")
+        name = next(n for n in modes if getattr(self, n) is not None)
+        most = getattr(self, name)
         for ref in refs:
             if not 0 < len(ref) <= most:
                 raise ValueError(f"a batch reference holds {len(ref)} records; batches hold 1 to {name}={most}")

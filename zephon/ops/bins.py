@@ -18,7 +18,7 @@ from ..core.state import decode, resolve
 from ..training.fields import SEGMENT_KEYS, aligned_payload, check_carried, find_token_field, unique_names
 from ..core.records import Meta, Record, Segment, describe_meta
 from .candidates import Pool, Piece, length_of as _length
-from .lengths import LengthSchedule
+from .lengths import LengthSchedule, is_int
 
 #: The packing algorithms, as Zephon names them.
 ALGORITHMS = ("first_fit", "best_fit", "wrap", "best_fit_wrap")
@@ -27,12 +27,9 @@ OVERSIZED = ("split", "drop", "truncate", "error")
 _WHOLE = ("first_fit", "best_fit")  # keep documents whole in open bins
 _new_tuple = tuple.__new__
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
 
 def _check_int(op: str, name: str, value: Any, low: int, none: str = "") -> None:
-    if not _is_int(value) or value < low:
+    if not is_int(value) or value < low:
         raise ValueError(f"{op}: {name} must be an int >= {low}{none}, got {value!r}")
 
 
@@ -176,7 +173,7 @@ class Packer(Operator):
         if not isinstance(self.tokens_field, str) or not self.tokens_field:
             raise ValueError(f"{k}: tokens_field must be a field name or 'auto', got {self.tokens_field!r}")
         pad = self.pad_token_id
-        if pad is not None and (not _is_int(pad) or pad < 0):
+        if pad is not None and (not is_int(pad) or pad < 0):
             raise ValueError(f"{k}: pad_token_id must be a non-negative int or None, got {pad!r}")
         drop = self.drop_fields
         if isinstance(drop, str) or not isinstance(drop, tuple) or not all(isinstance(n, str) and n for n in drop):
@@ -490,14 +487,13 @@ class Packer(Operator):
                 raise ValueError(f"field 'bins[{i}]' must hold 1 to max_length={L} tokens, got {_length(b)}")
         if _length(state.stream) >= L:
             raise ValueError(f"field 'stream' holds {_length(state.stream)} tokens; a row is cut at max_length={L}")
-        previous = 0
-        for i, (*_, arrival) in enumerate(state.pool):
+        arrivals = [0] + [arrival for *_, arrival in state.pool]
+        for i, (previous, arrival) in enumerate(zip(arrivals, arrivals[1:])):
             if not previous < arrival <= state.arrivals:
                 raise ValueError(
                     f"field 'pool[{i}]' has arrival {arrival}; arrivals increase along the pool, up to 'arrivals' "
                     f"({state.arrivals})"
                 )
-            previous = arrival
         state = resolve(state, self._inputs(upstream))
         for name, (rec, start, end, *_) in zip(names, _pieces(state)):
             self._check_range(rec, start, end, f"field {name!r}")

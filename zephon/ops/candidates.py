@@ -17,7 +17,6 @@ Piece = tuple  # (Record, start, end)
 
 
 def length_of(pieces: Sequence[tuple]) -> int:
-    """Tokens in these pieces."""
     return sum(p[2] - p[1] for p in pieces)
 
 

@@ -1,14 +1,9 @@
-"""Chat and prompt/completion tokenization: conversations to ``input_ids`` and an aligned ``loss_mask``.
+"""Chat and prompt/completion tokenization: ``input_ids`` with an aligned ``loss_mask``.
 
-:class:`TokenizeChat` renders a conversation with a Jinja chat template and marks the assistant
-turns. Their character spans come from ``{% generation %}`` blocks, or else from prefix rendering
-(the renders of ``messages[:i]`` with the generation prompt and of ``messages[:i + 1]`` must both
-start the full text; their difference, trailing whitespace left out, is reply ``i``); the
-tokenizer's character offsets turn spans into the mask. :class:`TokenizePromptCompletion` handles
-``{"prompt": ..., "completion": ...}`` records. In both, ``loss_mask`` is unshifted (1: learn to
-produce this token) and the first token of a record is never a target (in a packed row the token
-before it belongs to another document). Templates are in :mod:`zephon.text.templates`; see
-``docs/guide/chat.md``.
+:class:`TokenizeChat` renders conversations with a Jinja chat template and masks the assistant
+turns; :class:`TokenizePromptCompletion` masks the completion of ``{"prompt", "completion"}``
+records. The mask is unshifted (1: learn to produce this token) and never marks a record's first
+token (in a packed row the token before it belongs to another document). See ``docs/guide/chat.md``.
 """
 
 from __future__ import annotations
@@ -40,11 +35,8 @@ __all__ = [
 
 logger = logging.getLogger("zephon")
 
-#: Values of ``loss_scope``.
 LOSS_SCOPES = ("assistant", "last_assistant", "all")
-#: Values of ``span_source``.
 SPAN_SOURCES = ("auto", "generation_tags", "prefix")
-#: Values of ``empty_mask``.
 EMPTY_MASK_MODES = ("error", "drop")
 
 # Per process, by tokenizer fingerprint: a tokenizer that reports untrimmed offsets.
@@ -124,9 +116,8 @@ def _tagged(template: str) -> bool:
 
 def _plain_dict(value: Any) -> Any:
     """A mapping with str keys as a plain dict (a copy); any other value unchanged, for the check to name."""
-    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
-        return dict(value)
-    return value
+    plain = isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
+    return dict(value) if plain else value
 
 
 def _check_chat_options(v: Any) -> None:
@@ -156,28 +147,25 @@ def _check_chat_options(v: Any) -> None:
 class TokenizeChat(TokenizerOp):
     """Render conversations with a chat template into ``input_ids`` and an assistant ``loss_mask``.
 
-    Each payload holds a conversation: a list of messages ``{"role", "content"}`` (optionally
-    ``"tool_calls"``, ``"name"``, ``"tool_call_id"``). The output is ``{"input_ids": int32,
-    "loss_mask": uint8}``, aligned and unshifted: 1 exactly on the tokens of the selected assistant
-    turns, their end-of-turn token included (``<|im_end|>``, ``<|eot_id|>``), 0 on system, user and
-    tool turns and the assistant header; the first token is never a target. The template renders as
-    in transformers (sandboxed Jinja; no ``strftime_now``, so the data never depends on the day it
-    is built); the text is tokenized as one piece without added special tokens, and a token is
-    supervised when its characters overlap a span. The template's special markers (``<|...|>``,
-    ``<s>``, ``</s>``) must each be one token of the tokenizer (:func:`~zephon.text.templates.check_markers`).
+    A payload holds a list of messages ``{"role", "content"}`` (optionally ``"tool_calls"``,
+    ``"name"``, ``"tool_call_id"``). The output ``{"input_ids": int32, "loss_mask": uint8}`` has 1
+    exactly on the selected assistant turns, end-of-turn token included, and 0 on other turns and
+    the assistant header. Turns are found by ``{% generation %}`` blocks, or by prefix rendering:
+    the renders of ``messages[:i]`` with the generation prompt and of ``messages[:i + 1]`` must
+    start the full text, and their difference (trailing whitespace left out) is reply ``i``. The
+    template renders as in transformers (sandboxed Jinja, no ``strftime_now``); the text is
+    tokenized without added specials, and a token is supervised when its characters overlap a
+    span. Template markers (``<|...|>``, ``<s>``) must each be one token (``check_markers``).
 
-    State: none; it restores and reshards trivially. A record's output depends only on its payload,
-    the tokenizer's content, the template text (its sha256 is in the fingerprint) and the options.
-    ``tokenizer`` holds the resolved :class:`~zephon.text.tokenizer.TokenizerHandle`
-    (``tokenizer_id`` reads ``None``), ``chat_template`` the text and ``chat_template_kwargs`` a
-    plain dict, so the operator pickles without its files. ``attrs.evolve(op, **changes)`` equals
-    the constructor called with the operator's arguments changed by ``changes``: a template that
-    came with the tokenizer (``chat_template=None``) follows a changed tokenizer, a given one stays.
+    State: none. The output depends only on the payload, the tokenizer's content, the template
+    text (its sha256 is fingerprinted) and the options. ``tokenizer`` holds the resolved
+    :class:`~zephon.text.tokenizer.TokenizerHandle` (``tokenizer_id`` reads ``None``),
+    ``chat_template`` the text, so the operator pickles without its files. ``attrs.evolve`` equals
+    construction: a template that came with the tokenizer follows a changed tokenizer.
 
     Args:
-        tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to
-            ``tokenizer.json`` or its folder, or a ``TokenizerHandle``.
-        tokenizer_id: instead of ``tokenizer``: a local path or a Hugging Face id in the local cache.
+        tokenizer: as for :class:`~zephon.ops.Tokenize` (or ``tokenizer_id``: a local path or a
+            Hugging Face id in the local cache).
         field: the payload key holding the messages.
         chat_template: a built-in name (``"chatml"``, ``"llama3"``), Jinja text, or a path to a
             ``.jinja`` file, a ``tokenizer_config.json`` or a folder; ``None``: the template
@@ -195,11 +183,11 @@ class TokenizeChat(TokenizerOp):
             rendering), ``"generation_tags"`` or ``"prefix"``.
 
     Raises:
-        ValueError: an invalid option; no chat template, or one that is not valid Jinja, whose
-            markers are not single tokens, lacks the tags asked for or (prefix rendering) ignores
-            ``add_generation_prompt``; while tokenizing, a malformed conversation, a template
-            error, prefixes that do not start the conversation, a record longer than
-            ``max_length`` without ``truncation``, or an all-zero mask with ``empty_mask="error"``.
+        ValueError: an invalid option or template (missing, not Jinja, markers not single tokens,
+            lacking the tags asked for, ignoring ``add_generation_prompt`` for prefix rendering);
+            while tokenizing, a malformed conversation, a template error, prefixes that do not
+            start the conversation, a record over ``max_length`` without ``truncation``, or an
+            all-zero mask with ``empty_mask="error"``.
         TypeError: an option of the wrong type.
 
     Examples:
@@ -288,8 +276,8 @@ class TokenizeChat(TokenizerOp):
     def _special_texts(self) -> tuple[str, str]:
         """The BOS and EOS strings the template sees as ``bos_token`` and ``eos_token`` (``""`` without one)."""
         handle = self.tokenizer
-        bos, eos, text = handle.bos_token_id, handle.eos_token_id, handle.tokenizer.id_to_token
-        return (text(bos) or "") if bos is not None else "", (text(eos) or "") if eos is not None else ""
+        ids = (handle.bos_token_id, handle.eos_token_id)
+        return tuple((handle.tokenizer.id_to_token(i) or "") if i is not None else "" for i in ids)
 
     def _prompt_checked(self) -> bool:
         """Whether the template was seen to honour ``add_generation_prompt`` (probed once per process;
@@ -304,11 +292,9 @@ class TokenizeChat(TokenizerOp):
         return out
 
     def _render(self, messages: Sequence[Any], tools: Any, add_generation_prompt: bool = False, *, track: bool = False):
-        variables = dict(self.chat_template_kwargs or {})
         bos, eos = self._special_texts()
-        variables.update(
-            messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos
-        )
+        variables = dict(self.chat_template_kwargs or {}, messages=messages, tools=tools)
+        variables.update(add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos)
         return _render(self.chat_template, variables, track=track)
 
     def _probe_generation_prompt(self) -> bool:
@@ -462,14 +448,11 @@ class TokenizePromptCompletion(TokenizerOp):
     ``loss_mask`` 0 on BOS and the prompt, 1 on the completion and the EOS. Prompt and completion
     are tokenized separately (one batch call per chunk), so their boundary is a token boundary, as
     at inference. The first token is never a target (it matters with an empty prompt and no BOS).
-
-    State: none (a stateless operator); it restores and reshards trivially. The output depends on
-    the payload, the tokenizer's content and the data options.
+    State: none; the output depends on the payload, the tokenizer's content and the data options.
 
     Args:
         tokenizer: as for :class:`TokenizeChat` (or ``tokenizer_id``).
-        prompt_field: the payload key of the prompt text.
-        completion_field: the payload key of the completion text.
+        prompt_field, completion_field: the payload keys of the two texts.
         special_tokens: ``"bos_eos"`` (default), ``"bos"``, ``"eos"`` or ``"none"``, as in
             ``tokenize``; an added EOS is supervised. ``bos_token_id``/``eos_token_id`` override
             the tokenizer's ids.

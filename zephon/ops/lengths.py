@@ -1,14 +1,9 @@
-"""Sequence-length warmup: a ``pack_flat`` row length that is a function of the global step.
+"""Sequence-length warmup: :class:`LengthSchedule`, a ``pack_flat`` row length per global step.
 
-:class:`LengthSchedule` lists ``(step, length)`` pairs: from that global step on, rows hold that
-many tokens. With ``batch(tokens_per_microbatch=T)`` every microbatch holds ``T`` training tokens
-whatever the row length: ``T / (length - 1)`` rows (rows are packed ``context + 1`` long, labels
-being shifted). A lane delivers one microbatch per global step, so the step a row belongs to
-follows from how many rows the lane's packer has emitted: :meth:`LengthSchedule.phases` gives the
-first row of every phase, and the row length of row ``r`` is a search over a handful of phases.
-That holds only while nothing between ``pack_flat`` and ``batch`` drops, reorders or duplicates
-rows: :func:`bind_lengths` checks it when the pipeline is built and gives ``pack_flat`` the
-``tokens_per_microbatch`` of its ``batch``.
+With ``batch(tokens_per_microbatch=T)`` a microbatch holds ``T / (length - 1)`` rows, and a lane
+delivers one microbatch per step, so a row's step follows from the rows the lane's packer emitted
+(:meth:`LengthSchedule.phases`). That needs nothing between ``pack_flat`` and ``batch`` that
+drops, reorders or duplicates rows: :func:`bind_lengths` checks it when the pipeline is built.
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ class Phase(NamedTuple):
     first_row: int
 
 
-def _is_int(x: Any) -> bool:
+def is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -49,9 +44,9 @@ def _convert_points(points: Any) -> tuple[tuple[int, int], ...]:
         if isinstance(p, (str, bytes)) or not isinstance(p, Sequence) or len(p) != 2:
             raise ValueError(f"LengthSchedule: point {i} must be a pair (step, length), got {p!r}")
         step, length = p
-        if not _is_int(step) or step < 0:
+        if not is_int(step) or step < 0:
             raise ValueError(f"LengthSchedule: point {i}: step must be an int >= 0, got {step!r}")
-        if not _is_int(length) or length < 2:
+        if not is_int(length) or length < 2:
             raise ValueError(
                 f"LengthSchedule: point {i} (step {step}): length must be an int >= 2 (a row of context + 1 "
                 f"tokens), got {length!r}"
@@ -62,11 +57,11 @@ def _convert_points(points: Any) -> tuple[tuple[int, int], ...]:
             f"LengthSchedule: the first point must be at step 0 (the start of training), got step {out[0][0]}; "
             f"add a point (0, length) in front"
         )
-    for i in range(1, len(out)):
-        if out[i][0] <= out[i - 1][0]:
+    for i, ((before, _), (step, _)) in enumerate(zip(out, out[1:]), 1):
+        if step <= before:
             raise ValueError(
-                f"LengthSchedule: steps must increase strictly; point {i} is at step {out[i][0]} after step "
-                f"{out[i - 1][0]}; sort the points and give each step one length"
+                f"LengthSchedule: steps must increase strictly; point {i} is at step {step} after "
+                f"step {before}; sort the points and give each step one length"
             )
     return tuple(out)
 
@@ -81,7 +76,7 @@ def rows_per_microbatch(length: int, tokens_per_microbatch: int, where: str) -> 
             f"choose tokens_per_microbatch as a common multiple of every length - 1, or lengths of the form k + 1 "
             f"with k dividing {T}"
         )
-    return tokens_per_microbatch // (length - 1)
+    return T // (length - 1)
 
 
 @lru_cache(maxsize=64)
@@ -99,11 +94,10 @@ def _phases(points: tuple[tuple[int, int], ...], tokens: int) -> tuple[tuple[Pha
 class LengthSchedule:
     """Row lengths of ``pack_flat`` over global steps: ``[(step, length), ...]``.
 
-    Each pair: from this global step on, rows hold ``length`` tokens (pack ``context + 1``). The
-    first step is 0 and steps increase strictly. Used as ``pack_flat(max_length=...)`` with
-    ``batch(tokens_per_microbatch=T)``, so each microbatch holds ``T`` training tokens (``T``
-    divisible by every ``length - 1``, checked when the pipeline is built). Part of the
-    fingerprint; its :meth:`describe` is builtins (JSON- and msgpack-safe).
+    From each ``step`` on, rows hold ``length`` tokens (``context + 1``); the first step is 0 and
+    steps increase strictly. Used as ``pack_flat(max_length=...)`` with
+    ``batch(tokens_per_microbatch=T)``, ``T`` divisible by every ``length - 1``. Part of the
+    fingerprint; :meth:`describe` gives builtins (JSON- and msgpack-safe).
 
     Examples:
         >>> s = LengthSchedule([(0, 257), (2000, 1025)])
@@ -119,7 +113,7 @@ class LengthSchedule:
 
     @property
     def lengths(self) -> tuple[int, ...]:
-        return tuple(length for _, length in self.points)
+        return tuple(n for _, n in self.points)
 
     @property
     def longest(self) -> int:
@@ -163,7 +157,6 @@ def bind_lengths(operators: Sequence[tuple[str, Any]]) -> tuple[tuple[str, Any],
     the pairing: a :class:`LengthSchedule` goes with ``batch(tokens_per_microbatch=T)`` and only with it,
     nothing stands between them, and ``T`` divides into whole rows in every phase.
     """
-    names = [n for n, _ in operators]
     packs = [i for i, (_, op) in enumerate(operators) if op.kind in ("pack_flat", "pack_sequences")]
     batch_at = next((i for i, (_, op) in enumerate(operators) if op.kind == "batch"), None)
     batch = operators[batch_at][1] if batch_at is not None else None
@@ -189,15 +182,14 @@ def bind_lengths(operators: Sequence[tuple[str, Any]]) -> tuple[tuple[str, Any],
             "step a row belongs to is counted in microbatches of T tokens"
         )
     if tokens is None:
-        mode = f"microbatch_size={batch.microbatch_size}" if batch.microbatch_size is not None else (
-            f"max_tokens={batch.max_tokens}"
-        )
+        size = batch.microbatch_size
+        mode = f"microbatch_size={size}" if size is not None else f"max_tokens={batch.max_tokens}"
         raise ValueError(
             f"batch({mode}) cannot follow pack_flat(max_length={pack.max_length}): a length schedule changes the row "
             "length per step, and only batch(tokens_per_microbatch=T) keeps the tokens per step constant (T / "
             "(length - 1) rows); pass batch(tokens_per_microbatch=T) instead"
         )
-    between = names[at + 1 : batch_at]
+    between = [n for n, _ in operators[at + 1 : batch_at]]
     if between:
         raise ValueError(
             f"pack_flat(max_length=LengthSchedule(...)) must be followed directly by batch(tokens_per_microbatch=...), "
@@ -212,5 +204,6 @@ def bind_lengths(operators: Sequence[tuple[str, Any]]) -> tuple[tuple[str, Any],
             f"pack_flat: tokens_per_microbatch={given} differs from batch(tokens_per_microbatch={tokens}); leave it "
             "out of pack_flat (the pipeline fills it from batch)"
         )
-    bound = attrs.evolve(pack, tokens_per_microbatch=tokens)
-    return tuple(operators[:at]) + ((operators[at][0], bound),) + tuple(operators[at + 1 :])
+    out = list(operators)
+    out[at] = (out[at][0], attrs.evolve(pack, tokens_per_microbatch=tokens))
+    return tuple(out)

@@ -1,24 +1,17 @@
 """``ensure_mixture``: per-lane exact token accounting of a mixture, by deficit.
 
-Each lane reorders its records so that the tokens it has emitted track the target mixture: the
-next record comes from the dataset most owed (the smallest ``(emitted_j + next_j / 2) / W_j`` for
-integer target weights ``W`` and ``next_j`` the weight of its next waiting record, ties to the
-earlier dataset), taken from a per-dataset queue in arrival order. Records wait in a bounded
-buffer for that dataset; when it is full, the most owed dataset that *has* a record waiting goes
-next (a forced emission, counted). The end of the lane's data emits the buffer in the same order:
-nothing is discarded, ever.
-
-A schedule of weights is followed phase by phase on the lane's own clock, the records it has
-emitted: a phase that starts at source position ``P`` starts at the lane's emission ``ceil(P / L)``
-for ``L`` lanes (:func:`place_targets` places them when the pipeline compiles, from the numbers
-that place the source's own switch). At a phase's start the emitted counters restart from zero, so
-each phase meets its own target. Running per lane on the lane's own stream, the output is
-identical for every number of ranks.
+Each lane emits next the waiting record (per-dataset queues, arrival order) of the dataset most
+owed: the smallest ``(emitted_j + next_j / 2) / W_j`` for integer target weights ``W``, ties to
+the earlier dataset. When the bounded buffer overflows, the most owed dataset that has a record
+waiting goes (a forced emission, counted); the end of data emits the buffer; nothing is dropped.
+A schedule is followed phase by phase on the lane's emissions (:func:`place_targets`), the
+emitted counters restarting at each phase, so the output is the same for every number of ranks.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import warnings
 from collections import deque
 from typing import Any, ClassVar, Sequence
@@ -63,8 +56,7 @@ def _ratio(low_open: bool):
 def _mixture(value: Any) -> dict[str, float] | MixtureSchedule | None:
     if value is None or isinstance(value, MixtureSchedule):
         return value
-    weights = getattr(value, "weights", value)
-    return normalize(weights, zero_ok=True)
+    return normalize(getattr(value, "weights", value), zero_ok=True)
 
 
 def _phases(value: Any) -> tuple[tuple[int, tuple[int, ...]], ...]:
@@ -84,25 +76,20 @@ class EnsureMixture(Operator):
 
     Args:
         mixture: target ``{dataset name: weight}`` (weights >= 0), or a
-            :class:`~zephon.work.MixtureSchedule` of targets, which the pipeline places on the
-            lane's emissions (``phases``) with the numbers that place the source's schedule.
+            :class:`~zephon.work.MixtureSchedule`, which the pipeline places as ``phases``.
         datasets: the source's dataset names, in order (a record names its dataset by index).
-        phases: ``((first emission, integer weights), ...)``: the lane's targets phase by phase,
-            the emitted counters restarting at each phase (filled in by the pipeline for a
-            schedule; empty: ``mixture`` throughout).
+        phases: ``((first emission, integer weights), ...)``: the lane's targets phase by phase
+            (filled in by the pipeline for a schedule; empty: ``mixture`` throughout).
         max_buffer_size: records a lane holds at most while it waits for the most owed dataset.
-        weight_by: ``"auto"`` (tokens: the length of ``input_ids``/``tokens``/...), ``"samples"``
-            (1 per record), a payload field (its number, or its length), or a function of the
-            payload.
+        weight_by: ``"auto"`` (tokens: the length of ``input_ids``/...), ``"samples"`` (1 per
+            record), a payload field (its number, or its length), or a function of the payload.
         drain_target_ratio: when the buffer overflows, forced emissions bring it down to
             ``drain_target_ratio * max_buffer_size`` records (default 0.8).
         obsolete_drain_rate: after every ``int(1 / rate)`` on-target emissions, the oldest
-            waiting record goes next (0, the default, turns it off: the buffer bound already
-            limits waiting).
+            waiting record goes next (0, the default: off; the buffer bound limits waiting).
 
     State: emitted weight per dataset in the current phase, the buffer (by reference), outputs
-    (the lane's clock: which phase is in force) and forced outputs; restores and reshards like
-    every lane state. ``report()`` gives ``buffered``, ``outputs`` and ``forced``.
+    (the lane's clock) and forced outputs. ``report()`` gives ``buffered``, ``outputs``, ``forced``.
 
     Examples:
         >>> op = EnsureMixture({"web": 1, "books": 1}, datasets=("web", "books"))
@@ -185,10 +172,9 @@ class EnsureMixture(Operator):
         n = len(W)
         emitted = list(state.emitted)
         queues: list[deque] = [deque() for _ in range(n)]
-        seq = 0
+        seq = itertools.count()
         for rec in state.buffer:
-            queues[self._dataset(rec)].append((seq, rec))
-            seq += 1
+            queues[self._dataset(rec)].append((next(seq), rec))
         held = len(state.buffer)
         outputs, forced = state.outputs, state.forced
         out: list[Record] = []
@@ -209,6 +195,9 @@ class EnsureMixture(Operator):
         low = int(self.drain_target_ratio * self.max_buffer_size)
         since = state.since_drain
 
+        def oldest() -> int:
+            return min((k for k in range(n) if queues[k]), key=lambda k: queues[k][0][0])
+
         def emit(j: int) -> None:
             nonlocal held, outputs, phase, W, live
             _, rec = queues[j].popleft()
@@ -228,7 +217,7 @@ class EnsureMixture(Operator):
             overflow = False
             while held:
                 if every and since >= every:  # the oldest waiting record goes, then on target again
-                    emit(min((k for k in range(n) if queues[k]), key=lambda k: queues[k][0][0]))
+                    emit(oldest())
                     since = 0
                     forced += 1
                     continue
@@ -241,16 +230,12 @@ class EnsureMixture(Operator):
                 if not (final or (overflow and held > low)):
                     return
                 waiting = [k for k in live if queues[k]]
-                if waiting:
-                    j = most_owed(waiting)
-                else:  # only datasets without target weight wait: the oldest record goes
-                    j = min((k for k in range(n) if queues[k]), key=lambda k: queues[k][0][0])
-                emit(j)
+                # With only datasets without target weight waiting, the oldest record goes.
+                emit(most_owed(waiting) if waiting else oldest())
                 forced += not final
 
         for rec in chunk:
-            queues[self._dataset(rec)].append((seq, rec))
-            seq += 1
+            queues[self._dataset(rec)].append((next(seq), rec))
             held += 1
             drain(False)
         if flushing:
@@ -292,9 +277,7 @@ SAMPLE_SUPPLY_WARNING = (
 def make_ensure_mixture(source: Any, mixture: Any = None, **kwargs: Any) -> EnsureMixture:
     """The operator for ``source``: its dataset names, and its mixture (or schedule) when ``mixture`` is not given.
 
-    A token target (``weight_by="auto"``) over a source whose weights count samples warns: the
-    supply does not follow the target, so most emissions would be forced (see
-    :data:`SAMPLE_SUPPLY_WARNING`).
+    Warns (:data:`SAMPLE_SUPPLY_WARNING`) for a token target over a source mixed by samples.
     """
     tokens = kwargs.get("weight_by", "auto") == "auto"
     if mixture is None:
@@ -315,10 +298,8 @@ def make_ensure_mixture(source: Any, mixture: Any = None, **kwargs: Any) -> Ensu
 def lane_phases(source: Any, schedule: MixtureSchedule, lanes: int, names: Sequence[str]) -> tuple[tuple[int, tuple[int, ...]], ...]:
     """``schedule``'s targets on one lane's emissions: ``((first emission, integer weights), ...)``.
 
-    Each piece of the schedule starts at the source position where the source places it (its own
-    schedule's positions when ``schedule`` is the source's, else the same placement rules applied
-    to ``schedule``); a lane reads one ``lanes``-th of the positions, so the piece at position
-    ``P`` starts at the lane's emission ``ceil(P / lanes)``.
+    A piece the source places at position ``P`` (by its placement rules, or its own schedule's
+    positions) starts at the lane's emission ``ceil(P / lanes)``: a lane reads every ``lanes``-th.
     """
     if schedule == source.mixture:
         placed = source

@@ -1,25 +1,14 @@
 """Sample-level curriculum: each lane's records sorted by a key inside consecutive windows.
 
-``order_by(key, window=N)`` collects ``N`` records of a lane, sorts them by ``key(payload)``
-(ascending, or descending with ``reverse``), emits them and starts the next window. Ties are
-broken by the record's identity (its meta: dataset, shard, row, child, token range), never by
-arrival, so the order inside a window is a pure function of the window's contents. At the end of
-a lane's data the last, shorter window is sorted and emitted too: nothing is dropped.
-
-A key is a function of the payload, as ``map``'s function is (fingerprinted the same way), a field
-name (``"length"``: the field's value) or :data:`token_count` (the tokens of the token field).
-It returns an int, a float, a string or a tuple of them; anything else, NaN, or keys of one window
-that do not compare with each other (a string and a number) raise an error naming the record.
-
-Under a mixture schedule a window never holds records of two phases (sorting would move them
-across the switch): the pipeline gives the operator the lane's sample positions of the switches
-(``drains``, as for the shuffle), and the first record at or after such a position first closes
-the window, which is sorted and emitted short.
+``order_by(key, window=N)`` sorts every ``N`` records of a lane by ``key(payload)``, ties by the
+record's identity (never by arrival), and emits them; the end of the data emits the last, shorter
+window. Under a mixture schedule the first record of a new phase (``drains``, as for the shuffle)
+closes the open window early, so a window never holds records of two phases.
 """
 
 from __future__ import annotations
 
-import bisect
+import contextlib
 import math
 from typing import Any, Callable, ClassVar, Sequence
 
@@ -32,7 +21,7 @@ from ..core.operator import Operator, Resolver, config_field, nonnegative, posit
 from ..core.records import Meta, Record, describe_meta
 from ..core.state import decode, resolve
 from ..training.fields import TOKEN_FIELDS
-from .shuffle import drain_positions, sample_starts
+from .shuffle import drain_positions, next_phase
 
 
 class OrderState(msgspec.Struct, frozen=True, tag="order_by", forbid_unknown_fields=True):
@@ -132,10 +121,8 @@ def sort_value(value: Any, meta: Meta) -> Any:
     """
     if isinstance(value, str):
         return str(value)
-    if isinstance(value, (bool, np.bool_, np.integer)):
+    if isinstance(value, (int, np.bool_, np.integer)):
         return int(value)
-    if isinstance(value, int):
-        return value
     if isinstance(value, (float, np.floating)):
         if math.isnan(value):
             raise _named(ValueError(
@@ -155,10 +142,8 @@ def sort_value(value: Any, meta: Meta) -> Any:
 
 def _named(exc: Exception, meta: Meta) -> Exception:
     """``exc`` carrying the record's meta, which the lanes name by dataset and file."""
-    try:
+    with contextlib.suppress(AttributeError):  # an exception type that takes no attributes
         exc.zephon_meta = meta  # type: ignore[attr-defined]
-    except AttributeError:  # an exception type that takes no attributes
-        pass
     return exc
 
 
@@ -191,10 +176,9 @@ class OrderBy(Operator):
         drains: the lane's sample positions of the source schedule's switches, where a window
             closes early (see the module docstring); filled in by the pipeline.
 
-    State: the open window's records by reference (fewer than ``window``), the windows and records
-    emitted, and with ``drains`` the sample starts seen and the window's phase. The key reads the
-    payloads, so a restore rebuilds the open window's records. The output depends only on the
-    lane's input order; it restores exactly and reshards with its lane.
+    State: the open window's records by reference (fewer than ``window``), counters, and with
+    ``drains`` the lane clock. The key reads payloads, so a restore rebuilds the open window. The
+    output depends only on the lane's input order; it restores exactly and reshards with its lane.
 
     Examples:
         >>> from zephon.testing import records_from, run
@@ -251,26 +235,19 @@ class OrderBy(Operator):
         return [records[i] for i in order]
 
     def step(self, state: OrderState, chunk: Sequence[Record]) -> tuple[OrderState, list[Record]]:
-        buffer = list(state.buffer)
-        windows, emitted, samples, phase = state.windows, state.emitted, state.samples, state.phase
-        drains, size = self.drains, self.window
-        out: list[Record] = []
+        buffer, out, windows = list(state.buffer), [], state.windows
+        samples, phase = state.samples, state.phase
         for rec in chunk:
-            if drains:
-                starts = sample_starts(rec)
-                if starts:
-                    at = bisect.bisect_right(drains, samples)
-                    if at != phase:  # the first record of the next phase closes the open window
-                        if buffer:
-                            out.extend(self.sorted_window(buffer))
-                            windows, emitted, buffer = windows + 1, emitted + len(buffer), []
-                        phase = at
-                    samples += starts
+            if self.drains:
+                switched, samples, phase = next_phase(self.drains, samples, phase, rec)
+                if switched and buffer:  # the first record of the next phase closes the open window
+                    out.extend(self.sorted_window(buffer))
+                    windows, buffer = windows + 1, []
             buffer.append(rec)
-            if len(buffer) == size:
+            if len(buffer) == self.window:
                 out.extend(self.sorted_window(buffer))
-                windows, emitted, buffer = windows + 1, emitted + size, []
-        return OrderState(tuple(buffer), windows, emitted, samples, phase), out
+                windows, buffer = windows + 1, []
+        return OrderState(tuple(buffer), windows, state.emitted + len(out), samples, phase), out
 
     def flush(self, state: OrderState) -> tuple[OrderState, list[Record]]:
         """The open window, sorted: the end of a lane's data is a last, shorter window."""

@@ -1,11 +1,9 @@
 """Packing: fit a lane's documents into rows of at most ``max_length`` tokens.
 
-:class:`PackFlat` (``pack_flat``) and :class:`PackSequences` (``pack_sequences``) share the engine of
-:mod:`zephon.ops.bins` (which tokens share a bin) and differ in what a finished bin becomes: a
-fixed-length training row, or an envelope ``{"packed_samples": [payload, ...]}``. Every output's
-meta lists its pieces as segments ``(dataset, shard, row, child, start, end)`` and its
-``padding_length``: all :meth:`~PackFlat.rebuild` needs to rebuild it, through the function that
-built it. See ``docs/guide/packing.md``.
+:class:`PackFlat` and :class:`PackSequences` share the engine of :mod:`zephon.ops.bins` and differ
+in what a finished bin becomes: a fixed-length training row, or an envelope
+``{"packed_samples": [payload, ...]}``. An output's meta (its pieces as segments and its
+``padding_length``) is all :meth:`~PackFlat.rebuild` needs. See ``docs/guide/packing.md``.
 """
 
 from __future__ import annotations
@@ -18,9 +16,7 @@ import numpy as np
 from ..core.operator import config_field
 from ..training.fields import find_token_field, segment_entry
 from ..core.records import Record
-from .bins import ALGORITHMS as ALGORITHMS
-from .bins import OVERSIZED as OVERSIZED
-from .bins import Packer, PackState as PackState, Piece
+from .bins import ALGORITHMS, OVERSIZED, Packer, PackState, Piece
 from .lengths import LengthSchedule
 
 __all__ = ["ALGORITHMS", "OVERSIZED", "PackFlat", "PackSequences", "PackState", "packing_info"]
@@ -61,7 +57,7 @@ class PackFlat(Packer):
 
     Algorithms (worked examples in ``docs/guide/packing.md``):
 
-    - ``"wrap"`` (default): one token stream cut into consecutive rows of ``max_length``; capped
+    - ``"wrap"`` (default): one token stream cut into consecutive rows; capped
       (``max_sequences_per_bin``), a row also closes, short, when it holds that many pieces.
     - ``"first_fit"``: each document into the first of up to ``num_bins`` open bins with room, else
       a new bin (emitting the oldest when ``num_bins`` are open). A bin is emitted once its free
@@ -69,58 +65,56 @@ class PackFlat(Packer):
     - ``"best_fit"``: as first_fit, into the open bin with the least room that fits (first on ties).
     - ``"best_fit_wrap"``: full windows go out directly, remainders join a pool; once it holds
       ``candidate_pool_size`` candidates and a row's worth, a row takes candidates older than
-      ``max_candidate_age`` arrivals, then the largest that fit (earliest on ties); if none fits,
-      the shortest is split to fill the row (its tail cut when it starts its document and the gap
-      is under half of it, else its head).
+      ``max_candidate_age`` arrivals, then the largest that fit (earliest on ties), else splits
+      the shortest (its tail when it starts its document and the gap is under half, else its head).
 
     Only ``flush`` closes partial work: open bins oldest first, full best_fit_wrap rows, then one
-    partial row. Documents longer than ``max_length`` follow ``oversized``: ``"split"`` (into
-    ``max_length`` pieces; wrap: the stream cuts it), ``"truncate"``, ``"drop"`` or ``"error"``.
-    Every dropped or cut token, and every empty document, is counted in :meth:`report`.
+    partial row. Every dropped or cut token, and every empty document, is counted in :meth:`report`.
 
     Args:
-        max_length: tokens per row (pack ``context + 1`` when labels are shifted for training), or a
-            :class:`~zephon.LengthSchedule` of row lengths over global steps (sequence-length warmup;
-            algorithm ``"wrap"``, with ``batch(tokens_per_microbatch=T)``): the wrap remainder carries
-            over to the next length, so no token is lost at a switch.
+        max_length: tokens per row (``context + 1`` for shifted labels), or a
+            :class:`~zephon.LengthSchedule` (algorithm ``"wrap"``, with
+            ``batch(tokens_per_microbatch=T)``; the remainder carries over at a switch).
         algorithm: ``"wrap"``, ``"first_fit"``, ``"best_fit"`` or ``"best_fit_wrap"``.
         num_bins: open bins; required for first_fit/best_fit, not allowed otherwise.
         max_sequences_per_bin: the most pieces in a row (``None``: no limit).
         min_sequence_length: first/best fit emit a bin whose free room is below this.
-        oversized: the policy above; ``None``: ``"drop"`` for first/best fit, else ``"split"``.
+        oversized: a document longer than ``max_length``: ``"split"`` (into ``max_length``
+            pieces; wrap: the stream cuts it), ``"truncate"``, ``"drop"`` or ``"error"``;
+            ``None``: ``"drop"`` for first/best fit, else ``"split"``.
         drop_oversized: an alias: ``True`` is ``oversized="drop"``; ``False`` is ``"error"`` for
             first/best fit and ``"split"`` for the wrap kinds.
         candidate_pool_size: best_fit_wrap's pool size (default 1024).
         max_candidate_age: best_fit_wrap's age limit in arrivals (default ``8 * pool``).
         tokens_field: the token field, or ``"auto"`` (input_ids, tokens, token_ids, ids).
-        pad_token_id: fills the token field of rows shorter than ``max_length``; required but for
-            uncapped wrap, where it only pads the end-of-data remainder (``None``: that remainder
-            is dropped and counted as ``dropped_tail_tokens``).
+        pad_token_id: fills rows shorter than ``max_length``; required but for uncapped wrap,
+            where it only pads the end-of-data remainder (``None``: dropped and counted as
+            ``dropped_tail_tokens``).
         emit_positions: add int32 ``positions`` restarting at 0 at every piece and at the padding
-            tail (document ids are ``cumsum(positions == 0) - 1``). With ``False``, a payload's
-            own ``positions`` is packed like any token-aligned field.
-        drop_fields: field names removed from every document before packing, counted in
-            ``report()["dropped_field_values"]``: the one way to leave a field out.
+            (document ids are ``cumsum(positions == 0) - 1``); ``False``: a payload's own
+            ``positions`` is packed like any token-aligned field.
+        drop_fields: fields removed from every document before packing (the one way to leave a
+            field out), counted in ``report()["dropped_field_values"]``.
         tokens_per_microbatch: with a :class:`~zephon.LengthSchedule`, the tokens of a microbatch,
-            which place row ``r`` of a lane in its global step; a pipeline fills it from
-            ``batch(tokens_per_microbatch=T)`` (pass it when running the operator alone).
+            which place row ``r`` in its global step; a pipeline fills it from
+            ``batch(tokens_per_microbatch=T)``.
 
-    Output: the token field and every other 1-D numeric field of the same length, concatenated,
-    padded with ``pad_token_id`` (other fields with 0); ``positions``; ``meta.padding_length``
-    (what ``to_training`` masks). When a document has other fields (scalars, strings, arrays of
-    another length), ``segments`` lists one dict per piece, in ``meta.segments`` order:
-    ``{"start": offset in the row, "length": tokens, **the document's other fields}``.
+    Output: the token field and every 1-D numeric field of its length, concatenated and padded
+    with ``pad_token_id`` (other fields with 0); ``positions``; ``meta.padding_length`` (what
+    ``to_training`` masks). Documents with other fields (scalars, strings, other arrays) give
+    ``segments``, a dict per piece in ``meta.segments`` order: ``{"start": offset in the row,
+    "length": tokens, **the document's other fields}``.
 
     State: open bins, wrap remainder or candidate pool as ``(record, start, end)`` references
-    plus counters; outputs depend only on the order of the lane's documents (not on chunking);
-    restores exactly, segment fields included; per lane, so resharding moves states whole.
+    plus counters; outputs depend only on the order of the lane's documents; restores exactly;
+    per lane, so resharding moves states whole.
 
     Raises:
-        ValueError: for settings that contradict each other, an oversized document under
-            ``oversized="error"``, missing or misaligned token fields, fields that differ between
-            the documents of a row, an existing ``positions`` field, a pad value that does not fit
-            the field's dtype, a field that does not pickle or is named ``start``, ``length`` or
-            ``segments``, or ``drop_fields`` naming the token field.
+        ValueError: contradicting settings, an oversized document under ``oversized="error"``,
+            missing or misaligned token fields, fields that differ between the documents of a
+            row, an existing ``positions``, a pad value outside the field's dtype, a field that
+            does not pickle or is named ``start``, ``length`` or ``segments``, or ``drop_fields``
+            naming the token field.
         TypeError: ``drop_fields`` that is not a sequence of names.
 
     Examples:
@@ -267,11 +261,9 @@ class PackSequences(Packer):
     """Pack documents into bins, emitted as envelopes ``{"packed_samples": [payload, ...]}``.
 
     Same arguments, algorithms, state, restore and resharding as :class:`PackFlat`, without
-    ``emit_positions``; ``pad_token_id`` is refused (envelopes are never padded). For users who
-    build their own tensors; ``to_training`` takes ``pack_flat`` rows.
-
-    Output: one envelope per bin. A piece that covers its whole document is its payload unchanged;
-    a piece of a document has its token-aligned fields sliced and every other field kept.
+    ``emit_positions`` and ``pad_token_id`` (envelopes are never padded); for users who build their
+    own tensors (``to_training`` takes ``pack_flat`` rows). A piece of a whole document is its
+    payload unchanged; a part has its token-aligned fields sliced, every other field kept.
     ``padding_length`` is 0; uncapped wrap emits its end-of-data remainder as a last envelope.
 
     Examples:
@@ -317,20 +309,11 @@ class PackSequences(Packer):
 
 
 def packing_info(record: Record, max_length: int | None = None) -> dict[str, Any]:
-    """Packing metadata of an output of ``pack_flat`` or ``pack_sequences``, read from its meta.
-
-    Args:
-        record: a packed row (or envelope).
-        max_length: the packer's ``max_length``; for ``pack_flat`` rows it defaults to the row
-            length (real tokens plus padding); ``pack_sequences`` envelopes need it.
-
-    Returns:
-        ``num_sequences`` (pieces), ``total_length`` (real tokens), ``packing_efficiency``
-        (``total_length / max_length``) and ``padding_length`` (``None`` for envelopes), the
-        fields of Zephon's ``_packing_metadata``.
-
-    Raises:
-        ValueError: for an envelope without ``max_length``, or a record that is not packed.
+    """Packing metadata of a ``pack_flat`` row or ``pack_sequences`` envelope, read from its meta:
+    ``num_sequences`` (pieces), ``total_length`` (real tokens), ``packing_efficiency``
+    (``total_length / max_length``) and ``padding_length`` (``None`` for envelopes), the fields of
+    Zephon's ``_packing_metadata``. ``max_length`` defaults to a row's length (tokens plus
+    padding); envelopes need it. Raises ``ValueError`` for a record that is not packed.
     """
     meta = record.meta
     if any(s.end < 0 for s in meta.segments):

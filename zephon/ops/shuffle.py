@@ -1,16 +1,12 @@
 """A per-lane streaming shuffle buffer, deterministic and restorable.
 
-The buffer first fills to a warm-up window ``w = max(1, min(128, buffer_size // 16))``; after that
-each arrival that pushes it past ``min(buffer_size, w + emitted)`` evicts one record chosen by the
-``draws``-th counter-based draw of the operator's key (swap-pop). So the first outputs come early
-and the window grows to ``buffer_size``. ``flush`` drains the rest in draw order, a piece per
-call. The output is a permutation of the input and independent of how the input is chunked.
-
-Under a mixture schedule the buffer never carries records across a switch of weights (it would
-mix the phases' shares): the pipeline gives the shuffle the lane's sample positions where the
-source switches (``drains``), and the first record at or after such a position first empties the
-buffer, in draw order. A record's position is its lane's count of sample starts before it
-(segments at a sample's first token), which holds through per-sample operators and packing.
+The buffer fills to a warm-up window ``w = max(1, min(128, buffer_size // 16))``; then each
+arrival past ``min(buffer_size, w + emitted)`` evicts the record of the ``draws``-th
+counter-based draw of the key (swap-pop), so outputs come early and the window grows to
+``buffer_size``. ``flush`` drains the rest in draw order, a piece per call. The output is a
+permutation of the input, independent of chunking. Under a mixture schedule the first record at
+or after a switch (``drains``: lane sample positions, counted in sample starts) first empties the
+buffer, so the phases' shares never mix.
 """
 
 from __future__ import annotations
@@ -51,6 +47,18 @@ def drain_positions(value: Any) -> tuple[int, ...]:
     return out
 
 
+def next_phase(
+    drains: tuple[int, ...], samples: int, phase: int, rec: Record
+) -> tuple[bool, int, int]:
+    """Advance the lane clock past ``rec``: whether it opens a new phase, and the new
+    ``(samples, phase)``. A record's clock is the samples whose first token it holds."""
+    starts = sum(1 for seg in rec.meta.segments if seg.start == 0 and seg.child == 0)
+    if not starts:
+        return False, samples, phase
+    at = bisect.bisect_right(drains, samples)
+    return at != phase, samples + starts, at
+
+
 def _draw(buffer: list[Record], key: int, draws: int) -> Record:
     """Take the ``draws``-th draw of ``key`` out of ``buffer`` (swap-pop: the last record fills its place)."""
     i = randbelow(key, draws, len(buffer))
@@ -58,11 +66,6 @@ def _draw(buffer: list[Record], key: int, draws: int) -> Record:
     buffer[i] = buffer[-1]
     buffer.pop()
     return rec
-
-
-def sample_starts(rec: Record) -> int:
-    """The samples whose first token ``rec`` holds: its lane clock for ``drains``."""
-    return sum(1 for seg in rec.meta.segments if seg.start == 0 and seg.child == 0)
 
 
 def _int(instance, attribute, value):
@@ -108,35 +111,26 @@ class Shuffle(Operator):
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings; ``drains`` only when there are some (a shuffle without a schedule keeps
-        the fingerprint it always had)."""
+        its fingerprint)."""
         out = super().fingerprint()
         if not self.drains:
             del out["drains"]
         return out
 
     def step(self, state: ShuffleState, chunk: Sequence[Record]) -> tuple[ShuffleState, list[Record]]:
-        buffer = list(state.buffer)
-        draws, emitted = state.draws, state.emitted
-        key, size, warmup = state.key, self.buffer_size, self.warmup
-        out: list[Record] = []
-        drains, samples, phase = self.drains, state.samples, state.phase
+        buffer, out = list(state.buffer), []
+        key, size, warmup, drains = state.key, self.buffer_size, self.warmup, self.drains
+        draws, emitted, samples, phase = state.draws, state.emitted, state.samples, state.phase
         for rec in chunk:
             if drains:
-                starts = sample_starts(rec)
-                if starts:
-                    at = bisect.bisect_right(drains, samples)
-                    if at != phase:  # the first record of the next phase: empty the buffer first
-                        while buffer:
-                            out.append(_draw(buffer, key, draws))
-                            draws += 1
-                            emitted += 1
-                        phase = at
-                    samples += starts
+                switched, samples, phase = next_phase(drains, samples, phase, rec)
+                while switched and buffer:  # a new phase's first record: empty the buffer first
+                    out.append(_draw(buffer, key, draws))
+                    draws, emitted = draws + 1, emitted + 1
             buffer.append(rec)
             if len(buffer) > min(size, warmup + emitted) or size == 1:
                 out.append(_draw(buffer, key, draws))
-                draws += 1
-                emitted += 1
+                draws, emitted = draws + 1, emitted + 1
         return ShuffleState(key, tuple(buffer), draws, emitted, samples, phase), out
 
     def flush(self, state: ShuffleState) -> tuple[ShuffleState, list[Record]]:
@@ -146,13 +140,10 @@ class Shuffle(Operator):
         piece for its next output, not its whole buffer. Pieces concatenate to the whole flush,
         so the stream is the same; a checkpoint taken between pieces holds the rest.
         """
-        buffer = list(state.buffer)
-        draws = state.draws
-        out: list[Record] = []
-        while buffer and len(out) < FLUSH_PIECE:
-            out.append(_draw(buffer, state.key, draws))
-            draws += 1
-        return msgspec.structs.replace(state, buffer=tuple(buffer), draws=draws, emitted=state.emitted + len(out)), out
+        buffer, n = list(state.buffer), min(FLUSH_PIECE, len(state.buffer))
+        out = [_draw(buffer, state.key, d) for d in range(state.draws, state.draws + n)]
+        changes = {"buffer": tuple(buffer), "draws": state.draws + n, "emitted": state.emitted + n}
+        return msgspec.structs.replace(state, **changes), out
 
     def report(self, state: ShuffleState) -> dict[str, int]:
         return {"buffered": len(state.buffer), "emitted": state.emitted}

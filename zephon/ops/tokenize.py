@@ -1,10 +1,7 @@
-"""The ``tokenize`` operator: text field to ``input_ids``, with zephon's own BOS/EOS bracketing.
-
-It also holds what the tokenizing operators (``Tokenize``, ``TokenizeChat``,
-``TokenizePromptCompletion``) share about construction: the tokenizer given is resolved into a
-:class:`~zephon.text.tokenizer.TokenizerHandle` *before* the attrs initializer stores the fields,
-and an :class:`Origin` records what it stands for, so that ``attrs.evolve(op, **changes)`` gives
-what the constructor gives for the operator's arguments changed by ``changes``.
+"""The ``tokenize`` operator (text to ``input_ids``, with zephon's own BOS/EOS bracketing), and
+the construction the tokenizing operators share: the tokenizer is resolved into a
+:class:`~zephon.text.tokenizer.TokenizerHandle` before the fields are stored, and an
+:class:`Origin` records what it stands for, so ``attrs.evolve`` equals construction.
 """
 
 from __future__ import annotations
@@ -62,21 +59,16 @@ def shown_keys(payload: Mapping) -> str:
 class Origin:
     """What a tokenizing operator was built from, where its fields alone do not say it.
 
-    ``attrs.evolve`` passes the fields (the resolved tokenizer, and for ``TokenizeChat`` the
-    template text) back together with this record, which tells the constructor which arguments
-    they stand for. Never compared, hashed or fingerprinted; needs no files, so an operator evolves
-    the same way after pickling.
+    ``attrs.evolve`` passes it back with the fields, telling the constructor which arguments they
+    stand for. Never compared, hashed or fingerprinted; needs no files (it survives pickling).
 
     Attributes:
-        handle: the handle held in ``tokenizer``, recognised by identity: any other tokenizer
-            passed in is a change.
-        tokenizer_id: the ``tokenizer_id`` given, ``None`` when it was ``tokenizer=``. The pair
-            stays exclusive under ``attrs.evolve``: changing ``tokenizer`` of an operator built
-            from an id also needs ``tokenizer_id=None``.
-        template: ``TokenizeChat``: the text held in ``chat_template``, recognised by identity too
-            (``attrs.evolve(op, tokenizer=t, chat_template=text)`` keeps an equal ``text``).
-        from_tokenizer: ``TokenizeChat``: the template is the one shipped with the tokenizer
-            (``chat_template=None``), so it follows the tokenizer when that changes.
+        handle: the handle held in ``tokenizer``, recognised by identity (any other is a change).
+        tokenizer_id: the ``tokenizer_id`` given, ``None`` for ``tokenizer=``; changing
+            ``tokenizer`` of an operator built from an id also needs ``tokenizer_id=None``.
+        template: ``TokenizeChat``: the text held in ``chat_template``, recognised by identity.
+        from_tokenizer: ``TokenizeChat``: the template shipped with the tokenizer is in use, so
+            it follows the tokenizer when that changes.
         shipped: ``TokenizeChat``: the template shipped with the tokenizer, or ``None``.
         missing: ``TokenizeChat``: what ``chat_template=None`` raises when none ships.
     """
@@ -95,9 +87,9 @@ def origin_field() -> Any:
 
 
 def given_settings(cls: type, options: dict[str, Any], *, skip: tuple[str, ...] = ("tokenizer",)) -> SimpleNamespace:
-    """The settings ``cls.__attrs_init__`` will store for ``options`` (defaults filled in, converters
-    applied), for the checks that must fail before the tokenizer is loaded. An unknown keyword
-    raises ``TypeError`` first, as a generated ``__init__`` would."""
+    """The settings ``cls.__attrs_init__`` will store for ``options`` (defaults and converters
+    applied), for the checks that run before the tokenizer loads; an unknown keyword raises
+    ``TypeError`` as a generated ``__init__`` would."""
     fields = {f.alias: f for f in attrs.fields(cls) if f.init and f.name not in skip}
     for name in options:
         if name not in fields:
@@ -110,10 +102,9 @@ def given_settings(cls: type, options: dict[str, Any], *, skip: tuple[str, ...] 
 
 
 def given_tokenizer(tokenizer: Any, tokenizer_id: Any, origin: Origin | None) -> tuple[Any, Any, bool]:
-    """The ``tokenizer=`` and ``tokenizer_id=`` a construction stands for, and whether they are unchanged
-    (then the origin's handle is reused, without loading anything). ``attrs.evolve`` passes the
-    operator's own handle (recognised through ``origin``), which stands for what the operator was
-    given, and ``tokenizer_id`` only when it is among the changes."""
+    """The ``tokenizer=`` and ``tokenizer_id=`` a construction stands for, and whether they are
+    unchanged (then the origin's handle is reused). ``attrs.evolve`` passes the operator's own
+    handle, and ``tokenizer_id`` only when it is among the changes."""
     if origin is not None and tokenizer is origin.handle:
         if tokenizer_id is UNSET:
             tokenizer_id = origin.tokenizer_id
@@ -150,7 +141,6 @@ class TokenizerOp(StatelessOp):
 
     @property
     def handle(self) -> TokenizerHandle:
-        """The resolved tokenizer."""
         return self.tokenizer
 
     @property
@@ -177,18 +167,15 @@ class TokenizerOp(StatelessOp):
 class Tokenize(TokenizerOp):
     """Tokenize a text field into ``{"input_ids": int32 array}``.
 
-    The tokenizer is resolved when the operator is built (:func:`~zephon.text.tokenizer.load_tokenizer`),
-    so a missing file, BOS/EOS id or a bad option fails when the pipeline is assembled. Each
-    ``step`` encodes the chunk in one native batch call; zephon brackets each document itself
-    according to ``special_tokens`` (the tokenizer's own template never adds special tokens).
+    The tokenizer is resolved when the operator is built, so a missing file, BOS/EOS id or bad
+    option fails when the pipeline is assembled. Each ``step`` encodes the chunk in one native
+    batch call; zephon brackets each document per ``special_tokens`` (never the tokenizer's
+    template).
 
-    State: none; it restores and reshards trivially. A record's output depends only on its payload,
-    the tokenizer's content (:meth:`TokenizerHandle.fingerprint`) and the data options.
-
-    ``tokenizer`` holds the resolved :class:`~zephon.text.tokenizer.TokenizerHandle` and
-    ``tokenizer_id`` reads ``None``; numpy integers given for ids and lengths are stored as ``int``.
-    ``attrs.evolve(op, **changes)`` equals the constructor called with the operator's arguments
-    changed by ``changes``, reusing the loaded tokenizer unless ``tokenizer``/``tokenizer_id`` change.
+    State: none. A record's output depends only on its payload, the tokenizer's content
+    (:meth:`TokenizerHandle.fingerprint`) and the data options. ``tokenizer`` holds the resolved
+    :class:`~zephon.text.tokenizer.TokenizerHandle` (``tokenizer_id`` reads ``None``), numpy
+    ints are stored as ``int``, and ``attrs.evolve`` equals construction, reusing the tokenizer.
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to
@@ -201,29 +188,24 @@ class Tokenize(TokenizerOp):
             ``"bos"`` / ``"eos"`` only one of them, ``"none"`` neither (a bare GPT-2
             ``tokenizer.json`` has no BOS: use ``"eos"`` or ``bos_token_id=``). Special tokens
             written in the text itself are encoded as the special id.
-        bos_token_id: overrides the tokenizer's BOS id (not allowed with ``"none"``).
-        eos_token_id: overrides the tokenizer's EOS id (not allowed with ``"none"``).
-        max_length: the longest output, counting the added specials. Needs ``truncation`` or
+        bos_token_id, eos_token_id: override the tokenizer's ids (not with ``"none"``).
+        max_length: the longest output, specials included; with ``truncation`` or
             ``split_long_samples``.
-        truncation: cut content so that the output, specials included, is at most ``max_length``
-            (both BOS and EOS are kept).
+        truncation: cut content to fit ``max_length`` (BOS and EOS are kept).
         split_long_samples: bracket first, then cut into ``max_length`` pieces, each its own
-            record (child ``i`` of the source record). BOS is on the first piece only, EOS on the
-            last only; the last piece may be just ``[EOS]``, and an empty sequence (``"none"``
-            mode, empty text) gives one empty piece, never zero records.
+            record (child ``i``): BOS on the first only, EOS on the last only (which may be just
+            ``[EOS]``); an empty sequence gives one empty piece, never zero records.
         missing_field: ``"error"`` raises when a payload lacks ``field``; ``"empty"`` tokenizes
             ``""`` instead (``[BOS, EOS]`` in ``"bos_eos"`` mode).
         preserve_upstream_payload: keep the payload's other keys (the text included) next to
             ``input_ids``; otherwise the output holds ``input_ids`` only.
-        parallelism: threads for the encoder (``None``: one per CPU); the native pool of
-            ``tokenizers`` is one per process and keeps the size it first got (a warning says so).
-            Performance only.
+        parallelism: encoder threads (``None``: one per CPU; the native pool of ``tokenizers`` is
+            per process and keeps its first size, with a warning). Performance only.
         backend: ``"auto"`` (default), ``"tokenizers"`` or ``"tiktoken"`` (GPT-2 style byte-level
             BPE only, once it reproduced the tokenizers ids at load time; ``"auto"`` takes it
             then). ``op.tokenizer.backend`` says which one encodes; performance only.
-        on_error: ``"raise"`` (default) or ``"skip"``: a record without a usable text field is
-            left out and counted in ``stats()["skipped"]``; ``max_skipped`` bounds that per lane
-            (see :class:`~zephon.ops.StatelessOp`).
+        on_error: ``"raise"`` (default) or ``"skip"``: leave out a record without a usable text
+            field, counted in ``stats()["skipped"]`` (``max_skipped`` bounds it per lane).
 
     Raises:
         ValueError: an invalid option or combination (listed in the messages), a missing BOS/EOS
@@ -293,19 +275,10 @@ class Tokenize(TokenizerOp):
         return self.split_long_samples
 
     def apply_many(self, payloads: list) -> list[list]:
-        """Tokenize a chunk of payloads with one batch call to the tokenizer.
-
-        Args:
-            payloads: dicts holding ``field`` (or plain ``str`` texts).
-
-        Returns:
-            Per payload, its output payloads: one, or several with ``split_long_samples``.
-
-        Raises:
-            ValueError: a payload lacks ``field`` (with ``missing_field="error"``), or a text
-                cannot be encoded as UTF-8.
-            TypeError: a payload is neither a mapping nor a str, or its field is not a str.
-        """
+        """Tokenize a chunk of payloads (dicts holding ``field``, or ``str`` texts) in one batch
+        call: per payload, its outputs (several with ``split_long_samples``). Raises ``ValueError``
+        for a missing ``field`` (``missing_field="error"``) or a text that is not UTF-8, and
+        ``TypeError`` for a payload that is no mapping or str, or a field that is no str."""
         if not payloads:
             return []
         texts, failed = self._texts(payloads)
@@ -324,8 +297,7 @@ class Tokenize(TokenizerOp):
 
     def _texts(self, payloads: list) -> tuple[list[str], dict[int, Failure]]:
         """The texts of the payloads that have one, and (``on_error="skip"``) the failures of the others by index."""
-        texts: list[str] = []
-        failed: dict[int, Failure] = {}
+        texts, failed = [], {}
         for i, payload in enumerate(payloads):
             try:
                 texts.append(self._text_of(payload))
@@ -362,8 +334,6 @@ class Tokenize(TokenizerOp):
             value = payload
             for part in self.field.split("."):
                 value = value.get(part, _MISSING) if isinstance(value, Mapping) else _MISSING
-                if value is _MISSING:
-                    break
         if value is _MISSING:
             if self.missing_field == "empty":
                 return ""
@@ -373,11 +343,10 @@ class Tokenize(TokenizerOp):
                 "to tokenize such payloads as ''"
             )
         if not isinstance(value, str):
-            hint = (
-                "; decode it to str first (e.g. bytes.decode('utf-8') in a map step)"
-                if isinstance(value, (bytes, bytearray, memoryview))
-                else "; convert or filter such records in a map step before tokenize"
-            )
+            if isinstance(value, (bytes, bytearray, memoryview)):
+                hint = "; decode it to str first (e.g. bytes.decode('utf-8') in a map step)"
+            else:
+                hint = "; convert or filter such records in a map step before tokenize"
             raise TypeError(f"tokenize: field {self.field!r} holds a {type(value).__name__}, expected str{hint}")
         return value
 
