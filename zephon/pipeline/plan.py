@@ -1,13 +1,12 @@
-"""Plans: which data, in which mixture or schedule, in which order, until when, as a value of their own.
+"""Plans: which data, in which mixture or schedule, in which order, until when, as a value.
 
-A :class:`Plan` is what a data experiment changes; the processing is the pipeline's. A plan
-prints, round-trips through TOML or JSON (unknown keys are errors), has its own fingerprint,
-becomes the pipeline's source (``Pipeline(plan)``), and is simulated (:meth:`Plan.simulate`)
-without tokenizing: samples, estimated tokens, epochs and exhaustion per dataset per step.
+A :class:`Plan` round-trips through TOML or JSON, has its own fingerprint, becomes a pipeline's
+source (``Pipeline(plan)``) and is simulated without tokenizing (:meth:`Plan.simulate`).
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -197,9 +196,8 @@ class Plan:
         settings.update(per_step, calibration=calibration)
         return StaticMixtureWorkSource(list(self.datasets), self.mixture, **settings)
 
-    def as_source(self) -> StaticMixtureWorkSource:
-        """The work source (what ``Pipeline(plan)`` calls)."""
-        return self.source()
+    #: The work source (what ``Pipeline(plan)`` calls).
+    as_source = source
 
     def __len__(self) -> int:
         """Samples in the whole plan (``TypeError`` when a dataset repeats without end)."""
@@ -507,19 +505,11 @@ def _lane_components(src: StaticMixtureWorkSource, lanes: int, lane: int, count:
 
 
 def _position_at_tokens(src: StaticMixtureWorkSource, tokens: float) -> int:
-    end = src.end
-    lo, hi = 0, 1
+    end, hi = src.end, 1
     while src.tokens_before(hi) < tokens and (end is None or hi < end):
         hi *= 2
-    if end is not None:
-        hi = min(hi, end)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if src.tokens_before(mid) < tokens:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    positions = range(hi if end is None else min(hi, end))
+    return bisect.bisect_left(positions, tokens, key=src.tokens_before)
 
 
 def _position_of_step(src: StaticMixtureWorkSource, shape: StepShape, step: int) -> int:
