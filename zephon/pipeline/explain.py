@@ -1,8 +1,7 @@
 """``Pipeline.explain()``: the compiled plan, in words and as a dict.
 
-What decides the data and what only decides speed, which lanes each rank and worker owns, what a
-checkpoint holds per lane and how large it is (at the start; measured on lane 0 and extrapolated
-to full buffers when asked). Nothing here runs a loader; measuring runs lane 0 in this process.
+Data and performance settings, the lanes of each rank and worker, and what a checkpoint holds and
+its size (measuring runs lane 0 in this process; nothing here runs a loader).
 """
 
 from __future__ import annotations
@@ -92,10 +91,8 @@ def _held(op: Operator) -> tuple[str, int | None]:
         return "see the operator's documentation", None
     algorithm = getattr(op, "algorithm", "")
     if algorithm == "wrap" and hasattr(op.max_length, "longest"):
-        longest = op.max_length.longest
-        held = f"pieces of documents shorter than the next row (under {longest} tokens; they carry over to a new "
-        held += "length)"
-        return held, None
+        held = f"pieces of documents shorter than the next row (under {op.max_length.longest}"
+        return held + " tokens; they carry over to a new length)", None
     if algorithm == "wrap":
         return f"pieces of documents shorter than one row ({op.max_length} tokens)", None
     if algorithm == "best_fit_wrap":
@@ -121,21 +118,16 @@ def _size(obj: Any) -> int:
 
 def _measure(plan: Plan, steps: int, ops: Sequence[tuple[str, Operator]]) -> dict[str, Any]:
     """Run lane 0 for ``steps`` outputs here; sizes of its encoded state, whole and per operator."""
-    state = plan.init(0)
-    done = 0
+    state, done = plan.init(0), 0
     for _ in range(steps):
         state, out = plan.next(0, state)
         if out is None:
             break
         done += 1
-    encoded = plan.encode(state)
-    per_op = {}
-    lane_bytes = _size(encoded)
-    estimate = lane_bytes
+    encoded, per_op = plan.encode(state), {}
+    lane_bytes = estimate = _size(encoded)
     for (name, op), s in zip(ops, state.chain.states):
-        size = _size(encoded["ops"][name])
-        held = _count_records(s)
-        bound = _held(op)[1]
+        size, held, bound = _size(encoded["ops"][name]), _count_records(s), _held(op)[1]
         full = size
         if held and bound is not None and bound > held:
             full = size + (size / held) * (bound - held)  # bytes per held record, to a full buffer
@@ -193,18 +185,12 @@ def explain_plan(
             points = phases(tokens) if phases else [(0, pack.max_length, tokens // (pack.max_length - 1), 0)]
             lanes["row_lengths"] = [{"from_step": p[0], "length": p[1], "rows_per_microbatch": p[2]} for p in points]
     executor: dict[str, Any] = {k: getattr(options, k) for k in _EXECUTOR_SETTINGS}
-    executor["kind"] = "a background thread" if options.thread else "the calling thread"
-    if options.workers:
-        executor["kind"] = "worker processes (spawned)"
+    threads = "a background thread" if options.thread else "the calling thread"
+    executor["kind"] = "worker processes (spawned)" if options.workers else threads
     if topology is not None:
-        D, per = topology.dp_degree, L // topology.dp_degree
-        lanes.update(
-            dp_degree=D,
-            dp_rank=topology.dp_rank,
-            lanes_of_this_rank=list(topology.lanes),
-            ranks={str(r): [r * per, (r + 1) * per - 1] for r in range(D)},
-        )
-        mine = list(topology.lanes)
+        D, per, mine = topology.dp_degree, L // topology.dp_degree, list(topology.lanes)
+        ranks = {str(r): [r * per, (r + 1) * per - 1] for r in range(D)}
+        lanes.update(dp_degree=D, dp_rank=topology.dp_rank, lanes_of_this_rank=mine, ranks=ranks)
         if options.workers:
             n = max(1, min(options.workers, len(mine)))
             executor.update(
@@ -323,7 +309,6 @@ def render(data: dict[str, Any]) -> str:
     else:
         out.append("  (explain(measure=N) runs lane 0 for N outputs and estimates the size with full buffers)")
     return "\n".join(out)
-
 
 
 #: Payload fields of conversations, which ``tokenize_chat`` renders.
