@@ -109,31 +109,23 @@ def inspect_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     reports = []
     for file, row, payload in first_rows(args.path, args.n):
         rep: dict[str, Any] = {"file": str(file), "row": row, "fields": _describe_fields(payload)}
+        reports.append(rep)
         if op is None:
             rep["payload"] = payload
-            reports.append(rep)
             continue
         try:
             (outs,) = op.apply_many([payload])
         except Exception as exc:  # shown per row: checking the data is the point
             rep["error"] = f"{type(exc).__name__}: {in_flags(str(exc))}"
-            reports.append(rep)
             continue
-        rep["records"] = []
+        rep["records"] = records = []
         for out in outs:
             ids = np.asarray(out["input_ids"])
             mask = np.asarray(out["loss_mask"]) if "loss_mask" in out else None
-            rep["records"].append(
-                {
-                    "tokens": len(ids),
-                    "loss_tokens": None if mask is None else int(mask.sum()),
-                    "text": _marked(tok, ids, mask),
-                    "first_tokens": [
-                        [int(t), tok.id_to_token(int(t)), None if mask is None else int(mask[i])] for i, t in enumerate(ids[: args.tokens])
-                    ],
-                }
-            )
-        reports.append(rep)
+            first = [[int(t), tok.id_to_token(int(t)), None if mask is None else int(mask[i])]
+                     for i, t in enumerate(ids[: args.tokens])]
+            loss, text = None if mask is None else int(mask.sum()), _marked(tok, ids, mask)
+            records.append(dict(tokens=len(ids), loss_tokens=loss, text=text, first_tokens=first))
     return reports
 
 

@@ -1,10 +1,7 @@
 """CPU time and peak memory of this process and every process under it, for the benchmarks.
 
-Worker processes are not always this process's children: with the ``forkserver`` start method
-they are children of the fork server, so ``getrusage(RUSAGE_CHILDREN)`` sees them only once the
-fork server itself has ended, and a list of this process's children holds the fork server, not
-the workers. Both readings here walk the whole tree under this process instead (Linux ``/proc``;
-elsewhere only what ``getrusage`` gives).
+Forkserver workers are the fork server's children, which ``getrusage(RUSAGE_CHILDREN)`` misses,
+so both readings walk the whole tree under this process in ``/proc`` (Linux).
 """
 
 from __future__ import annotations
@@ -37,12 +34,8 @@ def descendants(pid: int | None = None) -> list[int]:
 
 
 def tree_cpu_s() -> float:
-    """CPU seconds (user + system) of this process, of its ended children, and of every live process
-    under it together with the ended children those have waited for.
-
-    The difference of two readings is the CPU the whole tree spent between them, as long as no
-    process under this one ended without being waited for in between.
-    """
+    """CPU seconds (user + system) of this process, its ended children and every live process under
+    it with their waited-for children; two readings differ by the tree's CPU between them."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
@@ -61,9 +54,7 @@ def tree_cpu_s() -> float:
 def descendants_peak_rss_mib(only_workers: bool = False) -> dict[int, float]:
     """Peak RSS (``VmHWM``) of each live process under this one, in MiB (``{}`` without ``/proc``).
 
-    ``only_workers`` keeps the processes that run work: not multiprocessing's resource tracker, and
-    not a process with children of its own (the fork server, whose children are the workers). A
-    forked process's high-water mark starts at its parent's size, so ``getrusage`` cannot stand in.
+    ``only_workers`` leaves out the resource tracker and processes with children (the fork server).
     """
     out: dict[int, float] = {}
     for pid in descendants():
