@@ -21,6 +21,7 @@ from ..ops.lengths import LengthSchedule, Phase
 from ..sources.estimate import Calibration, TokenEstimation
 from ..sources.mixture import MixtureSchedule, MixtureSpec, as_mixture
 from ..sources.work_source import StaticMixtureWorkSource
+from .config import parse_toml, read_config
 
 #: The plan's settings that a document holds as they are (always, or only when set).
 _PLAIN_KEYS = ("seed", "shuffle_shards", "shuffle_within_shard", "passes", "chunk_size", "lane_assignment")
@@ -39,9 +40,8 @@ def _as_length(value: Any) -> Any:
 class StepShape:
     """What one global step holds: ``lanes`` x ``microbatch_size`` records, of ``sequence_length`` tokens when packed.
 
-    With ``tokens_per_microbatch=T`` (``batch(tokens_per_microbatch=T)``), a microbatch is
-    ``T / (length - 1)`` packed rows and ``sequence_length`` may be a :class:`~zephon.LengthSchedule`
-    (in a plan document: ``sequence_length = [[0, 257], [2000, 1025]]``); ``microbatch_size`` stays 1.
+    With ``tokens_per_microbatch=T``, a microbatch is ``T / (length - 1)`` packed rows, and
+    ``sequence_length`` may be a :class:`~zephon.LengthSchedule` (``[[0, 257], [2000, 1025]]``).
     """
 
     lanes: int = 1
@@ -192,8 +192,7 @@ class Plan:
             if by_step:
                 per_step["step_lanes"] = shape.lanes  # points start at a block of lanes' chunks, as in a pipeline
         settings = {k: getattr(self, k) for k in (*_PLAIN_KEYS, *_OPTIONAL_KEYS, "token_estimation")}
-        calibration = calibration or self.calibration
-        settings.update(per_step, calibration=calibration)
+        settings.update(per_step, calibration=calibration or self.calibration)
         return StaticMixtureWorkSource(list(self.datasets), self.mixture, **settings)
 
     #: The work source (what ``Pipeline(plan)`` calls).
@@ -205,8 +204,7 @@ class Plan:
 
     def fingerprint(self) -> str:
         """A digest of everything that decides which sample comes where (the plan's part of a checkpoint)."""
-        src = self.source()
-        data = json.dumps(src.fingerprint(), sort_keys=True, default=str)
+        data = json.dumps(self.source().fingerprint(), sort_keys=True, default=str)
         return "sha256:" + hashlib.sha256(data.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
@@ -288,15 +286,11 @@ class Plan:
 
     @classmethod
     def from_toml(cls, text: str, *, base: str | os.PathLike | None = None) -> "Plan":
-        from .config import parse_toml
-
         return cls.from_dict(parse_toml(text), base=base)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
         """Read a ``.toml`` or ``.json`` plan file; dataset paths are relative to the file's folder."""
-        from .config import read_config
-
         p = Path(path)
         return cls.from_dict(read_config(p, what="plan"), base=p.parent)
 
@@ -321,14 +315,9 @@ class Plan:
     def simulate(self, steps: int, *, pipeline: Any = None) -> "Simulation":
         """Per dataset: samples, estimated tokens, epochs and exhaustion over the first ``steps`` global steps.
 
-        Reads no data (only a calibration the plan needs, on its small sample). Sample counts are
-        exact for unpacked records when no shuffle, filter or split comes before ``batch``; for
-        packed rows they are estimates from the calibrated tokens per sample.
-
-        Args:
-            steps: global steps to simulate.
-            pipeline: a :class:`~zephon.Pipeline` built on this plan: its compiled source and its
-                step shape are used.
+        Reads no data beyond a calibration sample. Counts are exact for unpacked records with no
+        shuffle, filter or split before ``batch``, estimates for packed rows. ``pipeline`` (built
+        on this plan) gives the compiled source and step shape.
         """
         if pipeline is not None:
             src = pipeline.compile().source
@@ -413,8 +402,7 @@ class Simulation:
             lines += [f"  step {step}: " + ", ".join(f"{n} {x:.4f}" for n, x in w.items()) for step, w in self.weights]
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.table()
+    __str__ = table
 
     def plot(self, path: str | os.PathLike, tokens_per_sample: dict[str, float] | None = None) -> None:
         """Draw each dataset's share (of tokens when estimated, else samples) per step to ``path`` (needs matplotlib)."""
