@@ -34,18 +34,10 @@ def records_from(payloads: Sequence[Any], *, lane: int = 0, dataset: int = 0, sh
 
 
 def check_operator(op: Operator, records: Sequence[Record], *, key: int = 0, chunk_size: int = 3) -> None:
-    """Run every operator check of this module on ``op`` over ``records``.
-
-    Checks: the outputs do not depend on how the input is chunked (one chunk, single records,
-    ``chunk_size`` and two halves); restoring at any step boundary (JSON) resumes with the same
-    outputs, and ``rebuild`` from metas gives the outputs; every state reached round-trips through
-    msgpack bytes to an equal state; the flush ends (a flushed state hands out nothing).
-
-    Args:
-        op: the operator under test (a module-level class, so that it pickles into workers).
-        records: its input, with distinct metas (:func:`records_from` builds them).
-        key: the key passed to ``op.init``.
-        chunk_size: the chunk size of the checkpoint and msgpack checks.
+    """Run every check of this module on ``op`` (a module-level class, so it pickles) over
+    ``records`` (distinct metas, see :func:`records_from`), ``key`` passed to ``op.init``: chunking
+    invariance (one chunk, single records, ``chunk_size``, two halves), then resumes, ``rebuild``
+    and msgpack round trips over chunks of ``chunk_size``.
 
     Raises:
         AssertionError: naming the check, the step boundary or state, and the first difference.
@@ -64,11 +56,9 @@ def assert_flush_ends(op: Operator, chunks: Sequence[Sequence[Any]], *, key: int
     """Assert that flushing after ``chunks`` ends within ``pieces`` calls (default: one per input
     record, plus one), and that a flushed state hands out nothing again."""
     state = op.init(key)
-    inputs = 0
     for chunk in chunks:
         state, _ = op.step(state, list(chunk))
-        inputs += len(chunk)
-    limit = inputs + 1 if pieces is None else pieces
+    limit = sum(map(len, chunks)) + 1 if pieces is None else pieces
     for _ in range(limit):
         state, out = _flush_piece(op, state)
         if not out:
@@ -165,16 +155,8 @@ def _describe_mismatch(expected: Sequence[Any], got: Sequence[Any]) -> str:
 
 
 def assert_checkpoint_equivalence(op: Operator, chunks: Sequence[Sequence[Record]], *, key: int = 0) -> None:
-    """Assert that stopping and restoring ``op`` at any step boundary changes nothing.
-
-    Args:
-        op: the operator under test.
-        chunks: its input, as a list of chunks of records with distinct metas.
-        key: the key passed to ``op.init``.
-
-    Raises:
-        AssertionError: naming the boundary and the first differing output.
-    """
+    """Assert that stopping ``op`` at any step boundary of ``chunks`` (records with distinct metas)
+    and restoring its state from JSON changes no output, and that ``rebuild`` from metas works."""
     chunks = [list(c) for c in chunks]
     resolve = input_resolver(chunks)
     states, produced = _trace(op, chunks, key)  # each piece of the flush is a boundary too
@@ -239,10 +221,8 @@ def length_datasets(mean_words: dict[str, int], rows: int, *, shards: int = 4, s
     for name, m in mean_words.items():
         lengths = rng.integers(max(1, m // 2), m + m // 2 + 1, size=rows)
         words = rng.integers(0, vocab_size, size=int(lengths.sum()))
-        texts, at = [], 0
-        for n in lengths.tolist():
-            texts.append(" ".join(f"w{w}" for w in words[at : at + n].tolist()))
-            at += n
+        docs = np.split(words, np.cumsum(lengths)[:-1])
+        texts = [" ".join(f"w{w}" for w in doc.tolist()) for doc in docs]
         per = -(-rows // shards)
         out.append(Dataset.from_dict(name, {str(s): [{"text": t} for t in texts[s * per : (s + 1) * per]] for s in range(shards)}))
     return out

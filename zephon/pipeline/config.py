@@ -65,9 +65,7 @@ def load_pipeline_config(path: str | os.PathLike) -> Any:
 
     Raises:
         FileNotFoundError: no such config file.
-        ValueError: invalid TOML/JSON, an unknown key (the allowed keys are listed), a missing
-            dataset field, an unknown ``op``, or arguments the operator refuses; errors name
-            the file and the table (``operators[2] (pack_flat)``).
+        ValueError: an invalid file, key, dataset, ``op`` or argument, naming the file and table.
     """
     p = Path(path)
     return pipeline_from_config(read_config(p), base=p.parent, where=str(p))
