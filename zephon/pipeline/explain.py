@@ -245,17 +245,15 @@ def render(data: dict[str, Any]) -> str:
     for ds in src["datasets"]:
         w = "" if ds["weight"] is None else f", weight {ds['weight']:.3f}"
         out.append(f"  dataset {ds['name']!r}: {ds['shards']} shard(s), {ds['rows']:,} rows{w}")
-    out.append("")
-    out.append("operators (data settings decide the batches; performance settings may change between a checkpoint and its restore):")
+    out += ["", "operators (data settings decide the batches; performance settings may change between a checkpoint and its restore):"]
     for i, o in enumerate(data["operators"], 1):
         out.append(f"  {i}. {o['name']}: {o['operator']}{' (splits records)' if o['fans_out'] else ''}")
         out.append(f"       data: {_kv(o['data_settings'])}")
         if o["performance_settings"]:
             out.append(f"       performance: {_kv(o['performance_settings'])}")
         out.append(f"       state: {o['state']['type']} {o['state']['fields']}; holds {o['state']['holds']}")
-    out.append("")
     opts = data["options"]
-    out.append(f"options: data: {_kv(opts['data'])}; performance: {_kv(opts['performance'])}")
+    out += ["", f"options: data: {_kv(opts['data'])}; performance: {_kv(opts['performance'])}"]
     lanes = data["lanes"]
     line = f"lanes: L={lanes['canonical_replicas']}"
     if lanes.get("microbatch_size"):
@@ -285,8 +283,7 @@ def render(data: dict[str, Any]) -> str:
         out.append(f"  D={lanes['dp_degree']} ranks, this is rank {lanes['dp_rank']}; {parts}{more}")
     ex = data["executor"]
     line = f"executor: {ex['kind']}, prefetch {ex['prefetch']} per lane, read_size {ex['read_size']}"
-    if "read_ahead" in ex:
-        line += f", read_ahead {ex['read_ahead'] or 'off'}"
+    line += f", read_ahead {ex['read_ahead'] or 'off'}"
     if "processes" in ex:
         line += f"; {ex['processes']} process(es), {ex['tokenizer_threads_per_process']} tokenizer thread(s) each"
     out.append(line)
@@ -295,11 +292,9 @@ def render(data: dict[str, Any]) -> str:
     out += ["", f"checkpoint: one state per lane ({ck['lanes']} lanes), {ck['records_by_reference']}:"]
     out += [f"  - {item}" for item in ck["per_lane"]]
     out.append(f"  size at the start: {_kib(ck['bytes_at_start'])} (msgpack, all lanes)")
-    kf = ck.get("keyframes")
-    if kf:
+    if kf := ck.get("keyframes"):
         out.append(f"  keyframes: every {kf['every']} global steps in {kf['folder']}, the newest {kf['keep']} kept (skip_steps starts there)")
-    m = ck.get("measured")
-    if m:
+    if m := ck.get("measured"):
         out.append(
             f"  measured on lane 0 after {m['steps']} output(s): {_kib(m['lane_bytes'])}; with full buffers about "
             f"{_kib(m['lane_bytes_when_full'])} per lane, {_kib(ck['estimated_bytes_when_full'])} for all lanes"
