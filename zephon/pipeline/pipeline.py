@@ -93,8 +93,7 @@ def _checked_function(pipe: "Pipeline") -> "Pipeline":
             f"{op.kind} {name!r}: the function holds a value its fingerprint cannot describe ({'; '.join(markers)}), so "
             f"a checkpoint cannot tell whether a restore uses the same one, and restores are refused; pass "
             f"{op.kind}(..., fingerprint='v1') naming the function's version (change it whenever its output changes)",
-            FingerprintWarning,
-            stacklevel=3,
+            FingerprintWarning, stacklevel=3,
         )
     return pipe
 
@@ -200,8 +199,6 @@ class Pipeline:
         notes = self._notes
         if notes.origin is not None:
             notes.origin.mark_used()
-        if not notes.made:
-            return
         discarded = [o for ref, o in notes.made if ref() is None and not o.used]
         notes.made = [m for m in notes.made if m[0]() is not None and not m[1].used]
         for origin in discarded:
