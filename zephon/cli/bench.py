@@ -12,11 +12,14 @@ Rates: tokens delivered per second, and the *steady* rate of tokens built after 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -30,8 +33,6 @@ __all__ = ["register", "run_bench"]
 
 
 def _rss_mib() -> float:
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
@@ -87,11 +88,7 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
     t0, row = task["t0"], task["seq_len"]
     per_call, batch = task["docs_per_call"], task["batch_size"]
     eos_arr = np.array([task["eos"]], dtype=np.uint32 if task["encoder"] == "tiktoken" else np.int32)
-    encode = _bare_encoder(task)
-
-    def pack(arrays: list, rest: Any) -> tuple[Any, Any]:
-        return pack_rows(arrays, rest, eos_arr, row)
-
+    encode, pack = _bare_encoder(task), functools.partial(pack_rows, eos=eos_arr, row=row)
     files = _files(task["data"])
     ready = time.time() - t0  # started, tokenizer loaded, files listed
     rows, rest, done, want = eos_arr[:0].reshape(0, row), eos_arr[:0], 0, 16
@@ -291,8 +288,6 @@ def run_bench(
     out: Any = print,
 ) -> dict[str, Any]:
     """Measure the recipe against the ceiling (see the module docstring); returns every measurement."""
-    import tempfile
-
     encoder, eos = _encoder_of(tokenizer, backend)
     common = {"data": os.path.abspath(data), "tokenizer": os.path.abspath(tokenizer), "field": field, "seq_len": seq_len,
               "batch_size": batch_size, "lanes": lanes, "buffer": buffer, "backend": backend,

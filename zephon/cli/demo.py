@@ -99,9 +99,7 @@ def run_demo(*, lanes: int = 4, workers: int = 0) -> int:
         tokenizer = train_tokenizer(folder, texts[:400])
         print(f"corpus: {len(texts)} documents in {folder} | tokenizer: BPE trained locally ({tokenizer.name})")
 
-        start = time.perf_counter()
-        first = None
-        batches, tokens = [], 0
+        start, first, batches, tokens = time.perf_counter(), None, [], 0
         loader = iter(build(paths, tokenizer, lanes, workers))
         with warnings.catch_warnings():  # the end-of-data accounting is printed below instead
             warnings.simplefilter("ignore", RuntimeWarning)
