@@ -441,12 +441,9 @@ def simulate_source(src: StaticMixtureWorkSource, shape: StepShape, steps: int) 
         for lane in range(L):
             comps = _lane_components(src, L, lane, steps * B)
             if len(comps) < steps * B:  # the lane ends: the run stops at its last whole step
-                steps_whole = len(comps) // B
-                per_step = per_step[:steps_whole]
-                comps = comps[: steps_whole * B]
-                steps = steps_whole
-            for j in range(n):
-                per_step[:, j] += (comps.reshape(steps, B) == j).sum(axis=1)
+                steps = len(comps) // B
+                per_step, comps = per_step[:steps], comps[: steps * B]
+            per_step += (comps.reshape(steps, B, 1) == np.arange(n)).sum(axis=1)
     else:
         if tps is None:
             raise ValueError("simulating packed steps needs the calibration (tokens per sample)")
