@@ -17,6 +17,7 @@ from ..ops.batch import Batch
 from ..runtime.checkpoint import validate
 from ..core.operator import Chain, FilterOp, MapOp, Operator, StatelessOp
 from ..runtime.distributed import Topology, resolve_topology
+from . import replan
 from .explain import Explanation, describe_record, explain_plan, untokenized_warning
 from ..core.fingerprint import FingerprintWarning, unfingerprintable
 from ..runtime.lanes import Plan
@@ -343,11 +344,9 @@ class Pipeline:
                 impossible plan (the source's error).
         """
         self._note_run()
-        if checkpoint is None:
-            checkpoint = self.resume_from
+        checkpoint = self.resume_from if checkpoint is None else checkpoint
         calibration = _checkpoint_calibration(checkpoint) if self.source.needs_calibration else None
-        opts = self.run_options
-        L = opts.canonical_replicas
+        opts, L = self.run_options, self.run_options.canonical_replicas
         if not measure and calibration is None and step_size(self.source, Chain(self.operators), L).needs_calibration:
             raise ValueError(
                 "Pipeline.plan never measures, and this source's mixture counts tokens without a calibration: use "
@@ -379,9 +378,7 @@ class Pipeline:
             ValueError: a late or foreign checkpoint; a new source that drops, reorders or renames
                 datasets or changes the order settings; a switch in the last, partial block.
         """
-        from .replan import change_plan
-
-        return change_plan(self, source, from_step=from_step, checkpoint=checkpoint)
+        return replan.change_plan(self, source, from_step=from_step, checkpoint=checkpoint)
 
     def topology(self) -> Topology:
         """This process's data-parallel degree and rank and the lanes it owns (validated)."""
@@ -445,8 +442,7 @@ class Pipeline:
                 f"loader: skip_steps must be an int >= 0 (global steps to skip), got {skip_steps!r}"
             ) from None
         _prestart(self.run_options)
-        if checkpoint is None:
-            checkpoint = self.resume_from
+        checkpoint = self.resume_from if checkpoint is None else checkpoint
         plan, topo = self.compile(checkpoint), self.topology()
         encoded = None if checkpoint is None else restored_lanes(plan, topo, self.run_options, checkpoint)
         loader = Loader(plan, topo, self.run_options, encoded)
