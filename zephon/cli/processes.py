@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import os
 import resource
+from pathlib import Path
 
 
 def children(pid: int) -> list[int]:
     """The live child processes of ``pid`` (``[]`` without ``/proc``)."""
     kids: list[int] = []
     try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as fh:
-                kids.extend(int(k) for k in fh.read().split())
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            kids.extend(int(k) for k in (task / "children").read_text().split())
     except OSError:
         pass
     return kids
@@ -42,8 +42,7 @@ def tree_cpu_s() -> float:
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     for pid in descendants():
         try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         # After the name: state, ppid, ... utime (14th field of the line), stime, cutime, cstime.
@@ -59,16 +58,14 @@ def descendants_peak_rss_mib(only_workers: bool = False) -> dict[int, float]:
     out: dict[int, float] = {}
     for pid in descendants():
         try:
-            if only_workers:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    cmd = fh.read()
-                if b"resource_tracker" in cmd or children(pid):
-                    continue
-            with open(f"/proc/{pid}/status") as fh:
-                for line in fh:
-                    if line.startswith("VmHWM:"):
-                        out[pid] = int(line.split()[1]) / 1024
-                        break
+            proc = Path(f"/proc/{pid}")
+            if only_workers and (b"resource_tracker" in (proc / "cmdline").read_bytes()
+                                 or children(pid)):
+                continue
+            for line in (proc / "status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    out[pid] = int(line.split()[1]) / 1024
+                    break
         except OSError:
             continue
     return out
