@@ -316,14 +316,12 @@ def run_bench(
         # One pass to count batches (for the half-way checkpoint) and build the line index once.
         probe = _run_child({**configs[next(n for n in configs if n != "ceiling")], "half": 0, "checkpoint_every": 0}, timeout)
         half = max(1, probe["batches"] // 2)
-        seq = 0
-        for rnd in range(repeats):
-            for name in _schedule(list(configs), bracket, last_round=rnd == repeats - 1):
-                res = _run_child({**configs[name], "half": half}, timeout)
-                res["round"], res["seq"] = rnd, seq
-                seq += 1
-                results["runs"][name].append(res)
-                out(f"  [{rnd + 1}/{repeats}] {name:22s} {res['tokens_per_s'] or 0:>12,.0f} tokens/s")
+        rounds = [_schedule(list(configs), bracket, r == repeats - 1) for r in range(repeats)]
+        for seq, (rnd, name) in enumerate((r, n) for r, names in enumerate(rounds) for n in names):
+            res = _run_child({**configs[name], "half": half}, timeout)
+            res["round"], res["seq"] = rnd, seq
+            results["runs"][name].append(res)
+            out(f"  [{rnd + 1}/{repeats}] {name:22s} {res['tokens_per_s'] or 0:>12,.0f} tokens/s")
         results["restores"] = {
             name: [_run_child({**task, "mode": "restore"}, timeout) for _ in range(repeats)]
             for name, task in configs.items()
