@@ -497,8 +497,7 @@ def _main(args: argparse.Namespace) -> int:
              "checkpoint_every", "docs_per_call", "repeats", "read_size", "read_ahead")
     settings = {name: getattr(args, name) for name in names}
     results = run_bench(args.data, args.tokenizer, **settings, restore=not args.no_restore, bracket=not args.no_bracket)
-    print()
-    print(format_table(results))
+    print(f"\n{format_table(results)}")
     print(f"\nload average {results['load_average_start']} at the start, {results['load_average_end']} at the end. "
           "tokens/s: tokens delivered per second over the whole pass; steady tok/s: tokens of every batch the lanes "
           "built after the first one (delivered, or left undelivered at the end of finite data) per second after the "
