@@ -42,11 +42,10 @@ def _run(args: argparse.Namespace) -> int:
             plan = attrs.evolve(plan, calibration=src.calibration)
         print(plan)
         sim = plan.simulate(args.steps, pipeline=pipeline)
-        cal = src.calibration
-        tps = None if cal is None else {n: cal.datasets[n].tokens_per_sample for n in src.names}
-        if tps is not None:
-            shown = ", ".join(f"{n} {x:.1f}" for n, x in tps.items())
-            print(f"calibration (tokens per sample): {shown}")
+        tps = None
+        if src.calibration is not None:
+            tps = {n: src.calibration.datasets[n].tokens_per_sample for n in src.names}
+            print("calibration (tokens per sample): " + ", ".join(f"{n} {x:.1f}" for n, x in tps.items()))
         print(sim.table())
         if args.plot:
             sim.plot(args.plot, tps)
