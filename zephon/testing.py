@@ -195,9 +195,7 @@ def assert_chunking_invariance(op: Operator, records: Sequence[Any], cuts: Seque
 def word_tokenizer(vocab_size: int = 256) -> Any:
     """A word-level ``tokenizers.Tokenizer`` over the words ``w0 .. w{vocab_size-1}`` (one token per word).
 
-    Id 0 is ``[UNK]``, id 1 ``<eos>`` (pass ``eos_token_id=1``, ``special_tokens="eos"``). Builds in
-    milliseconds, so tests and benchmarks can count tokens exactly: a text of ``n`` words is ``n``
-    tokens plus the EOS.
+    Id 0 is ``[UNK]``, id 1 ``<eos>``; it builds in milliseconds and makes token counts exact.
     """
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -209,11 +207,8 @@ def word_tokenizer(vocab_size: int = 256) -> Any:
 
 
 def length_datasets(mean_words: dict[str, int], rows: int, *, shards: int = 4, seed: int = 0, vocab_size: int = 256) -> list:
-    """In-memory datasets of ``{"text": ...}`` rows whose lengths (in words) are uniform in ``[m/2, 3m/2]``.
-
-    One dataset per ``{name: mean words}``, ``rows`` rows each over ``shards`` shards; the texts
-    are words of :func:`word_tokenizer`, so mean tokens per document differ exactly as the means do.
-    """
+    """In-memory datasets of ``{"text": ...}`` rows of :func:`word_tokenizer` words, one per
+    ``{name: mean words}``, ``rows`` rows over ``shards`` shards, lengths uniform in [m/2, 3m/2]."""
     from .io import Dataset
 
     rng = np.random.default_rng(seed)

@@ -48,9 +48,8 @@ def _checkpoint_calibration(checkpoint: Any) -> Calibration | None:
 
 @attrs.define(eq=False)
 class _Bookkeeping:
-    """What a pipeline object notes outside its value (never compared or pickled): ``plans`` memoizes
-    compiling by calibration; ``origin`` (the call that made it) and ``made`` (weak references to the
-    pipelines made from it) find builder results thrown away unused (``Pipeline._note_run``)."""
+    """A pipeline's notes outside its value (never compared or pickled): ``plans`` memoizes
+    compiling by calibration; ``origin`` and ``made`` find builder results thrown away unused."""
 
     plans: dict[str, Plan] = attrs.Factory(dict)
     origin: _Origin | None = None

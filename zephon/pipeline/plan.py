@@ -238,8 +238,7 @@ class Plan:
         """Inverse of :meth:`to_dict`; relative dataset paths are taken from ``base``.
 
         Raises:
-            ValueError: unknown keys (named, with the allowed ones), both or neither of
-                ``mixture`` and ``schedule``, or anything the plan itself refuses.
+            ValueError: unknown keys, not one of ``mixture`` and ``schedule``, a refused plan.
         """
         if not isinstance(data, Mapping):
             raise ValueError(f"a plan document is a table, got {type(data).__name__}")
