@@ -2,9 +2,8 @@
 
 ``zephon.compat.Pipeline(p)`` wraps a :class:`zephon.Pipeline`: builders change it in place, and
 ``checkpoint()`` / ``restore()`` / ``stats()`` / ``close()`` speak for the loader it last started.
-Every difference from Zephon 0.2.0 is listed in ``docs/guide/from-zephon.md``.
 """
 
-from .pipeline.compat import Pipeline as Pipeline
+from .pipeline.compat import Pipeline
 
 __all__ = ["Pipeline"]

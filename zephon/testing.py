@@ -1,11 +1,8 @@
 """Checks that any operator, including your own, keeps zephon's guarantees.
 
-``check_operator(op, records_from(payloads))`` runs every check below on one input.
-``assert_checkpoint_equivalence(op, chunks)`` runs ``op`` over ``chunks`` once without
-interruption, then, at every step boundary (before the first chunk, after each chunk and after
-each piece of the flush), encodes the state, sends it through JSON, decodes it, resumes, and
-checks that the remaining outputs equal the uninterrupted ones. Records held in the state are
-rebuilt from the input records by their metas, as a pipeline rebuilds them from the source.
+``check_operator(op, records_from(payloads))`` runs every check below on one input: chunking
+invariance, exact resumes from every step boundary (state through JSON, held records rebuilt from
+their metas as a pipeline does), msgpack round trips, and a flush that ends.
 """
 
 from __future__ import annotations
@@ -37,18 +34,10 @@ def records_from(payloads: Sequence[Any], *, lane: int = 0, dataset: int = 0, sh
 
 
 def check_operator(op: Operator, records: Sequence[Record], *, key: int = 0, chunk_size: int = 3) -> None:
-    """Run every operator check of this module on ``op`` over ``records``.
-
-    Checks: the outputs do not depend on how the input is chunked (one chunk, single records,
-    ``chunk_size`` and two halves); restoring at any step boundary (JSON) resumes with the same
-    outputs, and ``rebuild`` from metas gives the outputs; every state reached round-trips through
-    msgpack bytes to an equal state; the flush ends (a flushed state hands out nothing).
-
-    Args:
-        op: the operator under test (a module-level class, so that it pickles into workers).
-        records: its input, with distinct metas (:func:`records_from` builds them).
-        key: the key passed to ``op.init``.
-        chunk_size: the chunk size of the checkpoint and msgpack checks.
+    """Run every check of this module on ``op`` (a module-level class, so it pickles) over
+    ``records`` (distinct metas, see :func:`records_from`), ``key`` passed to ``op.init``: chunking
+    invariance (one chunk, single records, ``chunk_size``, two halves), then resumes, ``rebuild``
+    and msgpack round trips over chunks of ``chunk_size``.
 
     Raises:
         AssertionError: naming the check, the step boundary or state, and the first difference.
@@ -67,11 +56,9 @@ def assert_flush_ends(op: Operator, chunks: Sequence[Sequence[Any]], *, key: int
     """Assert that flushing after ``chunks`` ends within ``pieces`` calls (default: one per input
     record, plus one), and that a flushed state hands out nothing again."""
     state = op.init(key)
-    inputs = 0
     for chunk in chunks:
         state, _ = op.step(state, list(chunk))
-        inputs += len(chunk)
-    limit = inputs + 1 if pieces is None else pieces
+    limit = sum(map(len, chunks)) + 1 if pieces is None else pieces
     for _ in range(limit):
         state, out = _flush_piece(op, state)
         if not out:
@@ -114,22 +101,14 @@ def input_resolver(chunks: Sequence[Sequence[Record]]):
 
 def run(op: Operator, chunks: Sequence[Sequence[Any]], key: int = 0, state: Any = None) -> tuple[Any, list]:
     """Run ``op`` over ``chunks`` and flush until it returns nothing; returns (final state, all outputs)."""
-    state = op.init(key) if state is None else state
-    outputs: list = []
-    for chunk in chunks:
-        state, out = op.step(state, list(chunk))
-        outputs.extend(out)
-    while True:
-        state, out = _flush_piece(op, state)
-        if not out:
-            return state, outputs
-        outputs.extend(out)
+    states, produced = _trace(op, chunks, key, state)
+    return states[-1], [x for part in produced for x in part]
 
 
-def _trace(op: Operator, chunks: Sequence[Sequence[Any]], key: int) -> tuple[list, list[list]]:
+def _trace(op: Operator, chunks: Sequence, key: int, state: Any = None) -> tuple[list, list]:
     """Every state ``op`` passes through over ``chunks`` and each piece of the flush (the start included,
     the last flush handing out nothing), and the outputs of each step: ``(states, produced)``."""
-    state = op.init(key)
+    state = op.init(key) if state is None else state
     states, produced = [state], []
     for chunk in chunks:
         state, out = op.step(state, list(chunk))
@@ -176,16 +155,8 @@ def _describe_mismatch(expected: Sequence[Any], got: Sequence[Any]) -> str:
 
 
 def assert_checkpoint_equivalence(op: Operator, chunks: Sequence[Sequence[Record]], *, key: int = 0) -> None:
-    """Assert that stopping and restoring ``op`` at any step boundary changes nothing.
-
-    Args:
-        op: the operator under test.
-        chunks: its input, as a list of chunks of records with distinct metas.
-        key: the key passed to ``op.init``.
-
-    Raises:
-        AssertionError: naming the boundary and the first differing output.
-    """
+    """Assert that stopping ``op`` at any step boundary of ``chunks`` (records with distinct metas)
+    and restoring its state from JSON changes no output, and that ``rebuild`` from metas works."""
     chunks = [list(c) for c in chunks]
     resolve = input_resolver(chunks)
     states, produced = _trace(op, chunks, key)  # each piece of the flush is a boundary too
@@ -224,9 +195,7 @@ def assert_chunking_invariance(op: Operator, records: Sequence[Any], cuts: Seque
 def word_tokenizer(vocab_size: int = 256) -> Any:
     """A word-level ``tokenizers.Tokenizer`` over the words ``w0 .. w{vocab_size-1}`` (one token per word).
 
-    Id 0 is ``[UNK]``, id 1 ``<eos>`` (pass ``eos_token_id=1``, ``special_tokens="eos"``). Builds in
-    milliseconds, so tests and benchmarks can count tokens exactly: a text of ``n`` words is ``n``
-    tokens plus the EOS.
+    Id 0 is ``[UNK]``, id 1 ``<eos>``; it builds in milliseconds and makes token counts exact.
     """
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -238,11 +207,8 @@ def word_tokenizer(vocab_size: int = 256) -> Any:
 
 
 def length_datasets(mean_words: dict[str, int], rows: int, *, shards: int = 4, seed: int = 0, vocab_size: int = 256) -> list:
-    """In-memory datasets of ``{"text": ...}`` rows whose lengths (in words) are uniform in ``[m/2, 3m/2]``.
-
-    One dataset per ``{name: mean words}``, ``rows`` rows each over ``shards`` shards; the texts
-    are words of :func:`word_tokenizer`, so mean tokens per document differ exactly as the means do.
-    """
+    """In-memory datasets of ``{"text": ...}`` rows of :func:`word_tokenizer` words, one per
+    ``{name: mean words}``, ``rows`` rows over ``shards`` shards, lengths uniform in [m/2, 3m/2]."""
     from .io import Dataset
 
     rng = np.random.default_rng(seed)
@@ -250,10 +216,8 @@ def length_datasets(mean_words: dict[str, int], rows: int, *, shards: int = 4, s
     for name, m in mean_words.items():
         lengths = rng.integers(max(1, m // 2), m + m // 2 + 1, size=rows)
         words = rng.integers(0, vocab_size, size=int(lengths.sum()))
-        texts, at = [], 0
-        for n in lengths.tolist():
-            texts.append(" ".join(f"w{w}" for w in words[at : at + n].tolist()))
-            at += n
+        docs = np.split(words, np.cumsum(lengths)[:-1])
+        texts = [" ".join(f"w{w}" for w in doc.tolist()) for doc in docs]
         per = -(-rows // shards)
         out.append(Dataset.from_dict(name, {str(s): [{"text": t} for t in texts[s * per : (s + 1) * per]] for s in range(shards)}))
     return out

@@ -1,43 +1,25 @@
 """``zephon bench``: the pretraining recipe on your data and tokenizer, next to the bare encoder.
 
-Each run is a fresh process; the runs go round-robin (so background load falls on all alike), with
-the ceiling again before every recipe run and once after the last, so that each recipe run is
-compared with the mean of the ceiling runs just before and after it (a virtual machine's speed can
-drift by 10-30 % within minutes; ``--no-bracket`` runs the ceiling once per round):
-
-- the **ceiling**: the bare encoder in large calls over all cores (``tokenizers``'
-  ``encode_batch_fast``, or tiktoken's ``encode_to_numpy`` on a thread per CPU), with numpy packing
-  into ``--seq-len`` rows. It also times the work of the recipe's first batch: the rows that batch
-  draws from (the shuffle's warm-up window, then two rows for each of the batch's rows: 79 by
-  default), their documents read at once and encoded in one call by a fresh tokenizer;
-- the **recipe**, once per ``--workers`` value (and with ``--thread``, in a background thread)::
-
-      Pipeline(Dataset.from_path("data", DATA))
-          .options(canonical_replicas=LANES, workers=WORKERS)
-          .tokenize(tokenizer=TOKENIZER, special_tokens="eos", backend=BACKEND)
-          .pack_flat(SEQ_LEN, algorithm="wrap")
-          .shuffle(BUFFER, seed=42)
-          .batch(BATCH)
-      # every batch: to_training(return_labels=True); a checkpoint every --checkpoint-every batches
-
-  and, from a checkpoint taken half-way, a **restore** in a new process, timed to its first batch
-  and checked against the batch the uninterrupted run delivered next.
-
-It prints one table and writes every measurement to ``--json``. The recipe has two rates: tokens
-*delivered* per second over the whole pass, and the *steady* rate: tokens of the batches the lanes
-built after the first batch (delivered or not; at the end of finite data iteration stops at the
-first incomplete global step), per second after it. Nothing is asserted: the figures describe
-this machine under its current load.
+Every run is a fresh process, round-robin, with the ceiling run before each recipe run and after
+the last, so each recipe run is compared with the mean of its two neighbours (a machine's speed
+drifts). The **ceiling** is the bare encoder in large calls over all cores with numpy packing; it
+also times the rows the recipe's first batch draws from. The **recipe** (``tokenize``,
+``pack_flat(wrap)``, ``shuffle``, ``batch``, ``to_training`` and periodic checkpoints) runs once
+per ``--workers`` value, and a **restore** from its half-way checkpoint is timed and checked.
+Rates: tokens delivered per second, and the *steady* rate of tokens built after the first batch.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -47,12 +29,10 @@ from .processes import descendants_peak_rss_mib, tree_cpu_s
 __all__ = ["register", "run_bench"]
 
 
-# -- child processes: one measurement each, printed as a JSON line ------------------------------------
+# -- child processes: one measurement each, printed as a JSON line
 
 
 def _rss_mib() -> float:
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
@@ -103,16 +83,12 @@ def pack_rows(arrays: list, rest: Any, eos: Any, row: int) -> tuple[Any, Any]:
 
 def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
     """The bare encoder in large calls over all cores, plus numpy packing into rows."""
-    t0 = task["t0"]
     import numpy as np
 
-    row, per_call, batch = task["seq_len"], task["docs_per_call"], task["batch_size"]
+    t0, row = task["t0"], task["seq_len"]
+    per_call, batch = task["docs_per_call"], task["batch_size"]
     eos_arr = np.array([task["eos"]], dtype=np.uint32 if task["encoder"] == "tiktoken" else np.int32)
-    encode = _bare_encoder(task)
-
-    def pack(arrays: list, rest: Any) -> tuple[Any, Any]:
-        return pack_rows(arrays, rest, eos_arr, row)
-
+    encode, pack = _bare_encoder(task), functools.partial(pack_rows, eos=eos_arr, row=row)
     files = _files(task["data"])
     ready = time.time() - t0  # started, tokenizer loaded, files listed
     rows, rest, done, want = eos_arr[:0].reshape(0, row), eos_arr[:0], 0, 16
@@ -195,18 +171,14 @@ def _real_tokens(batch: Any) -> int:
 
 def child_recipe(task: dict[str, Any]) -> dict[str, Any]:
     """One pass of the recipe with periodic checkpoints; keeps the half-way checkpoint for a restore."""
-    t0 = task["t0"]
     import numpy as np
 
     from ..runtime.ledger import batch_digest
 
-    pipe = _pipeline(task)
-    loader = iter(pipe)
-    tokens = batches = 0
-    first = None
+    loader = iter(_pipeline(task))
+    t0, tokens, batches, first, workers_rss = task["t0"], 0, 0, None, 0.0
     ckpt_bytes: list[int] = []
     saved: dict[str, Any] = {}
-    workers_rss = 0.0
     c0, w0 = tree_cpu_s(), time.perf_counter()
     for batch in loader:
         batch.to_training(return_labels=True, dtype=np.int64)
@@ -219,8 +191,7 @@ def child_recipe(task: dict[str, Any]) -> dict[str, Any]:
             w_first = time.perf_counter()
             built_first = loader.stats()["operators"]["batch"]["real_tokens"]
         if saved.get("pending"):
-            saved["next_digest"] = batch_digest(batch)
-            saved["pending"] = False
+            saved.update(next_digest=batch_digest(batch), pending=False)
         every = task["checkpoint_every"]
         if every and batches % every == 0:
             data = json.dumps(loader.checkpoint())
@@ -230,13 +201,13 @@ def child_recipe(task: dict[str, Any]) -> dict[str, Any]:
             if batches <= task["half"] or not saved:
                 saved = {"json": data, "after": batches, "pending": True}
     end = time.perf_counter()
-    wall = end - w0
     built = loader.stats()["operators"]["batch"]["real_tokens"]
     steady = (built - built_first) / (end - w_first) if first is not None and end > w_first else None
     loader.close()
     cpu = tree_cpu_s() - c0
     if saved.get("json") and task.get("checkpoint_path"):
         Path(task["checkpoint_path"]).write_text(saved["json"], encoding="utf-8")
+    wall = end - w0
     return {"tokens": tokens, "batches": batches, "seconds": wall, "tokens_per_s": tokens / wall if wall else None,
             "built_tokens": built, "steady_tokens_per_s": steady,
             "first_batch_s": first, "cpu_s_per_mtok": cpu / tokens * 1e6 if tokens else None, "rss_mib": _rss_mib(),
@@ -246,13 +217,12 @@ def child_recipe(task: dict[str, Any]) -> dict[str, Any]:
 
 def child_restore(task: dict[str, Any]) -> dict[str, Any]:
     """A new process: build the pipeline, restore the saved checkpoint, time the first batch."""
-    t0 = task["t0"]
     import numpy as np
 
     from ..runtime.ledger import batch_digest
 
     ckpt = json.loads(Path(task["checkpoint_path"]).read_text(encoding="utf-8"))
-    pipe = _pipeline(task)
+    t0, pipe = task["t0"], _pipeline(task)
     t1 = time.perf_counter()
     loader = iter(pipe.restore(ckpt))
     batch = next(loader, None)
@@ -269,11 +239,10 @@ _CHILDREN = {"ceiling": child_ceiling, "recipe": child_recipe, "restore": child_
 
 def _child_main(raw: str) -> None:
     task = json.loads(raw)
-    result = _CHILDREN[task["mode"]](task)
-    print("RESULT " + json.dumps(result), flush=True)
+    print("RESULT " + json.dumps(_CHILDREN[task["mode"]](task)), flush=True)
 
 
-# -- the parent ---------------------------------------------------------------------------------------
+# -- the parent
 
 
 def _run_child(task: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -319,8 +288,6 @@ def run_bench(
     out: Any = print,
 ) -> dict[str, Any]:
     """Measure the recipe against the ceiling (see the module docstring); returns every measurement."""
-    import tempfile
-
     encoder, eos = _encoder_of(tokenizer, backend)
     common = {"data": os.path.abspath(data), "tokenizer": os.path.abspath(tokenizer), "field": field, "seq_len": seq_len,
               "batch_size": batch_size, "lanes": lanes, "buffer": buffer, "backend": backend,
@@ -349,14 +316,12 @@ def run_bench(
         # One pass to count batches (for the half-way checkpoint) and build the line index once.
         probe = _run_child({**configs[next(n for n in configs if n != "ceiling")], "half": 0, "checkpoint_every": 0}, timeout)
         half = max(1, probe["batches"] // 2)
-        seq = 0
-        for rnd in range(repeats):
-            for name in _schedule(list(configs), bracket, last_round=rnd == repeats - 1):
-                res = _run_child({**configs[name], "half": half}, timeout)
-                res["round"], res["seq"] = rnd, seq
-                seq += 1
-                results["runs"][name].append(res)
-                out(f"  [{rnd + 1}/{repeats}] {name:22s} {res['tokens_per_s'] or 0:>12,.0f} tokens/s")
+        rounds = [_schedule(list(configs), bracket, r == repeats - 1) for r in range(repeats)]
+        for seq, (rnd, name) in enumerate((r, n) for r, names in enumerate(rounds) for n in names):
+            res = _run_child({**configs[name], "half": half}, timeout)
+            res["round"], res["seq"] = rnd, seq
+            results["runs"][name].append(res)
+            out(f"  [{rnd + 1}/{repeats}] {name:22s} {res['tokens_per_s'] or 0:>12,.0f} tokens/s")
         results["restores"] = {
             name: [_run_child({**task, "mode": "restore"}, timeout) for _ in range(repeats)]
             for name, task in configs.items()
@@ -532,8 +497,7 @@ def _main(args: argparse.Namespace) -> int:
              "checkpoint_every", "docs_per_call", "repeats", "read_size", "read_ahead")
     settings = {name: getattr(args, name) for name in names}
     results = run_bench(args.data, args.tokenizer, **settings, restore=not args.no_restore, bracket=not args.no_bracket)
-    print()
-    print(format_table(results))
+    print(f"\n{format_table(results)}")
     print(f"\nload average {results['load_average_start']} at the start, {results['load_average_end']} at the end. "
           "tokens/s: tokens delivered per second over the whole pass; steady tok/s: tokens of every batch the lanes "
           "built after the first one (delivered, or left undelivered at the end of finite data) per second after the "

@@ -1,9 +1,7 @@
 """The quickstart demo: a generated corpus, a locally trained tokenizer, and the seed recipe.
 
-Builds everything it needs in a temporary folder (no downloads), runs
-tokenize -> pack_flat -> shuffle -> batch over ``lanes`` lanes, prints batch shapes, throughput,
-the loader's stats table and where every token went (delivered, dropped in total and by operator,
-undelivered), then proves an exact resume: checkpoint mid-run, JSON round trip, restore, compare.
+Runs tokenize -> pack_flat -> shuffle -> batch in a temporary folder (no downloads), prints shapes,
+throughput, stats and where every token went, then checks an exact resume from a mid-run checkpoint.
 """
 
 from __future__ import annotations
@@ -75,11 +73,8 @@ def build(paths: dict[str, Path], tokenizer: Path, lanes: int, workers: int = 0)
 
 
 def token_account(stats: dict) -> str:
-    """Where every tokenized token went: delivered, dropped (totalled, by operator) or left undelivered.
-
-    Per operator that takes tokens in, those it did not pass on (``flow`` of ``Loader.stats()``);
-    at the end of the data the line adds up to the tokens the tokenizer produced.
-    """
+    """Where every tokenized token went: delivered, dropped (by operator, from ``stats["flow"]``)
+    or left undelivered; at the end of the data they add up to the tokens produced."""
     flow = [(name, f) for name, f in stats["flow"].items() if f["tokens_in"] or f["tokens_out"]]
     if not flow:
         return "tokens: no per-operator flow measured"
@@ -104,9 +99,7 @@ def run_demo(*, lanes: int = 4, workers: int = 0) -> int:
         tokenizer = train_tokenizer(folder, texts[:400])
         print(f"corpus: {len(texts)} documents in {folder} | tokenizer: BPE trained locally ({tokenizer.name})")
 
-        start = time.perf_counter()
-        first = None
-        batches, tokens = [], 0
+        start, first, batches, tokens = time.perf_counter(), None, [], 0
         loader = iter(build(paths, tokenizer, lanes, workers))
         with warnings.catch_warnings():  # the end-of-data accounting is printed below instead
             warnings.simplefilter("ignore", RuntimeWarning)

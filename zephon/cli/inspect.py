@@ -45,6 +45,8 @@ def build_operator(args: argparse.Namespace) -> Any:
     ``--tokenizer`` is loaded first (a path, else a Hugging Face id) and ``--special-tokens``
     defaults to what suits it (see :mod:`zephon.cli.tokenizer`).
     """
+    from ..ops.chat import TokenizeChat, TokenizePromptCompletion
+    from ..ops.tokenize import Tokenize
     from . import tokenizer as cli
 
     if args.tokenizer is None:
@@ -53,8 +55,6 @@ def build_operator(args: argparse.Namespace) -> Any:
         return None
     handle = cli.load(args.tokenizer)
     if args.prompt_field or args.completion_field:
-        from ..ops.chat import TokenizePromptCompletion
-
         return TokenizePromptCompletion(
             **cli.source_arguments(args.tokenizer),
             prompt_field=args.prompt_field or "prompt",
@@ -62,16 +62,12 @@ def build_operator(args: argparse.Namespace) -> Any:
             special_tokens=cli.special_tokens(handle, args.special_tokens),
         )
     if args.chat or args.chat_template:
-        from ..ops.chat import TokenizeChat
-
         template = args.chat_template
         if template and Path(template).is_file():
             template = Path(template).read_text(encoding="utf-8")
         return TokenizeChat(
             **cli.source_arguments(args.tokenizer), field=args.field or "messages", chat_template=template, loss_scope=args.loss_scope
         )
-    from ..ops.tokenize import Tokenize
-
     return Tokenize(tokenizer=handle, field=args.field or "text", special_tokens=cli.special_tokens(handle, args.special_tokens))
 
 
@@ -109,31 +105,23 @@ def inspect_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     reports = []
     for file, row, payload in first_rows(args.path, args.n):
         rep: dict[str, Any] = {"file": str(file), "row": row, "fields": _describe_fields(payload)}
+        reports.append(rep)
         if op is None:
             rep["payload"] = payload
-            reports.append(rep)
             continue
         try:
             (outs,) = op.apply_many([payload])
         except Exception as exc:  # shown per row: checking the data is the point
             rep["error"] = f"{type(exc).__name__}: {in_flags(str(exc))}"
-            reports.append(rep)
             continue
-        rep["records"] = []
+        rep["records"] = records = []
         for out in outs:
             ids = np.asarray(out["input_ids"])
             mask = np.asarray(out["loss_mask"]) if "loss_mask" in out else None
-            rep["records"].append(
-                {
-                    "tokens": len(ids),
-                    "loss_tokens": None if mask is None else int(mask.sum()),
-                    "text": _marked(tok, ids, mask),
-                    "first_tokens": [
-                        [int(t), tok.id_to_token(int(t)), None if mask is None else int(mask[i])] for i, t in enumerate(ids[: args.tokens])
-                    ],
-                }
-            )
-        reports.append(rep)
+            first = [[int(t), tok.id_to_token(int(t)), None if mask is None else int(mask[i])]
+                     for i, t in enumerate(ids[: args.tokens])]
+            loss, text = None if mask is None else int(mask.sum()), _marked(tok, ids, mask)
+            records.append(dict(tokens=len(ids), loss_tokens=loss, text=text, first_tokens=first))
     return reports
 
 
@@ -144,8 +132,7 @@ def _short(text: str, limit: int) -> str:
 def render(reports: list[dict[str, Any]], chars: int) -> str:
     lines = []
     for rep in reports:
-        lines.append(f"--- {rep['file']}, row {rep['row']} ---")
-        lines.append(f"fields: {rep['fields']}")
+        lines += [f"--- {rep['file']}, row {rep['row']} ---", f"fields: {rep['fields']}"]
         if "error" in rep:
             lines.append(f"error: {rep['error']}")
         if "payload" in rep:

@@ -1,10 +1,6 @@
-"""Command line: ``zephon demo`` runs the quickstart; ``zephon ledger diff A B`` compares runs;
-``zephon inspect PATH`` shows tokenized records; ``zephon explain CONFIG`` prints a compiled plan;
-``zephon index PATH`` writes a dataset index; ``zephon plan CONFIG --steps N`` simulates a data plan;
-``zephon bench`` measures the recipe on your data against the bare encoder.
+"""The ``zephon`` command line.
 
-Each command registers itself with ``register(subparsers)`` and sets ``func(args) -> exit code``;
-commands that need more than a few lines live in a module of their own.
+Each command registers itself with ``register(subparsers)`` and sets ``func(args) -> exit code``.
 """
 
 from __future__ import annotations

@@ -32,10 +32,9 @@ def _run(args: argparse.Namespace) -> int:
             pipeline = pipeline.options(canonical_replicas=shape.lanes)
             if shape.sequence_length:
                 pipeline = pipeline.pack_flat(shape.sequence_length)
-            if shape.tokens_per_microbatch is not None:
-                pipeline = pipeline.batch(tokens_per_microbatch=shape.tokens_per_microbatch)
-            else:
-                pipeline = pipeline.batch(shape.microbatch_size)
+            T = shape.tokens_per_microbatch
+            rows = shape.microbatch_size if T is None else None
+            pipeline = pipeline.batch(rows, tokens_per_microbatch=T)
         src = pipeline.compile().source if pipeline is not None else plan.source()
         if src.calibration is not None and plan.calibration is None:
             import attrs
@@ -43,11 +42,12 @@ def _run(args: argparse.Namespace) -> int:
             plan = attrs.evolve(plan, calibration=src.calibration)
         print(plan)
         sim = plan.simulate(args.steps, pipeline=pipeline)
+        tps = None
         if src.calibration is not None:
-            print("calibration (tokens per sample): " + ", ".join(f"{n} {src.calibration.datasets[n].tokens_per_sample:.1f}" for n in src.names))
+            tps = {n: src.calibration.datasets[n].tokens_per_sample for n in src.names}
+            print("calibration (tokens per sample): " + ", ".join(f"{n} {x:.1f}" for n, x in tps.items()))
         print(sim.table())
         if args.plot:
-            tps = {n: src.calibration.datasets[n].tokens_per_sample for n in src.names} if src.calibration is not None else None
             sim.plot(args.plot, tps)
             print(f"plot written to {args.plot}")
         return 0

@@ -1,10 +1,6 @@
-"""The ``--tokenizer`` and ``--special-tokens`` options of the commands that tokenize (``inspect``, ``plan``).
+"""The ``--tokenizer`` and ``--special-tokens`` options of ``inspect`` and ``plan``.
 
-``--tokenizer`` takes what ``tokenizer_id=`` takes: a ``tokenizer.json`` file, a folder holding
-one, or a Hugging Face id (from the local hub cache, else downloaded). ``--special-tokens``
-defaults to what suits the tokenizer: BOS and EOS when it has a BOS token, else EOS (GPT-2:
-documents separated by ``<|endoftext|>``). Errors name the command's flags, not the Python
-arguments they stand for. Nothing here keeps state.
+Errors raised under them name the command's flags, not the Python arguments they stand for.
 """
 
 from __future__ import annotations
@@ -37,11 +33,8 @@ FLAGS = {"tokenizer_id": "--tokenizer", **{name: "--" + name.replace("_", "-") f
 
 
 def in_flags(message: str, flags: dict[str, str] | None = None) -> str:
-    """``message`` with the Python arguments it names written as the CLI flags that set them.
-
-    ``special_tokens='eos'`` becomes ``--special-tokens eos`` and ``set field= to`` becomes
-    ``set --field to``; the advice on passing a local tokenizer is given in flags. ``flags``
-    maps argument names to flags (default :data:`FLAGS`).
+    """``message`` with the Python arguments it names (keys of ``flags``, default :data:`FLAGS`)
+    written as the CLI flags that set them.
 
     Examples:
         >>> in_flags("use special_tokens='eos', or set field= to the key")
@@ -72,19 +65,18 @@ def load(value: str, *, backend: str = "auto") -> TokenizerHandle:
 
 
 def source_arguments(value: str) -> dict[str, Any]:
-    """The operator keyword ``--tokenizer VALUE`` stands for: ``tokenizer=`` for a path, else ``tokenizer_id=``."""
+    """The keyword ``--tokenizer VALUE`` sets: ``tokenizer=`` a path, else ``tokenizer_id=``."""
     return {"tokenizer": value} if Path(value).expanduser().exists() else {"tokenizer_id": value}
 
 
 def special_tokens(handle: TokenizerHandle, given: str | None) -> str:
-    """The ``--special-tokens`` mode: ``given``, else the one that suits ``handle``; checked against it.
+    """The ``--special-tokens`` mode: ``given``, else the one that suits ``handle``.
 
     Raises:
-        ValueError: the mode needs a BOS or EOS token the tokenizer does not have; the message
-            names the modes that work with it.
+        ValueError: the mode needs a BOS or EOS token the tokenizer does not have.
     """
     bos, eos = handle.bos_token_id is not None, handle.eos_token_id is not None
-    # The modes this tokenizer can bracket with, the default first.
+    # the modes this tokenizer can bracket with, the default first
     works = [m for m in SPECIAL_TOKEN_CHOICES if ("bos" not in m or bos) and ("eos" not in m or eos)]
     if given is None:
         return works[0]

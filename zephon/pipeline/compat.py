@@ -1,9 +1,6 @@
-"""A pipeline object that changes in place and runs itself: code written in Zephon 0.2.0's style.
+"""A pipeline object that changes in place and runs itself, as in Zephon 0.2.0.
 
-:class:`Pipeline` wraps a :class:`zephon.Pipeline` value and the loader it last started: builder
-methods replace the value and return the wrapper, ``iter()`` starts a loader and remembers it, and
-``checkpoint()``, ``restore()``, ``state_dict()``, ``stats()`` and ``close()`` speak for that
-loader; everything else is the value's. ``docs/guide/from-zephon.md`` lists every difference.
+``docs/guide/from-zephon.md`` lists every difference from Zephon 0.2.0.
 """
 
 from __future__ import annotations
@@ -46,14 +43,12 @@ class Pipeline:
     """
 
     def __init__(self, source: Any, operators: Any = (), *, options: Options | None = None):
-        if isinstance(source, Pipeline):
-            source = source.pipeline
-        if isinstance(source, values.Pipeline):
-            if operators or options is not None:
-                raise TypeError("compat.Pipeline(pipeline) wraps a zephon.Pipeline as it is; pass operators and options to a source only")
-            self.pipeline = source
-        else:
-            self.pipeline = values.Pipeline(source, operators, options=options or Options())
+        source = source.pipeline if isinstance(source, Pipeline) else source
+        if isinstance(source, values.Pipeline) and (operators or options is not None):
+            raise TypeError("compat.Pipeline(pipeline) wraps a zephon.Pipeline as it is; pass operators and options to a source only")
+        if not isinstance(source, values.Pipeline):
+            source = values.Pipeline(source, operators, options=options or Options())
+        self.pipeline = source
         self.latest: Loader | None = None
 
     def __repr__(self) -> str:
@@ -77,7 +72,7 @@ class Pipeline:
         return in_place
 
     def loader(self, checkpoint: dict[str, Any] | None = None) -> Loader:
-        """A new loader from ``checkpoint`` (default: a pending restore, which it uses up), remembered as ``latest``."""
+        """A new loader from ``checkpoint`` (default: a pending restore), kept as ``latest``."""
         return self._started(self.pipeline.loader(checkpoint))
 
     def __iter__(self) -> Loader:
@@ -125,7 +120,7 @@ class Pipeline:
         return checkpoint_to_state_dict(self.checkpoint())
 
     def stats(self) -> dict[str, Any]:
-        """``latest``'s :meth:`Loader.stats`; before any iteration, a loader's counters at the start (nothing read)."""
+        """``latest``'s :meth:`Loader.stats`; before any iteration, the counters of nothing read."""
         if self.latest is not None:
             return self.latest.stats()
         from ..runtime.stats import Deliveries, summarize
@@ -141,7 +136,7 @@ class Pipeline:
         return format_stats(self.stats())
 
     def close(self) -> None:
-        """Stop ``latest``'s workers (also done when it is garbage collected); its checkpoint and stats stay readable."""
+        """Stop ``latest``'s workers; its checkpoint and stats stay readable."""
         if self.latest is not None:
             self.latest.close()
 

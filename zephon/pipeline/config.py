@@ -1,14 +1,9 @@
 """Pipeline config files: a pipeline's source, run options and operators, in TOML or JSON.
 
-The format (``docs/guide/observability.md``) covers the processing side, what ``zephon explain``
-and scripts need to build a :class:`~zephon.Pipeline` without Python: ``[source]`` (the
-``StaticMixtureWorkSource`` settings and ``[[source.datasets]]`` with ``name``, ``path``,
-``weight``, ``format``, ``on_error``, ``max_skipped``), ``[options]`` (``Pipeline.options``) and
-``[[operators]]`` in order, each an ``op`` (``tokenize``, ``tokenize_chat``, ``pack_flat``,
-``pack_sequences``, ``shuffle``, ``order_by``, ``batch``, or ``map``/``filter`` with ``function =
-"module:name"`` and optionally ``on_error`` and ``max_skipped``), an optional ``name`` and the
-builder method's keyword arguments; ``order_by`` takes ``key`` (a field name) or ``function =
-"module:name"`` (``"zephon.ops:token_count"``). Paths are relative to the file.
+``[source]`` (``StaticMixtureWorkSource`` settings and ``[[source.datasets]]``), ``[options]``
+and ``[[operators]]`` in order, each an ``op`` (a builder method; ``map``/``filter`` and
+``order_by`` take ``function = "module:name"``) with its keyword arguments. Paths are relative
+to the file; the format is in ``docs/guide/observability.md``.
 """
 
 from __future__ import annotations
@@ -70,9 +65,7 @@ def load_pipeline_config(path: str | os.PathLike) -> Any:
 
     Raises:
         FileNotFoundError: no such config file.
-        ValueError: invalid TOML/JSON, an unknown key (the allowed keys are listed), a missing
-            dataset field, an unknown ``op``, or arguments the operator refuses; errors name
-            the file and the table (``operators[2] (pack_flat)``).
+        ValueError: an invalid file, key, dataset, ``op`` or argument, naming the file and table.
     """
     p = Path(path)
     return pipeline_from_config(read_config(p), base=p.parent, where=str(p))
@@ -159,24 +152,19 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
             )
         kwargs = dict(table)
         op = kwargs.pop("op")
-        at = f"{where}: operators[{i}] ({op})"
+        at, args = f"{where}: operators[{i}] ({op})", []
         if op in ("map", "filter"):
             _check_keys(kwargs, ("function", "name", "on_error", "max_skipped"), at)
-            skipping = {k: kwargs[k] for k in ("on_error", "max_skipped") if k in kwargs}
-            try:
-                pipe = getattr(pipe, op)(_function(kwargs.get("function"), at), name=kwargs.get("name"), **skipping)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{at}: {exc}") from None
-            continue
-        if op not in OPERATORS:
+            args.append(_function(kwargs.pop("function", None), at))
+        elif op not in OPERATORS:
             raise ValueError(f"{at}: unknown op {op!r}; use one of {[*OPERATORS, 'map', 'filter']}")
-        if op == "order_by" and "function" in kwargs:
+        elif op == "order_by" and "function" in kwargs:
             if "key" in kwargs:
                 raise ValueError(f"{at}: give key (a field name) or function ('module:name'), not both")
             kwargs["key"] = _function(kwargs.pop("function"), at)
         kwargs.update({k: _resolve(kwargs[k], base) for k in _PATH_ARGS if k in kwargs})
         try:
-            pipe = getattr(pipe, op)(**kwargs)
+            pipe = getattr(pipe, op)(*args, **kwargs)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{at}: {exc}") from None
     return pipe

@@ -1,8 +1,7 @@
 """``Pipeline.explain()``: the compiled plan, in words and as a dict.
 
-What decides the data and what only decides speed, which lanes each rank and worker owns, what a
-checkpoint holds per lane and how large it is (at the start; measured on lane 0 and extrapolated
-to full buffers when asked). Nothing here runs a loader; measuring runs lane 0 in this process.
+Data and performance settings, the lanes of each rank and worker, and what a checkpoint holds and
+its size (measuring runs lane 0 in this process; nothing here runs a loader).
 """
 
 from __future__ import annotations
@@ -92,10 +91,8 @@ def _held(op: Operator) -> tuple[str, int | None]:
         return "see the operator's documentation", None
     algorithm = getattr(op, "algorithm", "")
     if algorithm == "wrap" and hasattr(op.max_length, "longest"):
-        longest = op.max_length.longest
-        held = f"pieces of documents shorter than the next row (under {longest} tokens; they carry over to a new "
-        held += "length)"
-        return held, None
+        held = f"pieces of documents shorter than the next row (under {op.max_length.longest}"
+        return held + " tokens; they carry over to a new length)", None
     if algorithm == "wrap":
         return f"pieces of documents shorter than one row ({op.max_length} tokens)", None
     if algorithm == "best_fit_wrap":
@@ -121,21 +118,16 @@ def _size(obj: Any) -> int:
 
 def _measure(plan: Plan, steps: int, ops: Sequence[tuple[str, Operator]]) -> dict[str, Any]:
     """Run lane 0 for ``steps`` outputs here; sizes of its encoded state, whole and per operator."""
-    state = plan.init(0)
-    done = 0
+    state, done = plan.init(0), 0
     for _ in range(steps):
         state, out = plan.next(0, state)
         if out is None:
             break
         done += 1
-    encoded = plan.encode(state)
-    per_op = {}
-    lane_bytes = _size(encoded)
-    estimate = lane_bytes
+    encoded, per_op = plan.encode(state), {}
+    lane_bytes = estimate = _size(encoded)
     for (name, op), s in zip(ops, state.chain.states):
-        size = _size(encoded["ops"][name])
-        held = _count_records(s)
-        bound = _held(op)[1]
+        size, held, bound = _size(encoded["ops"][name]), _count_records(s), _held(op)[1]
         full = size
         if held and bound is not None and bound > held:
             full = size + (size / held) * (bound - held)  # bytes per held record, to a full buffer
@@ -193,18 +185,12 @@ def explain_plan(
             points = phases(tokens) if phases else [(0, pack.max_length, tokens // (pack.max_length - 1), 0)]
             lanes["row_lengths"] = [{"from_step": p[0], "length": p[1], "rows_per_microbatch": p[2]} for p in points]
     executor: dict[str, Any] = {k: getattr(options, k) for k in _EXECUTOR_SETTINGS}
-    executor["kind"] = "a background thread" if options.thread else "the calling thread"
-    if options.workers:
-        executor["kind"] = "worker processes (spawned)"
+    threads = "a background thread" if options.thread else "the calling thread"
+    executor["kind"] = "worker processes (spawned)" if options.workers else threads
     if topology is not None:
-        D, per = topology.dp_degree, L // topology.dp_degree
-        lanes.update(
-            dp_degree=D,
-            dp_rank=topology.dp_rank,
-            lanes_of_this_rank=list(topology.lanes),
-            ranks={str(r): [r * per, (r + 1) * per - 1] for r in range(D)},
-        )
-        mine = list(topology.lanes)
+        D, per, mine = topology.dp_degree, L // topology.dp_degree, list(topology.lanes)
+        ranks = {str(r): [r * per, (r + 1) * per - 1] for r in range(D)}
+        lanes.update(dp_degree=D, dp_rank=topology.dp_rank, lanes_of_this_rank=mine, ranks=ranks)
         if options.workers:
             n = max(1, min(options.workers, len(mine)))
             executor.update(
@@ -259,17 +245,15 @@ def render(data: dict[str, Any]) -> str:
     for ds in src["datasets"]:
         w = "" if ds["weight"] is None else f", weight {ds['weight']:.3f}"
         out.append(f"  dataset {ds['name']!r}: {ds['shards']} shard(s), {ds['rows']:,} rows{w}")
-    out.append("")
-    out.append("operators (data settings decide the batches; performance settings may change between a checkpoint and its restore):")
+    out += ["", "operators (data settings decide the batches; performance settings may change between a checkpoint and its restore):"]
     for i, o in enumerate(data["operators"], 1):
         out.append(f"  {i}. {o['name']}: {o['operator']}{' (splits records)' if o['fans_out'] else ''}")
         out.append(f"       data: {_kv(o['data_settings'])}")
         if o["performance_settings"]:
             out.append(f"       performance: {_kv(o['performance_settings'])}")
         out.append(f"       state: {o['state']['type']} {o['state']['fields']}; holds {o['state']['holds']}")
-    out.append("")
     opts = data["options"]
-    out.append(f"options: data: {_kv(opts['data'])}; performance: {_kv(opts['performance'])}")
+    out += ["", f"options: data: {_kv(opts['data'])}; performance: {_kv(opts['performance'])}"]
     lanes = data["lanes"]
     line = f"lanes: L={lanes['canonical_replicas']}"
     if lanes.get("microbatch_size"):
@@ -299,8 +283,7 @@ def render(data: dict[str, Any]) -> str:
         out.append(f"  D={lanes['dp_degree']} ranks, this is rank {lanes['dp_rank']}; {parts}{more}")
     ex = data["executor"]
     line = f"executor: {ex['kind']}, prefetch {ex['prefetch']} per lane, read_size {ex['read_size']}"
-    if "read_ahead" in ex:
-        line += f", read_ahead {ex['read_ahead'] or 'off'}"
+    line += f", read_ahead {ex['read_ahead'] or 'off'}"
     if "processes" in ex:
         line += f"; {ex['processes']} process(es), {ex['tokenizer_threads_per_process']} tokenizer thread(s) each"
     out.append(line)
@@ -309,11 +292,9 @@ def render(data: dict[str, Any]) -> str:
     out += ["", f"checkpoint: one state per lane ({ck['lanes']} lanes), {ck['records_by_reference']}:"]
     out += [f"  - {item}" for item in ck["per_lane"]]
     out.append(f"  size at the start: {_kib(ck['bytes_at_start'])} (msgpack, all lanes)")
-    kf = ck.get("keyframes")
-    if kf:
+    if kf := ck.get("keyframes"):
         out.append(f"  keyframes: every {kf['every']} global steps in {kf['folder']}, the newest {kf['keep']} kept (skip_steps starts there)")
-    m = ck.get("measured")
-    if m:
+    if m := ck.get("measured"):
         out.append(
             f"  measured on lane 0 after {m['steps']} output(s): {_kib(m['lane_bytes'])}; with full buffers about "
             f"{_kib(m['lane_bytes_when_full'])} per lane, {_kib(ck['estimated_bytes_when_full'])} for all lanes"
@@ -323,7 +304,6 @@ def render(data: dict[str, Any]) -> str:
     else:
         out.append("  (explain(measure=N) runs lane 0 for N outputs and estimates the size with full buffers)")
     return "\n".join(out)
-
 
 
 #: Payload fields of conversations, which ``tokenize_chat`` renders.

@@ -1,10 +1,7 @@
-"""The ``Pipeline`` value: a source, named operators and run options, built fluently.
+"""The ``Pipeline`` value: a work source, named operators and run options, run as L lanes.
 
-A pipeline is a work source plus a named chain of operators, run as ``canonical_replicas`` (L)
-lanes. It is a frozen value: every builder method returns a new pipeline. ``iter(pipeline)`` and
-``pipeline.loader()`` return the :class:`~zephon.Loader` that runs it and owns its executor,
-checkpoints, stats and ``close()``. A pipeline may carry a checkpoint (``restore(ck)``) its
-loaders start at. :class:`zephon.compat.Pipeline` runs and restores in place.
+Frozen: every builder method returns a new pipeline. ``iter(p)`` and ``p.loader()`` return the
+:class:`~zephon.Loader` that runs it (executor, checkpoints, stats, ``close()``).
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ from ..ops.batch import Batch
 from ..runtime.checkpoint import validate
 from ..core.operator import Chain, FilterOp, MapOp, Operator, StatelessOp
 from ..runtime.distributed import Topology, resolve_topology
+from . import replan
 from .explain import Explanation, describe_record, explain_plan, untokenized_warning
 from ..core.fingerprint import FingerprintWarning, unfingerprintable
 from ..runtime.lanes import Plan
@@ -32,10 +30,10 @@ from ..ops.pack import PackFlat, PackSequences
 from ..core.records import SampleBatch
 from ..ops.order import OrderBy
 from ..ops.shuffle import Shuffle
-from ..ops.tokenize import TokenizerOp
+from ..ops.tokenize import Tokenize, TokenizerOp
 from ..training.spec import _warn_at_caller
 from ..sources.calibrate import compile_source, step_size
-from ..ops.mixing import place_targets
+from ..ops.mixing import make_ensure_mixture, place_targets
 from ..sources.estimate import Calibration
 from ..sources.work_source import make_source
 
@@ -48,32 +46,27 @@ def _checkpoint_calibration(checkpoint: Any) -> Calibration | None:
         return None
 
 
+@attrs.define(eq=False)
 class _Bookkeeping:
-    """What a pipeline object notes outside its value (never compared or pickled): ``plans`` memoizes
-    compiling by calibration; ``origin`` (the call that made it) and ``made`` (weak references to the
-    pipelines made from it) find builder results thrown away unused (``Pipeline._note_run``)."""
+    """A pipeline's notes outside its value (never compared or pickled): ``plans`` memoizes
+    compiling by calibration; ``origin`` and ``made`` find builder results thrown away unused."""
 
-    __slots__ = ("plans", "origin", "made")
-
-    def __init__(self) -> None:
-        self.plans: dict[str, Plan] = {}
-        self.origin: _Origin | None = None
-        self.made: list[tuple[weakref.ref, _Origin]] = []
+    plans: dict[str, Plan] = attrs.Factory(dict)
+    origin: _Origin | None = None
+    made: list[tuple[weakref.ref, _Origin]] = attrs.Factory(list)
 
     def __reduce__(self) -> tuple:
         return (_Bookkeeping, ())
 
 
+@attrs.define(eq=False)
 class _Origin:
-    """A builder call (``"tokenize(...)"``), its parent's, whether its result ran, and a note for the warning."""
+    """A builder call (``"tokenize(...)"``), its parent's, a note for its warning, if it ran."""
 
-    __slots__ = ("call", "parent", "used", "note")
-
-    def __init__(self, call: str, parent: "_Origin | None", note: str = "") -> None:
-        self.call = call
-        self.parent = parent
-        self.used = False
-        self.note = note
+    call: str
+    parent: _Origin | None
+    note: str = ""
+    used: bool = False
 
     def mark_used(self) -> None:
         origin: _Origin | None = self
@@ -83,12 +76,14 @@ class _Origin:
 
 
 #: The builder methods that append an operator through ``add``.
-_BUILDERS = frozenset(
-    {"map", "filter", "tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle", "order_by", "batch",
-     "ensure_mixture"}
-)
+_BUILDERS = frozenset({
+    "map", "filter", "tokenize", "tokenize_chat", "pack_flat", "pack_sequences", "shuffle",
+    "order_by", "batch", "ensure_mixture",
+})
 #: What a loader owns, asked of a pipeline by code written for pipelines that run in place.
 _RUNNING = frozenset({"checkpoint", "stats", "stats_table", "close", "state_dict", "load_state_dict"})
+
+
 def _checked_function(pipe: "Pipeline") -> "Pipeline":
     """``pipe``, after warning if its last operator's function holds a value no fingerprint describes."""
     name, op = pipe.operators[-1]
@@ -98,8 +93,7 @@ def _checked_function(pipe: "Pipeline") -> "Pipeline":
             f"{op.kind} {name!r}: the function holds a value its fingerprint cannot describe ({'; '.join(markers)}), so "
             f"a checkpoint cannot tell whether a restore uses the same one, and restores are refused; pass "
             f"{op.kind}(..., fingerprint='v1') naming the function's version (change it whenever its output changes)",
-            FingerprintWarning,
-            stacklevel=3,
+            FingerprintWarning, stacklevel=3,
         )
     return pipe
 
@@ -155,8 +149,7 @@ class Pipeline:
         child = attrs.evolve(self, options=self.run_options.evolve(**kwargs))
         _prestart(child.run_options, child)
         call = "options(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
-        L = self.run_options.canonical_replicas
-        note = ""
+        L, note = self.run_options.canonical_replicas, ""
         if child.run_options.canonical_replicas != L:
             note = (
                 f" It keeps canonical_replicas={L} (L={L} lane{'s' if L != 1 else ''}): the lane count decides every "
@@ -195,24 +188,17 @@ class Pipeline:
 
     def _made(self, child: "Pipeline", call: str, note: str = "") -> "Pipeline":
         """``child``, recorded as made from this pipeline by ``call`` (see :meth:`_note_run`)."""
-        origin = _Origin(call, self._notes.origin, note)
-        child._notes.origin = origin
-        notes = self._notes
-        notes.made = [m for m in notes.made if not m[1].used]
-        notes.made.append((weakref.ref(child), origin))
+        child._notes.origin = origin = _Origin(call, self._notes.origin, note)
+        made = [m for m in self._notes.made if not m[1].used]
+        self._notes.made = [*made, (weakref.ref(child), origin)]
         return child
 
     def _note_run(self) -> None:
-        """Mark this pipeline used; warn (once each) about pipelines made from it and collected unused.
-
-        ``p.tokenize(...)`` as a statement changes nothing, so running ``p`` runs it without that
-        step. A result still alive is a deliberate variant and is never reported.
-        """
+        """Mark this pipeline used; warn once about each pipeline made from it and collected unused
+        (``p.tokenize(...)`` as a statement). A result still alive is a deliberate variant."""
         notes = self._notes
         if notes.origin is not None:
             notes.origin.mark_used()
-        if not notes.made:
-            return
         discarded = [o for ref, o in notes.made if ref() is None and not o.used]
         notes.made = [m for m in notes.made if m[0]() is not None and not m[1].used]
         for origin in discarded:
@@ -230,14 +216,10 @@ class Pipeline:
     ) -> "Pipeline":
         """Replace each payload with ``fn(payload)``; returning ``None`` drops the record.
 
-        A checkpoint records what decides ``fn``'s output (source, closure, defaults, partial
-        arguments, plain globals read); a restore into another ``fn`` is refused. A value that
-        cannot be described (an open file, a model) warns (:class:`~zephon.ops.FingerprintWarning`)
-        and refuses restores until ``fingerprint="v1"`` names the function's version.
-
-        ``on_error="skip"`` leaves out a record on which ``fn`` raises, counted and listed in
-        ``stats()["skipped"]``; ``max_skipped`` (an int, or a float share of the records seen)
-        makes more skips in a lane an error (docs/guide/pipeline.md, "Skipping bad records").
+        ``fn`` is fingerprinted (source, closure, defaults, globals read), so a restore into
+        another ``fn`` is refused; a value it cannot describe warns and refuses restores until
+        ``fingerprint="v1"`` names the version. ``on_error="skip"`` leaves out records on which
+        ``fn`` raises (``stats()["skipped"]``), up to ``max_skipped`` (a count, or a float share).
         """
         op = MapOp(fn, fn_fingerprint=fingerprint, on_error=on_error, max_skipped=max_skipped)
         return _checked_function(self.add(op, name=name))
@@ -254,15 +236,12 @@ class Pipeline:
         self, tokenizer: Any = None, tokenizer_id: str | None = None, *, prompt_field: str | None = None,
         completion_field: str | None = None, name: str | None = None, **kwargs: Any,
     ) -> "Pipeline":
-        """Tokenize a text field into ``input_ids``; see :class:`zephon.ops.Tokenize`.
+        """Tokenize a text field into ``input_ids`` (:class:`zephon.ops.Tokenize`).
 
-        With ``prompt_field`` and ``completion_field``: ``input_ids`` and a ``loss_mask`` of 1 on the
-        completion (and its EOS) only; see :class:`zephon.ops.TokenizePromptCompletion`.
-        ``on_error="skip"`` and ``max_skipped`` skip records without a usable text, as for :meth:`map`.
+        With ``prompt_field`` and ``completion_field``, the ``loss_mask`` covers the completion and
+        its EOS (:class:`zephon.ops.TokenizePromptCompletion`). ``on_error`` as for :meth:`map`.
         """
         if prompt_field is None and completion_field is None:
-            from ..ops.tokenize import Tokenize
-
             return self.add(Tokenize(tokenizer=tokenizer, tokenizer_id=tokenizer_id, **kwargs), name=name)
         if prompt_field is None or completion_field is None:
             raise ValueError(
@@ -283,21 +262,15 @@ class Pipeline:
     def tokenize_chat(
         self, tokenizer: Any = None, tokenizer_id: str | None = None, *, name: str | None = None, **kwargs: Any
     ) -> "Pipeline":
-        """Render conversations with a chat template into ``input_ids`` and an assistant ``loss_mask``.
-
-        See :class:`zephon.ops.TokenizeChat` (``loss_scope``, ``"chatml"``/``"llama3"``, ``empty_mask``).
-        ``on_error="skip"`` and ``max_skipped`` skip malformed conversations, as for :meth:`map`.
-        """
+        """Conversations to ``input_ids`` and ``loss_mask`` (:class:`zephon.ops.TokenizeChat`)."""
         from ..ops.chat import TokenizeChat
 
         return self.add(TokenizeChat(tokenizer=tokenizer, tokenizer_id=tokenizer_id, **kwargs), name=name)
 
     def pack_flat(self, max_length: "int | LengthSchedule", *, name: str | None = None, **kwargs: Any) -> "Pipeline":
-        """Pack documents into rows of at most ``max_length`` tokens; see :class:`zephon.ops.PackFlat`.
+        """Pack documents into rows of at most ``max_length`` tokens (:class:`zephon.ops.PackFlat`).
 
-        ``algorithm``: ``"wrap"`` (default), ``"first_fit"``, ``"best_fit"`` or ``"best_fit_wrap"``.
-        ``max_length`` may be a :class:`~zephon.LengthSchedule` (row lengths over global steps), with
-        ``batch(tokens_per_microbatch=T)`` as the next step.
+        ``max_length`` may be a :class:`~zephon.LengthSchedule` (for ``tokens_per_microbatch``).
         """
         return self.add(PackFlat(max_length, **kwargs), name=name)
 
@@ -312,12 +285,10 @@ class Pipeline:
     def order_by(
         self, key: Any, window: int, *, reverse: bool = False, name: str | None = None, fingerprint: str | None = None
     ) -> "Pipeline":
-        """Emit each lane's records sorted by ``key`` inside consecutive windows of ``window`` records.
+        """Sort each lane's records by ``key`` within consecutive windows of ``window`` records.
 
-        ``key``: a function of the payload (fingerprinted as :meth:`map`'s function; a restore into
-        another one is refused), a field name (``"length"``), or :data:`zephon.ops.token_count`. It
-        returns an int, float, string or tuple; ties go by record identity. The end of a lane's data
-        is a last, shorter window, sorted and emitted. See :class:`zephon.ops.OrderBy`.
+        ``key``: a payload function (fingerprinted as in :meth:`map`), a field name, or
+        :data:`zephon.ops.token_count`; see :class:`zephon.ops.OrderBy`.
         """
         return _checked_function(self.add(OrderBy(key, window, reverse=reverse, key_fingerprint=fingerprint), name=name))
 
@@ -327,26 +298,21 @@ class Pipeline:
         pad_to_multiple_of: int | None = None, oversized: str = "error", pad_token_id: int | None = None,
         tokens_per_microbatch: int | None = None, name: str | None = None,
     ) -> "Pipeline":
-        """Group records into lane-pure :class:`~zephon.types.SampleBatch`: ``microbatch_size`` rows, or a token budget.
+        """Group records into :class:`~zephon.types.SampleBatch`; see :class:`zephon.ops.Batch`.
 
-        ``group_by_length=True`` batches records of similar length (sorting ``buffer_size`` at a
-        time). ``max_tokens=N`` instead closes a microbatch when the next record would make rows x
-        longest row (rounded up to ``pad_to_multiple_of``) exceed ``N``, sorting ``sort_window``
-        records at a time when given; ``tokens_per_microbatch=T`` takes ``T / (length - 1)`` ``pack_flat``
-        rows, whose length may follow a :class:`~zephon.LengthSchedule`; see :class:`zephon.ops.Batch`.
-        ``pad_token_id`` (for ``to_training``'s padding) defaults to the last tokenizer's pad token,
-        else its EOS.
+        By ``microbatch_size`` rows, by a ``max_tokens`` budget of rows x longest row, or by
+        ``tokens_per_microbatch`` of ``pack_flat`` rows. ``pad_token_id`` defaults to the last
+        tokenizer's pad token, else its EOS.
         """
-        if pad_token_id is None:
-            handles = [getattr(op, "tokenizer", None) for _, op in self.operators]
-            handles = [h for h in handles if hasattr(h, "eos_token_id")]
-            if handles:
-                pad = getattr(handles[-1], "pad_token_id", None)
-                pad_token_id = pad if pad is not None else handles[-1].eos_token_id
-        settings = {"drop_last": drop_last, "group_by_length": group_by_length, "buffer_size": buffer_size}
-        budget = {"max_tokens": max_tokens, "sort_window": sort_window, "pad_to_multiple_of": pad_to_multiple_of}
+        handles = [op.tokenizer for _, op in self.operators if hasattr(op, "tokenizer")]
+        handles = [h for h in handles if hasattr(h, "eos_token_id")]
+        if pad_token_id is None and handles:
+            pad = getattr(handles[-1], "pad_token_id", None)
+            pad_token_id = pad if pad is not None else handles[-1].eos_token_id
         op = Batch(
-            microbatch_size, **settings, **budget, oversized=oversized, pad_token_id=pad_token_id,
+            microbatch_size, drop_last=drop_last, group_by_length=group_by_length,
+            buffer_size=buffer_size, max_tokens=max_tokens, sort_window=sort_window,
+            pad_to_multiple_of=pad_to_multiple_of, oversized=oversized, pad_token_id=pad_token_id,
             tokens_per_microbatch=tokens_per_microbatch,
         )
         return self.add(op, name=name)
@@ -355,43 +321,31 @@ class Pipeline:
         self, mixture: Any = None, *, max_buffer_size: int = 1000, weight_by: Any = "auto",
         drain_target_ratio: float = 0.8, obsolete_drain_rate: float = 0.0, name: str | None = None,
     ) -> "Pipeline":
-        """Reorder each lane so that the tokens it emits per dataset follow the mixture exactly.
+        """Reorder each lane so its tokens per dataset follow ``mixture`` (default: the source's).
 
         Place it after ``tokenize`` and before packing; see :class:`zephon.ops.EnsureMixture`.
-        ``mixture`` defaults to the source's weights or schedule; a token target over a source whose
-        weights count samples warns.
         """
-        from ..ops.mixing import make_ensure_mixture
-
         drains = {"drain_target_ratio": drain_target_ratio, "obsolete_drain_rate": obsolete_drain_rate}
         op = make_ensure_mixture(self.source, mixture, max_buffer_size=max_buffer_size, weight_by=weight_by, **drains)
         return self.add(op, name=name)
 
     @property
     def plan(self) -> Plan:
-        """The compiled, picklable description of the lanes (source, chain, lane count). Never measures.
-
-        A mixture that counts tokens takes its calibration from the source or from
-        :attr:`resume_from`, else raises; :meth:`compile` (and building a loader) measures it.
-        """
+        """The compiled plan of the lanes; never measures a calibration (:meth:`compile` does)."""
         return self.compile(measure=False)
 
     def compile(self, checkpoint: dict[str, Any] | None = None, *, measure: bool = True) -> Plan:
-        """The compiled plan: the source given a global step's size and the token calibration.
-
-        The calibration is the one frozen in ``checkpoint`` (default: :attr:`resume_from`), else the
-        source's, else measured now with the pipeline's tokenizer (once per process).
+        """The compiled plan; the token calibration comes from ``checkpoint`` (default
+        :attr:`resume_from`), else the source, else is measured now (once per process).
 
         Raises:
             ValueError: ``measure=False`` and the calibration would have to be measured; an
                 impossible plan (the source's error).
         """
         self._note_run()
-        if checkpoint is None:
-            checkpoint = self.resume_from
+        checkpoint = self.resume_from if checkpoint is None else checkpoint
         calibration = _checkpoint_calibration(checkpoint) if self.source.needs_calibration else None
-        opts = self.run_options
-        L = opts.canonical_replicas
+        opts, L = self.run_options, self.run_options.canonical_replicas
         if not measure and calibration is None and step_size(self.source, Chain(self.operators), L).needs_calibration:
             raise ValueError(
                 "Pipeline.plan never measures, and this source's mixture counts tokens without a calibration: use "
@@ -414,24 +368,16 @@ class Pipeline:
     def change_plan(
         self, source: Any, *, from_step: int, checkpoint: dict[str, Any]
     ) -> tuple["Pipeline", dict[str, Any]]:
-        """Change the plan (mixture, schedule, datasets, ends) of a running job from global step ``from_step`` on.
+        """Change the plan (mixture, datasets, ends) of a running job from step ``from_step`` on.
 
-        The lanes run on from ``checkpoint`` (holding every lane, at or before ``from_step``) to
-        ``from_step``; from the source position after all they read, samples come from ``source``
-        (this one's datasets in order, maybe followed by new ones; same seed, shuffles and chunk
-        size), every dataset continuing where it was. The switch is in the new fingerprint.
-
-        Returns:
-            ``(pipeline, checkpoint)``: the changed pipeline, and ``checkpoint`` restamped for it.
+        Returns ``(pipeline, checkpoint)``: the changed pipeline and ``checkpoint`` (every lane, at
+        or before ``from_step``) restamped for it; see :mod:`zephon.pipeline.replan`.
 
         Raises:
-            ValueError: a checkpoint after ``from_step``, of other settings, or missing lanes; a new
-                source that renames, reorders or drops datasets or changes what decides the order;
-                a switch inside the last, partial block of lanes.
+            ValueError: a late or foreign checkpoint; a new source that drops, reorders or renames
+                datasets or changes the order settings; a switch in the last, partial block.
         """
-        from .replan import change_plan
-
-        return change_plan(self, source, from_step=from_step, checkpoint=checkpoint)
+        return replan.change_plan(self, source, from_step=from_step, checkpoint=checkpoint)
 
     def topology(self) -> Topology:
         """This process's data-parallel degree and rank and the lanes it owns (validated)."""
@@ -446,10 +392,9 @@ class Pipeline:
         return resolve_topology(self.run_options, last.microbatch_size if isinstance(last, Batch) else None)
 
     def explain(self, *, measure: int = 0) -> Explanation:
-        """The compiled plan: operators and their settings, lanes and ranks, executor, checkpoint size.
+        """The compiled plan: operators, settings, lanes, ranks, executor and checkpoint size.
 
-        Print it, or read ``.to_dict()``. With ``measure``, lane 0 runs here for ``measure`` outputs
-        and its state is measured per operator and extrapolated to full buffers for all lanes.
+        With ``measure``, lane 0 runs here for ``measure`` outputs to size its state.
 
         Examples:
             >>> from zephon import Pipeline
@@ -466,10 +411,9 @@ class Pipeline:
         return explain_plan(self.compile(), self.run_options, self.topology(), self.operators, measure=measure)
 
     def describe_step(self, step: int) -> list[dict[str, Any]]:
-        """Which source samples and token ranges make up global step ``step``, lane by lane.
+        """Per lane, the segments (dataset, shard, row, start, end) and padding of step ``step``.
 
-        Runs every lane here from the start. One entry per lane: its records' segments as
-        ``(dataset name, shard id, row, start, end)`` and their padding.
+        Runs every lane here from the start.
         """
         plan, out = self.compile(), []
         for lane in progress(range(plan.lanes), total=plan.lanes, desc=f"running lanes to step {step}", unit="lane"):
@@ -483,13 +427,12 @@ class Pipeline:
         return out
 
     def loader(self, checkpoint: dict[str, Any] | None = None, *, skip_steps: int = 0) -> Loader:
-        """A new, independent loader for this rank, from ``checkpoint``, else :attr:`resume_from`, else the start,
-        with the next ``skip_steps`` global steps skipped (:meth:`Loader.skip_steps`; ``loader.skips`` lists them).
+        """A new loader for this rank from ``checkpoint``, else :attr:`resume_from`, else the start,
+        skipping the next ``skip_steps`` global steps (:meth:`Loader.skip_steps`).
 
         Raises:
-            ValueError: a checkpoint of other data settings (listing the differences), or one
-                without this rank's lanes; ``skip_steps`` not an int >= 0, or a checkpoint taken
-                inside a global step with ``skip_steps`` > 0.
+            ValueError: a checkpoint of other data settings or without this rank's lanes; a bad
+                ``skip_steps``, or one > 0 from a checkpoint inside a global step.
         """
         try:
             check_count(skip_steps)
@@ -498,8 +441,7 @@ class Pipeline:
                 f"loader: skip_steps must be an int >= 0 (global steps to skip), got {skip_steps!r}"
             ) from None
         _prestart(self.run_options)
-        if checkpoint is None:
-            checkpoint = self.resume_from
+        checkpoint = self.resume_from if checkpoint is None else checkpoint
         plan, topo = self.compile(checkpoint), self.topology()
         encoded = None if checkpoint is None else restored_lanes(plan, topo, self.run_options, checkpoint)
         loader = Loader(plan, topo, self.run_options, encoded)
@@ -513,24 +455,19 @@ class Pipeline:
 
     def __iter__(self) -> Loader:
         loader = self.loader()
-        if not self.operators:
-            self._warn_if_untokenized(loader.plan, loader.topology.lanes[0])
-        return loader
-
-    def _warn_if_untokenized(self, plan: Plan, lane: int) -> None:
-        """Warn when a pipeline without operators yields text records (a forgotten or discarded ``tokenize``)."""
-        message = untokenized_warning(plan, lane)
+        # Text records from a pipeline without operators: a forgotten or discarded ``tokenize``.
+        lane = loader.topology.lanes[0]
+        message = None if self.operators else untokenized_warning(loader.plan, lane)
         if message:
             _warn_at_caller(message)
+        return loader
 
     def steps(self, *, concat: bool = False) -> Iterator[Any]:
         """Iterate by optimizer step with a new loader; see :meth:`Loader.steps`."""
         return self.loader().steps(concat=concat)
 
     def restore(self, checkpoint: dict[str, Any]) -> "Pipeline":
-        """A new pipeline carrying ``checkpoint``: its ``iter()``, loaders and torch datasets start there.
-
-        Performance settings (workers, prefetch, read size, ranks) may differ from the run that wrote it.
+        """A new pipeline whose loaders and torch datasets start at ``checkpoint``.
 
         Raises:
             ValueError: a checkpoint of other data settings, listing the differing fields.
@@ -540,12 +477,10 @@ class Pipeline:
         return self._made(attrs.evolve(self, resume_from=_copy_checkpoint(checkpoint)), "restore(...)", note)
 
     def to_torch_dataset(self, *, checkpoint: dict[str, Any] | None = None, **to_training_options: Any) -> Any:
-        """This rank's microbatches as training tensors, a ``torch.utils.data.IterableDataset``. Needs torch.
+        """This rank's microbatches as training tensors, a torch ``IterableDataset`` (needs torch).
 
-        Use it with ``zephon.integrations.torch.DataLoader``, ``DataLoader(ds, batch_size=None)``
-        or torchdata's ``StatefulDataLoader``. Every iteration starts at ``checkpoint``, else at
-        :attr:`resume_from`, else at the beginning. Options are :func:`~zephon.to_training`'s. With
-        ``num_workers=W > 1`` the workers share this rank's lanes; see :mod:`zephon.integrations.torch`.
+        Each iteration starts at ``checkpoint``, else :attr:`resume_from`, else the beginning; the
+        options are :func:`~zephon.to_training`'s. See :mod:`zephon.integrations.torch`.
         """
         try:
             from ..integrations.torch import TrainingDataset

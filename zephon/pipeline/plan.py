@@ -1,13 +1,12 @@
-"""Plans: which data, in which mixture or schedule, in which order, until when, as a value of their own.
+"""Plans: which data, in which mixture or schedule, in which order, until when, as a value.
 
-A :class:`Plan` is what a data experiment changes; the processing is the pipeline's. A plan
-prints, round-trips through TOML or JSON (unknown keys are errors), has its own fingerprint,
-becomes the pipeline's source (``Pipeline(plan)``), and is simulated (:meth:`Plan.simulate`)
-without tokenizing: samples, estimated tokens, epochs and exhaustion per dataset per step.
+A :class:`Plan` round-trips through TOML or JSON, has its own fingerprint, becomes a pipeline's
+source (``Pipeline(plan)``) and is simulated without tokenizing (:meth:`Plan.simulate`).
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -22,6 +21,7 @@ from ..ops.lengths import LengthSchedule, Phase
 from ..sources.estimate import Calibration, TokenEstimation
 from ..sources.mixture import MixtureSchedule, MixtureSpec, as_mixture
 from ..sources.work_source import StaticMixtureWorkSource
+from .config import parse_toml, read_config
 
 #: The plan's settings that a document holds as they are (always, or only when set).
 _PLAIN_KEYS = ("seed", "shuffle_shards", "shuffle_within_shard", "passes", "chunk_size", "lane_assignment")
@@ -40,9 +40,8 @@ def _as_length(value: Any) -> Any:
 class StepShape:
     """What one global step holds: ``lanes`` x ``microbatch_size`` records, of ``sequence_length`` tokens when packed.
 
-    With ``tokens_per_microbatch=T`` (``batch(tokens_per_microbatch=T)``), a microbatch is
-    ``T / (length - 1)`` packed rows and ``sequence_length`` may be a :class:`~zephon.LengthSchedule`
-    (in a plan document: ``sequence_length = [[0, 257], [2000, 1025]]``); ``microbatch_size`` stays 1.
+    With ``tokens_per_microbatch=T``, a microbatch is ``T / (length - 1)`` packed rows, and
+    ``sequence_length`` may be a :class:`~zephon.LengthSchedule` (``[[0, 257], [2000, 1025]]``).
     """
 
     lanes: int = 1
@@ -193,13 +192,11 @@ class Plan:
             if by_step:
                 per_step["step_lanes"] = shape.lanes  # points start at a block of lanes' chunks, as in a pipeline
         settings = {k: getattr(self, k) for k in (*_PLAIN_KEYS, *_OPTIONAL_KEYS, "token_estimation")}
-        calibration = calibration or self.calibration
-        settings.update(per_step, calibration=calibration)
+        settings.update(per_step, calibration=calibration or self.calibration)
         return StaticMixtureWorkSource(list(self.datasets), self.mixture, **settings)
 
-    def as_source(self) -> StaticMixtureWorkSource:
-        """The work source (what ``Pipeline(plan)`` calls)."""
-        return self.source()
+    #: The work source (what ``Pipeline(plan)`` calls).
+    as_source = source
 
     def __len__(self) -> int:
         """Samples in the whole plan (``TypeError`` when a dataset repeats without end)."""
@@ -207,8 +204,7 @@ class Plan:
 
     def fingerprint(self) -> str:
         """A digest of everything that decides which sample comes where (the plan's part of a checkpoint)."""
-        src = self.source()
-        data = json.dumps(src.fingerprint(), sort_keys=True, default=str)
+        data = json.dumps(self.source().fingerprint(), sort_keys=True, default=str)
         return "sha256:" + hashlib.sha256(data.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
@@ -242,8 +238,7 @@ class Plan:
         """Inverse of :meth:`to_dict`; relative dataset paths are taken from ``base``.
 
         Raises:
-            ValueError: unknown keys (named, with the allowed ones), both or neither of
-                ``mixture`` and ``schedule``, or anything the plan itself refuses.
+            ValueError: unknown keys, not one of ``mixture`` and ``schedule``, a refused plan.
         """
         if not isinstance(data, Mapping):
             raise ValueError(f"a plan document is a table, got {type(data).__name__}")
@@ -290,15 +285,11 @@ class Plan:
 
     @classmethod
     def from_toml(cls, text: str, *, base: str | os.PathLike | None = None) -> "Plan":
-        from .config import parse_toml
-
         return cls.from_dict(parse_toml(text), base=base)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
         """Read a ``.toml`` or ``.json`` plan file; dataset paths are relative to the file's folder."""
-        from .config import read_config
-
         p = Path(path)
         return cls.from_dict(read_config(p, what="plan"), base=p.parent)
 
@@ -323,14 +314,9 @@ class Plan:
     def simulate(self, steps: int, *, pipeline: Any = None) -> "Simulation":
         """Per dataset: samples, estimated tokens, epochs and exhaustion over the first ``steps`` global steps.
 
-        Reads no data (only a calibration the plan needs, on its small sample). Sample counts are
-        exact for unpacked records when no shuffle, filter or split comes before ``batch``; for
-        packed rows they are estimates from the calibrated tokens per sample.
-
-        Args:
-            steps: global steps to simulate.
-            pipeline: a :class:`~zephon.Pipeline` built on this plan: its compiled source and its
-                step shape are used.
+        Reads no data beyond a calibration sample. Counts are exact for unpacked records with no
+        shuffle, filter or split before ``batch``, estimates for packed rows. ``pipeline`` (built
+        on this plan) gives the compiled source and step shape.
         """
         if pipeline is not None:
             src = pipeline.compile().source
@@ -415,8 +401,7 @@ class Simulation:
             lines += [f"  step {step}: " + ", ".join(f"{n} {x:.4f}" for n, x in w.items()) for step, w in self.weights]
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.table()
+    __str__ = table
 
     def plot(self, path: str | os.PathLike, tokens_per_sample: dict[str, float] | None = None) -> None:
         """Draw each dataset's share (of tokens when estimated, else samples) per step to ``path`` (needs matplotlib)."""
@@ -455,12 +440,9 @@ def simulate_source(src: StaticMixtureWorkSource, shape: StepShape, steps: int) 
         for lane in range(L):
             comps = _lane_components(src, L, lane, steps * B)
             if len(comps) < steps * B:  # the lane ends: the run stops at its last whole step
-                steps_whole = len(comps) // B
-                per_step = per_step[:steps_whole]
-                comps = comps[: steps_whole * B]
-                steps = steps_whole
-            for j in range(n):
-                per_step[:, j] += (comps.reshape(steps, B) == j).sum(axis=1)
+                steps = len(comps) // B
+                per_step, comps = per_step[:steps], comps[: steps * B]
+            per_step += (comps.reshape(steps, B, 1) == np.arange(n)).sum(axis=1)
     else:
         if tps is None:
             raise ValueError("simulating packed steps needs the calibration (tokens per sample)")
@@ -507,19 +489,11 @@ def _lane_components(src: StaticMixtureWorkSource, lanes: int, lane: int, count:
 
 
 def _position_at_tokens(src: StaticMixtureWorkSource, tokens: float) -> int:
-    end = src.end
-    lo, hi = 0, 1
+    end, hi = src.end, 1
     while src.tokens_before(hi) < tokens and (end is None or hi < end):
         hi *= 2
-    if end is not None:
-        hi = min(hi, end)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if src.tokens_before(mid) < tokens:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    positions = range(hi if end is None else min(hi, end))
+    return bisect.bisect_left(positions, tokens, key=src.tokens_before)
 
 
 def _position_of_step(src: StaticMixtureWorkSource, shape: StepShape, step: int) -> int:

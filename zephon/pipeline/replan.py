@@ -1,11 +1,8 @@
 """Changing the plan of a running job from a global step on, keeping every earlier step as it was.
 
-The switch point is a source position: the one after everything any lane has read when global
-step ``k`` is reached under the old plan (found by running the lanes on from a checkpoint at or
-before ``k``). Positions before it keep the old plan's timeline, positions from it on follow the
-new plan's, with every dataset continuing its count, so no sample repeats or is skipped. The new
-source records the switch (:class:`~zephon.sources.work_source.Change`), so its fingerprint says the plan
-was changed, where, and from what.
+The switch is at the source position after everything any lane read by step ``k`` under the old
+plan (run on from a checkpoint). Later positions follow the new plan with every dataset continuing
+its count, so no sample repeats or is skipped; the new source's fingerprint records the switch.
 """
 
 from __future__ import annotations
