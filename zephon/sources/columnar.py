@@ -1,10 +1,8 @@
 """Parquet and Arrow IPC (Feather) shards, read by row group (record batch) with column projection.
 
-A read decodes only the row groups (Parquet) or record batches (Arrow IPC) that hold its rows,
-and only the projected columns (``columns=``). Decoded Parquet row groups are kept in a
-per-process LRU bounded in bytes (``io_options={"row_group_cache_bytes": ...}``), so a shard is
-never loaded whole; Arrow IPC files are memory mapped, their batches views of the mapping. A
-payload is the row as a dict of Python values (``pyarrow``'s ``to_pylist``).
+A read decodes only the groups holding its rows, and only the projected columns. Decoded Parquet
+row groups stay in a per-process LRU bounded in bytes (``row_group_cache_bytes``); Arrow IPC
+files are memory mapped. A payload is the row as a dict of Python values.
 """
 
 from __future__ import annotations
@@ -88,14 +86,8 @@ class _Opened:
 
 
 class ColumnarShard(FileIdentity):
-    """One Parquet or Arrow IPC file read by random access.
-
-    Attributes:
-        path, shard_id, size, digest, seen, cache_dir, verify, num_rows: as for every file shard.
-        fmt: ``"parquet"`` or ``"arrow"``.
-        columns: the projected columns (``None``: all).
-        group_rows: rows of each row group (record batch), read from the footer at opening.
-    """
+    """One Parquet or Arrow IPC file (``fmt``) read by random access: ``columns`` projected
+    (``None``: all), ``group_rows`` from the footer at opening."""
 
     _fields = FileIdentity._id_fields + ("fmt", "columns", "group_rows")
     __slots__ = _fields + ("__weakref__",)
@@ -195,10 +187,8 @@ def read_rows(starts: np.ndarray, rows: np.ndarray, group: Any, path: str, datas
 
 
 def _rows_of(table: Any, local: np.ndarray) -> list:
-    """Rows ``local`` of a decoded group as dicts, in the order given.
-
-    Runs of consecutive rows are converted slice by slice (zero-copy), avoiding ``take``'s copy.
-    """
+    """Rows ``local`` of a decoded group as dicts, in the order given; runs of consecutive rows are
+    converted slice by slice (zero-copy, unlike ``take``)."""
     order = np.argsort(local, kind="stable")
     ordered = local[order]
     cut = np.flatnonzero(np.diff(ordered) != 1) + 1

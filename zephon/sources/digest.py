@@ -1,18 +1,9 @@
 """Content identity of shard files: a SHA-256 of the bytes, taken once per file and cached.
 
-A shard is identified by what it holds, not by where or when it was written, so a byte-identical
-copy (``cp -r``, data staged to a local disk, a ``touch``) is the same shard and a checkpoint
-resumes on it; one changed byte makes another shard.
-
-The digest is taken once and kept in ``<cache>/digests/`` (one small JSON entry per file, named
-by its real path), keyed by the file's *stat key*: device, inode, size, mtime and ctime. ctime is
-in the key because every write changes it and no tool can put it back, so a same-size rewrite
-whose mtime was restored is digested again. Entries are written atomically; a digest taken while
-the file changed is not kept; an unwritable folder keeps digests for the process (one warning).
-What is kept: the entries on disk, and a per-process memo of the digests taken or read.
-
-:func:`check_file` runs before every read of a file shard: one ``stat``; a stat key other than
-the one last verified makes the file digested again and compared.
+A byte-identical copy is the same shard; one changed byte makes another. Digests are kept in
+``<cache>/digests/`` (a JSON entry per real path) and a per-process memo, keyed by the *stat key*
+(device, inode, size, mtime, ctime: every write changes ctime). A digest taken while the file
+changed is not kept; an unwritable folder warns once. :func:`check_file` runs before every read.
 """
 
 from __future__ import annotations
@@ -38,11 +29,9 @@ StatKey = tuple[int, int, int, int, int]
 
 
 class ShardChangedError(ValueError):
-    """A shard file changed after its dataset was opened, so its rows can no longer be read.
+    """A shard file changed (other bytes) after its dataset was opened, so its rows cannot be read.
 
-    Rows are located by byte offsets fixed when the dataset was opened; reading a changed file
-    would return other samples, or crash the process if a mapped file shrank. The message names
-    the dataset, the file and what changed. A file whose bytes are the same is not a change.
+    The message names the dataset, the file and what changed.
 
     Example:
         >>> issubclass(ShardChangedError, ValueError)
@@ -67,7 +56,7 @@ def stat_key(st: os.stat_result) -> StatKey:
 
 
 def hash_file(path: str) -> str:
-    """The identity of a file's bytes, ``"sha256=<hex>"``, read in :data:`BLOCK`-byte blocks.
+    """The identity of a file's bytes, ``"sha256=<hex>"``.
 
     Example:
         >>> import tempfile
@@ -131,11 +120,8 @@ def cached(cache_dir: str, name: str, key: Any, compute: Callable[[], str], *, k
 
 
 def file_digest(path: str, cache_dir: str, key: StatKey | None = None) -> str:
-    """The identity of the file at ``path`` (``"sha256=<hex>"``), from the digest cache when it holds.
-
-    ``key``: the file's :func:`stat_key` if the caller has it. A digest taken while the file
-    changed is returned but not recorded.
-    """
+    """The identity of the file at ``path`` (at stat key ``key`` if known), cached; a digest taken
+    while the file changed is returned but not recorded."""
     key = key or stat_key(os.stat(path))
 
     def unchanged() -> bool:
@@ -164,16 +150,9 @@ def short(identity: str | None) -> str:
 
 
 def check_file(shard: Any, dataset: str, when: str, fix: str | None = None) -> os.stat_result:
-    """One ``stat`` of ``shard.path``; raises unless the file still holds the shard's bytes.
-
-    ``shard`` has ``path``, ``size``, ``digest``, ``cache_dir`` and ``seen`` (the stat key last
-    verified in this process, or ``None``); equal bytes under a new stat key update ``seen``.
-    ``when`` and ``fix`` are for messages ("while reading"; the default fix: open the dataset again).
-
-    Raises:
-        FileNotFoundError: the file is gone.
-        ShardChangedError: another size, or other bytes.
-    """
+    """One ``stat`` of ``shard.path``; raises ``FileNotFoundError`` or ``ShardChangedError`` unless the
+    file still holds the shard's bytes (digested again when its stat key differs from ``seen``,
+    which is then updated). ``when`` and ``fix`` are for messages."""
     try:
         st = os.stat(shard.path)
     except FileNotFoundError:

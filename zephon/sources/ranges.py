@@ -1,16 +1,9 @@
-"""Remote Parquet read by byte ranges: the footer once per process, then only the row groups a read needs.
+"""Remote Parquet read by byte ranges: the footer once per process, then only the row groups needed.
 
-A lane that reads a few row groups of a large remote Parquet object fetches those groups' column
-chunks (of the projected columns) and the footer, never the whole object. Each process opens the
-object once: it checks the object's size and ETag or checksum against the ones recorded when the
-dataset was opened (a changed object is refused, :class:`~zephon.io.ShardChangedError`), reads
-the footer, and keeps the reader; every read that fetches row groups checks the object again
-(one metadata request), so ranges never mix two versions of it. The reader is kept, guarded by
-a lock (one read at a time per object), in a process-local cache; decoded row groups share the
-Parquet row-group cache of local files (keyed by the object's identity, so they hold its bytes).
-
-Objects identified by a digest of their content (stores without ETags) are read from a whole copy
-in the shard cache instead, since only a whole read can check their bytes.
+A process checks the object's size and ETag or checksum (a changed object is refused,
+:class:`~zephon.io.ShardChangedError`), reads the footer and keeps the reader (one read at a time);
+every read that fetches row groups checks again, so ranges never mix two versions. Decoded groups
+share the local row-group cache. Objects identified by a content digest are read whole instead.
 """
 
 from __future__ import annotations
@@ -44,13 +37,8 @@ class _Reader:
 
 
 class RangedParquet:
-    """One remote Parquet object, read by row group through fsspec byte ranges.
-
-    Attributes:
-        url, size, identity: the object as recorded when its dataset was opened.
-        fs_key: ``(protocol, storage options)`` of its filesystem.
-        columns: the projected columns (``None``: all).
-    """
+    """One remote Parquet object (``url``, ``size``, ``identity`` as recorded at opening), read by
+    row group through fsspec byte ranges of the ``columns`` (``None``: all)."""
 
     def __init__(self, url: str, size: int, identity: str, fs_key: tuple, columns: Sequence[str] | None):
         self.url, self.size, self.identity, self.fs_key = url, size, identity, fs_key
