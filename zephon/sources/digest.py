@@ -79,11 +79,6 @@ _memo_lock = threading.Lock()
 _warned: set[str] = set()
 
 
-def _entry_file(cache_dir: str, name: str) -> str:
-    key = hashlib.blake2b(name.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
-    return os.path.join(cache_dir, "digests", key + ".json")
-
-
 def cached(cache_dir: str, name: str, key: Any, compute: Callable[[], str], *, keep: Callable[[], bool] = lambda: True, usable: Callable[[str], bool] = lambda d: True) -> str:
     """The digest recorded for ``(name, key)`` (if ``usable``), else ``compute()`` recorded (when ``keep()``)."""
     key = json.loads(json.dumps(key))  # as it reads back
@@ -92,7 +87,8 @@ def cached(cache_dir: str, name: str, key: Any, compute: Callable[[], str], *, k
         hit = _memo.get(memo)
     if hit is not None and usable(hit):
         return hit
-    where = _entry_file(cache_dir, name)
+    entry = hashlib.blake2b(name.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+    where = os.path.join(cache_dir, "digests", entry + ".json")
     try:
         with open(where, "rb") as f:
             doc = json.loads(f.read())

@@ -52,6 +52,7 @@ _RECHECK_SHARE = 0.01
 
 _DECODE = msgspec.json.Decoder(dict)
 _DECODE_ANY = msgspec.json.Decoder()
+_KINDS = {list: "array", str: "string", bool: "boolean", type(None): "null"}  # other JSON values are numbers
 
 
 def _path_key(path: str) -> str:
@@ -160,21 +161,17 @@ class _SourceError(OSError):
     """A compressed source could not be read (kept apart from cache-write failures)."""
 
 
-def _zstandard() -> Any:
-    try:
-        import zstandard
-    except ImportError:
-        raise ImportError(
-            "reading .jsonl.zst shards needs the optional zstandard package: pip install zstandard "
-            "(or pip install zephon-lanes[zstd])"
-        ) from None
-    return zstandard
-
-
 def _chunks(source: str, compression: str):
     """Decompressed blocks of ``source``; unreadable input raises :class:`_SourceError`."""
     hint = f"gzip -t {source}" if compression == "gzip" else f"zstd -t {source}"
-    zstd = None if compression == "gzip" else _zstandard()  # a missing package is not a bad file
+    if compression != "gzip":  # a missing package is not a bad file
+        try:
+            import zstandard as zstd
+        except ImportError:
+            raise ImportError(
+                "reading .jsonl.zst shards needs the optional zstandard package: pip install zstandard "
+                "(or pip install zephon-lanes[zstd])"
+            ) from None
     try:
         if compression == "gzip":  # gzip raises EOFError itself when the last member is cut short
             with gzip.open(source, "rb") as reader:
@@ -399,7 +396,7 @@ class JsonlShard(FileIdentity):
         snippet = raw[:_SNIPPET].decode("utf-8", "replace") + ("..." if len(raw) > _SNIPPET else "")
         where = f"dataset {dataset!r}: {self.path}, line {line} (row {row})"
         if isinstance(err, msgspec.ValidationError):
-            kind = _json_kind(_DECODE_ANY.decode(raw))
+            kind = _KINDS.get(type(_DECODE_ANY.decode(raw)), "number")
             return RecordDecodeError(
                 f"{where} holds a JSON {kind}, not an object: {snippet!r}. Each line of a JSONL shard must be "
                 'one JSON object such as {"text": "..."}; wrap the value in an object under a field name.',
@@ -410,10 +407,6 @@ class JsonlShard(FileIdentity):
             "complete JSON object on a single line; fix or remove that line (blank lines are skipped).",
             "JSONDecodeError",
         )
-
-
-def _json_kind(value: Any) -> str:
-    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 
 class _Miscount(Exception):

@@ -19,14 +19,6 @@ T = TypeVar("T")
 LISTING_MODES = ("auto", "local")
 
 
-def _distributed() -> Any:
-    """``torch.distributed`` when it is initialized with more than one rank, else ``None``."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    return dist if dist.get_world_size() > 1 else None
-
-
 def list_once(name: str, request: tuple, open_dataset: Callable[[], T], listing: str = "auto") -> T:
     """``open_dataset()`` (its result must pickle), run on rank 0 only under multi-rank ``torch.distributed``.
 
@@ -38,8 +30,8 @@ def list_once(name: str, request: tuple, open_dataset: Callable[[], T], listing:
             f"dataset {name!r}: unknown listing {listing!r}; use 'auto' (rank 0 lists the dataset for every rank of "
             "torch.distributed) or 'local' (every process lists it)"
         )
-    dist = _distributed() if listing == "auto" else None
-    if dist is None:
+    dist = sys.modules.get("torch.distributed") if listing == "auto" else None
+    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
         return open_dataset()
     rank = dist.get_rank()
     box: list[Any] = [None]
