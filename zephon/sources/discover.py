@@ -63,10 +63,6 @@ class Found(msgspec.Struct, frozen=True):
     seen: tuple | None = None
     indexed: bool = False
 
-    def identified(self, identity: str) -> "Found":
-        """This shard with its identity."""
-        return Found(self.location, self.shard_id, self.fmt, self.compression, self.size, identity, self.seen)
-
 
 def format_of(filename: str, forced: str | None) -> tuple[str, str | None] | None:
     """``(format, compression)`` of a file name, or ``None``; memoized by the text from its
@@ -175,13 +171,13 @@ def _identified(found: list, cache_dir: str, indexed: Mapping[str, Any]) -> list
             continue
         entry = indexed.get(f.shard_id)
         if entry is not None and f.seen is not None and entry.stat == f.seen:
-            out[i] = f.identified(entry.identity)
+            out[i] = msgspec.structs.replace(f, identity=entry.identity)
         else:
             local.append(i)
     if local:
         digests = file_digests([found[i].location for i in local], cache_dir, [found[i].seen for i in local])
         for i, digest in zip(local, digests):
-            out[i] = found[i].identified(digest)
+            out[i] = msgspec.structs.replace(found[i], identity=digest)
     return out
 
 

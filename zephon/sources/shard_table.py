@@ -15,12 +15,13 @@ import attrs
 import numpy as np
 
 from ..core.log import progress as progress_bar
+from .columnar import ColumnarShard, RangedParquet, ranged
 from .digest import check_file
 from .discover import Found, format_of, read_index
 from .files import RemoteShard
 from .jsonl import JsonlShard
-from .ranges import RangedParquet, ranged
 from .storage import is_url, split_url
+from .token_files import TokenShard
 
 _LISTED = 10
 
@@ -42,11 +43,7 @@ class ShardSpec:
             compression = compression or format_of(path, "jsonl")[1]
             return JsonlShard(path, shard_id, compression, self.cache_dir, self.verify, digest)
         if self.fmt in ("parquet", "arrow"):
-            from .columnar import ColumnarShard
-
             return ColumnarShard(path, shard_id, self.fmt, self.columns, self.verify, cache_dir=self.cache_dir, digest=digest)
-        from .token_files import TokenShard
-
         return TokenShard(path, shard_id, dtype=self.token_dtype, eos_token_id=self.eos_token_id, cache_dir=self.cache_dir, verify=self.verify, digest=digest)
 
     def settings(self) -> dict[str, Any]:
