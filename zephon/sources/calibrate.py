@@ -1,4 +1,5 @@
-"""Calibration: tokens per byte and per sample of each dataset, measured with the pipeline's tokenizer.
+"""Calibration: tokens per byte and per sample of each dataset, measured with the pipeline's own
+tokenizer.
 
 A small deterministic sample of each dataset runs through the per-sample steps up to the first
 tokenizing step (a dropped row counts 0 tokens). The result is frozen into the source (fingerprint,
@@ -138,8 +139,9 @@ def calibrate(source: StaticMixtureWorkSource, chain: Chain, *, progress: bool =
 
 
 def step_size(source: StaticMixtureWorkSource, chain: Chain, lanes: int) -> StaticMixtureWorkSource:
-    """``source`` with ``samples_per_step`` (lanes x microbatch) or, for packed rows, ``tokens_per_step``
-    (times the row length) when a schedule by step needs it; a schedule also gets ``step_lanes``."""
+    """``source`` with ``samples_per_step`` (lanes x microbatch) or, for packed rows,
+    ``tokens_per_step`` (times the row length) when a schedule by step needs it; a schedule also
+    gets ``step_lanes``."""
     m = source.mixture
     if isinstance(m, MixtureSchedule) and len(m.points) > 1 and source.step_lanes is None:
         source = attrs.evolve(source, step_lanes=lanes)

@@ -90,12 +90,18 @@ class _Opened:
         self.starts = starts  # first row of each group, then the row count
 
 
-def _opened(reader: Any, counts: Sequence[int], names: list[str], columns: Any, where: str, dataset: str) -> _Opened:
-    """``reader`` and its group starts, once the projected ``columns`` are known to be in ``names``."""
+def _opened(
+    reader: Any, counts: Sequence[int], names: list, columns: Any, where: str, dataset: str
+) -> _Opened:
+    """``reader`` and its group starts, once the projected ``columns`` are known to exist."""
     missing = [c for c in columns or () if c not in names]
     if missing:
-        raise ValueError(f"dataset {dataset!r}: {where} has no column(s) {missing}; its columns are {names}. Fix columns=.")
-    return _Opened(reader, np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).astype(np.int64))
+        raise ValueError(
+            f"dataset {dataset!r}: {where} has no column(s) {missing}; its columns are {names}. "
+            "Fix columns=."
+        )
+    starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).astype(np.int64)
+    return _Opened(reader, starts)
 
 
 class ColumnarShard(FileIdentity):

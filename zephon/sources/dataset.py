@@ -89,8 +89,8 @@ class InMemoryShard:
                 h.update(f"ndarray:{data.dtype.str}:{data.shape}".encode())
                 chunks: Iterable[bytes] = [np.ascontiguousarray(data).tobytes()]
             else:
-                encoder = msgspec.msgpack.Encoder(enc_hook=_encode_value)
-                chunks = (encoder.encode(list(data[lo : lo + 1024])) for lo in range(0, len(data), 1024))
+                enc = msgspec.msgpack.Encoder(enc_hook=_encode_value)
+                chunks = (enc.encode(list(data[i : i + 1024])) for i in range(0, len(data), 1024))
             total = 0
             for chunk in chunks:
                 h.update(chunk)
@@ -315,8 +315,8 @@ class Dataset:
         cache = resolve_cache_dir(cache_dir)
 
         def open_dataset() -> tuple[str, ShardSpec, ShardTable]:
-            root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options,
-                                   cache_dir=cache, cache=io.cache, index=index)
+            root, found = discover(name, path, fmt=fmt, recursive=recursive, cache_dir=cache,
+                                   storage_options=storage_options, cache=io.cache, index=index)
             kind = found[0].fmt
             if columns is not None and kind not in ("parquet", "arrow"):
                 raise ValueError(f"dataset {name!r}: columns= applies to Parquet and Arrow files, not {kind}")
@@ -332,12 +332,12 @@ class Dataset:
 
     @classmethod
     def from_hf(cls, name: str, hf_dataset: Any, *, split: str | None = None, shard_rows: int | None = None) -> Dataset:
-        """A Hugging Face ``datasets.Dataset`` (or a ``DatasetDict``'s ``split``) as format ``"hf"``.
+        """A Hugging Face ``datasets.Dataset`` (or a ``DatasetDict``'s ``split``) as format "hf".
 
         Rows come by random access as dicts of Python values; the identity is the HF fingerprint.
         ``shard_rows`` cuts the rows into shards of that many (``None``: one shard). Raises
-        ``TypeError`` for streams (saying how to materialize them) and other objects,
-        ``ValueError`` for an empty dataset or a ``DatasetDict`` of several splits without ``split``.
+        ``TypeError`` for streams (saying how to materialize them) and other objects, and
+        ``ValueError`` for an empty dataset or a ``DatasetDict`` of several splits and no ``split``.
         """
         data = select_split(hf_dataset, name, split)
         total = len(data)
@@ -363,7 +363,7 @@ class Dataset:
 
     @classmethod
     def from_dict(cls, name: str, shards: Mapping[ShardId, InMemoryShard | Sequence[Any]]) -> Dataset:
-        """In-memory shards (format ``"inmem"``): shard id to :class:`InMemoryShard` or list of rows.
+        """In-memory shards (format "inmem"): shard id to :class:`InMemoryShard` or list of rows.
 
         Ids are all strings or all integers (not ``bool``; else ``TypeError``), kept as given, so
         ``{0: rows}`` and ``{"0": rows}`` are different datasets; they never decide the order.
@@ -419,8 +419,9 @@ class Dataset:
     def read(self, shard: int, rows: Sequence[int] | np.ndarray) -> list[Any]:
         """Read-only payloads of ``rows`` (any order, repeats allowed) of shard number ``shard``.
 
-        With ``on_error="skip"`` an undecodable row comes as a :class:`~zephon.core.bad_records.Failure`.
-        Raises ``IndexError`` (out of range), ``TypeError`` (non-integer indices), ``ValueError``
+        With ``on_error="skip"`` an undecodable row comes as a
+        :class:`~zephon.core.bad_records.Failure`. Raises ``IndexError`` (out of range),
+        ``TypeError`` (non-integer indices), ``ValueError``
         (a JSONL line that is not an object; ``ShardChangedError``: a file changed since opening).
         """
         try:

@@ -146,9 +146,9 @@ def short(identity: str | None) -> str:
 
 
 def check_file(shard: Any, dataset: str, when: str, fix: str | None = None) -> os.stat_result:
-    """One ``stat`` of ``shard.path``; raises ``FileNotFoundError`` or ``ShardChangedError`` unless the
-    file still holds the shard's bytes (digested again when its stat key differs from ``seen``,
-    which is then updated). ``when`` and ``fix`` are for messages."""
+    """One ``stat`` of ``shard.path``; raises ``FileNotFoundError`` or ``ShardChangedError`` unless
+    the file still holds the shard's bytes (digested again when its stat key differs from
+    ``seen``, which is then updated). ``when`` and ``fix`` are for messages."""
     try:
         st = os.stat(shard.path)
     except FileNotFoundError:

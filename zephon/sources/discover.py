@@ -48,7 +48,7 @@ _GLOB = "*?["
 
 
 class Found(msgspec.Struct, frozen=True):
-    """One shard found: location, id, format, compression, size and identity (``None`` until digested).
+    """One shard found: location, id, format, compression, size, identity (``None`` until digested).
 
     ``seen``: a local file's stat key when found. ``indexed``: size, identity and ``seen`` come
     from the dataset index without a ``stat`` (``index="require"``), checked on first read.
@@ -356,7 +356,7 @@ def index_location(root: str) -> str:
 
 
 class IndexEntry(msgspec.Struct, frozen=True):
-    """One shard in the dataset index; ``stat``: a local file's stat key, ``groups``: rows per row group."""
+    """One shard in the dataset index (``stat``: a local file's stat key; ``groups``: rows each)."""
 
     fmt: str
     bytes: int

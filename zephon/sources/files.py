@@ -20,8 +20,8 @@ from .storage import IoOptions, fetch, filesystem
 
 
 class FileIdentity:
-    """A file as seen when its dataset was opened: path, size, content digest, and ``seen``, the stat
-    key at which it last held those bytes (``None``: not yet checked here)."""
+    """A file as seen when its dataset was opened: path, size, content digest, and ``seen``, the
+    stat key at which it last held those bytes (``None``: not yet checked here)."""
 
     __slots__ = ()
     _id_fields = ("path", "shard_id", "size", "digest", "seen", "cache_dir", "verify", "num_rows")

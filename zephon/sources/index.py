@@ -1,4 +1,4 @@
-"""The dataset index: every shard counted once and recorded in ``.zephon-index.json`` (``zephon index``)."""
+"""The dataset index: every shard counted once and recorded in ``.zephon-index.json``."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ _RECHECK_SHARE = 0.01
 
 _DECODE = msgspec.json.Decoder(dict)
 _DECODE_ANY = msgspec.json.Decoder()
-_KINDS = {list: "array", str: "string", bool: "boolean", type(None): "null"}  # other JSON values are numbers
+_KINDS = {list: "array", str: "string", bool: "boolean", type(None): "null"}  # else "number"
 
 
 def _path_key(path: str) -> str:
@@ -97,7 +97,7 @@ def stamp(digest: str | None) -> int:
 
 
 def build_line_index(buf: Any) -> np.ndarray:
-    """Byte offsets of every non-blank line of ``buf`` (bytes, ``mmap`` or ``memoryview``), then ``len(buf)``.
+    """Byte offsets of every non-blank line of ``buf`` (bytes, mmap, memoryview), then its length.
 
     A line of only JSON whitespace is blank; a last line without a newline counts; a leading
     UTF-8 byte-order mark is skipped. Row ``i`` is ``buf[offsets[i]:offsets[i + 1]]``.
@@ -130,8 +130,8 @@ def _index_file(cache_dir: str, data_path: str) -> str:
 
 
 def load_index(cache_dir: str, data_path: str, size: int, content: int, *, rows_only: bool = False) -> Any:
-    """The cached index of ``data_path`` matching ``size`` and ``content`` (a :func:`stamp`), else ``None``;
-    with ``rows_only``, its row count from the header."""
+    """The cached index of ``data_path`` matching ``size`` and ``content`` (a :func:`stamp`), else
+    ``None``; with ``rows_only``, its row count from the header."""
     try:
         with open(_index_file(cache_dir, data_path), "rb") as f:
             head = f.read(_INDEX_HEADER)
@@ -330,11 +330,10 @@ class JsonlShard(FileIdentity):
                     f"changed while reading: size was {state.length} bytes, now {now}. Something other than zephon "
                     "wrote to the cache folder; leave it alone while datasets are in use, and open the dataset again."
                 )
-        if self.verify == "full":
-            now_s = time.monotonic()
-            if now_s - state.checked >= max(_RECHECK_S, state.check_s / _RECHECK_SHARE):
-                state.check_s = self.check_content(dataset)
-                state.checked = time.monotonic()
+        wait = max(_RECHECK_S, state.check_s / _RECHECK_SHARE)
+        if self.verify == "full" and time.monotonic() - state.checked >= wait:
+            state.check_s = self.check_content(dataset)
+            state.checked = time.monotonic()
         return state
 
     def _load(self, dataset: str) -> _Open:
@@ -370,7 +369,8 @@ class JsonlShard(FileIdentity):
         return _Open(buf, offsets, mapped, (st.st_dev, st.st_ino), check_s)
 
     def _decompressed(self) -> tuple[memoryview, mmap.mmap | None, str | None, int]:
-        """``(buffer, mapping, cache path, size)`` of the decompressed text (no mapping nor path in memory)."""
+        """``(buffer, mapping, cache path, size)`` of the decompressed text (mapping, path ``None``
+        when it is held in memory)."""
         for attempt in range(2):
             text = decompress(self.cache_dir, self.path, self.compression or "", self.size, self.digest)
             if isinstance(text, bytes):

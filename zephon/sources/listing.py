@@ -20,7 +20,7 @@ LISTING_MODES = ("auto", "local")
 
 
 def list_once(name: str, request: tuple, open_dataset: Callable[[], T], listing: str = "auto") -> T:
-    """``open_dataset()`` (its result must pickle), run on rank 0 only under multi-rank ``torch.distributed``.
+    """``open_dataset()`` (its result must pickle), on rank 0 only under multi-rank distributed.
 
     ``request`` (path, format, options) must be equal on every rank, else ``ValueError``. When rank
     0 fails it raises its error and the other ranks a ``RuntimeError`` naming it.
@@ -31,7 +31,8 @@ def list_once(name: str, request: tuple, open_dataset: Callable[[], T], listing:
             "torch.distributed) or 'local' (every process lists it)"
         )
     dist = sys.modules.get("torch.distributed") if listing == "auto" else None
-    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+    alone = dist is None or not dist.is_available() or not dist.is_initialized()
+    if alone or dist.get_world_size() < 2:
         return open_dataset()
     rank = dist.get_rank()
     box: list[Any] = [None]

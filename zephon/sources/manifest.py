@@ -64,15 +64,19 @@ def summarize(fingerprint: Mapping[str, Any], shards: ShardList | None = None) -
     """
     entries = fingerprint["shards"]
     sizes = [s.get("bytes") for s in entries]
+    known = all(isinstance(b, int) for b in sizes)
+    rows = sum(int(s.get("rows") or 0) for s in entries)
     out = {k: v for k, v in fingerprint.items() if k != "shards"}
-    out.update(shards=len(entries), bytes=sum(sizes) if all(isinstance(b, int) for b in sizes) else None,
-               rows=sum(int(s.get("rows") or 0) for s in entries), digest=(shards or encode(entries)).digest)
+    out.update(shards=len(entries), bytes=sum(sizes) if known else None, rows=rows)
+    out["digest"] = (shards or encode(entries)).digest
     return out
 
 
 def is_summary(entry: Any) -> bool:
     """Whether a dataset's entry in a fingerprint is a summary (else it holds its shard list)."""
-    return isinstance(entry, Mapping) and isinstance(entry.get("digest"), str) and not isinstance(entry.get("shards"), list)
+    if not isinstance(entry, Mapping):
+        return False
+    return isinstance(entry.get("digest"), str) and not isinstance(entry.get("shards"), list)
 
 
 _lock = threading.Lock()

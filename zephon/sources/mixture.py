@@ -28,7 +28,8 @@ RAMP_PIECES = 64
 def _check_weight(name: Any, w: Any, *, zero_ok: bool) -> float:
     if not isinstance(name, str):
         raise TypeError(f"mixture keys are dataset names (str), got {name!r}")
-    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or not (w >= 0 if zero_ok else w > 0):
+    number = isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w)
+    if not number or not (w >= 0 if zero_ok else w > 0):
         bound = ">= 0" if zero_ok else "> 0"
         raise ValueError(f"mixture weight of {name!r} must be a finite number {bound}, got {w!r}")
     return float(w)
@@ -221,7 +222,8 @@ class MixtureSchedule:
 
     def describe(self) -> dict[str, Any]:
         points = [[a, dict(w)] for a, w in self.points]
-        return {"points": points, "by": self.by, "interpolation": self.interpolation, "unit": self.unit}
+        return {"points": points, "by": self.by, "interpolation": self.interpolation,
+                "unit": self.unit}
 
     def fingerprint(self) -> dict[str, Any]:
         """The schedule as an operator setting describes it (``ensure_mixture(schedule)``)."""

@@ -79,7 +79,7 @@ class IoOptions:
 
     Attributes:
         cache: the shard cache (:class:`CacheOptions`, or a dict of its fields).
-        row_group_cache_bytes: per-process bound of decoded Parquet row groups (an int or ``"256mb"``).
+        row_group_cache_bytes: per-process bound of decoded Parquet row groups (int or ``"256mb"``).
         remote_parquet: ``"ranges"``: read remote Parquet with an ETag or checksum by byte ranges,
             only the row groups needed; ``"whole"``: from a whole copy in the shard cache.
     """
@@ -142,7 +142,7 @@ def split_url(url: str) -> tuple[str, str]:
 
 
 def identity_of(info: Mapping[str, Any]) -> str | None:
-    """A remote file's identity from an fsspec ``info``: its ETag or checksum (never a time), else ``None``."""
+    """A remote file's identity from an fsspec ``info``: its ETag or checksum (never a time)."""
     for key in ("ETag", "etag", "md5Hash", "md5", "crc32c", "checksum", "content_md5", "sha", "oid"):
         value = info.get(key)
         if value:
@@ -329,7 +329,8 @@ def _changed_object(dataset: str, url: str, size: int, identity: str, now_size: 
 
 
 def evict(folder: str, max_bytes: int | None, keep: int = 0) -> int:
-    """Remove least recently used copies until the folder holds at most ``max_bytes - keep``; bytes freed."""
+    """Remove least recently used copies until the folder holds at most ``max_bytes - keep``; the
+    bytes freed."""
     if max_bytes is None:
         return 0
     entries = []

@@ -23,7 +23,6 @@ from .estimate import Calibration, TokenEstimation
 from .manifest import source_entries
 from .mixture import Interleave, MixtureSchedule, MixtureSpec, Timeline, as_mixture, interleave, resolve_timeline
 
-ExhaustedPolicy = Literal["stop", "repeat", "redistribute"]
 _POLICIES = ("stop", "repeat", "redistribute")
 #: Settings that enter the fingerprint as they are, in this order.
 _SETTINGS = (
@@ -396,8 +395,8 @@ class StaticMixtureWorkSource:
         return SourceState(chunk, offset), out, exhausted
 
     def check_cursor(self, state: SourceState, lanes: int, lane: int) -> None:
-        """Raise ``ValueError`` unless :meth:`read` can leave lane ``lane`` of ``lanes`` at ``state``:
-        inside one of its chunks, or at offset 0 of the first chunk past its data.
+        """Raise ``ValueError`` unless :meth:`read` can leave lane ``lane`` of ``lanes`` at
+        ``state``: inside one of its chunks, or at offset 0 of the first chunk past its data.
 
         Examples:
             >>> from zephon.io import Dataset
@@ -433,7 +432,7 @@ class StaticMixtureWorkSource:
         return attrs.evolve(self, datasets=tuple(d.with_io_options(io_options) for d in self.datasets))
 
     def fingerprint(self) -> dict[str, Any]:
-        """Everything that decides which sample comes where (datasets by ``manifest.source_entries``)."""
+        """Everything that decides which sample comes where (datasets: ``source_entries``)."""
         m = self.mixture
         plain = isinstance(m, MixtureSpec) and self.unit == "samples" and self.change is None
         fp: dict[str, Any] = {
@@ -457,8 +456,8 @@ class StaticMixtureWorkSource:
 
     @property
     def switch_positions(self) -> tuple[int, ...]:
-        """Positions where the weights jump (a shuffle drains at each): a step schedule's points after
-        the first and, under a changed plan, the old plan's jumps before the change."""
+        """Positions where the weights jump (a shuffle drains at each): a step schedule's points
+        after the first and, under a changed plan, the old plan's jumps before the change."""
         start = self.change.position if self.change is not None else 0
         kept = tuple(p for p in self.change.switches if p < start) if self.change is not None else ()
         m = self.mixture
@@ -473,8 +472,8 @@ class StaticMixtureWorkSource:
 
     @property
     def piece_positions(self) -> list[tuple[int, dict[str, float]]]:
-        """``(position, weights)`` of every stretch of constant schedule weights (ramp pieces too), in
-        the schedule's unit, without redistributions and plan changes."""
+        """``(position, weights)`` of every stretch of constant schedule weights (ramp pieces
+        too), in the schedule's unit, without redistributions and plan changes."""
         return self._resolved[4]
 
 
