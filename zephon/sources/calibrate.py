@@ -107,9 +107,7 @@ def calibrate(source: StaticMixtureWorkSource, chain: Chain, *, progress: bool =
     out: dict[str, DatasetEstimate] = {}
     for j, d in enumerate(source.datasets):
         pinned = est.pinned(d.name)
-        rows_read = 0
-        n_bytes = 0
-        n_tokens = 0
+        rows_read = n_bytes = n_tokens = 0
         for shard, rows in sample_rows(d.shard_sizes, est.calibration_samples, est.calibration_shards_max):
             payloads = d.read(shard, rows)
             records = [Record(p, sample_meta(0, j, shard, r)) for p, r in zip(payloads, rows) if type(p) is not Failure]

@@ -38,10 +38,6 @@ class InMemoryShard:
 
     Reads return the stored objects (arrays as read-only views); the content hash is taken once.
     Raises ``TypeError`` for rows of another kind, or dicts mixed with arrays.
-
-    Example:
-        >>> InMemoryShard([{"text": "a"}, {"text": "b"}]).num_rows
-        2
     """
 
     __slots__ = ("_rows", "_digest")
@@ -389,10 +385,6 @@ class Dataset:
     @classmethod
     def from_rows(cls, name: str, rows: Sequence[Any] | np.ndarray, *, shard_id: ShardId = "0") -> Dataset:
         """A dataset of one in-memory shard: ``rows`` as :class:`InMemoryShard` takes them, under ``shard_id``.
-
-        Example:
-            >>> Dataset.from_rows("toy", [{"text": "hi"}]).shard_ids
-            ('0',)
         """
         return cls.from_dict(name, {shard_id: InMemoryShard(rows)})
 
@@ -467,12 +459,7 @@ class Dataset:
         return array
 
     def shard_path(self, shard: int) -> str | None:
-        """The absolute path of shard number ``shard``'s file; ``None`` for an in-memory shard.
-
-        Example:
-            >>> Dataset.from_rows("toy", [{"text": "a"}]).shard_path(0) is None
-            True
-        """
+        """The absolute path (or URL) of shard number ``shard``'s file; ``None`` in memory."""
         return self._shards.location(shard)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -480,11 +467,6 @@ class Dataset:
 
         Changes with any shard's content: path, size and SHA-256 for files, size and ETag or
         checksum for remote objects, a BLAKE2b hash in memory.
-
-        Example:
-            >>> fp = Dataset.from_rows("toy", [{"x": 1}]).fingerprint()
-            >>> fp["shards"][0]["rows"], fp["shards"][0]["identity"].startswith("blake2b:")
-            (1, True)
         """
         out: dict[str, Any] = {"name": self.name, "format": self.format}
         if self.columns is not None:  # rows hold only these fields

@@ -29,14 +29,8 @@ StatKey = tuple[int, int, int, int, int]
 
 
 class ShardChangedError(ValueError):
-    """A shard file changed (other bytes) after its dataset was opened, so its rows cannot be read.
-
-    The message names the dataset, the file and what changed.
-
-    Example:
-        >>> issubclass(ShardChangedError, ValueError)
-        True
-    """
+    """A shard file changed (other bytes) after its dataset was opened, so its rows cannot be read;
+    the message names the dataset, the file and what changed."""
 
 
 def default_cache_dir() -> str:

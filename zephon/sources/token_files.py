@@ -42,10 +42,8 @@ def megatron_index(path: str) -> tuple[np.dtype, np.ndarray] | None:
     with open(idx, "rb") as f:
         if f.read(9) != _MEGATRON_MAGIC:
             return None
-        (version,) = struct.unpack("<Q", f.read(8))
-        (code,) = struct.unpack("<B", f.read(1))
-        (count,) = struct.unpack("<Q", f.read(8))
-        struct.unpack("<Q", f.read(8))  # document count; sequences are our documents
+        # version, dtype code, sequence count, document count (sequences are our documents)
+        version, code, count, _ = struct.unpack("<QBQQ", f.read(25))
         sizes = np.fromfile(f, dtype=np.int32, count=count)
     if version != 1 or code not in _MEGATRON_DTYPES or sizes.shape[0] != count:
         raise ValueError(f"{idx} is not a Megatron MMIDIDX version-1 index (or is cut short); re-create it")
