@@ -252,7 +252,7 @@ def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool, trusted
         folder, prefix = pending.pop()
         try:
             with os.scandir(folder) as it:
-                entries = sorted(it, key=_NAME)
+                entries = sorted(it, key=operator.attrgetter("name"))
         except OSError:
             continue
         dirs = []
@@ -281,9 +281,6 @@ def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool, trusted
         hint = " Subfolders are not searched; pass recursive=True to include them." if subfolders else ""
         raise ValueError(f"dataset {name!r}: no supported files in {root} (found: {listing or 'nothing'}); supported endings: {_endings()}. Pass fmt= to read other files.{hint}")
     return found
-
-
-_NAME = operator.attrgetter("name")
 
 
 def _is_folder(entry: os.DirEntry) -> bool:

@@ -343,8 +343,7 @@ class Timeline:
     def position_of(self, j: int, k: int) -> int | None:
         """The position of dataset ``j``'s ``k``-th element (0-based), or ``None`` if it never comes."""
         for i, p in enumerate(self.phases):
-            last = i + 1 == len(self.phases)
-            if not last and self._base[i + 1][j] <= k:
+            if i + 1 < len(self.phases) and self._base[i + 1][j] <= k:
                 continue
             if p.weights[j] == 0:
                 return None
@@ -442,12 +441,9 @@ def resolve_timeline(src: Any) -> tuple[Timeline, int | None, str | None, list, 
 
     dropped: set[int] = set()
     while True:
-        found = []
-        for j, name in enumerate(names):
-            if src.policy(name) == "redistribute" and j not in dropped and sizes[j]:
-                p = tl.position_of(j, src.pass_limit(name) * sizes[j])
-                if p is not None:
-                    found.append((p, j))
+        found = [(tl.position_of(j, src.pass_limit(n) * sizes[j]), j) for j, n in enumerate(names)
+                 if src.policy(n) == "redistribute" and j not in dropped and sizes[j]]
+        found = [(p, j) for p, j in found if p is not None]
         if not found:
             break
         p, j = min(found)

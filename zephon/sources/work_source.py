@@ -501,7 +501,8 @@ def _layout(d: Any, shuffle: bool, key: int, epoch: int) -> tuple[np.ndarray, np
 
 def make_source(source: Any, *, seed: int = 0) -> StaticMixtureWorkSource:
     """A work source from itself, a plan, a ``Dataset``, a list of datasets or of dicts, or an HF dataset."""
-    from .dataset import Dataset, as_dataset, hf_kind, refuse_stream
+    from .dataset import Dataset, as_dataset
+    from .hf import hf_kind, refuse_stream
 
     if isinstance(source, StaticMixtureWorkSource):
         return source
