@@ -230,9 +230,9 @@ class Dataset:
         if index not in ("auto", "require", "off"):
             raise ValueError(f"unknown index {index!r} for dataset {name!r}; use 'auto', 'require' or 'off'")
         io = _as_io(io_options)
-        cache = resolve_cache_dir(cache_dir)
 
         def open_dataset() -> tuple[str, ShardSpec, ShardTable]:
+            cache = resolve_cache_dir(cache_dir)
             root, found = discover(name, path, fmt=fmt, recursive=recursive, cache_dir=cache,
                                    storage_options=storage_options, cache=io.cache, index=index)
             kind = found[0].fmt
