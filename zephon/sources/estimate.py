@@ -68,7 +68,7 @@ class TokenEstimation:
         return self.primer == "measure" or isinstance(self.primer, Mapping)
 
     def describe(self) -> dict[str, Any]:
-        return {"primer": self.primer, "calibration_samples": self.calibration_samples, "calibration_shards_max": self.calibration_shards_max, "field": self.field}
+        return attrs.asdict(self)
 
 
 def _sig(x: float) -> float:
@@ -101,10 +101,7 @@ class Calibration:
         return tuple(self.datasets[n].tokens_per_sample for n in names)
 
     def describe(self) -> dict[str, Any]:
-        return {
-            n: {"tokens_per_byte": e.tokens_per_byte, "bytes_per_sample": e.bytes_per_sample, "rows": e.rows, "pinned": e.pinned}
-            for n, e in self.datasets.items()
-        }
+        return {n: attrs.asdict(e) for n, e in self.datasets.items()}
 
     @classmethod
     def from_description(cls, data: Any) -> "Calibration":
