@@ -114,8 +114,8 @@ class RemoteShard:
         by_ranges = self.ranges(io)
         if by_ranges is not None:  # the footer only
             self.num_rows = sum(by_ranges.group_rows(dataset, io.cache))
-            return self.num_rows
-        self.num_rows = self.local(dataset, io).num_rows
+        else:
+            self.num_rows = self.local(dataset, io).num_rows
         return self.num_rows
 
     def read(self, rows: np.ndarray, dataset: str, io: IoOptions | None = None) -> list:
@@ -123,13 +123,10 @@ class RemoteShard:
         by_ranges = self.ranges(io)
         if by_ranges is not None:
             return by_ranges.read(rows, dataset, io)
-        for attempt in range(2):
-            try:
-                return self.local(dataset, io).read(rows, dataset, io)
-            except FileNotFoundError:  # evicted by another process meanwhile: fetch again, once
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            return self.local(dataset, io).read(rows, dataset, io)
+        except FileNotFoundError:  # evicted by another process meanwhile: fetch again, once
+            return self.local(dataset, io).read(rows, dataset, io)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.identity}
