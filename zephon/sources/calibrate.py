@@ -1,10 +1,9 @@
-"""Calibration: tokens per byte and per sample of each dataset, measured with the pipeline's own tokenizer.
+"""Calibration: tokens per byte and per sample of each dataset, measured with the pipeline's own
+tokenizer.
 
-Each dataset's small deterministic sample (``calibration_samples`` rows over up to
-``calibration_shards_max`` shards) runs through the pipeline's per-sample steps up to its first
-tokenizing step; tokens per source sample (a dropped row counts 0) over bytes per sample give
-tokens per byte. The result is frozen into the source (its fingerprint and every checkpoint) and
-cached in this process by what decides it.
+A small deterministic sample of each dataset runs through the per-sample steps up to the first
+tokenizing step (a dropped row counts 0 tokens). The result is frozen into the source (fingerprint,
+checkpoints) and cached in this process by what decides it.
 """
 
 from __future__ import annotations
@@ -67,11 +66,8 @@ def _text_bytes(payload: Any, field: str | None) -> int:
 
 
 def tokenizer_prefix(chain: Chain) -> tuple[list[StatelessOp], Any, str | None]:
-    """The per-sample steps before the first tokenizing step, that step, and the stateful step that hides it.
-
-    Calibration replays per-sample steps only; the first step that keeps state across samples
-    ends the replay (its name is returned, and the tokenizing step is ``None``).
-    """
+    """The per-sample steps before the first tokenizing step, and that step; or, when a step that
+    keeps state across samples comes first, the steps before it, ``None`` and its name."""
     prefix: list[StatelessOp] = []
     for name, op in chain.children:
         if op.kind in TOKENIZING or type(op).__name__.startswith("Tokenize"):
@@ -111,9 +107,7 @@ def calibrate(source: StaticMixtureWorkSource, chain: Chain, *, progress: bool =
     out: dict[str, DatasetEstimate] = {}
     for j, d in enumerate(source.datasets):
         pinned = est.pinned(d.name)
-        rows_read = 0
-        n_bytes = 0
-        n_tokens = 0
+        rows_read = n_bytes = n_tokens = 0
         for shard, rows in sample_rows(d.shard_sizes, est.calibration_samples, est.calibration_shards_max):
             payloads = d.read(shard, rows)
             records = [Record(p, sample_meta(0, j, shard, r)) for p, r in zip(payloads, rows) if type(p) is not Failure]
@@ -143,12 +137,9 @@ def calibrate(source: StaticMixtureWorkSource, chain: Chain, *, progress: bool =
 
 
 def step_size(source: StaticMixtureWorkSource, chain: Chain, lanes: int) -> StaticMixtureWorkSource:
-    """``source`` with ``samples_per_step`` / ``tokens_per_step`` from the chain, when a schedule by step needs it.
-
-    Unpacked records: lanes x microbatch size samples per step. Packed rows: lanes x microbatch
-    size x sequence length tokens per step (placed through the calibration). A schedule also
-    gets ``step_lanes`` (its points start at a block of ``lanes`` work chunks).
-    """
+    """``source`` with ``samples_per_step`` (lanes x microbatch) or, for packed rows,
+    ``tokens_per_step`` (times the row length) when a schedule by step needs it; a schedule also
+    gets ``step_lanes``."""
     m = source.mixture
     if isinstance(m, MixtureSchedule) and len(m.points) > 1 and source.step_lanes is None:
         source = attrs.evolve(source, step_lanes=lanes)

@@ -1,10 +1,12 @@
 """Parquet and Arrow IPC (Feather) shards, read by row group (record batch) with column projection.
 
-A read decodes only the row groups (Parquet) or record batches (Arrow IPC) that hold its rows,
-and only the projected columns (``columns=``). Decoded Parquet row groups are kept in a
-per-process LRU bounded in bytes (``io_options={"row_group_cache_bytes": ...}``), so a shard is
-never loaded whole; Arrow IPC files are memory mapped, their batches views of the mapping. A
-payload is the row as a dict of Python values (``pyarrow``'s ``to_pylist``).
+A read decodes only the groups holding its rows, and only the projected columns. Decoded Parquet
+row groups stay in a per-process LRU bounded in bytes (``row_group_cache_bytes``); Arrow IPC
+files are memory mapped. A payload is the row as a dict of Python values.
+
+Remote Parquet objects with an ETag or checksum are read by byte ranges (:class:`RangedParquet`):
+the footer once per process, then only the row groups needed. The object's size and identity are
+checked on opening and before each read that fetches groups, so ranges never mix two versions.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import numpy as np
 
 from ..core.cache import ProcessCache
 from ..core.bad_records import RecordDecodeError
-from .files import FileIdentity, open_cached
 from .digest import ShardChangedError
+from .files import FileIdentity, open_cached
+from .storage import CacheOptions, filesystem, identity_of, with_retries
 
 #: Endings read as each columnar format.
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -80,22 +83,30 @@ ROW_GROUPS = RowGroupCache()
 
 
 class _Opened:
-    __slots__ = ("reader", "starts")
+    __slots__ = ("reader", "starts", "lock")
 
     def __init__(self, reader: Any, starts: np.ndarray):
-        self.reader = reader
+        self.reader, self.lock = reader, threading.Lock()  # the lock: one ranged read at a time
         self.starts = starts  # first row of each group, then the row count
 
 
-class ColumnarShard(FileIdentity):
-    """One Parquet or Arrow IPC file read by random access.
+def _opened(
+    reader: Any, counts: Sequence[int], names: list, columns: Any, where: str, dataset: str
+) -> _Opened:
+    """``reader`` and its group starts, once the projected ``columns`` are known to exist."""
+    missing = [c for c in columns or () if c not in names]
+    if missing:
+        raise ValueError(
+            f"dataset {dataset!r}: {where} has no column(s) {missing}; its columns are {names}. "
+            "Fix columns=."
+        )
+    starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).astype(np.int64)
+    return _Opened(reader, starts)
 
-    Attributes:
-        path, shard_id, size, digest, seen, cache_dir, verify, num_rows: as for every file shard.
-        fmt: ``"parquet"`` or ``"arrow"``.
-        columns: the projected columns (``None``: all).
-        group_rows: rows of each row group (record batch), read from the footer at opening.
-    """
+
+class ColumnarShard(FileIdentity):
+    """One Parquet or Arrow IPC file (``fmt``) read by random access: ``columns`` projected
+    (``None``: all), ``group_rows`` from the footer at opening."""
 
     _fields = FileIdentity._id_fields + ("fmt", "columns", "group_rows")
     __slots__ = _fields + ("__weakref__",)
@@ -136,14 +147,10 @@ class ColumnarShard(FileIdentity):
                 "have been cut short by an interrupted copy or write (its footer is at the end), or be in another "
                 "format: check the file, or re-create it."
             ) from err
-        if self.columns is not None:
-            missing = [c for c in self.columns if c not in names]
-            if missing:
-                raise ValueError(f"dataset {dataset!r}: {self.path} has no column(s) {missing}; its columns are {names}. Fix columns=.")
-        starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).astype(np.int64)
+        opened = _opened(reader, counts, names, self.columns, self.path, dataset)
         if self.group_rows and tuple(counts) != self.group_rows:
             raise ShardChangedError(f"dataset {dataset!r}: shard file {self.path} now has row groups of {counts} rows, not the {list(self.group_rows)} it had when the dataset was opened; open the dataset again")
-        return _Opened(reader, starts)
+        return opened
 
     def _group(self, opened: _Opened, g: int, dataset: str, max_bytes: int) -> Any:
         def decode() -> Any:
@@ -195,10 +202,8 @@ def read_rows(starts: np.ndarray, rows: np.ndarray, group: Any, path: str, datas
 
 
 def _rows_of(table: Any, local: np.ndarray) -> list:
-    """Rows ``local`` of a decoded group as dicts, in the order given.
-
-    Runs of consecutive rows are converted slice by slice (zero-copy), avoiding ``take``'s copy.
-    """
+    """Rows ``local`` of a decoded group as dicts, in the order given; runs of consecutive rows are
+    converted slice by slice (zero-copy, unlike ``take``)."""
     order = np.argsort(local, kind="stable")
     ordered = local[order]
     cut = np.flatnonzero(np.diff(ordered) != 1) + 1
@@ -237,3 +242,90 @@ class _ArrowFile:
     def batch(self, i: int, columns: Sequence[str] | None) -> Any:
         batch = self._batches[i] if self._batches is not None else self._reader.get_batch(i)
         return batch.select(list(columns)) if columns else batch
+
+
+_READERS = ProcessCache(clear_after_fork=True, max_entries=256)
+
+
+def ranged(identity: str) -> bool:
+    """Whether an object of this identity can be read by ranges (its store gives ETags or checksums)."""
+    return not identity.startswith("sha256=")
+
+
+class RangedParquet:
+    """One remote Parquet object (``url``, ``size``, ``identity`` as recorded at opening), read by
+    row group through fsspec byte ranges of the ``columns`` (``None``: all)."""
+
+    def __init__(self, url: str, size: int, identity: str, fs_key: tuple, columns: Sequence[str] | None):
+        self.url, self.size, self.identity, self.fs_key = url, size, identity, fs_key
+        self.columns = None if columns is None else tuple(columns)
+
+    def _open(self, dataset: str, options: CacheOptions) -> _Opened:
+        return _READERS.get((self.url, self.size, self.identity), lambda: self._build(dataset, options))
+
+    def check(self, dataset: str, options: CacheOptions) -> None:
+        """Raise unless the object still has the size and ETag (or checksum) recorded at opening."""
+        fs = filesystem(*self.fs_key)
+        info = with_retries(self.url, "checking", lambda: fs.info(self.url), options)
+        now = (int(info.get("size") or 0), identity_of(info))
+        if now != (self.size, self.identity):
+            raise ShardChangedError(
+                f"dataset {dataset!r}: remote shard {self.url} changed after the dataset was opened: it had {self.size} "
+                f"bytes and {self.identity}, now {now[0]} bytes and {now[1]}. Rows would shift or change; open the "
+                "dataset again to read the new content."
+            )
+
+    def _build(self, dataset: str, options: CacheOptions) -> _Opened:
+        pa = pyarrow()
+        fs = filesystem(*self.fs_key)
+        self.check(dataset, options)
+
+        def open_file() -> Any:
+            handle = fs.open(self.url, "rb", cache_type="none")
+            return handle, pa.parquet.ParquetFile(handle, pre_buffer=False)
+
+        try:
+            handle, file = with_retries(self.url, "reading the footer of", open_file, options)
+        except pa.ArrowException as err:
+            raise ValueError(
+                f"dataset {dataset!r}: {self.url} is not a readable Parquet file ({type(err).__name__}: {err}); check "
+                "the object, or re-create it"
+            ) from err
+        meta = file.metadata
+        counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        return _opened(file, counts, file.schema_arrow.names, self.columns, self.url, dataset)
+
+    def group_rows(self, dataset: str, options: CacheOptions) -> tuple[int, ...]:
+        """Rows of each row group (from the footer: the only bytes read)."""
+        return tuple(np.diff(self._open(dataset, options).starts).tolist())
+
+    def read(self, rows: np.ndarray, dataset: str, io: Any) -> list:
+        """The rows (validated ``int64``) as dicts, in the order given; fetches only their row groups."""
+        if rows.shape[0] == 0:
+            return []
+        opened = self._open(dataset, io.cache)
+        columns = list(self.columns) if self.columns else None
+        checked = [False]
+
+        def decode(g: int) -> Any:
+            if not checked[0]:  # once per read that fetches: the ranges must come from the bytes of the footer
+                self.check(dataset, io.cache)
+                checked[0] = True
+            def read_group() -> Any:
+                with opened.lock:
+                    return opened.reader.read_row_group(g, columns=columns, use_threads=False)
+
+            try:
+                return with_retries(self.url, f"reading row group {g} of", read_group, io.cache)
+            except Exception as err:
+                if isinstance(err, OSError):
+                    raise
+                raise RecordDecodeError(
+                    f"dataset {dataset!r}: {self.url}, row group {g} cannot be decoded ({type(err).__name__}: {err}); "
+                    "the object is damaged: re-create it", type(err).__name__,
+                ) from err
+
+        def group(g: int) -> Any:
+            return ROW_GROUPS.get((self.url, self.identity, self.columns, g), lambda: decode(g), io.row_group_cache_bytes)
+
+        return read_rows(opened.starts, rows, group, self.url, dataset)

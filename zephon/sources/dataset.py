@@ -1,10 +1,7 @@
-"""Datasets: named, immutable collections of shards read by ``(shard, row)``.
+"""Datasets: named, immutable lists of shards whose rows are read by ``(shard, row)``.
 
-A sample's stable pointer is ``(dataset, shard, row)``: the dataset's position in a source, the
-shard's position in the dataset, and the row's position in the shard. A :class:`Dataset` knows
-the last two only. Shard order is fixed when the dataset is made (sorted relative paths for files,
-insertion order for in-memory shards), and row numbers never move, so pointers stay valid for as
-long as the data is unchanged.
+Shard order is fixed when the dataset is made (sorted relative paths for files, insertion order
+in memory) and rows never move, so ``(dataset, shard, row)`` names a sample while the data holds.
 """
 
 from __future__ import annotations
@@ -35,21 +32,10 @@ ShardId = Union[str, int]
 
 
 class InMemoryShard:
-    """Rows held in memory: a list of dicts, or a list or array of numpy arrays.
+    """Rows held in memory: dicts, numpy arrays, or the rows of one array of 2+ dimensions.
 
-    Reads return the stored objects themselves (arrays as read-only views). The content hash of
-    :meth:`Dataset.fingerprint` is computed once, on first use.
-
-    Args:
-        rows: a sequence of dicts, a sequence of numpy arrays, or one numpy array of two or more
-            dimensions (each row along the first axis is a sample).
-
-    Raises:
-        TypeError: rows of another kind, or dicts mixed with arrays.
-
-    Example:
-        >>> InMemoryShard([{"text": "a"}, {"text": "b"}]).num_rows
-        2
+    Reads return the stored objects (arrays as read-only views); the content hash is taken once.
+    Raises ``TypeError`` for rows of another kind, or dicts mixed with arrays.
     """
 
     __slots__ = ("_rows", "_digest")
@@ -87,31 +73,24 @@ class InMemoryShard:
         return len(self._rows)
 
     def read(self, rows: np.ndarray, dataset: str, io: Any = None) -> list:
-        data = self._rows
-        return [data[i] for i in rows.tolist()]
-
-    def _content_digest(self) -> tuple[str, int]:
-        if self._digest is None:
-            h = hashlib.blake2b(digest_size=16)
-            total = 0
-            data = self._rows
-            if isinstance(data, np.ndarray):
-                head = f"ndarray:{data.dtype.str}:{data.shape}".encode()
-                body = np.ascontiguousarray(data).tobytes()
-                h.update(head)
-                h.update(body)
-                total = len(body)
-            else:
-                encoder = msgspec.msgpack.Encoder(enc_hook=_encode_value)
-                for lo in range(0, len(data), 1024):
-                    chunk = encoder.encode(list(data[lo : lo + 1024]))
-                    h.update(chunk)
-                    total += len(chunk)
-            self._digest = ("blake2b:" + h.hexdigest(), total)
-        return self._digest
+        return [self._rows[i] for i in rows.tolist()]
 
     def fingerprint(self) -> dict[str, Any]:
-        identity, size = self._content_digest()
+        if self._digest is None:
+            h = hashlib.blake2b(digest_size=16)
+            data = self._rows
+            if isinstance(data, np.ndarray):
+                h.update(f"ndarray:{data.dtype.str}:{data.shape}".encode())
+                chunks: Iterable[bytes] = [np.ascontiguousarray(data).tobytes()]
+            else:
+                enc = msgspec.msgpack.Encoder(enc_hook=_encode_value)
+                chunks = (enc.encode(list(data[i : i + 1024])) for i in range(0, len(data), 1024))
+            total = 0
+            for chunk in chunks:
+                h.update(chunk)
+                total += len(chunk)
+            self._digest = ("blake2b:" + h.hexdigest(), total)
+        identity, size = self._digest
         return {"path": None, "bytes": size, "rows": self.num_rows, "identity": identity}
 
     def __repr__(self) -> str:
@@ -140,23 +119,19 @@ def _encode_value(value: Any) -> Any:
 class Dataset:
     """A named, immutable list of shards; every sample is addressed by ``(shard, row)``.
 
-    Make one with :meth:`from_path` (files, local or remote), :meth:`from_hf`, :meth:`from_dict`
-    or :meth:`from_rows` (rows in memory). A dataset pickles; open files are mapped again on first
-    read in each process.
+    Made by :meth:`from_path` (files, local or remote), :meth:`from_hf`, :meth:`from_dict` or
+    :meth:`from_rows`. It pickles; files are opened again on first read in each process.
 
     Attributes:
-        name: the dataset's name (the mixture component name).
+        name: the mixture component name.
         format: ``"jsonl"``, ``"parquet"``, ``"arrow"``, ``"tokens"``, ``"hf"`` or ``"inmem"``.
-        io: how shards are fetched and cached (:class:`~zephon.io.IoOptions`; not in the
-            fingerprint).
+        io: how shards are fetched and cached (:class:`~zephon.io.IoOptions`; not fingerprinted).
         columns: the projected columns of a Parquet or Arrow dataset (``None``: all).
-        on_error: ``"raise"`` (default) or ``"skip"``: a row that cannot be decoded (a JSONL line
-            that is not one JSON object, a damaged Parquet row group) is read as a
+        on_error: ``"raise"`` or ``"skip"``: an undecodable row is read as a
             :class:`~zephon.core.bad_records.Failure`, which a pipeline leaves out and counts.
-        max_skipped: with ``"skip"``, the most rows (an int) or the largest share (a float in
-            ``(0, 1)``) of its rows read a lane may skip before the pipeline raises.
-        shard_ids: the shards' ids, in shard order: relative paths for files; for in-memory
-            shards the mapping's keys as given, all strings or all ints.
+        max_skipped: with ``"skip"``, the most rows (int) or share (float in ``(0, 1)``) of its
+            rows read a lane may skip before the pipeline raises.
+        shard_ids: relative paths for files; for in-memory shards the keys as given.
 
     Example:
         >>> ds = Dataset.from_rows("toy", [{"text": "a"}, {"text": "b"}, {"text": "c"}])
@@ -208,64 +183,45 @@ class Dataset:
     ) -> Dataset:
         """Open files as a dataset, one shard per file: JSONL, Parquet, Arrow IPC or token files.
 
-        Shards are ordered by their path relative to the root (the folder, the glob's fixed part,
-        or the files' common folder), whatever order they are listed or found in. Folder discovery
-        skips hidden entries and, unless ``recursive``, subfolders. One dataset holds one format,
-        known by its ending (``fmt=`` forces one): ``jsonl`` (``.jsonl``, ``.jsonl.gz``,
-        ``.jsonl.zst``), ``parquet`` (``.parquet``, ``.pq``), ``arrow`` (``.arrow``,
-        ``.feather``, ``.ipc``: IPC file or stream) and ``tokens`` (``.bin``, ``.npy``: flat
-        token ids, documents split at ``eos_token_id`` or by a Megatron ``.idx`` beside a
-        ``.bin``).
-
-        A shard is identified by its content (size and SHA-256, taken once per file and kept in
-        the digest cache), so a byte-identical copy of the data is the same dataset and resumes
-        its checkpoints. Files must stay unchanged while the dataset is in use: a change is
-        reported (:class:`~zephon.io.ShardChangedError`) instead of read, and a file cut short
-        fails naming it. A remote shard is identified by its size and ETag or checksum (else a
-        digest of its content) and read from a whole copy in the local shard cache.
+        Shards are sorted by path relative to the root (the folder, the glob's fixed part, or the
+        files' common folder); folders skip hidden entries and, unless ``recursive``, subfolders.
+        One format per dataset, told by the ending or ``fmt=``: ``jsonl`` (``.jsonl[.gz|.zst]``),
+        ``parquet`` (``.parquet``, ``.pq``), ``arrow`` (``.arrow``, ``.feather``, ``.ipc``) and
+        ``tokens`` (``.bin``, ``.npy``: documents split at ``eos_token_id`` or by a Megatron
+        ``.idx``). A shard is identified by its content (size and SHA-256, cached), so an
+        identical copy resumes the same checkpoints; a changed file raises
+        :class:`~zephon.io.ShardChangedError` instead of being read. A remote shard (identified by
+        size and ETag or checksum, else a content digest) is read from the local shard cache.
 
         Args:
-            path: a folder, a file, a glob (``"data/**/*.jsonl.zst"``), a list of files, or any
-                of these as an fsspec URL (``s3://``, ``gs://``, ``az://``, ``hf://``,
-                ``memory://``; ``file://`` is local).
-            fmt: ``None`` to detect the format from the endings, or the format of every given
-                (in a folder, every non-hidden) file.
-            cache_dir: cache folder for content digests, JSONL indexes, decompressed copies and
-                token offsets; default ``$ZEPHON_CACHE_DIR``, else ``~/.cache/zephon``.
-            recursive: also search subfolders of a folder.
-            verify: ``"quick"``: a file is digested again when its size, times or inode change;
-                ``"full"``: also hashed whole again whenever a process opens it and now and then
-                while it is read (for filesystems whose times do not follow every write).
-            columns: Parquet/Arrow only: the columns to decode (rows hold only these); ``None``:
-                all.
-            eos_token_id: token files: the end-of-document token that splits documents.
-            token_dtype: ``.bin`` token files without a Megatron index (default ``"uint16"``).
-            storage_options: passed to the fsspec filesystem of a URL (credentials, endpoint).
-            io_options: the shard cache and row-group cache settings (see
-                :meth:`with_io_options`; usually ``Pipeline.options(io_options=...)``).
-            index: ``"auto"``: use the dataset index (``.zephon-index.json``, written by
-                ``zephon index PATH``) for shards whose identity still matches, counting the
-                others (with a warning); ``"require"``: refuse a missing index or files not in
-                it, and take each listed file as the index recorded it without a ``stat``,
-                checking it when first read (a file changed since is refused then:
-                :class:`~zephon.io.ShardChangedError`); ``"off"``: ignore it.
-            progress: show a progress bar (needs ``tqdm``) while shards are counted.
-            listing: ``"auto"``: with ``torch.distributed`` initialized on several ranks, rank 0
-                lists and counts the dataset and broadcasts it, so the store is listed once per
-                job (every rank must then open the same datasets in the same order);
-                ``"local"``: every process lists it (data that differs per rank).
-            on_error: ``"skip"``: rows that cannot be decoded are left out of a pipeline, counted
-                and listed in ``stats()["skipped"]``; ``"raise"`` (default): reading them fails.
-            max_skipped: with ``on_error="skip"``, an int (rows a lane may skip) or a float in
-                ``(0, 1)`` (a share of the rows it read) past which reading raises.
+            path: a folder, file, glob (``"data/**/*.jsonl.zst"``) or list of files, or any of
+                these as an fsspec URL (``s3://``, ``gs://``, ``hf://``...; ``file://`` is local).
+            fmt: the format of every file; ``None``: detect it from the endings.
+            cache_dir: for digests, indexes, decompressed copies and token offsets; default
+                ``$ZEPHON_CACHE_DIR``, else ``~/.cache/zephon``.
+            recursive: also search subfolders.
+            verify: ``"quick"``: digest again when size, times or inode change; ``"full"``: also
+                hash whole files on open and now and then while reading.
+            columns: Parquet/Arrow only: the columns to decode (``None``: all).
+            eos_token_id: token files: the end-of-document token.
+            token_dtype: ``.bin`` files without a Megatron index (default ``"uint16"``).
+            storage_options: for the fsspec filesystem (credentials, endpoint).
+            io_options: shard cache and row-group cache settings (see :meth:`with_io_options`).
+            index: ``"auto"``: take rows from ``.zephon-index.json`` (``zephon index PATH``) for
+                unchanged shards, counting the others with a warning; ``"require"``: refuse a
+                missing or stale index, trusting listed files without a ``stat`` until first
+                read; ``"off"``: ignore it.
+            progress: show a progress bar (needs ``tqdm``) while counting.
+            listing: ``"auto"``: under multi-rank ``torch.distributed`` rank 0 lists and
+                broadcasts (every rank opens the same datasets in order); ``"local"``: each
+                process lists.
+            on_error, max_skipped: as the attributes (skipped rows are in ``stats()["skipped"]``).
 
         Raises:
-            FileNotFoundError: a path does not exist, or a glob matches nothing.
-            ValueError: unknown ``fmt``, ``verify`` or ``index``; no supported files; several
-                formats; a file unreadable as its format or cut short; a stale index with
-                ``index="require"``.
-            ImportError: a format whose optional package is missing (the message names the
-                ``pip install`` line).
+            FileNotFoundError: a missing path, or a glob matching nothing.
+            ValueError: unknown settings; no supported files; several formats; an unreadable or
+                cut-short file; a stale index with ``index="require"``.
+            ImportError: a format whose optional package is missing.
         """
         check_file_settings(name, fmt, verify, token_dtype)
         skipping = {"on_error": on_error, "max_skipped": max_skipped}
@@ -276,14 +232,14 @@ class Dataset:
         io = _as_io(io_options)
 
         def open_dataset() -> tuple[str, ShardSpec, ShardTable]:
-            root, found = discover(name, path, fmt=fmt, recursive=recursive, storage_options=storage_options, cache_dir=resolve_cache_dir(cache_dir), cache=io.cache, index=index)
+            cache = resolve_cache_dir(cache_dir)
+            root, found = discover(name, path, fmt=fmt, recursive=recursive, cache_dir=cache,
+                                   storage_options=storage_options, cache=io.cache, index=index)
             kind = found[0].fmt
-            chosen = columns
-            if chosen is not None:
-                if kind not in ("parquet", "arrow"):
-                    raise ValueError(f"dataset {name!r}: columns= applies to Parquet and Arrow files, not {kind}")
-                chosen = _column_list(name, chosen)
-            spec = ShardSpec(kind, resolve_cache_dir(cache_dir), verify, None if chosen is None else tuple(chosen), eos_token_id, token_dtype)
+            if columns is not None and kind not in ("parquet", "arrow"):
+                raise ValueError(f"dataset {name!r}: columns= applies to Parquet and Arrow files, not {kind}")
+            chosen = None if columns is None else _column_list(name, columns)
+            spec = ShardSpec(kind, cache, verify, chosen, eos_token_id, token_dtype)
             return kind, spec, open_shards(name, root, found, spec, storage_options, io, index=index, progress=progress)
 
         paths = tuple(map(_spelled, path)) if isinstance(path, Iterable) and not isinstance(path, (str, bytes)) else _spelled(path)
@@ -294,21 +250,12 @@ class Dataset:
 
     @classmethod
     def from_hf(cls, name: str, hf_dataset: Any, *, split: str | None = None, shard_rows: int | None = None) -> Dataset:
-        """A Hugging Face ``datasets.Dataset`` (or a ``DatasetDict`` split) as a dataset of format ``"hf"``.
+        """A Hugging Face ``datasets.Dataset`` (or a ``DatasetDict``'s ``split``) as format "hf".
 
-        Rows are read by random access and come as dicts of Python values, whatever format the
-        HF dataset was set to; the identity is the HF dataset's own fingerprint. Streams
-        (``datasets.IterableDataset``) are refused with how to materialize them.
-
-        Args:
-            hf_dataset: a ``datasets.Dataset``, or a ``datasets.DatasetDict`` with ``split``.
-            split: the split of a ``DatasetDict`` (optional when it has only one).
-            shard_rows: cut the rows into shards of this many (so ``shuffle_shards`` has
-                shards to shuffle); ``None``: one shard.
-
-        Raises:
-            TypeError: a stream, an iterator, or another object.
-            ValueError: a ``DatasetDict`` with several splits and no ``split``; an empty dataset.
+        Rows come by random access as dicts of Python values; the identity is the HF fingerprint.
+        ``shard_rows`` cuts the rows into shards of that many (``None``: one shard). Raises
+        ``TypeError`` for streams (saying how to materialize them) and other objects, and
+        ``ValueError`` for an empty dataset or a ``DatasetDict`` of several splits and no ``split``.
         """
         from .hf import HfShard, select_split
 
@@ -323,14 +270,9 @@ class Dataset:
         return cls(name, "hf", list(range(len(shards))), shards)
 
     def with_io_options(self, io_options: Any) -> Dataset:
-        """The same dataset read with other I/O settings (shard cache, row-group cache).
+        """The same dataset read with other I/O settings (a dict or :class:`~zephon.io.IoOptions`).
 
-        They decide where copies are kept and how much stays decoded, never the rows, so they are
-        not part of the fingerprint.
-
-        Args:
-            io_options: a dict or :class:`~zephon.io.IoOptions`: ``{"cache": {"enabled", "dir",
-                "max_bytes", "retries", "backoff_s", "max_backoff_s"}, "row_group_cache_bytes"}``.
+        They never change the rows, so they are not part of the fingerprint.
 
         Example:
             >>> ds = Dataset.from_rows("toy", [{"x": 1}])
@@ -341,19 +283,10 @@ class Dataset:
 
     @classmethod
     def from_dict(cls, name: str, shards: Mapping[ShardId, InMemoryShard | Sequence[Any]]) -> Dataset:
-        """A dataset of in-memory shards (format ``"inmem"``), in the mapping's insertion order.
+        """In-memory shards (format "inmem"): shard id to :class:`InMemoryShard` or list of rows.
 
-        Shard ids are all strings or all integers, kept as given (in :attr:`shard_ids`,
-        :meth:`fingerprint` and ``Pipeline.describe_step``), so ``{0: rows}`` and ``{"0": rows}``
-        are different datasets; ids never affect which sample comes where.
-
-        Args:
-            shards: shard id to :class:`InMemoryShard` (a plain list of rows is wrapped in one).
-
-        Raises:
-            ValueError: no shards.
-            TypeError: a shard id that is neither a string nor an integer (``bool`` included),
-                string and integer ids mixed, or rows of an unsupported kind.
+        Ids are all strings or all integers (not ``bool``; else ``TypeError``), kept as given, so
+        ``{0: rows}`` and ``{"0": rows}`` are different datasets; they never decide the order.
 
         Example:
             >>> ds = Dataset.from_dict("toy", {"a": InMemoryShard([{"x": 1}]), "b": InMemoryShard([{"x": 2}])})
@@ -376,10 +309,6 @@ class Dataset:
     @classmethod
     def from_rows(cls, name: str, rows: Sequence[Any] | np.ndarray, *, shard_id: ShardId = "0") -> Dataset:
         """A dataset of one in-memory shard: ``rows`` as :class:`InMemoryShard` takes them, under ``shard_id``.
-
-        Example:
-            >>> Dataset.from_rows("toy", [{"text": "hi"}]).shard_ids
-            ('0',)
         """
         return cls.from_dict(name, {shard_id: InMemoryShard(rows)})
 
@@ -404,17 +333,12 @@ class Dataset:
         return int(self.shard_rows.sum())
 
     def read(self, shard: int, rows: Sequence[int] | np.ndarray) -> list[Any]:
-        """Payloads of ``rows`` of shard number ``shard``, in the order asked.
+        """Read-only payloads of ``rows`` (any order, repeats allowed) of shard number ``shard``.
 
-        Rows may be unsorted and repeated. A JSONL payload is the decoded object as stored; an
-        in-memory payload is the stored row itself. Treat payloads as read-only. With
-        ``on_error="skip"`` a row that cannot be decoded comes as a :class:`~zephon.core.bad_records.Failure`.
-
-        Raises:
-            IndexError: a shard or row out of range.
-            TypeError: non-integer indices.
-            ValueError: a line that is not a JSON object (named by file and line).
-            ShardChangedError: a file that changed since the dataset was opened (a ``ValueError``).
+        With ``on_error="skip"`` an undecodable row comes as a
+        :class:`~zephon.core.bad_records.Failure`. Raises ``IndexError`` (out of range),
+        ``TypeError`` (non-integer indices), ``ValueError``
+        (a JSONL line that is not an object; ``ShardChangedError``: a file changed since opening).
         """
         try:
             index = operator.index(shard)
@@ -425,11 +349,11 @@ class Dataset:
             raise IndexError(f"dataset {self.name!r} has {count} shards (0..{count - 1}); got shard {index}")
         target = self._shards[index]
         array = self._row_array(rows, index, target.num_rows)
-        if self.on_error == "raise":
-            return target.read(array, self.name, self.io)
         try:
             return target.read(array, self.name, self.io)
         except RecordDecodeError:
+            if self.on_error == "raise":
+                raise
             return [self._row_or_failure(target, array[i : i + 1]) for i in range(array.shape[0])]
 
     def _row_or_failure(self, target: Any, row: np.ndarray) -> Any:
@@ -459,29 +383,19 @@ class Dataset:
         return array
 
     def shard_path(self, shard: int) -> str | None:
-        """The absolute path of shard number ``shard``'s file; ``None`` for an in-memory shard.
-
-        Example:
-            >>> Dataset.from_rows("toy", [{"text": "a"}]).shard_path(0) is None
-            True
-        """
+        """The absolute path (or URL) of shard number ``shard``'s file; ``None`` in memory."""
         return self._shards.location(shard)
 
     def fingerprint(self) -> dict[str, Any]:
-        """``{"name", "format", "shards": [{"id", "path", "bytes", "rows", "identity"}, ...]}``: the data.
+        """``{"name", "format", "shards": [{"id", "path", "bytes", "rows", "identity"}, ...]}``.
 
-        It changes when any shard's content does: files are identified by their relative path, size
-        and SHA-256, remote objects by size and ETag or checksum, in-memory shards by a BLAKE2b hash.
-
-        Example:
-            >>> fp = Dataset.from_rows("toy", [{"x": 1}]).fingerprint()
-            >>> fp["shards"][0]["rows"], fp["shards"][0]["identity"].startswith("blake2b:")
-            (1, True)
+        Changes with any shard's content: path, size and SHA-256 for files, size and ETag or
+        checksum for remote objects, a BLAKE2b hash in memory.
         """
         out: dict[str, Any] = {"name": self.name, "format": self.format}
         if self.columns is not None:  # rows hold only these fields
             out["columns"] = list(self.columns)
-        if self.on_error != "raise":  # which rows reach the pipeline (absent at the default, as before)
+        if self.on_error != "raise":  # which rows reach the pipeline
             out["on_error"] = self.on_error
         out["shards"] = [{"id": sid, **s} for sid, s in zip(self.shard_ids, self._shards.fingerprints())]
         return out
@@ -494,19 +408,15 @@ def _shard_ids(name: str, keys: list[Any]) -> list[ShardId]:
     """Validate in-memory shard ids: all strings or all integers (numpy integers become ints)."""
     out: list[ShardId] = []
     for key in keys:
-        if isinstance(key, str):
-            out.append(key)
-            continue
-        if not isinstance(key, (bool, np.bool_)):
-            try:
-                out.append(int(operator.index(key)))
-                continue
-            except TypeError:
-                pass
-        raise TypeError(
-            f"dataset {name!r}: shard id {key!r} ({type(key).__name__}) is neither a string nor an integer; "
-            'use {"a": rows, "b": more} or {0: rows, 1: more}'
-        )
+        try:
+            if isinstance(key, (bool, np.bool_)):
+                raise TypeError
+            out.append(key if isinstance(key, str) else int(operator.index(key)))
+        except TypeError:
+            raise TypeError(
+                f"dataset {name!r}: shard id {key!r} ({type(key).__name__}) is neither a string nor an integer; "
+                'use {"a": rows, "b": more} or {0: rows, 1: more}'
+            ) from None
     if len({isinstance(i, str) for i in out}) > 1:
         raise TypeError(
             f"dataset {name!r}: shard ids mix strings and integers ({list(out)!r}); use all strings "
@@ -545,13 +455,13 @@ def as_dataset(obj: Any, name: str = "data") -> Dataset:
     )
 
 
-def _column_list(name: str, columns: Any) -> list[str]:
+def _column_list(name: str, columns: Any) -> tuple[str, ...]:
     if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
         raise TypeError(f"dataset {name!r}: columns must be a list of column names, got {columns!r}")
     out = list(columns)
     if not out or len(set(out)) != len(out):
         raise ValueError(f"dataset {name!r}: columns must name at least one column, each once, got {out}")
-    return out
+    return tuple(out)
 
 
 def check_file_settings(name: str, fmt: str | None, verify: str, token_dtype: str | None) -> None:

@@ -1,18 +1,9 @@
 """Content identity of shard files: a SHA-256 of the bytes, taken once per file and cached.
 
-A shard is identified by what it holds, not by where or when it was written, so a byte-identical
-copy (``cp -r``, data staged to a local disk, a ``touch``) is the same shard and a checkpoint
-resumes on it; one changed byte makes another shard.
-
-The digest is taken once and kept in ``<cache>/digests/`` (one small JSON entry per file, named
-by its real path), keyed by the file's *stat key*: device, inode, size, mtime and ctime. ctime is
-in the key because every write changes it and no tool can put it back, so a same-size rewrite
-whose mtime was restored is digested again. Entries are written atomically; a digest taken while
-the file changed is not kept; an unwritable folder keeps digests for the process (one warning).
-What is kept: the entries on disk, and a per-process memo of the digests taken or read.
-
-:func:`check_file` runs before every read of a file shard: one ``stat``; a stat key other than
-the one last verified makes the file digested again and compared.
+A byte-identical copy is the same shard; one changed byte makes another. Digests are kept in
+``<cache>/digests/`` (a JSON entry per real path) and a per-process memo, keyed by the *stat key*
+(device, inode, size, mtime, ctime: every write changes ctime). A digest taken while the file
+changed is not kept; an unwritable folder warns once. :func:`check_file` runs before every read.
 """
 
 from __future__ import annotations
@@ -38,16 +29,8 @@ StatKey = tuple[int, int, int, int, int]
 
 
 class ShardChangedError(ValueError):
-    """A shard file changed after its dataset was opened, so its rows can no longer be read.
-
-    Rows are located by byte offsets fixed when the dataset was opened; reading a changed file
-    would return other samples, or crash the process if a mapped file shrank. The message names
-    the dataset, the file and what changed. A file whose bytes are the same is not a change.
-
-    Example:
-        >>> issubclass(ShardChangedError, ValueError)
-        True
-    """
+    """A shard file changed (other bytes) after its dataset was opened, so its rows cannot be read;
+    the message names the dataset, the file and what changed."""
 
 
 def default_cache_dir() -> str:
@@ -67,7 +50,7 @@ def stat_key(st: os.stat_result) -> StatKey:
 
 
 def hash_file(path: str) -> str:
-    """The identity of a file's bytes, ``"sha256=<hex>"``, read in :data:`BLOCK`-byte blocks.
+    """The identity of a file's bytes, ``"sha256=<hex>"``.
 
     Example:
         >>> import tempfile
@@ -90,11 +73,6 @@ _memo_lock = threading.Lock()
 _warned: set[str] = set()
 
 
-def _entry_file(cache_dir: str, name: str) -> str:
-    key = hashlib.blake2b(name.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
-    return os.path.join(cache_dir, "digests", key + ".json")
-
-
 def cached(cache_dir: str, name: str, key: Any, compute: Callable[[], str], *, keep: Callable[[], bool] = lambda: True, usable: Callable[[str], bool] = lambda d: True) -> str:
     """The digest recorded for ``(name, key)`` (if ``usable``), else ``compute()`` recorded (when ``keep()``)."""
     key = json.loads(json.dumps(key))  # as it reads back
@@ -103,7 +81,8 @@ def cached(cache_dir: str, name: str, key: Any, compute: Callable[[], str], *, k
         hit = _memo.get(memo)
     if hit is not None and usable(hit):
         return hit
-    where = _entry_file(cache_dir, name)
+    entry = hashlib.blake2b(name.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+    where = os.path.join(cache_dir, "digests", entry + ".json")
     try:
         with open(where, "rb") as f:
             doc = json.loads(f.read())
@@ -131,11 +110,8 @@ def cached(cache_dir: str, name: str, key: Any, compute: Callable[[], str], *, k
 
 
 def file_digest(path: str, cache_dir: str, key: StatKey | None = None) -> str:
-    """The identity of the file at ``path`` (``"sha256=<hex>"``), from the digest cache when it holds.
-
-    ``key``: the file's :func:`stat_key` if the caller has it. A digest taken while the file
-    changed is returned but not recorded.
-    """
+    """The identity of the file at ``path`` (at stat key ``key`` if known), cached; a digest taken
+    while the file changed is returned but not recorded."""
     key = key or stat_key(os.stat(path))
 
     def unchanged() -> bool:
@@ -164,16 +140,9 @@ def short(identity: str | None) -> str:
 
 
 def check_file(shard: Any, dataset: str, when: str, fix: str | None = None) -> os.stat_result:
-    """One ``stat`` of ``shard.path``; raises unless the file still holds the shard's bytes.
-
-    ``shard`` has ``path``, ``size``, ``digest``, ``cache_dir`` and ``seen`` (the stat key last
-    verified in this process, or ``None``); equal bytes under a new stat key update ``seen``.
-    ``when`` and ``fix`` are for messages ("while reading"; the default fix: open the dataset again).
-
-    Raises:
-        FileNotFoundError: the file is gone.
-        ShardChangedError: another size, or other bytes.
-    """
+    """One ``stat`` of ``shard.path``; raises ``FileNotFoundError`` or ``ShardChangedError`` unless
+    the file still holds the shard's bytes (digested again when its stat key differs from
+    ``seen``, which is then updated). ``when`` and ``fix`` are for messages."""
     try:
         st = os.stat(shard.path)
     except FileNotFoundError:

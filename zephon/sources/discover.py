@@ -1,14 +1,9 @@
-"""Finding and opening a dataset's shards: formats by ending, folders, lists, globs, remote URLs; the index.
+"""Finding a dataset's shards (folders, lists, globs, URLs; formats by ending) and its index file.
 
-Discovery turns what the user passed into :class:`Found` shards sorted by id (the path relative
-to the root: the folder, the glob's fixed prefix, or the listed files' common folder), each with
-its format, size and identity: a local file's content digest (:mod:`zephon.sources.digest`), a
-remote object's ETag or checksum (else a digest of its content); never a time, so a
-byte-identical copy of the data is the same dataset.
-
-The dataset index (``.zephon-index.json`` in the root, written by ``zephon index PATH``) records
-each shard's identity, row count and row groups; an entry is reused only while the shard's
-identity matches.
+Discovery gives :class:`Found` shards sorted by id (the path relative to the root), each with its
+format, size and identity: a content digest, or a remote ETag or checksum; never a time. The
+dataset index (``.zephon-index.json``, ``zephon index PATH``) records each shard's identity, rows
+and row groups, reused only while the identity matches.
 """
 
 from __future__ import annotations
@@ -53,12 +48,10 @@ _GLOB = "*?["
 
 
 class Found(msgspec.Struct, frozen=True):
-    """One shard found: where it is, its id, format, compression, size and identity (its content's).
+    """One shard found: location, id, format, compression, size, identity (``None`` until digested).
 
-    A local file's ``identity`` is ``None`` until its digest is taken; ``seen`` is its stat key
-    when it was found (:func:`~zephon.sources.digest.stat_key`), ``None`` for a remote object.
-    ``indexed``: size, identity and stat key are the dataset index's, taken without a ``stat``
-    (``index="require"``); the file is checked against them when first read.
+    ``seen``: a local file's stat key when found. ``indexed``: size, identity and ``seen`` come
+    from the dataset index without a ``stat`` (``index="require"``), checked on first read.
     """
 
     location: str  # an absolute local path or a URL
@@ -70,17 +63,10 @@ class Found(msgspec.Struct, frozen=True):
     seen: tuple | None = None
     indexed: bool = False
 
-    def identified(self, identity: str) -> "Found":
-        """This shard with its identity."""
-        return Found(self.location, self.shard_id, self.fmt, self.compression, self.size, identity, self.seen)
-
 
 def format_of(filename: str, forced: str | None) -> tuple[str, str | None] | None:
-    """``(format, compression)`` of a file name, or ``None`` when the name says nothing.
-
-    Remembered by the name's text from its second-to-last dot, which decides every ending in
-    :data:`FORMATS` (a folder of 100,000 shards has a handful of endings).
-    """
+    """``(format, compression)`` of a file name, or ``None``; memoized by the text from its
+    second-to-last dot, which decides every ending in :data:`FORMATS`."""
     last = filename.rfind(".")
     cut = filename.rfind(".", 0, last) if last >= 0 else -1
     tail = "" if last < 0 else filename[cut if cut >= 0 else last :]
@@ -136,12 +122,9 @@ def _glob_root(pattern: str) -> str:
 
 
 def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_options: Mapping[str, Any] | None, cache_dir: str | None = None, cache: CacheOptions | None = None, index: str = "auto") -> tuple[str, list[Found]]:
-    """``(root, shards sorted by id)`` of what ``path`` names.
-
-    Digests are cached in ``cache_dir``; objects of stores without checksums are digested as they
-    are downloaded into the shard cache (``cache``). Unless ``index="off"``, local files that the
-    dataset index recorded, unchanged since, take their identity from it.
-    """
+    """``(root, shards sorted by id)`` of what ``path`` names, with their identities (from the
+    dataset index for unchanged local files unless ``index="off"``; objects without checksums are
+    digested as they download into the shard cache)."""
     so = tuple(sorted((storage_options or {}).items()))
     cache_dir = resolve_cache_dir(cache_dir)
     cache = cache or CacheOptions()
@@ -179,12 +162,8 @@ def discover(name: str, path: Any, *, fmt: str | None, recursive: bool, storage_
 
 
 def _identified(found: list, cache_dir: str, indexed: Mapping[str, Any]) -> list[Found]:
-    """``found`` with the local files' content digests as identities (several files at once).
-
-    A file whose stat key (device, inode, size, times) is the one the dataset index recorded with
-    its identity still holds those bytes (any write changes its ctime), so the index's identity is
-    taken as it is; the others are digested (from the digest cache when it holds).
-    """
+    """``found`` with the local files' content digests as identities (several files at once): the
+    index's for a file at the stat key it recorded (any write changes the ctime), else digested."""
     out = list(found)
     local = []
     for i, f in enumerate(found):
@@ -192,13 +171,13 @@ def _identified(found: list, cache_dir: str, indexed: Mapping[str, Any]) -> list
             continue
         entry = indexed.get(f.shard_id)
         if entry is not None and f.seen is not None and entry.stat == f.seen:
-            out[i] = f.identified(entry.identity)
+            out[i] = msgspec.structs.replace(f, identity=entry.identity)
         else:
             local.append(i)
     if local:
         digests = file_digests([found[i].location for i in local], cache_dir, [found[i].seen for i in local])
         for i, digest in zip(local, digests):
-            out[i] = found[i].identified(digest)
+            out[i] = msgspec.structs.replace(found[i], identity=digest)
     return out
 
 
@@ -210,9 +189,7 @@ def _relative(full: str, root: str) -> str:
 
 
 def _trusted(root: str, index: str) -> Mapping[str, IndexEntry]:
-    """With ``index="require"``, the index's entries: a file listed in it takes its recorded size,
-    identity and stat key without a ``stat`` of its own (checked when first read), so opening
-    100,000 files costs no 100,000 ``stat`` calls (slow on network filesystems)."""
+    """With ``index="require"``, the index's entries: listed files are taken without a ``stat``."""
     doc = read_index(root) if index == "require" else None
     return doc.shards if doc is not None else {}
 
@@ -265,11 +242,8 @@ def _local_list(name: str, paths: list[str], fmt: str | None) -> tuple[str, list
 
 
 def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool, trusted: Mapping[str, IndexEntry]) -> list[Found]:
-    """The supported files of a folder (and, if ``recursive``, of its subfolders), one listing each.
-
-    As ``os.walk`` sees them: hidden entries skipped, symbolic links to folders not followed, an
-    unreadable subfolder passed over.
-    """
+    """The supported files of a folder (and, if ``recursive``, its subfolders), as ``os.walk`` sees
+    them: hidden entries skipped, folder links not followed, unreadable subfolders passed over."""
     found: list[Found] = []
     seen: list[str] = []
     subfolders = False
@@ -278,7 +252,7 @@ def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool, trusted
         folder, prefix = pending.pop()
         try:
             with os.scandir(folder) as it:
-                entries = sorted(it, key=_NAME)
+                entries = sorted(it, key=operator.attrgetter("name"))
         except OSError:
             continue
         dirs = []
@@ -307,9 +281,6 @@ def _scan_folder(name: str, root: str, fmt: str | None, recursive: bool, trusted
         hint = " Subfolders are not searched; pass recursive=True to include them." if subfolders else ""
         raise ValueError(f"dataset {name!r}: no supported files in {root} (found: {listing or 'nothing'}); supported endings: {_endings()}. Pass fmt= to read other files.{hint}")
     return found
-
-
-_NAME = operator.attrgetter("name")
 
 
 def _is_folder(entry: os.DirEntry) -> bool:
@@ -365,11 +336,8 @@ def _remote(name: str, urls: list[str], fmt: str | None, recursive: bool, so: tu
 
 
 def _content_identity(fs: Any, url: str, info: Mapping[str, Any], caches: tuple[str, CacheOptions], dataset: str) -> str:
-    """The content digest of an object on a store that gives no ETag or checksum.
-
-    Taken as the object is downloaded into the shard cache, and kept in the digest cache keyed by
-    its size and listed times, for as long as its copy is in the shard cache.
-    """
+    """The content digest of an object without ETag or checksum, taken as it downloads into the
+    shard cache; cached by size and listed times while the copy stays."""
     stamps = {k: str(info.get(k)) for k in ("size", "mtime", "LastModified", "last_modified", "updated", "created") if info.get(k) is not None}
     size = int(info.get("size") or 0)
     copy = lambda digest: os.path.isfile(os.path.join(caches[1].folder, cached_name(url, size, digest)))  # noqa: E731
@@ -385,11 +353,7 @@ def index_location(root: str) -> str:
 
 
 class IndexEntry(msgspec.Struct, frozen=True):
-    """One shard in the dataset index: format, size, identity, rows, and what decides them.
-
-    ``stat``: the file's stat key when it was indexed (local files); ``groups``: rows per row
-    group (Parquet and Arrow).
-    """
+    """One shard in the dataset index (``stat``: a local file's stat key; ``groups``: rows each)."""
 
     fmt: str
     bytes: int
@@ -411,24 +375,20 @@ _INDEX_DOC = msgspec.json.Decoder(IndexDoc)
 
 
 def read_index(root: str, storage_options: Mapping[str, Any] | None = None) -> IndexDoc | None:
-    """The dataset index in ``root``, or ``None`` when there is none (or it is unreadable).
-
-    A local index is parsed once per process while its file is unchanged (discovery and counting
-    both read it).
-    """
+    """The dataset index in ``root``, or ``None`` (none, or unreadable); a local one is parsed once
+    while its file is unchanged."""
     where = index_location(root)
-    if not is_url(where):
-        try:
-            key = (where, stat_key(os.stat(where)))
-        except OSError:
-            return None
-        if key in _INDEXES:
-            return _INDEXES[key]
+    if is_url(where):
+        return _read_index(where, storage_options)
+    try:
+        key = (where, stat_key(os.stat(where)))
+    except OSError:
+        return None
+    if key not in _INDEXES:
         doc = _read_index(where, storage_options)
         _INDEXES.clear()  # the last one only: an index of 100,000 shards is tens of MB
         _INDEXES[key] = doc
-        return doc
-    return _read_index(where, storage_options)
+    return _INDEXES[key]
 
 
 _INDEXES: dict[tuple, Any] = {}

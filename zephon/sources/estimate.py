@@ -1,9 +1,5 @@
-"""Token estimation: how many tokens a sample of each dataset holds, measured once and then frozen.
-
-:class:`TokenEstimation` says how to obtain the numbers (measure, or pin tokens per byte);
-:class:`Calibration` holds them. A source that counts tokens needs one before it places a sample;
-the pipeline measures it with its own tokenizer (:mod:`zephon.sources.calibrate`), and the numbers
-join the fingerprint and every checkpoint, so a resume never measures again.
+"""Token estimation: :class:`TokenEstimation` says how to obtain tokens per sample (measure or pin),
+:class:`Calibration` holds the numbers, frozen into the fingerprint and every checkpoint.
 """
 
 from __future__ import annotations
@@ -43,14 +39,11 @@ class TokenEstimation:
     """How the tokens per sample of each dataset are obtained.
 
     Args:
-        primer: ``"measure"`` (tokenize a small deterministic sample of every dataset with the
-            pipeline's tokenizer), ``{name: tokens_per_byte}`` (pins those; the rest are
-            measured), or one float for every dataset (no tokenizer runs). Bytes per sample are
-            always measured on the sample.
-        calibration_samples: rows read per dataset, spread evenly over up to
-            ``calibration_shards_max`` of its shards.
-        field: the text field whose UTF-8 bytes are counted when no tokenize step names one (a
-            ``str`` payload is its own text; others count their JSON encoding).
+        primer: ``"measure"`` (tokenize a small sample of every dataset with the pipeline's
+            tokenizer), ``{name: tokens_per_byte}`` (pins those, measures the rest), or one float
+            for all (no tokenizer). Bytes per sample are always measured.
+        calibration_samples: rows read per dataset, over up to ``calibration_shards_max`` shards.
+        field: the text field whose UTF-8 bytes are counted when no tokenize step names one.
 
     Examples:
         >>> TokenEstimation().primer
@@ -75,7 +68,7 @@ class TokenEstimation:
         return self.primer == "measure" or isinstance(self.primer, Mapping)
 
     def describe(self) -> dict[str, Any]:
-        return {"primer": self.primer, "calibration_samples": self.calibration_samples, "calibration_shards_max": self.calibration_shards_max, "field": self.field}
+        return attrs.asdict(self)
 
 
 def _sig(x: float) -> float:
@@ -99,10 +92,7 @@ class DatasetEstimate:
 
 @attrs.frozen
 class Calibration:
-    """The frozen result of token estimation, by dataset name (part of the source's fingerprint).
-
-    ``seconds`` (how long measuring took) is informational and not part of the fingerprint.
-    """
+    """The frozen result of token estimation by dataset name (``seconds`` is not fingerprinted)."""
 
     datasets: dict[str, DatasetEstimate]
     seconds: float = attrs.field(default=0.0, eq=False)
@@ -111,10 +101,7 @@ class Calibration:
         return tuple(self.datasets[n].tokens_per_sample for n in names)
 
     def describe(self) -> dict[str, Any]:
-        return {
-            n: {"tokens_per_byte": e.tokens_per_byte, "bytes_per_sample": e.bytes_per_sample, "rows": e.rows, "pinned": e.pinned}
-            for n, e in self.datasets.items()
-        }
+        return {n: attrs.asdict(e) for n, e in self.datasets.items()}
 
     @classmethod
     def from_description(cls, data: Any) -> "Calibration":

@@ -1,14 +1,9 @@
 """What every file shard shares: its identity when opened, the checks before each read, remote copies.
 
-A file shard records its size and content digest (:mod:`zephon.sources.digest`) when its dataset
-is opened, and refuses (:class:`~zephon.io.ShardChangedError`) to read a file that no longer
-holds those bytes: one ``stat`` before every read, and a new digest when the stat key changed,
-so a touched or re-copied file reads on. With ``verify="full"`` the whole file is hashed again
-whenever a process opens it. A file shard pickles as its description; what it opens is
-process-local.
-
-:class:`RemoteShard` wraps a local shard of any format around a cached copy of a remote object,
-or reads a remote Parquet object by byte ranges (:mod:`zephon.sources.ranges`).
+A file shard records its size and content digest when its dataset is opened and refuses
+(:class:`~zephon.io.ShardChangedError`) a file that no longer holds those bytes (``verify="full"``:
+hashed whole again on every open). It pickles as its description. :class:`RemoteShard` reads a
+remote object from a cached copy, or a remote Parquet object by byte ranges.
 """
 
 from __future__ import annotations
@@ -25,10 +20,8 @@ from .storage import IoOptions, fetch, filesystem
 
 
 class FileIdentity:
-    """A file as seen when its dataset was opened: path, size and content digest.
-
-    ``seen``: the stat key at which the file last held those bytes (``None``: not yet checked here).
-    """
+    """A file as seen when its dataset was opened: path, size, content digest, and ``seen``, the
+    stat key at which it last held those bytes (``None``: not yet checked here)."""
 
     __slots__ = ()
     _id_fields = ("path", "shard_id", "size", "digest", "seen", "cache_dir", "verify", "num_rows")
@@ -69,10 +62,8 @@ class FileIdentity:
 
 
 def open_cached(cache: ProcessCache, shard: Any, dataset: str, build: Callable[[os.stat_result], Any]) -> Any:
-    """The shard's open state in this process, checked against the file before each use.
-
-    Keyed by the shard's description, content and the file's inode (a replacing copy is opened again).
-    """
+    """The shard's open state in this process, checked against the file before each use (keyed by
+    description, content and inode, so a replacing copy is opened again)."""
     st = shard.check_stat(dataset)
     variant = tuple(getattr(shard, f, None) for f in ("fmt", "columns", "eos_token_id", "dtype"))
     key = (shard.path, shard.size, shard.digest, st.st_dev, st.st_ino, variant)
@@ -87,15 +78,9 @@ def open_cached(cache: ProcessCache, shard: Any, dataset: str, build: Callable[[
 class RemoteShard:
     """A shard of any format on remote storage, read from a whole-file copy in the shard cache.
 
-    Attributes:
-        url: the object's URL.
-        shard_id: its path relative to the dataset root.
-        size: its size in bytes when the dataset was opened.
-        identity: its ETag or checksum (else a digest of its content) then.
-        num_rows: its rows.
-        fs_key: ``(protocol, storage options)`` of its filesystem.
-        make: builds the local shard of the copy: ``make(local path, shard_id) -> shard``.
-        by_ranges: a reader of the object by byte ranges (``count_rows``/``read``), or ``None``.
+    ``size`` and ``identity`` (ETag or checksum, else content digest) are the object's when the
+    dataset was opened; ``fs_key``: ``(protocol, storage options)``; ``make(local path, shard_id)``
+    builds the shard of the copy; ``by_ranges``: a byte-range reader, or ``None``.
     """
 
     _fields = ("url", "shard_id", "size", "identity", "num_rows", "fs_key", "make", "by_ranges")
@@ -129,8 +114,8 @@ class RemoteShard:
         by_ranges = self.ranges(io)
         if by_ranges is not None:  # the footer only
             self.num_rows = sum(by_ranges.group_rows(dataset, io.cache))
-            return self.num_rows
-        self.num_rows = self.local(dataset, io).num_rows
+        else:
+            self.num_rows = self.local(dataset, io).num_rows
         return self.num_rows
 
     def read(self, rows: np.ndarray, dataset: str, io: IoOptions | None = None) -> list:
@@ -138,13 +123,10 @@ class RemoteShard:
         by_ranges = self.ranges(io)
         if by_ranges is not None:
             return by_ranges.read(rows, dataset, io)
-        for attempt in range(2):
-            try:
-                return self.local(dataset, io).read(rows, dataset, io)
-            except FileNotFoundError:  # evicted by another process meanwhile: fetch again, once
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            return self.local(dataset, io).read(rows, dataset, io)
+        except FileNotFoundError:  # evicted by another process meanwhile: fetch again, once
+            return self.local(dataset, io).read(rows, dataset, io)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.identity}

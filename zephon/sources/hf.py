@@ -1,9 +1,5 @@
-"""Hugging Face ``datasets.Dataset`` objects as zephon datasets.
-
-An HF dataset is random access (memory-mapped Arrow), so a shard is a range of its rows, read
-with ``hf_dataset[rows]``, identified by the HF fingerprint (which every transform and the source
-files change). Streams are refused: without row numbers a sample cannot be named, nor a run
-resumed exactly on another number of GPUs.
+"""Hugging Face ``datasets.Dataset`` objects as zephon datasets: a shard is a range of rows,
+identified by the HF fingerprint. Streams are refused: without row numbers no sample has a name.
 """
 
 from __future__ import annotations
@@ -58,13 +54,7 @@ def select_split(obj: Any, name: str, split: str | None) -> Any:
 
 
 class HfShard:
-    """Rows ``[start, stop)`` of a Hugging Face dataset.
-
-    Attributes:
-        data: the ``datasets.Dataset`` (pickles by reference to its cache files when it has them).
-        start, stop: the row range.
-        hf_fingerprint: the HF dataset's fingerprint when the zephon dataset was made.
-    """
+    """Rows ``[start, stop)`` of a Hugging Face dataset ``data``, and its fingerprint then."""
 
     __slots__ = ("data", "start", "stop", "hf_fingerprint")
 

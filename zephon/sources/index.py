@@ -1,9 +1,4 @@
-"""The dataset index: every shard of a dataset counted once and recorded in ``.zephon-index.json``.
-
-``Dataset.from_path`` then takes each shard's rows (and Parquet/Arrow row groups) from the index
-instead of opening the file (see its ``index=``); :func:`build_index` writes it, and ``zephon index``
-is its command.
-"""
+"""The dataset index: every shard counted once and recorded in ``.zephon-index.json``."""
 
 from __future__ import annotations
 
@@ -30,18 +25,10 @@ def build_index(
     io_options: Any = None,
     progress: bool = False,
 ) -> tuple[str, Dataset]:
-    """Count every shard of a dataset and write its index, ``.zephon-index.json``, in its root.
+    """Count every shard and write ``.zephon-index.json`` in the root; ``(where, the dataset)``.
 
-    ``Dataset.from_path`` then takes each shard's row count and row groups from the index instead
-    of opening it, while the shard's size and identity match (see ``index=``). The arguments are
-    ``Dataset.from_path``'s and must match where they decide rows (``fmt``, ``verify``,
-    ``eos_token_id``, ``token_dtype``).
-
-    Returns:
-        ``(where the index was written, the dataset)``.
-
-    Raises:
-        ValueError: unknown ``fmt``, ``verify`` or ``token_dtype`` (before any file is read).
+    ``Dataset.from_path`` then takes rows and row groups from it while shards are unchanged. The
+    arguments are ``from_path``'s and must match where they decide rows.
     """
     name = "index"
     check_file_settings(name, fmt, verify, token_dtype)

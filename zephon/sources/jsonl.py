@@ -1,20 +1,12 @@
-"""JSONL shards: line-offset indexes, their on-disk cache, decompression and fast row decoding.
+"""JSONL shards: line-offset indexes and their cache, decompression, fast row decoding.
 
-A JSONL shard is read by random access: a line-offset index (``int64`` byte offsets, one per
-non-blank line, then the end of the data) maps a row to a byte range, sliced out of an ``mmap``
-and decoded with ``msgspec``. The index is built once per file by a numpy scan for ``b"\\n"``
-and cached under ``<cache>/index/``; compressed shards are decompressed once into
-``<cache>/decompressed/`` and then read like plain files. Both are keyed by the content digest
-and written through a temporary file and ``os.replace``, so racing processes all read a complete
-entry; an unwritable cache folder keeps them in memory (one warning per folder and process).
-
-Open files are process-local: a shard pickles as its description and maps the file again on
-first use in a new process, at most :data:`MAX_OPEN_SHARDS` per process (least recently used
-out), so datasets of thousands of shards stay under the open-file limit. Change detection is
-every file shard's (:mod:`zephon.sources.files`); a JSONL shard also checks that a mapped
-decompressed copy keeps its length (a mapped file that shrinks crashes the process on the next
-access) and, with ``verify="full"``, hashes the file again at most once a second (and at most 1%
-of the time) while it stays mapped.
+A row is a byte range of an ``mmap`` (from a cached ``int64`` line-offset index), decoded with
+``msgspec``. Indexes (``<cache>/index/``) and decompressed copies (``<cache>/decompressed/``) are
+keyed by the content digest and written atomically; an unwritable cache keeps them in memory
+(one warning per folder). Each process maps at most :data:`MAX_OPEN_SHARDS` shards (LRU). Besides
+the checks of every file shard (:mod:`zephon.sources.files`), a mapped decompressed copy must keep
+its length (a shrunk mapping crashes the process), and ``verify="full"`` hashes the file again at
+most once a second and 1% of the time.
 """
 
 from __future__ import annotations
@@ -60,6 +52,7 @@ _RECHECK_SHARE = 0.01
 
 _DECODE = msgspec.json.Decoder(dict)
 _DECODE_ANY = msgspec.json.Decoder()
+_KINDS = {list: "array", str: "string", bool: "boolean", type(None): "null"}  # else "number"
 
 
 def _path_key(path: str) -> str:
@@ -83,11 +76,7 @@ def _warn_unwritable(folder: str, err: OSError) -> None:
 
 
 def _atomic_write(target: str, write: Callable[[Any], None]) -> bool:
-    """Write ``target`` through a temporary file and ``os.replace``; False if the folder is unwritable.
-
-    Any other error from ``write``, :class:`_SourceError` (an unreadable compressed source)
-    included, propagates after the temporary file is removed.
-    """
+    """Write ``target`` atomically; False if the folder is unwritable (other errors propagate)."""
     folder = os.path.dirname(target)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -108,12 +97,10 @@ def stamp(digest: str | None) -> int:
 
 
 def build_line_index(buf: Any) -> np.ndarray:
-    """Byte offsets of every non-blank line of ``buf``, followed by ``len(buf)``.
+    """Byte offsets of every non-blank line of ``buf`` (bytes, mmap, memoryview), then its length.
 
-    ``buf`` is ``bytes``, a read-only ``mmap`` or a ``memoryview``. A line of only JSON whitespace
-    is blank and gets no entry; a last line without a newline counts; a leading UTF-8 byte-order
-    mark is skipped. Row ``i`` is ``buf[offsets[i]:offsets[i + 1]]`` (what the decoder ignores
-    included).
+    A line of only JSON whitespace is blank; a last line without a newline counts; a leading
+    UTF-8 byte-order mark is skipped. Row ``i`` is ``buf[offsets[i]:offsets[i + 1]]``.
 
     Example:
         >>> build_line_index(b'{"a": 1}\\n\\n  \\n{"a": 2}').tolist()
@@ -143,10 +130,8 @@ def _index_file(cache_dir: str, data_path: str) -> str:
 
 
 def load_index(cache_dir: str, data_path: str, size: int, content: int, *, rows_only: bool = False) -> Any:
-    """The cached index of ``data_path`` if it matches ``size`` and ``content`` (a :func:`stamp`), else ``None``.
-
-    With ``rows_only`` only the header is read and the row count is returned.
-    """
+    """The cached index of ``data_path`` matching ``size`` and ``content`` (a :func:`stamp`), else
+    ``None``; with ``rows_only``, its row count from the header."""
     try:
         with open(_index_file(cache_dir, data_path), "rb") as f:
             head = f.read(_INDEX_HEADER)
@@ -176,29 +161,21 @@ class _SourceError(OSError):
     """A compressed source could not be read (kept apart from cache-write failures)."""
 
 
-def _zstandard() -> Any:
-    try:
-        import zstandard
-    except ImportError:
-        raise ImportError(
-            "reading .jsonl.zst shards needs the optional zstandard package: pip install zstandard "
-            "(or pip install zephon-lanes[zstd])"
-        ) from None
-    return zstandard
-
-
 def _chunks(source: str, compression: str):
     """Decompressed blocks of ``source``; unreadable input raises :class:`_SourceError`."""
     hint = f"gzip -t {source}" if compression == "gzip" else f"zstd -t {source}"
-    zstd = None if compression == "gzip" else _zstandard()  # a missing package is not a bad file
+    if compression != "gzip":  # a missing package is not a bad file
+        try:
+            import zstandard as zstd
+        except ImportError:
+            raise ImportError(
+                "reading .jsonl.zst shards needs the optional zstandard package: pip install zstandard "
+                "(or pip install zephon-lanes[zstd])"
+            ) from None
     try:
         if compression == "gzip":  # gzip raises EOFError itself when the last member is cut short
             with gzip.open(source, "rb") as reader:
-                while True:
-                    block = reader.read(_COPY_BLOCK)
-                    if not block:
-                        return
-                    yield block
+                yield from iter(lambda: reader.read(_COPY_BLOCK), b"")
         else:
             yield from _zstd_blocks(zstd, source)
     except Exception as err:  # gzip raises OSError/EOFError, zstandard its own ZstdError
@@ -209,11 +186,8 @@ def _chunks(source: str, compression: str):
 
 
 def _zstd_blocks(zstd: Any, source: str):
-    """Decompressed blocks of a zstd file of one or more frames; an incomplete last frame raises.
-
-    zstandard's stream reader stops quietly where a cut-short file ends, losing the rows of the
-    last frame; decompressing frame by frame shows whether the input ended inside one.
-    """
+    """Decompressed blocks of a zstd file, frame by frame, so that a cut-short last frame raises
+    (zstandard's stream reader would stop quietly)."""
     dctx = zstd.ZstdDecompressor()
     frame = dctx.decompressobj()
     inside = False  # whether the current frame has had input and not ended
@@ -244,10 +218,8 @@ def _decompressed_file(cache_dir: str, source: str, size: int, digest: str | Non
 
 
 def decompress(cache_dir: str, source: str, compression: str, size: int, digest: str | None) -> str | bytes:
-    """The decompressed text of ``source``: a cache file path, or bytes if the cache is unwritable.
-
-    Keyed by the source path, size and content digest; older copies of the same source are removed.
-    """
+    """The decompressed text of ``source``: a cache file path (older copies removed), or bytes if
+    the cache is unwritable."""
     target = _decompressed_file(cache_dir, source, size, digest)
     if os.path.isfile(target):
         return target
@@ -264,9 +236,8 @@ def decompress(cache_dir: str, source: str, compression: str, size: int, digest:
     return target
 
 
-# The open state (an :class:`_Open`) of each shard in use, by ``id(shard)`` (each shard drops its
-# entry when it is collected). Only the most recently used MAX_OPEN_SHARDS stay, the limit being
-# read at each insertion; read-only mappings stay valid in a forked child, so they are kept.
+# The :class:`_Open` of each shard in use by ``id(shard)``, dropped with the shard; the most recent
+# MAX_OPEN_SHARDS stay. Read-only mappings stay valid in a forked child.
 _MAPS = ProcessCache(clear_after_fork=False, max_entries=lambda: MAX_OPEN_SHARDS)
 
 
@@ -286,10 +257,7 @@ class _Open:
 
 
 def _map(path: str) -> tuple[memoryview, mmap.mmap | None, os.stat_result]:
-    """``(buffer, mapping, stat)`` of a file mapped read-only (no mapping for an empty file).
-
-    A ``memoryview``, so that slices passed to the decoder are not copied.
-    """
+    """``(memoryview, mapping, stat)`` of a file mapped read-only (no mapping for an empty file)."""
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
         if st.st_size == 0:
@@ -347,12 +315,8 @@ class JsonlShard(FileIdentity):
         return load_index(self.cache_dir, plain, st.st_size, content, rows_only=True)
 
     def _verify(self, state: _Open, dataset: str) -> _Open:
-        """``state`` once the file is known to be the one opened; raises if it changed.
-
-        Runs before every read: one ``stat`` of the source, one ``fstat`` of a decompressed
-        copy's mapping and, with ``verify="full"``, now and then a hash of the whole file. It
-        comes before touching the mapping: reading lost pages of a shrunk file is a ``SIGBUS``.
-        """
+        """``state`` once the file is known to be the one opened, before touching the mapping (a
+        shrunk file's lost pages are a ``SIGBUS``); raises if it changed."""
         st = check_file(self, dataset, "while reading")
         if (st.st_dev, st.st_ino) != state.inode:
             # Replaced by a file with the same bytes (a copy): map the new one.
@@ -366,11 +330,10 @@ class JsonlShard(FileIdentity):
                     f"changed while reading: size was {state.length} bytes, now {now}. Something other than zephon "
                     "wrote to the cache folder; leave it alone while datasets are in use, and open the dataset again."
                 )
-        if self.verify == "full":
-            now_s = time.monotonic()
-            if now_s - state.checked >= max(_RECHECK_S, state.check_s / _RECHECK_SHARE):
-                state.check_s = self.check_content(dataset)
-                state.checked = time.monotonic()
+        wait = max(_RECHECK_S, state.check_s / _RECHECK_SHARE)
+        if self.verify == "full" and time.monotonic() - state.checked >= wait:
+            state.check_s = self.check_content(dataset)
+            state.checked = time.monotonic()
         return state
 
     def _load(self, dataset: str) -> _Open:
@@ -406,10 +369,8 @@ class JsonlShard(FileIdentity):
         return _Open(buf, offsets, mapped, (st.st_dev, st.st_ino), check_s)
 
     def _decompressed(self) -> tuple[memoryview, mmap.mmap | None, str | None, int]:
-        """``(buffer, mapping, cache path, size)`` of the decompressed text.
-
-        Mapping and cache path are ``None`` when the text is held in memory.
-        """
+        """``(buffer, mapping, cache path, size)`` of the decompressed text (mapping, path ``None``
+        when it is held in memory)."""
         for attempt in range(2):
             text = decompress(self.cache_dir, self.path, self.compression or "", self.size, self.digest)
             if isinstance(text, bytes):
@@ -423,13 +384,7 @@ class JsonlShard(FileIdentity):
         raise AssertionError("unreachable")
 
     def read(self, rows: np.ndarray, dataset: str, io: Any = None) -> list:
-        """Decode ``rows`` (validated ``int64``, any order, repeats allowed), in the order given.
-
-        Raises:
-            ShardChangedError: the file changed since the dataset was opened.
-            FileNotFoundError: the file was removed.
-            ValueError: a requested line is not one JSON object.
-        """
+        """Decode ``rows`` (validated ``int64``, any order, repeats allowed), in the order given."""
         state = self._verify(self._mapped(dataset), dataset)
         buf, offsets = state.buf, state.offsets
         return _decode_rows(buf, offsets, rows, lambda r, err: self._bad_row(buf, offsets, r, err, dataset))
@@ -441,7 +396,7 @@ class JsonlShard(FileIdentity):
         snippet = raw[:_SNIPPET].decode("utf-8", "replace") + ("..." if len(raw) > _SNIPPET else "")
         where = f"dataset {dataset!r}: {self.path}, line {line} (row {row})"
         if isinstance(err, msgspec.ValidationError):
-            kind = _json_kind(_DECODE_ANY.decode(raw))
+            kind = _KINDS.get(type(_DECODE_ANY.decode(raw)), "number")
             return RecordDecodeError(
                 f"{where} holds a JSON {kind}, not an object: {snippet!r}. Each line of a JSONL shard must be "
                 'one JSON object such as {"text": "..."}; wrap the value in an object under a field name.',
@@ -454,20 +409,13 @@ class JsonlShard(FileIdentity):
         )
 
 
-def _json_kind(value: Any) -> str:
-    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
-
-
 class _Miscount(Exception):
     """A byte range decoded to more values than lines (two objects on one line)."""
 
 
 def _decode_rows(buf: Any, offsets: np.ndarray, rows: np.ndarray, bad: Callable[[int, Exception], Exception]) -> list:
-    """Decode ``rows`` of a JSONL buffer in the order given.
-
-    Rows are visited sorted; a run of consecutive rows is one ``decode_lines`` call. Repeated
-    rows are decoded again, so no two payloads share objects.
-    """
+    """Decode ``rows`` of a JSONL buffer in the order given: sorted runs of consecutive rows are one
+    ``decode_lines`` call each; repeats are decoded again, so no two payloads share objects."""
     n = rows.shape[0]
     if n == 0:
         return []

@@ -1,18 +1,8 @@
-"""One listing per job: with ``torch.distributed`` initialized, rank 0 opens a dataset and the others receive it.
+"""One listing per job: under ``torch.distributed``, rank 0 opens a dataset and broadcasts it.
 
-Opening a dataset lists its store (or reads its index) and counts the shards' rows; on hundreds of
-ranks that is hundreds of identical listings of one bucket. :func:`list_once` runs the opening on
-rank 0 only and broadcasts the result (the root and the opened shards, which pickle: worker
-processes receive them the same way) to every rank of the default group. Each rank sends what it
-asked for with the collective and refuses a result for another request, so ranks that open
-different datasets fail, naming both, instead of reading rank 0's data.
-
-What a rank receives is verified where it is read: a local shard is checked against the size and
-content digest rank 0 recorded before every use (so a node whose copy differs refuses it, naming
-the file), a remote one against its ETag or checksum when it is fetched.
-
-Nothing is kept between calls. ``torch`` is never imported here: a process that has not imported
-``torch.distributed`` lists on its own.
+Each rank sends its request along and refuses rank 0's result for another one, naming both. What
+a rank receives is verified where it is read (local shards by size and digest, remote ones by
+ETag or checksum). ``torch`` is never imported here.
 """
 
 from __future__ import annotations
@@ -29,35 +19,20 @@ T = TypeVar("T")
 LISTING_MODES = ("auto", "local")
 
 
-def _distributed() -> Any:
-    """``torch.distributed`` when it is initialized with more than one rank, else ``None``."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    return dist if dist.get_world_size() > 1 else None
-
-
 def list_once(name: str, request: tuple, open_dataset: Callable[[], T], listing: str = "auto") -> T:
-    """``open_dataset()``, run once per job under ``torch.distributed`` (see the module docstring).
+    """``open_dataset()`` (its result must pickle), on rank 0 only under multi-rank distributed.
 
-    Args:
-        name: the dataset's name, for messages.
-        request: what this rank asks for (path, format, options): equal on every rank of one job.
-        open_dataset: lists and opens the dataset; its result must pickle.
-        listing: one of :data:`LISTING_MODES`.
-
-    Raises:
-        ValueError: an unknown ``listing``; ranks asking for different datasets.
-        RuntimeError: rank 0 failed to open the dataset (every other rank raises this, naming
-            rank 0's error; rank 0 raises the error itself).
+    ``request`` (path, format, options) must be equal on every rank, else ``ValueError``. When rank
+    0 fails it raises its error and the other ranks a ``RuntimeError`` naming it.
     """
     if listing not in LISTING_MODES:
         raise ValueError(
             f"dataset {name!r}: unknown listing {listing!r}; use 'auto' (rank 0 lists the dataset for every rank of "
             "torch.distributed) or 'local' (every process lists it)"
         )
-    dist = _distributed() if listing == "auto" else None
-    if dist is None:
+    dist = sys.modules.get("torch.distributed") if listing == "auto" else None
+    alone = dist is None or not dist.is_available() or not dist.is_initialized()
+    if alone or dist.get_world_size() < 2:
         return open_dataset()
     rank = dist.get_rank()
     box: list[Any] = [None]

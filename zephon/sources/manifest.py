@@ -1,22 +1,13 @@
 """The data's identity in a fingerprint: per dataset, counts and a digest of its shard list.
 
-A dataset's shard list (each shard's id, relative path, size, rows and content identity, in shard
-order: :meth:`Dataset.fingerprint`) grows with its shards, about 140 bytes each. A source's
-fingerprint, which every checkpoint of every rank carries, holds instead per dataset its name,
-format, shard count, total bytes and rows, and ``digest``: the SHA-256 of the shard list in
-canonical msgpack (:func:`encode`). Any change to any shard changes the digest; the lists
-themselves, the *manifest*, are needed only to say which shards differ, and are written once
-beside checkpoint files (``zephon.runtime.manifest``).
+A shard list (:meth:`Dataset.fingerprint`'s, ~140 bytes a shard) is summarized in a source's
+fingerprint, which every checkpoint carries, as name, format, shard count, bytes, rows and the
+SHA-256 of the list in canonical msgpack; the lists (the *manifest*) are written once beside
+checkpoints (``zephon.runtime.manifest``), only to say which shards differ. Lists of at most
+:data:`INLINE_BYTES` in all stay inline; :func:`summarize` makes both forms compare.
 
-A source whose shard lists encode to at most :data:`INLINE_BYTES` keeps them in its fingerprint
-instead: a checkpoint of a few shards explains itself and needs no manifest file. That is also the
-form of checkpoints written before digests; :func:`summarize` turns either form into the other's
-counts and digest, so both compare.
-
-What is kept: the encoded shard list of every live dataset (computed once per dataset object),
-and those of the data of checkpoints built in this process (:func:`pin`), up to
-:data:`PINNED_BYTES`, so a checkpoint kept in memory can name the shards that differ after its
-pipeline is gone.
+Kept: the encoded list of every live dataset, and those of checkpoints built in this process
+(:func:`pin`, up to :data:`PINNED_BYTES`).
 """
 
 from __future__ import annotations
@@ -72,13 +63,12 @@ def summarize(fingerprint: Mapping[str, Any], shards: ShardList | None = None) -
         (2, 6, 2, 'sha256:')
     """
     entries = fingerprint["shards"]
-    shards = shards or encode(entries)
     sizes = [s.get("bytes") for s in entries]
     known = all(isinstance(b, int) for b in sizes)
-    out = {k: v for k, v in fingerprint.items() if k != "shards"}
     rows = sum(int(s.get("rows") or 0) for s in entries)
+    out = {k: v for k, v in fingerprint.items() if k != "shards"}
     out.update(shards=len(entries), bytes=sum(sizes) if known else None, rows=rows)
-    out["digest"] = shards.digest
+    out["digest"] = (shards or encode(entries)).digest
     return out
 
 

@@ -1,15 +1,11 @@
 """Mixture weights, schedules of weights, and the deterministic interleave of datasets over positions.
 
-Weights are resolved to small integers ``W`` (exact for simple ratios, else multiples of 1/65536).
-Component ``j``'s ``k``-th element gets the virtual time ``(2k + 1) / (2 W_j)``; sorting one period
-of ``sum(W)`` elements by (time, component) gives the order, which then repeats: a smooth weighted
-round-robin whose component and index at position ``t`` are integer functions of ``t``, with exact
-long-run ratios and every prefix within one element of its target.
-
-A :class:`Timeline` strings such interleaves together as :class:`Phase` records (first position,
-integer weights), each continuing every dataset's count where the previous one left it. A static
-mixture is one phase; a schedule, a ``redistribute`` drop-out or a changed plan add phases
-(:func:`resolve_timeline`).
+Weights become small integers ``W`` (exact for simple ratios, else multiples of 1/65536).
+Component ``j``'s ``k``-th element gets the virtual time ``(2k + 1) / (2 W_j)``; one period of
+``sum(W)`` elements sorted by (time, component) repeats: a smooth weighted round-robin with exact
+long-run ratios and every prefix within one element of its target. A :class:`Timeline` chains
+such interleaves as :class:`Phase` records, counts carried over; a schedule, a ``redistribute``
+drop-out or a changed plan add phases (:func:`resolve_timeline`).
 """
 
 from __future__ import annotations
@@ -32,8 +28,8 @@ RAMP_PIECES = 64
 def _check_weight(name: Any, w: Any, *, zero_ok: bool) -> float:
     if not isinstance(name, str):
         raise TypeError(f"mixture keys are dataset names (str), got {name!r}")
-    low_ok = w >= 0 if zero_ok and isinstance(w, (int, float)) and not isinstance(w, bool) else None
-    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or not (low_ok if zero_ok else w > 0):
+    number = isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w)
+    if not number or not (w >= 0 if zero_ok else w > 0):
         bound = ">= 0" if zero_ok else "> 0"
         raise ValueError(f"mixture weight of {name!r} must be a finite number {bound}, got {w!r}")
     return float(w)
@@ -51,9 +47,7 @@ def normalize(weights: Mapping[str, float], *, zero_ok: bool = False) -> dict[st
 
 
 def _convert_weights(weights: Any) -> dict[str, float]:
-    if isinstance(weights, MixtureSpec):
-        return dict(weights.weights)
-    return normalize(weights)
+    return dict(weights.weights) if isinstance(weights, MixtureSpec) else normalize(weights)
 
 
 def _check_unit(instance: Any, attribute: Any, value: Any) -> None:
@@ -167,9 +161,7 @@ def _one_of(*allowed: str):
 
 @attrs.frozen
 class MixtureSchedule:
-    """Mixture weights that change over training: a list of ``(at, {name: weight})`` points.
-
-    Accepted wherever a mixture is.
+    """Mixture weights that change over training (accepted wherever a mixture is).
 
     Args:
         points: ``[(at, weights), ...]``: the first at 0, ``at`` strictly increasing, weights
@@ -229,12 +221,9 @@ class MixtureSchedule:
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "points": [[a, dict(w)] for a, w in self.points],
-            "by": self.by,
-            "interpolation": self.interpolation,
-            "unit": self.unit,
-        }
+        points = [[a, dict(w)] for a, w in self.points]
+        return {"points": points, "by": self.by, "interpolation": self.interpolation,
+                "unit": self.unit}
 
     def fingerprint(self) -> dict[str, Any]:
         """The schedule as an operator setting describes it (``ensure_mixture(schedule)``)."""
@@ -243,9 +232,7 @@ class MixtureSchedule:
 
 def as_mixture(m: Any) -> MixtureSpec | MixtureSchedule:
     """A :class:`MixtureSpec` or :class:`MixtureSchedule` from either, or from ``{name: weight}``."""
-    if isinstance(m, (MixtureSpec, MixtureSchedule)):
-        return m
-    return MixtureSpec(m)
+    return m if isinstance(m, (MixtureSpec, MixtureSchedule)) else MixtureSpec(m)
 
 
 class Interleave:
@@ -356,8 +343,7 @@ class Timeline:
     def position_of(self, j: int, k: int) -> int | None:
         """The position of dataset ``j``'s ``k``-th element (0-based), or ``None`` if it never comes."""
         for i, p in enumerate(self.phases):
-            last = i + 1 == len(self.phases)
-            if not last and self._base[i + 1][j] <= k:
+            if i + 1 < len(self.phases) and self._base[i + 1][j] <= k:
                 continue
             if p.weights[j] == 0:
                 return None
@@ -381,7 +367,7 @@ class Timeline:
         """Positions before ``t`` from this timeline, from ``t`` on from ``later`` (counts carried)."""
         head = [p for p in self.phases if p.start < t]
         i = later.phase_index(t)
-        tail = [Phase(t, later.phases[i].weights)] + [p for p in later.phases[i + 1 :]]
+        tail = [Phase(t, later.phases[i].weights), *later.phases[i + 1 :]]
         return Timeline(tuple(_merge_equal(head + tail)))
 
     def describe(self) -> list[list[Any]]:
@@ -391,19 +377,12 @@ class Timeline:
 def _zeroed(w: tuple[int, ...], j: int) -> tuple[int, ...]:
     out = list(w)
     out[j] = 0
-    if not any(out):
-        return tuple(out)
-    g = math.gcd(*out)
+    g = math.gcd(*out) or 1
     return tuple(x // g for x in out)
 
 
 def _merge_equal(phases: list[Phase]) -> list[Phase]:
-    out: list[Phase] = []
-    for p in phases:
-        if out and out[-1].weights == p.weights:
-            continue
-        out.append(p)
-    return out
+    return [p for i, p in enumerate(phases) if not i or phases[i - 1].weights != p.weights]
 
 
 def _tokens_to_position(tl_phases: list[Phase], tps: tuple[float, ...], tokens: float) -> int:
@@ -423,11 +402,8 @@ def _padded(tl: Timeline, n: int) -> Timeline:
 
 def resolve_timeline(src: Any) -> tuple[Timeline, int | None, str | None, list, list]:
     """A work source's timeline (schedule, units and redistributions applied), its end, why it ends
-    there, and the positions of the schedule's points and pieces.
-
-    Raises:
-        ValueError: an impossible plan: a schedule point after the end of the data.
-    """
+    there, and the positions of the schedule's points and pieces; ``ValueError`` for a schedule
+    point after the end of the data."""
     names, m = src.names, src.mixture
     sizes = [d.num_rows for d in src.datasets]
     tps = src.calibration.tokens_per_sample(names) if src.calibration is not None else None
@@ -465,12 +441,9 @@ def resolve_timeline(src: Any) -> tuple[Timeline, int | None, str | None, list, 
 
     dropped: set[int] = set()
     while True:
-        found = []
-        for j, name in enumerate(names):
-            if src.policy(name) == "redistribute" and j not in dropped and sizes[j]:
-                p = tl.position_of(j, src.pass_limit(name) * sizes[j])
-                if p is not None:
-                    found.append((p, j))
+        found = [(tl.position_of(j, src.pass_limit(n) * sizes[j]), j) for j, n in enumerate(names)
+                 if src.policy(n) == "redistribute" and j not in dropped and sizes[j]]
+        found = [(p, j) for p, j in found if p is not None]
         if not found:
             break
         p, j = min(found)

@@ -1,15 +1,9 @@
-"""Opening found shards: a dataset's files as a table of columns, each shard made on first use.
+"""Opening found shards: a dataset's files as a table, each shard object made on first use.
 
-A dataset of 100,000 files would otherwise hold 100,000 shard objects, each made (and its file
-stat-ed) when the dataset is opened, though a rank reads a few of them. :class:`ShardTable` keeps
-what discovery found (:class:`~zephon.sources.discover.Found`: location, id, size, identity, stat
-key) and each shard's rows, counted or taken from the dataset index, and makes the shard object of
-a file when it is first read in a process. Row counts and fingerprints come from the columns.
-
-What is kept: the found entries, the rows per shard (``int64``), Parquet/Arrow row groups, and a
-process-local map from shard number to the shard objects made so far (not pickled: a worker makes
-its own). :class:`ObjectShards` gives shards held as objects (in memory, Hugging Face) the same
-interface, so a dataset reads both alike.
+A rank reads a few of a dataset's (maybe 100,000) files, so :class:`ShardTable` keeps what
+discovery found, rows per shard (``int64``) and row groups, and makes a file's shard object when
+a process first reads it (a process-local map, not pickled). :class:`ObjectShards` gives shards
+held as objects (in memory, Hugging Face) the same interface.
 """
 
 from __future__ import annotations
@@ -21,12 +15,13 @@ import attrs
 import numpy as np
 
 from ..core.log import progress as progress_bar
+from .columnar import ColumnarShard, RangedParquet, ranged
 from .digest import check_file
 from .discover import Found, format_of, read_index
 from .files import RemoteShard
 from .jsonl import JsonlShard
-from .ranges import RangedParquet, ranged
 from .storage import is_url, split_url
+from .token_files import TokenShard
 
 _LISTED = 10
 
@@ -48,11 +43,7 @@ class ShardSpec:
             compression = compression or format_of(path, "jsonl")[1]
             return JsonlShard(path, shard_id, compression, self.cache_dir, self.verify, digest)
         if self.fmt in ("parquet", "arrow"):
-            from .columnar import ColumnarShard
-
             return ColumnarShard(path, shard_id, self.fmt, self.columns, self.verify, cache_dir=self.cache_dir, digest=digest)
-        from .token_files import TokenShard
-
         return TokenShard(path, shard_id, dtype=self.token_dtype, eos_token_id=self.eos_token_id, cache_dir=self.cache_dir, verify=self.verify, digest=digest)
 
     def settings(self) -> dict[str, Any]:
@@ -61,11 +52,8 @@ class ShardSpec:
 
 
 def make_shard(found: Found, spec: ShardSpec, storage_options: Mapping[str, Any] | None) -> Any:
-    """The shard of one found file: local, or a remote object read through the shard cache.
-
-    A local file found with its stat key starts verified at that key: its first read needs no new
-    digest unless the file changed since.
-    """
+    """The shard of one found file: local (verified at the stat key it was found with), or a remote
+    object read through the shard cache."""
     if is_url(found.location):
         fs_key = (split_url(found.location)[0], tuple(sorted((storage_options or {}).items())))
         by_ranges = None
@@ -78,12 +66,9 @@ def make_shard(found: Found, spec: ShardSpec, storage_options: Mapping[str, Any]
 
 
 class ShardTable(Sequence):
-    """A dataset's file shards: what was found, rows per shard and row groups; shards made on use.
-
-    ``table[i]`` is shard number ``i``'s object (made once per process, with its rows and row
-    groups set; a file found through the index is checked against it then); :attr:`rows`,
-    :meth:`fingerprints` and :meth:`location` need no shard object.
-    """
+    """A dataset's file shards: ``table[i]`` is shard ``i``'s object, made once per process (a file
+    found through the index is checked then); :attr:`rows`, :meth:`fingerprints` and
+    :meth:`location` need none."""
 
     __slots__ = ("name", "root", "found", "spec", "storage_options", "rows", "groups", "_made")
 

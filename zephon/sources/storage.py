@@ -1,19 +1,11 @@
-"""Remote shards: one small storage interface over fsspec, and a local shard cache.
+"""Remote shards: a small storage interface over fsspec, and a local shard cache.
 
-A remote shard (any fsspec URL) is read from a whole-file copy in a local cache folder, then like
-a local file of its format. The cache is shared by the processes of a machine (copies are written
-to a temporary file and renamed into place), bounded by ``max_bytes`` with least-recently-used
-eviction, and keyed by the URL and the identity (size and ETag or checksum, else a digest of the
-content) recorded at discovery, so a shard that changed on the store is refused
-(:class:`~zephon.io.ShardChangedError`) instead of read. A copy is never touched once written
-(open shards check their files' times): its last use is the modification time of an empty
-``<folder>/.used-<copy name>``.
-
-A machine downloads each copy once at a time: a process takes an exclusive lock on
-``<folder>/.lock-<copy name>`` (``flock``) for the download, and one that waited for it finds the
-copy in place. Before a download the folder's disk must have room for the copy (after eviction),
-else the error names the folder and the bytes needed. Downloads retry transient errors with
-exponential backoff and fail at once, naming the URL, on permanent ones. What is kept: files in the cache folder; filesystem objects, once per process.
+A remote shard is read from a whole copy in a cache folder shared by a machine's processes,
+keyed by URL and identity (size and ETag or checksum, else a content digest), so a changed object
+is refused (:class:`~zephon.io.ShardChangedError`). Copies are written atomically under an
+``flock`` on ``.lock-<name>`` (one download per machine), never touched after (last use: the mtime
+of ``.used-<name>``), evicted least recently used past ``max_bytes``, and need room on the disk.
+Downloads retry transient errors with exponential backoff. Filesystems are made once per process.
 """
 
 from __future__ import annotations
@@ -62,14 +54,11 @@ class CacheOptions:
     """The local shard cache of remote datasets.
 
     Attributes:
-        enabled: remote shards are read through the cache (only so: ``False`` makes reading one an
-            error that says so).
+        enabled: read remote shards through the cache (``False``: reading one is an error).
         dir: the cache folder; default ``<ZEPHON_CACHE_DIR or ~/.cache/zephon>/shards``.
-        max_bytes: size limit of the folder (an int or ``"50gb"``); least recently used copies
-            are removed to stay under it. ``None``: unbounded.
+        max_bytes: size limit (an int or ``"50gb"``; LRU eviction); ``None``: unbounded.
         retries: attempts after the first on transient download errors.
-        backoff_s: the first wait before a retry; doubled each time, at most ``max_backoff_s``.
-        max_backoff_s: the longest wait.
+        backoff_s, max_backoff_s: the first wait before a retry (doubled each time), the longest.
     """
 
     enabled: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
@@ -89,12 +78,10 @@ class IoOptions:
     """How shards are fetched and cached; never what they hold (not in the fingerprint).
 
     Attributes:
-        cache: the shard cache of remote datasets (:class:`CacheOptions`, or a dict of its fields).
-        row_group_cache_bytes: memory bound, per process, of decoded Parquet row groups kept for
-            reuse (an int or ``"256mb"``).
-        remote_parquet: ``"ranges"``: a remote Parquet object with an ETag or checksum is read by
-            byte ranges, only the row groups (and columns) a read needs; ``"whole"``: from a whole
-            copy in the shard cache, like every other remote format.
+        cache: the shard cache (:class:`CacheOptions`, or a dict of its fields).
+        row_group_cache_bytes: per-process bound of decoded Parquet row groups (int or ``"256mb"``).
+        remote_parquet: ``"ranges"``: read remote Parquet with an ETag or checksum by byte ranges,
+            only the row groups needed; ``"whole"``: from a whole copy in the shard cache.
     """
 
     cache: CacheOptions = attrs.field(factory=CacheOptions, converter=lambda v: _as_options(CacheOptions, v, "cache"))
@@ -155,11 +142,7 @@ def split_url(url: str) -> tuple[str, str]:
 
 
 def identity_of(info: Mapping[str, Any]) -> str | None:
-    """A remote file's identity from an fsspec ``info`` mapping: its ETag or checksum, else ``None``.
-
-    Never a time: an object uploaded again with the same bytes is the same shard. Where the store
-    gives neither, discovery digests the content instead.
-    """
+    """A remote file's identity from an fsspec ``info``: its ETag or checksum (never a time)."""
     for key in ("ETag", "etag", "md5Hash", "md5", "crc32c", "checksum", "content_md5", "sha", "oid"):
         value = info.get(key)
         if value:
@@ -226,24 +209,19 @@ def _mark_used(folder: str, name: str) -> None:
 
 
 def fetch(url: str, fs: Any, size: int, identity: str, options: CacheOptions, dataset: str) -> str:
-    """The local copy of ``url`` (downloaded once, whole); refused if the object changed.
+    """The local copy of ``url`` (downloaded once, whole).
 
-    Raises:
-        ShardChangedError: the object's size or identity differs from the ones recorded when the
-            dataset was opened.
-        StorageError: a permanent error, or transient ones beyond the retries.
-        ValueError: the cache is disabled, or smaller than the shard.
+    Raises ``ShardChangedError`` (size or identity differ from the recorded ones),
+    ``StorageError`` (a permanent error, or retries exhausted), ``ValueError`` (the cache is
+    disabled or smaller than the shard).
     """
     _require_cache(options, url, dataset)
     folder = options.folder
     name = cached_name(url, size, identity)
     target = os.path.join(folder, name)
-    try:
-        if os.stat(target).st_size == size:
-            _mark_used(folder, name)
-            return target
-    except OSError:
-        pass
+    if _complete(target, size):
+        _mark_used(folder, name)
+        return target
     _require_cache(options, url, dataset, size)
     info = with_retries(url, "checking", lambda: fs.info(url), options)
     listed = identity_of(info)
@@ -275,11 +253,9 @@ def _complete(path: str, size: int) -> bool:
 
 @contextlib.contextmanager
 def download_lock(folder: str, name: str) -> Any:
-    """Hold the machine-wide lock of the copy ``name`` (an ``flock`` on ``.lock-<name>``) while downloading it.
+    """Hold the machine-wide ``flock`` on ``.lock-<name>`` while downloading the copy ``name``.
 
-    Processes and threads block until the holder is done; the lock file stays (it is empty, and
-    hidden from eviction). Without ``fcntl`` (not POSIX) there is no lock and a copy may be
-    downloaded twice at once, each into a temporary file renamed into place.
+    The empty lock file stays. Without ``fcntl`` there is no lock (a copy may download twice).
     """
     try:
         import fcntl
@@ -329,11 +305,8 @@ def _require_cache(options: CacheOptions, url: str, dataset: str, size: int = 0)
 
 
 def fetch_by_content(url: str, fs: Any, size: int, options: CacheOptions, dataset: str) -> str:
-    """Download ``url`` into the shard cache and return its identity, the digest of its content.
-
-    For stores that give no ETag or checksum: the copy is hashed as it is downloaded and kept
-    under the name that identity gives, so reading the shard later does not download it again.
-    """
+    """Download ``url`` into the shard cache and return its identity, its content's digest (for
+    stores without ETags or checksums; the copy is kept for later reads)."""
     _require_cache(options, url, dataset, size)
     folder = options.folder
     os.makedirs(folder, exist_ok=True)
@@ -356,10 +329,8 @@ def _changed_object(dataset: str, url: str, size: int, identity: str, now_size: 
 
 
 def evict(folder: str, max_bytes: int | None, keep: int = 0) -> int:
-    """Remove least recently used copies until the folder holds at most ``max_bytes - keep``; bytes freed.
-
-    A copy's last use is its marker's modification time, else (never reused) its download time.
-    """
+    """Remove least recently used copies until the folder holds at most ``max_bytes - keep``; the
+    bytes freed."""
     if max_bytes is None:
         return 0
     entries = []

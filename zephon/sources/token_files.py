@@ -1,11 +1,8 @@
-"""Pre-tokenized token files: flat ``uint16``/``uint32`` arrays of concatenated documents.
+"""Pre-tokenized token files (nanoGPT, Megatron-LM, OLMo): flat arrays of concatenated documents.
 
-The layouts nanoGPT, Megatron-LM and OLMo write: a ``.npy`` file (dtype from its header) or a
-raw ``.bin`` file (``uint16`` unless given) of all documents' token ids one after another.
-Documents end with, and include, each end-of-document token (``eos_token_id=``; tokens after the
-last form a last document), or are the sequences of a Megatron ``MMIDIDX`` ``.idx`` beside the
-``.bin`` (read when present). A row is ``{"input_ids": ids}``, a read-only view of the mapped
-file. EOS offsets are found once per file and cached under ``<cache>/index/`` like JSONL's.
+A ``.npy`` file, or a raw ``.bin`` (``uint16`` unless given). Documents end with, and include,
+each ``eos_token_id`` (cached offsets), or are the sequences of a Megatron ``.idx`` beside the
+``.bin``. A row is ``{"input_ids": ids}``, a read-only view of the mapped file.
 """
 
 from __future__ import annotations
@@ -45,10 +42,8 @@ def megatron_index(path: str) -> tuple[np.dtype, np.ndarray] | None:
     with open(idx, "rb") as f:
         if f.read(9) != _MEGATRON_MAGIC:
             return None
-        (version,) = struct.unpack("<Q", f.read(8))
-        (code,) = struct.unpack("<B", f.read(1))
-        (count,) = struct.unpack("<Q", f.read(8))
-        struct.unpack("<Q", f.read(8))  # document count; sequences are our documents
+        # version, dtype code, sequence count, document count (sequences are our documents)
+        version, code, count, _ = struct.unpack("<QBQQ", f.read(25))
         sizes = np.fromfile(f, dtype=np.int32, count=count)
     if version != 1 or code not in _MEGATRON_DTYPES or sizes.shape[0] != count:
         raise ValueError(f"{idx} is not a Megatron MMIDIDX version-1 index (or is cut short); re-create it")
@@ -71,13 +66,8 @@ def eos_offsets(tokens: np.ndarray, eos: int) -> np.ndarray:
 
 
 class TokenShard(FileIdentity):
-    """One flat token file read as documents of token ids.
-
-    Attributes:
-        path, shard_id, size, digest, seen, cache_dir, verify, num_rows: as for every file shard.
-        dtype: the token dtype (from the ``.npy`` header or the Megatron index, else as given).
-        eos_token_id: the document separator (``None`` with a Megatron index).
-    """
+    """One flat token file read as documents of token ids (``dtype``: as given, unless the ``.npy``
+    header or Megatron index says; ``eos_token_id``: the separator)."""
 
     _fields = FileIdentity._id_fields + ("dtype", "eos_token_id")
     __slots__ = _fields + ("__weakref__",)
@@ -88,8 +78,7 @@ class TokenShard(FileIdentity):
         self.eos_token_id = eos_token_id
 
     def count_rows(self, dataset: str, io: Any = None) -> int:
-        rows = self._open(dataset).offsets.shape[0] - 1
-        self.num_rows = rows
+        self.num_rows = self._open(dataset).offsets.shape[0] - 1
         return self.num_rows
 
     def _open(self, dataset: str) -> _Tokens:

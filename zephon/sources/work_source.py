@@ -1,12 +1,9 @@
-"""``StaticMixtureWorkSource``: the order of sample pointers, as a pure function of position.
+"""``StaticMixtureWorkSource``: which sample pointer comes at each global position, a pure function.
 
-The source decides *which* sample comes at each global position ``t``; it reads nothing. Work
-chunks of ``chunk_size`` positions are routed whole to lanes (a seeded permutation of each block
-of ``L`` chunks, or ``g % L``), so a lane's input depends on (source, L, lane) alone and its
-cursor is two integers. Position ``t`` maps to (dataset, index) through the :class:`Timeline`,
-the index to (epoch, position in epoch), and that to (shard, row) through a per-epoch shard order
-and an optional within-shard permutation: O(1)-memory Feistel permutations keyed by (seed,
-dataset name, epoch[, shard]). No list of sample ids is ever built.
+Work chunks of ``chunk_size`` positions go whole to lanes (a seeded permutation of each block of
+``L`` chunks, or ``g % L``), so a lane's cursor is two integers. Position -> (dataset, index) by
+the :class:`Timeline`, index -> (epoch, position) -> (shard, row) by per-epoch Feistel
+permutations keyed by (seed, dataset, epoch[, shard]); no list of sample ids is built.
 """
 
 from __future__ import annotations
@@ -26,12 +23,12 @@ from .estimate import Calibration, TokenEstimation
 from .manifest import source_entries
 from .mixture import Interleave, MixtureSchedule, MixtureSpec, Timeline, as_mixture, interleave, resolve_timeline
 
-ExhaustedPolicy = Literal["stop", "repeat", "redistribute"]
 _POLICIES = ("stop", "repeat", "redistribute")
 #: Settings that enter the fingerprint as they are, in this order.
 _SETTINGS = (
     "seed", "shuffle_shards", "shuffle_within_shard", "exhausted_policy", "passes", "chunk_size", "lane_assignment"
 )
+_STEP_FIELDS = ("samples_per_step", "tokens_per_step", "step_lanes")
 
 
 class SourceState(msgspec.Struct, frozen=True, tag="source", forbid_unknown_fields=True):
@@ -90,36 +87,27 @@ class StaticMixtureWorkSource:
     """Mix datasets by sample or token weight, or by a schedule of weights, with shuffles and epochs.
 
     Args:
-        datasets: the datasets (names must be unique).
-        mixture: ``{name: weight}``, a :class:`MixtureSpec` (``unit="tokens"`` mixes by tokens)
-            or a :class:`MixtureSchedule` (weights over steps or tokens).
+        datasets: the datasets (unique names).
+        mixture: ``{name: weight}``, a :class:`MixtureSpec` or a :class:`MixtureSchedule`.
         seed: decides shard orders, within-shard orders and lane routing.
-        shuffle_shards: visit each dataset's shards in a fresh pseudo-random order every epoch.
-        shuffle_within_shard: also permute rows inside each shard, freshly every epoch.
-        exhausted_policy: what happens when a dataset has given all its rows; one policy, or
-            ``{name: policy}`` (the others ``"repeat"``). ``None`` (default): every dataset
-            completes ``passes`` full passes, the faster ones repeating. ``"stop"``: the data ends
-            where the dataset would start its second pass. ``"repeat"``: a fresh pass (new shard
-            and row orders); with ``max_repeats=N``, stop after ``1 + N`` passes.
-            ``"redistribute"``: after ``1 + max_repeats`` passes the dataset drops out and the
-            others share its weight; the data ends when every dataset has dropped out.
-        max_repeats: ``None`` (unbounded) or an int >= 0, or ``{name: int}``: extra passes a
-            ``"repeat"`` or ``"redistribute"`` dataset makes.
-        passes: passes of the slowest dataset before stopping (with ``exhausted_policy=None``).
-        chunk_size: positions per work chunk (see :meth:`lane_range` for the last, partial block).
-        lane_assignment: ``"permute"`` (a seeded permutation of each block of L chunks, which
-            spreads periodic patterns over lanes) or ``"modulo"`` (chunk ``g`` to lane ``g % L``).
-        token_estimation: how tokens per sample are obtained (:class:`TokenEstimation`) for a
-            token-unit mixture or a schedule by tokens; measured by default when needed.
-        calibration: the measured numbers (:class:`Calibration`); the pipeline fills it in from
-            its tokenizer, or from the checkpoint it resumes.
-        samples_per_step: source samples per global step, which places a schedule ``by="step"``
-            (the pipeline fills it in: lanes x microbatch size, for unpacked records).
-        tokens_per_step: the same in tokens, for packed pipelines (lanes x microbatch size x
-            sequence length; placed through the calibration).
-        step_lanes: the lanes a global step reads (filled in for a schedule): every schedule point
-            then starts at the first block of ``step_lanes`` work chunks at or after its position,
-            so that no lane reads a point's weights early or late.
+        shuffle_shards: visit shards in a fresh pseudo-random order every epoch.
+        shuffle_within_shard: also permute rows inside each shard every epoch.
+        exhausted_policy: one policy or ``{name: policy}`` (others ``"repeat"``). ``None``: every
+            dataset completes ``passes`` passes, faster ones repeating; ``"stop"``: end where the
+            dataset would start its second pass; ``"repeat"``: a fresh pass (``max_repeats=N``:
+            stop after ``1 + N``); ``"redistribute"``: after ``1 + max_repeats`` passes the
+            dataset drops out and the others share its weight (the end: when all dropped out).
+        max_repeats: ``None`` (unbounded), an int >= 0 or ``{name: int}``: extra passes.
+        passes: passes of the slowest dataset before stopping (``exhausted_policy=None``).
+        chunk_size: positions per work chunk.
+        lane_assignment: ``"permute"`` (seeded permutation of each block of L chunks) or
+            ``"modulo"`` (chunk ``g`` to lane ``g % L``).
+        token_estimation: how tokens per sample are obtained (:class:`TokenEstimation`).
+        calibration: the measured numbers (:class:`Calibration`), filled in by the pipeline.
+        samples_per_step, tokens_per_step: source samples (or tokens, for packed rows) per global
+            step, which place a schedule ``by="step"`` (filled in by the pipeline).
+        step_lanes: the lanes of a global step: schedule points start at the first block of
+            ``step_lanes`` chunks at or after their position, so no lane switches early or late.
 
     Examples:
         >>> from zephon.io import Dataset
@@ -159,7 +147,7 @@ class StaticMixtureWorkSource:
             raise ValueError(f"chunk_size must be an int >= 1, got {self.chunk_size!r}")
         if self.lane_assignment not in ("permute", "modulo"):
             raise ValueError(f"lane_assignment must be 'permute' or 'modulo', got {self.lane_assignment!r}")
-        for name in ("samples_per_step", "tokens_per_step", "step_lanes"):
+        for name in _STEP_FIELDS:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name} must be an int >= 1 or None, got {v!r}")
@@ -206,9 +194,7 @@ class StaticMixtureWorkSource:
     def policy(self, name: str) -> str:
         """The exhausted policy of dataset ``name`` (``"repeat"`` under ``exhausted_policy=None``)."""
         ep = self.exhausted_policy
-        if isinstance(ep, dict):
-            return ep.get(name, "repeat")
-        return "repeat" if ep is None else ep
+        return ep.get(name, "repeat") if isinstance(ep, dict) else ep or "repeat"
 
     def pass_limit(self, name: str) -> int | None:
         """How many passes dataset ``name`` makes before it stops or drops out (``None``: unbounded)."""
@@ -363,11 +349,9 @@ class StaticMixtureWorkSource:
     def lane_range(self, lanes: int, lane: int, k: int) -> tuple[int, int] | None:
         """Global positions ``[t0, t1)`` of lane ``lane``'s ``k``-th chunk; ``None`` past its end.
 
-        Block ``k`` (global chunks ``k*L .. k*L+L-1``) gives each lane one whole chunk. For a finite
-        source, the ``R`` positions from the first incomplete block on are cut into ``L`` contiguous
-        ranges (the first ``R % L`` one position longer); the lane in slot ``s`` of that block gets
-        range ``s``, and an empty range ends the lane. So lane totals differ by at most one, and
-        the layout depends only on ``end``, ``chunk_size``, ``L`` and the routing.
+        Block ``k`` gives each lane one whole chunk. The ``R`` positions from the first incomplete
+        block on are cut into ``L`` contiguous ranges (the first ``R % L`` one longer), range
+        ``s`` to the lane in slot ``s``, so lane totals differ by at most one.
 
         Examples:
             >>> from zephon.io import Dataset
@@ -385,8 +369,7 @@ class StaticMixtureWorkSource:
             return g * size, (g + 1) * size
         if k > complete:
             return None
-        # The last, partial block: spread its positions so that no lane ends whole chunks early
-        # (a global step needs every lane, so those chunks would never be delivered).
+        # The last, partial block: spread so that no lane ends whole chunks early.
         base = complete * lanes * size
         width, extra = divmod(self.end - base, lanes)
         slot = g - k * lanes
@@ -412,10 +395,8 @@ class StaticMixtureWorkSource:
         return SourceState(chunk, offset), out, exhausted
 
     def check_cursor(self, state: SourceState, lanes: int, lane: int) -> None:
-        """Raise ``ValueError`` unless ``state`` is a cursor that lane ``lane`` of ``lanes`` reaches.
-
-        :meth:`read` leaves a cursor inside one of the lane's chunks, or at the lane's end: the first
-        chunk past its data, offset 0.
+        """Raise ``ValueError`` unless :meth:`read` can leave lane ``lane`` of ``lanes`` at
+        ``state``: inside one of its chunks, or at offset 0 of the first chunk past its data.
 
         Examples:
             >>> from zephon.io import Dataset
@@ -451,10 +432,7 @@ class StaticMixtureWorkSource:
         return attrs.evolve(self, datasets=tuple(d.with_io_options(io_options) for d in self.datasets))
 
     def fingerprint(self) -> dict[str, Any]:
-        """Everything that decides which sample comes where: the plan's part of a pipeline's fingerprint.
-
-        Datasets enter by counts and the digest of their shard lists (their full fingerprints when
-        the lists are small; see ``zephon.sources.manifest``)."""
+        """Everything that decides which sample comes where (datasets: ``source_entries``)."""
         m = self.mixture
         plain = isinstance(m, MixtureSpec) and self.unit == "samples" and self.change is None
         fp: dict[str, Any] = {
@@ -469,9 +447,7 @@ class StaticMixtureWorkSource:
             fp["token_estimation"] = self.calibration.describe()
         if self.token_estimation is not None or self.calibration is not None or self.needs_tokens:
             fp["estimation"] = self.estimation.describe()
-        for name in ("samples_per_step", "tokens_per_step", "step_lanes"):
-            if getattr(self, name) is not None:
-                fp[name] = getattr(self, name)
+        fp.update({k: getattr(self, k) for k in _STEP_FIELDS if getattr(self, k) is not None})
         if self.change is not None:
             fp["change"] = self.change.describe()
         if not plain and self.resolvable:
@@ -480,11 +456,8 @@ class StaticMixtureWorkSource:
 
     @property
     def switch_positions(self) -> tuple[int, ...]:
-        """Positions where the weights jump: a step schedule's points after the first, and, under a
-        changed plan, the old plan's jumps before the change (not a ramp's pieces, nor the change).
-
-        A shuffle empties its buffer at each (see ``zephon.ops.Shuffle.drains``).
-        """
+        """Positions where the weights jump (a shuffle drains at each): a step schedule's points
+        after the first and, under a changed plan, the old plan's jumps before the change."""
         start = self.change.position if self.change is not None else 0
         kept = tuple(p for p in self.change.switches if p < start) if self.change is not None else ()
         m = self.mixture
@@ -499,11 +472,8 @@ class StaticMixtureWorkSource:
 
     @property
     def piece_positions(self) -> list[tuple[int, dict[str, float]]]:
-        """``(position, weights)`` of every stretch of constant schedule weights (a ramp's pieces too).
-
-        The weights are the schedule's, in its unit (what ``ensure_mixture`` aims at), without
-        redistributions and plan changes; a static mixture is one piece at 0.
-        """
+        """``(position, weights)`` of every stretch of constant schedule weights (ramp pieces
+        too), in the schedule's unit, without redistributions and plan changes."""
         return self._resolved[4]
 
 
@@ -517,9 +487,8 @@ def _inverse_block(key: int, lanes: int, block: int) -> tuple[int, ...]:
 
 @functools.lru_cache(maxsize=256)
 def _layout(d: Any, shuffle: bool, key: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-    """Dataset ``d``'s shard order in ``epoch`` and the first position of each shard in it (16 bytes a
-    shard), under the source's ``shuffle_shards`` and key. Keyed by the dataset object, not the
-    source, so the sources of one run (each rank's, each rebuild's) share one copy."""
+    """Dataset ``d``'s shard order in ``epoch`` and each shard's first position; cached by dataset
+    object, so all sources of one run share one copy."""
     sizes = d.shard_rows
     if shuffle and len(sizes) > 1:
         order = permutation(len(sizes), fold_in(key, "shards", d.name, epoch))
