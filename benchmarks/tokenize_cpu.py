@@ -14,8 +14,8 @@ operator receives in a pipeline):
 
 A way's tokens are the documents' ids plus one EOS each. Each way also reports the CPU of its
 encoder's threads (the Rayon pool: every thread alive at the end but the calling one, read from
-``/proc/self/task``; Linux), so the CPU spent outside the encoder is the rest. Two CPU figures are taken with
-``time.process_time`` (every thread of the process): *whole*, from the process start (imports,
+``/proc/self/task``; Linux), so the CPU spent outside the encoder is the rest. Two CPU figures are
+taken with ``time.process_time`` (every thread of the process): *whole*, from the process start (imports,
 loading and the first build included), and *encode*, the encoding loop only (for the recipe:
 from the pipeline's build, after the imports, to its last batch). Ratios are the bare
 way's CPU per token over the way's, taken per round, and the table shows their medians.
@@ -49,16 +49,19 @@ import _common as C  # noqa: E402
 WAYS = ("bare", "tokenizers", "tiktoken", "recipe")
 
 
-def _threads_cpu() -> dict[int, float]:
-    """CPU seconds of each live thread of this process, by thread id (Linux; else ``{}``)."""
-    out = {}
+def _encoder_cpu(main: int) -> float:
+    """CPU seconds of every thread alive at the end but the calling one (Linux; else 0): the
+    encoder's pool and, for the recipe, any pipeline thread still running (its read-ahead thread
+    has ended by then)."""
+    total = 0.0
     for task in Path("/proc/self/task").glob("*"):
         try:
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return out
+        if int(task.name) != main:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _recipe(tokenizer: str, folder: str) -> tuple[int, float]:
@@ -103,12 +106,6 @@ def child(way: str, tokenizer: str, corpus: str, per_call: int, max_docs: int, p
         tokens = sum(len(o["input_ids"]) for call in payloads for out in op.apply_many(call) for o in out)
     end = time.process_time()
     return {"tokens": tokens, "whole": end, "encode": end - t, "encoder": _encoder_cpu(main)}
-
-
-def _encoder_cpu(main: int) -> float:
-    """CPU of every thread alive at the end but the calling one: the encoder's pool and, for the
-    recipe, any pipeline thread still running (its read-ahead thread has ended by then)."""
-    return sum(cpu for tid, cpu in _threads_cpu().items() if tid != main)
 
 
 def _copies(corpus: Path, passes: int, into: str) -> str:
