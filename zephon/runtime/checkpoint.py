@@ -67,6 +67,18 @@ def _counts(x: Any) -> bool:
     return isinstance(x, (list, tuple)) and all(_is_int(v) and v >= 0 for v in x)
 
 
+def _skip_pairs(value: Any) -> bool:
+    """Whether ``value`` holds ``[first step, count]`` int pairs, increasing, not overlapping."""
+    if not isinstance(value, (list, tuple)):
+        return False
+    end = 0
+    for pair in value:
+        if not (_counts(pair) and len(pair) == 2 and pair[0] >= end and pair[1] >= 1):
+            return False
+        end = pair[0] + pair[1]
+    return True
+
+
 #: Per field of a lane state: whether a value is valid, and what it must be.
 _FIELD_CHECKS = {
     "source": (lambda v: _counts(v) and len(v) == 2, "be [work chunk, offset], two ints >= 0"),
@@ -78,6 +90,8 @@ _FIELD_CHECKS = {
     "mixture": (lambda v: _counts(v) and not len(v) % 2,
                 "be [samples, tokens] per dataset, ints >= 0"),
     "skipped": (lambda v: isinstance(v, (list, tuple)), "be a list of skip logs, one per dataset"),
+    "skipped_steps": (_skip_pairs, "list [first step, count] pairs of ints (count >= 1) in "
+                      "increasing order"),
 }
 
 
@@ -111,26 +125,6 @@ def check_lane_state(lane: int, state: Any, *, require_checksum: bool = True) ->
     for name, (valid, what) in _FIELD_CHECKS.items():
         if name in state and not valid(state[name]):
             raise ValueError(f"lane {lane}: field {name!r} must {what}, got {_short(state[name])}")
-    if "skipped_steps" in state:
-        check_skipped_steps_field(lane, state["skipped_steps"])
-
-
-def check_skipped_steps_field(lane: int, value: Any) -> None:
-    """Raise unless ``value`` holds ``[first step, count]`` int pairs (count >= 1), in increasing
-    order and not overlapping."""
-    ok = isinstance(value, (list, tuple))
-    end = 0
-    for pair in value if ok else ():
-        ok = (isinstance(pair, (list, tuple)) and len(pair) == 2
-              and all(_is_int(x) for x in pair) and pair[0] >= end and pair[1] >= 1)
-        if not ok:
-            break
-        end = pair[0] + pair[1]
-    if not ok:
-        raise ValueError(
-            f"lane {lane}: field 'skipped_steps' must list [first step, count] pairs of ints (count >= 1) in "
-            f"increasing order, got {value!r}"
-        )
 
 
 def _lane_id(key: Any, lanes: int | None, where: str) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import time
 import warnings
-from collections import deque
+from collections import Counter, deque
 from typing import Any, Iterator
 
 from .checkpoint import build, checkpoint_to_state_dict, select_lanes, state_dict_to_checkpoint, validate
@@ -19,7 +19,6 @@ from .distributed import Topology, all_ranks_have, distributed_group
 from .inline_executor import InlineExecutor
 from .process_executor import ProcessExecutor
 from .thread_executor import ThreadExecutor
-from ..training.fields import payload_length
 from .lanes import Plan
 from ..core.log import get_logger
 from .options import Options
@@ -27,25 +26,14 @@ from ..core.records import SampleBatch
 from .keyframes import from_keyframe, latest_keyframe, save_keyframe
 from .skip_steps import SkippedSteps, check_count, encode_skips, skips_of
 from .bad_records import skip_report
-from .stats import Deliveries, format_stats, mixture_report, summarize, summary_line
+from .stats import Deliveries, format_stats, items_size, mixture_report, summarize, summary_line
 
 log = get_logger("loader")
 
 
 def output_size(out: Any) -> tuple[int, int]:
     """``(records, tokens)`` of one lane output (a record or a batch of records)."""
-    records = out.records if isinstance(out, SampleBatch) else (out,)
-    tokens = 0
-    for rec in records:
-        meta = rec.meta
-        if meta.segments and all(s.end >= 0 for s in meta.segments):
-            tokens += meta.num_tokens
-        else:
-            try:
-                tokens += payload_length(rec.payload) - meta.padding_length
-            except (TypeError, ValueError):
-                pass  # a payload without tokens has none to count
-    return len(records), tokens
+    return items_size((out,))
 
 
 def restored_lanes(plan: Plan, topology: Topology, options: Options, checkpoint: Any) -> dict[int, Any]:
@@ -106,7 +94,7 @@ class Loader(Iterator[Any]):
         self._deliveries = Deliveries()
         self._skips = skips_of(encoded) if encoded else ()  # (first step, count) of every skip of the run
         # skip_steps() since the start; from_keyframes: the skipped steps a keyframe restore passed over
-        self._skipped = {"steps": 0, "from_keyframes": 0, "outputs": 0, "discarded": 0, "seconds": 0.0}
+        self._skipped = Counter(steps=0, from_keyframes=0, outputs=0, discarded=0, seconds=0.0)
         self._next_log = opts.log_every or 0
         topo = self.topology
         where = f"{opts.workers} worker process(es)" if opts.workers else ("a background thread" if opts.thread else "the calling thread")
@@ -170,7 +158,8 @@ class Loader(Iterator[Any]):
         d.end_wait(waited)
         if self._next_log and d.outputs >= self._next_log * len(self.delivered):
             self._next_log += self.options.log_every
-            log.info("%s", summary_line(self._light_stats()))
+            light = summarize(operators={}, meter=None, deliveries=d)
+            log.info("%s", summary_line({"complete_steps": self.next_step, **light}))
 
     def steps(self, *, concat: bool = False) -> Iterator[Any]:
         """Iterate by optimizer step: this rank's microbatches of each global step, in lane order
@@ -233,12 +222,10 @@ class Loader(Iterator[Any]):
         end = min(reached.values())
         done = SkippedSteps(first, n, end if end < first + n else None, discarded, seconds, keyframe)
         self._skips += ((first, n),)
-        c = self._skipped
-        c["steps"] += n
-        c["outputs"] += sum(reached.values()) - first * len(reached)
-        c["discarded"] += discarded
-        c["from_keyframes"] += 0 if keyframe is None else keyframe - first
-        c["seconds"] += seconds
+        self._skipped.update(
+            steps=n, outputs=sum(reached.values()) - first * len(reached), discarded=discarded,
+            from_keyframes=0 if keyframe is None else keyframe - first, seconds=seconds,
+        )
         log.info("%s in %.2f s; %d outputs read ahead dropped", done, seconds, discarded)
         if done.ended_at is not None:
             warnings.warn(
@@ -316,8 +303,7 @@ class Loader(Iterator[Any]):
         """End of data: keep the delivered states, count what was produced and not delivered, stop."""
         self.finished = True
         ex = self.executor
-        if self._final_states is None:
-            self._final_states = ex.lane_states()
+        self._final_states = ex.lane_states()
         for out in self._unyielded:
             self._count_undelivered(out)
         live = [lane for lane in self._pulled if lane not in self.ended]
@@ -328,31 +314,16 @@ class Loader(Iterator[Any]):
                     live.remove(lane)
                 else:
                     self._count_undelivered(out)
-        if self._final_reports is None:
-            self._final_reports = ex.reports()
-            self._final_meters = ex.meters()
+        self._final_reports, self._final_meters = ex.reports(), ex.meters()
         ex.close(read_final=False)
         outputs, records, tokens = self._undelivered_totals()
         log.info(
             "end of data after %d complete steps: %d outputs delivered, %d produced and not delivered (%d records, %d tokens)",
             min(self.delivered.values()), sum(self.delivered.values()), outputs, records, tokens,
         )
-        self._warn_undelivered()
-
-    def _count_undelivered(self, out: Any) -> None:
-        counts = self._undelivered[out_lane(out)]
-        for i, n in enumerate((1, *output_size(out))):
-            counts[i] += n
-
-    def _undelivered_totals(self) -> tuple[int, int, int]:
-        """Outputs, records and tokens produced and not delivered, over this rank's lanes."""
-        return tuple(sum(c[i] for c in self._undelivered.values()) for i in range(3))  # type: ignore[return-value]
-
-    def _warn_undelivered(self) -> None:
-        outputs, records, tokens = self._undelivered_totals()
-        empty = [lane for lane, n in self.ended.items() if n == 0]
         if not outputs:
             return
+        empty = [lane for lane, n in self.ended.items() if n == 0]
         lanes = [lane for lane, c in self._undelivered.items() if c[0]]
         msg = (
             f"end of data: {outputs} output(s) ({records} records, {tokens} tokens) of lanes {lanes} were produced "
@@ -368,7 +339,16 @@ class Loader(Iterator[Any]):
             "data-parallel size), use an endless source (exhausted_policy='repeat') with a fixed step count, or "
             "lower canonical_replicas. stats()['undelivered'] has the counts per lane."
         )
-        warnings.warn(msg, RuntimeWarning, stacklevel=5)
+        warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+    def _count_undelivered(self, out: Any) -> None:
+        counts = self._undelivered[out_lane(out)]
+        for i, n in enumerate((1, *output_size(out))):
+            counts[i] += n
+
+    def _undelivered_totals(self) -> tuple[int, int, int]:
+        """Outputs, records and tokens produced and not delivered, over this rank's lanes."""
+        return tuple(sum(c[i] for c in self._undelivered.values()) for i in range(3))  # type: ignore[return-value]
 
     def checkpoint(self) -> dict[str, Any]:
         """This rank's lane states after the last output delivered, keyed by global lane id (merge
@@ -437,11 +417,6 @@ class Loader(Iterator[Any]):
     def stats_table(self) -> str:
         """:meth:`stats` rendered as a plain-text report (print it)."""
         return format_stats(self.stats())
-
-    def _light_stats(self) -> dict[str, Any]:
-        """The loader-side sections of :meth:`stats` (no round trip to workers)."""
-        d = summarize(operators={}, meter=None, deliveries=self._deliveries)
-        return {"complete_steps": self.next_step, **d}
 
 
 def out_lane(out: Any) -> int:

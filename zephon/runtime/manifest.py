@@ -169,7 +169,9 @@ def explain(checkpoint_fp: Any, fingerprint: Any, diffs: list[tuple[str, str, st
         of = f"dataset {old.get('name')!r}: " if isinstance(old, Mapping) and "name" in old else ""
         old_list, new_list = lookup.shards(old), _entries(new)
         if old_list is None or new_list is None:
-            said.append(f"{of}{_counts_changed(old, new)}; {lookup.missing(new_list is None)}")
+            sizes = f"({_size(old)} in the checkpoint; {_size(new)} now)"
+            missing = lookup.missing(new_list is None)
+            said.append(f"{of}the data differs from the checkpoint's {sizes}; {missing}")
             continue
         older = older or any("mtime_ns=" in str(s.get("identity")) for s in old_list)
         said.append(of + _shards_changed(old_list, new_list))
@@ -228,21 +230,13 @@ class _Lookup:
         )
 
 
-def _size(entry: Mapping[str, Any]) -> str:
+def _size(entry: Any) -> str:
+    """A dataset's fingerprint entry in words: shards, rows, bytes, digest."""
+    if isinstance(entry, Mapping) and isinstance(entry.get("shards"), list):
+        entry = summarize(entry)
+    entry = entry if isinstance(entry, Mapping) else {}
     total = f", {entry.get('bytes')} bytes" if entry.get("bytes") is not None else ""
     return f"{entry.get('shards')} shards, {entry.get('rows')} rows{total}, digest {_short(entry.get('digest'))}"
-
-
-def _counts_changed(old: Any, new: Any) -> str:
-    was, now = _size(_summary(old)), _size(_summary(new))
-    return f"the data differs from the checkpoint's ({was} in the checkpoint; {now} now)"
-
-
-def _summary(entry: Any) -> Mapping[str, Any]:
-    """A dataset's fingerprint entry as a summary."""
-    if isinstance(entry, Mapping) and isinstance(entry.get("shards"), list):
-        return summarize(entry)
-    return entry if isinstance(entry, Mapping) else {}
 
 
 def _short(identity: Any) -> str:
