@@ -24,6 +24,7 @@ from ..core.keys import fold_in, seed_key
 from .readahead import ReadAhead, per_record_prefix
 from ..core.records import UNRESOLVED, Meta, Record, SampleBatch, Segment, meta_from_ints, reference
 from ..core.state import decode as decode_struct, encode_outputs, keep_references, output_ref, references, resolve
+from .checkpoint import check_lane_state
 from .bad_records import decode_reading, naming_operator, note_skips, reading_logged, unreadable
 from .stats import Meter, items_size, mixture_counts
 from ..core.bad_records import Failure, SkipLog
@@ -73,7 +74,10 @@ class Driven(Operator):
     meter: Any = None
 
     def step(self, state: Any, chunk: Sequence[Any]) -> tuple[Any, list]:
-        chunk = self._resolved(chunk)
+        if any(type(r) is Record and r.payload is UNRESOLVED for r in chunk):
+            holder = self.plan.chain.names[self.index - 1] if self.index else "source"
+            with _restoring(self.lane, holder):
+                chunk = resolve(list(chunk), self.plan.resolver_at(self.lane, self.index))
         t0 = time.perf_counter()
         name = self.plan.chain.names[self.index]
         with naming_operator(name):
@@ -90,13 +94,6 @@ class Driven(Operator):
         if self.meter is not None and out:
             self.meter.add(self.index, (0, 0), items_size(out), time.perf_counter() - t0)
         return new, out
-
-    def _resolved(self, chunk: Sequence[Any]) -> Sequence[Any]:
-        if not any(type(r) is Record and r.payload is UNRESOLVED for r in chunk):
-            return chunk
-        holder = self.plan.chain.names[self.index - 1] if self.index else "source"
-        with _restoring(self.lane, holder):
-            return resolve(list(chunk), self.plan.resolver_at(self.lane, self.index))
 
 
 @attrs.frozen(eq=False)
@@ -282,7 +279,7 @@ class Plan:
 
     def meter(self) -> Meter:
         """Fresh runtime counters for this plan's operators and datasets."""
-        return Meter(self.chain.names, len(getattr(self.source, "datasets", ())))
+        return Meter(self.chain.names, len(self.source.datasets))
 
     def reports(self, state: LaneState) -> dict[str, dict[str, int]]:
         """Each operator's counters (drops, rows, ...) for one lane state."""
@@ -383,8 +380,6 @@ class Plan:
 
     def _check_state(self, lane: int, data: Any) -> tuple[SourceState, list, tuple[int, ...]]:
         """What :meth:`decode` checks without operators: checksum, cursor, references, counters."""
-        from .checkpoint import check_lane_state
-
         if isinstance(lane, bool) or not isinstance(lane, int):
             raise ValueError(f"lane ids are ints, got {lane!r}")
         self._check_lane(lane)
@@ -403,11 +398,8 @@ class Plan:
 
     def _check_cursor(self, lane: int, source: SourceState, done: bool) -> None:
         """The cursor is one the lane reaches, and ``done`` says whether it is at the end."""
-        check = getattr(self.source, "check_cursor", None)
-        if check is None:
-            return
         try:
-            check(source, self.lanes, lane)
+            self.source.check_cursor(source, self.lanes, lane)
         except ValueError as exc:
             raise ValueError(f"lane {lane}: field 'source': {exc}") from None
         # Only the initial cursor can sit at the end of a lane not done (a lane without data).
@@ -513,12 +505,12 @@ def _restoring(lane: int, operator: str | None = None) -> Iterator[None]:
         raise ValueError(f"lane {lane}: {where}: {exc}") from exc
 
 
-def _decode_ref(ref: Any, batches: bool | None = None, where: str = "a pending output") -> Any:
-    """A pending output's reference: a flat meta, or a batch (``batches``: which; ``None``: either)."""
+def _decode_ref(ref: Any, batches: bool, where: str) -> Any:
+    """A pending output's reference: a flat meta, or a batch (``batches``: which)."""
     if not isinstance(ref, (list, tuple)) or not ref:
         raise ValueError(f"{where}: an output reference is a non-empty list, got {ref!r}")
     is_batch = not isinstance(ref[0], int) or isinstance(ref[0], bool)
-    if batches is not None and is_batch != batches:
+    if is_batch != batches:
         want = "a batch (a list of record references)" if batches else "one record reference [lane, padding, ...]"
         raise ValueError(f"{where}: the pipeline outputs {'batches' if batches else 'records'}, so each reference is {want}, got {ref!r}")
     try:

@@ -11,10 +11,10 @@ from typing import Any
 
 import attrs
 
+from ..sources.storage import io_options
+
 
 def _io_options(value: Any) -> Any:
-    from ..sources.storage import io_options
-
     return None if value is None else io_options(value)
 
 

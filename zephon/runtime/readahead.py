@@ -16,6 +16,7 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any, NamedTuple, Sequence
 
+from ..core.operator import StatelessOp
 from ..text.tokenizer import EXTRA_ENCODER_THREADS
 from .bad_records import unreadable
 from .stats import items_size
@@ -27,8 +28,6 @@ THREAD_NAME = "zephon-read-ahead"
 def per_record_prefix(chain: Any) -> int:
     """How many leading children of ``chain`` are plain per-record operators (``StatelessOp.step``),
     whose work does not depend on their state."""
-    from ..core.operator import StatelessOp
-
     n = 0
     for _, op in chain.children:
         if not isinstance(op, StatelessOp) or type(op).step is not StatelessOp.step:

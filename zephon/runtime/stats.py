@@ -217,10 +217,7 @@ def mixture_report(source: Any, counts_by_lane: dict[int, Sequence[int]]) -> dic
     names = source.names
     n = len(names)
     rows = [getattr(d, "num_rows", 0) for d in source.datasets]
-    total = [0] * (2 * n)
-    for counts in counts_by_lane.values():
-        for i, c in enumerate(counts):
-            total[i] += c
+    total = [sum(column) for column in zip(*counts_by_lane.values())] or [0] * (2 * n)
     try:
         target = source.target_at(sum(total[0::2]))
     except (ValueError, AttributeError, TypeError):
