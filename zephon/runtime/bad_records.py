@@ -43,14 +43,6 @@ def forward_warnings(send: Callable[[str], None]) -> None:
     _forward[:] = [send]
 
 
-def warn_skipped(text: str) -> None:
-    """Warn ``text`` as a :class:`SkippedRecordWarning` (worker processes forward it)."""
-    if _forward:
-        _forward[0](text)
-    else:
-        warnings.warn(text, SkippedRecordWarning, stacklevel=3)
-
-
 def note_skips(plan: Any, place: str, before: SkipLog | None, after: SkipLog | None) -> None:
     """Warn about the skips ``after`` holds beyond ``before`` (the same place's logs), by :data:`WARN_EVERY`."""
     if after is None or after.last is None or (before is not None and before.last is after.last):
@@ -63,11 +55,15 @@ def note_skips(plan: Any, place: str, before: SkipLog | None, after: SkipLog | N
         return
     listed = len(before.listed) if before is not None else 0
     first = after.listed[listed] if listed < len(after.listed) else after.last  # the first new skip, if listed
-    warn_skipped(
+    text = (
         f"{place}: skipped {plan.describe(first.meta)} ({first.cause}: {first.message}), as on_error='skip' asks; "
         f"{old + new} record(s) skipped there in this process so far (one warning per {WARN_EVERY}). "
         "loader.stats()['skipped'] counts and lists them; max_skipped= turns a flood of them into an error"
     )
+    if _forward:  # a worker or a replay
+        _forward[0](text)
+    else:
+        warnings.warn(text, SkippedRecordWarning, stacklevel=2)
 
 
 @contextlib.contextmanager

@@ -385,7 +385,17 @@ class Plan:
         self._check_lane(lane)
         check_lane_state(lane, data, require_checksum=False)
         source = SourceState(*data["source"])
-        self._check_cursor(lane, source, data["done"])
+        try:
+            self.source.check_cursor(source, self.lanes, lane)
+        except ValueError as exc:
+            raise ValueError(f"lane {lane}: field 'source': {exc}") from None
+        # Only the initial cursor can sit at the end of a lane not done (a lane without data).
+        done, at_end = data["done"], self.source.lane_range(self.lanes, lane, source.chunk) is None
+        if done != at_end and (done or (source.chunk, source.offset) != (0, 0)):
+            raise ValueError(
+                f"lane {lane}: field 'done' is {str(done).lower()} but the source cursor "
+                f"{[source.chunk, source.offset]} is {'inside' if done else 'at the end of'} the lane's data"
+            )
         batches = bool(self.chain.children) and self.chain.children[-1][1].kind == "batch"
         refs = [_decode_ref(r, batches, f"lane {lane}: field 'pending[{i}]'") for i, r in enumerate(data["pending"])]
         counts = data["mixture"]
@@ -395,25 +405,6 @@ class Plan:
                 "datasets (two counters each: samples, tokens)"
             )
         return source, refs, tuple(counts)
-
-    def _check_cursor(self, lane: int, source: SourceState, done: bool) -> None:
-        """The cursor is one the lane reaches, and ``done`` says whether it is at the end."""
-        try:
-            self.source.check_cursor(source, self.lanes, lane)
-        except ValueError as exc:
-            raise ValueError(f"lane {lane}: field 'source': {exc}") from None
-        # Only the initial cursor can sit at the end of a lane not done (a lane without data).
-        at_end = self.source.lane_range(self.lanes, lane, source.chunk) is None
-        if done and not at_end:
-            raise ValueError(
-                f"lane {lane}: field 'done' is true but the source cursor {[source.chunk, source.offset]} is inside the "
-                "lane's data"
-            )
-        if not done and at_end and (source.chunk, source.offset) != (0, 0):
-            raise ValueError(
-                f"lane {lane}: field 'done' is false but the source cursor {[source.chunk, source.offset]} is at the "
-                "end of the lane's data"
-            )
 
     def _checked_resolver(self, lane: int, then: Resolver | None = None) -> Resolver:
         """:meth:`resolve_source` (or ``then``) for ``lane``, refusing before any read a reference

@@ -24,7 +24,7 @@ from ..core.log import get_logger
 from .options import Options
 from ..core.records import SampleBatch
 from .keyframes import from_keyframe, latest_keyframe, save_keyframe
-from .skip_steps import SkippedSteps, check_count, encode_skips, skips_of
+from .skip_steps import SkippedSteps, check_count, skips_of
 from .bad_records import skip_report
 from .stats import Deliveries, format_stats, items_size, mixture_report, summarize, summary_line
 
@@ -363,7 +363,7 @@ class Loader(Iterator[Any]):
 
     def _with_skips(self, encoded: dict[str, Any]) -> dict[str, Any]:
         """An encoded lane state with the run's ``skipped_steps`` field, once there are some."""
-        return {**encoded, "skipped_steps": encode_skips(self._skips)} if self._skips else encoded
+        return {**encoded, "skipped_steps": [[a, n] for a, n in self._skips]} if self._skips else encoded
 
     def _delivered_states(self) -> dict[int, Any]:
         """The encoded lane states after the last output delivered (what a checkpoint holds)."""

@@ -120,7 +120,6 @@ class ProcessExecutor:
                 f"a module-level function, not a lambda or closure ({type(exc).__name__}: {exc})"
             ) from exc
         n = max(1, min(workers, len(lanes)))
-        self.plan = plan
         self.lanes = list(lanes)
         self.owner: dict[int, int] = {lane: i % n for i, lane in enumerate(lanes)}  # lanes w, w+n, ... of the block
         self.conns: list = []

@@ -223,8 +223,7 @@ def worker_main(conn, idle_s: float | None = None, main: str | None = None) -> N
                         uncount(plan, history[lane], count, target)
                     states[lane] = history[lane][-1][1]
                     if lane not in ended and states[lane].delivered < target:
-                        if skip_lanes(plan, states, {lane: target}, meter, ahead):
-                            ended.add(lane)
+                        ended |= skip_lanes(plan, states, {lane: target}, meter, ahead)
                         with kept:
                             history[lane] = deque([(states[lane].delivered, states[lane])])
                     with kept:

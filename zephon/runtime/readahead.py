@@ -39,7 +39,6 @@ def per_record_prefix(chain: Any) -> int:
 class Prepared(NamedTuple):
     """One lane's next chunk, read and run through the chain's per-record operators."""
 
-    key: tuple[Any, int]  # (source state read from, read size)
     source: Any  # the source state after the read
     pointers: list
     exhausted: bool
@@ -211,9 +210,9 @@ def prepare(plan: Any, wanted: Sequence[tuple[int, tuple[Any, int]]]) -> list[Pr
             sizes[j].append(items_size(done.outputs))
         seconds.append(time.perf_counter() - t)
     prepared = []
-    for j, ((_, key), (after, pointers, exhausted, inputs, failed)) in enumerate(zip(wanted, reads)):
+    for j, (after, pointers, exhausted, inputs, failed) in enumerate(reads):
         share = len(inputs) / n_total
         times = tuple(s * share for s in seconds)
-        prepared.append(Prepared(key, after, pointers, exhausted, inputs, items[j], tuple(applied[j]), tuple(sizes[j]),
+        prepared.append(Prepared(after, pointers, exhausted, inputs, items[j], tuple(applied[j]), tuple(sizes[j]),
                                  times, read_s * share, failed))
     return prepared

@@ -80,11 +80,6 @@ def without_counts(state: LaneState, ahead: LaneState, base: LaneState, datasets
     return msgspec.structs.replace(state, mixture=tuple(c - d for c, d in zip(counts, delta)))
 
 
-def encode_skips(skips: Sequence[tuple[int, int]]) -> list[list[int]]:
-    """The ``skipped`` field of a lane state: ``[[first step, count], ...]`` in order."""
-    return [[int(first), int(count)] for first, count in skips]
-
-
 def skips_of(encoded: Mapping[int, Any]) -> tuple[tuple[int, int], ...]:
     """The skips recorded in restored lane states (ValueError if lanes record different ones)."""
     found = {lane: tuple((int(a), int(b)) for a, b in data.get("skipped_steps", ())) for lane, data in encoded.items()}

@@ -71,11 +71,7 @@ def _rebuild_batch(records: list, metas: bytes, pad_token_id: Any) -> SampleBatc
     out = []
     for (keys, values, arrays), meta in zip(records, _META_DECODER.decode(metas)):
         for i, dtype, shape in arrays:
-            buf = values[i]
-            if isinstance(buf, memoryview):  # read-only in the sender: a read-only view of the received bytearray
-                buf = buf.obj
-            array = np.frombuffer(buf, dtype=dtype)
-            values[i] = array if len(shape) == 1 else array.reshape(shape)
+            values[i] = _frombuffer(values[i], dtype, shape, "C")
         out.append(Record(dict(zip(keys, values)), meta))
     return SampleBatch(tuple(out), pad_token_id)
 
@@ -94,10 +90,13 @@ class _Unpickler(pickle.Unpickler):
 
 
 def _frombuffer(buf: Any, dtype: np.dtype, shape: tuple[int, ...], order: str, axis_order: Any = None) -> np.ndarray:
-    """numpy's ``_frombuffer`` over a received bytearray (or a read-only view of one), writable."""
+    """numpy's ``_frombuffer`` over a received bytearray, writable (an array read-only in the sender
+    arrives as a read-only view of one)."""
     if isinstance(buf, memoryview) and isinstance(buf.obj, bytearray):
         buf = buf.obj
     array = np.frombuffer(buf, dtype=dtype)
+    if len(shape) == 1:
+        return array
     if order == "K" and axis_order is not None:
         return array.reshape(shape, order="C").transpose(axis_order)
     return array.reshape(shape, order=order)
