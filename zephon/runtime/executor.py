@@ -11,6 +11,7 @@ import multiprocessing as mp
 import signal
 import threading
 from multiprocessing import spawn
+import time
 from typing import Any, Iterator
 
 
@@ -95,6 +96,29 @@ def closed_error() -> RuntimeError:
         "this executor was closed; checkpoint() still works. Call restore(checkpoint) on the loader to "
         "resume it, or iter(pipeline) for a new one"
     )
+
+
+#: How long :func:`shutdown` waits for workers to exit on their own before it terminates them.
+_STOP_GRACE_S = 0.2
+
+
+def shutdown(conns: list, procs: list) -> None:
+    """Stop worker processes: ask, then past a short grace terminate (they hold nothing to flush)."""
+    for conn in conns:
+        with contextlib.suppress(Exception):
+            conn.send(("stop",))
+    grace = time.monotonic() + _STOP_GRACE_S
+    for proc in procs:
+        proc.join(timeout=max(0.0, grace - time.monotonic()))
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=2)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    for conn in conns:
+        with contextlib.suppress(Exception):
+            conn.close()
 
 
 @contextlib.contextmanager

@@ -118,18 +118,15 @@ class Plan:
         return [Record(p, Meta(lane, (Segment(d, s, r, 0, 0, -1),), 0)) for p, (d, s, r) in zip(payloads, pointers)]
 
     def resolve_source(self, metas: Sequence[Meta]) -> list[Record]:
-        """Rebuild sample-level records from their metas (the chain's input resolver)."""
-        by_lane: dict[int, list[int]] = defaultdict(list)
-        for i, m in enumerate(metas):
+        """Rebuild sample-level records from their metas, all of one lane (the chain's input
+        resolver, behind :meth:`_checked_resolver`)."""
+        for m in metas:
             if len(m.segments) != 1 or m.segments[0].child != 0 or m.segments[0].end != -1:
                 raise ValueError(f"not a source sample reference: {m!r}")
-            by_lane[m.lane].append(i)
-        out: list[Any] = [None] * len(metas)
-        for lane, idx in by_lane.items():
-            for i, rec in zip(idx, self.fetch(lane, [metas[i].segments[0].pointer for i in idx])):
-                if type(rec.payload) is Failure:  # a row read before cannot be decoded now
-                    raise ValueError(f"{self.describe(rec.meta)} no longer decodes: {rec.payload.message}")
-                out[i] = rec
+        out = self.fetch(metas[0].lane, [m.segments[0].pointer for m in metas]) if metas else []
+        for rec in out:
+            if type(rec.payload) is Failure:  # a row read before cannot be decoded now
+                raise ValueError(f"{self.describe(rec.meta)} no longer decodes: {rec.payload.message}")
         return out
 
     def init(self, lane: int) -> LaneState:

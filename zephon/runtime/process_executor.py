@@ -21,7 +21,7 @@ from collections import deque
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from .executor import WorkerError, closed_error, ignoring_sigint, start_context, without_main
+from .executor import WorkerError, closed_error, ignoring_sigint, shutdown, start_context, without_main
 from .lanes import Plan
 from .process_worker import replay_main
 from .standby import start_worker, take, threads_per_worker
@@ -32,8 +32,6 @@ from .wire import recv_message
 _POLL_S = 0.5
 #: How long ``close()`` waits for the workers' final states and counters (else they are replayed).
 _CLOSE_READ_S = 10.0
-#: How long close() waits for the workers to exit on their own before it terminates them.
-_STOP_GRACE_S = 0.2
 
 
 _SIGNAL_CAUSES = {
@@ -102,7 +100,7 @@ def _replay_elsewhere(plan_bytes: bytes, jobs: dict[int, tuple[Any, int, bool]])
             _, lane, enc, rep = msg
             got[lane] = (enc, rep)
     finally:
-        _shutdown([parent], [proc])
+        shutdown([parent], [proc])
     return got
 
 
@@ -141,7 +139,7 @@ class ProcessExecutor:
         # Skip replies: lane -> (outputs behind it, at its end, its encoded state).
         self._skipped: dict[int, tuple[int, bool, Any]] = {}
         self._meters: dict[int, Any] = {}  # per worker: its last runtime counters (sent with its reports)
-        self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
+        self._finalizer = weakref.finalize(self, shutdown, self.conns, self.procs)
         self._start_workers(n, credit, encoded)
 
     def _start_workers(self, n: int, credit: int, encoded: dict[int, Any] | None) -> None:
@@ -388,21 +386,3 @@ class ProcessExecutor:
         self.closed = True
         self._finalizer()
 
-
-def _shutdown(conns, procs) -> None:
-    for conn in conns:
-        with contextlib.suppress(Exception):
-            conn.send(("stop",))
-    # Past a short grace a worker is terminated (it holds nothing to flush).
-    grace = time.monotonic() + _STOP_GRACE_S
-    for proc in procs:
-        proc.join(timeout=max(0.0, grace - time.monotonic()))
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=2)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-    for conn in conns:
-        with contextlib.suppress(Exception):
-            conn.close()

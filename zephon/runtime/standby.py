@@ -19,7 +19,7 @@ import socket
 import threading
 from typing import Any, Sequence
 
-from .executor import ignoring_sigint, start_context, without_main
+from .executor import ignoring_sigint, shutdown, start_context, without_main
 from .process_worker import in_worker, worker_main
 
 #: Seconds a waiting worker stays without being given lanes before it exits.
@@ -121,14 +121,8 @@ def take(workers: int | None = None) -> list[tuple[Any, Any]]:
 
 def discard() -> None:
     """Stop every waiting worker now (they also exit on their own after :data:`IDLE_S`)."""
-    for proc, conn in take():
-        with contextlib.suppress(OSError):
-            conn.send(("stop",))
-            conn.close()
-        proc.join(timeout=5)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=2)
+    taken = take()
+    shutdown([conn for _, conn in taken], [proc for proc, _ in taken])
 
 
 def widen(conn: Any) -> None:
