@@ -340,22 +340,21 @@ def _merge(items: list[tuple[str, Any]]) -> dict[str, Any]:
     for label, ck in items:
         _check_document(ck, f"{label}: ")
     first_label, first = items[0]
-    lanes: dict[str, Any] = {}
-    owner: dict[str, str] = {}
+    lanes: dict[str, tuple[str, Any]] = {}  # lane id -> (the first checkpoint holding it, its state)
     reference = normalized(first["fingerprint"])
     for label, ck in items:
         diffs = fingerprint_diff(reference, normalized(ck["fingerprint"]))
         if diffs:
             raise ValueError(f"{label} was taken with different data settings than {first_label}: {diffs[:5]}")
         for lane, state in ck["lanes"].items():
-            if lane in lanes and lanes[lane] != state:
+            owner, held = lanes.setdefault(lane, (label, state))
+            if held != state:
                 raise ValueError(
-                    f"{owner[lane]} and {label} disagree on lane {lane}: were they taken at the same step on every rank? "
+                    f"{owner} and {label} disagree on lane {lane}: were they taken at the same step on every rank? "
                     "Call checkpoint() on all ranks after the same number of steps."
                 )
-            lanes[lane] = state
-            owner.setdefault(lane, label)
-    return {"format": first["format"], "fingerprint": first["fingerprint"], "lanes": _by_lane(lanes)}
+    states = _by_lane({lane: state for lane, (_, state) in lanes.items()})
+    return {"format": first["format"], "fingerprint": first["fingerprint"], "lanes": states}
 
 
 def _by_lane(lanes: dict[str, Any]) -> dict[str, Any]:

@@ -81,24 +81,20 @@ class Options:
         """New options with ``changes`` (``num_workers`` is accepted for ``workers``)."""
         if "num_workers" in changes:
             changes["workers"] = changes.pop("num_workers")
-        if "start_inline" in changes:
-            _start_inline(changes.pop("start_inline"))
+        if "start_inline" in changes:  # gone: True raises, False warns
+            inline = changes.pop("start_inline")
+            if inline is not False:
+                raise ValueError(
+                    f"options: start_inline={inline!r} is not supported: with workers > 0 the workers run their lanes from "
+                    "iter() on, so user code never runs in this process (their fork server starts at options(workers=N), "
+                    "so the first batch waits for it only briefly). Drop start_inline; for the lanes in this process use "
+                    "workers=0 (thread=True runs them ahead in a background thread)"
+                )
+            warnings.warn("options: start_inline=False is what workers > 0 always does; drop the argument",
+                          DeprecationWarning, stacklevel=3)
         known = [f.name for f in attrs.fields(Options)]
         unknown = sorted(set(changes) - set(known))
         if unknown:
             raise TypeError(f"options: unknown option(s) {unknown}; known: {known}")
         return attrs.evolve(self, **changes)
 
-
-def _start_inline(value: Any) -> None:
-    """``start_inline`` is gone: ``True`` raises, ``False`` warns."""
-    if value is not False:
-        raise ValueError(
-            f"options: start_inline={value!r} is not supported: with workers > 0 the workers run their lanes from "
-            "iter() on, so user code never runs in this process (their fork server starts at options(workers=N), "
-            "so the first batch waits for it only briefly). Drop start_inline; for the lanes in this process use "
-            "workers=0 (thread=True runs them ahead in a background thread)"
-        )
-    warnings.warn(
-        "options: start_inline=False is what workers > 0 always does; drop the argument", DeprecationWarning, stacklevel=4
-    )
