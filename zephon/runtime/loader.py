@@ -391,12 +391,11 @@ class Loader(Iterator[Any]):
         """
         reports = self._final_reports if self._final_reports is not None else self.executor.reports()
         meters = self._final_meters if self._final_reports is not None else self.executor.meters()
-        ops: dict[str, dict[str, int]] = {}
+        summed: dict[str, Counter] = {}
         for lane_report in reports.values():
             for name, counters in lane_report.items():
-                agg = ops.setdefault(name, {})
-                for k, v in counters.items():
-                    agg[k] = agg.get(k, 0) + v
+                summed.setdefault(name, Counter()).update(counters)
+        ops = {name: dict(counters) for name, counters in summed.items()}
         names = ("outputs", "records", "tokens")
         delivered_states = self._delivered_states()
         return {
