@@ -127,16 +127,6 @@ def check_lane_state(lane: int, state: Any, *, require_checksum: bool = True) ->
             raise ValueError(f"lane {lane}: field {name!r} must {what}, got {_short(state[name])}")
 
 
-def _lane_id(key: Any, lanes: int | None, where: str) -> int:
-    """The lane id a ``lanes`` key names; keys are canonical decimal strings in ``[0, lanes)``."""
-    if not (isinstance(key, str) and key.isdigit() and key.isascii() and str(int(key)) == key):
-        raise ValueError(f"{where}lane id {key!r} is not a lane number: lanes are keyed by decimal strings ('0', '1', ...)")
-    lane = int(key)
-    if lanes is not None and lane >= lanes:
-        raise ValueError(f"{where}lane {lane} outside [0, {lanes}): the checkpoint's pipeline has {lanes} lanes")
-    return lane
-
-
 def _check_head(checkpoint: Any, where: str = "") -> None:
     """Raise unless ``checkpoint`` is a mapping with the fields of this format."""
     if not isinstance(checkpoint, dict):
@@ -158,8 +148,12 @@ def _check_document(checkpoint: Any, where: str = "", decoded_next: Iterable[int
     count = checkpoint["fingerprint"].get("lanes")
     count = count if _is_int(count) and count > 0 else None
     later = set(decoded_next)
-    for key, state in lanes.items():
-        lane = _lane_id(key, count, where)
+    for key, state in lanes.items():  # keyed by canonical decimal strings in [0, count)
+        if not (isinstance(key, str) and key.isdigit() and key.isascii() and str(int(key)) == key):
+            raise ValueError(f"{where}lane id {key!r} is not a lane number: lanes are keyed by decimal strings ('0', '1', ...)")
+        lane = int(key)
+        if count is not None and lane >= count:
+            raise ValueError(f"{where}lane {lane} outside [0, {count}): the checkpoint's pipeline has {count} lanes")
         if lane in later:
             continue
         try:

@@ -140,11 +140,7 @@ class Deliveries:
         records = out.records if isinstance(out, SampleBatch) else (out,)
         longest = tokens = 0
         for r in records:
-            segs = r.meta.segments
-            if len(segs) == 1 and segs[0].end < 0:  # a whole sample: its tokens are its payload's
-                n = record_tokens(r)
-            else:  # explicit token ranges (packed rows)
-                n = sum(s.end - s.start for s in segs if s.end >= 0)
+            n = record_tokens(r)
             tokens += n
             length = _length(r.payload)
             longest = max(longest, n if length is None else length)
