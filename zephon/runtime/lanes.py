@@ -377,8 +377,6 @@ class Plan:
 
     def _check_state(self, lane: int, data: Any) -> tuple[SourceState, list, tuple[int, ...]]:
         """What :meth:`decode` checks without operators: checksum, cursor, references, counters."""
-        if isinstance(lane, bool) or not isinstance(lane, int):
-            raise ValueError(f"lane ids are ints, got {lane!r}")
         self._check_lane(lane)
         check_lane_state(lane, data, require_checksum=False)
         source = SourceState(*data["source"])

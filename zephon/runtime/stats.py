@@ -263,22 +263,17 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 def format_stats(stats: Mapping[str, Any]) -> str:
     """Render ``Loader.stats()`` as a plain-text report (operators, delivery, drops, mixture)."""
-    lines: list[str] = []
     t = stats.get("throughput", {})
     p = stats.get("packing", {})
-    lines.append(
-        f"delivered: {stats.get('delivered', 0):,} outputs ({t.get('records', 0):,} records, {t.get('tokens', 0):,} tokens) "
-        f"in {stats.get('complete_steps', 0):,} complete steps"
-    )
     rate = t.get("tokens_per_s")
-    lines.append(
+    lines = [
+        f"delivered: {stats.get('delivered', 0):,} outputs ({t.get('records', 0):,} records, {t.get('tokens', 0):,} tokens) "
+        f"in {stats.get('complete_steps', 0):,} complete steps",
         f"throughput: {_num(rate)} tokens/s over {_num(t.get('seconds'))} s; the caller waited {_num(t.get('wait_seconds'))} s "
-        f"for data ({_pct(t.get('wait_fraction'))} of that time)"
-    )
-    lines.append(
+        f"for data ({_pct(t.get('wait_fraction'))} of that time)",
         f"packing: efficiency {_pct(p.get('efficiency'))} ({p.get('real_tokens', 0):,} real tokens in {p.get('slots', 0):,} slots; "
-        f"padding waste {_pct(p.get('padding_waste'))})"
-    )
+        f"padding waste {_pct(p.get('padding_waste'))})",
+    ]
     for name, b in stats.get("batching", {}).items():
         fill = f", budget fill {_pct(b['budget_fill'])}" if "budget_fill" in b else ""
         lines.append(
