@@ -219,8 +219,7 @@ def mixture_report(source: Any, counts_by_lane: dict[int, Sequence[int]]) -> dic
     except (ValueError, AttributeError, TypeError):
         target = {}
 
-    def block(counts: Sequence[int]) -> dict[str, Any]:
-        counts = list(counts) or [0] * (2 * n)
+    def block(counts: Sequence[int]) -> dict[str, Any]:  # every lane state counts each dataset
         samples, tokens = sum(counts[0::2]), sum(counts[1::2])
         return {
             name: {
