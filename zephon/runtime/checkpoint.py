@@ -195,7 +195,9 @@ def validate(fingerprint: dict[str, Any], checkpoint: Any, *, decoded_next: Iter
         changed = explain(checkpoint["fingerprint"], fingerprint, diffs)
         if changed is not None:
             raise ValueError(f"cannot restore: {changed}; these differ:\n{lines}{more}")
-        parts = sorted({_part(path) for path, _, _ in diffs})
+        # The parts of the pipeline that differ, by the first field of each path.
+        part = {"source": "plan", "operators": "processing", "lanes": "lane count"}
+        parts = sorted({part.get(re.split(r"[.\[]", path)[0], "settings") for path, _, _ in diffs})
         hint = (
             " To change the plan (mixture, schedule, datasets, ends) of a running job from a step "
             "on, use Pipeline.change_plan(new_source, from_step=k, checkpoint=...)."
@@ -270,12 +272,6 @@ def _refuse_undescribed(fingerprint: Any) -> None:
                 "for a key; change it whenever its output changes), "
                 "and resume from a checkpoint taken with that name"
             )
-
-
-def _part(path: str) -> str:
-    """The part of a pipeline a fingerprint path belongs to."""
-    parts = {"source": "plan", "operators": "processing", "lanes": "lane count"}
-    return next((v for k, v in parts.items() if path.startswith(k)), "settings")
 
 
 _ABSENT = object()  # a key that one fingerprint has and the other has not
