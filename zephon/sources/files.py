@@ -61,7 +61,7 @@ class FileIdentity:
         return f"{type(self).__name__}({self.shard_id!r}, rows={self.num_rows})"
 
 
-def open_cached(cache: ProcessCache, shard: Any, dataset: str, build: Callable[[os.stat_result], Any]) -> Any:
+def open_cached(cache: ProcessCache, shard: Any, dataset: str, build: Callable[[], Any]) -> Any:
     """The shard's open state in this process, checked against the file before each use (keyed by
     description, content and inode, so a replacing copy is opened again)."""
     st = shard.check_stat(dataset)
@@ -70,7 +70,7 @@ def open_cached(cache: ProcessCache, shard: Any, dataset: str, build: Callable[[
 
     def make() -> Any:
         shard.check_content(dataset)
-        return build(st)
+        return build()
 
     return cache.get(key, make)
 
@@ -83,8 +83,7 @@ class RemoteShard:
     builds the shard of the copy; ``by_ranges``: a byte-range reader, or ``None``.
     """
 
-    _fields = ("url", "shard_id", "size", "identity", "num_rows", "fs_key", "make", "by_ranges")
-    __slots__ = _fields
+    __slots__ = ("url", "shard_id", "size", "identity", "num_rows", "fs_key", "make", "by_ranges")
 
     def __init__(self, url: str, shard_id: str, size: int, identity: str, fs_key: tuple, make: Callable[[str, str], Any], num_rows: int = -1, by_ranges: Any = None):
         self.url, self.shard_id, self.size, self.identity = url, shard_id, size, identity

@@ -62,21 +62,9 @@ def _path_key(path: str) -> str:
 _warned_dirs: set[str] = set()
 
 
-def _warn_unwritable(folder: str, err: OSError) -> None:
-    if folder in _warned_dirs:
-        return
-    _warned_dirs.add(folder)
-    warnings.warn(
-        f"zephon cache folder {folder} cannot be written ({err.__class__.__name__}: {err}); keeping JSONL "
-        "indexes and decompressed shards in memory, so every process rebuilds them. Pass cache_dir= or set "
-        "ZEPHON_CACHE_DIR to a writable folder to build them once.",
-        RuntimeWarning,
-        stacklevel=4,
-    )
-
-
 def _atomic_write(target: str, write: Callable[[Any], None]) -> bool:
-    """Write ``target`` atomically; False if the folder is unwritable (other errors propagate)."""
+    """Write ``target`` atomically; False (one warning per folder) if the folder is unwritable
+    (other errors propagate)."""
     folder = os.path.dirname(target)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -86,7 +74,15 @@ def _atomic_write(target: str, write: Callable[[Any], None]) -> bool:
     except _SourceError:
         raise
     except OSError as err:
-        _warn_unwritable(folder, err)
+        if folder not in _warned_dirs:
+            _warned_dirs.add(folder)
+            warnings.warn(
+                f"zephon cache folder {folder} cannot be written ({err.__class__.__name__}: {err}); keeping JSONL "
+                "indexes and decompressed shards in memory, so every process rebuilds them. Pass cache_dir= or set "
+                "ZEPHON_CACHE_DIR to a writable folder to build them once.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         return False
 
 
@@ -274,8 +270,7 @@ class JsonlShard(FileIdentity):
         compression: ``None``, ``"gzip"`` or ``"zstd"``.
     """
 
-    _fields = FileIdentity._id_fields + ("compression",)
-    __slots__ = _fields + ("__weakref__",)
+    __slots__ = FileIdentity._id_fields + ("compression", "__weakref__")
 
     def __init__(self, path: str, shard_id: str, compression: str | None, cache_dir: str, verify: str = "quick", digest: str | None = None):
         self._init_identity(path, shard_id, verify, cache_dir, digest)
@@ -286,33 +281,24 @@ class JsonlShard(FileIdentity):
         if _MAPS is not None:  # None while the interpreter shuts down
             _MAPS.discard(id(self))
 
-    @property
-    def _state(self) -> _Open | None:
-        """The open shard while this process holds it, else ``None``."""
-        return _MAPS.peek(id(self))
-
     def _mapped(self, dataset: str) -> _Open:
         """The open shard, mapping the file on first use in this process."""
         return _MAPS.get(id(self), lambda: self._load(dataset))
 
     def count_rows(self, dataset: str, io: Any = None) -> int:
         """Count rows once (at dataset creation), from a cached index header when there is one."""
-        rows = self._cached_rows()
+        plain, size = self.path, self.size
+        if self.compression is not None:
+            plain = _decompressed_file(self.cache_dir, self.path, self.size, self.digest)
+            try:
+                size = os.stat(plain).st_size
+            except OSError:
+                size = -1  # no copy yet: no index matches
+        rows = load_index(self.cache_dir, plain, size, stamp(self.digest), rows_only=True)
         if rows is None:
             rows = self._mapped(dataset).offsets.shape[0] - 1
         self.num_rows = rows
         return rows
-
-    def _cached_rows(self) -> int | None:
-        content = stamp(self.digest)
-        if self.compression is None:
-            return load_index(self.cache_dir, self.path, self.size, content, rows_only=True)
-        plain = _decompressed_file(self.cache_dir, self.path, self.size, self.digest)
-        try:
-            st = os.stat(plain)
-        except OSError:
-            return None
-        return load_index(self.cache_dir, plain, st.st_size, content, rows_only=True)
 
     def _verify(self, state: _Open, dataset: str) -> _Open:
         """``state`` once the file is known to be the one opened, before touching the mapping (a
