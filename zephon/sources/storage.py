@@ -328,11 +328,10 @@ def _changed_object(dataset: str, url: str, size: int, identity: str, now_size: 
     )
 
 
-def evict(folder: str, max_bytes: int | None, keep: int = 0) -> int:
-    """Remove least recently used copies until the folder holds at most ``max_bytes - keep``; the
-    bytes freed."""
+def evict(folder: str, max_bytes: int | None, keep: int = 0) -> None:
+    """Remove least recently used copies until the folder holds at most ``max_bytes - keep``."""
     if max_bytes is None:
-        return 0
+        return
     entries = []
     for entry in os.scandir(folder):
         if entry.is_file() and not entry.name.startswith("."):
@@ -343,7 +342,6 @@ def evict(folder: str, max_bytes: int | None, keep: int = 0) -> int:
                 used = st.st_mtime_ns
             entries.append((max(used, st.st_mtime_ns), st.st_size, entry.path))
     total = sum(e[1] for e in entries)
-    freed = 0
     for _, size, path in sorted(entries):
         if total + keep <= max_bytes:
             break
@@ -353,5 +351,3 @@ def evict(folder: str, max_bytes: int | None, keep: int = 0) -> int:
             continue
         discard(_used(folder, os.path.basename(path)))
         total -= size
-        freed += size
-    return freed
