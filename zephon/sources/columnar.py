@@ -21,7 +21,7 @@ from ..core.cache import ProcessCache
 from ..core.bad_records import RecordDecodeError
 from .digest import ShardChangedError
 from .files import FileIdentity, open_cached
-from .storage import CacheOptions, filesystem, identity_of, with_retries
+from .storage import CacheOptions, changed_object, filesystem, identity_of, with_retries
 
 #: Endings read as each columnar format.
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -83,7 +83,8 @@ class _Opened:
     __slots__ = ("reader", "starts", "lock")
 
     def __init__(
-        self, reader: Any, counts: Sequence[int], names: list, columns: Any, where: str, dataset: str
+        self, reader: Any, counts: Sequence[int], names: list, columns: Any, where: str,
+        dataset: str,
     ):
         missing = [c for c in columns or () if c not in names]
         if missing:
@@ -259,11 +260,7 @@ class RangedParquet:
         info = with_retries(self.url, "checking", lambda: fs.info(self.url), options)
         now = (int(info.get("size") or 0), identity_of(info))
         if now != (self.size, self.identity):
-            raise ShardChangedError(
-                f"dataset {dataset!r}: remote shard {self.url} changed after the dataset was opened: it had {self.size} "
-                f"bytes and {self.identity}, now {now[0]} bytes and {now[1]}. Rows would shift or change; open the "
-                "dataset again to read the new content."
-            )
+            raise changed_object(dataset, self.url, self.size, self.identity, *now)
 
     def _build(self, dataset: str, options: CacheOptions) -> _Opened:
         pa = pyarrow()

@@ -54,9 +54,6 @@ class FileIdentity:
             )
         return time.monotonic() - start
 
-    def fingerprint(self) -> dict[str, Any]:
-        return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.digest}
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.shard_id!r}, rows={self.num_rows})"
 
@@ -85,9 +82,12 @@ class RemoteShard:
 
     __slots__ = ("url", "shard_id", "size", "identity", "num_rows", "fs_key", "make", "by_ranges")
 
-    def __init__(self, url: str, shard_id: str, size: int, identity: str, fs_key: tuple, make: Callable[[str, str], Any], num_rows: int = -1, by_ranges: Any = None):
+    def __init__(
+        self, url: str, shard_id: str, size: int, identity: str, fs_key: tuple,
+        make: Callable[[str, str], Any], by_ranges: Any = None,
+    ):
         self.url, self.shard_id, self.size, self.identity = url, shard_id, size, identity
-        self.fs_key, self.make, self.num_rows, self.by_ranges = fs_key, make, num_rows, by_ranges
+        self.fs_key, self.make, self.num_rows, self.by_ranges = fs_key, make, -1, by_ranges
 
     path = property(lambda self: self.url)
 
@@ -126,9 +126,6 @@ class RemoteShard:
             return self.local(dataset, io).read(rows, dataset, io)
         except FileNotFoundError:  # evicted by another process meanwhile: fetch again, once
             return self.local(dataset, io).read(rows, dataset, io)
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.identity}
 
     def __repr__(self) -> str:
         return f"RemoteShard({self.url!r}, rows={self.num_rows})"

@@ -227,7 +227,7 @@ def fetch(url: str, fs: Any, size: int, identity: str, options: CacheOptions, da
     listed = identity_of(info)
     now = (int(info.get("size") or 0), listed or identity)
     if now[0] != size or (listed is not None and listed != identity):
-        raise _changed_object(dataset, url, size, identity, *now)
+        raise changed_object(dataset, url, size, identity, *now)
     os.makedirs(folder, exist_ok=True)
     with download_lock(folder, name):
         if _complete(target, size):  # another process of this machine downloaded it meanwhile
@@ -240,7 +240,7 @@ def fetch(url: str, fs: Any, size: int, identity: str, options: CacheOptions, da
         discard(_used(folder, name))
         if by_content and digest != identity:
             discard(target)
-            raise _changed_object(dataset, url, size, identity, size, digest)
+            raise changed_object(dataset, url, size, identity, size, digest)
     return target
 
 
@@ -320,7 +320,10 @@ def fetch_by_content(url: str, fs: Any, size: int, options: CacheOptions, datase
     return identity
 
 
-def _changed_object(dataset: str, url: str, size: int, identity: str, now_size: int, now_identity: str) -> ShardChangedError:
+def changed_object(
+    dataset: str, url: str, size: int, identity: str, now_size: int, now_identity: Any
+) -> ShardChangedError:
+    """The error for a remote object whose size or identity differ from those recorded."""
     return ShardChangedError(
         f"dataset {dataset!r}: remote shard {url} changed after the dataset was opened: it had {size} bytes and "
         f"{identity}, now {now_size} bytes and {now_identity}. Rows would shift or change; open the dataset again to read "
