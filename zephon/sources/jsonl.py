@@ -323,7 +323,6 @@ class JsonlShard(FileIdentity):
         return state
 
     def _load(self, dataset: str) -> _Open:
-        mapped: mmap.mmap | None = None
         st = self.check_stat(dataset)
         if self.compression is None:
             for attempt in range(3):  # the file checked must be the file mapped

@@ -313,12 +313,8 @@ class Timeline:
             base.append(base[-1] + interleave(p.weights).counts_before(q.start - p.start))
         return base
 
-    @functools.cached_property
-    def _starts(self) -> list[int]:
-        return [p.start for p in self.phases]
-
     def phase_index(self, t: int) -> int:
-        return max(bisect.bisect_right(self._starts, t) - 1, 0)
+        return max(bisect.bisect_right(self.phases, t, key=lambda p: p.start) - 1, 0)
 
     def counts_before(self, t: int) -> np.ndarray:
         i = self.phase_index(t)
@@ -416,24 +412,21 @@ def resolve_timeline(src: Any) -> tuple[Timeline, int | None, str | None, list, 
             ws = [x / t for x, t in zip(ws, tps)]
         return integer_weights(ws)
 
-    phases: list[Phase] = []
-    positions: list[int] = []
-    for at, w in pieces:
-        if not phases:
-            pos = 0
-        elif m.by == "step" and src.samples_per_step is not None:
+    phases = [Phase(0, sample_weights(pieces[0][1]))]
+    positions = [0]
+    for at, w in pieces[1:]:
+        if m.by == "step" and src.samples_per_step is not None:
             pos = int(round(at * src.samples_per_step))
         else:
-            tokens = at * src.tokens_per_step if m.by == "step" else at
-            pos = _tokens_to_position(phases, tps, tokens)
-        if phases and src.step_lanes is not None:  # the first block at or after the point (see step_lanes)
+            pos = _tokens_to_position(phases, tps, at * src.tokens_per_step if m.by == "step" else at)
+        if src.step_lanes is not None:  # the first block at or after the point (see step_lanes)
             block = src.step_lanes * src.chunk_size
             pos = -(-pos // block) * block
-        pos = max(pos, phases[-1].start if phases else 0)
+        pos = max(pos, phases[-1].start)
         positions.append(pos)
-        if phases and pos == phases[-1].start:
+        if pos == phases[-1].start:
             phases[-1] = Phase(pos, sample_weights(w))
-        elif not phases or phases[-1].weights != sample_weights(w):
+        elif phases[-1].weights != sample_weights(w):
             phases.append(Phase(pos, sample_weights(w)))
     tl = Timeline(tuple(phases))
     if src.change is not None:

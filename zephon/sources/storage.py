@@ -233,8 +233,7 @@ def fetch(url: str, fs: Any, size: int, identity: str, options: CacheOptions, da
         if _complete(target, size):  # another process of this machine downloaded it meanwhile
             _mark_used(folder, name)
             return target
-        evict(folder, options.max_bytes, keep=size)
-        require_space(folder, size, url, dataset)
+        make_room(folder, options.max_bytes, size, url, dataset)
         by_content = listed is None  # a store without checksums: the identity is the content's digest
         digest = with_retries(url, "downloading", lambda: _download(fs, url, target, size, by_content), options)
         discard(_used(folder, name))
@@ -270,18 +269,6 @@ def download_lock(folder: str, name: str) -> Any:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def require_space(folder: str, size: int, url: str, dataset: str) -> None:
-    """Raise unless the disk of ``folder`` has ``size`` free bytes for a copy of ``url``."""
-    free = shutil.disk_usage(folder).free
-    if free < size:
-        raise StorageError(
-            errno.ENOSPC,
-            f"dataset {dataset!r}: no room in the shard cache {folder} for {url}: the copy needs {size} bytes and "
-            f"the disk has {free} free. Free {size - free} bytes or more there, lower io_options cache.max_bytes "
-            "so that older copies are evicted, or point cache.dir at a larger disk",
-        )
-
-
 def _download(fs: Any, url: str, target: str, size: int, hashed: bool = True) -> str:
     """Copy ``url`` to ``target`` (atomically); the digest of its content (when ``hashed``)."""
     h = hashlib.sha256()
@@ -310,8 +297,7 @@ def fetch_by_content(url: str, fs: Any, size: int, options: CacheOptions, datase
     _require_cache(options, url, dataset, size)
     folder = options.folder
     os.makedirs(folder, exist_ok=True)
-    evict(folder, options.max_bytes, keep=size)
-    require_space(folder, size, url, dataset)
+    make_room(folder, options.max_bytes, size, url, dataset)
     pending = os.path.join(folder, f".pending-{os.getpid()}-{threading.get_ident()}-{cached_name(url, size, '')}")
     identity = with_retries(url, "downloading", lambda: _download(fs, url, pending, size), options)
     name = cached_name(url, size, identity)
@@ -331,12 +317,11 @@ def changed_object(
     )
 
 
-def evict(folder: str, max_bytes: int | None, keep: int = 0) -> None:
-    """Remove least recently used copies until the folder holds at most ``max_bytes - keep``."""
-    if max_bytes is None:
-        return
+def make_room(folder: str, max_bytes: int | None, size: int, url: str, dataset: str) -> None:
+    """Remove least recently used copies until ``size`` more bytes fit under ``max_bytes``; then
+    raise unless the disk of ``folder`` has ``size`` free bytes for a copy of ``url``."""
     entries = []
-    for entry in os.scandir(folder):
+    for entry in os.scandir(folder) if max_bytes is not None else ():  # no limit: evict nothing
         if entry.is_file() and not entry.name.startswith("."):
             st = entry.stat()
             try:
@@ -345,12 +330,20 @@ def evict(folder: str, max_bytes: int | None, keep: int = 0) -> None:
                 used = st.st_mtime_ns
             entries.append((max(used, st.st_mtime_ns), st.st_size, entry.path))
     total = sum(e[1] for e in entries)
-    for _, size, path in sorted(entries):
-        if total + keep <= max_bytes:
+    for _, nbytes, path in sorted(entries):
+        if total + size <= max_bytes:
             break
         try:
             os.unlink(path)
         except OSError:
             continue
         discard(_used(folder, os.path.basename(path)))
-        total -= size
+        total -= nbytes
+    free = shutil.disk_usage(folder).free
+    if free < size:
+        raise StorageError(
+            errno.ENOSPC,
+            f"dataset {dataset!r}: no room in the shard cache {folder} for {url}: the copy needs {size} bytes and "
+            f"the disk has {free} free. Free {size - free} bytes or more there, lower io_options cache.max_bytes "
+            "so that older copies are evicted, or point cache.dir at a larger disk",
+        )
