@@ -16,16 +16,15 @@ import hashlib
 import mmap
 import os
 import time
-import warnings
 from typing import Any, Callable
 
 import msgspec
 import numpy as np
 
-from ..core.atomic import discard, replacing
+from ..core.atomic import discard
 from ..core.cache import ProcessCache
 from ..core.bad_records import RecordDecodeError
-from .digest import ShardChangedError, check_file
+from .digest import ShardChangedError, check_file, write_cache
 from .files import FileIdentity
 
 #: File name endings read as JSONL, and the compression each implies.
@@ -59,31 +58,7 @@ def _path_key(path: str) -> str:
     return hashlib.blake2b(os.path.realpath(path).encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
 
 
-_warned_dirs: set[str] = set()
-
-
-def _atomic_write(target: str, write: Callable[[Any], None]) -> bool:
-    """Write ``target`` atomically; False (one warning per folder) if the folder is unwritable
-    (other errors propagate)."""
-    folder = os.path.dirname(target)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with replacing(target) as out:
-            write(out)
-        return True
-    except _SourceError:
-        raise
-    except OSError as err:
-        if folder not in _warned_dirs:
-            _warned_dirs.add(folder)
-            warnings.warn(
-                f"zephon cache folder {folder} cannot be written ({err.__class__.__name__}: {err}); keeping JSONL "
-                "indexes and decompressed shards in memory, so every process rebuilds them. Pass cache_dir= or set "
-                "ZEPHON_CACHE_DIR to a writable folder to build them once.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        return False
+_UNWRITABLE = "keeping JSONL indexes and decompressed shards in memory, so every process rebuilds them"
 
 
 def stamp(digest: str | None) -> int:
@@ -146,14 +121,14 @@ def load_index(cache_dir: str, data_path: str, size: int, content: int, *, rows_
     return offsets.astype(np.int64, copy=False)
 
 
-def save_index(cache_dir: str, data_path: str, size: int, content: int, offsets: np.ndarray) -> bool:
-    """Cache ``offsets`` for ``data_path`` (atomically); False when the cache cannot be written."""
+def save_index(cache_dir: str, data_path: str, size: int, content: int, offsets: np.ndarray) -> None:
+    """Cache ``offsets`` for ``data_path`` (atomically; kept in memory only if the cache is unwritable)."""
     header = _INDEX_MAGIC + np.array([size, content, offsets.shape[0] - 1], dtype="<i8").tobytes()
     body = offsets.astype("<i8", copy=False).tobytes()
-    return _atomic_write(_index_file(cache_dir, data_path), lambda out: out.writelines((header, body)))
+    write_cache(_index_file(cache_dir, data_path), lambda out: out.writelines((header, body)), _UNWRITABLE)
 
 
-class _SourceError(OSError):
+class _SourceError(Exception):
     """A compressed source could not be read (kept apart from cache-write failures)."""
 
 
@@ -220,7 +195,7 @@ def decompress(cache_dir: str, source: str, compression: str, size: int, digest:
     if os.path.isfile(target):
         return target
     try:
-        if not _atomic_write(target, lambda out: out.writelines(_chunks(source, compression))):
+        if not write_cache(target, lambda out: out.writelines(_chunks(source, compression)), _UNWRITABLE):
             return b"".join(_chunks(source, compression))
     except _SourceError as err:
         raise ValueError(str(err)) from err.__cause__
