@@ -157,17 +157,14 @@ def _identified(found: list, cache_dir: str, indexed: Mapping[str, Any]) -> list
     out = list(found)
     local = []
     for i, f in enumerate(found):
-        if f.identity is not None:
-            continue
-        entry = indexed.get(f.shard_id)
+        entry = indexed.get(f.shard_id) if f.identity is None else None
         if entry is not None and f.seen is not None and entry.stat == f.seen:
             out[i] = msgspec.structs.replace(f, identity=entry.identity)
-        else:
+        elif f.identity is None:
             local.append(i)
-    if local:
-        digests = file_digests([found[i].location for i in local], cache_dir, [found[i].seen for i in local])
-        for i, digest in zip(local, digests):
-            out[i] = msgspec.structs.replace(found[i], identity=digest)
+    digests = file_digests([found[i].location for i in local], cache_dir, [found[i].seen for i in local])
+    for i, digest in zip(local, digests):
+        out[i] = msgspec.structs.replace(found[i], identity=digest)
     return out
 
 

@@ -89,8 +89,6 @@ class RemoteShard:
         self.url, self.shard_id, self.size, self.identity = url, shard_id, size, identity
         self.fs_key, self.make, self.num_rows, self.by_ranges = fs_key, make, -1, by_ranges
 
-    path = property(lambda self: self.url)
-
     def local(self, dataset: str, io: IoOptions) -> Any:
         """The local shard of this object's cached copy (downloaded when missing)."""
         copy = fetch(self.url, filesystem(*self.fs_key), self.size, self.identity, io.cache, dataset)
