@@ -268,11 +268,10 @@ class RangedParquet:
         self.check(dataset, options)
 
         def open_file() -> Any:
-            handle = fs.open(self.url, "rb", cache_type="none")
-            return handle, pa.parquet.ParquetFile(handle, pre_buffer=False)
+            return pa.parquet.ParquetFile(fs.open(self.url, "rb", cache_type="none"), pre_buffer=False)
 
         try:
-            handle, file = with_retries(self.url, "reading the footer of", open_file, options)
+            file = with_retries(self.url, "reading the footer of", open_file, options)
         except pa.ArrowException as err:
             raise ValueError(
                 f"dataset {dataset!r}: {self.url} is not a readable Parquet file ({type(err).__name__}: {err}); check "
