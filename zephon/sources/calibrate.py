@@ -176,7 +176,4 @@ def compile_source(source: StaticMixtureWorkSource, chain: Chain, lanes: int, *,
     source = step_size(source, chain, lanes)
     if calibration is not None and source.calibration is None:
         source = source.with_calibration(calibration)
-    source = calibrate(source, chain)
-    if source.resolvable:
-        source._resolved  # noqa: B018  (an impossible plan fails now)
-    return source
+    return calibrate(source, chain)  # sources resolve when made: an impossible plan fails there
