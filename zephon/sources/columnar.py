@@ -268,7 +268,8 @@ class RangedParquet:
         self.check(dataset, options)
 
         def open_file() -> Any:
-            return pa.parquet.ParquetFile(fs.open(self.url, "rb", cache_type="none"), pre_buffer=False)
+            handle = fs.open(self.url, "rb", cache_type="none")
+            return pa.parquet.ParquetFile(handle, pre_buffer=False)
 
         try:
             file = with_retries(self.url, "reading the footer of", open_file, options)

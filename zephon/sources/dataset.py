@@ -245,8 +245,8 @@ class Dataset:
         request = (name, paths, fmt, recursive, verify, None if columns is None else tuple(columns), eos_token_id,
                    token_dtype, index, sorted(storage_options or {}))
         kind, spec, shards = list_once(name, request, open_dataset, listing)
-        return cls(name, kind, shards.shard_ids, shards, io=io, columns=spec.columns, on_error=on_error,
-                   max_skipped=max_skipped)
+        skipping = {"on_error": on_error, "max_skipped": max_skipped}
+        return cls(name, kind, shards.shard_ids, shards, io=io, columns=spec.columns, **skipping)
 
     @classmethod
     def from_hf(cls, name: str, hf_dataset: Any, *, split: str | None = None, shard_rows: int | None = None) -> Dataset:

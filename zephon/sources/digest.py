@@ -90,7 +90,8 @@ def cached(cache_dir: str, name: str, key: Any, compute: Callable[[], str], *, k
     with _memo_lock:
         _memo[memo] = digest
     doc = json.dumps({"v": _VERSION, "name": name, "key": key, "digest": digest}).encode()
-    write_cache(where, lambda out: out.write(doc), "keeping shard digests in memory, so every process reads the files again")
+    instead = "keeping shard digests in memory, so every process reads the files again"
+    write_cache(where, lambda out: out.write(doc), instead)
     return digest
 
 
@@ -107,8 +108,9 @@ def write_cache(target: str, write: Callable[[Any], None], instead: str) -> bool
         if folder not in _warned:
             _warned.add(folder)
             warnings.warn(
-                f"zephon cache folder {folder} cannot be written ({type(err).__name__}: {err}); {instead}. Pass "
-                "cache_dir= or set ZEPHON_CACHE_DIR to a writable folder to keep them across processes.",
+                f"zephon cache folder {folder} cannot be written ({type(err).__name__}: {err}); "
+                f"{instead}. Pass cache_dir= or set ZEPHON_CACHE_DIR to a writable folder to keep "
+                "them across processes.",
                 RuntimeWarning,
                 stacklevel=3,
             )

@@ -162,7 +162,8 @@ def _identified(found: list, cache_dir: str, indexed: Mapping[str, Any]) -> list
             out[i] = msgspec.structs.replace(f, identity=entry.identity)
         elif f.identity is None:
             local.append(i)
-    digests = file_digests([found[i].location for i in local], cache_dir, [found[i].seen for i in local])
+    keys = [found[i].seen for i in local]
+    digests = file_digests([found[i].location for i in local], cache_dir, keys)
     for i, digest in zip(local, digests):
         out[i] = msgspec.structs.replace(found[i], identity=digest)
     return out

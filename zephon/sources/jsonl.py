@@ -11,6 +11,7 @@ most once a second and 1% of the time.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import mmap
@@ -58,7 +59,9 @@ def _path_key(path: str) -> str:
     return hashlib.blake2b(os.path.realpath(path).encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
 
 
-_UNWRITABLE = "keeping JSONL indexes and decompressed shards in memory, so every process rebuilds them"
+_UNWRITABLE = (
+    "keeping JSONL indexes and decompressed shards in memory, so every process rebuilds them"
+)
 
 
 def stamp(digest: str | None) -> int:
@@ -121,11 +124,12 @@ def load_index(cache_dir: str, data_path: str, size: int, content: int, *, rows_
     return offsets.astype(np.int64, copy=False)
 
 
-def save_index(cache_dir: str, data_path: str, size: int, content: int, offsets: np.ndarray) -> None:
-    """Cache ``offsets`` for ``data_path`` (atomically; kept in memory only if the cache is unwritable)."""
+def save_index(cache_dir: str, data_path: str, size: int, content: int, offsets: np.ndarray) -> bool:
+    """Cache ``offsets`` for ``data_path`` (atomically); False when the cache cannot be written."""
     header = _INDEX_MAGIC + np.array([size, content, offsets.shape[0] - 1], dtype="<i8").tobytes()
     body = offsets.astype("<i8", copy=False).tobytes()
-    write_cache(_index_file(cache_dir, data_path), lambda out: out.writelines((header, body)), _UNWRITABLE)
+    target = _index_file(cache_dir, data_path)
+    return write_cache(target, lambda out: out.writelines((header, body)), _UNWRITABLE)
 
 
 class _SourceError(Exception):
@@ -194,9 +198,10 @@ def decompress(cache_dir: str, source: str, compression: str, size: int, digest:
     target = _decompressed_file(cache_dir, source, size, digest)
     if os.path.isfile(target):
         return target
+    blocks = functools.partial(_chunks, source, compression)
     try:
-        if not write_cache(target, lambda out: out.writelines(_chunks(source, compression)), _UNWRITABLE):
-            return b"".join(_chunks(source, compression))
+        if not write_cache(target, lambda out: out.writelines(blocks()), _UNWRITABLE):
+            return b"".join(blocks())
     except _SourceError as err:
         raise ValueError(str(err)) from err.__cause__
     prefix = os.path.basename(target).split("-")[0] + "-"

@@ -418,7 +418,8 @@ def resolve_timeline(src: Any) -> tuple[Timeline, int | None, str | None, list, 
         if m.by == "step" and src.samples_per_step is not None:
             pos = int(round(at * src.samples_per_step))
         else:
-            pos = _tokens_to_position(phases, tps, at * src.tokens_per_step if m.by == "step" else at)
+            tokens = at * src.tokens_per_step if m.by == "step" else at
+            pos = _tokens_to_position(phases, tps, tokens)
         if src.step_lanes is not None:  # the first block at or after the point (see step_lanes)
             block = src.step_lanes * src.chunk_size
             pos = -(-pos // block) * block
