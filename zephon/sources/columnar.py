@@ -218,20 +218,20 @@ class _ArrowFile:
         source = pa.memory_map(path, "r")
         try:
             reader = pa.ipc.open_file(source)
-            self._batches = None
-            self._reader = reader
+            self._batch = reader.get_batch
             self.counts = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
             self.names = reader.schema.names
         except pa.ArrowInvalid:
             # The stream format (what Hugging Face datasets writes): read once, zero-copy from the mapping.
             source.seek(0)
             table = pa.ipc.open_stream(source).read_all()
-            self._batches = table.to_batches()
-            self.counts = [b.num_rows for b in self._batches]
+            batches = table.to_batches()
+            self._batch = batches.__getitem__
+            self.counts = [b.num_rows for b in batches]
             self.names = table.schema.names
 
     def batch(self, i: int, columns: Sequence[str] | None) -> Any:
-        batch = self._batches[i] if self._batches is not None else self._reader.get_batch(i)
+        batch = self._batch(i)
         return batch.select(list(columns)) if columns else batch
 
 

@@ -77,7 +77,8 @@ class RemoteShard:
 
     ``size`` and ``identity`` (ETag or checksum, else content digest) are the object's when the
     dataset was opened; ``fs_key``: ``(protocol, storage options)``; ``make(local path, shard_id)``
-    builds the shard of the copy; ``by_ranges``: a byte-range reader, or ``None``.
+    builds the shard of the copy; ``by_ranges``: a byte-range reader (remote Parquet), used when
+    ``io_options`` say ``remote_parquet="ranges"``, or ``None``.
     """
 
     __slots__ = ("url", "shard_id", "size", "identity", "num_rows", "fs_key", "make", "by_ranges")
@@ -103,23 +104,17 @@ class RemoteShard:
 
         return _LOCAL.get((copy, st.st_dev, st.st_ino), build)
 
-    def ranges(self, io: IoOptions) -> Any:
-        """The byte-range reader (``by_ranges``, for remote Parquet) when ``io.remote_parquet="ranges"``, else ``None``."""
-        return self.by_ranges if io.remote_parquet == "ranges" else None
-
     def count_rows(self, dataset: str, io: IoOptions) -> int:
-        by_ranges = self.ranges(io)
-        if by_ranges is not None:  # the footer only
-            self.num_rows = sum(by_ranges.group_rows(dataset, io.cache))
+        if self.by_ranges is not None and io.remote_parquet == "ranges":  # the footer only
+            self.num_rows = sum(self.by_ranges.group_rows(dataset, io.cache))
         else:
             self.num_rows = self.local(dataset, io).num_rows
         return self.num_rows
 
     def read(self, rows: np.ndarray, dataset: str, io: IoOptions | None = None) -> list:
         io = io or IoOptions()
-        by_ranges = self.ranges(io)
-        if by_ranges is not None:
-            return by_ranges.read(rows, dataset, io)
+        if self.by_ranges is not None and io.remote_parquet == "ranges":
+            return self.by_ranges.read(rows, dataset, io)
         try:
             return self.local(dataset, io).read(rows, dataset, io)
         except FileNotFoundError:  # evicted by another process meanwhile: fetch again, once
