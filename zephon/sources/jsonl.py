@@ -346,7 +346,6 @@ class JsonlShard(FileIdentity):
             except FileNotFoundError:  # removed from the cache meanwhile: decompress again, once
                 if attempt:
                     raise
-        raise AssertionError("unreachable")
 
     def read(self, rows: np.ndarray, dataset: str, io: Any = None) -> list:
         """Decode ``rows`` (validated ``int64``, any order, repeats allowed), in the order given."""

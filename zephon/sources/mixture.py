@@ -143,7 +143,7 @@ def _convert_points(points: Any) -> tuple[tuple[float, dict[str, float]], ...]:
     for i in range(1, len(out)):
         if out[i][0] <= out[i - 1][0]:
             raise ValueError(f"MixtureSchedule: breakpoints must increase strictly; point {i} is at {out[i][0]} after {out[i - 1][0]}")
-        if list(out[i][1]) != list(out[0][1]) and set(out[i][1]) != set(out[0][1]):
+        if set(out[i][1]) != set(out[0][1]):
             raise ValueError(
                 f"MixtureSchedule: point {i} names datasets {sorted(out[i][1])}, point 0 names {sorted(out[0][1])}; "
                 "every point gives a weight (0 allowed) to the same datasets"
@@ -344,7 +344,6 @@ class Timeline:
             if p.weights[j] == 0:
                 return None
             return p.start + interleave(p.weights).position_of(j, k - int(self._base[i][j]))
-        return None
 
     def weights_at(self, t: int) -> tuple[int, ...]:
         return self.phases[self.phase_index(t)].weights

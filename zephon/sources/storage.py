@@ -180,7 +180,6 @@ def with_retries(url: str, what: str, call: Callable[[], Any], options: CacheOpt
                 raise StorageError(f"{what} {url} failed {attempt + 1} times ({type(err).__name__}: {err}); raise io_options cache.retries or check the store") from err
             sleep(wait)
             wait = min(options.max_backoff_s, wait * 2 if wait else 0.0)
-    raise AssertionError("unreachable")
 
 
 # -- the shard cache ------------------------------------------------------------------------------------
