@@ -89,12 +89,12 @@ def test_a_read_decodes_only_the_row_groups_it_needs(copies):
     ds = Dataset.from_path("x", copies / "parquet")
     misses = _columnar.ROW_GROUPS.misses
     ds.read(1, [8, 9, 13])  # rows 7..13 are row group 1 of groups of 7
-    keys = list(_columnar.ROW_GROUPS._entries)
+    keys = list(_columnar.ROW_GROUPS.entries)
     assert [k[-1] for k in keys] == [1] and _columnar.ROW_GROUPS.misses == misses + 1
     ds.read(1, [12, 7])  # the same group again: from the cache
     assert _columnar.ROW_GROUPS.misses == misses + 1
     ds.read(1, [24, 0])  # groups 0 and 3
-    assert sorted(k[-1] for k in _columnar.ROW_GROUPS._entries) == [0, 1, 3]
+    assert sorted(k[-1] for k in _columnar.ROW_GROUPS.entries) == [0, 1, 3]
 
 
 def test_the_row_group_cache_stays_under_its_memory_bound(copies):
@@ -107,14 +107,14 @@ def test_the_row_group_cache_stays_under_its_memory_bound(copies):
         for row in range(0, 25, 3):
             small.read(shard, [row])
             assert _columnar.ROW_GROUPS.nbytes <= bound
-    assert len(_columnar.ROW_GROUPS._entries) == 2
+    assert len(_columnar.ROW_GROUPS.entries) == 2
 
 
 def test_columns_decode_only_the_projected_fields(copies):
     _columnar.ROW_GROUPS.clear()
     ds = Dataset.from_path("x", copies / "parquet", columns=["text"])
     assert ds.read(2, [4]) == [{"text": "doc 2-4"}]
-    (table,) = _columnar.ROW_GROUPS._entries.values()
+    (table,) = _columnar.ROW_GROUPS.entries.values()
     assert table.column_names == ["text"]
     assert ds.fingerprint()["columns"] == ["text"]
     assert Dataset.from_path("x", copies / "arrow", columns=["id"]).read(0, [1]) == [{"id": 1}]

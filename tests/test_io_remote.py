@@ -20,7 +20,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from zephon import Pipeline
-from zephon.io import CacheOptions, Dataset, ShardChangedError, StorageError
+from zephon.io import CacheOptions, Dataset, IoOptions, ShardChangedError, StorageError
 from zephon.sources import storage as _storage
 
 
@@ -212,5 +212,5 @@ def test_a_disabled_cache_explains_that_remote_shards_need_it(stores):
         Dataset.from_path("r", f"{root}/j", io_options={"cache": {"enabled": False}})
     with pytest.raises(TypeError, match=r"unknown cache option\(s\) \['size'\]"):
         Pipeline([{"a": 1}]).options(io_options={"cache": {"size": 1}})
-    opts = _storage.io_options({"cache": {"root": "/x", "limit_bytes": "2gb"}})  # Zephon 0.2.0's names
+    opts = IoOptions(cache={"root": "/x", "limit_bytes": "2gb"})  # Zephon 0.2.0's names
     assert (opts.cache.dir, opts.cache.max_bytes) == ("/x", 2 << 30)

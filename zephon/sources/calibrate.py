@@ -159,18 +159,15 @@ def step_size(source: StaticMixtureWorkSource, chain: Chain, lanes: int) -> Stat
         )
     pack = next((op for _, op in chain.children if op.kind in ("pack_flat", "pack_sequences")), None)
     tokens = getattr(batch, "tokens_per_microbatch", None)
-    if pack is not None and tokens is not None:
+    if pack is not None:
         if not isinstance(pack.max_length, int):
             raise ValueError(
                 "a schedule by='step' needs a fixed size of a global step, and "
                 f"pack_flat(max_length={pack.max_length}) changes the row length (and so the rows' tokens) per step; "
-                "use a schedule by='tokens', or give the "
-                "source tokens_per_step="
+                "use a schedule by='tokens', or give the source tokens_per_step="
             )
-        rows = tokens // (pack.max_length - 1)
+        rows = batch.microbatch_size if tokens is None else tokens // (pack.max_length - 1)
         return attrs.evolve(source, tokens_per_step=lanes * rows * pack.max_length)
-    if pack is not None:
-        return attrs.evolve(source, tokens_per_step=lanes * batch.microbatch_size * pack.max_length)
     return attrs.evolve(source, samples_per_step=lanes * batch.microbatch_size)
 
 
@@ -179,7 +176,4 @@ def compile_source(source: StaticMixtureWorkSource, chain: Chain, lanes: int, *,
     source = step_size(source, chain, lanes)
     if calibration is not None and source.calibration is None:
         source = source.with_calibration(calibration)
-    source = calibrate(source, chain)
-    if source.resolvable:
-        source._resolved  # noqa: B018  (an impossible plan fails now)
-    return source
+    return calibrate(source, chain)  # sources resolve when made: an impossible plan fails there

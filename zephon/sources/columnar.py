@@ -21,7 +21,7 @@ from ..core.cache import ProcessCache
 from ..core.bad_records import RecordDecodeError
 from .digest import ShardChangedError
 from .files import FileIdentity, open_cached
-from .storage import CacheOptions, filesystem, identity_of, with_retries
+from .storage import CacheOptions, changed_object, filesystem, identity_of, with_retries
 
 #: Endings read as each columnar format.
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -41,41 +41,35 @@ def pyarrow() -> Any:
 
 
 class RowGroupCache:
-    """Decoded row groups, least recently used out first, at most ``max_bytes`` in all (per process)."""
+    """Decoded row groups by key (``entries``), least recently used out first, at most
+    ``max_bytes`` (``nbytes`` now) in all, per process; ``misses`` counts the decodes."""
 
     def __init__(self) -> None:
-        self._entries: OrderedDict[Any, Any] = OrderedDict()
-        self._bytes = 0
+        self.entries: OrderedDict[Any, Any] = OrderedDict()
+        self.nbytes = self.misses = 0
         self._lock = threading.Lock()
-        self.hits = self.misses = 0
 
     def get(self, key: Any, build: Any, max_bytes: int) -> Any:
         with self._lock:
-            table = self._entries.get(key)
+            table = self.entries.get(key)
             if table is not None:
-                self._entries.move_to_end(key)
-                self.hits += 1
+                self.entries.move_to_end(key)
                 return table
         table = build()
-        size = table.nbytes
         with self._lock:
             self.misses += 1
-            if key not in self._entries:
-                self._entries[key] = table
-                self._bytes += size
-            while self._bytes > max_bytes and len(self._entries) > 1:
-                _, old = self._entries.popitem(last=False)
-                self._bytes -= old.nbytes
+            if key not in self.entries:
+                self.entries[key] = table
+                self.nbytes += table.nbytes
+            while self.nbytes > max_bytes and len(self.entries) > 1:
+                _, old = self.entries.popitem(last=False)
+                self.nbytes -= old.nbytes
         return table
-
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
 
     def clear(self) -> None:
         with self._lock:
-            self._entries.clear()
-            self._bytes = 0
+            self.entries.clear()
+            self.nbytes = 0
 
 
 #: The decoded row groups of this process.
@@ -83,33 +77,30 @@ ROW_GROUPS = RowGroupCache()
 
 
 class _Opened:
+    """A file's reader and the first row of each group, then the row count, once the projected
+    ``columns`` are known to exist; ``lock``: one ranged read at a time."""
+
     __slots__ = ("reader", "starts", "lock")
 
-    def __init__(self, reader: Any, starts: np.ndarray):
-        self.reader, self.lock = reader, threading.Lock()  # the lock: one ranged read at a time
-        self.starts = starts  # first row of each group, then the row count
-
-
-def _opened(
-    reader: Any, counts: Sequence[int], names: list, columns: Any, where: str, dataset: str
-) -> _Opened:
-    """``reader`` and its group starts, once the projected ``columns`` are known to exist."""
-    missing = [c for c in columns or () if c not in names]
-    if missing:
-        raise ValueError(
-            f"dataset {dataset!r}: {where} has no column(s) {missing}; its columns are {names}. "
-            "Fix columns=."
-        )
-    starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).astype(np.int64)
-    return _Opened(reader, starts)
+    def __init__(
+        self, reader: Any, counts: Sequence[int], names: list, columns: Any, where: str,
+        dataset: str,
+    ):
+        missing = [c for c in columns or () if c not in names]
+        if missing:
+            raise ValueError(
+                f"dataset {dataset!r}: {where} has no column(s) {missing}; its columns are {names}. "
+                "Fix columns=."
+            )
+        self.reader, self.lock = reader, threading.Lock()
+        self.starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).astype(np.int64)
 
 
 class ColumnarShard(FileIdentity):
     """One Parquet or Arrow IPC file (``fmt``) read by random access: ``columns`` projected
     (``None``: all), ``group_rows`` from the footer at opening."""
 
-    _fields = FileIdentity._id_fields + ("fmt", "columns", "group_rows")
-    __slots__ = _fields + ("__weakref__",)
+    __slots__ = FileIdentity._id_fields + ("fmt", "columns", "group_rows", "__weakref__")
 
     def __init__(self, path: str, shard_id: str, fmt: str, columns: Sequence[str] | None = None, verify: str = "quick", *, cache_dir: str | None = None, digest: str | None = None):
         self._init_identity(path, shard_id, verify, cache_dir, digest)
@@ -125,7 +116,7 @@ class ColumnarShard(FileIdentity):
         return self.num_rows
 
     def _open(self, dataset: str) -> _Opened:
-        return open_cached(_OPEN, self, dataset, lambda st: self._build(dataset))
+        return open_cached(_OPEN, self, dataset, lambda: self._build(dataset))
 
     def _build(self, dataset: str) -> _Opened:
         pa = pyarrow()
@@ -147,7 +138,7 @@ class ColumnarShard(FileIdentity):
                 "have been cut short by an interrupted copy or write (its footer is at the end), or be in another "
                 "format: check the file, or re-create it."
             ) from err
-        opened = _opened(reader, counts, names, self.columns, self.path, dataset)
+        opened = _Opened(reader, counts, names, self.columns, self.path, dataset)
         if self.group_rows and tuple(counts) != self.group_rows:
             raise ShardChangedError(f"dataset {dataset!r}: shard file {self.path} now has row groups of {counts} rows, not the {list(self.group_rows)} it had when the dataset was opened; open the dataset again")
         return opened
@@ -227,20 +218,20 @@ class _ArrowFile:
         source = pa.memory_map(path, "r")
         try:
             reader = pa.ipc.open_file(source)
-            self._batches = None
-            self._reader = reader
+            self._batch = reader.get_batch
             self.counts = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
             self.names = reader.schema.names
         except pa.ArrowInvalid:
             # The stream format (what Hugging Face datasets writes): read once, zero-copy from the mapping.
             source.seek(0)
             table = pa.ipc.open_stream(source).read_all()
-            self._batches = table.to_batches()
-            self.counts = [b.num_rows for b in self._batches]
+            batches = table.to_batches()
+            self._batch = batches.__getitem__
+            self.counts = [b.num_rows for b in batches]
             self.names = table.schema.names
 
     def batch(self, i: int, columns: Sequence[str] | None) -> Any:
-        batch = self._batches[i] if self._batches is not None else self._reader.get_batch(i)
+        batch = self._batch(i)
         return batch.select(list(columns)) if columns else batch
 
 
@@ -269,11 +260,7 @@ class RangedParquet:
         info = with_retries(self.url, "checking", lambda: fs.info(self.url), options)
         now = (int(info.get("size") or 0), identity_of(info))
         if now != (self.size, self.identity):
-            raise ShardChangedError(
-                f"dataset {dataset!r}: remote shard {self.url} changed after the dataset was opened: it had {self.size} "
-                f"bytes and {self.identity}, now {now[0]} bytes and {now[1]}. Rows would shift or change; open the "
-                "dataset again to read the new content."
-            )
+            raise changed_object(dataset, self.url, self.size, self.identity, *now)
 
     def _build(self, dataset: str, options: CacheOptions) -> _Opened:
         pa = pyarrow()
@@ -282,10 +269,10 @@ class RangedParquet:
 
         def open_file() -> Any:
             handle = fs.open(self.url, "rb", cache_type="none")
-            return handle, pa.parquet.ParquetFile(handle, pre_buffer=False)
+            return pa.parquet.ParquetFile(handle, pre_buffer=False)
 
         try:
-            handle, file = with_retries(self.url, "reading the footer of", open_file, options)
+            file = with_retries(self.url, "reading the footer of", open_file, options)
         except pa.ArrowException as err:
             raise ValueError(
                 f"dataset {dataset!r}: {self.url} is not a readable Parquet file ({type(err).__name__}: {err}); check "
@@ -293,7 +280,7 @@ class RangedParquet:
             ) from err
         meta = file.metadata
         counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-        return _opened(file, counts, file.schema_arrow.names, self.columns, self.url, dataset)
+        return _Opened(file, counts, file.schema_arrow.names, self.columns, self.url, dataset)
 
     def group_rows(self, dataset: str, options: CacheOptions) -> tuple[int, ...]:
         """Rows of each row group (from the footer: the only bytes read)."""

@@ -224,7 +224,6 @@ class Dataset:
             ImportError: a format whose optional package is missing.
         """
         check_file_settings(name, fmt, verify, token_dtype)
-        skipping = {"on_error": on_error, "max_skipped": max_skipped}
         check_on_error(SimpleNamespace(name=name), None, on_error)  # before any file is opened
         check_max_skipped(SimpleNamespace(name=name, on_error=on_error), None, max_skipped)
         if index not in ("auto", "require", "off"):
@@ -246,6 +245,7 @@ class Dataset:
         request = (name, paths, fmt, recursive, verify, None if columns is None else tuple(columns), eos_token_id,
                    token_dtype, index, sorted(storage_options or {}))
         kind, spec, shards = list_once(name, request, open_dataset, listing)
+        skipping = {"on_error": on_error, "max_skipped": max_skipped}
         return cls(name, kind, shards.shard_ids, shards, io=io, columns=spec.columns, **skipping)
 
     @classmethod

@@ -50,15 +50,7 @@ def stat_key(st: os.stat_result) -> StatKey:
 
 
 def hash_file(path: str) -> str:
-    """The identity of a file's bytes, ``"sha256=<hex>"``.
-
-    Example:
-        >>> import tempfile
-        >>> with tempfile.NamedTemporaryFile() as f:
-        ...     _ = f.write(b"abc"); f.flush()
-        ...     hash_file(f.name)[:19]
-        'sha256=ba7816bf8f01'
-    """
+    """The identity of a file's bytes, ``"sha256=<hex>"``."""
     h = hashlib.sha256()
     block = bytearray(BLOCK)
     view = memoryview(block)
@@ -97,16 +89,32 @@ def cached(cache_dir: str, name: str, key: Any, compute: Callable[[], str], *, k
         return digest
     with _memo_lock:
         _memo[memo] = digest
+    doc = json.dumps({"v": _VERSION, "name": name, "key": key, "digest": digest}).encode()
+    instead = "keeping shard digests in memory, so every process reads the files again"
+    write_cache(where, lambda out: out.write(doc), instead)
+    return digest
+
+
+def write_cache(target: str, write: Callable[[Any], None], instead: str) -> bool:
+    """Write the cache file ``target`` atomically; False, with one warning per folder saying what
+    happens ``instead``, if its folder cannot be written (other errors propagate)."""
+    folder = os.path.dirname(target)
     try:
-        os.makedirs(os.path.dirname(where), exist_ok=True)
-        with replacing(where) as out:
-            out.write(json.dumps({"v": _VERSION, "name": name, "key": key, "digest": digest}).encode())
+        os.makedirs(folder, exist_ok=True)
+        with replacing(target) as out:
+            write(out)
+        return True
     except OSError as err:
-        folder = os.path.dirname(where)
         if folder not in _warned:
             _warned.add(folder)
-            warnings.warn(f"zephon digest cache {folder} cannot be written ({type(err).__name__}: {err}); shard digests are kept in memory, so every process reads the files again. Pass cache_dir= or set ZEPHON_CACHE_DIR to a writable folder.", RuntimeWarning, stacklevel=3)
-    return digest
+            warnings.warn(
+                f"zephon cache folder {folder} cannot be written ({type(err).__name__}: {err}); "
+                f"{instead}. Pass cache_dir= or set ZEPHON_CACHE_DIR to a writable folder to keep "
+                "them across processes.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return False
 
 
 def file_digest(path: str, cache_dir: str, key: StatKey | None = None) -> str:

@@ -65,24 +65,14 @@ class Found(msgspec.Struct, frozen=True):
 
 
 def format_of(filename: str, forced: str | None) -> tuple[str, str | None] | None:
-    """``(format, compression)`` of a file name, or ``None``; memoized by the text from its
+    """``(format, compression)`` of a file name, or ``None``; decided by the text from its
     second-to-last dot, which decides every ending in :data:`FORMATS`."""
     last = filename.rfind(".")
     cut = filename.rfind(".", 0, last) if last >= 0 else -1
-    tail = "" if last < 0 else filename[cut if cut >= 0 else last :]
-    key = (tail.lower(), forced)
-    kind = _KINDS.get(key, _UNKNOWN)
-    if kind is _UNKNOWN:
-        if len(_KINDS) >= 4096:
-            _KINDS.clear()
-        kind = _KINDS[key] = _format_of(key[0], forced)
-    return kind
+    return _format_of("" if last < 0 else filename[cut if cut >= 0 else last :].lower(), forced)
 
 
-_KINDS: dict[tuple[str, str | None], Any] = {}
-_UNKNOWN = object()
-
-
+@functools.lru_cache(maxsize=4096)
 def _format_of(lower: str, forced: str | None) -> tuple[str, str | None] | None:
     if forced == "jsonl":
         if lower.endswith(".gz"):
@@ -167,17 +157,15 @@ def _identified(found: list, cache_dir: str, indexed: Mapping[str, Any]) -> list
     out = list(found)
     local = []
     for i, f in enumerate(found):
-        if f.identity is not None:
-            continue
-        entry = indexed.get(f.shard_id)
+        entry = indexed.get(f.shard_id) if f.identity is None else None
         if entry is not None and f.seen is not None and entry.stat == f.seen:
             out[i] = msgspec.structs.replace(f, identity=entry.identity)
-        else:
+        elif f.identity is None:
             local.append(i)
-    if local:
-        digests = file_digests([found[i].location for i in local], cache_dir, [found[i].seen for i in local])
-        for i, digest in zip(local, digests):
-            out[i] = msgspec.structs.replace(found[i], identity=digest)
+    keys = [found[i].seen for i in local]
+    digests = file_digests([found[i].location for i in local], cache_dir, keys)
+    for i, digest in zip(local, digests):
+        out[i] = msgspec.structs.replace(found[i], identity=digest)
     return out
 
 
@@ -404,19 +392,17 @@ def _read_index(where: str, storage_options: Mapping[str, Any] | None) -> IndexD
         else:
             with open(where, "rb") as f:
                 text = f.read()
-        try:
-            doc = _INDEX_DOC.decode(text)
-        except msgspec.ValidationError:  # another version's layout, or not an index
-            doc = None
-        if doc is not None and doc.zephon_index != INDEX_VERSION:
-            doc = None
+        doc = _INDEX_DOC.decode(text)
     except FileNotFoundError:
         return None
+    except msgspec.ValidationError:  # another version's layout, or not an index
+        doc = None
     except (OSError, ValueError, msgspec.DecodeError) as err:
         warnings.warn(f"the dataset index {where} cannot be read ({err}); counting shards without it. Rebuild it with `zephon index`.", RuntimeWarning, stacklevel=3)
         return None
-    if doc is None:
+    if doc is None or doc.zephon_index != INDEX_VERSION:
         warnings.warn(f"the dataset index {where} is not a version-{INDEX_VERSION} zephon index; counting shards without it. Rebuild it with `zephon index`.", RuntimeWarning, stacklevel=3)
+        return None
     return doc
 
 

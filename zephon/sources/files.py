@@ -54,14 +54,11 @@ class FileIdentity:
             )
         return time.monotonic() - start
 
-    def fingerprint(self) -> dict[str, Any]:
-        return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.digest}
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.shard_id!r}, rows={self.num_rows})"
 
 
-def open_cached(cache: ProcessCache, shard: Any, dataset: str, build: Callable[[os.stat_result], Any]) -> Any:
+def open_cached(cache: ProcessCache, shard: Any, dataset: str, build: Callable[[], Any]) -> Any:
     """The shard's open state in this process, checked against the file before each use (keyed by
     description, content and inode, so a replacing copy is opened again)."""
     st = shard.check_stat(dataset)
@@ -70,7 +67,7 @@ def open_cached(cache: ProcessCache, shard: Any, dataset: str, build: Callable[[
 
     def make() -> Any:
         shard.check_content(dataset)
-        return build(st)
+        return build()
 
     return cache.get(key, make)
 
@@ -80,17 +77,18 @@ class RemoteShard:
 
     ``size`` and ``identity`` (ETag or checksum, else content digest) are the object's when the
     dataset was opened; ``fs_key``: ``(protocol, storage options)``; ``make(local path, shard_id)``
-    builds the shard of the copy; ``by_ranges``: a byte-range reader, or ``None``.
+    builds the shard of the copy; ``by_ranges``: a byte-range reader (remote Parquet), used when
+    ``io_options`` say ``remote_parquet="ranges"``, or ``None``.
     """
 
-    _fields = ("url", "shard_id", "size", "identity", "num_rows", "fs_key", "make", "by_ranges")
-    __slots__ = _fields
+    __slots__ = ("url", "shard_id", "size", "identity", "num_rows", "fs_key", "make", "by_ranges")
 
-    def __init__(self, url: str, shard_id: str, size: int, identity: str, fs_key: tuple, make: Callable[[str, str], Any], num_rows: int = -1, by_ranges: Any = None):
+    def __init__(
+        self, url: str, shard_id: str, size: int, identity: str, fs_key: tuple,
+        make: Callable[[str, str], Any], by_ranges: Any = None,
+    ):
         self.url, self.shard_id, self.size, self.identity = url, shard_id, size, identity
-        self.fs_key, self.make, self.num_rows, self.by_ranges = fs_key, make, num_rows, by_ranges
-
-    path = property(lambda self: self.url)
+        self.fs_key, self.make, self.num_rows, self.by_ranges = fs_key, make, -1, by_ranges
 
     def local(self, dataset: str, io: IoOptions) -> Any:
         """The local shard of this object's cached copy (downloaded when missing)."""
@@ -106,30 +104,21 @@ class RemoteShard:
 
         return _LOCAL.get((copy, st.st_dev, st.st_ino), build)
 
-    def ranges(self, io: IoOptions) -> Any:
-        """The byte-range reader (``by_ranges``, for remote Parquet) when ``io.remote_parquet="ranges"``, else ``None``."""
-        return self.by_ranges if io.remote_parquet == "ranges" else None
-
     def count_rows(self, dataset: str, io: IoOptions) -> int:
-        by_ranges = self.ranges(io)
-        if by_ranges is not None:  # the footer only
-            self.num_rows = sum(by_ranges.group_rows(dataset, io.cache))
+        if self.by_ranges is not None and io.remote_parquet == "ranges":  # the footer only
+            self.num_rows = sum(self.by_ranges.group_rows(dataset, io.cache))
         else:
             self.num_rows = self.local(dataset, io).num_rows
         return self.num_rows
 
     def read(self, rows: np.ndarray, dataset: str, io: IoOptions | None = None) -> list:
         io = io or IoOptions()
-        by_ranges = self.ranges(io)
-        if by_ranges is not None:
-            return by_ranges.read(rows, dataset, io)
+        if self.by_ranges is not None and io.remote_parquet == "ranges":
+            return self.by_ranges.read(rows, dataset, io)
         try:
             return self.local(dataset, io).read(rows, dataset, io)
         except FileNotFoundError:  # evicted by another process meanwhile: fetch again, once
             return self.local(dataset, io).read(rows, dataset, io)
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {"path": self.shard_id, "bytes": self.size, "rows": self.num_rows, "identity": self.identity}
 
     def __repr__(self) -> str:
         return f"RemoteShard({self.url!r}, rows={self.num_rows})"

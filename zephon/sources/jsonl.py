@@ -11,21 +11,21 @@ most once a second and 1% of the time.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import mmap
 import os
 import time
-import warnings
 from typing import Any, Callable
 
 import msgspec
 import numpy as np
 
-from ..core.atomic import discard, replacing
+from ..core.atomic import discard
 from ..core.cache import ProcessCache
 from ..core.bad_records import RecordDecodeError
-from .digest import ShardChangedError, check_file
+from .digest import ShardChangedError, check_file, write_cache
 from .files import FileIdentity
 
 #: File name endings read as JSONL, and the compression each implies.
@@ -59,35 +59,9 @@ def _path_key(path: str) -> str:
     return hashlib.blake2b(os.path.realpath(path).encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
 
 
-_warned_dirs: set[str] = set()
-
-
-def _warn_unwritable(folder: str, err: OSError) -> None:
-    if folder in _warned_dirs:
-        return
-    _warned_dirs.add(folder)
-    warnings.warn(
-        f"zephon cache folder {folder} cannot be written ({err.__class__.__name__}: {err}); keeping JSONL "
-        "indexes and decompressed shards in memory, so every process rebuilds them. Pass cache_dir= or set "
-        "ZEPHON_CACHE_DIR to a writable folder to build them once.",
-        RuntimeWarning,
-        stacklevel=4,
-    )
-
-
-def _atomic_write(target: str, write: Callable[[Any], None]) -> bool:
-    """Write ``target`` atomically; False if the folder is unwritable (other errors propagate)."""
-    folder = os.path.dirname(target)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with replacing(target) as out:
-            write(out)
-        return True
-    except _SourceError:
-        raise
-    except OSError as err:
-        _warn_unwritable(folder, err)
-        return False
+_UNWRITABLE = (
+    "keeping JSONL indexes and decompressed shards in memory, so every process rebuilds them"
+)
 
 
 def stamp(digest: str | None) -> int:
@@ -154,10 +128,11 @@ def save_index(cache_dir: str, data_path: str, size: int, content: int, offsets:
     """Cache ``offsets`` for ``data_path`` (atomically); False when the cache cannot be written."""
     header = _INDEX_MAGIC + np.array([size, content, offsets.shape[0] - 1], dtype="<i8").tobytes()
     body = offsets.astype("<i8", copy=False).tobytes()
-    return _atomic_write(_index_file(cache_dir, data_path), lambda out: out.writelines((header, body)))
+    target = _index_file(cache_dir, data_path)
+    return write_cache(target, lambda out: out.writelines((header, body)), _UNWRITABLE)
 
 
-class _SourceError(OSError):
+class _SourceError(Exception):
     """A compressed source could not be read (kept apart from cache-write failures)."""
 
 
@@ -223,9 +198,10 @@ def decompress(cache_dir: str, source: str, compression: str, size: int, digest:
     target = _decompressed_file(cache_dir, source, size, digest)
     if os.path.isfile(target):
         return target
+    blocks = functools.partial(_chunks, source, compression)
     try:
-        if not _atomic_write(target, lambda out: out.writelines(_chunks(source, compression))):
-            return b"".join(_chunks(source, compression))
+        if not write_cache(target, lambda out: out.writelines(blocks()), _UNWRITABLE):
+            return b"".join(blocks())
     except _SourceError as err:
         raise ValueError(str(err)) from err.__cause__
     prefix = os.path.basename(target).split("-")[0] + "-"
@@ -274,8 +250,7 @@ class JsonlShard(FileIdentity):
         compression: ``None``, ``"gzip"`` or ``"zstd"``.
     """
 
-    _fields = FileIdentity._id_fields + ("compression",)
-    __slots__ = _fields + ("__weakref__",)
+    __slots__ = FileIdentity._id_fields + ("compression", "__weakref__")
 
     def __init__(self, path: str, shard_id: str, compression: str | None, cache_dir: str, verify: str = "quick", digest: str | None = None):
         self._init_identity(path, shard_id, verify, cache_dir, digest)
@@ -286,33 +261,24 @@ class JsonlShard(FileIdentity):
         if _MAPS is not None:  # None while the interpreter shuts down
             _MAPS.discard(id(self))
 
-    @property
-    def _state(self) -> _Open | None:
-        """The open shard while this process holds it, else ``None``."""
-        return _MAPS.peek(id(self))
-
     def _mapped(self, dataset: str) -> _Open:
         """The open shard, mapping the file on first use in this process."""
         return _MAPS.get(id(self), lambda: self._load(dataset))
 
     def count_rows(self, dataset: str, io: Any = None) -> int:
         """Count rows once (at dataset creation), from a cached index header when there is one."""
-        rows = self._cached_rows()
+        plain, size = self.path, self.size
+        if self.compression is not None:
+            plain = _decompressed_file(self.cache_dir, self.path, self.size, self.digest)
+            try:
+                size = os.stat(plain).st_size
+            except OSError:
+                size = -1  # no copy yet: no index matches
+        rows = load_index(self.cache_dir, plain, size, stamp(self.digest), rows_only=True)
         if rows is None:
             rows = self._mapped(dataset).offsets.shape[0] - 1
         self.num_rows = rows
         return rows
-
-    def _cached_rows(self) -> int | None:
-        content = stamp(self.digest)
-        if self.compression is None:
-            return load_index(self.cache_dir, self.path, self.size, content, rows_only=True)
-        plain = _decompressed_file(self.cache_dir, self.path, self.size, self.digest)
-        try:
-            st = os.stat(plain)
-        except OSError:
-            return None
-        return load_index(self.cache_dir, plain, st.st_size, content, rows_only=True)
 
     def _verify(self, state: _Open, dataset: str) -> _Open:
         """``state`` once the file is known to be the one opened, before touching the mapping (a
@@ -337,7 +303,6 @@ class JsonlShard(FileIdentity):
         return state
 
     def _load(self, dataset: str) -> _Open:
-        mapped: mmap.mmap | None = None
         st = self.check_stat(dataset)
         if self.compression is None:
             for attempt in range(3):  # the file checked must be the file mapped
@@ -381,7 +346,6 @@ class JsonlShard(FileIdentity):
             except FileNotFoundError:  # removed from the cache meanwhile: decompress again, once
                 if attempt:
                     raise
-        raise AssertionError("unreachable")
 
     def read(self, rows: np.ndarray, dataset: str, io: Any = None) -> list:
         """Decode ``rows`` (validated ``int64``, any order, repeats allowed), in the order given."""

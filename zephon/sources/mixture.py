@@ -143,7 +143,7 @@ def _convert_points(points: Any) -> tuple[tuple[float, dict[str, float]], ...]:
     for i in range(1, len(out)):
         if out[i][0] <= out[i - 1][0]:
             raise ValueError(f"MixtureSchedule: breakpoints must increase strictly; point {i} is at {out[i][0]} after {out[i - 1][0]}")
-        if list(out[i][1]) != list(out[0][1]) and set(out[i][1]) != set(out[0][1]):
+        if set(out[i][1]) != set(out[0][1]):
             raise ValueError(
                 f"MixtureSchedule: point {i} names datasets {sorted(out[i][1])}, point 0 names {sorted(out[0][1])}; "
                 "every point gives a weight (0 allowed) to the same datasets"
@@ -313,12 +313,8 @@ class Timeline:
             base.append(base[-1] + interleave(p.weights).counts_before(q.start - p.start))
         return base
 
-    @functools.cached_property
-    def _starts(self) -> list[int]:
-        return [p.start for p in self.phases]
-
     def phase_index(self, t: int) -> int:
-        return max(bisect.bisect_right(self._starts, t) - 1, 0)
+        return max(bisect.bisect_right(self.phases, t, key=lambda p: p.start) - 1, 0)
 
     def counts_before(self, t: int) -> np.ndarray:
         i = self.phase_index(t)
@@ -348,7 +344,6 @@ class Timeline:
             if p.weights[j] == 0:
                 return None
             return p.start + interleave(p.weights).position_of(j, k - int(self._base[i][j]))
-        return None
 
     def weights_at(self, t: int) -> tuple[int, ...]:
         return self.phases[self.phase_index(t)].weights
@@ -416,24 +411,22 @@ def resolve_timeline(src: Any) -> tuple[Timeline, int | None, str | None, list, 
             ws = [x / t for x, t in zip(ws, tps)]
         return integer_weights(ws)
 
-    phases: list[Phase] = []
-    positions: list[int] = []
-    for at, w in pieces:
-        if not phases:
-            pos = 0
-        elif m.by == "step" and src.samples_per_step is not None:
+    phases = [Phase(0, sample_weights(pieces[0][1]))]
+    positions = [0]
+    for at, w in pieces[1:]:
+        if m.by == "step" and src.samples_per_step is not None:
             pos = int(round(at * src.samples_per_step))
         else:
             tokens = at * src.tokens_per_step if m.by == "step" else at
             pos = _tokens_to_position(phases, tps, tokens)
-        if phases and src.step_lanes is not None:  # the first block at or after the point (see step_lanes)
+        if src.step_lanes is not None:  # the first block at or after the point (see step_lanes)
             block = src.step_lanes * src.chunk_size
             pos = -(-pos // block) * block
-        pos = max(pos, phases[-1].start if phases else 0)
+        pos = max(pos, phases[-1].start)
         positions.append(pos)
-        if phases and pos == phases[-1].start:
+        if pos == phases[-1].start:
             phases[-1] = Phase(pos, sample_weights(w))
-        elif not phases or phases[-1].weights != sample_weights(w):
+        elif phases[-1].weights != sample_weights(w):
             phases.append(Phase(pos, sample_weights(w)))
     tl = Timeline(tuple(phases))
     if src.change is not None:

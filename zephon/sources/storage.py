@@ -180,7 +180,6 @@ def with_retries(url: str, what: str, call: Callable[[], Any], options: CacheOpt
                 raise StorageError(f"{what} {url} failed {attempt + 1} times ({type(err).__name__}: {err}); raise io_options cache.retries or check the store") from err
             sleep(wait)
             wait = min(options.max_backoff_s, wait * 2 if wait else 0.0)
-    raise AssertionError("unreachable")
 
 
 # -- the shard cache ------------------------------------------------------------------------------------
@@ -227,20 +226,19 @@ def fetch(url: str, fs: Any, size: int, identity: str, options: CacheOptions, da
     listed = identity_of(info)
     now = (int(info.get("size") or 0), listed or identity)
     if now[0] != size or (listed is not None and listed != identity):
-        raise _changed_object(dataset, url, size, identity, *now)
+        raise changed_object(dataset, url, size, identity, *now)
     os.makedirs(folder, exist_ok=True)
     with download_lock(folder, name):
         if _complete(target, size):  # another process of this machine downloaded it meanwhile
             _mark_used(folder, name)
             return target
-        evict(folder, options.max_bytes, keep=size)
-        require_space(folder, size, url, dataset)
+        make_room(folder, options.max_bytes, size, url, dataset)
         by_content = listed is None  # a store without checksums: the identity is the content's digest
         digest = with_retries(url, "downloading", lambda: _download(fs, url, target, size, by_content), options)
         discard(_used(folder, name))
         if by_content and digest != identity:
             discard(target)
-            raise _changed_object(dataset, url, size, identity, size, digest)
+            raise changed_object(dataset, url, size, identity, size, digest)
     return target
 
 
@@ -268,18 +266,6 @@ def download_lock(folder: str, name: str) -> Any:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-def require_space(folder: str, size: int, url: str, dataset: str) -> None:
-    """Raise unless the disk of ``folder`` has ``size`` free bytes for a copy of ``url``."""
-    free = shutil.disk_usage(folder).free
-    if free < size:
-        raise StorageError(
-            errno.ENOSPC,
-            f"dataset {dataset!r}: no room in the shard cache {folder} for {url}: the copy needs {size} bytes and "
-            f"the disk has {free} free. Free {size - free} bytes or more there, lower io_options cache.max_bytes "
-            "so that older copies are evicted, or point cache.dir at a larger disk",
-        )
 
 
 def _download(fs: Any, url: str, target: str, size: int, hashed: bool = True) -> str:
@@ -310,8 +296,7 @@ def fetch_by_content(url: str, fs: Any, size: int, options: CacheOptions, datase
     _require_cache(options, url, dataset, size)
     folder = options.folder
     os.makedirs(folder, exist_ok=True)
-    evict(folder, options.max_bytes, keep=size)
-    require_space(folder, size, url, dataset)
+    make_room(folder, options.max_bytes, size, url, dataset)
     pending = os.path.join(folder, f".pending-{os.getpid()}-{threading.get_ident()}-{cached_name(url, size, '')}")
     identity = with_retries(url, "downloading", lambda: _download(fs, url, pending, size), options)
     name = cached_name(url, size, identity)
@@ -320,7 +305,10 @@ def fetch_by_content(url: str, fs: Any, size: int, options: CacheOptions, datase
     return identity
 
 
-def _changed_object(dataset: str, url: str, size: int, identity: str, now_size: int, now_identity: str) -> ShardChangedError:
+def changed_object(
+    dataset: str, url: str, size: int, identity: str, now_size: int, now_identity: Any
+) -> ShardChangedError:
+    """The error for a remote object whose size or identity differ from those recorded."""
     return ShardChangedError(
         f"dataset {dataset!r}: remote shard {url} changed after the dataset was opened: it had {size} bytes and "
         f"{identity}, now {now_size} bytes and {now_identity}. Rows would shift or change; open the dataset again to read "
@@ -328,13 +316,11 @@ def _changed_object(dataset: str, url: str, size: int, identity: str, now_size: 
     )
 
 
-def evict(folder: str, max_bytes: int | None, keep: int = 0) -> int:
-    """Remove least recently used copies until the folder holds at most ``max_bytes - keep``; the
-    bytes freed."""
-    if max_bytes is None:
-        return 0
+def make_room(folder: str, max_bytes: int | None, size: int, url: str, dataset: str) -> None:
+    """Remove least recently used copies until ``size`` more bytes fit under ``max_bytes``; then
+    raise unless the disk of ``folder`` has ``size`` free bytes for a copy of ``url``."""
     entries = []
-    for entry in os.scandir(folder):
+    for entry in os.scandir(folder) if max_bytes is not None else ():  # no limit: evict nothing
         if entry.is_file() and not entry.name.startswith("."):
             st = entry.stat()
             try:
@@ -343,15 +329,20 @@ def evict(folder: str, max_bytes: int | None, keep: int = 0) -> int:
                 used = st.st_mtime_ns
             entries.append((max(used, st.st_mtime_ns), st.st_size, entry.path))
     total = sum(e[1] for e in entries)
-    freed = 0
-    for _, size, path in sorted(entries):
-        if total + keep <= max_bytes:
+    for _, nbytes, path in sorted(entries):
+        if total + size <= max_bytes:
             break
         try:
             os.unlink(path)
         except OSError:
             continue
         discard(_used(folder, os.path.basename(path)))
-        total -= size
-        freed += size
-    return freed
+        total -= nbytes
+    free = shutil.disk_usage(folder).free
+    if free < size:
+        raise StorageError(
+            errno.ENOSPC,
+            f"dataset {dataset!r}: no room in the shard cache {folder} for {url}: the copy needs {size} bytes and "
+            f"the disk has {free} free. Free {size - free} bytes or more there, lower io_options cache.max_bytes "
+            "so that older copies are evicted, or point cache.dir at a larger disk",
+        )

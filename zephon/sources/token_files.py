@@ -27,13 +27,6 @@ _SCAN = 1 << 26
 _OPEN = ProcessCache(clear_after_fork=False, max_entries=128)
 
 
-class _Tokens:
-    __slots__ = ("tokens", "offsets")
-
-    def __init__(self, tokens: np.ndarray, offsets: np.ndarray):
-        self.tokens, self.offsets = tokens, offsets
-
-
 def megatron_index(path: str) -> tuple[np.dtype, np.ndarray] | None:
     """``(dtype, token offsets of each document)`` from the Megatron ``.idx`` beside ``path``, if any."""
     idx = os.path.splitext(path)[0] + ".idx"
@@ -69,8 +62,7 @@ class TokenShard(FileIdentity):
     """One flat token file read as documents of token ids (``dtype``: as given, unless the ``.npy``
     header or Megatron index says; ``eos_token_id``: the separator)."""
 
-    _fields = FileIdentity._id_fields + ("dtype", "eos_token_id")
-    __slots__ = _fields + ("__weakref__",)
+    __slots__ = FileIdentity._id_fields + ("dtype", "eos_token_id", "__weakref__")
 
     def __init__(self, path: str, shard_id: str, *, dtype: str | None, eos_token_id: int | None, cache_dir: str, verify: str = "quick", digest: str | None = None):
         self._init_identity(path, shard_id, verify, cache_dir, digest)
@@ -78,13 +70,14 @@ class TokenShard(FileIdentity):
         self.eos_token_id = eos_token_id
 
     def count_rows(self, dataset: str, io: Any = None) -> int:
-        self.num_rows = self._open(dataset).offsets.shape[0] - 1
+        self.num_rows = self._open(dataset)[1].shape[0] - 1
         return self.num_rows
 
-    def _open(self, dataset: str) -> _Tokens:
-        return open_cached(_OPEN, self, dataset, lambda st: self._build(dataset))
+    def _open(self, dataset: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens, document offsets)``, opened once per process."""
+        return open_cached(_OPEN, self, dataset, lambda: self._build(dataset))
 
-    def _build(self, dataset: str) -> _Tokens:
+    def _build(self, dataset: str) -> tuple[np.ndarray, np.ndarray]:
         mega = megatron_index(self.path) if self.path.endswith(".bin") else None
         if self.path.endswith(".npy"):
             try:
@@ -115,9 +108,8 @@ class TokenShard(FileIdentity):
             raise ShardChangedError(f"dataset {dataset!r}: {self.path} now has {offsets.shape[0] - 1} documents, not {self.num_rows}; open the dataset again")
         tokens = tokens.view(np.ndarray)  # a plain read-only view of the mapping
         tokens.flags.writeable = False
-        return _Tokens(tokens, offsets)
+        return tokens, offsets
 
     def read(self, rows: np.ndarray, dataset: str, io: Any = None) -> list:
-        opened = self._open(dataset)
-        tokens, offsets = opened.tokens, opened.offsets
+        tokens, offsets = self._open(dataset)
         return [{"input_ids": tokens[offsets[r] : offsets[r + 1]]} for r in rows.tolist()]
