@@ -1,12 +1,6 @@
-"""Grouping records into lane-pure microbatches: a fixed number of rows, or a token budget.
-
-``batch(microbatch_size)`` cuts each lane's stream in arrival order; with ``group_by_length`` it
-sorts ``buffer_size`` records by length and emits their batches in an order drawn from the key
-(less padding, no length curriculum). ``batch(max_tokens=N)`` closes a microbatch before its padded
-size (rows x longest row) would exceed ``N``; ``sort_window=k`` sorts ``k`` records first and
-draws the order likewise. ``batch(tokens_per_microbatch=T)`` takes ``T / (length - 1)`` rows of
-``pack_flat`` per microbatch (fixed ``max_length`` or a :class:`~zephon.LengthSchedule`). Every
-mode holds records by reference and counts rows, real tokens and padded slots for ``stats()``.
+"""Grouping records into lane-pure microbatches: a fixed number of rows, or a token budget
+(``docs/design/token-budget.md``). Every mode holds records by reference and counts rows, real
+tokens and padded slots for ``stats()``.
 """
 
 from __future__ import annotations
@@ -102,21 +96,19 @@ class Batch(Operator):
         microbatch_size: records per batch (exclusive with ``max_tokens``).
         drop_last: drop (and count in ``stats()``) a last batch the end of data closed: short of
             ``microbatch_size``, or one the budget did not close. Only the end can be short.
-        group_by_length: batch records of similar length together (see the module docstring).
+        group_by_length: sort ``buffer_size`` records by length and emit their batches in an
+            order drawn from the key (less padding, no length curriculum).
         buffer_size: records sorted together when grouping (default ``64 * microbatch_size``).
         max_tokens: the token budget of a microbatch: rows x its longest row (rounded up to
-            ``pad_to_multiple_of``; at least one slot) never exceeds it; a microbatch closes when
-            the next record would push it over. A step is still one microbatch per lane.
-        sort_window: with ``max_tokens``: sort ``sort_window`` records at a time by length (ties by
-            record id, then arrival) and emit the window's microbatches in a drawn order; ``0``
-            (default): arrival order.
-        pad_to_multiple_of: with ``max_tokens``: the row width the budget counts is the longest row
+            ``pad_to_multiple_of``; at least one slot) never exceeds it.
+        sort_window: with ``max_tokens``: sort ``sort_window`` records at a time by length and
+            emit the window's microbatches in a drawn order; ``0`` (default): arrival order.
+        pad_to_multiple_of: with ``max_tokens``: the width the budget counts is the longest row
             rounded up to this (pass the same to ``to_training``).
         oversized: with ``max_tokens``, a record wider than the budget on its own: ``"error"``
             (default; the message names the record) or ``"drop"`` (counted in ``stats()``).
         tokens_per_microbatch: training tokens per microbatch of ``pack_flat`` rows: ``T / (length
-            - 1)`` rows of ``length`` tokens, for a fixed ``max_length`` or a
-            :class:`~zephon.LengthSchedule` (then required); ``T`` must divide for every length.
+            - 1)`` rows of ``length`` tokens (required with a :class:`~zephon.LengthSchedule`).
             Exclusive with ``microbatch_size`` and ``max_tokens``.
         pad_token_id: stamped on each batch for ``to_training``'s dynamic padding (the pipeline
             fills it from the tokenizer's pad, else EOS); it never changes the batches.
@@ -146,11 +138,9 @@ class Batch(Operator):
 
     def __attrs_post_init__(self) -> None:
         if self.tokens_per_microbatch is not None:
-            self._check_tokens()
-            return
+            return self._check_tokens()
         if self.max_tokens is not None:
-            self._check_budget()
-            return
+            return self._check_budget()
         if self.microbatch_size is None:
             raise ValueError(
                 "batch: pass microbatch_size (records per microbatch, e.g. batch(8)) or max_tokens (a token budget "
