@@ -137,41 +137,60 @@ class Batch(Operator):
     state_type: ClassVar[type] = BatchState
 
     def __attrs_post_init__(self) -> None:
-        if self.tokens_per_microbatch is not None:
-            return self._check_tokens()
-        if self.max_tokens is not None:
-            return self._check_budget()
-        if self.microbatch_size is None:
+        defaults = attrs.fields_dict(Batch)
+        given = [n for n in (*_BUDGET_SETTINGS[1:], *_FIXED_SETTINGS[1:])
+                 if getattr(self, n) != defaults[n].default]
+        T = self.tokens_per_microbatch
+        if T is not None:
+            for name in ("microbatch_size", "max_tokens"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"batch: {name}={getattr(self, name)} and tokens_per_microbatch={T} exclude each other: "
+                        "tokens_per_microbatch sets the rows of each microbatch (T / (row length - 1)); pass one"
+                    )
+            if given:
+                raise ValueError(
+                    f"batch: {', '.join(given)} do not apply with tokens_per_microbatch (rows in arrival order, "
+                    "T / (row length - 1) per microbatch); leave them out"
+                )
+        elif self.max_tokens is not None:
+            if self.microbatch_size is not None:
+                raise ValueError(
+                    f"batch: microbatch_size={self.microbatch_size} and max_tokens={self.max_tokens} exclude each other: a "
+                    "token budget decides the rows of each microbatch. Pass one: batch(microbatch_size) for a fixed number "
+                    "of rows, or batch(max_tokens=N) for microbatches of at most N padded tokens"
+                )
+            if self.group_by_length or self.buffer_size is not None:
+                raise ValueError(
+                    "batch: group_by_length and buffer_size belong to fixed-size batches; with max_tokens, sort by length "
+                    "with sort_window=k (records sorted together)"
+                )
+            if isinstance(self.sort_window, bool) or not isinstance(self.sort_window, int) or self.sort_window < 0:
+                raise ValueError(f"batch: sort_window must be an int >= 0 (0: no sorting), got {self.sort_window!r}")
+            if self.oversized not in OVERSIZED:
+                choices = ", ".join(map(repr, OVERSIZED))
+                raise ValueError(f"batch: oversized must be one of {choices}, got {self.oversized!r}")
+            if self.multiple > self.max_tokens:
+                raise ValueError(
+                    f"batch: pad_to_multiple_of={self.pad_to_multiple_of} exceeds max_tokens={self.max_tokens}, so no "
+                    "record fits a microbatch; lower pad_to_multiple_of or raise max_tokens"
+                )
+        elif self.microbatch_size is None:
             raise ValueError(
                 "batch: pass microbatch_size (records per microbatch, e.g. batch(8)) or max_tokens (a token budget "
                 "per microbatch, e.g. batch(max_tokens=8192))"
             )
-        given = [n for n in _BUDGET_SETTINGS[1:] if getattr(self, n) != attrs.fields_dict(Batch)[n].default]
-        if given:
-            raise ValueError(f"batch: {', '.join(given)} only apply with max_tokens; pass max_tokens=N with them")
-        if self.buffer_size is not None and not self.group_by_length:
-            raise ValueError("batch: buffer_size only applies with group_by_length=True")
-        if self.group_by_length and self.window % self.microbatch_size:
-            raise ValueError(
-                f"batch: buffer_size={self.window} must be a multiple of microbatch_size={self.microbatch_size} "
-                "so that every group fills whole batches"
-            )
-
-    def _check_tokens(self) -> None:
-        T = self.tokens_per_microbatch
-        for name in ("microbatch_size", "max_tokens"):
-            if getattr(self, name) is not None:
+        else:
+            budget = [n for n in given if n in _BUDGET_SETTINGS]
+            if budget:
+                raise ValueError(f"batch: {', '.join(budget)} only apply with max_tokens; pass max_tokens=N with them")
+            if self.buffer_size is not None and not self.group_by_length:
+                raise ValueError("batch: buffer_size only applies with group_by_length=True")
+            if self.group_by_length and self.window % self.microbatch_size:
                 raise ValueError(
-                    f"batch: {name}={getattr(self, name)} and tokens_per_microbatch={T} exclude each other: "
-                    "tokens_per_microbatch sets the rows of each microbatch (T / (row length - 1)); pass one"
+                    f"batch: buffer_size={self.window} must be a multiple of microbatch_size={self.microbatch_size} "
+                    "so that every group fills whole batches"
                 )
-        given = [n for n in (*_BUDGET_SETTINGS[1:], *_FIXED_SETTINGS[1:])
-                 if getattr(self, n) != attrs.fields_dict(Batch)[n].default]
-        if given:
-            raise ValueError(
-                f"batch: {', '.join(given)} do not apply with tokens_per_microbatch (rows in arrival order, "
-                "T / (row length - 1) per microbatch); leave them out"
-            )
 
     def rows_for(self, rec: Record) -> int:
         """With ``tokens_per_microbatch``: the rows of a microbatch that starts with ``rec``."""
@@ -194,29 +213,6 @@ class Batch(Operator):
                 out.append(self._batch(partial))
                 partial = []
         return self._advance(state, tuple(partial), out), out
-
-    def _check_budget(self) -> None:
-        if self.microbatch_size is not None:
-            raise ValueError(
-                f"batch: microbatch_size={self.microbatch_size} and max_tokens={self.max_tokens} exclude each other: a "
-                "token budget decides the rows of each microbatch. Pass one: batch(microbatch_size) for a fixed number "
-                "of rows, or batch(max_tokens=N) for microbatches of at most N padded tokens"
-            )
-        if self.group_by_length or self.buffer_size is not None:
-            raise ValueError(
-                "batch: group_by_length and buffer_size belong to fixed-size batches; with max_tokens, sort by length "
-                "with sort_window=k (records sorted together)"
-            )
-        if isinstance(self.sort_window, bool) or not isinstance(self.sort_window, int) or self.sort_window < 0:
-            raise ValueError(f"batch: sort_window must be an int >= 0 (0: no sorting), got {self.sort_window!r}")
-        if self.oversized not in OVERSIZED:
-            choices = ", ".join(map(repr, OVERSIZED))
-            raise ValueError(f"batch: oversized must be one of {choices}, got {self.oversized!r}")
-        if self.multiple > self.max_tokens:
-            raise ValueError(
-                f"batch: pad_to_multiple_of={self.pad_to_multiple_of} exceeds max_tokens={self.max_tokens}, so no "
-                "record fits a microbatch; lower pad_to_multiple_of or raise max_tokens"
-            )
 
     @property
     def window(self) -> int:
@@ -377,7 +373,17 @@ class Batch(Operator):
         counters = ("batches", "dropped_records", "dropped_tokens", "real_tokens", "slots", "rows")
         nonnegative(state, counters + ("oversized_records", "oversized_tokens"))
         if self.tokens_per_microbatch is not None:
-            return self._decode_tokens(state, upstream)
+            state = resolve(state, upstream)
+            if state.partial:
+                lengths = {record_length(r) for r in state.partial}
+                rows = self.rows_for(state.partial[0])
+                if len(lengths) > 1 or len(state.partial) >= rows:
+                    raise ValueError(
+                        f"field 'partial' holds {len(state.partial)} rows of lengths {sorted(lengths)}, but an open "
+                        f"microbatch holds fewer than {rows} rows of one length (tokens_per_microbatch="
+                        f"{self.tokens_per_microbatch})"
+                    )
+            return state
         size = self.window or self.max_tokens
         if len(state.partial) >= size:
             raise ValueError(f"field 'partial' holds {len(state.partial)} records, but a batch is emitted as soon as {size} wait")
@@ -388,19 +394,6 @@ class Batch(Operator):
                 raise ValueError(
                     f"field 'partial' holds {len(state.partial)} records of width {width}, a microbatch that "
                     f"max_tokens={self.max_tokens} has closed already"
-                )
-        return state
-
-    def _decode_tokens(self, state: BatchState, upstream: Resolver) -> BatchState:
-        state = resolve(state, upstream)
-        if state.partial:
-            lengths = {record_length(r) for r in state.partial}
-            rows = self.rows_for(state.partial[0])
-            if len(lengths) > 1 or len(state.partial) >= rows:
-                raise ValueError(
-                    f"field 'partial' holds {len(state.partial)} rows of lengths {sorted(lengths)}, but an open "
-                    f"microbatch holds fewer than {rows} rows of one length (tokens_per_microbatch="
-                    f"{self.tokens_per_microbatch})"
                 )
         return state
 
