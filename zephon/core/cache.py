@@ -1,6 +1,6 @@
 """Per-process caches of objects that are costly to build and cannot travel between processes.
 
-After ``fork`` (hook, or a changed process id) the child gets a new lock and no entries, unless
+After ``fork`` (an at-fork hook) the child gets a new lock and no entries, unless
 ``clear_after_fork=False``.
 """
 
@@ -41,13 +41,10 @@ class ProcessCache:
         self._max_entries = max_entries
         self._entries: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = threading.RLock()  # reentrant: a build may use the same cache
-        self._pid = os.getpid()
         _CACHES.add(self)
 
     def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
         """The entry for ``key``, made by ``build()`` on its first use in this process."""
-        if self._clear_after_fork and self._pid != os.getpid():
-            self._after_fork()
         value = self._entries.get(key, _MISSING)
         if value is _MISSING:
             with self._lock:
@@ -66,8 +63,6 @@ class ProcessCache:
 
     def peek(self, key: Hashable, default: Any = None) -> Any:
         """The entry for ``key`` if this process holds one, else ``default``; never builds."""
-        if self._clear_after_fork and self._pid != os.getpid():
-            return default
         return self._entries.get(key, default)
 
     def discard(self, key: Hashable) -> None:
@@ -91,7 +86,6 @@ class ProcessCache:
 
     def _after_fork(self) -> None:
         self._lock = threading.RLock()
-        self._pid = os.getpid()
         if self._clear_after_fork:
             self._entries = OrderedDict()
 

@@ -1,12 +1,6 @@
-"""Grouping records into lane-pure microbatches: a fixed number of rows, or a token budget.
-
-``batch(microbatch_size)`` cuts each lane's stream in arrival order; with ``group_by_length`` it
-sorts ``buffer_size`` records by length and emits their batches in an order drawn from the key
-(less padding, no length curriculum). ``batch(max_tokens=N)`` closes a microbatch before its padded
-size (rows x longest row) would exceed ``N``; ``sort_window=k`` sorts ``k`` records first and
-draws the order likewise. ``batch(tokens_per_microbatch=T)`` takes ``T / (length - 1)`` rows of
-``pack_flat`` per microbatch (fixed ``max_length`` or a :class:`~zephon.LengthSchedule`). Every
-mode holds records by reference and counts rows, real tokens and padded slots for ``stats()``.
+"""Grouping records into lane-pure microbatches: a fixed number of rows, or a token budget
+(``docs/design/token-budget.md``). Every mode holds records by reference and counts rows, real
+tokens and padded slots for ``stats()``.
 """
 
 from __future__ import annotations
@@ -102,21 +96,19 @@ class Batch(Operator):
         microbatch_size: records per batch (exclusive with ``max_tokens``).
         drop_last: drop (and count in ``stats()``) a last batch the end of data closed: short of
             ``microbatch_size``, or one the budget did not close. Only the end can be short.
-        group_by_length: batch records of similar length together (see the module docstring).
+        group_by_length: sort ``buffer_size`` records by length and emit their batches in an
+            order drawn from the key (less padding, no length curriculum).
         buffer_size: records sorted together when grouping (default ``64 * microbatch_size``).
         max_tokens: the token budget of a microbatch: rows x its longest row (rounded up to
-            ``pad_to_multiple_of``; at least one slot) never exceeds it; a microbatch closes when
-            the next record would push it over. A step is still one microbatch per lane.
-        sort_window: with ``max_tokens``: sort ``sort_window`` records at a time by length (ties by
-            record id, then arrival) and emit the window's microbatches in a drawn order; ``0``
-            (default): arrival order.
-        pad_to_multiple_of: with ``max_tokens``: the row width the budget counts is the longest row
+            ``pad_to_multiple_of``; at least one slot) never exceeds it.
+        sort_window: with ``max_tokens``: sort ``sort_window`` records at a time by length and
+            emit the window's microbatches in a drawn order; ``0`` (default): arrival order.
+        pad_to_multiple_of: with ``max_tokens``: the width the budget counts is the longest row
             rounded up to this (pass the same to ``to_training``).
         oversized: with ``max_tokens``, a record wider than the budget on its own: ``"error"``
             (default; the message names the record) or ``"drop"`` (counted in ``stats()``).
         tokens_per_microbatch: training tokens per microbatch of ``pack_flat`` rows: ``T / (length
-            - 1)`` rows of ``length`` tokens, for a fixed ``max_length`` or a
-            :class:`~zephon.LengthSchedule` (then required); ``T`` must divide for every length.
+            - 1)`` rows of ``length`` tokens (required with a :class:`~zephon.LengthSchedule`).
             Exclusive with ``microbatch_size`` and ``max_tokens``.
         pad_token_id: stamped on each batch for ``to_training``'s dynamic padding (the pipeline
             fills it from the tokenizer's pad, else EOS); it never changes the batches.
@@ -145,43 +137,60 @@ class Batch(Operator):
     state_type: ClassVar[type] = BatchState
 
     def __attrs_post_init__(self) -> None:
-        if self.tokens_per_microbatch is not None:
-            self._check_tokens()
-            return
-        if self.max_tokens is not None:
-            self._check_budget()
-            return
-        if self.microbatch_size is None:
+        defaults = attrs.fields_dict(Batch)
+        given = [n for n in (*_BUDGET_SETTINGS[1:], *_FIXED_SETTINGS[1:])
+                 if getattr(self, n) != defaults[n].default]
+        T = self.tokens_per_microbatch
+        if T is not None:
+            for name in ("microbatch_size", "max_tokens"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"batch: {name}={getattr(self, name)} and tokens_per_microbatch={T} exclude each other: "
+                        "tokens_per_microbatch sets the rows of each microbatch (T / (row length - 1)); pass one"
+                    )
+            if given:
+                raise ValueError(
+                    f"batch: {', '.join(given)} do not apply with tokens_per_microbatch (rows in arrival order, "
+                    "T / (row length - 1) per microbatch); leave them out"
+                )
+        elif self.max_tokens is not None:
+            if self.microbatch_size is not None:
+                raise ValueError(
+                    f"batch: microbatch_size={self.microbatch_size} and max_tokens={self.max_tokens} exclude each other: a "
+                    "token budget decides the rows of each microbatch. Pass one: batch(microbatch_size) for a fixed number "
+                    "of rows, or batch(max_tokens=N) for microbatches of at most N padded tokens"
+                )
+            if self.group_by_length or self.buffer_size is not None:
+                raise ValueError(
+                    "batch: group_by_length and buffer_size belong to fixed-size batches; with max_tokens, sort by length "
+                    "with sort_window=k (records sorted together)"
+                )
+            if isinstance(self.sort_window, bool) or not isinstance(self.sort_window, int) or self.sort_window < 0:
+                raise ValueError(f"batch: sort_window must be an int >= 0 (0: no sorting), got {self.sort_window!r}")
+            if self.oversized not in OVERSIZED:
+                choices = ", ".join(map(repr, OVERSIZED))
+                raise ValueError(f"batch: oversized must be one of {choices}, got {self.oversized!r}")
+            if self.multiple > self.max_tokens:
+                raise ValueError(
+                    f"batch: pad_to_multiple_of={self.pad_to_multiple_of} exceeds max_tokens={self.max_tokens}, so no "
+                    "record fits a microbatch; lower pad_to_multiple_of or raise max_tokens"
+                )
+        elif self.microbatch_size is None:
             raise ValueError(
                 "batch: pass microbatch_size (records per microbatch, e.g. batch(8)) or max_tokens (a token budget "
                 "per microbatch, e.g. batch(max_tokens=8192))"
             )
-        given = [n for n in _BUDGET_SETTINGS[1:] if getattr(self, n) != attrs.fields_dict(Batch)[n].default]
-        if given:
-            raise ValueError(f"batch: {', '.join(given)} only apply with max_tokens; pass max_tokens=N with them")
-        if self.buffer_size is not None and not self.group_by_length:
-            raise ValueError("batch: buffer_size only applies with group_by_length=True")
-        if self.group_by_length and self.window % self.microbatch_size:
-            raise ValueError(
-                f"batch: buffer_size={self.window} must be a multiple of microbatch_size={self.microbatch_size} "
-                "so that every group fills whole batches"
-            )
-
-    def _check_tokens(self) -> None:
-        T = self.tokens_per_microbatch
-        for name in ("microbatch_size", "max_tokens"):
-            if getattr(self, name) is not None:
+        else:
+            budget = [n for n in given if n in _BUDGET_SETTINGS]
+            if budget:
+                raise ValueError(f"batch: {', '.join(budget)} only apply with max_tokens; pass max_tokens=N with them")
+            if self.buffer_size is not None and not self.group_by_length:
+                raise ValueError("batch: buffer_size only applies with group_by_length=True")
+            if self.group_by_length and self.window % self.microbatch_size:
                 raise ValueError(
-                    f"batch: {name}={getattr(self, name)} and tokens_per_microbatch={T} exclude each other: "
-                    "tokens_per_microbatch sets the rows of each microbatch (T / (row length - 1)); pass one"
+                    f"batch: buffer_size={self.window} must be a multiple of microbatch_size={self.microbatch_size} "
+                    "so that every group fills whole batches"
                 )
-        given = [n for n in (*_BUDGET_SETTINGS[1:], *_FIXED_SETTINGS[1:])
-                 if getattr(self, n) != attrs.fields_dict(Batch)[n].default]
-        if given:
-            raise ValueError(
-                f"batch: {', '.join(given)} do not apply with tokens_per_microbatch (rows in arrival order, "
-                "T / (row length - 1) per microbatch); leave them out"
-            )
 
     def rows_for(self, rec: Record) -> int:
         """With ``tokens_per_microbatch``: the rows of a microbatch that starts with ``rec``."""
@@ -204,29 +213,6 @@ class Batch(Operator):
                 out.append(self._batch(partial))
                 partial = []
         return self._advance(state, tuple(partial), out), out
-
-    def _check_budget(self) -> None:
-        if self.microbatch_size is not None:
-            raise ValueError(
-                f"batch: microbatch_size={self.microbatch_size} and max_tokens={self.max_tokens} exclude each other: a "
-                "token budget decides the rows of each microbatch. Pass one: batch(microbatch_size) for a fixed number "
-                "of rows, or batch(max_tokens=N) for microbatches of at most N padded tokens"
-            )
-        if self.group_by_length or self.buffer_size is not None:
-            raise ValueError(
-                "batch: group_by_length and buffer_size belong to fixed-size batches; with max_tokens, sort by length "
-                "with sort_window=k (records sorted together)"
-            )
-        if isinstance(self.sort_window, bool) or not isinstance(self.sort_window, int) or self.sort_window < 0:
-            raise ValueError(f"batch: sort_window must be an int >= 0 (0: no sorting), got {self.sort_window!r}")
-        if self.oversized not in OVERSIZED:
-            choices = ", ".join(map(repr, OVERSIZED))
-            raise ValueError(f"batch: oversized must be one of {choices}, got {self.oversized!r}")
-        if self.multiple > self.max_tokens:
-            raise ValueError(
-                f"batch: pad_to_multiple_of={self.pad_to_multiple_of} exceeds max_tokens={self.max_tokens}, so no "
-                "record fits a microbatch; lower pad_to_multiple_of or raise max_tokens"
-            )
 
     @property
     def window(self) -> int:
@@ -387,7 +373,17 @@ class Batch(Operator):
         counters = ("batches", "dropped_records", "dropped_tokens", "real_tokens", "slots", "rows")
         nonnegative(state, counters + ("oversized_records", "oversized_tokens"))
         if self.tokens_per_microbatch is not None:
-            return self._decode_tokens(state, upstream)
+            state = resolve(state, upstream)
+            if state.partial:
+                lengths = {record_length(r) for r in state.partial}
+                rows = self.rows_for(state.partial[0])
+                if len(lengths) > 1 or len(state.partial) >= rows:
+                    raise ValueError(
+                        f"field 'partial' holds {len(state.partial)} rows of lengths {sorted(lengths)}, but an open "
+                        f"microbatch holds fewer than {rows} rows of one length (tokens_per_microbatch="
+                        f"{self.tokens_per_microbatch})"
+                    )
+            return state
         size = self.window or self.max_tokens
         if len(state.partial) >= size:
             raise ValueError(f"field 'partial' holds {len(state.partial)} records, but a batch is emitted as soon as {size} wait")
@@ -398,19 +394,6 @@ class Batch(Operator):
                 raise ValueError(
                     f"field 'partial' holds {len(state.partial)} records of width {width}, a microbatch that "
                     f"max_tokens={self.max_tokens} has closed already"
-                )
-        return state
-
-    def _decode_tokens(self, state: BatchState, upstream: Resolver) -> BatchState:
-        state = resolve(state, upstream)
-        if state.partial:
-            lengths = {record_length(r) for r in state.partial}
-            rows = self.rows_for(state.partial[0])
-            if len(lengths) > 1 or len(state.partial) >= rows:
-                raise ValueError(
-                    f"field 'partial' holds {len(state.partial)} rows of lengths {sorted(lengths)}, but an open "
-                    f"microbatch holds fewer than {rows} rows of one length (tokens_per_microbatch="
-                    f"{self.tokens_per_microbatch})"
                 )
         return state
 

@@ -147,15 +147,12 @@ def _check_chat_options(v: Any) -> None:
 class TokenizeChat(TokenizerOp):
     """Render conversations with a chat template into ``input_ids`` and an assistant ``loss_mask``.
 
-    A payload holds a list of messages ``{"role", "content"}`` (optionally ``"tool_calls"``,
-    ``"name"``, ``"tool_call_id"``). The output ``{"input_ids": int32, "loss_mask": uint8}`` has 1
-    exactly on the selected assistant turns, end-of-turn token included, and 0 on other turns and
-    the assistant header. Turns are found by ``{% generation %}`` blocks, or by prefix rendering:
-    the renders of ``messages[:i]`` with the generation prompt and of ``messages[:i + 1]`` must
-    start the full text, and their difference (trailing whitespace left out) is reply ``i``. The
-    template renders as in transformers (sandboxed Jinja, no ``strftime_now``); the text is
-    tokenized without added specials, and a token is supervised when its characters overlap a
-    span. Template markers (``<|...|>``, ``<s>``) must each be one token (``check_markers``).
+    A payload holds a list of messages ``{"role", "content"}``. The output ``{"input_ids": int32,
+    "loss_mask": uint8}`` has 1 exactly on the selected assistant turns, end-of-turn token
+    included. Turns are found by ``{% generation %}`` blocks, or by prefix rendering: the renders
+    of ``messages[:i]`` with the generation prompt and of ``messages[:i + 1]`` must start the full
+    text, and their difference (trailing whitespace left out) is reply ``i``; a token is
+    supervised when its characters overlap a span. Details: ``docs/guide/chat.md``.
 
     State: none. The output depends only on the payload, the tokenizer's content, the template
     text (its sha256 is fingerprinted) and the options. ``tokenizer`` holds the resolved
@@ -164,21 +161,16 @@ class TokenizeChat(TokenizerOp):
     construction: a template that came with the tokenizer follows a changed tokenizer.
 
     Args:
-        tokenizer: as for :class:`~zephon.ops.Tokenize` (or ``tokenizer_id``: a local path or a
-            Hugging Face id in the local cache).
+        tokenizer: as for :class:`~zephon.ops.Tokenize` (or ``tokenizer_id``).
         field: the payload key holding the messages.
-        chat_template: a built-in name (``"chatml"``, ``"llama3"``), Jinja text, or a path to a
-            ``.jinja`` file, a ``tokenizer_config.json`` or a folder; ``None``: the template
-            shipped with the tokenizer.
-        loss_scope: ``"assistant"`` (every assistant turn), ``"last_assistant"`` or ``"all"``
-            (every token but the first).
+        chat_template: a built-in name (``"chatml"``, ``"llama3"``), Jinja text, or a path;
+            ``None``: the template shipped with the tokenizer.
+        loss_scope: ``"assistant"``, ``"last_assistant"`` or ``"all"`` (every token but the first).
         max_length: the longest output in tokens (``>= 2``; ``None``: no limit).
         truncation: cut longer records to ``max_length``, the mask with them (else they raise).
         tools_field: the payload key of tool schemas for the template's ``tools`` (``None``: none).
-        chat_template_kwargs: more template variables (e.g. ``{"enable_thinking": False}``), not
-            the reserved ones (``messages``, ``tools``, ``add_generation_prompt``, ...).
-        empty_mask: a record with no supervised token: ``"error"`` raises, naming its roles;
-            ``"drop"`` drops it (counted as a drop of this step).
+        chat_template_kwargs: more template variables (e.g. ``{"enable_thinking": False}``).
+        empty_mask: a record with no supervised token: ``"error"`` or ``"drop"``.
         span_source: ``"auto"`` (generation tags when the template has them, else prefix
             rendering), ``"generation_tags"`` or ``"prefix"``.
 
@@ -454,14 +446,11 @@ class TokenizePromptCompletion(TokenizerOp):
         tokenizer: as for :class:`TokenizeChat` (or ``tokenizer_id``).
         prompt_field, completion_field: the payload keys of the two texts.
         special_tokens: ``"bos_eos"`` (default), ``"bos"``, ``"eos"`` or ``"none"``, as in
-            ``tokenize``; an added EOS is supervised. ``bos_token_id``/``eos_token_id`` override
-            the tokenizer's ids.
+            ``tokenize``; ``bos_token_id``/``eos_token_id`` override the tokenizer's ids.
         max_length: the longest output in tokens (``>= 2``); longer records raise without
             ``truncation``, which keeps the first ``max_length`` (the completion is cut first).
-        empty_mask: ``"error"`` or ``"drop"`` a record with no supervised token (an empty
-            completion without EOS, or one truncation removed).
-        parallelism: threads for the tiktoken backend; ``backend``: ``"auto"``, ``"tokenizers"``
-            or ``"tiktoken"``; both performance only.
+        empty_mask: ``"error"`` or ``"drop"`` a record with no supervised token.
+        parallelism, backend: as for ``tokenize``; performance only.
 
     Raises:
         ValueError: an invalid option, a missing BOS/EOS id for the chosen mode, a missing field,

@@ -157,12 +157,11 @@ def bind_lengths(operators: Sequence[tuple[str, Any]]) -> tuple[tuple[str, Any],
     the pairing: a :class:`LengthSchedule` goes with ``batch(tokens_per_microbatch=T)`` and only with it,
     nothing stands between them, and ``T`` divides into whole rows in every phase.
     """
-    packs = [i for i, (_, op) in enumerate(operators) if op.kind in ("pack_flat", "pack_sequences")]
     batch_at = next((i for i, (_, op) in enumerate(operators) if op.kind == "batch"), None)
     batch = operators[batch_at][1] if batch_at is not None else None
     tokens = getattr(batch, "tokens_per_microbatch", None)
-    scheduled = [i for i in packs if isinstance(operators[i][1].max_length, LengthSchedule)]
-    flat = [i for i in packs if operators[i][1].kind == "pack_flat"]
+    flat = [i for i, (_, op) in enumerate(operators) if op.kind == "pack_flat"]
+    scheduled = [i for i in flat if isinstance(operators[i][1].max_length, LengthSchedule)]
     if tokens is not None and not flat:
         raise ValueError(
             f"batch: tokens_per_microbatch={tokens} counts the tokens of pack_flat rows, but no pack_flat comes before "

@@ -75,18 +75,14 @@ class EnsureMixture(Operator):
     datasets and, by default, the source's mixture).
 
     Args:
-        mixture: target ``{dataset name: weight}`` (weights >= 0), or a
-            :class:`~zephon.work.MixtureSchedule`, which the pipeline places as ``phases``.
+        mixture: target ``{dataset name: weight}``, or a :class:`~zephon.work.MixtureSchedule`.
         datasets: the source's dataset names, in order (a record names its dataset by index).
         phases: ``((first emission, integer weights), ...)``: the lane's targets phase by phase
             (filled in by the pipeline for a schedule; empty: ``mixture`` throughout).
         max_buffer_size: records a lane holds at most while it waits for the most owed dataset.
-        weight_by: ``"auto"`` (tokens: the length of ``input_ids``/...), ``"samples"`` (1 per
-            record), a payload field (its number, or its length), or a function of the payload.
-        drain_target_ratio: when the buffer overflows, forced emissions bring it down to
-            ``drain_target_ratio * max_buffer_size`` records (default 0.8).
-        obsolete_drain_rate: after every ``int(1 / rate)`` on-target emissions, the oldest
-            waiting record goes next (0, the default: off; the buffer bound limits waiting).
+        weight_by: ``"auto"`` (tokens), ``"samples"`` (1 per record), a payload field (its
+            number, or its length), or a function of the payload.
+        drain_target_ratio, obsolete_drain_rate: see ``docs/guide/mixing.md``.
 
     State: emitted weight per dataset in the current phase, the buffer (by reference), outputs
     (the lane's clock) and forced outputs. ``report()`` gives ``buffered``, ``outputs``, ``forced``.

@@ -55,21 +55,8 @@ def _slice(value: Any, a: int, b: int) -> Any:
 class PackFlat(Packer):
     """Pack documents into flat training rows of exactly ``max_length`` tokens.
 
-    Algorithms (worked examples in ``docs/guide/packing.md``):
-
-    - ``"wrap"`` (default): one token stream cut into consecutive rows; capped
-      (``max_sequences_per_bin``), a row also closes, short, when it holds that many pieces.
-    - ``"first_fit"``: each document into the first of up to ``num_bins`` open bins with room, else
-      a new bin (emitting the oldest when ``num_bins`` are open). A bin is emitted once its free
-      room drops below ``min_sequence_length`` or it holds ``max_sequences_per_bin`` documents.
-    - ``"best_fit"``: as first_fit, into the open bin with the least room that fits (first on ties).
-    - ``"best_fit_wrap"``: full windows go out directly, remainders join a pool; once it holds
-      ``candidate_pool_size`` candidates and a row's worth, a row takes candidates older than
-      ``max_candidate_age`` arrivals, then the largest that fit (earliest on ties), else splits
-      the shortest (its tail when it starts its document and the gap is under half, else its head).
-
-    Only ``flush`` closes partial work: open bins oldest first, full best_fit_wrap rows, then one
-    partial row. Every dropped or cut token, and every empty document, is counted in :meth:`report`.
+    The algorithms, with worked examples, are in ``docs/guide/packing.md``. Only ``flush`` closes
+    partial work; every dropped or cut token, and every empty document, is counted in :meth:`report`.
 
     Args:
         max_length: tokens per row (``context + 1`` for shifted labels), or a
@@ -79,35 +66,29 @@ class PackFlat(Packer):
         num_bins: open bins; required for first_fit/best_fit, not allowed otherwise.
         max_sequences_per_bin: the most pieces in a row (``None``: no limit).
         min_sequence_length: first/best fit emit a bin whose free room is below this.
-        oversized: a document longer than ``max_length``: ``"split"`` (into ``max_length``
-            pieces; wrap: the stream cuts it), ``"truncate"``, ``"drop"`` or ``"error"``;
-            ``None``: ``"drop"`` for first/best fit, else ``"split"``.
+        oversized: a document longer than ``max_length``: ``"split"``, ``"truncate"``, ``"drop"``
+            or ``"error"``; ``None``: ``"drop"`` for first/best fit, else ``"split"``.
         drop_oversized: an alias: ``True`` is ``oversized="drop"``; ``False`` is ``"error"`` for
             first/best fit and ``"split"`` for the wrap kinds.
         candidate_pool_size: best_fit_wrap's pool size (default 1024).
         max_candidate_age: best_fit_wrap's age limit in arrivals (default ``8 * pool``).
         tokens_field: the token field, or ``"auto"`` (input_ids, tokens, token_ids, ids).
         pad_token_id: fills rows shorter than ``max_length``; required but for uncapped wrap,
-            where it only pads the end-of-data remainder (``None``: dropped and counted as
-            ``dropped_tail_tokens``).
-        emit_positions: add int32 ``positions`` restarting at 0 at every piece and at the padding
-            (document ids are ``cumsum(positions == 0) - 1``); ``False``: a payload's own
-            ``positions`` is packed like any token-aligned field.
-        drop_fields: fields removed from every document before packing (the one way to leave a
-            field out), counted in ``report()["dropped_field_values"]``.
-        tokens_per_microbatch: with a :class:`~zephon.LengthSchedule`, the tokens of a microbatch,
-            which place row ``r`` in its global step; a pipeline fills it from
-            ``batch(tokens_per_microbatch=T)``.
+            where ``None`` drops the end-of-data remainder (counted as ``dropped_tail_tokens``).
+        emit_positions: add int32 ``positions`` restarting at 0 at every piece and at the padding;
+            ``False``: a payload's own ``positions`` is packed like any token-aligned field.
+        drop_fields: fields removed from every document before packing, counted in
+            ``report()["dropped_field_values"]``.
+        tokens_per_microbatch: with a :class:`~zephon.LengthSchedule`, the tokens of a microbatch
+            (placing each row in its step); a pipeline fills it from ``batch``.
 
     Output: the token field and every 1-D numeric field of its length, concatenated and padded
-    with ``pad_token_id`` (other fields with 0); ``positions``; ``meta.padding_length`` (what
-    ``to_training`` masks). Documents with other fields (scalars, strings, other arrays) give
-    ``segments``, a dict per piece in ``meta.segments`` order: ``{"start": offset in the row,
-    "length": tokens, **the document's other fields}``.
+    with ``pad_token_id`` (other fields with 0); ``positions``; ``meta.padding_length``. Documents
+    with other fields give ``segments``, a dict per piece: ``{"start", "length", **its fields}``.
 
     State: open bins, wrap remainder or candidate pool as ``(record, start, end)`` references
     plus counters; outputs depend only on the order of the lane's documents; restores exactly;
-    per lane, so resharding moves states whole.
+    reshards with its lane.
 
     Raises:
         ValueError: contradicting settings, an oversized document under ``oversized="error"``,

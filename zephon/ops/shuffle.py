@@ -96,7 +96,9 @@ class Shuffle(Operator):
 
     buffer_size: int = config_field(validator=positive_int)
     seed: int = config_field(default=0, validator=_int)
-    drains: tuple[int, ...] = config_field(default=(), converter=drain_positions, kw_only=True)
+    drains: tuple[int, ...] = config_field(
+        default=(), converter=drain_positions, kw_only=True, omit_default=True
+    )
 
     kind: ClassVar[str] = "shuffle"
     state_type: ClassVar[type] = ShuffleState
@@ -108,14 +110,6 @@ class Shuffle(Operator):
 
     def init(self, key: int) -> ShuffleState:
         return ShuffleState(key=fold_in(key, self.seed))
-
-    def fingerprint(self) -> dict[str, Any]:
-        """The settings; ``drains`` only when there are some (a shuffle without a schedule keeps
-        its fingerprint)."""
-        out = super().fingerprint()
-        if not self.drains:
-            del out["drains"]
-        return out
 
     def step(self, state: ShuffleState, chunk: Sequence[Record]) -> tuple[ShuffleState, list[Record]]:
         buffer, out = list(state.buffer), []

@@ -167,7 +167,7 @@ class TokenizerOp(StatelessOp):
 class Tokenize(TokenizerOp):
     """Tokenize a text field into ``{"input_ids": int32 array}``.
 
-    The tokenizer is resolved when the operator is built, so a missing file, BOS/EOS id or bad
+    Options in detail: ``docs/guide/tokenization.md``. The tokenizer is resolved when the operator is built, so a missing file, BOS/EOS id or bad
     option fails when the pipeline is assembled. Each ``step`` encodes the chunk in one native
     batch call; zephon brackets each document per ``special_tokens`` (never the tokenizer's
     template).
@@ -180,30 +180,23 @@ class Tokenize(TokenizerOp):
     Args:
         tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer, a path to
             ``tokenizer.json`` or its folder, or a ``TokenizerHandle``.
-        tokenizer_id: instead of ``tokenizer``: a local path or a Hugging Face id found in the local
-            hub cache (or downloadable).
-        field: the payload key holding the text; a dot path (``"meta.text"``) reaches nested
-            dicts when no key has that exact name. A ``str`` payload is itself the text.
-        special_tokens: ``"bos_eos"`` (default) puts BOS before and EOS after each document,
-            ``"bos"`` / ``"eos"`` only one of them, ``"none"`` neither (a bare GPT-2
-            ``tokenizer.json`` has no BOS: use ``"eos"`` or ``bos_token_id=``). Special tokens
-            written in the text itself are encoded as the special id.
+        tokenizer_id: instead of ``tokenizer``: a local path or a Hugging Face id.
+        field: the payload key holding the text (a dot path reaches nested dicts); a ``str``
+            payload is itself the text.
+        special_tokens: ``"bos_eos"`` (default), ``"bos"``, ``"eos"`` or ``"none"``: which of
+            BOS/EOS zephon adds around each document.
         bos_token_id, eos_token_id: override the tokenizer's ids (not with ``"none"``).
         max_length: the longest output, specials included; with ``truncation`` or
             ``split_long_samples``.
         truncation: cut content to fit ``max_length`` (BOS and EOS are kept).
         split_long_samples: bracket first, then cut into ``max_length`` pieces, each its own
-            record (child ``i``): BOS on the first only, EOS on the last only (which may be just
-            ``[EOS]``); an empty sequence gives one empty piece, never zero records.
+            record (child ``i``): BOS on the first only, EOS on the last only; an empty
+            sequence gives one empty piece, never zero records.
         missing_field: ``"error"`` raises when a payload lacks ``field``; ``"empty"`` tokenizes
-            ``""`` instead (``[BOS, EOS]`` in ``"bos_eos"`` mode).
-        preserve_upstream_payload: keep the payload's other keys (the text included) next to
-            ``input_ids``; otherwise the output holds ``input_ids`` only.
-        parallelism: encoder threads (``None``: one per CPU; the native pool of ``tokenizers`` is
-            per process and keeps its first size, with a warning). Performance only.
-        backend: ``"auto"`` (default), ``"tokenizers"`` or ``"tiktoken"`` (GPT-2 style byte-level
-            BPE only, once it reproduced the tokenizers ids at load time; ``"auto"`` takes it
-            then). ``op.tokenizer.backend`` says which one encodes; performance only.
+            ``""`` instead.
+        preserve_upstream_payload: keep the payload's other keys next to ``input_ids``.
+        parallelism: encoder threads (``None``: one per CPU); performance only.
+        backend: ``"auto"`` (default), ``"tokenizers"`` or ``"tiktoken"``; performance only.
         on_error: ``"raise"`` (default) or ``"skip"``: leave out a record without a usable text
             field, counted in ``stats()["skipped"]`` (``max_skipped`` bounds it per lane).
 
