@@ -7,7 +7,6 @@ operators are in :mod:`zephon.ops.chat`.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -396,13 +395,9 @@ def shipped_template(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, Bas
     return None, ValueError(f"tokenize_chat: no chat template given and none ships with the tokenizer{where}; {_usage()}")
 
 
-def _resolve_template(chat_template: Any, tokenizer: Any, tokenizer_id: Any) -> str:
+def _resolve_template(chat_template: Any) -> str:
+    """The text of a given ``chat_template``: a built-in name, Jinja text, a file or a folder."""
     usage = _usage()
-    if chat_template is None:
-        text, missing = shipped_template(tokenizer, tokenizer_id)
-        if text is None:
-            raise copy.copy(missing)
-        return text
     if isinstance(chat_template, os.PathLike):
         chat_template = os.fspath(chat_template)
     if not isinstance(chat_template, str):
