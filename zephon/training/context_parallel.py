@@ -81,12 +81,6 @@ def document_ids(starts: np.ndarray, real: np.ndarray, flatten: bool) -> np.ndar
     return np.where(real, counts - 1, PADDING_DOCUMENT).astype(np.int64)
 
 
-def _fill_value(name: str, spec: Any, pad_id: int) -> Any:
-    return {
-        "input_ids": pad_id, "labels": spec.ignore_index, "padding_mask": True, "document_ids": PADDING_DOCUMENT,
-    }.get(name, 0)
-
-
 def _stacked(rows: list[np.ndarray]) -> np.ndarray:
     """Rows of lengths as one ``[B, K]`` int64 array, short rows padded with zeros."""
     out = np.zeros((len(rows), max(len(r) for r in rows)), dtype=np.int64)
@@ -132,12 +126,14 @@ def thd_layout(fields: dict, doc: np.ndarray, spec: Any, pad_id: int) -> tuple[d
         offset[i, need:] = np.arange(tail)
     rows = np.arange(B)[:, None]
     taken = np.maximum(index, 0)
+    fills = {"input_ids": pad_id, "labels": spec.ignore_index, "padding_mask": True}
+    fills["document_ids"] = PADDING_DOCUMENT
     out = {}
     for name, (arr, kind) in fields.items():
         if name == "positions":
             fill = np.where(start_source >= 0, arr[rows, np.maximum(start_source, 0)], 0) + offset
         else:
-            fill = np.asarray(_fill_value(name, spec, pad_id), dtype=arr.dtype)
+            fill = np.asarray(fills.get(name, 0), dtype=arr.dtype)
         out[name] = (np.where(index >= 0, arr[rows, taken], fill), kind)
     return out, (_stacked(real_rows), _stacked(padded_rows))
 
