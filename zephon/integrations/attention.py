@@ -10,7 +10,7 @@ torch is imported with this module, never by ``import zephon``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -91,8 +91,18 @@ def document_block_mask(
     B, T = rows.shape
     if T == 0:
         raise ValueError("document_block_mask: the batch has no tokens (rows of length 0); nothing to attend over")
-    mask_mod = _mask_mod(rows, causal, sliding_window)
-    return create_block_mask(mask_mod, B, None, T, T, device=rows.device, BLOCK_SIZE=block_size, _compile=compile)
+
+    def same_document(b, h, q, k):
+        doc = rows[b, q]
+        allowed = (doc == rows[b, k]) & (doc != PADDING)
+        if causal:
+            allowed = allowed & (k <= q)
+        if sliding_window is not None:
+            allowed = allowed & (q - k < sliding_window) & (k - q < sliding_window)
+        return allowed
+
+    device = rows.device
+    return create_block_mask(same_document, B, None, T, T, device=device, BLOCK_SIZE=block_size, _compile=compile)
 
 
 def varlen_boundaries(tensors: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
@@ -108,19 +118,6 @@ def varlen_boundaries(tensors: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
     end = torch.tensor([B * T], dtype=offsets.dtype, device=offsets.device)
     cu = torch.cat([offsets, end]).to(torch.int32)
     return cu, int(torch.diff(cu).max()) if len(cu) > 1 else 0
-
-
-def _mask_mod(rows: torch.Tensor, causal: bool, window: int | None) -> Callable[..., torch.Tensor]:
-    def same_document(b, h, q, k):
-        doc = rows[b, q]
-        allowed = (doc == rows[b, k]) & (doc != PADDING)
-        if causal:
-            allowed = allowed & (k <= q)
-        if window is not None:
-            allowed = allowed & (q - k < window) & (k - q < window)
-        return allowed
-
-    return same_document
 
 
 def _tensor(tensors: Mapping[str, Any], name: str) -> torch.Tensor:
