@@ -270,11 +270,6 @@ def _new_environment() -> Any:
     return env
 
 
-def _compiled(template: str) -> Any:
-    """``template`` compiled once per process."""
-    return _JINJA.get(("template", template), lambda: _valid_jinja(lambda: _environment().from_string(template)))
-
-
 def render_chat(
     template: str, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = False,
     tools: Any = None, bos_token: str = "", eos_token: str = "", **kwargs: Any,
@@ -302,7 +297,9 @@ def render_chat(
 
 def _render(template: str, variables: dict[str, Any], *, track: bool) -> tuple[str, list[tuple[int, int]]]:
     """Render ``template``; with ``track``, also the checked spans of its generation blocks."""
-    compiled = _compiled(template)
+    compiled = _JINJA.get(  # compiled once per process
+        ("template", template), lambda: _valid_jinja(lambda: _environment().from_string(template))
+    )
     if not track:
         return compiled.render(variables), []
     recorder = _Recorder()
