@@ -85,7 +85,7 @@ def eos_id(tokenizer: Any) -> int:
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's printable-character alphabet for bytes, inverted (character -> byte)."""
-    from zephon.text.tokenizer import _byte_decoder as table
+    from zephon.text.tiktoken_encoding import _byte_decoder as table
 
     return table()
 

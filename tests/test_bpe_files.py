@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -48,8 +49,13 @@ def _built_fresh(handle):
     return handle.tokenizer
 
 
+def _key(handle):
+    """The cache key of a handle's files: the sha256 of its canonical JSON."""
+    return hashlib.sha256(handle.tokenizer_json.encode("utf-8")).hexdigest()
+
+
 def _entry(handle):
-    return _tokcache.load_entry(_bpe_files.KIND, handle._json_digest)
+    return _tokcache.load_entry(_bpe_files.KIND, _key(handle))
 
 
 @pytest.mark.parametrize("make", [train_bytelevel, _metaspace_bpe], ids=["bytelevel", "metaspace"])
@@ -73,7 +79,7 @@ def test_a_tokenizer_given_as_an_object_is_proven_too(tmp_path, cache):
     tok = Tokenizer.from_file(str(train_bytelevel(tmp_path / "tok")))
     handle = load_tokenizer(tok, backend="tokenizers")
     assert _entry(handle)["reason"] == ""
-    assert _bpe_files.build(handle._json_digest).to_str() == tok.to_str()
+    assert _bpe_files.build(_key(handle)).to_str() == tok.to_str()
 
 
 def test_the_first_build_proves_what_loading_did_not(tmp_path, cache):
@@ -86,7 +92,7 @@ def test_the_first_build_proves_what_loading_did_not(tmp_path, cache):
     assert _entry(handle) is None
     plain = _built_fresh(handle).to_str()
     assert _entry(handle)["reason"] == ""
-    assert _bpe_files.build(handle._json_digest).to_str() == plain
+    assert _bpe_files.build(_key(handle)).to_str() == plain
 
 
 def test_a_tokenizer_for_tiktoken_is_not_proven(tmp_path, cache):
@@ -99,17 +105,17 @@ def test_damaged_or_missing_files_are_not_used_and_are_written_again(tmp_path, c
     handle = load_tokenizer(train_bytelevel(tmp_path / "tok"), backend="tokenizers")
     plain = Tokenizer.from_str(handle.tokenizer_json).to_str()
     _built_fresh(handle)
-    vocab = cache / f"{_bpe_files.KIND}-{handle._json_digest}.vocab.json"
-    merges = cache / f"{_bpe_files.KIND}-{handle._json_digest}.merges.txt"
+    vocab = cache / f"{_bpe_files.KIND}-{_key(handle)}.vocab.json"
+    merges = cache / f"{_bpe_files.KIND}-{_key(handle)}.merges.txt"
     spec = json.loads(vocab.read_text(encoding="utf-8"))
     first, second = list(spec)[:2]
     spec[first], spec[second] = spec[second], spec[first]  # two ids swapped: a different tokenizer
     vocab.write_text(json.dumps(spec), encoding="utf-8")
-    assert _bpe_files.build(handle._json_digest) is None
+    assert _bpe_files.build(_key(handle)) is None
     assert _built_fresh(handle).to_str() == plain
-    assert _bpe_files.build(handle._json_digest).to_str() == plain  # rewritten by that build
+    assert _bpe_files.build(_key(handle)).to_str() == plain  # rewritten by that build
     merges.unlink()
-    assert _bpe_files.build(handle._json_digest) is None
+    assert _bpe_files.build(_key(handle)) is None
     assert _built_fresh(handle).to_str() == plain
     assert merges.exists()
 
@@ -141,8 +147,8 @@ def test_what_the_files_cannot_build_is_recorded_and_built_from_the_json(tmp_pat
     other = load_tokenizer(train_bytelevel(tmp_path / "b"), backend="tokenizers")
     assert _built_fresh(other).to_str() == Tokenizer.from_str(other.tokenizer_json).to_str()
     assert _entry(other)["reason"] == "the fast build serializes differently"
-    assert _bpe_files.build(other._json_digest) is None
-    assert not list(cache.glob(f"*{other._json_digest}.*.*"))  # the unused files are not kept
+    assert _bpe_files.build(_key(other)) is None
+    assert not list(cache.glob(f"*{_key(other)}.*.*"))  # the unused files are not kept
 
     # A fast build or a proof that fails is recorded; the build itself goes on from the JSON.
     def refused(*_):

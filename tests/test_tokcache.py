@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from _shared import shared_path
+from zephon.text import encoder_threads
 from zephon.text import tokenizer_cache as _tokcache
 from zephon.text import tokenizer as _tokenizer
 from zephon.text.tokenizer import load_tokenizer
@@ -103,7 +104,7 @@ def test_entries_made_with_other_versions_or_damaged_are_ignored(gpt2, cache, mo
     original = _tokenizer._verify_tiktoken
     monkeypatch.setattr(_tokenizer, "_verify_tiktoken", lambda *a: ran.append(1) or original(*a))
     assert load_tokenizer(gpt2).backend == "tiktoken" and ran == [1]
-    monkeypatch.setattr(_tokcache, "_salt", "another version")
+    monkeypatch.setattr(_tokcache, "salt", lambda: "another version")
     _tokenizer._LIVE.clear()
     _tokenizer._VERIFIED.clear()
     assert load_tokenizer(gpt2).backend == "tiktoken" and ran == [1, 1]
@@ -176,6 +177,6 @@ def test_threaded_tiktoken_reports_a_bad_text(gpt2, cache):
 
 def test_worker_processes_size_the_tiktoken_threads(monkeypatch):
     monkeypatch.setenv("ZEPHON_ENCODER_THREADS", "1")
-    assert _tokenizer._encoder_threads() == 1
+    assert encoder_threads._encoder_threads() == 1
     monkeypatch.setenv("ZEPHON_ENCODER_THREADS", "")
-    assert _tokenizer._encoder_threads() == _tokenizer._cpu_count()
+    assert encoder_threads._encoder_threads() == encoder_threads._cpu_count()

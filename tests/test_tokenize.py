@@ -24,7 +24,7 @@ from _shared import SHARED, shared_path
 from zephon.core.cache import ProcessCache
 from zephon.core.operator import CHILD_BASE, EMPTY, sample_meta
 from zephon.core.records import Record
-from zephon.text.tiktoken_encoding import _tiktoken_plan, _verification_texts, _verify_tiktoken
+from zephon.text.tiktoken_encoding import _verification_texts, _verify_tiktoken
 from zephon.ops.tokenize import Tokenize
 from zephon.text.tokenizer import TokenizerHandle, TokenizerLoadError, load_tokenizer
 
@@ -644,17 +644,20 @@ def test_tiktoken_refused_when_not_byte_level_and_auto_falls_back(small_tok, cap
 
 def test_tiktoken_plan_rejects_reordered_merges(bytelevel_tok):
     spec = json.loads(bytelevel_tok.to_str())
-    assert _tiktoken_plan(spec)[0] is not None
+    assert load_tokenizer(Tokenizer.from_str(json.dumps(spec)), backend="tiktoken").backend == "tiktoken"
     merges = spec["model"]["merges"]
     merges[0], merges[1] = merges[1], merges[0]
-    plan, reason = _tiktoken_plan(spec)
-    assert plan is None and "merge order" in reason
+    with pytest.raises(TokenizerLoadError, match="its merge order does not follow its token ids"):
+        load_tokenizer(Tokenizer.from_str(json.dumps(spec)), backend="tiktoken")
     spec["normalizer"] = {"type": "NFC"}
-    assert "normalizer" in _tiktoken_plan(spec)[1]
+    with pytest.raises(TokenizerLoadError, match="it has a normalizer"):
+        load_tokenizer(Tokenizer.from_str(json.dumps(spec)), backend="tiktoken")
 
 
 def test_tiktoken_verification_catches_differences(bytelevel_tok, small_tok):
     import tiktoken
+    from zephon.text.tiktoken_encoding import _tiktoken_plan
+
     plan, _ = _tiktoken_plan(json.loads(bytelevel_tok.to_str()))
     enc = tiktoken.Encoding(
         "t", pat_str=plan["pattern"], mergeable_ranks=plan["ranks"], special_tokens=plan["specials"]

@@ -10,7 +10,7 @@ torch is imported with this module, never by ``import zephon``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -39,9 +39,9 @@ def document_ids(tensors: Mapping[str, Any]) -> torch.Tensor:
     if not isinstance(tensors, Mapping):
         raise TypeError(f"document_ids: tensors must be a to_training output (a mapping), got {type(tensors).__name__}")
     if "document_ids" in tensors:
-        ids = _check_layout(_tensor(tensors, "document_ids"), "document_ids").long()
+        ids = _tensor(tensors, "document_ids").long()
     elif "cu_seqlens" in tensors:
-        ids = _from_cu_seqlens(_tensor(tensors, "cu_seqlens"), _layout_shape(tensors))
+        ids = _from_cu_seqlens(_tensor(tensors, "cu_seqlens", aligned=False), _layout_shape(tensors))
     elif "positions" in tensors:
         ids = _from_positions(_tensor(tensors, "positions"))
     else:
@@ -91,8 +91,18 @@ def document_block_mask(
     B, T = rows.shape
     if T == 0:
         raise ValueError("document_block_mask: the batch has no tokens (rows of length 0); nothing to attend over")
-    mask_mod = _mask_mod(rows, causal, sliding_window)
-    return create_block_mask(mask_mod, B, None, T, T, device=rows.device, BLOCK_SIZE=block_size, _compile=compile)
+
+    def same_document(b, h, q, k):
+        doc = rows[b, q]
+        allowed = (doc == rows[b, k]) & (doc != PADDING)
+        if causal:
+            allowed = allowed & (k <= q)
+        if sliding_window is not None:
+            allowed = allowed & (q - k < sliding_window) & (k - q < sliding_window)
+        return allowed
+
+    device = rows.device
+    return create_block_mask(same_document, B, None, T, T, device=device, BLOCK_SIZE=block_size, _compile=compile)
 
 
 def varlen_boundaries(tensors: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
@@ -110,47 +120,30 @@ def varlen_boundaries(tensors: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
     return cu, int(torch.diff(cu).max()) if len(cu) > 1 else 0
 
 
-def _mask_mod(rows: torch.Tensor, causal: bool, window: int | None) -> Callable[..., torch.Tensor]:
-    def same_document(b, h, q, k):
-        doc = rows[b, q]
-        allowed = (doc == rows[b, k]) & (doc != PADDING)
-        if causal:
-            allowed = allowed & (k <= q)
-        if window is not None:
-            allowed = allowed & (q - k < window) & (k - q < window)
-        return allowed
-
-    return same_document
-
-
-def _tensor(tensors: Mapping[str, Any], name: str) -> torch.Tensor:
+def _tensor(tensors: Mapping[str, Any], name: str, *, aligned: bool = True) -> torch.Tensor:
+    """``tensors[name]``, a torch tensor (``aligned``: in the token layout, ``(B, T)`` or ``(B*T,)``)."""
     value = tensors[name]
     if not isinstance(value, torch.Tensor):
         raise TypeError(
             f"document_ids: field {name!r} must be a torch tensor, got {type(value).__name__}; "
             "call to_training with a torch dtype (dtype='auto' gives torch.long)"
         )
-    return value
-
-
-def _check_layout(t: torch.Tensor, name: str) -> torch.Tensor:
-    if t.dim() not in (1, 2):
+    if aligned and value.dim() not in (1, 2):
         raise ValueError(
-            f"document_ids: field {name!r} must be (B, T) or flattened (B*T,), got shape {tuple(t.shape)}"
+            f"document_ids: field {name!r} must be (B, T) or flattened (B*T,), got shape {tuple(value.shape)}"
         )
-    return t
+    return value
 
 
 def _layout_shape(tensors: Mapping[str, Any]) -> tuple[int, ...]:
     """The token layout's shape, from the first token-aligned field present."""
     for name in ("input_ids", "tokens", "positions", "attention_mask", "padding_mask", "labels"):
         if name in tensors:
-            return tuple(_check_layout(_tensor(tensors, name), name).shape)
+            return tuple(_tensor(tensors, name).shape)
     raise KeyError("document_ids: cu_seqlens needs a token-aligned field ('input_ids', 'positions', ...) for its shape")
 
 
 def _from_positions(positions: torch.Tensor) -> torch.Tensor:
-    _check_layout(positions, "positions")
     rows = positions if positions.dim() == 2 else positions[None]
     if rows.shape[-1] and bool((rows[:, 0] != 0).any()):
         raise ValueError(
@@ -186,7 +179,7 @@ def _padding(tensors: Mapping[str, Any], shape: torch.Size) -> torch.Tensor | No
     padding = None
     for name, pads in (("attention_mask", lambda t: t == 0), ("padding_mask", lambda t: t.bool())):
         if name in tensors:
-            t = _tensor(tensors, name)
+            t = _tensor(tensors, name, aligned=False)
             if tuple(t.shape) != tuple(shape):
                 raise ValueError(
                     f"document_ids: field {name!r} has shape {tuple(t.shape)}, the documents {tuple(shape)}"

@@ -96,7 +96,9 @@ class ZephonTrainerMixin:
         self._zephon_resume: str | None = None
         self._zephon_skip = 0
         dataset = pipeline.to_torch_dataset(**options)  # fails now on a bad pipeline or option
-        kwargs["train_dataset"] = pipeline_rows(pipeline, options) if _needs_hf_dataset(type(self)) else dataset
+        # TRL's trainers accept only a 🤗 datasets dataset as train_dataset.
+        trl = any(base.__module__.split(".")[0] == "trl" for base in type(self).__mro__)
+        kwargs["train_dataset"] = pipeline_rows(pipeline, options) if trl else dataset
         super().__init__(*args, **kwargs)
         self.add_callback(_SaveZephonState(self))
 
@@ -132,7 +134,14 @@ class ZephonTrainerMixin:
             )
         start = None
         if self._zephon_resume is not None:
-            start = self._read_state(self._zephon_resume, lanes)
+            folder = os.path.join(self._zephon_resume, STATE_DIR)
+            if not os.path.isdir(folder):
+                raise FileNotFoundError(
+                    f"{name}: the Trainer checkpoint {self._zephon_resume} has no zephon state ({folder} is "
+                    "missing): it was not saved by a trainer with ZephonTrainerMixin, or its ranks' files were not copied. "
+                    "Resume from a checkpoint this trainer saved"
+                )
+            start = read_checkpoint(folder, lanes)
             validate(dataset.plan.fingerprint(), start)
             problem = position_problem(start, lanes, degree)
             if problem:
@@ -150,16 +159,6 @@ class ZephonTrainerMixin:
             self._zephon_skip = 0
         return self.zephon_loader
 
-    def _read_state(self, checkpoint_dir: str, lanes: tuple[int, ...]) -> dict[str, Any]:
-        folder = os.path.join(checkpoint_dir, STATE_DIR)
-        if not os.path.isdir(folder):
-            raise FileNotFoundError(
-                f"{type(self).__name__}: the Trainer checkpoint {checkpoint_dir} has no zephon state ({folder} is "
-                "missing): it was not saved by a trainer with ZephonTrainerMixin, or its ranks' files were not copied. "
-                "Resume from a checkpoint this trainer saved"
-            )
-        return read_checkpoint(folder, lanes)
-
 
 class ZephonTrainer(ZephonTrainerMixin, transformers.Trainer):
     """``transformers.Trainer`` over a zephon pipeline (see :class:`ZephonTrainerMixin`)."""
@@ -173,11 +172,6 @@ def data_parallel(args: Any, parallelism: Any = None) -> tuple[int, int]:
         return int(args.world_size), int(args.process_index)
     inner = int(parallelism.non_data_parallel_size)
     return int(parallelism.data_parallel_size), int(args.process_index) // inner
-
-
-def _needs_hf_dataset(cls: type) -> bool:
-    """TRL's trainers accept only a 🤗 ``datasets`` dataset as ``train_dataset``."""
-    return any(base.__module__.split(".")[0] == "trl" for base in cls.__mro__)
 
 
 def pipeline_rows(pipeline: Any, to_training: dict[str, Any] | None = None) -> Any:

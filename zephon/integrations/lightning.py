@@ -149,7 +149,8 @@ class ZephonDataModule(pl.LightningDataModule):
             raise RuntimeError(
                 "ZephonDataModule.train_dataloader() is called by a Trainer: trainer.fit(model, datamodule=dm)"
             )
-        degree, rank = data_parallel(trainer)
+        sampler = trainer.distributed_sampler_kwargs  # empty or None on a single device
+        degree, rank = (int(sampler["num_replicas"]), int(sampler["rank"])) if sampler else (1, 0)
         dataset = self.pipeline.options(dp_degree=degree, dp_rank=rank).to_torch_dataset(**self.to_training_options)
         lanes = tuple(dataset.topology().lanes)
         accumulate = trainer.accumulate_grad_batches
@@ -220,12 +221,4 @@ class ZephonDataModule(pl.LightningDataModule):
         if self._feed is not None:
             self._feed.close()
             self._feed = None
-
-
-def data_parallel(trainer: Any) -> tuple[int, int]:
-    """``(degree, rank)`` of data parallelism from the trainer's strategy (``(1, 0)`` for a single device)."""
-    kwargs = trainer.distributed_sampler_kwargs
-    if not kwargs:
-        return 1, 0
-    return int(kwargs["num_replicas"]), int(kwargs["rank"])
 

@@ -193,13 +193,13 @@ class DataLoader:
             raise ValueError(f"zephon.integrations.torch.DataLoader sets {owned[0]} itself: {_OWNED[owned[0]]}")
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
             raise ValueError(f"DataLoader: num_workers must be an int >= 0, got {num_workers!r}")
-        if isinstance(data, TrainingDataset) and to_training_options:
+        if not isinstance(data, TrainingDataset):
+            data = data.to_torch_dataset(**to_training_options)
+        elif to_training_options:
             raise TypeError(
                 f"DataLoader: to_training options {sorted(to_training_options)} go to pipeline.to_torch_dataset(), "
                 "not next to a dataset it made"
             )
-        if not isinstance(data, TrainingDataset):
-            data = data.to_torch_dataset(**to_training_options)
         self.dataset = dataset = data
         self.plan, self.spec = dataset.plan, dataset.spec
         self.options = dataset.pipeline.run_options

@@ -233,7 +233,7 @@ class TokenizeChat(TokenizerOp):
             given = None if kept else settings.chat_template
             if given is None and shipped is None:
                 raise copy.copy(missing)  # no template given, none shipped
-            text, from_tokenizer = (shipped, True) if given is None else (_resolve_template(given, None, None), False)
+            text, from_tokenizer = (shipped, True) if given is None else (_resolve_template(given), False)
         handle = load_tokenizer(origin.handle) if same else load_tokenizer(tok, tid)
         origin = Origin(handle, tid, text, from_tokenizer, shipped, missing)
         self.__attrs_init__(tokenizer=handle, **{**options, "chat_template": text, "_origin": origin})

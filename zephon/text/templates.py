@@ -7,7 +7,6 @@ operators are in :mod:`zephon.ops.chat`.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -271,11 +270,6 @@ def _new_environment() -> Any:
     return env
 
 
-def _compiled(template: str) -> Any:
-    """``template`` compiled once per process."""
-    return _JINJA.get(("template", template), lambda: _valid_jinja(lambda: _environment().from_string(template)))
-
-
 def render_chat(
     template: str, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = False,
     tools: Any = None, bos_token: str = "", eos_token: str = "", **kwargs: Any,
@@ -303,7 +297,9 @@ def render_chat(
 
 def _render(template: str, variables: dict[str, Any], *, track: bool) -> tuple[str, list[tuple[int, int]]]:
     """Render ``template``; with ``track``, also the checked spans of its generation blocks."""
-    compiled = _compiled(template)
+    compiled = _JINJA.get(  # compiled once per process
+        ("template", template), lambda: _valid_jinja(lambda: _environment().from_string(template))
+    )
     if not track:
         return compiled.render(variables), []
     recorder = _Recorder()
@@ -396,13 +392,9 @@ def shipped_template(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, Bas
     return None, ValueError(f"tokenize_chat: no chat template given and none ships with the tokenizer{where}; {_usage()}")
 
 
-def _resolve_template(chat_template: Any, tokenizer: Any, tokenizer_id: Any) -> str:
+def _resolve_template(chat_template: Any) -> str:
+    """The text of a given ``chat_template``: a built-in name, Jinja text, a file or a folder."""
     usage = _usage()
-    if chat_template is None:
-        text, missing = shipped_template(tokenizer, tokenizer_id)
-        if text is None:
-            raise copy.copy(missing)
-        return text
     if isinstance(chat_template, os.PathLike):
         chat_template = os.fspath(chat_template)
     if not isinstance(chat_template, str):

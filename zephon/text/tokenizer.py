@@ -24,9 +24,8 @@ from . import tokenizer_cache as _tokcache
 from ..core.cache import ProcessCache
 from ..core.log import logger
 from .encoder_threads import EXTRA_ENCODER_THREADS as EXTRA_ENCODER_THREADS
-from .encoder_threads import _cpu_count, _encode_longest_first, _encoder_threads, _size_rayon_pool  # noqa: F401
+from .encoder_threads import _encode_longest_first, _encoder_threads, _size_rayon_pool
 from .tiktoken_encoding import _build_tiktoken, _tiktoken_available, _tiktoken_plan, _tiktoken_usable, _verify_tiktoken
-from .tiktoken_encoding import _byte_decoder as _byte_decoder  # noqa: F401  (benchmarks import it from here)
 
 __all__ = ["BACKENDS", "TokenizerHandle", "TokenizerLoadError", "load_tokenizer"]
 
@@ -289,8 +288,9 @@ def load_tokenizer(tokenizer: Any = None, tokenizer_id: str | None = None, *, ba
         )
     if tokenizer is not None and tokenizer_id is not None:
         raise TokenizerLoadError(
-            f"pass either tokenizer= or tokenizer_id=, not both (got tokenizer={_brief(tokenizer)} and "
-            f"tokenizer_id={tokenizer_id!r})"
+            "pass either tokenizer= or tokenizer_id=, not both (got tokenizer="
+            + (repr(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else f"<{type(tokenizer).__name__}>")
+            + f" and tokenizer_id={tokenizer_id!r})"
         )
     if isinstance(tokenizer, TokenizerHandle):
         handle = tokenizer
@@ -304,10 +304,6 @@ def load_tokenizer(tokenizer: Any = None, tokenizer_id: str | None = None, *, ba
             f"got {type(tokenizer_id).__name__}"
         )
     return handle.with_backend(backend)
-
-
-def _brief(obj: Any) -> str:
-    return repr(obj) if isinstance(obj, (str, os.PathLike)) else f"<{type(obj).__name__}>"
 
 
 def _from_object(obj: Any) -> TokenizerHandle:
@@ -348,7 +344,10 @@ def _from_path(path: Path) -> TokenizerHandle:
             "AutoTokenizer.from_pretrained(folder).save_pretrained(folder) with transformers"
         ) if slow else ""
         raise TokenizerLoadError(f"no tokenizer.json in {str(folder)!r} (it holds {present}){hint}")
-    key = _file_key(file)
+    key = None  # the file's key in the on-disk cache: the sha256 of its bytes
+    if _tokcache.cache_enabled():
+        with contextlib.suppress(OSError):
+            key = _tokcache.file_digest(str(file))
     cached = _cached_file_handle(file, key, path.is_dir()) if key else None
     if cached is not None:
         return cached
@@ -366,16 +365,6 @@ def _from_path(path: Path) -> TokenizerHandle:
         entry = {"json": handle.tokenizer_json, "content": handle._content, "ids": _guess_ids(tok)}
         _tokcache.store_entry("file", key, {**entry, "encode_special_tokens": handle.encode_special_tokens})
     return handle
-
-
-def _file_key(file: Path) -> str | None:
-    """The key of ``file`` in the on-disk cache (the sha256 of its bytes); ``None`` with the cache off."""
-    if not _tokcache.cache_enabled():
-        return None
-    try:
-        return _tokcache.file_digest(str(file))
-    except OSError:
-        return None
 
 
 def _cached_file_handle(file: Path, key: str, folder_given: bool) -> TokenizerHandle | None:
@@ -425,10 +414,7 @@ def _config_ids(tok: Any, folder: Path) -> dict[str, int | None]:
 
 
 def _guess_ids(tok: Any) -> dict[str, int | None]:
-    try:
-        specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
-    except AttributeError:  # very old tokenizers
-        specials = set()
+    specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
     candidates = (_BOS_CANDIDATES, _EOS_CANDIDATES, _PAD_CANDIDATES)
     return {role: next((tok.token_to_id(c) for c in cs if c in specials), None) for role, cs in zip(_ROLES, candidates)}
 

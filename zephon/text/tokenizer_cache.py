@@ -9,6 +9,7 @@ costs time; ``ZEPHON_TOKENIZER_CACHE=0`` turns it off.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from typing import Any
@@ -24,7 +25,6 @@ __all__ = ["cache_enabled", "entry_path", "file_digest", "load_entry", "load_pro
 #: Bump when the canonical form, the guessed ids or the tiktoken checks change.
 FORMAT = 2
 _ENV = "ZEPHON_TOKENIZER_CACHE"
-_salt: str | None = None
 
 
 def cache_enabled() -> bool:
@@ -37,23 +37,21 @@ def cache_folder() -> str:
     return os.path.join(os.path.abspath(os.path.expanduser(root)), "tokenizers")
 
 
+@functools.cache
 def salt() -> str:
     """What every entry must have been made with: library versions, this format, the check texts."""
-    global _salt
-    if _salt is None:
-        from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, version
 
-        from tokenizers import __version__ as tk
+    from tokenizers import __version__ as tk
 
-        try:
-            tt = version("tiktoken")  # without importing it
-        except PackageNotFoundError:
-            tt = "-"
-        from .tiktoken_encoding import _verification_texts
+    from .tiktoken_encoding import _verification_texts
 
-        texts = hashlib.sha256("\0".join(_verification_texts()).encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        _salt = f"{FORMAT}/{tk}/{tt}/{texts}"
-    return _salt
+    try:
+        tt = version("tiktoken")  # without importing it
+    except PackageNotFoundError:
+        tt = "-"
+    texts = hashlib.sha256("\0".join(_verification_texts()).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{FORMAT}/{tk}/{tt}/{texts}"
 
 
 def file_digest(path: str) -> str:

@@ -81,12 +81,6 @@ def document_ids(starts: np.ndarray, real: np.ndarray, flatten: bool) -> np.ndar
     return np.where(real, counts - 1, PADDING_DOCUMENT).astype(np.int64)
 
 
-def _fill_value(name: str, spec: Any, pad_id: int) -> Any:
-    return {
-        "input_ids": pad_id, "labels": spec.ignore_index, "padding_mask": True, "document_ids": PADDING_DOCUMENT,
-    }.get(name, 0)
-
-
 def _stacked(rows: list[np.ndarray]) -> np.ndarray:
     """Rows of lengths as one ``[B, K]`` int64 array, short rows padded with zeros."""
     out = np.zeros((len(rows), max(len(r) for r in rows)), dtype=np.int64)
@@ -132,24 +126,23 @@ def thd_layout(fields: dict, doc: np.ndarray, spec: Any, pad_id: int) -> tuple[d
         offset[i, need:] = np.arange(tail)
     rows = np.arange(B)[:, None]
     taken = np.maximum(index, 0)
+    fills = {"input_ids": pad_id, "labels": spec.ignore_index, "padding_mask": True}
+    fills["document_ids"] = PADDING_DOCUMENT
     out = {}
     for name, (arr, kind) in fields.items():
         if name == "positions":
             fill = np.where(start_source >= 0, arr[rows, np.maximum(start_source, 0)], 0) + offset
         else:
-            fill = np.asarray(_fill_value(name, spec, pad_id), dtype=arr.dtype)
+            fill = np.asarray(fills.get(name, 0), dtype=arr.dtype)
         out[name] = (np.where(index >= 0, arr[rows, taken], fill), kind)
     return out, (_stacked(real_rows), _stacked(padded_rows))
 
 
-def rank_columns(padded_lengths: np.ndarray | None, W: int, size: int, rank: int, load_balance: bool) -> np.ndarray:
-    """The slots of a row this rank takes, ``[B, W // size]`` (one row for ``"bshd"``, where
-    ``padded_lengths`` is ``None`` and the whole row is one sequence)."""
+def rank_columns(padded_lengths: np.ndarray, size: int, rank: int, load_balance: bool) -> np.ndarray:
+    """The slots of each row this rank takes, ``[B, W // size]``, from the ``[B, K]`` padded
+    lengths of the rows' sequences."""
     m = chunk_multiple(size, load_balance)
     chunks = (rank, 2 * size - 1 - rank) if load_balance else (rank,)
-    if padded_lengths is None:
-        c = W // m
-        return np.concatenate([np.arange(k * c, (k + 1) * c) for k in chunks])[None, :]
     rows = []
     for lengths in padded_lengths:
         parts = []
@@ -178,11 +171,11 @@ def split(fields: dict, doc: np.ndarray, spec: Any, pad_id: int | None) -> tuple
             f"multiple of {m}. Fix: pack rows of N tokens with pack_flat(max_length=N), N{' - 1' if shift else ''} "
             f"a multiple of {m}, or pass padding='max_length' (or pad_to_multiple_of={m})"
         )
-    boundaries = padded_lengths = None
+    boundaries, padded_lengths = None, np.full((1, 1), W)  # "bshd": every row is one sequence
     if spec.context_parallel_format == "thd":
         fields, (real_lengths, padded_lengths) = thd_layout(fields, doc, spec, pad_id)
         boundaries = _boundaries(real_lengths, padded_lengths, spec.flatten)
-    cols = rank_columns(padded_lengths, W, size, rank, spec.load_balance)
+    cols = rank_columns(padded_lengths, size, rank, spec.load_balance)
     rows = np.arange(B)[:, None]
     cols = np.broadcast_to(cols, (B, cols.shape[1]))
     return {name: (arr[rows, cols], kind) for name, (arr, kind) in fields.items()}, boundaries

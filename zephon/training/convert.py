@@ -64,18 +64,8 @@ def to_training(batch: Any, **options: Any) -> dict[str, Any]:
     """Convert a microbatch into the fields a training step consumes.
 
     Every option is in the table of ``docs/guide/training_tensors.md``; ``layout`` starts from a
-    preset of :data:`LAYOUTS` (``"megatron"``, ``"hf"``) that options given next to it override.
-
-    **Labels.** With ``return_labels=True`` (and ``shift_labels=True``) ``input_ids = row[:-1]``
-    and ``labels = row[1:]``. A label is ``ignore_index`` when its target or the input predicting
-    it is padding, when the payload ``loss_mask`` (token-aligned, marking *targets*) is 0 on its
-    target, or, with ``eos_mask_loss``, when the input predicting it is EOS. ``shift_labels=False``
-    gives same-length labels for models that shift internally (``labels[:, 0]`` is ignored).
-
-    **Padding.** ``padding="longest"``/``"max_length"`` pads rows (never truncating) on
-    ``padding_side`` with the pad id (``pad_token_id``, else the batch's own; neither raises) in
-    the token field and 0 elsewhere. Padding is masked by position, never by id; for
-    ``cu_seqlens`` each block of added padding is a segment of its own.
+    preset of :data:`LAYOUTS` (``"megatron"``, ``"hf"``) that options given next to it override;
+    the guide also says which labels are ``ignore_index`` and how padding is filled and masked.
 
     **Segments.** Fields that are not token-aligned are never dropped: ``segments`` holds, per
     record, one ``{"start", "length", **fields}`` dict per segment (``start`` before the label

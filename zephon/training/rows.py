@@ -291,15 +291,12 @@ class _Output:
             arr = np.ascontiguousarray(arr, dtype=self.np_dtype)
         else:
             arr = np.ascontiguousarray(arr)
-        out = self._wrap(arr)
+        out = self.wrap(arr)
         if self.kind == "torch" and kind == "seq" and self.np_dtype is None:
             out = out.to(self.torch_dtype)
         return out
 
-    def boundaries(self, cu: np.ndarray, maxima: Any, flatten: bool) -> tuple[Any, Any]:
-        return self._wrap(cu), maxima if flatten else self._wrap(maxima)
-
-    def _wrap(self, arr: np.ndarray) -> Any:
+    def wrap(self, arr: np.ndarray) -> Any:
         """``arr`` as this output's kind: a list, the array itself, or a tensor sharing its memory."""
         if self.kind == "list":
             return arr.tolist()

@@ -450,8 +450,8 @@ class TrainingSpec:
         if cu is not None:
             *bounds, top = cu
             for name, bound in zip(("cu_seqlens", "cu_seqlens_padded"), bounds):
-                result[name], maxima = out.boundaries(bound, top, self.flatten)
-            result["max_seqlen"] = maxima
+                result[name] = out.wrap(bound)
+            result["max_seqlen"] = top if self.flatten else out.wrap(top)
         return _rename_and_exclude(result, self.rename_fields, self.exclude_fields, allow_missing=False)
 
     @property
