@@ -17,6 +17,7 @@ from ..core.operator import Operator, StatelessOp, describe
 from ..runtime.distributed import Topology
 from ..runtime.lanes import Plan
 from ..runtime.options import Options
+from ..sources.mixture import MixtureSpec
 from ..core.records import Record, SampleBatch
 from ..text.tokenizer import TokenizerHandle
 from ..training.fields import TOKEN_FIELDS
@@ -136,12 +137,6 @@ def _measure(plan: Plan, steps: int, ops: Sequence[tuple[str, Operator]]) -> dic
     return {"steps": done, "lane_bytes": lane_bytes, "per_operator": per_op, "lane_bytes_when_full": estimate}
 
 
-def _dataset(ds: Any, weights: dict[str, float] | None) -> dict[str, Any]:
-    weight = None if weights is None else weights.get(ds.name)
-    shards, rows = len(ds.shard_ids), ds.num_rows
-    return {"name": ds.name, "format": getattr(ds, "format", None), "shards": shards, "rows": rows, "weight": weight}
-
-
 def _operator(name: str, op: Operator) -> dict[str, Any]:
     data, perf = _settings(op)
     fields = list(getattr(op.state_type, "__struct_fields__", ()))
@@ -155,15 +150,14 @@ def explain_plan(
 ) -> Explanation:
     """The :class:`Explanation` of a compiled plan (see :meth:`zephon.Pipeline.explain`)."""
     source = plan.source
-    weights = None
-    try:
-        names = list(source.names)
-        integer = source.mixture.integer_weights(names)
-        weights = {n: w / sum(integer) for n, w in zip(names, integer)}
-    except AttributeError:
-        pass
-    datasets = [_dataset(ds, weights) for ds in getattr(source, "datasets", ())]
-    source_settings = {k: getattr(source, k) for k in _SOURCE_SETTINGS if hasattr(source, k)}
+    fixed = isinstance(source.mixture, MixtureSpec)  # a schedule's weights change over time
+    integer = source.mixture.integer_weights(source.names) if fixed else None
+    datasets = [
+        {"name": ds.name, "format": getattr(ds, "format", None), "shards": len(ds.shard_ids),
+         "rows": ds.num_rows, "weight": None if integer is None else integer[i] / sum(integer)}
+        for i, ds in enumerate(source.datasets)
+    ]
+    source_settings = {k: getattr(source, k) for k in _SOURCE_SETTINGS}
     operators = [_operator(name, op) for name, op in ops]
     L = plan.lanes
     last = ops[-1][1] if ops else None
