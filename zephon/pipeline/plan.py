@@ -264,10 +264,9 @@ class Plan:
         for d in data.get("datasets") or []:
             d = _table(d, "datasets", {"name", "path"})
             given = d.get("path", "")
-            paths = [Path(x) for x in (given if isinstance(given, list) else [given])]
-            if base is not None:
-                paths = [x if x.is_absolute() else Path(base) / x for x in paths]
-            datasets.append({"name": d.get("name"), "path": [str(x) for x in paths] if isinstance(given, list) else str(paths[0])})
+            listed = isinstance(given, list)
+            paths = [str(Path(base or "", x)) for x in (given if listed else [given])]
+            datasets.append({"name": d.get("name"), "path": paths if listed else paths[0]})
         if not datasets:
             raise ValueError("a plan needs at least one [[datasets]] entry with name and path")
         return cls(datasets, **kw)
@@ -456,21 +455,15 @@ def simulate_source(src: StaticMixtureWorkSource, shape: StepShape, steps: int) 
     exhausted = {name: int(hit[0]) if hit.size else None for name, hit in zip(names, hits)}
     marks = {0, max(0, steps - 1), *(_step_of(src, shape, p) for _, p in src.point_positions)}
     marks = sorted(marks | {int(steps * f) for f in (0.25, 0.5, 0.75)})
-    weights = [(s, src.target_at(_position_of_step(src, shape, s))) for s in marks if s < steps]
+    weights: list[tuple[int, dict[str, float]]] = []  # each change of the rounded target
+    for s in (s for s in marks if s < steps):
+        w = {k: round(v, 4) for k, v in src.target_at(_position_of_step(src, shape, s)).items()}
+        if not weights or weights[-1][1] != w:
+            weights.append((s, w))
     samples = {nm: int(total[j]) for j, nm in enumerate(names)}
     tokens = {nm: (float(total[j]) * tps[j] if tps else None) for j, nm in enumerate(names)}
     epochs = {nm: (int(total[j]) / sizes[j] if sizes[j] else 0.0) for j, nm in enumerate(names)}
-    weights = _dedupe(weights)
     return Simulation(steps, shape, names, samples, tokens, epochs, exhausted, weights, per_step, src.unit, exact)
-
-
-def _dedupe(weights: list) -> list:
-    out = []
-    for s, w in weights:
-        w = {k: round(v, 4) for k, v in w.items()}
-        if not out or out[-1][1] != w:
-            out.append((s, w))
-    return out
 
 
 def _lane_components(src: StaticMixtureWorkSource, lanes: int, lane: int, count: int) -> np.ndarray:
