@@ -264,16 +264,15 @@ def run_bench(
 
     handle = load_tokenizer(tokenizer, backend=backend)  # the ceiling uses the recipe's encoder
     if handle.eos_token_id is None:
-        raise SystemExit(
-            f"zephon bench: the tokenizer {tokenizer} has no EOS token, which the recipe needs"
-        )
+        raise SystemExit(f"zephon bench: the tokenizer {tokenizer} has no EOS token, which the recipe needs")
     encoder, eos = handle.backend, handle.eos_token_id
+    first_rows = _rows_before_first_batch(buffer, batch_size)
     common = {"data": os.path.abspath(data), "tokenizer": os.path.abspath(tokenizer), "field": field, "seq_len": seq_len,
               "batch_size": batch_size, "lanes": lanes, "buffer": buffer, "backend": backend,
               "checkpoint_every": checkpoint_every, "docs_per_call": docs_per_call, "eos": eos,
-              "read_size": read_size, "read_ahead": read_ahead}
-    first_rows = _rows_before_first_batch(buffer, batch_size)
-    configs: dict[str, dict[str, Any]] = {"ceiling": {**common, "mode": "ceiling", "encoder": encoder, "first_rows": first_rows}}
+              "read_size": read_size, "read_ahead": read_ahead,
+              "encoder": encoder, "first_rows": first_rows}
+    configs: dict[str, dict[str, Any]] = {"ceiling": {**common, "mode": "ceiling"}}
     recipe = {**common, "mode": "recipe", "thread": False}
     for w in workers:
         configs[f"recipe workers={w}"] = {**recipe, "workers": w}
@@ -281,12 +280,8 @@ def run_bench(
             configs[f"recipe workers={w} cold"] = {**recipe, "workers": w}
     if thread:
         configs["recipe thread"] = {**recipe, "workers": 0, "thread": True}
-    results: dict[str, Any] = {
-        "data": common["data"], "tokenizer": common["tokenizer"], "encoder": encoder, "lanes": lanes, "buffer": buffer,
-        "seq_len": seq_len, "batch_size": batch_size, "checkpoint_every": checkpoint_every, "repeats": repeats,
-        "docs_per_call": docs_per_call, "first_rows": first_rows, "cpus": os.cpu_count(), "load_average_start": _load(),
-        "runs": {n: [] for n in configs},
-    }
+    results: dict[str, Any] = {**common, "repeats": repeats, "cpus": os.cpu_count()}
+    results.update(load_average_start=_load(), runs={n: [] for n in configs})
     out(f"zephon bench: {data} with {tokenizer} ({encoder}), {lanes} lanes, {os.cpu_count()} CPUs, "
         f"load average {results['load_average_start']}; {repeats} round(s)")
     with tempfile.TemporaryDirectory(prefix="zephon-bench-") as tmp:

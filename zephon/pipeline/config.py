@@ -80,12 +80,6 @@ def _check_keys(table: Any, allowed: tuple[str, ...], where: str) -> Mapping[str
     return table
 
 
-def _resolve(value: Any, base: Path) -> Any:
-    if isinstance(value, str) and not os.path.isabs(value) and (base / value).exists():
-        return str(base / value)
-    return value
-
-
 def _function(spec: Any, where: str) -> Any:
     if not isinstance(spec, str) or ":" not in spec:
         raise ValueError(f"{where}: function must be 'module:name' (an importable module-level function), got {spec!r}")
@@ -162,7 +156,10 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
             if "key" in kwargs:
                 raise ValueError(f"{at}: give key (a field name) or function ('module:name'), not both")
             kwargs["key"] = _function(kwargs.pop("function"), at)
-        kwargs.update({k: _resolve(kwargs[k], base) for k in _PATH_ARGS if k in kwargs})
+        for k in _PATH_ARGS:
+            value = kwargs.get(k)
+            if isinstance(value, str) and not os.path.isabs(value) and (base / value).exists():
+                kwargs[k] = str(base / value)
         try:
             pipe = getattr(pipe, op)(*args, **kwargs)
         except (TypeError, ValueError) as exc:
