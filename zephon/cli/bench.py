@@ -85,14 +85,14 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
     first = time.time() - t0
     # The recipe's first batch's rows: their documents counted untimed, then read, encoded by a
     # fresh tokenizer (no shared cache) and packed, added to the time to start and list the files.
-    need = max(batch, task.get("first_rows") or batch)
+    need = max(batch, task["first_rows"])
     docs = _docs_for_rows(_texts(files, task["field"], limit=64 * need), encode, need * row)
     encode_fresh = _bare_encoder(task)
     t = time.perf_counter()
     pack(encode_fresh(_texts(files, task["field"], limit=docs)), eos_arr[:0])
     first_rows = ready + time.perf_counter() - t
     # Throughput: texts in memory, the encoding loop alone.
-    texts = _texts(files, task["field"], task.get("max_docs"))
+    texts = _texts(files, task["field"])
     tokens, rest = 0, eos_arr[:0]
     c0, w0 = time.process_time(), time.perf_counter()
     for i in range(0, len(texts), per_call):

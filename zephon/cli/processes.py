@@ -22,10 +22,10 @@ def children(pid: int) -> list[int]:
     return kids
 
 
-def descendants(pid: int | None = None) -> list[int]:
-    """The live processes under ``pid`` (default: this one), children first; ``[]`` without ``/proc``."""
+def descendants() -> list[int]:
+    """The live processes under this one, children first; ``[]`` without ``/proc``."""
     out: list[int] = []
-    todo = children(os.getpid() if pid is None else pid)
+    todo = children(os.getpid())
     while todo:
         kid = todo.pop(0)
         out.append(kid)

@@ -174,7 +174,7 @@ class Plan:
     def __attrs_post_init__(self) -> None:
         self.source()  # every check of the source runs now: an impossible plan fails at construction
 
-    def source(self, calibration: Calibration | None = None) -> StaticMixtureWorkSource:
+    def source(self) -> StaticMixtureWorkSource:
         """The work source this plan describes (``Pipeline(plan)`` uses it)."""
         shape = self.steps
         per_step: dict[str, int] = {}
@@ -191,9 +191,9 @@ class Plan:
                 )
             if by_step:
                 per_step["step_lanes"] = shape.lanes  # points start at a block of lanes' chunks, as in a pipeline
-        settings = {k: getattr(self, k) for k in (*_PLAIN_KEYS, *_OPTIONAL_KEYS, "token_estimation")}
-        settings.update(per_step, calibration=calibration or self.calibration)
-        return StaticMixtureWorkSource(list(self.datasets), self.mixture, **settings)
+        keys = (*_PLAIN_KEYS, *_OPTIONAL_KEYS, "token_estimation", "calibration")
+        settings = {k: getattr(self, k) for k in keys}
+        return StaticMixtureWorkSource(list(self.datasets), self.mixture, **settings, **per_step)
 
     #: The work source (what ``Pipeline(plan)`` calls).
     as_source = source
@@ -218,7 +218,7 @@ class Plan:
                 )
             datasets.append({"name": d.name, "path": paths[0] if len(paths) == 1 else paths})
         out: dict[str, Any] = {"datasets": datasets}
-        m, unit = self.mixture, self.as_source().unit
+        m, unit = self.mixture, self.source().unit
         if isinstance(m, MixtureSchedule):
             points = [[a, dict(w)] for a, w in m.points]
             out["schedule"] = {"by": m.by, "interpolation": m.interpolation, "unit": unit, "points": points}
@@ -293,7 +293,7 @@ class Plan:
         return cls.from_dict(read_config(p, what="plan"), base=p.parent)
 
     def __str__(self) -> str:
-        m, unit = self.mixture, self.as_source().unit
+        m, unit = self.mixture, self.source().unit
         lines = [f"Plan {self.fingerprint()}"]
         lines += [f"  dataset {d.name}: {d.num_rows} rows in {d.num_shards} shard(s)" for d in self.datasets]
         if isinstance(m, MixtureSchedule):
