@@ -123,8 +123,7 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
         data = Path(table["path"]) if os.path.isabs(table["path"]) else base / table["path"]
         if not data.exists():
             raise FileNotFoundError(f"{at}: no data at {data}")
-        kwargs = {"format": table["format"]} if "format" in table else {}
-        kwargs.update({k: table[k] for k in ("on_error", "max_skipped") if k in table})
+        kwargs = {k: table[k] for k in ("format", "on_error", "max_skipped") if k in table}
         datasets.append(Dataset.from_path(table["name"], data, **kwargs))
         weights[table["name"]] = table.get("weight", 1.0)
     try:

@@ -146,7 +146,7 @@ def _operator(name: str, op: Operator) -> dict[str, Any]:
 
 
 def explain_plan(
-    plan: Plan, options: Options, topology: Topology | None, ops: Sequence[tuple[str, Operator]], *, measure: int = 0
+    plan: Plan, options: Options, topology: Topology, ops: Sequence[tuple[str, Operator]], *, measure: int = 0
 ) -> Explanation:
     """The :class:`Explanation` of a compiled plan (see :meth:`zephon.Pipeline.explain`)."""
     source = plan.source
@@ -181,18 +181,17 @@ def explain_plan(
     executor: dict[str, Any] = {k: getattr(options, k) for k in _EXECUTOR_SETTINGS}
     threads = "a background thread" if options.thread else "the calling thread"
     executor["kind"] = "worker processes (spawned)" if options.workers else threads
-    if topology is not None:
-        D, per, mine = topology.dp_degree, L // topology.dp_degree, list(topology.lanes)
-        ranks = {str(r): [r * per, (r + 1) * per - 1] for r in range(D)}
-        lanes.update(dp_degree=D, dp_rank=topology.dp_rank, lanes_of_this_rank=mine, ranks=ranks)
-        if options.workers:
-            n = max(1, min(options.workers, len(mine)))
-            executor.update(
-                processes=n,
-                start="the workers compute every output, from iter() on",
-                lanes_per_process={f"worker {w}": mine[w::n] for w in range(n)},
-                tokenizer_threads_per_process=max(1, (os.cpu_count() or 1) // n),
-            )
+    D, per, mine = topology.dp_degree, L // topology.dp_degree, list(topology.lanes)
+    ranks = {str(r): [r * per, (r + 1) * per - 1] for r in range(D)}
+    lanes.update(dp_degree=D, dp_rank=topology.dp_rank, lanes_of_this_rank=mine, ranks=ranks)
+    if options.workers:
+        n = max(1, min(options.workers, len(mine)))
+        executor.update(
+            processes=n,
+            start="the workers compute every output, from iter() on",
+            lanes_per_process={f"worker {w}": mine[w::n] for w in range(n)},
+            tokenizer_threads_per_process=max(1, (os.cpu_count() or 1) // n),
+        )
     start = build(plan.fingerprint(), {lane: plan.encode(plan.init(lane)) for lane in range(L)})
     checkpoint: dict[str, Any] = {
         "per_lane": [
@@ -269,12 +268,11 @@ def render(data: dict[str, Any]) -> str:
             rows = f"rows of {p['length']} tokens, {p['rows_per_microbatch']} per microbatch"
             line += f"\n  from step {p['from_step']}: {rows}"
     out.append(line)
-    if "dp_degree" in lanes:
-        ranks = lanes["ranks"]
-        shown = list(ranks.items())[:8]
-        parts = ", ".join(f"rank {r}: lanes {a}-{b}" if a != b else f"rank {r}: lane {a}" for r, (a, b) in shown)
-        more = f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else ""
-        out.append(f"  D={lanes['dp_degree']} ranks, this is rank {lanes['dp_rank']}; {parts}{more}")
+    ranks = lanes["ranks"]
+    shown = list(ranks.items())[:8]
+    parts = ", ".join(f"rank {r}: lanes {a}-{b}" if a != b else f"rank {r}: lane {a}" for r, (a, b) in shown)
+    more = f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else ""
+    out.append(f"  D={lanes['dp_degree']} ranks, this is rank {lanes['dp_rank']}; {parts}{more}")
     ex = data["executor"]
     line = f"executor: {ex['kind']}, prefetch {ex['prefetch']} per lane, read_size {ex['read_size']}"
     line += f", read_ahead {ex['read_ahead'] or 'off'}"
