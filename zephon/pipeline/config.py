@@ -120,7 +120,7 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
         if "name" not in table or "path" not in table:
             raise ValueError(f"{at}: a dataset needs 'name' and 'path'")
         at = f"{at} ({table['name']})"
-        data = Path(table["path"]) if os.path.isabs(table["path"]) else base / table["path"]
+        data = base / table["path"]  # an absolute path stays as it is
         if not data.exists():
             raise FileNotFoundError(f"{at}: no data at {data}")
         kwargs = {k: table[k] for k in ("format", "on_error", "max_skipped") if k in table}

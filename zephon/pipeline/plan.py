@@ -454,9 +454,9 @@ def simulate_source(src: StaticMixtureWorkSource, shape: StepShape, steps: int) 
     hits = [np.flatnonzero(cum[:, j] >= sizes[j]) if sizes[j] else np.array([]) for j in range(n)]
     exhausted = {name: int(hit[0]) if hit.size else None for name, hit in zip(names, hits)}
     marks = {0, max(0, steps - 1), *(_step_of(src, shape, p) for _, p in src.point_positions)}
-    marks = sorted(marks | {int(steps * f) for f in (0.25, 0.5, 0.75)})
+    marks |= {int(steps * f) for f in (0.25, 0.5, 0.75)}
     weights: list[tuple[int, dict[str, float]]] = []  # each change of the rounded target
-    for s in (s for s in marks if s < steps):
+    for s in sorted(m for m in marks if m < steps):
         w = {k: round(v, 4) for k, v in src.target_at(_position_of_step(src, shape, s)).items()}
         if not weights or weights[-1][1] != w:
             weights.append((s, w))
