@@ -358,6 +358,8 @@ def _summarize(results: dict[str, Any]) -> dict[str, Any]:
     runs = results["runs"]
     ceilings = runs["ceiling"]
     recipes = [r for name, rs in runs.items() if name != "ceiling" for r in rs]
+    for c in ceilings:  # the ceiling against itself; its rate is steady (it times texts in memory)
+        c.update(_CEILING_FIXED, steady_tokens_per_s=c["tokens_per_s"])
     for r in recipes:  # against the ceiling when it ran (kept per run in the JSON, next to its own)
         keys = ("tokens_per_s", "first_batch_s", "first_rows_s")
         ref, first, same = (_reference(ceilings, r, key) for key in keys)
@@ -374,15 +376,7 @@ def _summarize(results: dict[str, Any]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for name, rs in runs.items():
         row = {"tokens": rs[0]["tokens"] if rs else None}
-        for key in SUMMARY_KEYS:
-            if name == "ceiling" and key in _CEILING_FIXED:
-                values = [_CEILING_FIXED[key]] * len(rs)
-            elif key == "steady_tokens_per_s":  # the ceiling times texts already in memory
-                ceiling = name == "ceiling"
-                values = [r.get(key) or (r["tokens_per_s"] if ceiling else None) for r in rs]
-            else:
-                values = [r.get(key) for r in rs] if key != "first_rows_s" or name == "ceiling" else []
-            row[key] = _median(values)
+        row.update({key: _median([r.get(key) for r in rs]) for key in SUMMARY_KEYS})
         rest = results.get("restores", {}).get(name)
         if rest:
             expected = rs[0].get("next_digest")
