@@ -160,8 +160,7 @@ def explain_plan(
     source_settings = {k: getattr(source, k) for k in _SOURCE_SETTINGS}
     operators = [_operator(name, op) for name, op in ops]
     L = plan.lanes
-    last = ops[-1][1] if ops else None
-    batch = last if last is not None and last.kind == "batch" else None
+    batch = ops[-1][1] if ops and ops[-1][1].kind == "batch" else None
     microbatch = getattr(batch, "microbatch_size", None)
     lanes: dict[str, Any] = {"canonical_replicas": L, "microbatch_size": microbatch}
     if microbatch:
