@@ -24,12 +24,9 @@ def children(pid: int) -> list[int]:
 
 def descendants() -> list[int]:
     """The live processes under this one, children first; ``[]`` without ``/proc``."""
-    out: list[int] = []
-    todo = children(os.getpid())
-    while todo:
-        kid = todo.pop(0)
-        out.append(kid)
-        todo.extend(children(kid))
+    out = children(os.getpid())
+    for kid in out:  # the list grows while it is walked: breadth first
+        out.extend(children(kid))
     return out
 
 
