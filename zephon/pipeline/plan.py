@@ -128,10 +128,7 @@ def _as_shape(value: Any) -> StepShape | None:
     if value is None or isinstance(value, StepShape):
         return value
     if isinstance(value, Mapping):
-        unknown = set(value) - set(_SHAPE_KEYS)
-        if unknown:
-            raise ValueError(f"unknown keys in steps: {sorted(unknown)}; allowed: {', '.join(_SHAPE_KEYS)}")
-        return StepShape(**value)
+        return StepShape(**_table(value, "steps", set(_SHAPE_KEYS)))
     raise TypeError(f"steps must be a StepShape or a table of lanes, microbatch_size, sequence_length, got {value!r}")
 
 
@@ -240,29 +237,26 @@ class Plan:
         Raises:
             ValueError: unknown keys, not one of ``mixture`` and ``schedule``, a refused plan.
         """
-        if not isinstance(data, Mapping):
-            raise ValueError(f"a plan document is a table, got {type(data).__name__}")
-        unknown = set(data) - _TOP_KEYS
-        if unknown:
-            raise ValueError(f"unknown keys in the plan: {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
+        _table(data, "the plan", _TOP_KEYS)
         if ("mixture" in data) == ("schedule" in data):
             raise ValueError("a plan has exactly one of [mixture] (fixed weights) and [schedule] (weights over time)")
         kw: dict[str, Any] = {k: data[k] for k in (*_PLAIN_KEYS, *_OPTIONAL_KEYS, "steps") if k in data}
         if "mixture" in data:
-            mix = _table(data["mixture"], "mixture", {"weights", "unit"})
+            mix = _table(data["mixture"], "[mixture]", {"weights", "unit"})
             kw["mixture"] = MixtureSpec(mix["weights"], unit=mix.get("unit"))
         else:
-            sch = _table(data["schedule"], "schedule", {"points", "by", "interpolation", "unit"})
+            sch = _table(data["schedule"], "[schedule]", {"points", "by", "interpolation", "unit"})
             options = {k: sch[k] for k in ("by", "interpolation", "unit") if k in sch}
             kw["mixture"] = MixtureSchedule([tuple(p) for p in sch["points"]], **options)
         if "token_estimation" in data:
             allowed = {"primer", "calibration_samples", "calibration_shards_max", "field"}
-            kw["token_estimation"] = TokenEstimation(**_table(data["token_estimation"], "token_estimation", allowed))
+            estimation = _table(data["token_estimation"], "[token_estimation]", allowed)
+            kw["token_estimation"] = TokenEstimation(**estimation)
         if "calibration" in data:
             kw["calibration"] = Calibration.from_description(data["calibration"])
         datasets = []
         for d in data.get("datasets") or []:
-            d = _table(d, "datasets", {"name", "path"})
+            d = _table(d, "[datasets]", {"name", "path"})
             given = d.get("path", "")
             listed = isinstance(given, list)
             paths = [str(Path(base or "", x)) for x in (given if listed else [given])]
@@ -503,10 +497,10 @@ def _step_of(src: StaticMixtureWorkSource, shape: StepShape, position: int) -> i
 
 def _table(value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        raise ValueError(f"[{where}] must be a table, got {value!r}")
+        raise ValueError(f"{where} must be a table, got {value!r}")
     unknown = set(value) - allowed
     if unknown:
-        raise ValueError(f"unknown keys in [{where}]: {sorted(unknown)}; allowed: {sorted(allowed)}")
+        raise ValueError(f"unknown keys in {where}: {sorted(unknown)}; allowed: {sorted(allowed)}")
     return value
 
 
