@@ -71,7 +71,8 @@ def load_pipeline_config(path: str | os.PathLike) -> Any:
     return pipeline_from_config(read_config(p), base=p.parent, where=str(p))
 
 
-def _check_keys(table: Any, allowed: tuple[str, ...], where: str) -> Mapping[str, Any]:
+def check_keys(table: Any, allowed: tuple[str, ...], where: str) -> Mapping[str, Any]:
+    """``table``, checked to be a mapping of ``allowed`` keys only (errors name ``where``)."""
     if not isinstance(table, Mapping):
         raise ValueError(f"{where} must be a table (mapping), got {type(table).__name__}")
     unknown = sorted(set(table) - set(allowed))
@@ -106,8 +107,8 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
     from ..sources.work_source import StaticMixtureWorkSource
 
     base = Path(base)
-    _check_keys(doc, _TOP, where)
-    source = dict(_check_keys(doc.get("source", {}), _SOURCE, f"{where}: [source]"))
+    check_keys(doc, _TOP, where)
+    source = dict(check_keys(doc.get("source", {}), _SOURCE, f"{where}: [source]"))
     tables = source.pop("datasets", None)
     if not isinstance(tables, list) or not tables:
         raise ValueError(
@@ -116,7 +117,7 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
     datasets, weights = [], {}
     for i, table in enumerate(tables):
         at = f"{where}: source.datasets[{i}]"
-        _check_keys(table, _DATASET, at)
+        check_keys(table, _DATASET, at)
         if "name" not in table or "path" not in table:
             raise ValueError(f"{at}: a dataset needs 'name' and 'path'")
         at = f"{at} ({table['name']})"
@@ -132,7 +133,7 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
         raise ValueError(f"{where}: [source]: {exc}") from None
     names = (*(f.name for f in attrs.fields(Options)), "num_workers")
     try:
-        pipe = pipe.options(**_check_keys(doc.get("options", {}), names, f"{where}: [options]"))
+        pipe = pipe.options(**check_keys(doc.get("options", {}), names, f"{where}: [options]"))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: [options]: {exc}") from None
     ops = doc.get("operators", [])
@@ -147,7 +148,7 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
         op = kwargs.pop("op")
         at, args = f"{where}: operators[{i}] ({op})", []
         if op in ("map", "filter"):
-            _check_keys(kwargs, ("function", "name", "on_error", "max_skipped"), at)
+            check_keys(kwargs, ("function", "name", "on_error", "max_skipped"), at)
             args.append(_function(kwargs.pop("function", None), at))
         elif op not in OPERATORS:
             raise ValueError(f"{at}: unknown op {op!r}; use one of {[*OPERATORS, 'map', 'filter']}")

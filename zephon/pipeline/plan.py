@@ -21,13 +21,13 @@ from ..ops.lengths import LengthSchedule, Phase
 from ..sources.estimate import Calibration, TokenEstimation
 from ..sources.mixture import MixtureSchedule, MixtureSpec, as_mixture
 from ..sources.work_source import StaticMixtureWorkSource
-from .config import parse_toml, read_config
+from .config import check_keys, parse_toml, read_config
 
 #: The plan's settings that a document holds as they are (always, or only when set).
 _PLAIN_KEYS = ("seed", "shuffle_shards", "shuffle_within_shard", "passes", "chunk_size", "lane_assignment")
 _OPTIONAL_KEYS = ("exhausted_policy", "max_repeats")
 _TABLES = ("datasets", "mixture", "schedule", "token_estimation", "calibration", "steps")
-_TOP_KEYS = {*_PLAIN_KEYS, *_OPTIONAL_KEYS, *_TABLES}
+_TOP_KEYS = (*_PLAIN_KEYS, *_OPTIONAL_KEYS, *_TABLES)
 _SHAPE_KEYS = ("lanes", "microbatch_size", "sequence_length", "tokens_per_microbatch")
 
 
@@ -128,7 +128,7 @@ def _as_shape(value: Any) -> StepShape | None:
     if value is None or isinstance(value, StepShape):
         return value
     if isinstance(value, Mapping):
-        return StepShape(**_table(value, "steps", set(_SHAPE_KEYS)))
+        return StepShape(**check_keys(value, _SHAPE_KEYS, "steps"))
     raise TypeError(f"steps must be a StepShape or a table of lanes, microbatch_size, sequence_length, got {value!r}")
 
 
@@ -237,26 +237,27 @@ class Plan:
         Raises:
             ValueError: unknown keys, not one of ``mixture`` and ``schedule``, a refused plan.
         """
-        _table(data, "the plan", _TOP_KEYS)
+        check_keys(data, _TOP_KEYS, "the plan")
         if ("mixture" in data) == ("schedule" in data):
             raise ValueError("a plan has exactly one of [mixture] (fixed weights) and [schedule] (weights over time)")
         kw: dict[str, Any] = {k: data[k] for k in (*_PLAIN_KEYS, *_OPTIONAL_KEYS, "steps") if k in data}
         if "mixture" in data:
-            mix = _table(data["mixture"], "[mixture]", {"weights", "unit"})
+            mix = check_keys(data["mixture"], ("weights", "unit"), "[mixture]")
             kw["mixture"] = MixtureSpec(mix["weights"], unit=mix.get("unit"))
         else:
-            sch = _table(data["schedule"], "[schedule]", {"points", "by", "interpolation", "unit"})
+            allowed = ("points", "by", "interpolation", "unit")
+            sch = check_keys(data["schedule"], allowed, "[schedule]")
             options = {k: sch[k] for k in ("by", "interpolation", "unit") if k in sch}
             kw["mixture"] = MixtureSchedule([tuple(p) for p in sch["points"]], **options)
         if "token_estimation" in data:
-            allowed = {"primer", "calibration_samples", "calibration_shards_max", "field"}
-            estimation = _table(data["token_estimation"], "[token_estimation]", allowed)
+            allowed = ("primer", "calibration_samples", "calibration_shards_max", "field")
+            estimation = check_keys(data["token_estimation"], allowed, "[token_estimation]")
             kw["token_estimation"] = TokenEstimation(**estimation)
         if "calibration" in data:
             kw["calibration"] = Calibration.from_description(data["calibration"])
         datasets = []
         for d in data.get("datasets") or []:
-            d = _table(d, "[datasets]", {"name", "path"})
+            d = check_keys(d, ("name", "path"), "[datasets]")
             given = d.get("path", "")
             listed = isinstance(given, list)
             paths = [str(Path(base or "", x)) for x in (given if listed else [given])]
@@ -493,15 +494,6 @@ def _step_of(src: StaticMixtureWorkSource, shape: StepShape, position: int) -> i
     if shape.sequence_length is None:
         return position // (shape.lanes * shape.microbatch_size)
     return shape.step_at_tokens(src.tokens_before(position))
-
-
-def _table(value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{where} must be a table, got {value!r}")
-    unknown = set(value) - allowed
-    if unknown:
-        raise ValueError(f"unknown keys in {where}: {sorted(unknown)}; allowed: {sorted(allowed)}")
-    return value
 
 
 def _key(k: str) -> str:
