@@ -114,10 +114,9 @@ def _as_datasets(value: Any) -> tuple:
         if isinstance(d, Dataset):
             out.append(d)
         elif isinstance(d, Mapping):
-            unknown = set(d) - {"name", "path"}
-            if unknown or "name" not in d or "path" not in d:
-                extra = f" (unknown {sorted(unknown)})" if unknown else ""
-                raise ValueError(f"a plan's dataset is {{name, path}}, got keys {sorted(d)}{extra}")
+            check_keys(d, ("name", "path"), "a plan's dataset")
+            if "name" not in d or "path" not in d:
+                raise ValueError(f"a plan's dataset is {{name, path}}, got keys {sorted(d)}")
             out.append(Dataset.from_path(d["name"], d["path"]))
         else:
             raise TypeError(f"a plan's datasets are zephon.io.Dataset objects or {{name, path}} tables, got {d!r}")
