@@ -369,7 +369,7 @@ def _summarize(results: dict[str, Any]) -> dict[str, Any]:
         r["first_batch_minus_ceiling_s"] = start - first if start and first is not None else None
         r["first_batch_minus_same_rows_s"] = start - same if start and same is not None else None
     for r in recipes:  # once every run's ratio is known, whatever the order of the runs
-        # over the inline run's of the same round, each over its ceiling: the drift cancels
+        # its ratio over the inline run's of its round (each over its ceiling: the drift cancels)
         inline = [i for i in runs.get(INLINE, []) if i["round"] == r["round"]]
         known = inline and r.get("ratio") and inline[0].get("ratio")
         r["inline_ratio"] = r["ratio"] / inline[0]["ratio"] if known else None
