@@ -71,11 +71,20 @@ def test_a_plan_round_trips_through_toml_and_json_and_keeps_its_fingerprint(plan
 @pytest.mark.parametrize(
     "edit, match",
     [
-        (lambda t: "sead = 1\n" + t, r"unknown keys in the plan: \['sead'\]"),
-        (lambda t: t.replace('by = "step"', 'by = "step"\nramp = 2'), r"unknown keys in \[schedule\]: \['ramp'\]"),
-        (lambda t: t.replace("lanes = 2", "lanes = 2\ngpus = 8"), r"unknown keys in steps: \['gpus'\]"),
+        (lambda t: "sead = 1\n" + t, r"the plan: unknown key\(s\) \['sead'\]"),
+        (
+            lambda t: t.replace('by = "step"', 'by = "step"\nramp = 2'),
+            r"\[schedule\]: unknown key\(s\) \['ramp'\]",
+        ),
+        (
+            lambda t: t.replace("lanes = 2", "lanes = 2\ngpus = 8"),
+            r"steps: unknown key\(s\) \['gpus'\]",
+        ),
         (lambda t: t + '\n[mixture]\nweights = { web = 1, books = 1 }\n', "exactly one of"),
-        (lambda t: t.replace('name = "web"', 'name = "web"\nformat = "jsonl"'), r"unknown keys in \[datasets\]"),
+        (
+            lambda t: t.replace('name = "web"', 'name = "web"\nformat = "jsonl"'),
+            r"\[datasets\]: unknown key\(s\) \['format'\]",
+        ),
     ],
 )
 def test_unknown_keys_and_contradictions_are_errors(plan_file, edit, match):
@@ -145,7 +154,7 @@ def test_zephon_plan_command_prints_the_plan_and_its_simulation(plan_file, tmp_p
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     plan_file.write_text("bogus = 1\n" + PLAN_TOML)
     assert main(["plan", str(plan_file), "--steps", "30"]) == 2
-    assert "unknown keys in the plan" in capsys.readouterr().err
+    assert "the plan: unknown key(s) ['bogus']" in capsys.readouterr().err
 
 
 def test_zephon_plan_measures_a_token_plan_with_a_tokenizer(tmp_path, capsys):

@@ -65,9 +65,6 @@ _LAZY = {
     "to_training": ".training.convert",
 }
 
-#: public submodules reachable as attributes without an import
-_SUBMODULES = ("compat",)
-
 __all__ = sorted([*_LAZY, "__version__"])
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
@@ -89,8 +86,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
+    if name == "compat":  # a public submodule, reachable as an attribute without an import
+        return importlib.import_module(".compat", __name__)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'zephon' has no attribute {name!r}")

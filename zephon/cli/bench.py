@@ -29,18 +29,11 @@ from .processes import descendants_peak_rss_mib, tree_cpu_s
 __all__ = ["register", "run_bench"]
 
 
-# -- child processes: one measurement each, printed as a JSON line
+# -- child processes: one measurement each
 
 
 def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def _files(data: str) -> list[str]:
-    from ..sources.dataset import Dataset
-
-    ds = Dataset.from_path("data", data)
-    return [ds.shard_path(i) for i in range(len(ds.shard_sizes))]
 
 
 def _texts(files: list[str], field: str, limit: int | None = None) -> list[str]:
@@ -54,19 +47,6 @@ def _texts(files: list[str], field: str, limit: int | None = None) -> list[str]:
                     if limit is not None and len(out) >= limit:
                         return out
     return out
-
-
-def _bare_tiktoken(tokenizer_path: str) -> Any:
-    """A tiktoken encoding built straight from a byte-level BPE ``tokenizer.json`` (no checks)."""
-    import tiktoken
-
-    from ..text.tiktoken_encoding import GPT2_PATTERN, _byte_decoder
-
-    spec = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
-    decoder = _byte_decoder()
-    specials = {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
-    ranks = {bytes(decoder[c] for c in tok): tid for tok, tid in spec["model"]["vocab"].items() if tok not in specials}
-    return tiktoken.Encoding("bench", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
 
 
 def pack_rows(arrays: list, rest: Any, eos: Any, row: int) -> tuple[Any, Any]:
@@ -85,11 +65,14 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
     """The bare encoder in large calls over all cores, plus numpy packing into rows."""
     import numpy as np
 
+    from ..sources.dataset import Dataset
+
     t0, row = task["t0"], task["seq_len"]
     per_call, batch = task["docs_per_call"], task["batch_size"]
     eos_arr = np.array([task["eos"]], dtype=np.uint32 if task["encoder"] == "tiktoken" else np.int32)
     encode, pack = _bare_encoder(task), functools.partial(pack_rows, eos=eos_arr, row=row)
-    files = _files(task["data"])
+    ds = Dataset.from_path("data", task["data"])
+    files = [ds.shard_path(i) for i in range(len(ds.shard_sizes))]
     ready = time.time() - t0  # started, tokenizer loaded, files listed
     rows, rest, done, want = eos_arr[:0].reshape(0, row), eos_arr[:0], 0, 16
     while len(rows) < batch:
@@ -102,14 +85,14 @@ def child_ceiling(task: dict[str, Any]) -> dict[str, Any]:
     first = time.time() - t0
     # The recipe's first batch's rows: their documents counted untimed, then read, encoded by a
     # fresh tokenizer (no shared cache) and packed, added to the time to start and list the files.
-    need = max(batch, task.get("first_rows") or batch)
+    need = max(batch, task["first_rows"])
     docs = _docs_for_rows(_texts(files, task["field"], limit=64 * need), encode, need * row)
     encode_fresh = _bare_encoder(task)
     t = time.perf_counter()
     pack(encode_fresh(_texts(files, task["field"], limit=docs)), eos_arr[:0])
     first_rows = ready + time.perf_counter() - t
     # Throughput: texts in memory, the encoding loop alone.
-    texts = _texts(files, task["field"], task.get("max_docs"))
+    texts = _texts(files, task["field"])
     tokens, rest = 0, eos_arr[:0]
     c0, w0 = time.process_time(), time.perf_counter()
     for i in range(0, len(texts), per_call):
@@ -125,10 +108,21 @@ def _bare_encoder(task: dict[str, Any]) -> Callable[[list[str]], list]:
     """A fresh tokenizer's encode function: texts to id arrays, in large calls over all cores."""
     import numpy as np
 
-    if task["encoder"] == "tiktoken":
+    if task["encoder"] == "tiktoken":  # built straight from the BPE tokenizer.json, no checks
         from concurrent.futures import ThreadPoolExecutor
 
-        enc = _bare_tiktoken(task["tokenizer"])
+        import tiktoken
+
+        from ..text.tiktoken_encoding import GPT2_PATTERN, _byte_decoder
+
+        spec = json.loads(Path(task["tokenizer"]).read_text(encoding="utf-8"))
+        decoder = _byte_decoder()
+        specials = {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
+        vocab = spec["model"]["vocab"].items()
+        ranks = {bytes(decoder[c] for c in tok): tid for tok, tid in vocab if tok not in specials}
+        enc = tiktoken.Encoding(
+            "bench", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=specials
+        )
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         pool = ThreadPoolExecutor(cpus)
         return lambda texts: list(pool.map(lambda t: enc.encode_to_numpy(t, disallowed_special=()), texts))
@@ -165,10 +159,6 @@ def _pipeline(task: dict[str, Any]) -> Any:
     )
 
 
-def _real_tokens(batch: Any) -> int:
-    return sum(len(r.payload["input_ids"]) - r.meta.padding_length for r in batch.records)
-
-
 def child_recipe(task: dict[str, Any]) -> dict[str, Any]:
     """One pass of the recipe with periodic checkpoints; keeps the half-way checkpoint for a restore."""
     import numpy as np
@@ -182,7 +172,7 @@ def child_recipe(task: dict[str, Any]) -> dict[str, Any]:
     c0, w0 = tree_cpu_s(), time.perf_counter()
     for batch in loader:
         batch.to_training(return_labels=True, dtype=np.int64)
-        tokens += _real_tokens(batch)
+        tokens += sum(len(r.payload["input_ids"]) - r.meta.padding_length for r in batch.records)
         batches += 1
         if first is None:
             first = time.time() - t0
@@ -234,14 +224,6 @@ def child_restore(task: dict[str, Any]) -> dict[str, Any]:
     return {"restore_first_s": seconds, "restore_call_s": call, "digest": digest}
 
 
-_CHILDREN = {"ceiling": child_ceiling, "recipe": child_recipe, "restore": child_restore}
-
-
-def _child_main(raw: str) -> None:
-    task = json.loads(raw)
-    print("RESULT " + json.dumps(_CHILDREN[task["mode"]](task)), flush=True)
-
-
 # -- the parent
 
 
@@ -270,16 +252,6 @@ def _load() -> list[float] | None:
         return None
 
 
-def _encoder_of(tokenizer: str, backend: str) -> tuple[str, int]:
-    """The encoder the recipe will use (``tokenize``'s backend choice) and the EOS id, for the ceiling."""
-    from ..text.tokenizer import load_tokenizer
-
-    handle = load_tokenizer(tokenizer, backend=backend)
-    if handle.eos_token_id is None:
-        raise SystemExit(f"zephon bench: the tokenizer {tokenizer} has no EOS token, which the recipe needs")
-    return handle.backend, handle.eos_token_id
-
-
 def run_bench(
     data: str, tokenizer: str, *, lanes: int = 8, workers: tuple[int, ...] = (0,), thread: bool = False,
     cold_workers: bool = False, backend: str = "auto", field: str = "text", seq_len: int = 2049, batch_size: int = 8,
@@ -288,13 +260,19 @@ def run_bench(
     out: Any = print,
 ) -> dict[str, Any]:
     """Measure the recipe against the ceiling (see the module docstring); returns every measurement."""
-    encoder, eos = _encoder_of(tokenizer, backend)
+    from ..text.tokenizer import load_tokenizer
+
+    handle = load_tokenizer(tokenizer, backend=backend)  # the ceiling uses the recipe's encoder
+    if handle.eos_token_id is None:
+        raise SystemExit(f"zephon bench: the tokenizer {tokenizer} has no EOS token, which the recipe needs")
+    encoder, eos = handle.backend, handle.eos_token_id
+    first_rows = _rows_before_first_batch(buffer, batch_size)
     common = {"data": os.path.abspath(data), "tokenizer": os.path.abspath(tokenizer), "field": field, "seq_len": seq_len,
               "batch_size": batch_size, "lanes": lanes, "buffer": buffer, "backend": backend,
               "checkpoint_every": checkpoint_every, "docs_per_call": docs_per_call, "eos": eos,
-              "read_size": read_size, "read_ahead": read_ahead}
-    first_rows = _rows_before_first_batch(buffer, batch_size)
-    configs: dict[str, dict[str, Any]] = {"ceiling": {**common, "mode": "ceiling", "encoder": encoder, "first_rows": first_rows}}
+              "read_size": read_size, "read_ahead": read_ahead,
+              "encoder": encoder, "first_rows": first_rows}
+    configs: dict[str, dict[str, Any]] = {"ceiling": {**common, "mode": "ceiling"}}
     recipe = {**common, "mode": "recipe", "thread": False}
     for w in workers:
         configs[f"recipe workers={w}"] = {**recipe, "workers": w}
@@ -302,12 +280,8 @@ def run_bench(
             configs[f"recipe workers={w} cold"] = {**recipe, "workers": w}
     if thread:
         configs["recipe thread"] = {**recipe, "workers": 0, "thread": True}
-    results: dict[str, Any] = {
-        "data": common["data"], "tokenizer": common["tokenizer"], "encoder": encoder, "lanes": lanes, "buffer": buffer,
-        "seq_len": seq_len, "batch_size": batch_size, "checkpoint_every": checkpoint_every, "repeats": repeats,
-        "docs_per_call": docs_per_call, "first_rows": first_rows, "cpus": os.cpu_count(), "load_average_start": _load(),
-        "runs": {n: [] for n in configs},
-    }
+    results: dict[str, Any] = {**common, "repeats": repeats, "cpus": os.cpu_count()}
+    results.update(load_average_start=_load(), runs={n: [] for n in configs})
     out(f"zephon bench: {data} with {tokenizer} ({encoder}), {lanes} lanes, {os.cpu_count()} CPUs, "
         f"load average {results['load_average_start']}; {repeats} round(s)")
     with tempfile.TemporaryDirectory(prefix="zephon-bench-") as tmp:
@@ -369,31 +343,6 @@ def _reference(ceilings: list[dict[str, Any]], run: dict[str, Any], key: str) ->
     return statistics.fmean(c[key] for c in near) if near else None
 
 
-def _against_inline(runs: dict[str, list], run: dict[str, Any]) -> float | None:
-    """``run``'s ratio to the inline recipe run of the same round, each over the ceiling when it ran
-    (so that the machine's drift between the two runs cancels); ``None`` without an inline run."""
-    inline = [r for r in runs.get(INLINE, []) if r["round"] == run["round"]]
-    if not inline or not run.get("ratio") or not inline[0].get("ratio"):
-        return None
-    return run["ratio"] / inline[0]["ratio"]
-
-
-def _steady(name: str, run: dict[str, Any]) -> float | None:
-    # The ceiling's rate is steady already: its clock starts with the tokenizer loaded and the
-    # texts in memory, and every row it encodes is counted.
-    return run.get("steady_tokens_per_s") or (run["tokens_per_s"] if name == "ceiling" else None)
-
-
-def _compare(run: dict[str, Any], ceilings: list[dict[str, Any]]) -> None:
-    """Set ``run``'s figures against the ceiling when it ran (kept per run in the JSON, next to its own)."""
-    ref, first = _reference(ceilings, run, "tokens_per_s"), _reference(ceilings, run, "first_batch_s")
-    steady, same = run.get("steady_tokens_per_s"), _reference(ceilings, run, "first_rows_s")
-    run["ratio"] = run["tokens_per_s"] / ref if run.get("tokens_per_s") and ref else None
-    run["steady_ratio"] = steady / ref if steady and ref else None
-    run["first_batch_minus_ceiling_s"] = run["first_batch_s"] - first if run.get("first_batch_s") and first is not None else None
-    run["first_batch_minus_same_rows_s"] = run["first_batch_s"] - same if run.get("first_batch_s") and same is not None else None
-
-
 #: The summary's figures per run name, each the median over rounds, in the table's order.
 SUMMARY_KEYS = (
     "tokens_per_s", "ratio", "inline_ratio", "steady_tokens_per_s", "steady_ratio", "first_batch_s",
@@ -409,21 +358,25 @@ def _summarize(results: dict[str, Any]) -> dict[str, Any]:
     runs = results["runs"]
     ceilings = runs["ceiling"]
     recipes = [r for name, rs in runs.items() if name != "ceiling" for r in rs]
-    for r in recipes:
-        _compare(r, ceilings)
+    for c in ceilings:  # the ceiling against itself; its rate is steady (it times texts in memory)
+        c.update(_CEILING_FIXED, steady_tokens_per_s=c["tokens_per_s"])
+    for r in recipes:  # against the ceiling when it ran (kept per run in the JSON, next to its own)
+        keys = ("tokens_per_s", "first_batch_s", "first_rows_s")
+        ref, first, same = (_reference(ceilings, r, key) for key in keys)
+        steady, start = r.get("steady_tokens_per_s"), r.get("first_batch_s")
+        r["ratio"] = r["tokens_per_s"] / ref if r.get("tokens_per_s") and ref else None
+        r["steady_ratio"] = steady / ref if steady and ref else None
+        r["first_batch_minus_ceiling_s"] = start - first if start and first is not None else None
+        r["first_batch_minus_same_rows_s"] = start - same if start and same is not None else None
     for r in recipes:  # once every run's ratio is known, whatever the order of the runs
-        r["inline_ratio"] = _against_inline(runs, r)
+        # its ratio over the inline run's of its round (each over its ceiling: the drift cancels)
+        inline = [i for i in runs.get(INLINE, []) if i["round"] == r["round"]]
+        known = inline and r.get("ratio") and inline[0].get("ratio")
+        r["inline_ratio"] = r["ratio"] / inline[0]["ratio"] if known else None
     summary: dict[str, Any] = {}
     for name, rs in runs.items():
         row = {"tokens": rs[0]["tokens"] if rs else None}
-        for key in SUMMARY_KEYS:
-            if name == "ceiling" and key in _CEILING_FIXED:
-                values = [_CEILING_FIXED[key]] * len(rs)
-            elif key == "steady_tokens_per_s":
-                values = [_steady(name, r) for r in rs]
-            else:
-                values = [r.get(key) for r in rs] if key != "first_rows_s" or name == "ceiling" else []
-            row[key] = _median(values)
+        row.update({key: _median([r.get(key) for r in rs]) for key in SUMMARY_KEYS})
         rest = results.get("restores", {}).get(name)
         if rest:
             expected = rs[0].get("next_digest")
@@ -547,5 +500,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_main)
 
 
-if __name__ == "__main__":
-    _child_main(sys.argv[1])
+if __name__ == "__main__":  # a child process: one measurement, printed as a JSON line
+    _task = json.loads(sys.argv[1])
+    _child = {"ceiling": child_ceiling, "recipe": child_recipe, "restore": child_restore}
+    print("RESULT " + json.dumps(_child[_task["mode"]](_task)), flush=True)

@@ -78,7 +78,7 @@ def token_account(stats: dict) -> str:
     flow = [(name, f) for name, f in stats["flow"].items() if f["tokens_in"] or f["tokens_out"]]
     if not flow:
         return "tokens: no per-operator flow measured"
-    produced = flow[0][1]["tokens_out"] if not flow[0][1]["tokens_in"] else flow[0][1]["tokens_in"]
+    produced = flow[0][1]["tokens_in"] or flow[0][1]["tokens_out"]
     lost = {name: f["tokens_in"] - f["tokens_out"] for name, f in flow if f["tokens_in"] and f["tokens_in"] != f["tokens_out"]}
     delivered, left = stats["throughput"]["tokens"], stats["undelivered"]
     by_op = ", ".join(f"{name} {n:,}" for name, n in lost.items()) or "none"

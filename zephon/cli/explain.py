@@ -11,20 +11,17 @@ from typing import Any
 def _run(args: argparse.Namespace) -> int:
     from ..pipeline.config import load_pipeline_config
 
+    given = ""
     try:
         pipe = load_pipeline_config(args.config)
         if args.dp_degree is not None:
             pipe = pipe.options(dp_degree=args.dp_degree, dp_rank=args.dp_rank)
         if args.workers is not None:
             pipe = pipe.options(workers=args.workers)
-    except (OSError, ValueError, TypeError, ImportError) as exc:
-        print(f"zephon explain: {exc}", file=sys.stderr)
-        return 2
-    try:
+        if args.dp_degree is not None:  # a message from here on is iteration's, for these flags
+            given = f"--dp-degree {args.dp_degree} --dp-rank {args.dp_rank}: "
         explanation = pipe.explain(measure=args.measure)
     except (OSError, ValueError, TypeError, ImportError) as exc:
-        # The message is iteration's; the flags say where the topology came from.
-        given = f"--dp-degree {args.dp_degree} --dp-rank {args.dp_rank}: " if args.dp_degree is not None else ""
         print(f"zephon explain: {given}{exc}", file=sys.stderr)
         return 2
     print(json.dumps(explanation.to_dict(), indent=1, default=str) if args.json else explanation)

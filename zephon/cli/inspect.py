@@ -61,12 +61,10 @@ def build_operator(args: argparse.Namespace) -> Any:
             completion_field=args.completion_field or "completion",
             special_tokens=cli.special_tokens(handle, args.special_tokens),
         )
-    if args.chat or args.chat_template:
-        template = args.chat_template
-        if template and Path(template).is_file():
-            template = Path(template).read_text(encoding="utf-8")
+    if args.chat or args.chat_template:  # the operator reads a template file itself
         return TokenizeChat(
-            **cli.source_arguments(args.tokenizer), field=args.field or "messages", chat_template=template, loss_scope=args.loss_scope
+            **cli.source_arguments(args.tokenizer), field=args.field or "messages",
+            chat_template=args.chat_template, loss_scope=args.loss_scope,
         )
     return Tokenize(tokenizer=handle, field=args.field or "text", special_tokens=cli.special_tokens(handle, args.special_tokens))
 

@@ -39,11 +39,7 @@ def _register_ledger(sub) -> None:
 
 def _command(module: str):
     """The ``register`` of a command that lives in a module of its own, imported when called."""
-
-    def register(sub) -> None:
-        importlib.import_module(f".{module}", __package__).register(sub)
-
-    return register
+    return lambda sub: importlib.import_module(f".{module}", __package__).register(sub)
 
 
 #: One entry per command, in the order ``zephon --help`` lists them.

@@ -22,14 +22,11 @@ def children(pid: int) -> list[int]:
     return kids
 
 
-def descendants(pid: int | None = None) -> list[int]:
-    """The live processes under ``pid`` (default: this one), children first; ``[]`` without ``/proc``."""
-    out: list[int] = []
-    todo = children(os.getpid() if pid is None else pid)
-    while todo:
-        kid = todo.pop(0)
-        out.append(kid)
-        todo.extend(children(kid))
+def descendants() -> list[int]:
+    """The live processes under this one, children first; ``[]`` without ``/proc``."""
+    out = children(os.getpid())
+    for kid in out:  # the list grows while it is walked: breadth first
+        out.extend(children(kid))
     return out
 
 

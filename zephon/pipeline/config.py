@@ -71,19 +71,14 @@ def load_pipeline_config(path: str | os.PathLike) -> Any:
     return pipeline_from_config(read_config(p), base=p.parent, where=str(p))
 
 
-def _check_keys(table: Any, allowed: tuple[str, ...], where: str) -> Mapping[str, Any]:
+def check_keys(table: Any, allowed: tuple[str, ...], where: str) -> Mapping[str, Any]:
+    """``table``, checked to be a mapping of ``allowed`` keys only (errors name ``where``)."""
     if not isinstance(table, Mapping):
         raise ValueError(f"{where} must be a table (mapping), got {type(table).__name__}")
     unknown = sorted(set(table) - set(allowed))
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {list(allowed)}")
     return table
-
-
-def _resolve(value: Any, base: Path) -> Any:
-    if isinstance(value, str) and not os.path.isabs(value) and (base / value).exists():
-        return str(base / value)
-    return value
 
 
 def _function(spec: Any, where: str) -> Any:
@@ -112,8 +107,8 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
     from ..sources.work_source import StaticMixtureWorkSource
 
     base = Path(base)
-    _check_keys(doc, _TOP, where)
-    source = dict(_check_keys(doc.get("source", {}), _SOURCE, f"{where}: [source]"))
+    check_keys(doc, _TOP, where)
+    source = dict(check_keys(doc.get("source", {}), _SOURCE, f"{where}: [source]"))
     tables = source.pop("datasets", None)
     if not isinstance(tables, list) or not tables:
         raise ValueError(
@@ -122,15 +117,14 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
     datasets, weights = [], {}
     for i, table in enumerate(tables):
         at = f"{where}: source.datasets[{i}]"
-        _check_keys(table, _DATASET, at)
+        check_keys(table, _DATASET, at)
         if "name" not in table or "path" not in table:
             raise ValueError(f"{at}: a dataset needs 'name' and 'path'")
         at = f"{at} ({table['name']})"
-        data = Path(table["path"]) if os.path.isabs(table["path"]) else base / table["path"]
+        data = base / table["path"]  # an absolute path stays as it is
         if not data.exists():
             raise FileNotFoundError(f"{at}: no data at {data}")
-        kwargs = {"format": table["format"]} if "format" in table else {}
-        kwargs.update({k: table[k] for k in ("on_error", "max_skipped") if k in table})
+        kwargs = {k: table[k] for k in ("format", "on_error", "max_skipped") if k in table}
         datasets.append(Dataset.from_path(table["name"], data, **kwargs))
         weights[table["name"]] = table.get("weight", 1.0)
     try:
@@ -139,7 +133,7 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
         raise ValueError(f"{where}: [source]: {exc}") from None
     names = (*(f.name for f in attrs.fields(Options)), "num_workers")
     try:
-        pipe = pipe.options(**_check_keys(doc.get("options", {}), names, f"{where}: [options]"))
+        pipe = pipe.options(**check_keys(doc.get("options", {}), names, f"{where}: [options]"))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: [options]: {exc}") from None
     ops = doc.get("operators", [])
@@ -154,7 +148,7 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
         op = kwargs.pop("op")
         at, args = f"{where}: operators[{i}] ({op})", []
         if op in ("map", "filter"):
-            _check_keys(kwargs, ("function", "name", "on_error", "max_skipped"), at)
+            check_keys(kwargs, ("function", "name", "on_error", "max_skipped"), at)
             args.append(_function(kwargs.pop("function", None), at))
         elif op not in OPERATORS:
             raise ValueError(f"{at}: unknown op {op!r}; use one of {[*OPERATORS, 'map', 'filter']}")
@@ -162,7 +156,10 @@ def pipeline_from_config(doc: Mapping[str, Any], *, base: str | os.PathLike = ".
             if "key" in kwargs:
                 raise ValueError(f"{at}: give key (a field name) or function ('module:name'), not both")
             kwargs["key"] = _function(kwargs.pop("function"), at)
-        kwargs.update({k: _resolve(kwargs[k], base) for k in _PATH_ARGS if k in kwargs})
+        for k in _PATH_ARGS:
+            value = kwargs.get(k)
+            if isinstance(value, str) and not os.path.isabs(value) and (base / value).exists():
+                kwargs[k] = str(base / value)
         try:
             pipe = getattr(pipe, op)(*args, **kwargs)
         except (TypeError, ValueError) as exc:

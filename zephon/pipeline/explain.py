@@ -17,6 +17,7 @@ from ..core.operator import Operator, StatelessOp, describe
 from ..runtime.distributed import Topology
 from ..runtime.lanes import Plan
 from ..runtime.options import Options
+from ..sources.mixture import MixtureSpec
 from ..core.records import Record, SampleBatch
 from ..text.tokenizer import TokenizerHandle
 from ..training.fields import TOKEN_FIELDS
@@ -136,12 +137,6 @@ def _measure(plan: Plan, steps: int, ops: Sequence[tuple[str, Operator]]) -> dic
     return {"steps": done, "lane_bytes": lane_bytes, "per_operator": per_op, "lane_bytes_when_full": estimate}
 
 
-def _dataset(ds: Any, weights: dict[str, float] | None) -> dict[str, Any]:
-    weight = None if weights is None else weights.get(ds.name)
-    shards, rows = len(ds.shard_ids), ds.num_rows
-    return {"name": ds.name, "format": getattr(ds, "format", None), "shards": shards, "rows": rows, "weight": weight}
-
-
 def _operator(name: str, op: Operator) -> dict[str, Any]:
     data, perf = _settings(op)
     fields = list(getattr(op.state_type, "__struct_fields__", ()))
@@ -151,23 +146,21 @@ def _operator(name: str, op: Operator) -> dict[str, Any]:
 
 
 def explain_plan(
-    plan: Plan, options: Options, topology: Topology | None, ops: Sequence[tuple[str, Operator]], *, measure: int = 0
+    plan: Plan, options: Options, topology: Topology, ops: Sequence[tuple[str, Operator]], *, measure: int = 0
 ) -> Explanation:
     """The :class:`Explanation` of a compiled plan (see :meth:`zephon.Pipeline.explain`)."""
     source = plan.source
-    weights = None
-    try:
-        names = list(source.names)
-        integer = source.mixture.integer_weights(names)
-        weights = {n: w / sum(integer) for n, w in zip(names, integer)}
-    except AttributeError:
-        pass
-    datasets = [_dataset(ds, weights) for ds in getattr(source, "datasets", ())]
-    source_settings = {k: getattr(source, k) for k in _SOURCE_SETTINGS if hasattr(source, k)}
+    fixed = isinstance(source.mixture, MixtureSpec)  # a schedule's weights change over time
+    integer = source.mixture.integer_weights(source.names) if fixed else None
+    datasets = [
+        {"name": ds.name, "format": getattr(ds, "format", None), "shards": len(ds.shard_ids),
+         "rows": ds.num_rows, "weight": None if integer is None else integer[i] / sum(integer)}
+        for i, ds in enumerate(source.datasets)
+    ]
+    source_settings = {k: getattr(source, k) for k in _SOURCE_SETTINGS}
     operators = [_operator(name, op) for name, op in ops]
     L = plan.lanes
-    last = ops[-1][1] if ops else None
-    batch = last if last is not None and last.kind == "batch" else None
+    batch = ops[-1][1] if ops and ops[-1][1].kind == "batch" else None
     microbatch = getattr(batch, "microbatch_size", None)
     lanes: dict[str, Any] = {"canonical_replicas": L, "microbatch_size": microbatch}
     if microbatch:
@@ -187,18 +180,17 @@ def explain_plan(
     executor: dict[str, Any] = {k: getattr(options, k) for k in _EXECUTOR_SETTINGS}
     threads = "a background thread" if options.thread else "the calling thread"
     executor["kind"] = "worker processes (spawned)" if options.workers else threads
-    if topology is not None:
-        D, per, mine = topology.dp_degree, L // topology.dp_degree, list(topology.lanes)
-        ranks = {str(r): [r * per, (r + 1) * per - 1] for r in range(D)}
-        lanes.update(dp_degree=D, dp_rank=topology.dp_rank, lanes_of_this_rank=mine, ranks=ranks)
-        if options.workers:
-            n = max(1, min(options.workers, len(mine)))
-            executor.update(
-                processes=n,
-                start="the workers compute every output, from iter() on",
-                lanes_per_process={f"worker {w}": mine[w::n] for w in range(n)},
-                tokenizer_threads_per_process=max(1, (os.cpu_count() or 1) // n),
-            )
+    D, per, mine = topology.dp_degree, L // topology.dp_degree, list(topology.lanes)
+    ranks = {str(r): [r * per, (r + 1) * per - 1] for r in range(D)}
+    lanes.update(dp_degree=D, dp_rank=topology.dp_rank, lanes_of_this_rank=mine, ranks=ranks)
+    if options.workers:
+        n = max(1, min(options.workers, len(mine)))
+        executor.update(
+            processes=n,
+            start="the workers compute every output, from iter() on",
+            lanes_per_process={f"worker {w}": mine[w::n] for w in range(n)},
+            tokenizer_threads_per_process=max(1, (os.cpu_count() or 1) // n),
+        )
     start = build(plan.fingerprint(), {lane: plan.encode(plan.init(lane)) for lane in range(L)})
     checkpoint: dict[str, Any] = {
         "per_lane": [
@@ -275,12 +267,11 @@ def render(data: dict[str, Any]) -> str:
             rows = f"rows of {p['length']} tokens, {p['rows_per_microbatch']} per microbatch"
             line += f"\n  from step {p['from_step']}: {rows}"
     out.append(line)
-    if "dp_degree" in lanes:
-        ranks = lanes["ranks"]
-        shown = list(ranks.items())[:8]
-        parts = ", ".join(f"rank {r}: lanes {a}-{b}" if a != b else f"rank {r}: lane {a}" for r, (a, b) in shown)
-        more = f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else ""
-        out.append(f"  D={lanes['dp_degree']} ranks, this is rank {lanes['dp_rank']}; {parts}{more}")
+    ranks = lanes["ranks"]
+    shown = list(ranks.items())[:8]
+    parts = ", ".join(f"rank {r}: lanes {a}-{b}" if a != b else f"rank {r}: lane {a}" for r, (a, b) in shown)
+    more = f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else ""
+    out.append(f"  D={lanes['dp_degree']} ranks, this is rank {lanes['dp_rank']}; {parts}{more}")
     ex = data["executor"]
     line = f"executor: {ex['kind']}, prefetch {ex['prefetch']} per lane, read_size {ex['read_size']}"
     line += f", read_ahead {ex['read_ahead'] or 'off'}"

@@ -6,6 +6,7 @@ Frozen: every builder method returns a new pipeline. ``iter(p)`` and ``p.loader(
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
 import warnings
@@ -38,14 +39,6 @@ from ..sources.estimate import Calibration
 from ..sources.work_source import make_source
 
 
-def _checkpoint_calibration(checkpoint: Any) -> Calibration | None:
-    """The calibration frozen in a checkpoint's fingerprint, or ``None`` (not there, or no checkpoint)."""
-    try:
-        return Calibration.from_description(checkpoint["fingerprint"]["source"]["token_estimation"])
-    except (ValueError, TypeError, KeyError):
-        return None
-
-
 @attrs.define(eq=False)
 class _Bookkeeping:
     """A pipeline's notes outside its value (never compared or pickled): ``plans`` memoizes
@@ -67,12 +60,6 @@ class _Origin:
     parent: _Origin | None
     note: str = ""
     used: bool = False
-
-    def mark_used(self) -> None:
-        origin: _Origin | None = self
-        while origin is not None and not origin.used:
-            origin.used = True
-            origin = origin.parent
 
 
 #: The builder methods that append an operator through ``add``.
@@ -196,9 +183,10 @@ class Pipeline:
     def _note_run(self) -> None:
         """Mark this pipeline used; warn once about each pipeline made from it and collected unused
         (``p.tokenize(...)`` as a statement). A result still alive is a deliberate variant."""
-        notes = self._notes
-        if notes.origin is not None:
-            notes.origin.mark_used()
+        notes, origin = self._notes, self._notes.origin
+        while origin is not None and not origin.used:  # this pipeline and its ancestors
+            origin.used = True
+            origin = origin.parent
         discarded = [o for ref, o in notes.made if ref() is None and not o.used]
         notes.made = [m for m in notes.made if m[0]() is not None and not m[1].used]
         for origin in discarded:
@@ -344,7 +332,11 @@ class Pipeline:
         """
         self._note_run()
         checkpoint = self.resume_from if checkpoint is None else checkpoint
-        calibration = _checkpoint_calibration(checkpoint) if self.source.needs_calibration else None
+        calibration = None  # the one frozen in the checkpoint's fingerprint, if there is one
+        if self.source.needs_calibration:
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                frozen = checkpoint["fingerprint"]["source"]["token_estimation"]
+                calibration = Calibration.from_description(frozen)
         opts, L = self.run_options, self.run_options.canonical_replicas
         if not measure and calibration is None and step_size(self.source, Chain(self.operators), L).needs_calibration:
             raise ValueError(
@@ -455,11 +447,10 @@ class Pipeline:
 
     def __iter__(self) -> Loader:
         loader = self.loader()
-        # Text records from a pipeline without operators: a forgotten or discarded ``tokenize``.
-        lane = loader.topology.lanes[0]
-        message = None if self.operators else untokenized_warning(loader.plan, lane)
-        if message:
-            _warn_at_caller(message)
+        if not self.operators:  # text records then mean a forgotten or discarded ``tokenize``
+            message = untokenized_warning(loader.plan, loader.topology.lanes[0])
+            if message:
+                _warn_at_caller(message)
         return loader
 
     def steps(self, *, concat: bool = False) -> Iterator[Any]:

@@ -21,13 +21,13 @@ from ..ops.lengths import LengthSchedule, Phase
 from ..sources.estimate import Calibration, TokenEstimation
 from ..sources.mixture import MixtureSchedule, MixtureSpec, as_mixture
 from ..sources.work_source import StaticMixtureWorkSource
-from .config import parse_toml, read_config
+from .config import check_keys, parse_toml, read_config
 
 #: The plan's settings that a document holds as they are (always, or only when set).
 _PLAIN_KEYS = ("seed", "shuffle_shards", "shuffle_within_shard", "passes", "chunk_size", "lane_assignment")
 _OPTIONAL_KEYS = ("exhausted_policy", "max_repeats")
 _TABLES = ("datasets", "mixture", "schedule", "token_estimation", "calibration", "steps")
-_TOP_KEYS = {*_PLAIN_KEYS, *_OPTIONAL_KEYS, *_TABLES}
+_TOP_KEYS = (*_PLAIN_KEYS, *_OPTIONAL_KEYS, *_TABLES)
 _SHAPE_KEYS = ("lanes", "microbatch_size", "sequence_length", "tokens_per_microbatch")
 
 
@@ -114,10 +114,9 @@ def _as_datasets(value: Any) -> tuple:
         if isinstance(d, Dataset):
             out.append(d)
         elif isinstance(d, Mapping):
-            unknown = set(d) - {"name", "path"}
-            if unknown or "name" not in d or "path" not in d:
-                extra = f" (unknown {sorted(unknown)})" if unknown else ""
-                raise ValueError(f"a plan's dataset is {{name, path}}, got keys {sorted(d)}{extra}")
+            check_keys(d, ("name", "path"), "a plan's dataset")
+            if "name" not in d or "path" not in d:
+                raise ValueError(f"a plan's dataset is {{name, path}}, got keys {sorted(d)}")
             out.append(Dataset.from_path(d["name"], d["path"]))
         else:
             raise TypeError(f"a plan's datasets are zephon.io.Dataset objects or {{name, path}} tables, got {d!r}")
@@ -128,10 +127,7 @@ def _as_shape(value: Any) -> StepShape | None:
     if value is None or isinstance(value, StepShape):
         return value
     if isinstance(value, Mapping):
-        unknown = set(value) - set(_SHAPE_KEYS)
-        if unknown:
-            raise ValueError(f"unknown keys in steps: {sorted(unknown)}; allowed: {', '.join(_SHAPE_KEYS)}")
-        return StepShape(**value)
+        return StepShape(**check_keys(value, _SHAPE_KEYS, "steps"))
     raise TypeError(f"steps must be a StepShape or a table of lanes, microbatch_size, sequence_length, got {value!r}")
 
 
@@ -174,7 +170,7 @@ class Plan:
     def __attrs_post_init__(self) -> None:
         self.source()  # every check of the source runs now: an impossible plan fails at construction
 
-    def source(self, calibration: Calibration | None = None) -> StaticMixtureWorkSource:
+    def source(self) -> StaticMixtureWorkSource:
         """The work source this plan describes (``Pipeline(plan)`` uses it)."""
         shape = self.steps
         per_step: dict[str, int] = {}
@@ -191,9 +187,9 @@ class Plan:
                 )
             if by_step:
                 per_step["step_lanes"] = shape.lanes  # points start at a block of lanes' chunks, as in a pipeline
-        settings = {k: getattr(self, k) for k in (*_PLAIN_KEYS, *_OPTIONAL_KEYS, "token_estimation")}
-        settings.update(per_step, calibration=calibration or self.calibration)
-        return StaticMixtureWorkSource(list(self.datasets), self.mixture, **settings)
+        keys = (*_PLAIN_KEYS, *_OPTIONAL_KEYS, "token_estimation", "calibration")
+        settings = {k: getattr(self, k) for k in keys}
+        return StaticMixtureWorkSource(list(self.datasets), self.mixture, **settings, **per_step)
 
     #: The work source (what ``Pipeline(plan)`` calls).
     as_source = source
@@ -218,7 +214,7 @@ class Plan:
                 )
             datasets.append({"name": d.name, "path": paths[0] if len(paths) == 1 else paths})
         out: dict[str, Any] = {"datasets": datasets}
-        m, unit = self.mixture, self.as_source().unit
+        m, unit = self.mixture, self.source().unit
         if isinstance(m, MixtureSchedule):
             points = [[a, dict(w)] for a, w in m.points]
             out["schedule"] = {"by": m.by, "interpolation": m.interpolation, "unit": unit, "points": points}
@@ -240,34 +236,31 @@ class Plan:
         Raises:
             ValueError: unknown keys, not one of ``mixture`` and ``schedule``, a refused plan.
         """
-        if not isinstance(data, Mapping):
-            raise ValueError(f"a plan document is a table, got {type(data).__name__}")
-        unknown = set(data) - _TOP_KEYS
-        if unknown:
-            raise ValueError(f"unknown keys in the plan: {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
+        check_keys(data, _TOP_KEYS, "the plan")
         if ("mixture" in data) == ("schedule" in data):
             raise ValueError("a plan has exactly one of [mixture] (fixed weights) and [schedule] (weights over time)")
         kw: dict[str, Any] = {k: data[k] for k in (*_PLAIN_KEYS, *_OPTIONAL_KEYS, "steps") if k in data}
         if "mixture" in data:
-            mix = _table(data["mixture"], "mixture", {"weights", "unit"})
+            mix = check_keys(data["mixture"], ("weights", "unit"), "[mixture]")
             kw["mixture"] = MixtureSpec(mix["weights"], unit=mix.get("unit"))
         else:
-            sch = _table(data["schedule"], "schedule", {"points", "by", "interpolation", "unit"})
+            allowed = ("points", "by", "interpolation", "unit")
+            sch = check_keys(data["schedule"], allowed, "[schedule]")
             options = {k: sch[k] for k in ("by", "interpolation", "unit") if k in sch}
             kw["mixture"] = MixtureSchedule([tuple(p) for p in sch["points"]], **options)
         if "token_estimation" in data:
-            allowed = {"primer", "calibration_samples", "calibration_shards_max", "field"}
-            kw["token_estimation"] = TokenEstimation(**_table(data["token_estimation"], "token_estimation", allowed))
+            allowed = ("primer", "calibration_samples", "calibration_shards_max", "field")
+            estimation = check_keys(data["token_estimation"], allowed, "[token_estimation]")
+            kw["token_estimation"] = TokenEstimation(**estimation)
         if "calibration" in data:
             kw["calibration"] = Calibration.from_description(data["calibration"])
         datasets = []
         for d in data.get("datasets") or []:
-            d = _table(d, "datasets", {"name", "path"})
+            d = check_keys(d, ("name", "path"), "[datasets]")
             given = d.get("path", "")
-            paths = [Path(x) for x in (given if isinstance(given, list) else [given])]
-            if base is not None:
-                paths = [x if x.is_absolute() else Path(base) / x for x in paths]
-            datasets.append({"name": d.get("name"), "path": [str(x) for x in paths] if isinstance(given, list) else str(paths[0])})
+            listed = isinstance(given, list)
+            paths = [str(Path(base or "", x)) for x in (given if listed else [given])]
+            datasets.append({"name": d.get("name"), "path": paths if listed else paths[0]})
         if not datasets:
             raise ValueError("a plan needs at least one [[datasets]] entry with name and path")
         return cls(datasets, **kw)
@@ -294,7 +287,7 @@ class Plan:
         return cls.from_dict(read_config(p, what="plan"), base=p.parent)
 
     def __str__(self) -> str:
-        m, unit = self.mixture, self.as_source().unit
+        m, unit = self.mixture, self.source().unit
         lines = [f"Plan {self.fingerprint()}"]
         lines += [f"  dataset {d.name}: {d.num_rows} rows in {d.num_shards} shard(s)" for d in self.datasets]
         if isinstance(m, MixtureSchedule):
@@ -455,22 +448,16 @@ def simulate_source(src: StaticMixtureWorkSource, shape: StepShape, steps: int) 
     hits = [np.flatnonzero(cum[:, j] >= sizes[j]) if sizes[j] else np.array([]) for j in range(n)]
     exhausted = {name: int(hit[0]) if hit.size else None for name, hit in zip(names, hits)}
     marks = {0, max(0, steps - 1), *(_step_of(src, shape, p) for _, p in src.point_positions)}
-    marks = sorted(marks | {int(steps * f) for f in (0.25, 0.5, 0.75)})
-    weights = [(s, src.target_at(_position_of_step(src, shape, s))) for s in marks if s < steps]
+    marks |= {int(steps * f) for f in (0.25, 0.5, 0.75)}
+    weights: list[tuple[int, dict[str, float]]] = []  # each change of the rounded target
+    for s in sorted(m for m in marks if m < steps):
+        w = {k: round(v, 4) for k, v in src.target_at(_position_of_step(src, shape, s)).items()}
+        if not weights or weights[-1][1] != w:
+            weights.append((s, w))
     samples = {nm: int(total[j]) for j, nm in enumerate(names)}
     tokens = {nm: (float(total[j]) * tps[j] if tps else None) for j, nm in enumerate(names)}
     epochs = {nm: (int(total[j]) / sizes[j] if sizes[j] else 0.0) for j, nm in enumerate(names)}
-    weights = _dedupe(weights)
     return Simulation(steps, shape, names, samples, tokens, epochs, exhausted, weights, per_step, src.unit, exact)
-
-
-def _dedupe(weights: list) -> list:
-    out = []
-    for s, w in weights:
-        w = {k: round(v, 4) for k, v in w.items()}
-        if not out or out[-1][1] != w:
-            out.append((s, w))
-    return out
 
 
 def _lane_components(src: StaticMixtureWorkSource, lanes: int, lane: int, count: int) -> np.ndarray:
@@ -506,15 +493,6 @@ def _step_of(src: StaticMixtureWorkSource, shape: StepShape, position: int) -> i
     if shape.sequence_length is None:
         return position // (shape.lanes * shape.microbatch_size)
     return shape.step_at_tokens(src.tokens_before(position))
-
-
-def _table(value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ValueError(f"[{where}] must be a table, got {value!r}")
-    unknown = set(value) - allowed
-    if unknown:
-        raise ValueError(f"unknown keys in [{where}]: {sorted(unknown)}; allowed: {sorted(allowed)}")
-    return value
 
 
 def _key(k: str) -> str:

@@ -40,9 +40,16 @@ def change_plan(pipeline: Any, new: Any, *, from_step: int, checkpoint: dict[str
             f"change_plan: the checkpoint is at step {min(at.values())} (lanes delivered {sorted(set(at.values()))} outputs), "
             f"after from_step={from_step}; steps before {from_step} would differ. Use a checkpoint taken at or before step {from_step}"
         )
-    old = plan.source
-    new = make_source(new)
-    _check_compatible(old, new)
+    old, new = plan.source, make_source(new)
+    olds, news = [d.fingerprint() for d in old.datasets], [d.fingerprint() for d in new.datasets]
+    if news[: len(olds)] != olds:
+        raise ValueError(
+            f"change_plan: the new plan's datasets must start with the old ones, unchanged and in order ({list(old.names)}); "
+            f"got {list(new.names)}. New datasets go at the end"
+        )
+    for name in ("seed", "shuffle_shards", "shuffle_within_shard", "chunk_size", "lane_assignment"):
+        if getattr(old, name) != getattr(new, name):
+            raise ValueError(f"change_plan: {name} must stay {getattr(old, name)!r} (got {getattr(new, name)!r}); it decides the order of data already read")
     if len(new.datasets) > len(old.datasets) and any(op.kind == "ensure_mixture" for _, op in plan.chain.children):
         raise ValueError(
             "change_plan: the pipeline's ensure_mixture step knows the old datasets only; a change that adds datasets needs "
@@ -77,15 +84,3 @@ def change_plan(pipeline: Any, new: Any, *, from_step: int, checkpoint: dict[str
         lanes[lane] = {k: v for k, v in state.items() if k != "checksum"} | {"mixture": counts}
         new_plan.decode(lane, lanes[lane])  # every state still decodes under the new plan
     return result, build(new_plan.fingerprint(), lanes)
-
-
-def _check_compatible(old: Any, new: Any) -> None:
-    olds, news = [d.fingerprint() for d in old.datasets], [d.fingerprint() for d in new.datasets]
-    if news[: len(olds)] != olds:
-        raise ValueError(
-            f"change_plan: the new plan's datasets must start with the old ones, unchanged and in order ({list(old.names)}); "
-            f"got {list(new.names)}. New datasets go at the end"
-        )
-    for name in ("seed", "shuffle_shards", "shuffle_within_shard", "chunk_size", "lane_assignment"):
-        if getattr(old, name) != getattr(new, name):
-            raise ValueError(f"change_plan: {name} must stay {getattr(old, name)!r} (got {getattr(new, name)!r}); it decides the order of data already read")
