@@ -21,7 +21,7 @@ import numpy as np
 from ..core.keys import fold_in, permutation, permute_np, seed_key
 from .estimate import Calibration, TokenEstimation
 from .manifest import source_entries
-from .mixture import MixtureSchedule, MixtureSpec, Timeline, as_mixture, resolve_timeline
+from .mixture import Interleave, MixtureSchedule, MixtureSpec, Timeline, as_mixture, interleave, resolve_timeline
 
 _POLICIES = ("stop", "repeat", "redistribute")
 #: Settings that enter the fingerprint as they are, in this order.
@@ -258,6 +258,12 @@ class StaticMixtureWorkSource:
     def timeline(self) -> Timeline:
         """Positions to datasets: the phases of constant integer weights (see :class:`Timeline`)."""
         return self._resolved[0]
+
+    @property
+    def interleave(self) -> Interleave | Timeline:
+        """The interleave of a one-phase timeline (a static mixture); otherwise the timeline itself."""
+        tl = self.timeline
+        return interleave(tl.phases[0].weights) if len(tl.phases) == 1 else tl
 
     @property
     def end(self) -> int | None:
