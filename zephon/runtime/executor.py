@@ -10,8 +10,8 @@ import contextlib
 import multiprocessing as mp
 import signal
 import threading
-from multiprocessing import spawn
 import time
+from multiprocessing import spawn
 from typing import Any, Iterator
 
 
