@@ -137,60 +137,47 @@ class Batch(Operator):
     state_type: ClassVar[type] = BatchState
 
     def __attrs_post_init__(self) -> None:
-        defaults = attrs.fields_dict(Batch)
-        given = [n for n in (*_BUDGET_SETTINGS[1:], *_FIXED_SETTINGS[1:])
-                 if getattr(self, n) != defaults[n].default]
-        T = self.tokens_per_microbatch
-        if T is not None:
-            for name in ("microbatch_size", "max_tokens"):
-                if getattr(self, name) is not None:
-                    raise ValueError(
-                        f"batch: {name}={getattr(self, name)} and tokens_per_microbatch={T} exclude each other: "
-                        "tokens_per_microbatch sets the rows of each microbatch (T / (row length - 1)); pass one"
-                    )
-            if given:
-                raise ValueError(
-                    f"batch: {', '.join(given)} do not apply with tokens_per_microbatch (rows in arrival order, "
-                    "T / (row length - 1) per microbatch); leave them out"
-                )
-        elif self.max_tokens is not None:
-            if self.microbatch_size is not None:
-                raise ValueError(
-                    f"batch: microbatch_size={self.microbatch_size} and max_tokens={self.max_tokens} exclude each other: a "
-                    "token budget decides the rows of each microbatch. Pass one: batch(microbatch_size) for a fixed number "
-                    "of rows, or batch(max_tokens=N) for microbatches of at most N padded tokens"
-                )
-            if self.group_by_length or self.buffer_size is not None:
-                raise ValueError(
-                    "batch: group_by_length and buffer_size belong to fixed-size batches; with max_tokens, sort by length "
-                    "with sort_window=k (records sorted together)"
-                )
-            if isinstance(self.sort_window, bool) or not isinstance(self.sort_window, int) or self.sort_window < 0:
-                raise ValueError(f"batch: sort_window must be an int >= 0 (0: no sorting), got {self.sort_window!r}")
-            if self.oversized not in OVERSIZED:
-                choices = ", ".join(map(repr, OVERSIZED))
-                raise ValueError(f"batch: oversized must be one of {choices}, got {self.oversized!r}")
-            if self.multiple > self.max_tokens:
-                raise ValueError(
-                    f"batch: pad_to_multiple_of={self.pad_to_multiple_of} exceeds max_tokens={self.max_tokens}, so no "
-                    "record fits a microbatch; lower pad_to_multiple_of or raise max_tokens"
-                )
-        elif self.microbatch_size is None:
+        if self.tokens_per_microbatch is not None:
+            self._check_tokens()
+            return
+        if self.max_tokens is not None:
+            self._check_budget()
+            return
+        if self.microbatch_size is None:
             raise ValueError(
                 "batch: pass microbatch_size (records per microbatch, e.g. batch(8)) or max_tokens (a token budget "
                 "per microbatch, e.g. batch(max_tokens=8192))"
             )
-        else:
-            budget = [n for n in given if n in _BUDGET_SETTINGS]
-            if budget:
-                raise ValueError(f"batch: {', '.join(budget)} only apply with max_tokens; pass max_tokens=N with them")
-            if self.buffer_size is not None and not self.group_by_length:
-                raise ValueError("batch: buffer_size only applies with group_by_length=True")
-            if self.group_by_length and self.window % self.microbatch_size:
+        given = self._given(_BUDGET_SETTINGS[1:])
+        if given:
+            raise ValueError(f"batch: {', '.join(given)} only apply with max_tokens; pass max_tokens=N with them")
+        if self.buffer_size is not None and not self.group_by_length:
+            raise ValueError("batch: buffer_size only applies with group_by_length=True")
+        if self.group_by_length and self.window % self.microbatch_size:
+            raise ValueError(
+                f"batch: buffer_size={self.window} must be a multiple of microbatch_size={self.microbatch_size} "
+                "so that every group fills whole batches"
+            )
+
+    def _check_tokens(self) -> None:
+        T = self.tokens_per_microbatch
+        for name in ("microbatch_size", "max_tokens"):
+            if getattr(self, name) is not None:
                 raise ValueError(
-                    f"batch: buffer_size={self.window} must be a multiple of microbatch_size={self.microbatch_size} "
-                    "so that every group fills whole batches"
+                    f"batch: {name}={getattr(self, name)} and tokens_per_microbatch={T} exclude each other: "
+                    "tokens_per_microbatch sets the rows of each microbatch (T / (row length - 1)); pass one"
                 )
+        given = self._given((*_BUDGET_SETTINGS[1:], *_FIXED_SETTINGS[1:]))
+        if given:
+            raise ValueError(
+                f"batch: {', '.join(given)} do not apply with tokens_per_microbatch (rows in arrival order, "
+                "T / (row length - 1) per microbatch); leave them out"
+            )
+
+    def _given(self, names: Sequence[str]) -> list[str]:
+        """The settings among ``names`` passed with other than their default."""
+        defaults = attrs.fields_dict(Batch)
+        return [n for n in names if getattr(self, n) != defaults[n].default]
 
     def rows_for(self, rec: Record) -> int:
         """With ``tokens_per_microbatch``: the rows of a microbatch that starts with ``rec``."""
@@ -213,6 +200,29 @@ class Batch(Operator):
                 out.append(self._batch(partial))
                 partial = []
         return self._advance(state, tuple(partial), out), out
+
+    def _check_budget(self) -> None:
+        if self.microbatch_size is not None:
+            raise ValueError(
+                f"batch: microbatch_size={self.microbatch_size} and max_tokens={self.max_tokens} exclude each other: a "
+                "token budget decides the rows of each microbatch. Pass one: batch(microbatch_size) for a fixed number "
+                "of rows, or batch(max_tokens=N) for microbatches of at most N padded tokens"
+            )
+        if self.group_by_length or self.buffer_size is not None:
+            raise ValueError(
+                "batch: group_by_length and buffer_size belong to fixed-size batches; with max_tokens, sort by length "
+                "with sort_window=k (records sorted together)"
+            )
+        if isinstance(self.sort_window, bool) or not isinstance(self.sort_window, int) or self.sort_window < 0:
+            raise ValueError(f"batch: sort_window must be an int >= 0 (0: no sorting), got {self.sort_window!r}")
+        if self.oversized not in OVERSIZED:
+            choices = ", ".join(map(repr, OVERSIZED))
+            raise ValueError(f"batch: oversized must be one of {choices}, got {self.oversized!r}")
+        if self.multiple > self.max_tokens:
+            raise ValueError(
+                f"batch: pad_to_multiple_of={self.pad_to_multiple_of} exceeds max_tokens={self.max_tokens}, so no "
+                "record fits a microbatch; lower pad_to_multiple_of or raise max_tokens"
+            )
 
     @property
     def window(self) -> int:
