@@ -482,7 +482,7 @@ def _choose_backend(handle: TokenizerHandle, backend: str) -> str:
     if not _tiktoken_available():
         if backend == "tiktoken":
             raise ImportError(
-                f"backend='tiktoken' needs tiktoken, which is not installed: pip install 'zephon-lanes[fast]'; or use "
+                "backend='tiktoken' needs tiktoken, which is not installed: pip install 'zephon-lanes[fast]'; or use "
                 "backend='auto' (tiktoken where it is installed and exact, else tokenizers, same ids) or backend='tokenizers'"
             )
         logger.info("tokenizer %s: tiktoken is not installed; using tokenizers", handle.source)
