@@ -126,8 +126,9 @@ def thd_layout(fields: dict, doc: np.ndarray, spec: Any, pad_id: int) -> tuple[d
         offset[i, need:] = np.arange(tail)
     rows = np.arange(B)[:, None]
     taken = np.maximum(index, 0)
-    fills = {"input_ids": pad_id, "labels": spec.ignore_index, "padding_mask": True}
-    fills["document_ids"] = PADDING_DOCUMENT
+    fills = {
+        "input_ids": pad_id, "labels": spec.ignore_index, "padding_mask": True, "document_ids": PADDING_DOCUMENT,
+    }
     out = {}
     for name, (arr, kind) in fields.items():
         if name == "positions":
