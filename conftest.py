@@ -18,4 +18,4 @@ for _module in pkgutil.walk_packages(zephon.__path__, "zephon."):
     except ImportError:
         if not _module.name.startswith("zephon.integrations."):  # only the adapters need an extra
             raise
-        collect_ignore.append("/".join(_module.name.split(".")) + ".py")
+        collect_ignore.append(_module.name.replace(".", "/") + ".py")
